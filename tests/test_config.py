@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config import (
+from launcher.cluster.local import local_cluster
+from launcher.cluster.reader import (
     AUTO,
     ClusterSpec,
     HostSettings,
@@ -15,7 +16,6 @@ from launcher.config import (
     TaskSpec,
     is_local,
     load_cluster_file,
-    local_cluster,
     parse_cluster,
     parse_host_port,
 )

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import TASK
-from launcher.resources import ResourceSampler
+from launcher.run.resources import ResourceSampler
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.output import METRIC_PREFIX, Console, LineSplitter, OutputPump, tail_lines
+from launcher.run.console import Console
+from launcher.run.pump import METRIC_PREFIX, LineSplitter, OutputPump, tail_lines
 from launcher.transports.base import CANNOT_START, UNREACHABLE, ExitStatus, signal_name
 
 NOW = 1_700_000_000.25

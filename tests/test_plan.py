@@ -9,8 +9,9 @@ import textwrap
 
 import pytest
 
-from launcher.config import ClusterSpec, SshSettings, TaskSpec, local_cluster, parse_cluster
-from launcher.plan import (
+from launcher.cluster.local import local_cluster
+from launcher.cluster.reader import ClusterSpec, SshSettings, TaskSpec, parse_cluster
+from launcher.cluster.plan import (
     DEFAULT_COMMAND,
     LEGACY_KERAS_NOTE,
     Plan,

@@ -10,8 +10,8 @@ from contextlib import closing
 
 import pytest
 
-from launcher import ports as ports_module
-from launcher.ports import PortReservation, port_is_free, reserve_ports
+from launcher.cluster import ports as ports_module
+from launcher.cluster.ports import PortReservation, port_is_free, reserve_ports
 
 
 def listening(family: int = socket.AF_INET, address: str = "127.0.0.1", port: int = 0,

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from ..plan import TaskLaunch
+from ..cluster.plan import TaskLaunch
 
 # Exit code for a task that could not be started or reached (as shells use 127 and ssh 255).
 CANNOT_START = 127

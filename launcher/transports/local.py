@@ -6,7 +6,7 @@ import os
 import signal
 import subprocess
 
-from ..plan import TaskLaunch
+from ..cluster.plan import TaskLaunch
 from .base import ExitStatus, FailedStart, py_spy_dump
 
 
@@ -50,6 +50,9 @@ class LocalProcess:
 
 class LocalTransport:
     """Runs tasks as children of tflaunch, inheriting its environment plus the planned env."""
+
+    def __init__(self, grace: float = 5.0):
+        self.grace = grace
 
     def start(self, launch: TaskLaunch, output_fd: int) -> LocalProcess | FailedStart:
         env = {**os.environ, **launch.env}

@@ -1,7 +1,7 @@
 """Tasks on other hosts: the system ``ssh`` client, one connection per task, started in parallel.
 
 Using the user's own ssh means their ~/.ssh/config, agent, ProxyJump and ControlMaster apply.
-Each task runs under :mod:`remote_agent` on its host, because closing an ssh channel does not
+Each task runs under :mod:`agent` on its host, because closing an ssh channel does not
 kill a remote process. The agent's stdin is a pipe only tflaunch writes to, so:
 
 - ``terminate``/``kill``/``send_signal`` are commands written on that pipe;
@@ -27,11 +27,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..config import SshSettings
-from ..plan import TaskLaunch
+from ..cluster.spec import SshSettings
+from ..cluster.plan import TaskLaunch
 from .base import ExitStatus, FailedStart
 
-AGENT_SOURCE = (Path(__file__).with_name("remote_agent.py")).read_text()
+AGENT_SOURCE = (Path(__file__).with_name("agent.py")).read_text()
 AGENT_MARK = "TFLAUNCH_AGENT"
 DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_KEEPALIVE_TIMEOUT = 15.0

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from .plan import TaskLaunch
-from .transports.ssh import DEFAULT_CONNECT_TIMEOUT, ssh_argv
+from ..cluster.plan import TaskLaunch
+from ..transports.ssh import DEFAULT_CONNECT_TIMEOUT, ssh_argv
 
 PROBE_SOURCE = (Path(__file__).with_name("probe.py")).read_text()
 PROBE_MARK = "TFLAUNCH_PROBE "

@@ -1,17 +1,10 @@
-"""Command line: option parsing and the single error boundary. Everything else lives below.
-
-``tflaunch CLUSTER.yaml [-- CMD ...]`` and ``tflaunch --local N [-- CMD ...]`` run a cluster
-(``run`` is the default command); other subcommands inspect runs and hosts.
-"""
+"""``tflaunch run`` (the default command) and ``tflaunch check``: parse options, call the run layer."""
 
 from __future__ import annotations
 
-import sys
-
 import click
 
-from . import __version__
-from .errors import LaunchError
+from .group import cli
 
 RUN_HELP = """Run a TensorFlow cluster: one supervised task per entry of CLUSTER (a cluster YAML file) or
 --local N workers on this machine. Everything after -- is the command each task runs
@@ -24,36 +17,6 @@ Examples:
   tflaunch --local 2 -- python my_train.py --lr 0.1
   tflaunch --local 2 --chief --ps 1 --dry-run
 """
-
-
-class _DefaultRunGroup(click.Group):
-    """A group whose default command is ``run``, with ``--`` marking the task command."""
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        first = args[0] if args else None
-        if first is not None and first not in self.commands and first not in ("--help", "-h", "--version"):
-            args = ["run", *args]
-        if args and args[0] == "run" and "--" in args:
-            cut = args.index("--")
-            ctx.meta["tflaunch.command"] = tuple(args[cut + 1:])
-            args = args[:cut]
-        return super().parse_args(ctx, args)
-
-
-@click.group(cls=_DefaultRunGroup, invoke_without_command=True,
-             context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="tflaunch")
-@click.pass_context
-def cli(ctx: click.Context) -> None:
-    """tflaunch: launch, supervise and inspect TensorFlow distributed training.
-
-    \b
-    tflaunch CLUSTER.yaml [OPTIONS] [-- CMD ARGS...]   run a cluster file
-    tflaunch --local N [OPTIONS] [-- CMD ARGS...]      N workers on this machine
-    See "tflaunch run --help" for the run options.
-    """
-    if ctx.invoked_subcommand is None:
-        click.echo(ctx.get_help())
 
 
 def _parse_gpus(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, ...]:
@@ -103,28 +66,33 @@ def run(ctx: click.Context, cluster: str | None, local: int | None, chief: bool,
         log_dir: str | None, threads: int | str | None, grace: float, show_tasks: str | None, quiet: bool,
         dry_run: bool, no_check: bool, max_restarts: int | None, restart_delay: float | None,
         start_timeout: float | None, hang_timeout: float | None) -> None:
-    from .launch import LaunchRequest  # imported here so "tflaunch --help" stays light
-    from .watchdog import WatchdogSettings
+    from ..run.launch import LaunchRequest  # imported here so "tflaunch --help" stays light
+    from ..sources.file import ClusterFileSource
+    from ..sources.local import LocalSource
+    from ..run.watchdog import WatchdogSettings
 
     if (cluster is None) == (local is None):
         raise click.UsageError("give either a cluster file or --local N")
     if cluster is not None and (chief or ps or gpus):
         raise click.UsageError("--chief, --ps and --gpus only apply to --local; put roles in the cluster file")
-    request = LaunchRequest(cluster_file=cluster, local=local, chief=chief, ps=ps, gpus=gpus,
-                            command=ctx.meta.get("tflaunch.command") or None, log_dir=log_dir,
+    if cluster is not None:
+        source = ClusterFileSource(cluster)
+    else:
+        source = LocalSource(local, chief=chief, ps=ps, gpus=gpus)
+    request = LaunchRequest(source=source, command=ctx.meta.get("tflaunch.command") or None, log_dir=log_dir,
                             threads=threads, grace=grace, preflight=not no_check, max_restarts=max_restarts,
                             restart_delay=restart_delay,
                             watchdog=WatchdogSettings(start_timeout=start_timeout, hang_timeout=hang_timeout))
     if dry_run:
-        from .launch import dry_run as plan_only
-        from .summary import describe_plan
+        from ..run.launch import dry_run as plan_only
+        from ..run.summary import describe_plan
 
         spec, plan = plan_only(request)
         click.echo("\n".join(describe_plan(spec, plan)))
         return
-    from .launch import run as run_cluster
-    from .output import Console
-    from .summary import describe_result
+    from ..run.launch import run as run_cluster
+    from ..run.console import Console
+    from ..run.summary import describe_result
 
     console = Console(tasks=show_tasks.split(",") if show_tasks else None, quiet=quiet)
     result = run_cluster(request, console)
@@ -141,35 +109,13 @@ def check_command(ctx: click.Context, cluster: str, as_json: bool) -> None:
     import json
     from dataclasses import asdict
 
-    from .launch import LaunchRequest, check
+    from ..run.launch import LaunchRequest, check
+    from ..sources.file import ClusterFileSource
 
-    report = check(LaunchRequest(cluster_file=cluster))
+    report = check(LaunchRequest(source=ClusterFileSource(cluster)))
     if as_json:
         click.echo(json.dumps({"ok": report.ok, "items": [asdict(i) for i in report.items]}, indent=2))
     else:
         click.echo("\n".join(report.table()))
         click.echo("all checks passed" if report.ok else f"{len(report.failures)} check(s) failed")
     ctx.exit(0 if report.ok else 1)
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point: the one place domain errors become messages and exit codes."""
-    try:
-        # Without standalone mode click returns what ctx.exit() was given instead of exiting.
-        code = cli.main(args=argv, prog_name="tflaunch", standalone_mode=False)
-        sys.exit(code if isinstance(code, int) else 0)
-    except click.exceptions.Exit as done:
-        sys.exit(done.exit_code)
-    except click.ClickException as error:
-        error.show()
-        sys.exit(error.exit_code)
-    except click.Abort:
-        sys.exit(130)
-    except LaunchError as error:
-        click.echo(f"tflaunch: error: {error}", err=True)
-        sys.exit(error.exit_code)
-    except BrokenPipeError:
-        sys.exit(1)
-
-
-from . import cli_inspect  # noqa: E402,F401

@@ -31,8 +31,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from .plan import TaskLaunch
-from .transports.base import ExitStatus, TaskProcess, Transport
+from ..cluster.plan import TaskLaunch
+from ..transports.base import ExitStatus, TaskProcess, Transport
 
 
 class TaskState(enum.Enum):

@@ -6,10 +6,10 @@ import shlex
 
 from pathlib import Path
 
-from .config import ClusterSpec
+from ..cluster.spec import ClusterSpec
 from .launch import TAIL_LINES, RunResult
-from .output import tail_lines
-from .plan import Plan
+from .pump import tail_lines
+from ..cluster.plan import Plan
 from .supervisor import Outcome, Task
 
 

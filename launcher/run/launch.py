@@ -16,18 +16,20 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import __version__
-from .config import AUTO, ClusterSpec, is_local, load_cluster_file, local_cluster
-from .errors import PortInUseError, PreflightError
-from .logs import RunFolder, iso_time, new_run_id
-from .machine import cpu_count, local_host_names
-from .output import Console, OutputPump, tail_lines
-from .plan import Plan, RunContext, TaskLaunch, plan_cluster, tf_cluster
-from .ports import PortReservation, port_is_free, reserve_ports
+from .. import __version__
+from ..cluster.spec import AUTO, ClusterSpec, is_local
+from ..errors import PortInUseError, PreflightError
+from ..records.folder import RunFolder, iso_time, new_run_id
+from ..cluster.machine import cpu_count, local_host_names
+from .console import Console
+from .pump import OutputPump, tail_lines
+from ..cluster.plan import Plan, RunContext, TaskLaunch, plan_cluster, tf_cluster
+from ..cluster.ports import PortReservation, port_is_free, reserve_ports
 from .resources import ResourceSampler
 from .supervisor import AttemptResult, Outcome, Supervisor, SupervisorOptions, Task, TaskState
-from .transports.base import Transport
-from .transports.local import LocalTransport
+from ..sources import ClusterSource
+from ..transports import create as create_transport
+from ..transports.base import Transport
 from .watchdog import Watchdog, WatchdogSettings, training_tasks
 
 if TYPE_CHECKING:  # imported where used: a local run needs neither ssh, preflight nor diagnosis
@@ -43,11 +45,7 @@ DIAGNOSIS_LINES = 200
 class LaunchRequest:
     """What the user asked for on the command line."""
 
-    cluster_file: str | None = None
-    local: int | None = None
-    chief: bool = False
-    ps: int = 0
-    gpus: tuple[int, ...] = ()
+    source: ClusterSource  # where the run may run: a cluster file, --local N, ...
     command: tuple[str, ...] | None = None
     log_dir: str | None = None
     threads: int | str | None = None
@@ -74,10 +72,7 @@ class RunResult:
 
 def build_spec(request: LaunchRequest, local_hosts: frozenset[str]) -> ClusterSpec:
     """The validated cluster the request describes, with command-line overrides applied."""
-    if request.cluster_file is not None:
-        spec = load_cluster_file(request.cluster_file, local_hosts)
-    else:
-        spec = local_cluster(request.local or 1, chief=request.chief, ps=request.ps, gpus=request.gpus)
+    spec = request.source.spec(local_hosts)
     if request.command:
         spec = replace(spec, command=request.command)
     if request.log_dir:
@@ -169,7 +164,7 @@ class _Run:
         self.attempts: list[AttemptResult] = []
         self.attempt_records: list[dict[str, Any]] = []
         self.diagnoses: list[Diagnosis | None] = []  # one per attempt
-        self.transports: dict[str, Transport] = {"local": LocalTransport()}
+        self.transports: dict[str, Transport] = {}
 
     def execute(self) -> RunResult:
         self.pump = OutputPump(self.folder.merged_path, self.folder.metrics_path, self.console).start()
@@ -292,13 +287,9 @@ class _Run:
         return result
 
     def _transport_for(self, launch: TaskLaunch) -> Transport:
-        if launch.local:
-            return self.transports["local"]
-        if "ssh" not in self.transports:
-            from .transports.ssh import SshTransport
-
-            self.transports["ssh"] = SshTransport(self.request.grace)
-        return self.transports["ssh"]
+        if launch.transport not in self.transports:
+            self.transports[launch.transport] = create_transport(launch.transport, self.request.grace)
+        return self.transports[launch.transport]
 
     def _write_manifest(self, plan: Plan, tasks: list[Task], status: str, result: AttemptResult | None = None,
                         tail: list[str] | None = None, exit_code: int | None = None,

@@ -97,6 +97,8 @@ class ClusterSpec:
     hosts: Mapping[str, HostSettings] = field(default_factory=dict)
     max_restarts: int = 0
     restart_delay: float = 1.0
+    # The transport that starts every task (see launcher.sources); None: 'local' or 'ssh' by host.
+    transport: str | None = None
 
     def role_tasks(self, role: str) -> tuple[TaskSpec, ...]:
         return tuple(t for t in self.tasks if t.role == role)

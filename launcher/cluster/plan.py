@@ -25,7 +25,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from .config import AUTO, ROLES, ClusterSpec, SshSettings, TaskSpec, is_local
+from .reader import AUTO, ROLES, ClusterSpec, SshSettings, TaskSpec, is_local
 
 DEFAULT_COMMAND = ("python", "-m", "trainer")
 PYTHON_NAMES = ("python", "python3")
@@ -54,6 +54,7 @@ class TaskLaunch:
     ssh: SshSettings | None = None  # None for tasks on this machine
     gpus: tuple[int, ...] | None = ()
     python: str = "python3"  # the task's interpreter (also runs tflaunch's remote agent)
+    transport: str = "local"  # which launcher.transports module starts it
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,7 @@ def plan_cluster(
             ssh=None if local else spec.ssh.overridden_by(host_settings.ssh if host_settings else SshSettings()),
             gpus=task.gpus,
             python=python,
+            transport=spec.transport or ("local" if local else "ssh"),
         ))
     notes = []
     if legacy_keras and any(l.env.get("TF_USE_LEGACY_KERAS") == "1" for l in launches):

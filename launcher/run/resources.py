@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .logs import iso_time, write_atomically
+from ..records.folder import iso_time, write_atomically
 
 RESOURCES = "resources.json"
 _MB = 1024 * 1024

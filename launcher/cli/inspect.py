@@ -1,7 +1,7 @@
 """Command line of the inspection commands: ``runs``, ``logs``, ``status``, ``report``, ``compare``.
 
-They read run folders that ``tflaunch`` runs left in the log directory (see :mod:`launcher.runs`)
-and print what :mod:`launcher.report` makes of them. The library is imported inside each command
+They read run folders that ``tflaunch`` runs left in the log directory (see :mod:`launcher.inspect.runs`)
+and print what :mod:`launcher.inspect.report` makes of them. The library is imported inside each command
 so that ``tflaunch --help`` stays light.
 """
 
@@ -12,7 +12,7 @@ import re
 
 import click
 
-from .cli import cli
+from .group import cli
 
 DEFAULT_LOG_DIR = "logs"
 RUN_ARG_HELP = "RUN is a run id, a unique prefix of one, or 'latest' (the default)."
@@ -47,8 +47,8 @@ def runs_command(log_dir: str, last: int | None, as_json: bool) -> None:
     """List the runs in the log directory, newest first."""
     from dataclasses import asdict
 
-    from .report import runs_lines
-    from .runs import find_runs, summarize
+    from ..inspect.report import runs_lines
+    from ..inspect.runs import find_runs, summarize
 
     summaries = [summarize(run) for run in find_runs(log_dir)[:last]]
     if as_json:
@@ -70,8 +70,8 @@ def runs_command(log_dir: str, last: int | None, as_json: bool) -> None:
 def logs_command(run_ref: str | None, task: str | None, attempt: int | None, pattern: re.Pattern[str] | None,
                  follow: bool, log_dir: str) -> None:
     """Show a run's merged log, or one task's output."""
-    from .runlogs import LogQuery, follow_log, read_log
-    from .runs import resolve_run
+    from ..inspect.runlogs import LogQuery, follow_log, read_log
+    from ..inspect.runs import resolve_run
 
     run = resolve_run(log_dir, run_ref)
     query = LogQuery(task=task, attempt=attempt, pattern=pattern)
@@ -89,8 +89,8 @@ def status_command(run_ref: str | None, log_dir: str, as_json: bool) -> None:
     """Each task's state, pid, host, uptime, last metric, and CPU% and memory of local tasks."""
     from dataclasses import asdict
 
-    from .report import status_lines
-    from .runs import resolve_run, run_status
+    from ..inspect.report import status_lines
+    from ..inspect.runs import resolve_run, run_status
 
     status = run_status(resolve_run(log_dir, run_ref))
     if as_json:
@@ -109,8 +109,8 @@ def status_command(run_ref: str | None, log_dir: str, as_json: bool) -> None:
 def report_command(run_ref: str | None, task: str | None, all_tasks: bool, no_plot: bool, log_dir: str,
                    as_json: bool) -> None:
     """Per-epoch table, resource use per task, and learning_curves.png in the run folder."""
-    from .report import build_report, report_lines
-    from .runs import resolve_run
+    from ..inspect.report import build_report, report_lines
+    from ..inspect.runs import resolve_run
 
     if task and all_tasks:
         raise click.UsageError("give either --task NAME or --all")
@@ -130,8 +130,8 @@ def report_command(run_ref: str | None, task: str | None, all_tasks: bool, no_pl
 @json_option
 def compare_command(run_refs: tuple[str, ...], log_dir: str, as_json: bool) -> None:
     """Compare runs: workers, global batch, epoch and step time, samples/s, accuracy, speedup vs the first."""
-    from .report import compare_json, compare_lines, compare_runs
-    from .runs import resolve_runs
+    from ..inspect.report import compare_json, compare_lines, compare_runs
+    from ..inspect.runs import resolve_runs
 
     if len(run_refs) < 2:
         raise click.UsageError("compare needs at least two runs: the first is the baseline")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .output import OutputPump
+from .pump import OutputPump
 from .supervisor import Task, TaskState, Trip
 
 

@@ -18,9 +18,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from .errors import LaunchError, RunNotFoundError
-from .logs import MANIFEST, RunFolder
-from .resources import RESOURCES, ResourceSampler
+from ..errors import LaunchError, RunNotFoundError
+from ..records.folder import MANIFEST, RunFolder
+from ..run.resources import RESOURCES, ResourceSampler
 
 LATEST = "latest"
 

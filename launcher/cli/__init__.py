@@ -1,0 +1,38 @@
+"""Command line: click commands and the single error boundary. Everything else lives below.
+
+``tflaunch CLUSTER.yaml [-- CMD ...]`` and ``tflaunch --local N [-- CMD ...]`` run a cluster
+(``run`` is the default command, in :mod:`.run`); :mod:`.inspect` holds the commands that read
+run folders. :func:`main` is the one place domain errors become messages and exit codes.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ..errors import LaunchError
+from . import inspect, run  # noqa: F401  (each module registers its commands on the group)
+from .group import cli
+
+__all__ = ["cli", "main"]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point: the one place domain errors become messages and exit codes."""
+    try:
+        # Without standalone mode click returns what ctx.exit() was given instead of exiting.
+        code = cli.main(args=argv, prog_name="tflaunch", standalone_mode=False)
+        sys.exit(code if isinstance(code, int) else 0)
+    except click.exceptions.Exit as done:
+        sys.exit(done.exit_code)
+    except click.ClickException as error:
+        error.show()
+        sys.exit(error.exit_code)
+    except click.Abort:
+        sys.exit(130)
+    except LaunchError as error:
+        click.echo(f"tflaunch: error: {error}", err=True)
+        sys.exit(error.exit_code)
+    except BrokenPipeError:
+        sys.exit(1)

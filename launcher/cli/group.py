@@ -1,0 +1,37 @@
+"""The ``tflaunch`` click group: ``run`` is the default command and ``--`` marks the task command."""
+
+from __future__ import annotations
+
+import click
+
+from .. import __version__
+
+
+class _DefaultRunGroup(click.Group):
+    """A group whose default command is ``run``, with ``--`` marking the task command."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        first = args[0] if args else None
+        if first is not None and first not in self.commands and first not in ("--help", "-h", "--version"):
+            args = ["run", *args]
+        if args and args[0] == "run" and "--" in args:
+            cut = args.index("--")
+            ctx.meta["tflaunch.command"] = tuple(args[cut + 1:])
+            args = args[:cut]
+        return super().parse_args(ctx, args)
+
+
+@click.group(cls=_DefaultRunGroup, invoke_without_command=True,
+             context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="tflaunch")
+@click.pass_context
+def cli(ctx: click.Context) -> None:
+    """tflaunch: launch, supervise and inspect TensorFlow distributed training.
+
+    \b
+    tflaunch CLUSTER.yaml [OPTIONS] [-- CMD ARGS...]   run a cluster file
+    tflaunch --local N [OPTIONS] [-- CMD ARGS...]      N workers on this machine
+    See "tflaunch run --help" for the run options.
+    """
+    if ctx.invoked_subcommand is None:
+        click.echo(ctx.get_help())

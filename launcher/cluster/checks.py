@@ -1,0 +1,51 @@
+"""Whole-cluster checks that no single value shows: roles, duplicate host:port, GPU claims."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from ..errors import ConfigError
+from .spec import AUTO, ClusterSpec, TaskSpec, is_local
+
+
+def check_cluster(spec: ClusterSpec, local_hosts: frozenset[str]) -> None:
+    fail: Callable[[str, str], ConfigError] = lambda key, msg: ConfigError(spec.source, key, msg)  # noqa: E731
+    chiefs, workers = spec.role_tasks("chief"), spec.role_tasks("worker")
+    if not chiefs and not workers:
+        raise fail("worker", "missing; expected at least one 'worker' (or a 'chief') task")
+    if len(chiefs) > 1:
+        raise fail("chief", f"expected at most one chief, got {len(chiefs)}")
+    if len(spec.role_tasks("evaluator")) > 1:
+        raise fail("evaluator", f"expected at most one evaluator, got {len(spec.role_tasks('evaluator'))}")
+    if spec.has_ps and not chiefs:
+        raise fail("chief", "missing; a cluster with 'ps' tasks needs a chief to coordinate training")
+    seen_ports: dict[tuple[str, int], TaskSpec] = {}
+    for task in spec.tasks:
+        local = is_local(task.host, local_hosts)
+        if task.port == AUTO and not local:
+            raise fail(f"{task.key}.port", f"'auto' only works on this machine, but host is {task.host!r}; expected a port 1-65535")
+        if task.port != AUTO:
+            where = ("this machine" if local else task.host, int(task.port))
+            if where in seen_ports:
+                other = seen_ports[where]
+                raise fail(f"{task.key}.port", f"{task.host}:{task.port} is also used by {other.key}; expected a distinct host:port")
+            seen_ports[where] = task
+    _check_gpu_sharing(spec, local_hosts)
+
+
+def _check_gpu_sharing(spec: ClusterSpec, local_hosts: frozenset[str]) -> None:
+    if spec.share_gpus:
+        return
+    claims: dict[tuple[str, int | None], TaskSpec] = {}
+    for task in spec.tasks:
+        host = "this machine" if is_local(task.host, local_hosts) else task.host
+        wanted: tuple[int | None, ...] = (None,) if task.gpus is None else task.gpus
+        for gpu in wanted:
+            # None stands for "every GPU": it collides with any claim on the same host.
+            clashes = [t for (h, g), t in claims.items() if h == host and (g == gpu or g is None or gpu is None)]
+            if clashes:
+                label = "all GPUs" if gpu is None else f"GPU {gpu}"
+                raise ConfigError(spec.source, f"{task.key}.gpus",
+                                  f"{label} on {task.host} is also claimed by {clashes[0].key}; "
+                                  "expected distinct GPUs per host or 'share_gpus: true'")
+            claims[(host, gpu)] = task

@@ -1,0 +1,161 @@
+"""Typed readers for the values of a cluster file: each names the key path and the bad value.
+
+:class:`FieldReader` is what every section reader builds on (the cluster's roles, ``hosts``,
+``ssh``, and the scheduler sections): it turns one YAML value into one Python value or raises a
+:class:`ConfigError` such as ``clusters/x.yaml: worker[1].port: expected 1-65535, got 70000``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import shlex
+from typing import Any, Mapping
+
+from ..errors import ConfigError
+from .spec import ALL_GPUS, AUTO, RESERVED_ENV
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class FieldReader:
+    """Reads values of one file; ``fail`` builds the error for a key path."""
+
+    def __init__(self, source: str):
+        self.source = source
+
+    def fail(self, key: str, message: str) -> ConfigError:
+        return ConfigError(self.source, key, message)
+
+    def read_port(self, value: Any, key: str) -> int | str:
+        if value == AUTO:
+            return AUTO
+        if isinstance(value, str) and value.isdigit():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail(key, f"expected a port 1-65535 or 'auto', got {show(value)}")
+        if not 1 <= value <= 65535:
+            raise self.fail(key, f"expected a port 1-65535, got {value}")
+        return value
+
+    def read_ssh_port(self, value: Any, key: str) -> int:
+        port = self.read_port(value, key)
+        if port == AUTO:
+            raise self.fail(key, "expected the ssh port 1-65535, got 'auto'")
+        return int(port)
+
+    def read_gpus(self, value: Any, key: str) -> tuple[int, ...] | None:
+        if value == ALL_GPUS:
+            return None
+        if value is None:
+            return ()
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = [value]
+        if not isinstance(value, list):
+            raise self.fail(key, f"expected a list of GPU indices or 'all', got {show(value)}")
+        seen: set[int] = set()
+        for i, gpu in enumerate(value):
+            if isinstance(gpu, bool) or not isinstance(gpu, int):
+                raise self.fail(f"{key}[{i}]", f"expected a GPU index (integer >= 0), got {show(gpu)}")
+            if gpu < 0:
+                raise self.fail(f"{key}[{i}]", f"expected a GPU index >= 0, got {gpu}")
+            if gpu in seen:
+                raise self.fail(f"{key}[{i}]", f"GPU {gpu} is listed twice; expected distinct indices")
+            seen.add(gpu)
+        return tuple(value)
+
+    def read_command(self, value: Any, key: str) -> tuple[str, ...]:
+        if isinstance(value, str):
+            try:
+                argv = shlex.split(value)
+            except ValueError as exc:
+                raise self.fail(key, f"cannot split {value!r} into arguments ({exc})") from None
+        elif isinstance(value, list) and all(isinstance(a, (str, int, float)) and not isinstance(a, bool) for a in value):
+            argv = [str(a) for a in value]
+        else:
+            raise self.fail(key, f"expected a command string or a list of arguments, got {show(value)}")
+        if not argv:
+            raise self.fail(key, "expected a command, got an empty one")
+        return tuple(argv)
+
+    def read_env(self, value: Any, key: str) -> dict[str, str]:
+        if value is None:
+            return {}
+        mapping = self.expect_mapping(value, key, "a mapping of environment variables")
+        env: dict[str, str] = {}
+        for name, raw in mapping.items():
+            if not isinstance(name, str) or not _ENV_NAME.match(name):
+                raise self.fail(f"{key}", f"expected environment variable names, got {show(name)}")
+            if name in RESERVED_ENV:
+                hint = " (use 'gpus')" if name.startswith("CUDA_") else ""
+                raise self.fail(f"{key}.{name}", f"is set by tflaunch for every task and cannot be overridden{hint}")
+            if isinstance(raw, bool):
+                raw = "true" if raw else "false"
+            if not isinstance(raw, (str, int, float)):
+                raise self.fail(f"{key}.{name}", f"expected a string or number, got {show(raw)}")
+            env[name] = getattr(raw, "text", None) or str(raw)
+        return env
+
+    def read_threads(self, value: Any) -> int | str:
+        if value is False:
+            return "off"  # YAML reads a bare off as false
+        if value in (AUTO, "off"):
+            return value
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+            return value
+        raise self.fail("threads", f"expected 'auto', 'off' or a thread count >= 1, got {show(value)}")
+
+    def check_keys(self, mapping: Mapping[Any, Any], known: tuple[str, ...], key: str) -> None:
+        for name in mapping:
+            if name not in known:
+                close = difflib.get_close_matches(str(name), known, n=1)
+                hint = f"; did you mean '{close[0]}'?" if close else f"; expected one of {', '.join(known)}"
+                raise self.fail(join_key(key, str(name)), f"unknown key{hint}")
+
+    def expect_mapping(self, value: Any, key: str, expected: str) -> Mapping[Any, Any]:
+        if not isinstance(value, dict):
+            raise self.fail(key or "top level", f"expected {expected}, got {show(value)}")
+        return value
+
+    def expect_str(self, value: Any, key: str) -> str:
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)) or str(value).strip() == "":
+            raise self.fail(key, f"expected a non-empty string, got {show(value)}")
+        return str(value)
+
+    def optional_str(self, mapping: Mapping[Any, Any], name: str, key: str) -> str | None:
+        return None if mapping.get(name) is None else self.expect_str(mapping[name], join_key(key, name))
+
+    def read_bool(self, value: Any, key: str) -> bool:
+        if not isinstance(value, bool):
+            raise self.fail(key, f"expected true or false, got {show(value)}")
+        return value
+
+    def read_count(self, value: Any, key: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise self.fail(key, f"expected an integer >= 0, got {show(value)}")
+        return value
+
+    def read_seconds(self, value: Any, key: str, allow_zero: bool = False) -> float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (value > 0 or allow_zero and value == 0)
+        if not ok:
+            raise self.fail(key, f"expected a number of seconds {'>= 0' if allow_zero else '> 0'}, got {show(value)}")
+        return float(value)
+
+    def optional_seconds(self, mapping: Mapping[Any, Any], name: str, key: str) -> float | None:
+        return None if mapping.get(name) is None else self.read_seconds(mapping[name], join_key(key, name))
+
+
+def join_key(key: str, name: str) -> str:
+    return f"{key}.{name}" if key else name
+
+
+def show(value: Any) -> str:
+    """A short rendering of a bad value for messages."""
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    if value is None:
+        return "nothing"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -1,0 +1,46 @@
+"""The cluster that ``--local N [--chief] [--ps K] [--gpus LIST]`` describes (pure, validated)."""
+
+from __future__ import annotations
+
+from ..errors import ConfigError
+from .checks import check_cluster
+from .spec import AUTO, ClusterSpec, TaskSpec
+
+
+def local_cluster(
+    workers: int,
+    *,
+    chief: bool = False,
+    ps: int = 0,
+    gpus: tuple[int, ...] = (),
+    command: tuple[str, ...] | None = None,
+    log_dir: str | None = None,
+    threads: int | str = AUTO,
+    source: str | None = None,
+) -> ClusterSpec:
+    """The cluster that ``--local N [--chief] [--ps K] [--gpus LIST]`` describes.
+
+    GPUs are dealt round-robin to the chief and workers (ps tasks stay on the CPU); when there
+    are more such tasks than GPUs they share, which the user asked for by naming the GPUs.
+    """
+    source = source or f"--local {workers}"
+    if workers < 1:
+        raise ConfigError(source, "--local", f"expected at least 1 worker, got {workers}")
+    if ps < 0:
+        raise ConfigError(source, "--ps", f"expected 0 or more ps tasks, got {ps}")
+    if ps and not chief:
+        chief = True  # ParameterServerStrategy needs a coordinator: the chief
+    if any(g < 0 for g in gpus) or len(set(gpus)) != len(gpus):
+        raise ConfigError(source, "--gpus", f"expected distinct GPU indices >= 0, got {','.join(map(str, gpus))}")
+    roles = (["chief"] if chief else []) + ["worker"] * workers
+    tasks: list[TaskSpec] = []
+    counters = {"chief": 0, "worker": 0}
+    for n, role in enumerate(roles):
+        task_gpus = (gpus[n % len(gpus)],) if gpus else ()
+        tasks.append(TaskSpec(role, counters[role], "localhost", AUTO, gpus=task_gpus, key=f"{role}[{counters[role]}]"))
+        counters[role] += 1
+    tasks += [TaskSpec("ps", i, "localhost", AUTO, key=f"ps[{i}]") for i in range(ps)]
+    spec = ClusterSpec(source=source, tasks=tuple(tasks), command=command, log_dir=log_dir,
+                       share_gpus=bool(gpus) and len(roles) > len(gpus), threads=threads)
+    check_cluster(spec, frozenset({"localhost"}))
+    return spec
