@@ -20,7 +20,7 @@ from typing import Sequence
 from ..cluster.plan import TaskLaunch
 from ..transports.ssh import DEFAULT_CONNECT_TIMEOUT, ssh_argv
 
-PROBE_SOURCE = (Path(__file__).with_name("probe.py")).read_text()
+PROBE_SOURCE = (Path(__file__).parent.parent / "cluster" / "probe.py").read_text()
 PROBE_MARK = "TFLAUNCH_PROBE "
 PROBE_SLACK = 30.0  # seconds a probe may take once connected (nvidia-smi can be slow)
 
