@@ -102,6 +102,9 @@ class OutputPump:
         self.lines_seen: dict[str, int] = {}
         self.attempt = 1  # the attempt tflaunch's own messages belong to
         self.progress: dict[tuple[int, str], float] = {}  # (attempt, task) -> time of its first metric
+        # Why the run's own files could not be written (a full disk, a removed folder): the run
+        # stops its tasks and reports it. Set once; the pump then only drains the task files.
+        self.failure: str | None = None
 
     # -- sources ------------------------------------------------------------------------
 
@@ -116,11 +119,17 @@ class OutputPump:
         """Read every source to its end, emit partial last lines, and stop following them."""
         with self._lock:
             for source in self._sources:
-                self._read(source)
-                self._emit(source, source.splitter.flush_block())
+                try:
+                    self._read(source)
+                    self._emit(source, source.splitter.flush_block())
+                except OSError as exc:
+                    self._failed(exc)
                 os.close(source.fd)
             self._sources.clear()
-            self._flush_files()
+            try:
+                self._flush_files()
+            except OSError as exc:
+                self._failed(exc)
 
     # -- thread -------------------------------------------------------------------------
 
@@ -134,24 +143,40 @@ class OutputPump:
         if self._thread:
             self._thread.join()
         self.finish_all()
-        self._merged.close()
-        self._metrics.close()
+        for stream in (self._merged, self._metrics):
+            try:
+                stream.close()
+            except OSError as exc:  # the last buffered bytes did not fit on the disk
+                self._failed(exc)
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            with self._lock:
-                busy = any([self._read(source) for source in self._sources])
-                self._flush_files()
+            try:
+                with self._lock:
+                    busy = any([self._read(source) for source in self._sources])
+                    self._flush_files()
+            except OSError as exc:
+                self._failed(exc)
+                busy = False
             if not busy:
                 self._stop.wait(self.interval)
+
+    def _failed(self, exc: OSError) -> None:
+        """Remember the first write failure; later writes to the run's files are skipped."""
+        if self.failure is None:
+            where = f"{exc.filename}: " if exc.filename else f"{self._merged.name}: "
+            self.failure = f"{where}{exc.strerror or exc}"
 
     # -- lines --------------------------------------------------------------------------
 
     def event(self, text: str) -> None:
         """Record one of tflaunch's own messages in merged.log (the console shows it separately)."""
         with self._lock:
-            self._write_merged(LAUNCHER_NAME, self.attempt, text.encode() + b"\n")
-            self._flush_files()
+            try:
+                self._write_merged(LAUNCHER_NAME, self.attempt, text.encode() + b"\n")
+                self._flush_files()
+            except OSError as exc:
+                self._failed(exc)
 
     def _read(self, source: _Source) -> bool:
         got = False
