@@ -19,6 +19,7 @@ from launcher.cluster.plan import (
     TaskLaunch,
     gpu_env,
     plan_cluster,
+    task_cluster,
     tf_cluster,
     thread_env,
 )
@@ -75,21 +76,50 @@ def test_tf_config_as_tensorflow_reads_it():
     }
     assert [launch.name for launch in p.launches] == [
         "chief-0", "worker-0", "worker-1", "worker-2", "ps-0", "ps-1", "evaluator-0"]
+    training_cluster = {role: addresses for role, addresses in expected_cluster.items() if role != "evaluator"}
     for launch in p.launches:
         config = tf_config(launch)
         # TFConfigClusterResolver: json.loads(TF_CONFIG), then ["cluster"], ["task"]["type"], ["task"]["index"].
         assert set(config) == {"cluster", "task"}
-        assert config["cluster"] == expected_cluster
-        assert list(config["cluster"]) == ["chief", "worker", "ps", "evaluator"]
+        if launch.role == "evaluator":
+            assert config["cluster"] == expected_cluster
+            assert list(config["cluster"]) == ["chief", "worker", "ps", "evaluator"]
+        else:
+            assert config["cluster"] == training_cluster
+            assert list(config["cluster"]) == ["chief", "worker", "ps"]
         assert config["task"] == {"type": launch.role, "index": launch.index}
         assert isinstance(config["task"]["index"], int)
         assert launch.address == config["cluster"][launch.role][launch.index]
 
 
-def test_tf_config_cluster_is_identical_in_every_task():
+def test_tf_config_cluster_is_identical_in_every_training_task():
     p = plan(BIG)
-    clusters = {json.dumps(tf_config(launch)["cluster"]) for launch in p.launches}
+    clusters = {json.dumps(tf_config(launch)["cluster"]) for launch in p.launches if launch.role != "evaluator"}
     assert len(clusters) == 1
+
+
+def test_the_evaluator_is_only_in_its_own_tf_config():
+    # A ParameterServerStrategy chief waits forever for an evaluator named in its cluster.
+    for text in (BIG, "worker: [localhost:2222, localhost:2223]\nevaluator: [localhost:2224]",
+                 "chief: [localhost:2221]\nworker: [localhost:2222]\nps: [localhost:2223]\n"
+                 "evaluator: [localhost:2224]"):
+        launches = by_name(plan(text))
+        evaluator = tf_config(launches.pop("evaluator-0"))
+        assert evaluator["task"] == {"type": "evaluator", "index": 0}
+        assert evaluator["cluster"]["evaluator"] == ["localhost:2230" if text is BIG else "localhost:2224"]
+        for name, launch in launches.items():
+            cluster = tf_config(launch)["cluster"]
+            assert "evaluator" not in cluster, name
+            # Everything else the evaluator sees is what the training tasks see.
+            assert cluster == {r: a for r, a in evaluator["cluster"].items() if r != "evaluator"}, name
+
+
+def test_task_cluster_leaves_the_given_cluster_alone():
+    cluster = {"worker": ["a:1"], "evaluator": ["e:2"]}
+    assert task_cluster("worker", cluster) == {"worker": ["a:1"]}
+    assert task_cluster("evaluator", cluster) == cluster
+    assert task_cluster("evaluator", cluster) is not cluster
+    assert cluster == {"worker": ["a:1"], "evaluator": ["e:2"]}
 
 
 def test_tf_config_lists_only_roles_present():

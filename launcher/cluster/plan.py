@@ -8,7 +8,8 @@ environment each task gets is layered, later layers winning:
    ``TF_FORCE_GPU_ALLOW_GROWTH=true`` for tasks that share a GPU, ``TF_USE_LEGACY_KERAS=1`` for
    multi-task clusters, ``TFLAUNCH_BACKUP_DIR=<run folder>/backup`` when restarts are allowed;
 3. the cluster's ``env``; 4. the host's ``env`` (``hosts:`` section); 5. the task's ``env``;
-6. what tflaunch owns and nobody overrides: ``TF_CONFIG``, ``CUDA_VISIBLE_DEVICES``
+6. what tflaunch owns and nobody overrides: ``TF_CONFIG`` (the evaluator is in its own only, see
+   ``task_cluster``), ``CUDA_VISIBLE_DEVICES``
    (and ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` with it), ``TFLAUNCH_TASK``, ``TFLAUNCH_RUN_ID``,
    ``TFLAUNCH_RUN_DIR``, ``TFLAUNCH_ATTEMPT``.
 
@@ -145,10 +146,23 @@ def tf_cluster(spec: ClusterSpec) -> dict[str, list[str]]:
     return cluster
 
 
+def task_cluster(role: str, cluster: Mapping[str, list[str]]) -> dict[str, list[str]]:
+    """The cluster a task of ``role`` sees in its TF_CONFIG: the evaluator is in its own only.
+
+    A ParameterServerStrategy chief connects to every task its cluster names and waits forever for
+    an evaluator, which runs no server (TensorFlow issue 46169); MultiWorkerMirroredStrategy ignores
+    the evaluator, and an evaluator needs no server of its own to read checkpoints.
+    """
+    if role == "evaluator":
+        return dict(cluster)
+    return {r: addresses for r, addresses in cluster.items() if r != "evaluator"}
+
+
 def owned_env(task: TaskSpec, cluster: Mapping[str, list[str]], context: RunContext) -> dict[str, str]:
     """The variables tflaunch sets for ``task`` and no layer may override."""
     env = {
-        "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": task.role, "index": task.index}},
+        "TF_CONFIG": json.dumps({"cluster": task_cluster(task.role, cluster),
+                                 "task": {"type": task.role, "index": task.index}},
                                 separators=(",", ":")),
         "TFLAUNCH_TASK": task.name,
         "TFLAUNCH_RUN_ID": context.run_id,
