@@ -32,3 +32,11 @@ class RunNotFoundError(LaunchError):
 
 class PreflightError(LaunchError):
     """A preflight check of the cluster's hosts failed before anything started."""
+
+
+class UnknownTaskError(LaunchError):
+    """An option names tasks the cluster does not have."""
+
+    def __init__(self, source: str, option: str, value: str, unknown: list[str], known: list[str]):
+        missing = ", ".join(f"'{name}'" for name in unknown)
+        super().__init__(f"{option} {value}: {source} has no task {missing}; its tasks are: {', '.join(known)}")

@@ -28,6 +28,10 @@ def _parse_gpus(ctx: click.Context, param: click.Parameter, value: str | None) -
         raise click.BadParameter(f"expected comma-separated GPU indices such as 0,1, got {value!r}") from None
 
 
+def _parse_names(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[str, ...]:
+    return tuple(name.strip() for name in (value or "").split(",") if name.strip())
+
+
 def _parse_threads(ctx: click.Context, param: click.Parameter, value: str | None) -> int | str | None:
     if value is None or value in ("auto", "off"):
         return value
@@ -49,7 +53,8 @@ def _parse_threads(ctx: click.Context, param: click.Parameter, value: str | None
               help="Thread limit per task (default auto: cores shared among a host's tasks).")
 @click.option("--grace", type=click.FloatRange(min=0), default=5.0, show_default=True,
               help="Seconds between SIGTERM and SIGKILL when stopping tasks.")
-@click.option("--tasks", "show_tasks", metavar="NAMES", help="Show only these tasks on the console, e.g. worker-0,chief-0.")
+@click.option("--tasks", "show_tasks", callback=_parse_names, metavar="NAMES",
+              help="Show only these tasks on the console, e.g. worker-0,chief-0.")
 @click.option("--quiet", is_flag=True, help="Show only tflaunch's own messages on the console.")
 @click.option("--dry-run", is_flag=True, help="Print each task's host, workdir, command and env; start nothing.")
 @click.option("--no-check", is_flag=True, help="Skip the host checks that run before launching on remote hosts.")
@@ -63,7 +68,7 @@ def _parse_threads(ctx: click.Context, param: click.Parameter, value: str | None
               help="When no task writes any output for S seconds: dump every task's stacks, then fail the attempt.")
 @click.pass_context
 def run(ctx: click.Context, cluster: str | None, local: int | None, chief: bool, ps: int, gpus: tuple[int, ...],
-        log_dir: str | None, threads: int | str | None, grace: float, show_tasks: str | None, quiet: bool,
+        log_dir: str | None, threads: int | str | None, grace: float, show_tasks: tuple[str, ...], quiet: bool,
         dry_run: bool, no_check: bool, max_restarts: int | None, restart_delay: float | None,
         start_timeout: float | None, hang_timeout: float | None) -> None:
     from ..run.launch import LaunchRequest  # imported here so "tflaunch --help" stays light
@@ -81,7 +86,7 @@ def run(ctx: click.Context, cluster: str | None, local: int | None, chief: bool,
         source = LocalSource(local, chief=chief, ps=ps, gpus=gpus)
     request = LaunchRequest(source=source, command=ctx.meta.get("tflaunch.command") or None, log_dir=log_dir,
                             threads=threads, grace=grace, preflight=not no_check, max_restarts=max_restarts,
-                            restart_delay=restart_delay,
+                            restart_delay=restart_delay, show_tasks=show_tasks,
                             watchdog=WatchdogSettings(start_timeout=start_timeout, hang_timeout=hang_timeout))
     if dry_run:
         from ..run.launch import dry_run as plan_only
@@ -94,7 +99,7 @@ def run(ctx: click.Context, cluster: str | None, local: int | None, chief: bool,
     from ..run.console import Console
     from ..run.summary import describe_result
 
-    console = Console(tasks=show_tasks.split(",") if show_tasks else None, quiet=quiet)
+    console = Console(tasks=show_tasks or None, quiet=quiet)
     result = run_cluster(request, console)
     console.message("\n".join(describe_result(result)))
     ctx.exit(result.exit_code)

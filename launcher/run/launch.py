@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import __version__
 from ..cluster.spec import AUTO, ClusterSpec, is_local
-from ..errors import PortInUseError, PreflightError
+from ..errors import PortInUseError, PreflightError, UnknownTaskError
 from ..records.folder import RunFolder, iso_time, new_run_id
 from ..cluster.machine import cpu_count, local_host_names
 from .console import Console
@@ -54,6 +54,7 @@ class LaunchRequest:
     restart_delay: float | None = None
     watchdog: WatchdogSettings = WatchdogSettings()
     preflight: bool = True  # run the host checks first when the cluster has remote hosts
+    show_tasks: tuple[str, ...] = ()  # --tasks: the tasks the console shows (default: all)
 
 
 @dataclass
@@ -79,6 +80,10 @@ def build_spec(request: LaunchRequest, local_hosts: frozenset[str]) -> ClusterSp
         spec = replace(spec, log_dir=request.log_dir)
     if request.threads is not None:
         spec = replace(spec, threads=request.threads)
+    known = [task.name for task in spec.tasks]
+    unknown = [name for name in request.show_tasks if name not in known]
+    if unknown:
+        raise UnknownTaskError(spec.source, "--tasks", ",".join(request.show_tasks), unknown, known)
     return spec
 
 
