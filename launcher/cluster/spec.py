@@ -6,7 +6,7 @@ Built by :mod:`config` (from a cluster file or ``--local`` options) and read by 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Mapping
+from typing import Any, Mapping
 
 ROLES = ("chief", "worker", "ps", "evaluator")
 AUTO = "auto"
@@ -99,6 +99,8 @@ class ClusterSpec:
     restart_delay: float = 1.0
     # The transport that starts every task (see launcher.sources); None: 'local' or 'ssh' by host.
     transport: str | None = None
+    # The raw ``kubernetes:`` section; only ``tflaunch export`` reads it (launcher.export.settings).
+    kubernetes: Mapping[str, Any] | None = None
 
     def role_tasks(self, role: str) -> tuple[TaskSpec, ...]:
         return tuple(t for t in self.tasks if t.role == role)
