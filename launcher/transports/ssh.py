@@ -62,16 +62,16 @@ def ssh_argv(host: str, settings: SshSettings, remote_command: str | None = None
     return argv
 
 
+def agent_argument(launch: TaskLaunch, grace: float, timeout: float) -> str:
+    """The agent's one argument: base64 JSON of argv, env, grace and heartbeat timeout."""
+    spec = {"argv": list(launch.argv), "env": dict(launch.env), "grace": min(grace, EOF_GRACE), "timeout": timeout}
+    return base64.b64encode(json.dumps(spec).encode()).decode()
+
+
 def remote_command(launch: TaskLaunch, grace: float) -> str:
     """The shell line the remote login shell runs: cd, optional setup, then the agent."""
     ssh = launch.ssh or SshSettings()
-    spec = {
-        "argv": list(launch.argv),
-        "env": dict(launch.env),
-        "grace": min(grace, EOF_GRACE),
-        "timeout": ssh.keepalive_timeout or DEFAULT_KEEPALIVE_TIMEOUT,
-    }
-    encoded = base64.b64encode(json.dumps(spec).encode()).decode()
+    encoded = agent_argument(launch, grace, ssh.keepalive_timeout or DEFAULT_KEEPALIVE_TIMEOUT)
     parts = [f"cd -- {shlex.quote(launch.workdir)}"]
     if launch.setup:
         parts.append(launch.setup)
@@ -81,6 +81,8 @@ def remote_command(launch: TaskLaunch, grace: float) -> str:
 
 class SshProcess:
     """A remote task seen through its ssh client and agent."""
+
+    channel = "ssh"  # the client's name in the task's log; subclasses (srun) reword the link's failures
 
     def __init__(self, launch: TaskLaunch, popen: subprocess.Popen[bytes], stderr_file, output_fd: int):
         self.launch = launch
@@ -174,9 +176,9 @@ class SshProcess:
         other = [line for line in lines if not line.startswith(AGENT_MARK) and line.strip()]
         if other and self._output_fd >= 0:
             # ssh's and the remote shell's own messages belong in the task's log too.
-            os.write(self._output_fd, "".join(f"[ssh {self.launch.host}] {line}\n" for line in other).encode())
+            os.write(self._output_fd, "".join(f"[{self.channel} {self.launch.host}] {line}\n" for line in other).encode())
         host = self.launch.host
-        detail = other[-1].strip() if other else f"ssh exited with {returncode}"
+        detail = other[-1].strip() if other else f"{self.channel} exited with {returncode}"
         for mark in reversed(marks):
             if mark.startswith("exit code="):
                 return ExitStatus(code=int(mark.split("=", 1)[1]))
@@ -185,13 +187,21 @@ class SshProcess:
             if mark.startswith("error "):
                 return ExitStatus(error=f"{mark[6:]} on {host}", error_code=127)
         if any(mark.startswith("started") for mark in marks):
-            if not other:
-                keepalive = (self.launch.ssh or SshSettings()).keepalive_timeout or DEFAULT_KEEPALIVE_TIMEOUT
-                detail = f"no answer within the {keepalive:g} s keep-alive timeout, or the connection closed"
-            return ExitStatus(error=f"lost connection to {host} ({detail})")
+            return self._lost(detail if other else None)
+        return self._not_started(returncode, detail)
+
+    def _lost(self, detail: str | None) -> ExitStatus:
+        """The agent started the task, then the link to it ended without an exit report."""
+        if detail is None:
+            keepalive = (self.launch.ssh or SshSettings()).keepalive_timeout or DEFAULT_KEEPALIVE_TIMEOUT
+            detail = f"no answer within the {keepalive:g} s keep-alive timeout, or the connection closed"
+        return ExitStatus(error=f"lost connection to {self.launch.host} ({detail})")
+
+    def _not_started(self, returncode: int, detail: str) -> ExitStatus:
+        """The client ended before the agent reported the task started."""
         if returncode == 255:
-            return ExitStatus(error=f"cannot reach {host} over ssh ({detail})")
-        return ExitStatus(error=f"could not start on {host} ({detail})", error_code=returncode or 255)
+            return ExitStatus(error=f"cannot reach {self.launch.host} over ssh ({detail})")
+        return ExitStatus(error=f"could not start on {self.launch.host} ({detail})", error_code=returncode or 255)
 
 
 class SshTransport:
