@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from conftest import TASK, descendants_alive, env_lines_of
+from polling import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -116,23 +117,21 @@ def test_interrupt_leaves_no_process_behind(tflaunch, signum, code):
     marker = f"marker-{uuid.uuid4().hex}"
     proc = tflaunch.start("--local", "2", "--", "python", TASK, f"print:{marker}", "child", "forever", marker)
     # Grandchildren do not carry the marker in their command line: follow them by pid.
-    deadline = time.monotonic() + 30
-    children: list[int] = []
-    while len(children) < 2 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    def both_children() -> list[int]:
         run_dir = tflaunch.latest_run()
-        if run_dir and (run_dir / "merged.log").exists():
-            children = [int(m) for m in re.findall(r"CHILD (\d+)", (run_dir / "merged.log").read_text())]
-    assert len(children) == 2
+        merged = run_dir / "merged.log" if run_dir else None
+        found = re.findall(r"CHILD (\d+)", merged.read_text()) if merged and merged.exists() else []
+        return [int(pid) for pid in found] if len(found) == 2 else []
+
+    children = [psutil.Process(pid) for pid in wait_for(both_children, timeout=30, message="both tasks' children")]
     family = descendants_alive(marker)
     assert len(family) >= 2
     proc.send_signal(signum)
     proc.communicate(timeout=30)
     assert proc.returncode == code
-    time.sleep(0.2)
-    alive = [p.pid for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    alive += [pid for pid in children if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
-    assert alive == []
+    # tflaunch has killed them all before it exits; the kernel may still be tearing them down.
+    wait_for(lambda: not living(family + children), timeout=5,
+             message=lambda: f"every task and grandchild to end; alive: {living(family + children)}")
     assert json.loads((tflaunch.latest_run() / "run.json").read_text())["status"] == "stopped"
 
 
@@ -140,8 +139,20 @@ def test_successful_task_leftover_children_are_cleaned_up(tflaunch):
     done = tflaunch.run("--local", "1", "--", "python", TASK, "child", "exit:0")
     assert done.returncode == 0
     (pid,) = [int(m) for m in re.findall(r"CHILD (\d+)", done.task_output("worker-0"))]
-    time.sleep(0.2)
-    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    wait_for(lambda: not living([pid]), timeout=5, message=f"the leftover child {pid} to end")
+
+
+def living(procs: list[psutil.Process | int]) -> list[int]:
+    """The pids among ``procs`` (psutil handles, or pids) whose process still runs and is no zombie."""
+    alive = []
+    for proc in procs:
+        try:
+            proc = proc if isinstance(proc, psutil.Process) else psutil.Process(proc)
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                alive.append(proc.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
 
 
 def test_ps_cluster_succeeds_when_chief_exits_zero(tflaunch):
@@ -209,6 +220,21 @@ def test_console_task_filter_and_quiet(tflaunch):
     assert shown.merged.count(b"| hello") == 2  # files keep everything
     quiet = tflaunch.run("--local", "2", "--quiet", "--", "python", TASK, "print:hello")
     assert quiet.stdout == "" and "succeeded" in quiet.stderr
+
+
+def test_unknown_console_task_is_one_line_error_before_anything_starts(tflaunch, tmp_path):
+    for extra in ((), ("--dry-run",)):
+        done = tflaunch.run("--local", "2", "--tasks", "worker-0,worker-7", *extra, "--", "python", TASK, "forever")
+        assert (done.returncode, done.stdout) == (2, "")
+        assert done.stderr == ("tflaunch: error: --tasks worker-0,worker-7: --local 2 has no task 'worker-7'; "
+                               "its tasks are: worker-0, worker-1\n")
+        assert done.run_dir is None  # nothing started, no run folder
+    cluster = tmp_path / "ps.yaml"
+    cluster.write_text("chief:\n  - localhost:auto\nworker:\n  - localhost:auto\nps:\n  - localhost:auto\n")
+    done = tflaunch.run(str(cluster), "--tasks", "evaluator-0,ps-0,ps-1", "--dry-run")
+    assert done.returncode == 2
+    assert done.stderr == (f"tflaunch: error: --tasks evaluator-0,ps-0,ps-1: {cluster} has no task 'evaluator-0', "
+                           f"'ps-1'; its tasks are: chief-0, worker-0, ps-0\n")
 
 
 def test_log_integrity_under_flood(tflaunch):
