@@ -3,13 +3,13 @@
 Per host: reachable (over ssh for remote hosts), the task's Python runs, TensorFlow is
 installed (and the same version everywhere, else a warning), each task's port is free, each
 working directory exists, and requested GPU indices exist where ``nvidia-smi`` is present.
+Then, for clusters that span hosts, the mesh: every host reaches every task's TF_CONFIG address
+(see :mod:`launcher.run.mesh`).
 """
 
 from __future__ import annotations
 
-import base64
 import json
-import shlex
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Sequence
 
 from ..cluster.plan import TaskLaunch
-from ..transports.ssh import DEFAULT_CONNECT_TIMEOUT, ssh_argv
+from ..transports.ssh import DEFAULT_CONNECT_TIMEOUT
+from . import mesh
 
 PROBE_SOURCE = (Path(__file__).parent.parent / "cluster" / "probe.py").read_text()
 PROBE_MARK = "TFLAUNCH_PROBE "
@@ -32,6 +33,11 @@ class CheckItem:
     ok: bool
     detail: str
     warning: bool = False  # shown, but does not fail the check
+
+    @property
+    def line(self) -> str:
+        """The item as one line of text; mesh lines already name their hosts."""
+        return self.detail if self.check == "mesh" else f"{self.host} {self.check}: {self.detail}"
 
 
 @dataclass
@@ -56,8 +62,12 @@ class CheckReport:
         return lines
 
 
-def check_hosts(launches: Sequence[TaskLaunch]) -> CheckReport:
-    """Probe every host of ``launches`` in parallel and judge the answers."""
+def check_hosts(launches: Sequence[TaskLaunch], with_mesh: bool = True) -> CheckReport:
+    """Probe every host of ``launches`` in parallel and judge the answers.
+
+    ``with_mesh``: also probe the mesh when the cluster spans hosts (not with ``auto`` ports,
+    which are only known to this machine's port lock).
+    """
     by_host: dict[str, list[TaskLaunch]] = {}
     for launch in launches:
         by_host.setdefault("localhost" if launch.local else launch.host, []).append(launch)
@@ -70,24 +80,36 @@ def check_hosts(launches: Sequence[TaskLaunch]) -> CheckReport:
     if len(versions) > 1:
         report.items.append(CheckItem("*", "tensorflow", False, f"versions differ across hosts: {', '.join(sorted(versions))}",
                                       warning=True))
+    if with_mesh and mesh.applies(launches):
+        report.items += _check_mesh(launches, report)
     return report
+
+
+def _check_mesh(launches: Sequence[TaskLaunch], hosts: CheckReport) -> list[CheckItem]:
+    """The mesh between the hosts that passed: a host or port that failed above is not probed again."""
+    broken = frozenset(i.host for i in hosts.failures if i.check in ("ssh", "python"))
+    busy = frozenset(t.name for t in launches for i in hosts.failures
+                     if i.check == f"port {t.address.rsplit(':', 1)[1]}" and i.host == mesh.host_label(t))
+    result = mesh.probe_mesh(launches, skip_hosts=broken, skip_tasks=busy)
+    items = []
+    problems = result.problems_by_host()
+    for label in dict.fromkeys(mesh.host_label(l) for l in launches):
+        if label in broken:
+            continue
+        for line in problems.get(label, []):
+            items.append(CheckItem(label, "mesh", False, line))
+        if label not in problems:
+            items.append(CheckItem(label, "mesh", True, f"reaches all {result.reached(label)} task addresses "
+                                                        f"({result.seconds:.2f} s)"))
+    return items
 
 
 def _probe_host(host: str, tasks: list[TaskLaunch]) -> tuple[dict | None, str | None, float]:
     first = tasks[0]
     request = {"ports": sorted({int(t.address.rsplit(":", 1)[1]) for t in tasks}),
                "workdirs": sorted({t.workdir for t in tasks}), "gpus": []}
-    encoded = base64.b64encode(json.dumps(request).encode()).decode()
     timeout = ((first.ssh.connect_timeout if first.ssh else None) or DEFAULT_CONNECT_TIMEOUT) + PROBE_SLACK
-    if first.local:
-        argv = [first.python, "-c", PROBE_SOURCE, encoded]
-    else:
-        # cd first (ignoring failure: the workdir check reports it) so a relative python works.
-        line = f"cd -- {shlex.quote(first.workdir)} 2>/dev/null; "
-        if first.setup:
-            line += f"{first.setup}; "
-        line += f"exec {shlex.quote(first.python)} -c {shlex.quote(PROBE_SOURCE)} {encoded}"
-        argv = ssh_argv(first.host, first.ssh, line)
+    argv = mesh.script_argv(first, PROBE_SOURCE, request)
     started = time.monotonic()
     try:
         done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)

@@ -1,0 +1,209 @@
+"""The mesh probe (standard library only): run on each host to prove it can reach every other task.
+
+Sent as ``python -c <source> <base64 JSON>``, like the host probe. Input::
+
+    {"listen": [2222, ...],                         # this host's task ports; [] when tasks hold them
+     "targets": [{"id": 0, "host": "node2", "port": 2222}, ...],
+     "timeout": 10,                                 # seconds per connect
+     "lifetime": 40}                                # the probe exits after this long whatever happens
+
+Protocol on stdout/stdin, one line each, so that every host listens before any host connects:
+
+1. binds a listener on each ``listen`` port (every address, as TensorFlow's gRPC server does) and
+   prints ``TFLAUNCH_MESH_LISTENING {"2222": null | "error"}``;
+2. waits for a ``go`` line on stdin, then resolves every target's name here, on this host, and
+   connects to it, all in parallel, and prints ``TFLAUNCH_MESH_RESULT [{"id", "ok", "error",
+   "resolved", "seconds"}, ...]``;
+3. keeps its listeners open until stdin reaches EOF (other hosts may still be connecting), then exits.
+
+EOF at any point ends it: when the launcher or its ssh client dies, nothing stays behind.
+Python 3.6+ compatible on purpose: it runs on whatever interpreter a host has.
+"""
+
+import base64
+import errno
+import json
+import os
+import select
+import socket
+import sys
+import threading
+import time
+
+MAX_PARALLEL = 64
+
+# Why a connect failed, by errno. Linux answers a connect through a blackhole route with EINVAL.
+CAUSES = {
+    errno.ECONNREFUSED: "connection refused",
+    errno.EHOSTUNREACH: "no route to host",
+    errno.ENETUNREACH: "network is unreachable",
+    errno.EINVAL: "no route to host (blackhole route)",
+    errno.EACCES: "blocked by a firewall rule (permission denied)",
+    errno.EPERM: "blocked by a firewall rule (operation not permitted)",
+    errno.ECONNRESET: "connection reset",
+    errno.EADDRNOTAVAIL: "address not available",
+}
+
+
+def listen(port):
+    """A listening socket on ``port`` on every address (IPv6 and IPv4 when the host has IPv6)."""
+    try:
+        sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        address = ("::", port)
+    except OSError:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        address = ("0.0.0.0", port)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def accept_forever(sockets):
+    """Accept and close every connection, so a full backlog never turns a peer's connect into a timeout."""
+    while sockets:
+        try:
+            ready, _, _ = select.select(sockets, [], [])
+        except (OSError, ValueError):
+            return  # a listener was closed: the probe is ending
+        for sock in ready:
+            try:
+                conn, _ = sock.accept()
+                conn.close()
+            except OSError:
+                pass
+
+
+def describe(exc, timeout):
+    if isinstance(exc, socket.timeout):
+        return "timed out after %g s" % timeout
+    if isinstance(exc, socket.gaierror):
+        return "cannot resolve"
+    cause = CAUSES.get(exc.errno)
+    return cause if cause else (os.strerror(exc.errno).lower() if exc.errno else str(exc))
+
+
+def connect(target, timeout, resolved_names, lock):
+    """Resolve ``target`` here and connect to its first address that answers; a result record."""
+    started = time.time()
+    result = {"id": target["id"], "ok": False, "error": None, "resolved": None, "seconds": 0.0}
+    name, port = target["host"], int(target["port"])
+    try:
+        with lock:
+            addresses = resolved_names.get(name)
+        if addresses is None:
+            infos = socket.getaddrinfo(name, port, 0, socket.SOCK_STREAM)
+            addresses = [(info[0], info[4][0]) for info in infos]
+            with lock:
+                resolved_names[name] = addresses
+    except socket.gaierror as exc:
+        result["error"] = "cannot resolve"
+        result["detail"] = exc.strerror
+        result["seconds"] = round(time.time() - started, 3)
+        return result
+    first_error = None
+    for family, address in addresses:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        try:
+            sock.connect((address, port))
+            result.update(ok=True, error=None, resolved=address)
+            break
+        except (OSError, socket.timeout) as exc:
+            if first_error is None:
+                first_error = describe(exc, timeout)
+                result["resolved"] = address
+        finally:
+            sock.close()
+    if not result["ok"]:
+        result["error"] = first_error or "no address"
+    result["seconds"] = round(time.time() - started, 3)
+    return result
+
+
+def connect_all(targets, timeout, deadline):
+    """Connect to every target in parallel; targets with no answer by ``deadline`` count as timed out."""
+    results, lock, resolved_names = {}, threading.Lock(), {}
+    slots = threading.BoundedSemaphore(MAX_PARALLEL)
+
+    def work(target):
+        with slots:
+            record = connect(target, timeout, resolved_names, lock)
+        with lock:
+            results[target["id"]] = record
+
+    threads = [threading.Thread(target=work, args=(t,), daemon=True) for t in targets]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.time()))
+    with lock:
+        done = dict(results)
+    # A name lookup that never returns (an unreachable DNS server) must not hold the probe forever.
+    return [done.get(t["id"]) or {"id": t["id"], "ok": False, "error": "no answer (name lookup or connect) "
+                                  "within %g s" % timeout, "resolved": None, "seconds": timeout}
+            for t in targets]
+
+
+class LineReader:
+    """Lines from stdin read straight from its file descriptor, so select() sees everything unread."""
+
+    def __init__(self, fd=0):
+        self.fd = fd
+        self.buffer = b""
+        self.eof = False
+
+    def line(self, deadline):
+        """The next line, or None on EOF or when ``deadline`` passes."""
+        while b"\n" not in self.buffer and not self.eof:
+            remaining = deadline - time.time()
+            if remaining <= 0:
+                return None
+            ready, _, _ = select.select([self.fd], [], [], remaining)
+            if ready:
+                chunk = os.read(self.fd, 4096)
+                self.eof = not chunk
+                self.buffer += chunk
+        if b"\n" not in self.buffer:
+            return None
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return line.decode("utf-8", "replace")
+
+
+def say(mark, payload):
+    sys.stdout.write(mark + " " + json.dumps(payload) + "\n")
+    sys.stdout.flush()
+
+
+def main():
+    request = json.loads(base64.b64decode(sys.argv[1]).decode("utf-8"))
+    deadline = time.time() + float(request.get("lifetime", 60))
+    timeout = float(request.get("timeout", 10))
+    listeners, status = [], {}
+    for port in request.get("listen", []):
+        try:
+            listeners.append(listen(int(port)))
+            status[str(port)] = None
+        except OSError as exc:
+            status[str(port)] = describe(exc, timeout)
+    if listeners:
+        threading.Thread(target=accept_forever, args=(listeners,), daemon=True).start()
+    say("TFLAUNCH_MESH_LISTENING", status)
+    stdin = LineReader()
+    line = stdin.line(deadline)
+    if line is not None and line.strip() == "go":
+        targets = request.get("targets", [])
+        say("TFLAUNCH_MESH_RESULT", connect_all(targets, timeout, min(deadline, time.time() + timeout + 2)))
+        while stdin.line(deadline) is not None:  # hold the listeners until the launcher closes stdin
+            pass
+    for sock in listeners:
+        sock.close()
+
+
+if __name__ == "__main__":
+    main()

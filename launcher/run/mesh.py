@@ -1,0 +1,324 @@
+"""The all-pairs mesh probe: can every host reach every task at its TF_CONFIG address?
+
+MultiWorkerMirroredStrategy waits forever at "Started server with target: grpc://..." when one
+host cannot reach another task's port (a firewall, a route, a name that resolves differently on
+each machine). This module proves the mesh before a run, and names the broken pair when a run
+stalls at start.
+
+Every host of the cluster runs :mod:`launcher.cluster.mesh_probe` (over ssh, or directly on this
+machine), all in parallel:
+
+1. each host listens on its own tasks' ports (``listen=True``; a live cluster's tasks already hold
+   them, so the live check only connects) and says so;
+2. once every host listens (or has failed), each gets ``go``: it resolves every other task's name
+   itself, on that host, and connects to it, with the ssh connect timeout as the connect timeout;
+3. when every host has answered, stdin is closed and the probes exit, so nothing stays behind.
+
+A failure is one line naming the pair and the cause: ``node1 -> node2:2222 (worker-1): no route
+to host``, or ``cannot resolve 'node2' on node1 (the address of worker-1 in TF_CONFIG)``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import queue
+import shlex
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from ..cluster.plan import TaskLaunch
+from ..transports.ssh import DEFAULT_CONNECT_TIMEOUT, ssh_argv
+
+MESH_SOURCE = (Path(__file__).parent.parent / "cluster" / "mesh_probe.py").read_text()
+LISTENING_MARK = "TFLAUNCH_MESH_LISTENING "
+RESULT_MARK = "TFLAUNCH_MESH_RESULT "
+START_SLACK = 15.0  # seconds for a host's Python to start and listen once ssh is connected
+ANSWER_SLACK = 5.0  # seconds for a host's results to arrive beyond its connect timeout
+THIS_MACHINE = "localhost"  # the label of tflaunch's own machine, as in the host checks
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One connection to try: from a host to a task's address exactly as TF_CONFIG writes it."""
+
+    source: str  # host label the connection starts from
+    target: str  # task name, e.g. "worker-1"
+    address: str  # "node2:2222" or "[::1]:2222"
+
+    @property
+    def name(self) -> str:
+        host = self.address.rsplit(":", 1)[0]
+        return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+    @property
+    def port(self) -> int:
+        return int(self.address.rsplit(":", 1)[1])
+
+
+@dataclass(frozen=True)
+class PairResult:
+    pair: Pair
+    ok: bool
+    error: str | None = None  # "no route to host", "timed out after 3 s", "cannot resolve", ...
+    resolved: str | None = None  # the address the name resolved to on the source host
+
+    @property
+    def unresolved(self) -> bool:
+        return self.error == "cannot resolve"
+
+    def message(self) -> str:
+        pair = self.pair
+        text = f"{pair.source} -> {pair.address} ({pair.target}): {self.error}"
+        if self.resolved and self.resolved != pair.name:
+            text += f" ({pair.name} is {self.resolved} on {pair.source})"
+        return text
+
+
+@dataclass
+class MeshReport:
+    pairs: list[PairResult] = field(default_factory=list)
+    host_errors: dict[str, str] = field(default_factory=dict)  # host label -> why it gave no answer
+    listen_errors: dict[str, list[str]] = field(default_factory=dict)  # host label -> lines
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems()
+
+    def problems(self) -> list[str]:
+        """One line per problem, in host order: unreachable hosts, listeners, names, then pairs."""
+        return [line for lines in self.problems_by_host().values() for line in lines]
+
+    def problems_by_host(self) -> dict[str, list[str]]:
+        found: dict[str, list[str]] = {}
+        for host, error in self.host_errors.items():
+            found.setdefault(host, []).append(error)
+        for host, lines in self.listen_errors.items():
+            found.setdefault(host, []).extend(lines)
+        unresolved: dict[tuple[str, str], list[str]] = {}
+        for result in self.pairs:
+            if result.unresolved:
+                unresolved.setdefault((result.pair.source, result.pair.name), []).append(result.pair.target)
+        for (host, name), targets in unresolved.items():
+            found.setdefault(host, []).append(
+                f"cannot resolve {name!r} on {host} (the address of {', '.join(targets)} in TF_CONFIG)")
+        for result in self.pairs:
+            if not result.ok and not result.unresolved:
+                found.setdefault(result.pair.source, []).append(result.message())
+        return found
+
+    def reached(self, host: str) -> int:
+        return sum(1 for r in self.pairs if r.pair.source == host and r.ok)
+
+
+def host_label(launch: TaskLaunch) -> str:
+    return THIS_MACHINE if launch.local else launch.host
+
+
+def applies(launches: Sequence[TaskLaunch]) -> bool:
+    """Whether a cluster gets a mesh probe: only when some task runs on another host."""
+    return any(not launch.local for launch in launches)
+
+
+def plan_pairs(launches: Sequence[TaskLaunch]) -> list[Pair]:
+    """Every (host, task) connection the cluster's tasks make.
+
+    Each host dials every task, its own included (a second task there dials it by the same name),
+    except that a task alone on its host never dials itself.
+    """
+    by_host: dict[str, list[str]] = {}
+    for launch in launches:
+        by_host.setdefault(host_label(launch), []).append(launch.name)
+    return [Pair(host, target.name, target.address)
+            for host, own in by_host.items() for target in launches if own != [target.name]]
+
+
+def probe_mesh(launches: Sequence[TaskLaunch], listen: bool = True, skip_hosts: frozenset[str] = frozenset(),
+               skip_tasks: frozenset[str] = frozenset()) -> MeshReport:
+    """Run the probe on every host of ``launches`` and collect every pair's result.
+
+    ``listen``: open short-lived listeners on each host's task ports first (before a run); a live
+    cluster's tasks hold those ports, so then only connections are tried. ``skip_hosts`` (labels)
+    and ``skip_tasks`` (names) leave out hosts and targets whose failures are already reported.
+    """
+    started = time.monotonic()
+    report = MeshReport()
+    targets_ok = [l for l in launches if host_label(l) not in skip_hosts and l.name not in skip_tasks]
+    pairs = [p for p in plan_pairs(launches) if p.source not in skip_hosts and p.target in {l.name for l in targets_ok}]
+    timeout = connect_timeout(launches)
+    probes: dict[str, _HostProbe] = {}
+    for launch in launches:
+        label = host_label(launch)
+        if label in skip_hosts or label in probes:
+            continue
+        ports = sorted({int(l.address.rsplit(":", 1)[1]) for l in targets_ok if host_label(l) == label}) if listen else []
+        probes[label] = _HostProbe(label, launch, ports, [p for p in pairs if p.source == label], timeout)
+    events: queue.Queue = queue.Queue()
+    try:
+        for probe in probes.values():
+            probe.start(events)
+        _wait(probes, events, lambda p: p.listening is not None, timeout + START_SLACK)
+        for probe in probes.values():
+            if probe.listening is not None:
+                probe.go()
+        _wait(probes, events, lambda p: p.listening is None or p.results is not None, timeout + ANSWER_SLACK)
+    finally:
+        for probe in probes.values():
+            probe.close()
+    by_target = {l.name: l for l in launches}
+    for label, probe in probes.items():
+        if probe.listening is None or probe.results is None:
+            report.host_errors[label] = probe.failure()
+            continue
+        busy = {int(port): error for port, error in probe.listening.items() if error}
+        for port, error in sorted(busy.items()):
+            names = [l.name for l in targets_ok if host_label(l) == label and l.address.endswith(f":{port}")]
+            report.listen_errors.setdefault(label, []).append(
+                f"cannot listen on {label}:{port} ({', '.join(names)}) for the mesh probe: {error}")
+        for pair, answer in zip(probe.pairs, probe.results):
+            if listen and not probes[host_label(by_target[pair.target])].listened_on(pair.port):
+                continue  # nothing of ours listened there; that host's own line says why
+            report.pairs.append(PairResult(pair, bool(answer.get("ok")), answer.get("error"), answer.get("resolved")))
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def stall_problems(launches: Sequence[TaskLaunch]) -> list[str]:
+    """The broken pairs of a live cluster whose tasks hold their ports (connections only)."""
+    if not applies(launches):
+        return []
+    return probe_mesh(launches, listen=False).problems()
+
+
+def connect_timeout(launches: Sequence[TaskLaunch]) -> float:
+    """The cluster's ssh connect timeout, used for each probe connection too."""
+    values = [l.ssh.connect_timeout for l in launches if l.ssh and l.ssh.connect_timeout]
+    return max(values) if values else DEFAULT_CONNECT_TIMEOUT
+
+
+def script_argv(launch: TaskLaunch, source: str, request: dict) -> list[str]:
+    """The command that runs a stdlib script with the task's interpreter, here or over ssh."""
+    encoded = base64.b64encode(json.dumps(request).encode()).decode()
+    if launch.local:
+        return [launch.python, "-c", source, encoded]
+    # cd first (ignoring failure: the workdir check reports it) so a relative python works.
+    line = f"cd -- {shlex.quote(launch.workdir)} 2>/dev/null; "
+    if launch.setup:
+        line += f"{launch.setup}; "
+    line += f"exec {shlex.quote(launch.python)} -c {shlex.quote(source)} {encoded}"
+    return ssh_argv(launch.host, launch.ssh, line)
+
+
+def _wait(probes: dict[str, "_HostProbe"], events: queue.Queue, done, seconds: float) -> None:
+    """Handle probe output until ``done`` holds for every probe that is still running, or time is up."""
+    deadline = time.monotonic() + seconds
+    while not all(done(p) or p.ended for p in probes.values()):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return
+        try:
+            label, line = events.get(timeout=remaining)
+        except queue.Empty:
+            return
+        probes[label].handle(line)
+
+
+class _HostProbe:
+    """One host's probe process: its stdin carries ``go`` and then EOF, its stdout the answers."""
+
+    def __init__(self, label: str, launch: TaskLaunch, ports: list[int], pairs: list[Pair], timeout: float):
+        self.label = label
+        self.launch = launch
+        self.pairs = pairs
+        self.request = {"listen": ports, "timeout": timeout,
+                        "targets": [{"id": i, "host": p.name, "port": p.port} for i, p in enumerate(pairs)],
+                        # The probe ends itself after this even if its stdin never closes.
+                        "lifetime": 2 * timeout + START_SLACK + ANSWER_SLACK}
+        self.listening: dict[str, str | None] | None = None
+        self.results: list[dict] | None = None
+        self.ended = False
+        self.stderr: list[str] = []
+        self.process: subprocess.Popen | None = None
+        self.start_error: str | None = None
+        self.readers: list[threading.Thread] = []
+
+    def start(self, events: queue.Queue) -> None:
+        try:
+            self.process = subprocess.Popen(script_argv(self.launch, MESH_SOURCE, self.request),
+                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        except OSError as exc:
+            self.start_error, self.ended = f"cannot run {exc.filename or exc}", True
+            return
+        self.readers = [threading.Thread(target=self._read, args=(events,), daemon=True),
+                        threading.Thread(target=self._drain_stderr, daemon=True)]
+        for reader in self.readers:
+            reader.start()
+
+    def _read(self, events: queue.Queue) -> None:
+        assert self.process is not None and self.process.stdout is not None
+        for raw in self.process.stdout:
+            events.put((self.label, raw.decode("utf-8", "replace")))
+        events.put((self.label, None))
+
+    def _drain_stderr(self) -> None:
+        assert self.process is not None and self.process.stderr is not None
+        for raw in self.process.stderr:
+            self.stderr.append(raw.decode("utf-8", "replace").rstrip())
+
+    def handle(self, line: str | None) -> None:
+        if line is None:
+            self.ended = True
+        elif line.startswith(LISTENING_MARK):
+            self.listening = json.loads(line[len(LISTENING_MARK):])
+        elif line.startswith(RESULT_MARK):
+            self.results = json.loads(line[len(RESULT_MARK):])
+
+    def listened_on(self, port: int) -> bool:
+        return self.listening is not None and str(port) in self.listening and not self.listening[str(port)]
+
+    def go(self) -> None:
+        self._write(b"go\n")
+
+    def close(self) -> None:
+        """Close stdin (the probe exits on EOF) and reap; kill the local end if it lingers."""
+        if self.process is None:
+            return
+        try:
+            if self.process.stdin:
+                self.process.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            # Killing the ssh client closes the channel: the remote probe sees EOF and exits.
+            self.process.kill()
+            self.process.wait(timeout=5)
+        for reader in self.readers:
+            reader.join(timeout=2)  # its pipes closed with the process: the last stderr line is in
+
+    def failure(self) -> str:
+        """Why this host gave no answer, in one line."""
+        if self.start_error:
+            return f"mesh probe on {self.label}: {self.start_error}"
+        last = next((line for line in reversed(self.stderr) if line.strip()), None)
+        code = self.process.returncode if self.process else None
+        if not self.launch.local and code == 255:
+            return f"mesh probe: cannot reach {self.label} over ssh ({last or 'exit code 255'})"
+        if self.ended:
+            return f"mesh probe on {self.label}: {self.launch.python} ended early ({last or f'exit code {code}'})"
+        stage = "listening" if self.listening is None else "its results"
+        return f"mesh probe on {self.label}: no answer ({stage}) in time"
+
+    def _write(self, data: bytes) -> None:
+        try:
+            assert self.process is not None and self.process.stdin is not None
+            self.process.stdin.write(data)
+            self.process.stdin.flush()
+        except (OSError, ValueError):
+            pass  # the probe already ended; its output says why
