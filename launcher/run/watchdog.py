@@ -1,7 +1,10 @@
 """Watchdogs for one attempt: a cluster that never forms, and a cluster that hangs.
 
 - start timeout: every training task (the chief with ``ps`` tasks, else the chief and workers)
-  must report progress (a metric line, see output.METRIC_PREFIX) within S seconds of the start;
+  must report progress (a metric line, see output.METRIC_PREFIX) within S seconds of the start.
+  When it trips on a cluster that spans hosts, the mesh probe (:mod:`launcher.run.mesh`) checks,
+  while the tasks still hold their ports, that every host reaches every task, and the reason
+  names the pairs that cannot connect;
 - hang timeout: some task must write some output within every S seconds. When it trips, the
   Python stacks of every running task are collected (py-spy, no change to the task needed)
   into ``attempt-<k>/stacks/<task>.txt`` before the attempt is stopped.
@@ -16,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
+from ..cluster.plan import TaskLaunch
 from .pump import OutputPump
 from .supervisor import Task, TaskState, Trip
 
@@ -32,7 +36,8 @@ class WatchdogSettings:
 
 class Watchdog:
     def __init__(self, settings: WatchdogSettings, pump: OutputPump, attempt: int, trainers: Sequence[str],
-                 stacks_dir: Path, on_event: Callable[[str], None], clock: Callable[[], float] = time.time):
+                 stacks_dir: Path, on_event: Callable[[str], None], clock: Callable[[], float] = time.time,
+                 mesh_problems: Callable[[list[TaskLaunch]], list[str]] | None = None):
         self.settings = settings
         self.pump = pump
         self.attempt = attempt
@@ -42,6 +47,7 @@ class Watchdog:
         self.clock = clock
         self.started = clock()
         self.formed = not settings.start_timeout
+        self.mesh_problems = mesh_problems or _mesh_problems  # the broken pairs of a live cluster
 
     def __call__(self, tasks: list[Task]) -> Trip | None:
         now = self.clock()
@@ -50,8 +56,9 @@ class Watchdog:
             if not missing:
                 self.formed = True
             elif now - self.started > self.settings.start_timeout:
-                return Trip(f"start timeout: {', '.join(missing)} made no training progress within "
-                            f"{self.settings.start_timeout:g} s (the cluster never formed)", tuple(missing))
+                reason = (f"start timeout: {', '.join(missing)} made no training progress within "
+                          f"{self.settings.start_timeout:g} s (the cluster never formed)")
+                return Trip(reason + self.explain_stall(tasks), tuple(missing))
         hang = self.settings.hang_timeout
         if hang and now - max(self.pump.last_activity, self.started) > hang:
             running = [t for t in tasks if t.state is TaskState.RUNNING]
@@ -60,6 +67,22 @@ class Watchdog:
             return Trip(f"hang timeout: no output from any task for {hang:g} s; "
                         f"stack traces of {len(written)} tasks in {self.stacks_dir}", tuple(t.name for t in running))
         return None
+
+    def explain_stall(self, tasks: list[Task]) -> str:
+        """What the mesh probe finds while the tasks hold their ports, as a reason's tail ('' if not run)."""
+        launches = [t.launch for t in tasks]
+        if all(launch.local for launch in launches):
+            return ""  # one machine: no network between its tasks to blame
+        self.on_event("start timeout: probing the mesh (every host to every task's address)")
+        try:
+            problems = self.mesh_problems(launches)
+        except OSError as exc:
+            return f"; the mesh probe could not run ({exc})"
+        for line in problems:
+            self.on_event(f"mesh: {line}")
+        if not problems:
+            return "; every host reaches every task's address"
+        return f"; the mesh is broken: {'; '.join(problems)}"
 
     def collect_stacks(self, tasks: list[Task]) -> list[Path]:
         """Dump every task's stacks in parallel into the stacks folder."""
@@ -74,6 +97,12 @@ class Watchdog:
 
         with ThreadPoolExecutor(max_workers=max(1, min(16, len(tasks)))) as pool:
             return list(pool.map(dump, tasks))
+
+
+def _mesh_problems(launches: list[TaskLaunch]) -> list[str]:
+    from .mesh import stall_problems  # imported here: a local run never needs it
+
+    return stall_problems(launches)
 
 
 def training_tasks(names_and_roles: Sequence[tuple[str, str]]) -> list[str]:
