@@ -31,7 +31,7 @@ from .spec import (  # noqa: F401  (re-exported: the spec is part of this module
 )
 
 CLUSTER_KEYS = ("command", "env", "log_dir", "share_gpus", "threads", "workdir", "python", "setup", "ssh",
-                "hosts", "max_restarts", "restart_delay", "kubernetes") + ROLES
+                "hosts", "max_restarts", "restart_delay", "kubernetes", "slurm") + ROLES
 TASK_KEYS = ("host", "port", "address", "gpus", "env", "workdir", "python", "setup")
 HOST_KEYS = ("ssh", "workdir", "python", "setup", "env")
 SSH_KEYS = ("user", "port", "identity_file", "options", "connect_timeout", "keepalive_timeout")
@@ -41,8 +41,12 @@ SSH_KEYS = ("user", "port", "identity_file", "options", "connect_timeout", "keep
 # Loading
 
 
-def load_cluster_file(path: str | Path, local_hosts: frozenset[str]) -> ClusterSpec:
-    """Read and validate a cluster file; ``local_hosts`` are the names of this machine."""
+def load_cluster_file(path: str | Path, local_hosts: frozenset[str], slurm_template: bool = False) -> ClusterSpec:
+    """Read and validate a cluster file; ``local_hosts`` are the names of this machine.
+
+    ``slurm_template``: read for Slurm, where a file with a ``slurm:`` section and no roles is
+    complete (the roles come from the allocation).
+    """
     source = str(path)
     try:
         text = Path(path).read_text()
@@ -50,10 +54,10 @@ def load_cluster_file(path: str | Path, local_hosts: frozenset[str]) -> ClusterS
         raise ConfigError(source, "", "no such cluster file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(source, "", f"cannot read cluster file ({exc})") from None
-    return parse_cluster(text, source, local_hosts)
+    return parse_cluster(text, source, local_hosts, slurm_template)
 
 
-def parse_cluster(text: str, source: str, local_hosts: frozenset[str]) -> ClusterSpec:
+def parse_cluster(text: str, source: str, local_hosts: frozenset[str], slurm_template: bool = False) -> ClusterSpec:
     """Validate cluster YAML text. ``source`` names it in error messages."""
     try:
         data = yaml.load(text, Loader=ClusterLoader)  # noqa: S506 - a SafeLoader subclass
@@ -64,7 +68,7 @@ def parse_cluster(text: str, source: str, local_hosts: frozenset[str]) -> Cluste
         where = f"line {mark.line + 1}" if mark else "YAML"
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ConfigError(source, where, f"invalid YAML: {problem}") from None
-    return _ClusterReader(source, local_hosts).read(data)
+    return _ClusterReader(source, local_hosts, slurm_template).read(data)
 
 
 def parse_host_port(value: str) -> tuple[str, str]:
@@ -83,9 +87,10 @@ def parse_host_port(value: str) -> tuple[str, str]:
 class _ClusterReader(FieldReader):
     """Walks the YAML document: roles and tasks, ``hosts`` and ``ssh``; values go through FieldReader."""
 
-    def __init__(self, source: str, local_hosts: frozenset[str]):
+    def __init__(self, source: str, local_hosts: frozenset[str], slurm_template: bool = False):
         super().__init__(source)
         self.local_hosts = local_hosts
+        self.slurm_template = slurm_template
 
     def read(self, data: Any) -> ClusterSpec:
         if data is None:
@@ -115,7 +120,14 @@ class _ClusterReader(FieldReader):
             restart_delay=self.read_seconds(mapping.get("restart_delay", 1.0), "restart_delay", allow_zero=True),
             kubernetes=None if mapping.get("kubernetes") is None else self.expect_mapping(
                 mapping["kubernetes"], "kubernetes", "a mapping of Kubernetes settings"),
+            slurm=None if mapping.get("slurm") is None else self.expect_mapping(
+                mapping["slurm"], "slurm", "a mapping of Slurm settings"),
         )
+        if spec.slurm is not None and not spec.tasks:
+            if self.slurm_template:
+                return spec  # the roles come from the Slurm allocation
+            raise self.fail("slurm", "this file's roles come from a Slurm allocation; run it with 'tflaunch "
+                            f"submit {self.source}', or inside an allocation with 'tflaunch --slurm {self.source}'")
         check_cluster(spec, self.local_hosts)
         task_hosts = sorted({t.host for t in spec.tasks})
         for name in spec.hosts:

@@ -101,6 +101,8 @@ class ClusterSpec:
     transport: str | None = None
     # The raw ``kubernetes:`` section; only ``tflaunch export`` reads it (launcher.export.settings).
     kubernetes: Mapping[str, Any] | None = None
+    # The raw ``slurm:`` section; the Slurm source and ``tflaunch submit`` read it (launcher.slurm.section).
+    slurm: Mapping[str, Any] | None = None
 
     def role_tasks(self, role: str) -> tuple[TaskSpec, ...]:
         return tuple(t for t in self.tasks if t.role == role)
