@@ -40,3 +40,12 @@ class UnknownTaskError(LaunchError):
     def __init__(self, source: str, option: str, value: str, unknown: list[str], known: list[str]):
         missing = ", ".join(f"'{name}'" for name in unknown)
         super().__init__(f"{option} {value}: {source} has no task {missing}; its tasks are: {', '.join(known)}")
+
+
+class EnvironmentProblem(LaunchError):
+    """The machine refused something tflaunch needs: a log folder, disk space, free ports, file descriptors.
+
+    Reported as one line naming the path or resource and the system's reason; exit code 1.
+    """
+
+    exit_code = 1

@@ -12,6 +12,7 @@ import sys
 import click
 
 from ..errors import LaunchError
+from ..run.signals import Interrupted
 from . import inspect, run  # noqa: F401  (each module registers its commands on the group)
 from .group import cli
 
@@ -31,6 +32,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(error.exit_code)
     except click.Abort:
         sys.exit(130)
+    except Interrupted as interrupted:  # a signal before any task existed: nothing to clean up
+        sys.exit(interrupted.exit_code)
     except LaunchError as error:
         click.echo(f"tflaunch: error: {error}", err=True)
         sys.exit(error.exit_code)

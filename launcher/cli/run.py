@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import re
+from typing import TYPE_CHECKING, Any
+
 import click
 
 from .group import cli
+
+if TYPE_CHECKING:
+    from ..sources import ClusterSource
 
 RUN_HELP = """Run a TensorFlow cluster: one supervised task per entry of CLUSTER (a cluster YAML file) or
 --local N workers on this machine. Everything after -- is the command each task runs
@@ -26,6 +32,16 @@ def _parse_gpus(ctx: click.Context, param: click.Parameter, value: str | None) -
         return tuple(int(part) for part in value.split(","))
     except ValueError:
         raise click.BadParameter(f"expected comma-separated GPU indices such as 0,1, got {value!r}") from None
+
+
+def _parse_env(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise click.BadParameter(f"expected KEY=VALUE with a variable name for KEY, got {item!r}")
+        env[key] = value
+    return env
 
 
 def _parse_names(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[str, ...]:
@@ -66,43 +82,54 @@ def _parse_threads(ctx: click.Context, param: click.Parameter, value: str | None
               help="Fail the attempt when some training task reports no progress (metric line) within S seconds.")
 @click.option("--hang-timeout", type=click.FloatRange(min=0, min_open=True), metavar="S",
               help="When no task writes any output for S seconds: dump every task's stacks, then fail the attempt.")
+@click.option("--env", "env", multiple=True, callback=_parse_env, metavar="KEY=VALUE",
+              help="Set a variable in every task (repeatable); wins over every 'env' of the cluster file.")
+@click.option("--evaluator-timeout", type=click.FloatRange(min=0), default=300.0, show_default=True, metavar="S",
+              help="After training succeeds, seconds a running evaluator may take to finish its last "
+                   "evaluation before it is stopped.")
 @click.pass_context
-def run(ctx: click.Context, cluster: str | None, local: int | None, chief: bool, ps: int, gpus: tuple[int, ...],
-        log_dir: str | None, threads: int | str | None, grace: float, show_tasks: tuple[str, ...], quiet: bool,
-        dry_run: bool, no_check: bool, max_restarts: int | None, restart_delay: float | None,
-        start_timeout: float | None, hang_timeout: float | None) -> None:
+def run(ctx: click.Context, cluster: str | None, **options: Any) -> None:
     from ..run.launch import LaunchRequest  # imported here so "tflaunch --help" stays light
-    from ..sources.file import ClusterFileSource
-    from ..sources.local import LocalSource
     from ..run.watchdog import WatchdogSettings
 
-    if (cluster is None) == (local is None):
-        raise click.UsageError("give either a cluster file or --local N")
-    if cluster is not None and (chief or ps or gpus):
-        raise click.UsageError("--chief, --ps and --gpus only apply to --local; put roles in the cluster file")
-    if cluster is not None:
-        source = ClusterFileSource(cluster)
-    else:
-        source = LocalSource(local, chief=chief, ps=ps, gpus=gpus)
-    request = LaunchRequest(source=source, command=ctx.meta.get("tflaunch.command") or None, log_dir=log_dir,
-                            threads=threads, grace=grace, preflight=not no_check, max_restarts=max_restarts,
-                            restart_delay=restart_delay, show_tasks=show_tasks,
-                            watchdog=WatchdogSettings(start_timeout=start_timeout, hang_timeout=hang_timeout))
-    if dry_run:
+    source = _source(cluster, options)
+    request = LaunchRequest(source=source, command=ctx.meta.get("tflaunch.command") or None,
+                            log_dir=options["log_dir"], threads=options["threads"], grace=options["grace"],
+                            preflight=not options["no_check"], max_restarts=options["max_restarts"],
+                            restart_delay=options["restart_delay"], show_tasks=options["show_tasks"],
+                            evaluator_timeout=options["evaluator_timeout"], env=options["env"],
+                            watchdog=WatchdogSettings(start_timeout=options["start_timeout"],
+                                                      hang_timeout=options["hang_timeout"]))
+    if options["dry_run"]:
         from ..run.launch import dry_run as plan_only
         from ..run.summary import describe_plan
 
         spec, plan = plan_only(request)
         click.echo("\n".join(describe_plan(spec, plan)))
         return
-    from ..run.launch import run as run_cluster
     from ..run.console import Console
+    from ..run.launch import run as run_cluster
     from ..run.summary import describe_result
 
-    console = Console(tasks=show_tasks or None, quiet=quiet)
+    console = Console(tasks=options["show_tasks"] or None, quiet=options["quiet"])
     result = run_cluster(request, console)
     console.message("\n".join(describe_result(result)))
     ctx.exit(result.exit_code)
+
+
+def _source(cluster: str | None, options: dict[str, Any]) -> ClusterSource:
+    """The cluster source the options name: a cluster file or --local N (one, not both)."""
+    from ..sources.file import ClusterFileSource
+    from ..sources.local import LocalSource
+
+    local, chief, ps, gpus = options["local"], options["chief"], options["ps"], options["gpus"]
+    if (cluster is None) == (local is None):
+        raise click.UsageError("give either a cluster file or --local N")
+    if cluster is not None and (chief or ps or gpus):
+        raise click.UsageError("--chief, --ps and --gpus only apply to --local; put roles in the cluster file")
+    if cluster is not None:
+        return ClusterFileSource(cluster)
+    return LocalSource(local, chief=chief, ps=ps, gpus=gpus)
 
 
 @cli.command("check")

@@ -7,8 +7,11 @@ environment each task gets is layered, later layers winning:
 2. tflaunch's defaults: ``PYTHONUNBUFFERED=1``, thread limits for tasks that share a host's cores,
    ``TF_FORCE_GPU_ALLOW_GROWTH=true`` for tasks that share a GPU, ``TF_USE_LEGACY_KERAS=1`` for
    multi-task clusters, ``TFLAUNCH_BACKUP_DIR=<run folder>/backup`` when restarts are allowed;
+   a default that is already set in tflaunch's own environment keeps the user's value instead,
+   for every task (remote ones get it passed along);
 3. the cluster's ``env``; 4. the host's ``env`` (``hosts:`` section); 5. the task's ``env``;
-6. what tflaunch owns and nobody overrides: ``TF_CONFIG`` (the evaluator is in its own only, see
+6. ``--env KEY=VALUE`` from the command line;
+7. what tflaunch owns and nobody overrides: ``TF_CONFIG`` (the evaluator is in its own only, see
    ``task_cluster``), ``CUDA_VISIBLE_DEVICES``
    (and ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` with it), ``TFLAUNCH_TASK``, ``TFLAUNCH_RUN_ID``,
    ``TFLAUNCH_RUN_DIR``, ``TFLAUNCH_ATTEMPT``.
@@ -56,6 +59,7 @@ class TaskLaunch:
     gpus: tuple[int, ...] | None = ()
     python: str = "python3"  # the task's interpreter (also runs tflaunch's remote agent)
     transport: str = "local"  # which launcher.transports module starts it
+    env_sources: Mapping[str, str] = field(default_factory=dict)  # variable -> the layer that set it
 
 
 @dataclass(frozen=True)
@@ -83,8 +87,17 @@ def plan_cluster(
     default_python: str,
     default_workdir: str,
     command: tuple[str, ...] | None = None,
+    inherited_env: Mapping[str, str] | None = None,
+    override_env: Mapping[str, str] | None = None,
 ) -> Plan:
-    """One launch record per task, in the order roles appear in TF_CONFIG."""
+    """One launch record per task, in the order roles appear in TF_CONFIG.
+
+    ``inherited_env`` is the environment tflaunch runs with: a variable set there wins over
+    tflaunch's defaults (as torchrun leaves a user's OMP_NUM_THREADS alone) and is passed to every
+    task, remote ones too. ``override_env`` (``--env KEY=VALUE``) wins over every ``env`` layer.
+    """
+    inherited_env = inherited_env or {}
+    override_env = override_env or {}
     unresolved = [t.key for t in spec.tasks if t.port == AUTO]
     if unresolved:
         raise ValueError(f"ports still 'auto' for {', '.join(unresolved)}; reserve them before planning")
@@ -109,8 +122,15 @@ def plan_cluster(
             defaults["TF_USE_LEGACY_KERAS"] = "1"
         if context.backup_dir:
             defaults["TFLAUNCH_BACKUP_DIR"] = context.backup_dir
-        env = {**defaults, **spec.env, **host_env, **task.env}
-        env.update(owned_env(task, cluster, context))
+        env, sources = layer_env([
+            (DEFAULT_SOURCE, {k: v for k, v in defaults.items() if k not in inherited_env}),
+            (INHERITED_SOURCE, {k: inherited_env[k] for k in defaults if k in inherited_env}),
+            ("env", spec.env),
+            (f"hosts.{task.host}.env", host_env),
+            (f"{task.key}.env", task.env),
+            ("--env", override_env),
+            (OWNED_SOURCE, owned_env(task, cluster, context)),
+        ])
         local = host_of[task.name] == THIS_MACHINE
         python = _first(task.python, host_settings and host_settings.python, spec.python) or default_python
         argv = tuple([python, *argv_template[1:]] if argv_template[0] in PYTHON_NAMES else argv_template)
@@ -129,11 +149,33 @@ def plan_cluster(
             gpus=task.gpus,
             python=python,
             transport=spec.transport or ("local" if local else "ssh"),
+            env_sources=sources,
         ))
     notes = []
-    if legacy_keras and any(l.env.get("TF_USE_LEGACY_KERAS") == "1" for l in launches):
+    # The note applies where tflaunch chose legacy Keras for a Python program, not where the user did.
+    if any(l.env_sources.get("TF_USE_LEGACY_KERAS") == DEFAULT_SOURCE and _runs_python(l.argv) for l in launches):
         notes.append(LEGACY_KERAS_NOTE)
     return Plan(tuple(launches), tuple(notes))
+
+
+DEFAULT_SOURCE = "tflaunch default"
+INHERITED_SOURCE = "tflaunch's environment"
+OWNED_SOURCE = "tflaunch"
+
+
+def layer_env(layers: list[tuple[str, Mapping[str, str]]]) -> tuple[dict[str, str], dict[str, str]]:
+    """Merge ``(source, env)`` layers, later winning; also say which layer set each variable."""
+    env: dict[str, str] = {}
+    sources: dict[str, str] = {}
+    for source, values in layers:
+        for key, value in values.items():
+            env[key] = value
+            sources[key] = source
+    return env, sources
+
+
+def _runs_python(argv: tuple[str, ...]) -> bool:
+    return bool(argv) and argv[0].rsplit("/", 1)[-1].startswith("python")
 
 
 def tf_cluster(spec: ClusterSpec) -> dict[str, list[str]]:

@@ -24,6 +24,7 @@ from .spec import (  # noqa: F401  (re-exported: the spec is part of this module
     RESERVED_ENV,
     ROLES,
     ClusterSpec,
+    RestartPolicy,
     HostSettings,
     SshSettings,
     TaskSpec,
@@ -31,7 +32,7 @@ from .spec import (  # noqa: F401  (re-exported: the spec is part of this module
 )
 
 CLUSTER_KEYS = ("command", "env", "log_dir", "share_gpus", "threads", "workdir", "python", "setup", "ssh",
-                "hosts", "max_restarts", "restart_delay", "kubernetes", "slurm") + ROLES
+                "hosts", "max_restarts", "restart_delay", "restart_policy", "task_restarts", "kubernetes", "slurm") + ROLES
 TASK_KEYS = ("host", "port", "address", "gpus", "env", "workdir", "python", "setup")
 HOST_KEYS = ("ssh", "workdir", "python", "setup", "env")
 SSH_KEYS = ("user", "port", "identity_file", "options", "connect_timeout", "keepalive_timeout")
@@ -136,6 +137,19 @@ class _ClusterReader(FieldReader):
                 hint = f"did you mean '{close[0]}'?" if close else f"expected one of the tasks' hosts: {', '.join(task_hosts)}"
                 raise self.fail(f"hosts.{name}", f"no task runs on this host; {hint}")
         return spec
+
+    def _read_restart_policy(self, value: Any) -> dict[str, RestartPolicy]:
+        if value is None:
+            return {}
+        mapping = self.expect_mapping(value, "restart_policy", "a mapping of role to 'cluster' or 'task'")
+        self.check_keys(mapping, ROLES, "restart_policy")
+        choices = [p.value for p in RestartPolicy]
+        policy = {}
+        for role, raw in mapping.items():
+            if raw not in choices:
+                raise self.fail(f"restart_policy.{role}", f"expected one of {', '.join(choices)}, got {show(raw)}")
+            policy[role] = RestartPolicy(raw)
+        return policy
 
     def _read_role(self, role: str, value: Any) -> list[TaskSpec]:
         if isinstance(value, (dict, str)):

@@ -5,6 +5,8 @@ Built by :mod:`config` (from a cluster file or ``--local`` options) and read by 
 
 from __future__ import annotations
 
+import enum
+
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
@@ -15,6 +17,13 @@ ALL_GPUS = "all"
 RESERVED_ENV = frozenset(
     {"TF_CONFIG", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "TFLAUNCH_TASK", "TFLAUNCH_RUN_ID", "TFLAUNCH_RUN_DIR", "TFLAUNCH_ATTEMPT"}
 )
+
+
+class RestartPolicy(str, enum.Enum):
+    """What a failure of a task of one role does (the cluster file's ``restart_policy``)."""
+
+    CLUSTER = "cluster"  # the attempt fails; the whole cluster may restart from the backup
+    TASK = "task"  # the task alone restarts in place, with the same TF_CONFIG, while the others run
 
 
 @dataclass(frozen=True)
@@ -99,6 +108,21 @@ class ClusterSpec:
     restart_delay: float = 1.0
     # The transport that starts every task (see launcher.sources); None: 'local' or 'ssh' by host.
     transport: str | None = None
+    restart_policy_by_role: Mapping[str, RestartPolicy] = field(default_factory=dict)  # as the file says
+    task_restarts: int = 3  # in-place restarts allowed per task under the "task" policy
+
+    @property
+    def restart_policy(self) -> dict[str, RestartPolicy]:
+        """Each role's policy: the file's choice, else ``task`` for ParameterServer workers, else ``cluster``.
+
+        ParameterServerStrategy's coordinator tolerates a worker that dies and comes back with the
+        same TF_CONFIG; every other role's failure breaks the collective or the coordination.
+        """
+        policy = {role: RestartPolicy.CLUSTER for role in ROLES}
+        if self.has_ps:
+            policy["worker"] = RestartPolicy.TASK
+        policy.update(self.restart_policy_by_role)
+        return policy
     # The raw ``kubernetes:`` section; only ``tflaunch export`` reads it (launcher.export.settings).
     kubernetes: Mapping[str, Any] | None = None
     # The raw ``slurm:`` section; the Slurm source and ``tflaunch submit`` read it (launcher.slurm.section).

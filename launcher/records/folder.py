@@ -3,7 +3,7 @@
 Layout of one run::
 
     logs/20261122-140501-a3f9/
-        run.json            manifest: cluster, tasks, commands, added env, attempts, exit codes
+        run.json            the run record (records/record.py): cluster, tasks, commands, env, attempts, exit codes
         merged.log          every line of every task: "<time> <task> | <text>"
         metrics.jsonl       the metric records tasks printed (see output.METRIC_PREFIX)
         attempt-1/worker-0.log   each task's own stdout and stderr, byte for byte
@@ -17,7 +17,10 @@ import os
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .record import RunRecord
 
 MANIFEST = "run.json"
 MERGED = "merged.log"
@@ -98,3 +101,13 @@ class RunFolder:
 
     def read_manifest(self) -> dict[str, Any]:
         return json.loads(self.manifest_path.read_text())
+
+    def write_record(self, record: "RunRecord", final: bool = False) -> None:
+        """Write the run's typed record as run.json (see :mod:`launcher.records.record`)."""
+        self.write_manifest(record.to_json(), final=final)
+
+    def read_record(self) -> "RunRecord":
+        """The run's record; ValueError when run.json is not a run record, OSError when unreadable."""
+        from .record import RunRecord
+
+        return RunRecord.from_json(self.read_manifest())

@@ -19,7 +19,7 @@ from ..cluster.machine import cpu_count, local_host_names
 from ..cluster.plan import Plan, RunContext, plan_cluster
 from ..cluster.ports import PortReservation, port_is_free, reserve_ports
 from ..cluster.spec import AUTO, RESERVED_ENV, ClusterSpec, is_local
-from ..errors import ConfigError, EnvironmentProblem, LaunchError, PortInUseError, PreflightError
+from ..errors import ConfigError, EnvironmentProblem, PortInUseError, PreflightError, UnknownTaskError
 from ..records.folder import RunFolder, new_run_id
 from ..sources import ClusterSource
 from .session import TAIL_LINES, RunResult, RunSession, SessionOptions
@@ -33,10 +33,6 @@ if TYPE_CHECKING:
 __all__ = ["LaunchRequest", "RunResult", "TAIL_LINES", "build_spec", "check", "dry_run", "run"]
 
 DEFAULT_LOG_DIR = "logs"
-
-
-class UnknownTaskError(LaunchError):
-    """An option names a task the plan does not have."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +65,10 @@ def build_spec(request: LaunchRequest, local_hosts: frozenset[str]) -> ClusterSp
         spec = replace(spec, log_dir=request.log_dir)
     if request.threads is not None:
         spec = replace(spec, threads=request.threads)
+    known = [task.name for task in spec.tasks]
+    unknown = [name for name in request.show_tasks if name not in known]
+    if unknown:
+        raise UnknownTaskError(spec.source, "--tasks", ",".join(request.show_tasks), unknown, known)
     return spec
 
 
@@ -85,9 +85,7 @@ def dry_run(request: LaunchRequest) -> tuple[ClusterSpec, Plan]:
     spec = build_spec(request, local_hosts)
     with _reserve_auto_ports(spec) as reservation:
         spec = spec.with_ports(reservation.ports)
-    plan = _placeholder_plan(spec, local_hosts, request)
-    _check_shown_tasks(request, plan)
-    return spec, plan
+    return spec, _placeholder_plan(spec, local_hosts, request)
 
 
 def check(request: LaunchRequest) -> CheckReport:
@@ -119,14 +117,6 @@ def _placeholder_plan(spec: ClusterSpec, local_hosts: frozenset[str], request: L
     return plan_for(spec, context, local_hosts, request)
 
 
-def _check_shown_tasks(request: LaunchRequest, plan: Plan) -> None:
-    names = [launch.name for launch in plan.launches]
-    unknown = [name for name in request.show_tasks if name not in names]
-    if unknown:
-        raise UnknownTaskError(f"--tasks: no task {', '.join(map(repr, unknown))} in this cluster; "
-                               f"its tasks are: {', '.join(names)}")
-
-
 def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS) -> RunResult:
     """Start the cluster, supervise it to the end, and leave everything in its run folder.
 
@@ -138,7 +128,6 @@ def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS) ->
         reservation = _reserve_auto_ports(spec)
         try:
             spec = spec.with_ports(reservation.ports)
-            _check_shown_tasks(request, _placeholder_plan(spec, local_hosts, request))
             check_local_ports(spec, local_hosts, set(reservation.ports))
             if request.preflight and not all(is_local(t.host, local_hosts) for t in spec.tasks):
                 _preflight(spec, local_hosts, request)

@@ -13,6 +13,9 @@ sum of the tree's resident sets (pages shared between processes count once per p
                             "latest": {"time": 1795356008.9, "at": "...", "pid": 29869,
                                        "processes": 1, "cpu_percent": 97.4, "rss_mb": 431.0}}}}
 
+One sampler covers the whole run: ``tasks`` holds each task's figures over every attempt, and
+``attempts`` (``{"1": {"worker-0": {...}}, "2": ...}``) the same figures attempt by attempt.
+
 A task's first sample has no CPU figure (there is no earlier reading to measure from), so
 ``samples`` counts RSS readings and the CPU mean is taken over the readings that have one.
 """
@@ -49,6 +52,32 @@ class TaskUsage:
     sampled_at: float | None = None  # time.time() of the previous sample
     sampled_mono: float | None = None  # and its time.monotonic(), for the CPU% denominator
 
+    def add_reading(self, pid: int, now: float, mono: float, cpu_now: dict[tuple[int, float], float],
+                    rss_mb: float) -> None:
+        """Fold one reading of the task's process tree (CPU seconds per process, total RSS) in."""
+        if self.pid != pid:
+            # A new process for this task (a restart): CPU deltas start over, totals go on.
+            self.pid, self.cpu_seen, self.sampled_at, self.sampled_mono = pid, {}, None, None
+        cpu_delta = 0.0
+        for key, spent in cpu_now.items():
+            if key in self.cpu_seen:
+                cpu_delta += max(0.0, spent - self.cpu_seen[key])
+            elif self.sampled_at is not None and key[1] >= self.sampled_at:
+                cpu_delta += spent  # born since the last sample: all its CPU time is new
+        cpu_percent = None
+        if self.sampled_mono is not None and mono > self.sampled_mono:
+            cpu_percent = 100.0 * cpu_delta / (mono - self.sampled_mono)
+            self.cpu_samples += 1
+            self.cpu_sum += cpu_percent
+            self.cpu_peak = max(self.cpu_peak, cpu_percent)
+        self.samples += 1
+        self.rss_sum += rss_mb
+        self.rss_peak = max(self.rss_peak, rss_mb)
+        self.cpu_seen, self.sampled_at, self.sampled_mono = cpu_now, now, mono
+        self.latest = {"time": round(now, 3), "at": iso_time(now), "pid": pid, "processes": len(cpu_now),
+                       "cpu_percent": None if cpu_percent is None else round(cpu_percent, 1),
+                       "rss_mb": round(rss_mb, 1)}
+
     def record(self) -> dict[str, Any]:
         return {
             "pid": self.pid,
@@ -71,13 +100,15 @@ class ResourceSampler(threading.Thread):
     """
 
     def __init__(self, live_pids: Callable[[], dict[str, int]], run_dir: Path | str, interval: float = 1.0,
-                 write_every: float = 2.0):
+                 write_every: float = 2.0, attempt: Callable[[], int] = lambda: 1):
         super().__init__(name="tflaunch-resources", daemon=True)
         self.live_pids = live_pids
+        self.attempt = attempt  # the attempt the live tasks belong to, read at each sample
         self.path = Path(run_dir) / RESOURCES
         self.interval = interval
         self.write_every = write_every
-        self.usage: dict[str, TaskUsage] = {}
+        self.usage: dict[str, TaskUsage] = {}  # over the whole run
+        self.by_attempt: dict[int, dict[str, TaskUsage]] = {}
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._write_lock = threading.Lock()  # stop() may write while the thread's last write runs
@@ -122,41 +153,21 @@ class ResourceSampler(threading.Thread):
         tree = self._tree(psutil, pid)
         if not tree:
             return set()
+        rss = 0
+        cpu_now: dict[tuple[int, float], float] = {}
+        for key, proc in tree:
+            try:
+                with proc.oneshot():
+                    rss += proc.memory_info().rss
+                    times = proc.cpu_times()
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+            cpu_now[key] = times.user + times.system
+        attempt = self.attempt()
         with self._lock:
-            usage = self.usage.setdefault(name, TaskUsage())
-            if usage.pid != pid:
-                # A new process for this task (a restart): CPU deltas start over, totals go on.
-                usage.pid, usage.cpu_seen, usage.sampled_at, usage.sampled_mono = pid, {}, None, None
-            rss = 0
-            cpu_now: dict[tuple[int, float], float] = {}
-            cpu_delta = 0.0
-            for key, proc in tree:
-                try:
-                    with proc.oneshot():
-                        rss += proc.memory_info().rss
-                        times = proc.cpu_times()
-                except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                    continue
-                spent = times.user + times.system
-                cpu_now[key] = spent
-                if key in usage.cpu_seen:
-                    cpu_delta += max(0.0, spent - usage.cpu_seen[key])
-                elif usage.sampled_at is not None and key[1] >= usage.sampled_at:
-                    cpu_delta += spent  # born since the last sample: all its CPU time is new
-            cpu_percent = None
-            if usage.sampled_mono is not None and mono > usage.sampled_mono:
-                cpu_percent = 100.0 * cpu_delta / (mono - usage.sampled_mono)
-                usage.cpu_samples += 1
-                usage.cpu_sum += cpu_percent
-                usage.cpu_peak = max(usage.cpu_peak, cpu_percent)
-            rss_mb = rss / _MB
-            usage.samples += 1
-            usage.rss_sum += rss_mb
-            usage.rss_peak = max(usage.rss_peak, rss_mb)
-            usage.cpu_seen, usage.sampled_at, usage.sampled_mono = cpu_now, now, mono
-            usage.latest = {"time": round(now, 3), "at": iso_time(now), "pid": pid, "processes": len(cpu_now),
-                            "cpu_percent": None if cpu_percent is None else round(cpu_percent, 1),
-                            "rss_mb": round(rss_mb, 1)}
+            for usage in (self.usage.setdefault(name, TaskUsage()),
+                          self.by_attempt.setdefault(attempt, {}).setdefault(name, TaskUsage())):
+                usage.add_reading(pid, now, mono, cpu_now, rss / _MB)
         return {key for key, _ in tree}
 
     def _tree(self, psutil: Any, pid: int) -> list[tuple[tuple[int, float], Any]]:
@@ -180,7 +191,10 @@ class ResourceSampler(threading.Thread):
         now = time.time()
         with self._lock:
             tasks = {name: usage.record() for name, usage in self.usage.items()}
-        return {"interval": self.interval, "updated": round(now, 3), "updated_at": iso_time(now), "tasks": tasks}
+            attempts = {str(k): {name: usage.record() for name, usage in tasks_of.items()}
+                        for k, tasks_of in sorted(self.by_attempt.items())}
+        return {"interval": self.interval, "updated": round(now, 3), "updated_at": iso_time(now), "tasks": tasks,
+                "attempts": attempts}
 
     def write(self) -> None:
         """Replace ``resources.json`` atomically; a failed write is skipped."""

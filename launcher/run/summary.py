@@ -24,7 +24,8 @@ def describe_plan(spec: ClusterSpec, plan: Plan) -> list[str]:
             lines.append(f"  setup:   {launch.setup}")
         lines.append(f"  command: {shlex.join(launch.argv)}")
         for key, value in launch.env.items():
-            lines.append(f"  env: {key}={shlex.quote(value)}")
+            source = launch.env_sources.get(key)
+            lines.append(f"  env: {key}={shlex.quote(value)}" + (f"  ({source})" if source else ""))
     lines += [f"note: {note}" for note in plan.notes]
     return lines
 

@@ -1,43 +1,53 @@
 """Supervision of one attempt: start every task, watch them, and stop them all by one protocol.
 
-Task states and their transitions (``Task.to`` is the only place a state changes)::
+Task states and their transitions (:meth:`Task.to` is the only place a state changes)::
 
     PENDING --started--> RUNNING --exit 0--> SUCCEEDED
-       |                    |----exit != 0, signal, lost host--> FAILED
+       |                   |  |---exit != 0, signal, lost host--> FAILED
+       |                   |  '---ended after tflaunch asked it to stop--> STOPPED
+       |                   '---failed, restart policy "task", budget left--> RESTARTING
+       |                                          RESTARTING --started again--> RUNNING
        |--could not start--> FAILED
-       |                    '----ended after tflaunch asked it to stop--> STOPPED
        '--never started (run stopped first)--> STOPPED
 
 Run policy:
-- the first task to fail is the root cause; every other task is stopped and the attempt fails
-  with the root cause's exit code (128+N for signal N);
+- by default the first task to fail is the root cause: every other task is stopped and the attempt
+  fails with the root cause's exit code (128+N for signal N); the run may then restart the whole
+  cluster (see :mod:`launcher.run.session`);
+- a role whose restart policy is ``task`` (the default for workers of a ParameterServerStrategy
+  cluster, whose coordinator tolerates a worker coming back) is restarted alone, in place, with
+  the same launch, while the others keep running, up to ``task_restarts`` times per task;
 - with ``ps`` tasks the chief decides: once it exits 0 the ps and worker tasks (blocked in
   ``server.join()``) are stopped and the attempt succeeds; otherwise the attempt succeeds when
-  every chief and worker exited 0 (an evaluator still running is then stopped);
-- SIGINT/SIGTERM to tflaunch stop every task; the attempt ends as interrupted (exit 130/143).
+  every chief and worker exited 0;
+- a running evaluator is then given ``evaluator_timeout`` seconds to finish its last evaluation
+  and end on its own before it is stopped;
+- a signal to tflaunch (see :mod:`launcher.run.signals`) stops every task; the attempt ends as
+  interrupted (exit 128+N: 130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP, 131 for SIGQUIT).
 
-Shutdown protocol: SIGTERM to each task's process group, one monotonic deadline for all (the
-``grace``; at most ``failure_grace`` when a task's failure triggered it), SIGKILL to whatever is
-left, reap, then a final SIGKILL to every group for leftovers.
+Shutdown protocol: reap what already ended, SIGTERM to each remaining task's process group, one
+monotonic deadline for all (the ``grace``; at most ``failure_grace`` when a failure triggered it),
+SIGKILL to whatever is left, reap, then ``cleanup`` of every task (its leftovers are stopped).
 """
 
 from __future__ import annotations
 
 import enum
 import os
-import signal
-import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from ..cluster.plan import TaskLaunch
-from ..transports.base import ExitStatus, TaskProcess, Transport
+from ..cluster.spec import RestartPolicy
+from ..transports.base import CANNOT_START, ExitStatus, FailedStart, TaskProcess, Transport, signal_name
+from .signals import Signals
 
 
 class TaskState(enum.Enum):
     PENDING = "pending"
     RUNNING = "running"
+    RESTARTING = "restarting"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     STOPPED = "stopped"
@@ -49,7 +59,8 @@ class TaskState(enum.Enum):
 
 _ALLOWED = {
     TaskState.PENDING: {TaskState.RUNNING, TaskState.FAILED, TaskState.STOPPED},
-    TaskState.RUNNING: {TaskState.SUCCEEDED, TaskState.FAILED, TaskState.STOPPED},
+    TaskState.RUNNING: {TaskState.SUCCEEDED, TaskState.FAILED, TaskState.STOPPED, TaskState.RESTARTING},
+    TaskState.RESTARTING: {TaskState.RUNNING, TaskState.FAILED, TaskState.STOPPED},
 }
 
 
@@ -57,14 +68,6 @@ class Outcome(enum.Enum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     INTERRUPTED = "interrupted"
-
-
-class Interrupted(Exception):
-    """tflaunch received SIGINT or SIGTERM."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
 
 
 @dataclass
@@ -79,18 +82,24 @@ class Task:
     started_at: float | None = None
     ended_at: float | None = None
     stop_requested: bool = False
+    restarts: int = 0
+    leftovers: tuple[str, ...] = ()
     history: list[tuple[str, float]] = field(default_factory=list)
 
     @property
     def name(self) -> str:
         return self.launch.name
 
+    @property
+    def role(self) -> str:
+        return self.launch.role
+
     def to(self, state: TaskState, when: float) -> None:
         if state not in _ALLOWED.get(self.state, set()):
             raise RuntimeError(f"{self.name}: illegal transition {self.state.value} -> {state.value}")
         self.state = state
         self.history.append((state.value, when))
-        if state is TaskState.RUNNING:
+        if state is TaskState.RUNNING and self.started_at is None:
             self.started_at = when
         elif state.ended:
             self.ended_at = when
@@ -102,9 +111,10 @@ class Trip:
 
     reason: str
     tasks: tuple[str, ...] = ()
+    exit_code: int = 124  # as timeout(1) reports a command it had to stop
 
 
-WATCHDOG_EXIT = 124  # as timeout(1) reports a command it had to stop
+WATCHDOG_EXIT = 124
 
 
 @dataclass
@@ -116,6 +126,7 @@ class AttemptResult:
     signal: int | None = None  # the signal that interrupted tflaunch
     reason: str = ""
     blamed: tuple[str, ...] = ()  # tasks a watchdog stopped the attempt for
+    notes: list[str] = field(default_factory=list)  # what happened on the way (evaluator, restarts)
 
 
 @dataclass
@@ -124,10 +135,13 @@ class SupervisorOptions:
     # After a task failed, survivors get at most this long: the collective is broken, so they
     # cannot save together, and TensorFlow's preemption handler makes MWMS programs swallow SIGTERM.
     failure_grace: float = 1.0
+    evaluator_timeout: float = 300.0  # seconds an evaluator may run on after training succeeded
+    restart_policy: Mapping[str, RestartPolicy] = field(default_factory=dict)  # by role; default CLUSTER
+    task_restarts: int = 3  # in-place restarts per task
     poll_interval: float = 0.02
     clock: Callable[[], float] = time.monotonic
     wall: Callable[[], float] = time.time
-    sleep: Callable[[float], None] = time.sleep
+    sleep: Callable[[float], None] | None = None  # None: wait on the signal pipe (wakes on a signal)
 
 
 class Supervisor:
@@ -137,7 +151,8 @@ class Supervisor:
                  open_output: Callable[[TaskLaunch], tuple[int, str]], on_event: Callable[[str], None],
                  options: SupervisorOptions | None = None,
                  watchdog: Callable[[list[Task]], Trip | None] | None = None,
-                 on_change: Callable[[list[Task]], None] | None = None):
+                 on_change: Callable[[list[Task]], None] | None = None,
+                 signals: Signals | None = None):
         self.tasks = [Task(launch) for launch in launches]
         self.transport_for = transport_for
         self.open_output = open_output
@@ -145,34 +160,56 @@ class Supervisor:
         self.options = options or SupervisorOptions()
         self.watchdog = watchdog  # returns a Trip to stop the attempt, or None
         self.on_change = on_change  # called after tasks start and after any task's state changes
-        self.has_ps = any(t.launch.role == "ps" for t in self.tasks)
-        self._hurry = False
+        self.signals = signals or Signals()  # a private instance receives nothing: no signals
+        self.has_ps = any(t.role == "ps" for t in self.tasks)
+        self._signals_seen = self.signals.count
+        self._notes: list[str] = []
 
     # -- the attempt --------------------------------------------------------------------
 
     def run(self) -> AttemptResult:
-        restore = self._install_signal_handlers()
         try:
             self._start_all()
             self._changed()
-            return self._watch()
-        except Interrupted as interrupt:
-            self.on_event(f"received {interrupt}: stopping every task")
-            self._shutdown()
-            return AttemptResult(Outcome.INTERRUPTED, 128 + interrupt.signum, self.tasks,
-                                 signal=interrupt.signum, reason=f"interrupted by {interrupt}")
+            result = self._interrupted() or self._watch()
         finally:
             self._shutdown()
-            restore()
+        result.notes = self._notes
+        return result
 
     def _start_all(self) -> None:
         for task in self.tasks:
-            fd, task.log_path = self.open_output(task.launch)
-            try:
-                task.process = self.transport_for(task.launch).start(task.launch, fd)
-            finally:
-                os.close(fd)  # the child (or ssh client) holds its own copy
+            if self._signal():
+                return  # the rest stay PENDING; the shutdown marks them STOPPED
+            self._start(task)
             task.to(TaskState.RUNNING, self.options.wall())
+
+    def _start(self, task: Task) -> None:
+        """Start (or restart) a task's process; a start that fails becomes a failed process."""
+        try:
+            fd, task.log_path = self.open_output(task.launch)
+        except OSError as exc:
+            task.process = FailedStart(f"cannot open its log file: {exc.strerror or exc}")
+            return
+        try:
+            task.process = self.transport_for(task.launch).start(task.launch, fd)
+        except OSError as exc:  # exec format error, too many open files, ...
+            program = task.launch.argv[0] if task.launch.argv else "?"
+            task.process = FailedStart(f"cannot start {program!r}: {exc.strerror or exc}")
+        finally:
+            os.close(fd)  # the child (or its client) holds its own copy
+
+    def _interrupted(self) -> AttemptResult | None:
+        signum = self._signal()
+        if signum is None:
+            return None
+        self.on_event(f"received {signal_name(signum)}: stopping every task")
+        self._shutdown()
+        return AttemptResult(Outcome.INTERRUPTED, 128 + signum, self.tasks, signal=signum,
+                             reason=f"interrupted by {signal_name(signum)}")
+
+    def _signal(self) -> int | None:
+        return self.signals.first if self.signals.count > self._signals_seen else None
 
     def _changed(self) -> None:
         if self.on_change:
@@ -180,6 +217,9 @@ class Supervisor:
 
     def _watch(self) -> AttemptResult:
         while True:
+            interrupted = self._interrupted()
+            if interrupted:
+                return interrupted
             if any([self._poll(t) for t in self.tasks if t.state is TaskState.RUNNING]):
                 self._changed()
             failed = [t for t in self.tasks if t.state is TaskState.FAILED]
@@ -190,27 +230,65 @@ class Supervisor:
                 return AttemptResult(Outcome.FAILED, root.status.shell_code, self.tasks, root_cause=root,
                                      reason=f"{root.name} {root.status.describe()}")
             if self._training_done():
-                self._shutdown()
-                return AttemptResult(Outcome.SUCCEEDED, 0, self.tasks)
+                return self._finish_evaluators() or AttemptResult(Outcome.SUCCEEDED, 0, self.tasks)
             if self.watchdog:
                 trip = self.watchdog(self.tasks)
                 if trip:
                     self.on_event(f"{trip.reason}: stopping the cluster")
                     self._shutdown()
-                    return AttemptResult(Outcome.FAILED, WATCHDOG_EXIT, self.tasks, reason=trip.reason,
+                    return AttemptResult(Outcome.FAILED, trip.exit_code, self.tasks, reason=trip.reason,
                                          blamed=trip.tasks)
-            self.options.sleep(self.options.poll_interval)
+            self._sleep(self.options.poll_interval)
+
+    def _sleep(self, seconds: float) -> None:
+        if self.options.sleep is not None:
+            self.options.sleep(seconds)
+        else:
+            self.signals.wait(seconds)
 
     def _training_done(self) -> bool:
-        if self.has_ps:
-            deciders = [t for t in self.tasks if t.launch.role == "chief"]
-        else:
-            deciders = [t for t in self.tasks if t.launch.role in ("chief", "worker")]
-        return all(t.state is TaskState.SUCCEEDED for t in deciders)
+        roles = ("chief",) if self.has_ps else ("chief", "worker")
+        return all(t.state is TaskState.SUCCEEDED for t in self.tasks if t.role in roles)
+
+    def _finish_evaluators(self) -> AttemptResult | None:
+        """Training succeeded: let running evaluators end on their own, up to the timeout."""
+        evaluators = [t for t in self.tasks if t.role == "evaluator" and t.state is TaskState.RUNNING]
+        if not evaluators:
+            return None
+        timeout = self.options.evaluator_timeout
+        names = ", ".join(t.name for t in evaluators)
+        self.on_event(f"training finished; waiting up to {timeout:g} s for {names} to finish its last evaluation")
+        deadline = self.options.clock() + timeout
+        while evaluators and self.options.clock() < deadline:
+            interrupted = self._interrupted()
+            if interrupted:
+                return interrupted
+            if any([self._poll(t) for t in evaluators]):
+                self._changed()
+            evaluators = [t for t in evaluators if t.state is TaskState.RUNNING]
+            if evaluators:
+                self._sleep(self.options.poll_interval)
+        for task in self.tasks:
+            if task.role == "evaluator" and task.status is not None and task.state.ended:
+                note = f"{task.name} finished on its own ({task.status.describe()})"
+                self._notes.append(note)
+                self.on_event(note)
+        for task in evaluators:
+            note = f"{task.name} was still running {timeout:g} s after training ended: stopped (see --evaluator-timeout)"
+            self._notes.append(note)
+            self.on_event(note)
+        failed = [t for t in self.tasks if t.role == "evaluator" and t.state is TaskState.FAILED]
+        if failed:
+            root = failed[0]
+            self._shutdown(min(self.options.grace, self.options.failure_grace))
+            return AttemptResult(Outcome.FAILED, root.status.shell_code, self.tasks, root_cause=root,
+                                 reason=f"{root.name} {root.status.describe()}")
+        return None
 
     def _poll(self, task: Task) -> bool:
-        """Reap ``task`` if it ended; True when it did."""
-        assert task.process is not None
+        """Reap ``task`` if it ended (or restart it in place); True when its state changed."""
+        if task.process is None:
+            return False
         status = task.process.poll()
         if status is None:
             return False
@@ -219,27 +297,56 @@ class Supervisor:
             task.to(TaskState.STOPPED, self.options.wall())
         elif status.ok:
             task.to(TaskState.SUCCEEDED, self.options.wall())
+        elif self._restarts_in_place(task, status):
+            self._restart_in_place(task)
         else:
             task.to(TaskState.FAILED, self.options.wall())
         return True
+
+    def _restarts_in_place(self, task: Task, status: ExitStatus) -> bool:
+        policy = self.options.restart_policy.get(task.role, RestartPolicy.CLUSTER)
+        if policy is not RestartPolicy.TASK or status.error_code == CANNOT_START and status.error:
+            return False
+        if task.restarts >= self.options.task_restarts:
+            self.on_event(f"{task.name} failed again ({status.describe()}) after {task.restarts} in-place "
+                          "restart(s): no restarts left for it")
+            return False
+        return True
+
+    def _restart_in_place(self, task: Task) -> None:
+        task.to(TaskState.RESTARTING, self.options.wall())
+        task.restarts += 1
+        note = (f"{task.name} on {task.launch.host} failed ({task.status.describe()}): restarting it alone, "
+                f"in place (restart {task.restarts} of {self.options.task_restarts}); the others keep running")
+        self._notes.append(note)
+        self.on_event(note)
+        if task.process is not None:
+            task.process.cleanup()
+            task.leftovers += tuple(getattr(task.process, "leftovers", ()) or ())
+        task.status = None
+        self._start(task)
+        task.to(TaskState.RUNNING, self.options.wall())
 
     # -- shutdown -----------------------------------------------------------------------
 
     def _shutdown(self, grace: float | None = None) -> None:
         """The one shutdown protocol; safe to call more than once."""
-        running = [t for t in self.tasks if t.state is TaskState.RUNNING]
         for task in self.tasks:
-            if task.state is TaskState.PENDING:
+            if task.state in (TaskState.PENDING, TaskState.RESTARTING):
                 task.to(TaskState.STOPPED, self.options.wall())
+        # Reap first: a task that already ended on its own keeps its own exit status.
+        running = [t for t in self.tasks if t.state is TaskState.RUNNING and not self._poll(t)]
+        running = [t for t in running if t.state is TaskState.RUNNING]
         for task in running:
             task.stop_requested = True
             task.process.terminate()
         grace = self.options.grace if grace is None else grace
         deadline = self.options.clock() + grace
-        while running and self.options.clock() < deadline and not self._hurry:
+        stop_signals = self.signals.count
+        while running and self.options.clock() < deadline and not self._hurry(stop_signals):
             running = [t for t in running if not self._poll(t)]
             if running:
-                self.options.sleep(self.options.poll_interval)
+                self._sleep(self.options.poll_interval)
         for task in running:
             task.process.kill()
         reap_deadline = self.options.clock() + max(5.0, grace)
@@ -251,28 +358,14 @@ class Supervisor:
                     task.to(TaskState.STOPPED, self.options.wall())
                 break
             if running:
-                self.options.sleep(self.options.poll_interval)
+                self._sleep(self.options.poll_interval)
         for task in self.tasks:
             if task.process is not None:
                 task.process.cleanup()
+                found = tuple(getattr(task.process, "leftovers", ()) or ())
+                task.leftovers += tuple(p for p in found if p not in task.leftovers)
         self._changed()
 
-    # -- signals ------------------------------------------------------------------------
-
-    def _install_signal_handlers(self) -> Callable[[], None]:
-        if threading.current_thread() is not threading.main_thread():
-            return lambda: None
-
-        def handler(signum: int, frame: object) -> None:
-            if any(t.stop_requested for t in self.tasks):
-                self._hurry = True  # a second signal while stopping: skip the grace period
-                return
-            raise Interrupted(signum)
-
-        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-
-        def restore() -> None:
-            for sig, old in previous.items():
-                signal.signal(sig, old)
-
-        return restore
+    def _hurry(self, signals_at_start: int) -> bool:
+        """A signal that arrived while stopping: skip the rest of the grace period."""
+        return self.signals.count > signals_at_start

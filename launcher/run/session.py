@@ -1,0 +1,331 @@
+"""One run from its first attempt to its final run record: attempts, restarts and the record.
+
+A :class:`RunSession` owns the run folder while the run lasts. It plans each attempt, hands it to
+a :class:`~.supervisor.Supervisor`, decides whether to restart the whole cluster, and keeps
+``run.json`` (a :class:`~launcher.records.record.RunRecord`) true at every step. The record is
+made final in a ``finally``: whatever ends the run (success, failure, a signal, a full disk, an
+unexpected error) leaves a run folder that says how it ended.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from .. import __version__
+from ..cluster.plan import Plan, RunContext, TaskLaunch, tf_cluster
+from ..cluster.spec import ClusterSpec
+from ..errors import EnvironmentProblem
+from ..records.folder import RunFolder, iso_time
+from ..records.record import AttemptRecord, LauncherRecord, RootCause, RunRecord, RunStatus, TaskRecord
+from ..transports import create as create_transport
+from ..transports.base import Transport
+from .pump import OutputPump, tail_lines
+from .resources import ResourceSampler
+from .signals import Signals
+from ..cluster.spec import RestartPolicy
+from .supervisor import AttemptResult, Outcome, Supervisor, SupervisorOptions, Task, TaskState, Trip
+from .watchdog import Watchdog, WatchdogSettings, training_tasks
+
+if TYPE_CHECKING:
+    from .console import Console
+    from .diagnose import Diagnosis
+
+TAIL_LINES = 20
+DIAGNOSIS_LINES = 200
+DISK_FULL_EXIT = 1
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    """The run-wide choices of a launch (command-line options over the cluster file)."""
+
+    grace: float = 5.0
+    max_restarts: int = 0
+    restart_delay: float = 1.0
+    evaluator_timeout: float = 300.0
+    watchdog: WatchdogSettings = WatchdogSettings()
+
+
+@dataclass
+class RunResult:
+    run_id: str
+    run_dir: Path
+    exit_code: int
+    attempts: list[AttemptResult]
+    root_cause_tail: list[str] = field(default_factory=list)
+    diagnosis: Diagnosis | None = None  # the known problem the root cause's output matches
+    record: RunRecord | None = None
+    error: str | None = None  # an environment problem that ended the run (full disk, vanished folder)
+
+    @property
+    def final(self) -> AttemptResult:
+        return self.attempts[-1]
+
+
+class RunSession:
+    """The state of one run while it executes: its folder, record and attempts."""
+
+    def __init__(self, spec: ClusterSpec, options: SessionOptions, folder: RunFolder, console: Console,
+                 plan_attempt: Callable[[RunContext], Plan], signals: Signals):
+        self.spec = spec
+        self.options = options
+        self.folder = folder
+        self.console = console
+        self.plan_attempt = plan_attempt
+        self.signals = signals
+        self.started_at = time.time()
+        self.attempts: list[AttemptResult] = []
+        self.diagnoses: list[Diagnosis | None] = []  # one per attempt
+        self.transports: dict[str, Transport] = {}
+        self.lock = threading.Lock()  # the record is written from the supervisor and the pump's failure path
+        self.record = RunRecord(
+            run_id=folder.run_id, source=spec.source, tflaunch_version=__version__,
+            max_restarts=options.max_restarts, started_at=iso_time(self.started_at),
+            launcher=LauncherRecord(pid=os.getpid(), host=os.uname().nodename, cwd=os.getcwd(),
+                                    argv=[os.path.basename(sys.argv[0]), *sys.argv[1:]]),
+            cluster=tf_cluster(spec))
+
+    # -- the run --------------------------------------------------------------------------
+
+    def execute(self) -> RunResult:
+        self.pump = OutputPump(self.folder.merged_path, self.folder.metrics_path, self.console).start()
+        self.supervisor: Supervisor | None = None
+        self.attempt_number = 1
+        sampler = ResourceSampler(self._live_local_pids, self.folder.path, attempt=lambda: self.attempt_number)
+        sampler.start()
+        plan: Plan | None = None
+        result: AttemptResult | None = None
+        interrupted: int | None = None
+        error: str | None = None
+        try:
+            plan = self._plan(1)
+            for note in plan.notes:
+                self.say(note)
+            self.say(f"run {self.folder.run_id}: {len(plan.launches)} tasks from {self.spec.source}; "
+                     f"logs in {self.folder.path}")
+            self.record.command = shlex.join(plan.launches[0].argv)
+            self.record.notes = list(plan.notes)
+            self._write(plan, [])
+            result, interrupted = self._attempts(plan)
+        except OSError as exc:  # the run folder itself failed us (full disk, removed, read-only)
+            error = _describe_os_error(exc)
+        finally:
+            sampler.stop()
+            self.pump.close()
+            error = error or self.pump.failure
+            exit_code, status = self._outcome(result, interrupted, error)
+            tail = []
+            if result is not None and result.root_cause is not None:
+                tail = tail_lines(Path(result.root_cause.log_path), TAIL_LINES)
+            diagnosis = self.diagnoses[-1] if self.diagnoses else None
+            self._finish(plan, result, status, exit_code, tail, diagnosis, error)
+        return RunResult(self.folder.run_id, self.folder.path, exit_code, self.attempts, tail, diagnosis,
+                         self.record, error)
+
+    def _attempts(self, plan: Plan) -> tuple[AttemptResult, int | None]:
+        attempt, signatures = 1, []
+        while True:
+            self.pump.attempt = attempt
+            if attempt > 1:
+                plan = self._plan(attempt)
+            result = self._attempt(plan, attempt)
+            self.attempts.append(result)
+            if result.outcome is not Outcome.FAILED or attempt > self.options.max_restarts or self.pump.failure:
+                return result, None
+            signatures.append(self._failure_signature(result, attempt))
+            if len(signatures) >= 2 and signatures[-1] == signatures[-2] and not signatures[-1][-1]:
+                self.say(f"attempt {attempt} failed exactly like attempt {attempt - 1} before any training "
+                         f"progress ({result.reason}): not restarting again")
+                return result, None
+            self.say(f"attempt {attempt} failed ({result.reason}); restarting the whole cluster in "
+                     f"{self.options.restart_delay:g} s (restart {attempt} of {self.options.max_restarts})")
+            self._write(plan, result.tasks)
+            # Any signal during the run (also one that came while this attempt was stopping) ends it.
+            signum = self.signals.wait(self.options.restart_delay)
+            if signum is not None:
+                from ..transports.base import signal_name
+
+                self.say(f"received {signal_name(signum)} between attempts: not restarting")
+                return result, signum
+            attempt += 1
+
+    def _outcome(self, result: AttemptResult | None, interrupted: int | None,
+                 error: str | None) -> tuple[int, RunStatus]:
+        if error is not None:
+            return DISK_FULL_EXIT if result is None or result.exit_code == 0 else result.exit_code, RunStatus.FAILED
+        if interrupted is not None:
+            return 128 + interrupted, RunStatus.STOPPED
+        if result is None:  # ended before the first attempt: only a signal does that
+            signum = self.signals.first
+            return (128 + signum if signum else 1), RunStatus.STOPPED
+        return result.exit_code, {Outcome.SUCCEEDED: RunStatus.SUCCEEDED, Outcome.FAILED: RunStatus.FAILED,
+                                  Outcome.INTERRUPTED: RunStatus.STOPPED}[result.outcome]
+
+    def _live_local_pids(self) -> dict[str, int]:
+        """{task: pid} of the current attempt's running local tasks (read from the sampler's thread)."""
+        supervisor = self.supervisor
+        if supervisor is None:
+            return {}
+        return {t.name: t.process.pid for t in list(supervisor.tasks)
+                if t.state is TaskState.RUNNING and t.launch.local and t.process and t.process.pid}
+
+    def say(self, text: str) -> None:
+        self.console.message(text)
+        self.pump.event(text)
+
+    def _plan(self, attempt: int) -> Plan:
+        run_dir = self.folder.path.resolve()
+        # With restarts, the trainer backs up into the run folder so a restarted cluster resumes;
+        # in-place restarts of ParameterServer workers resume from it too.
+        restarts = self.options.max_restarts > 0 or RestartPolicy.TASK in self.spec.restart_policy.values()
+        backup = str(run_dir / "backup") if restarts else None
+        return self.plan_attempt(RunContext(self.folder.run_id, str(run_dir), attempt, backup_dir=backup))
+
+    # -- one attempt ----------------------------------------------------------------------
+
+    def _attempt(self, plan: Plan, attempt: int) -> AttemptResult:
+        def open_output(launch: TaskLaunch) -> tuple[int, str]:
+            fd = self.folder.open_task_log(launch.name, attempt)
+            self.pump.follow(launch.name, self.folder.task_log(launch.name, attempt), attempt)
+            return fd, str(self.folder.task_log(launch.name, attempt))
+
+        watchdog = None
+        if self.options.watchdog.enabled:
+            trainers = training_tasks([(l.name, l.role) for l in plan.launches])
+            watchdog = Watchdog(self.options.watchdog, self.pump, attempt, trainers,
+                                self.folder.attempt_dir(attempt) / "stacks", self.say)
+        supervisor_options = SupervisorOptions(grace=self.options.grace,
+                                               evaluator_timeout=self.options.evaluator_timeout,
+                                               restart_policy=self.spec.restart_policy,
+                                               task_restarts=self.spec.task_restarts)
+        supervisor = Supervisor(plan.launches, self._transport_for, open_output, self.say, supervisor_options,
+                                watchdog=lambda tasks: self._check_logging() or (watchdog(tasks) if watchdog else None),
+                                on_change=lambda tasks: self._write(plan, tasks), signals=self.signals)
+        started = time.time()
+        self.supervisor, self.attempt_number = supervisor, attempt
+        result = supervisor.run()
+        for note in result.notes:
+            self.pump.event(note)
+        self.diagnoses.append(self._diagnose(result))
+        known = self.diagnoses[-1]
+        self.record.attempts.append(AttemptRecord(
+            attempt=attempt, started_at=iso_time(started), ended_at=iso_time(time.time()),
+            outcome=result.outcome.value, exit_code=result.exit_code,
+            failed_task=result.root_cause.name if result.root_cause else None, reason=result.reason,
+            blamed_tasks=list(result.blamed), diagnosis=known.rule if known else None))
+        return result
+
+    def _check_logging(self) -> Trip | None:
+        """Stop the attempt when the output pump could not write the run's files (a full disk)."""
+        failure = self.pump.failure
+        return Trip(f"cannot write the run's logs: {failure}", exit_code=DISK_FULL_EXIT) if failure else None
+
+    def _transport_for(self, launch: TaskLaunch) -> Transport:
+        if launch.transport not in self.transports:
+            self.transports[launch.transport] = create_transport(launch.transport, self.options.grace)
+        return self.transports[launch.transport]
+
+    def _failure_signature(self, result: AttemptResult, attempt: int) -> tuple:
+        """What makes two failures "the same": who, how, which error, and whether training progressed."""
+        # Membership tests only: the pump thread may add keys meanwhile, which iteration would not survive.
+        progressed = any((attempt, task.name) in self.pump.progress for task in result.tasks)
+        if result.root_cause is None:
+            return ("watchdog", result.reason.split(":", 1)[0], result.blamed, progressed)
+        root = result.root_cause
+        known = self.diagnoses[-1]
+        cause = known.rule if known else error_class(tail_lines(Path(root.log_path), DIAGNOSIS_LINES))
+        return (root.name, root.status.describe(), cause, progressed)
+
+    def _diagnose(self, result: AttemptResult) -> Diagnosis | None:
+        """Match the root cause's output against the known problems (launcher/run/diagnose.py)."""
+        root = result.root_cause
+        if root is None or root.status is None:
+            return None
+        from .diagnose import diagnose
+
+        return diagnose(tail_lines(Path(root.log_path), DIAGNOSIS_LINES), signal=root.status.signal,
+                        exit_code=root.status.code, task_names=[t.name for t in result.tasks])
+
+    # -- the record -----------------------------------------------------------------------
+
+    def _write(self, plan: Plan, tasks: list[Task]) -> None:
+        """Rewrite run.json with the tasks' current states (live rewrites are compact)."""
+        by_name = {t.name: t for t in tasks}
+        with self.lock:
+            self.record.tasks = [task_record(launch, by_name.get(launch.name)) for launch in plan.launches]
+            try:
+                self.folder.write_record(self.record)
+            except OSError:
+                pass  # a live rewrite is best effort; the final one reports what failed
+
+    def _finish(self, plan: Plan | None, result: AttemptResult | None, status: RunStatus, exit_code: int,
+                tail: list[str], diagnosis: Diagnosis | None, error: str | None) -> None:
+        ended = time.time()
+        with self.lock:
+            record = self.record
+            if plan is not None:
+                tasks = {t.name: t for t in (result.tasks if result else [])}
+                record.tasks = [task_record(launch, tasks.get(launch.name)) for launch in plan.launches]
+            record.status, record.exit_code, record.error = status, exit_code, error
+            record.ended_at, record.duration_seconds = iso_time(ended), round(ended - self.started_at, 3)
+            if result is not None and result.root_cause is not None:
+                root = result.root_cause
+                record.root_cause = RootCause(task=root.name, host=root.launch.host, **_status_fields(root),
+                                              tail=tail, diagnosis=asdict(diagnosis) if diagnosis else None)
+            try:
+                self.folder.write_record(record, final=True)
+            except OSError as exc:
+                if error is None:  # the disk filled at the last moment; say so rather than claim a record
+                    record.error = _describe_os_error(exc)
+                self.console.message(f"could not write {self.folder.manifest_path}: {_describe_os_error(exc)}")
+
+
+def task_record(launch: TaskLaunch, task: Task | None) -> TaskRecord:
+    record = TaskRecord(name=launch.name, role=launch.role, index=launch.index, host=launch.host,
+                        address=launch.address, local=launch.local, argv=list(launch.argv), workdir=launch.workdir,
+                        gpus=None if launch.gpus is None else list(launch.gpus), env=dict(launch.env),
+                        attempt=int(launch.env.get("TFLAUNCH_ATTEMPT", 1)))
+    if task is not None:
+        record.state = task.state.value
+        record.pid = task.process.pid if task.process else None
+        record.started_at = iso_time(task.started_at) if task.started_at else None
+        record.ended_at = iso_time(task.ended_at) if task.ended_at else None
+        record.restarts = task.restarts
+        record.leftovers = list(task.leftovers)
+        fields = _status_fields(task)
+        record.exit_code, record.signal, record.error = fields["exit_code"], fields["signal"], fields["error"]
+    return record
+
+
+def _status_fields(task: Task) -> dict:
+    status = task.status
+    return {"exit_code": status.shell_code if status else None,
+            "signal": status.signal if status else None,
+            "error": status.error if status else None}
+
+
+def _describe_os_error(exc: OSError) -> str:
+    where = f"{exc.filename}: " if exc.filename else ""
+    return f"{where}{exc.strerror or exc}"
+
+
+def error_class(tail: list[str]) -> str | None:
+    """The last Python exception named at the start of a line of output, if any."""
+    import re
+
+    pattern = re.compile(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception|Exit|Interrupt))\b")
+    for line in reversed(tail):
+        match = pattern.match(line.strip())
+        if match:
+            return match.group(1)
+    return None
+
+
+__all__ = ["RunResult", "RunSession", "SessionOptions", "EnvironmentProblem", "TAIL_LINES", "error_class"]

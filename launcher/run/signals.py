@@ -1,0 +1,111 @@
+"""One signal path: SIGINT, SIGTERM, SIGHUP and SIGQUIT handled in one place, from start to exit.
+
+tflaunch installs :data:`SIGNALS` before it imports anything heavy. Its handler does one of two
+things, depending on whether a run is under way:
+
+- **idle** (parsing options, inspecting runs, before any task exists): it raises
+  :class:`Interrupted`, which the CLI's error boundary turns into a quiet exit 128+N;
+- **armed** (from the moment a run starts until it has finished its run folder): it never raises.
+  It records the signal and writes a byte to a wakeup pipe. The supervisor, the restart delay
+  and every other wait of a run block on :meth:`Signals.wait`, so they wake at once, stop the
+  tasks by the shutdown protocol and finish the run folder; a second signal while stopping
+  skips the grace period.
+
+An exception raised from a handler lands at whatever bytecode runs: between ``Popen`` returning
+and its handle being stored, in a ``finally``, inside a library. A flag cannot lose a task.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import threading
+from typing import Iterator
+
+WATCHED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+
+class Interrupted(Exception):
+    """A signal arrived while no run was under way; the process should exit 128+N."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+class Signals:
+    """The signals received so far, and a pipe that becomes readable when one arrives."""
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self.armed = False
+        self._read_fd, self._write_fd = os.pipe()
+        os.set_blocking(self._read_fd, False)
+        os.set_blocking(self._write_fd, False)
+        self._installed = False
+
+    # -- installing -----------------------------------------------------------------------
+
+    def install(self) -> None:
+        """Take over the watched signals (main thread only; elsewhere a no-op)."""
+        if self._installed or threading.current_thread() is not threading.main_thread():
+            return
+        for signum in WATCHED:
+            signal.signal(signum, self._handle)
+        self._installed = True
+
+    def _handle(self, signum: int, frame: object) -> None:
+        self.received.append(signum)
+        try:
+            os.write(self._write_fd, b"!")
+        except OSError:
+            pass  # the pipe is full: it is readable already, which is all a waiter needs
+        if not self.armed:
+            raise Interrupted(signum)
+
+    @contextlib.contextmanager
+    def armed_for_run(self) -> Iterator["Signals"]:
+        """While a run is under way: record signals, never raise."""
+        self.install()
+        self.armed = True
+        try:
+            yield self
+        finally:
+            self.armed = False
+
+    # -- asking ---------------------------------------------------------------------------
+
+    @property
+    def first(self) -> int | None:
+        """The first signal received, which decides the exit code; None when none came."""
+        return self.received[0] if self.received else None
+
+    @property
+    def count(self) -> int:
+        return len(self.received)
+
+    def wait(self, seconds: float) -> int | None:
+        """Sleep up to ``seconds``, waking at once when a signal arrives; the first signal or None."""
+        if not self.received and seconds > 0:
+            try:
+                select.select([self._read_fd], [], [], seconds)
+            except InterruptedError:
+                pass
+        self._drain()
+        return self.first
+
+    def _drain(self) -> None:
+        try:
+            while os.read(self._read_fd, 4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+
+
+SIGNALS = Signals()  # the process-wide instance the CLI installs first thing
