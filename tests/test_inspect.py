@@ -16,12 +16,14 @@ import struct
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 
 from conftest import TASK
 from launcher.run.resources import ResourceSampler
+from polling import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -70,16 +72,6 @@ def inspect(tflaunch, *args: str, code: int = 0, timeout: float = 60):
     return done
 
 
-def wait_for(condition, timeout: float = 30.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def newest_run(tflaunch) -> Path | None:
     """The run started last (run ids started in the same second do not sort by time)."""
     manifests = {}
@@ -106,6 +98,11 @@ def all_tasks_running(tflaunch) -> dict | None:
     return None
 
 
+def started(tflaunch) -> dict:
+    """The newest run's manifest once all its tasks run."""
+    return wait_for(lambda: all_tasks_running(tflaunch), message="the run's tasks to start")
+
+
 def kill_task_groups(manifest: dict) -> None:
     for task in manifest["tasks"]:
         if task.get("pid"):
@@ -129,6 +126,11 @@ def png_size(path: Path) -> tuple[int, int]:
     data = path.read_bytes()
     assert data[:8] == PNG_SIGNATURE and data[12:16] == b"IHDR"
     return struct.unpack(">II", data[16:24])
+
+
+def folder_state(folder: Path) -> dict[str, tuple[int, int]]:
+    """Every file under ``folder`` with its size and modification time, to show nothing changed."""
+    return {str(p.relative_to(folder)): (p.lstat().st_size, p.lstat().st_mtime_ns) for p in folder.rglob("*")}
 
 
 def data_rows(text: str, first_cell: str) -> dict[str, list[str]]:
@@ -207,7 +209,7 @@ def test_logs_follow_prints_lines_as_they_come_and_ends_with_the_run(tflaunch):
     run = tflaunch.start("--local", "1", "--", "python", TASK, "print:tick-1", "sleep:2", "print:tick-2", "sleep:1",
                          "partial:last words")
     try:
-        wait_for(lambda: all_tasks_running(tflaunch), what="the run to start")
+        started(tflaunch)
         follow = subprocess.Popen(tflaunch.argv("logs", "--follow", "--task", "worker-0", "--log-dir",
                                                 str(tflaunch.log_dir)), cwd=tflaunch.cwd, env=tflaunch.env(),
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -226,12 +228,12 @@ def test_logs_follow_prints_lines_as_they_come_and_ends_with_the_run(tflaunch):
 @pytest.mark.timeout(90)
 def test_launcher_gone_shows_died_and_ends_follow(tflaunch):
     run = tflaunch.start("--local", "2", "--", "python", TASK, "print:up", "forever")
-    manifest = wait_for(lambda: all_tasks_running(tflaunch), what="the run to start")
+    manifest = started(tflaunch)
     try:
         follow = subprocess.Popen(tflaunch.argv("logs", "-f", "--log-dir", str(tflaunch.log_dir)),
                                   cwd=tflaunch.cwd, env=tflaunch.env(), stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True)
-        wait_for(lambda: b"| up" in (newest_run(tflaunch) / "merged.log").read_bytes(), what="task output")
+        wait_for(lambda: b"| up" in (newest_run(tflaunch) / "merged.log").read_bytes(), message="the task's output")
         status = json.loads(inspect(tflaunch, "status", "--json").stdout)
         assert status["status"] == "running" and status["launcher"]["alive"] is True
         run.kill()  # the launcher dies without recording an end; its tasks are left behind
@@ -261,9 +263,11 @@ BUSY_TASK = ("import json, time; print('TFLAUNCH_METRIC ' + json.dumps({'kind': 
 def test_status_of_a_live_run_shows_states_pids_uptime_metric_and_usage(tflaunch):
     run = tflaunch.start("--local", "2", "--", "python", "-c", BUSY_TASK)
     try:
-        manifest = wait_for(lambda: all_tasks_running(tflaunch), what="the run to start")
-        wait_for(lambda: (newest_run(tflaunch) / "metrics.jsonl").read_text().count("\n") == 2, what="metrics")
-        time.sleep(1.0)
+        manifest = started(tflaunch)
+        wait_for(lambda: (newest_run(tflaunch) / "metrics.jsonl").read_text().count("\n") == 2,
+                 message="both tasks' metrics")
+        began = max(datetime.fromisoformat(t["started_at"]).timestamp() for t in manifest["tasks"])
+        wait_for(lambda: time.time() - began > 1.1, message="the tasks to be up for more than 1 s")
         status = json.loads(inspect(tflaunch, "status", "--json").stdout)
         assert status["status"] == "running" and status["uptime_seconds"] > 1.0
         pids = {t["name"]: t["pid"] for t in manifest["tasks"]}
@@ -292,7 +296,16 @@ def test_status_of_a_live_run_shows_states_pids_uptime_metric_and_usage(tflaunch
 
 
 def _spawn(code: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    return subprocess.Popen([sys.executable, "-c", code], start_new_session=True, stdout=subprocess.PIPE, text=True)
+
+
+def samples_written(folder: Path, tasks: int) -> int:
+    """The fewest samples any of the ``tasks`` processes has in resources.json so far."""
+    try:
+        figures = json.loads((folder / "resources.json").read_text())["tasks"]
+    except FileNotFoundError:
+        return 0
+    return min(f["samples"] for f in figures.values()) if len(figures) == tasks else 0
 
 
 def cpu_seconds(pid: int) -> float:
@@ -306,24 +319,26 @@ def children_of(pid: int) -> list[int]:
 
 
 def test_resource_sampler_measures_busy_idle_and_child_processes(tmp_path):
-    busy = _spawn("x = bytearray(20 * 1024 * 1024)\nwhile True: pass")
-    idle = _spawn("import time; time.sleep(60)")
+    # Each prints "ready" once its interpreter has started and it is in its steady state.
+    busy = _spawn("x = bytearray(20 * 1024 * 1024)\nprint('ready', flush=True)\nwhile True: pass")
+    idle = _spawn("import time; print('ready', flush=True); time.sleep(60)")
     # The task itself sleeps; its child does the work, and the tree's figures must include it.
     parent = _spawn("import subprocess, sys, time\n"
                     "subprocess.Popen([sys.executable, '-c', 'while True: pass'])\n"
+                    "print('ready', flush=True)\n"
                     "time.sleep(60)")
     procs = {"busy": busy, "idle": idle, "parent": parent}
     sampler = ResourceSampler(lambda: {name: p.pid for name, p in procs.items()}, tmp_path, interval=0.25,
                               write_every=0.5)
     try:
-        child = wait_for(lambda: children_of(parent.pid), timeout=10, what="the child process")[0]
-        time.sleep(0.5)  # past the interpreters' start-up
+        assert [p.stdout.readline() for p in procs.values()] == ["ready\n"] * 3
+        (child,) = children_of(parent.pid)
         sampler.sample_once()  # the first readings, from which CPU% is measured
         spent = {"busy": cpu_seconds(busy.pid), "parent": cpu_seconds(child) + cpu_seconds(parent.pid)}
         began = time.monotonic()
         sampler.start()
-        wait_for(lambda: (tmp_path / "resources.json").exists(), timeout=10, what="a periodic write")
-        time.sleep(4.0)
+        # A window of 16 samples (about 4 s) keeps the CPU% comparison below within its tolerance.
+        wait_for(lambda: samples_written(tmp_path, 3) >= 16, timeout=60, message="16 samples of each process")
         sampler.stop()
         wall = time.monotonic() - began
         spent = {"busy": cpu_seconds(busy.pid) - spent["busy"],
@@ -331,7 +346,7 @@ def test_resource_sampler_measures_busy_idle_and_child_processes(tmp_path):
     finally:
         for proc in procs.values():
             os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            proc.communicate()
     assert not sampler.is_alive()
     data = json.loads((tmp_path / "resources.json").read_text())
     figures = data["tasks"]
@@ -357,12 +372,15 @@ def test_resource_sampler_never_raises(tmp_path):
         raise RuntimeError("no pids today")
 
     dead = _spawn("pass")
-    dead.wait()
+    dead.communicate()
     for live_pids, folder in ((broken, tmp_path), (lambda: {"gone": dead.pid, "bad": "x"}, tmp_path),
                               (lambda: {"me": os.getpid()}, tmp_path / "missing" / "dir")):
-        sampler = ResourceSampler(live_pids, folder, interval=0.05, write_every=0.1)
+        calls = []
+        sampler = ResourceSampler(lambda: calls.append(1) or live_pids(), folder, interval=0.05, write_every=0.1)
         sampler.start()
-        time.sleep(0.3)
+        # Several rounds of failing samples and writes (one write per two samples).
+        wait_for(lambda: len(calls) >= 5, timeout=10, message="five sampling rounds")
+        assert sampler.is_alive()
         sampler.stop()
         assert not sampler.is_alive()
     assert json.loads((tmp_path / "resources.json").read_text())["tasks"] == {}
@@ -376,10 +394,14 @@ SECONDS = [3.0, 1.25, 1.5]
 RATES = [None, 512.0, 480.0]
 
 
-def test_report_shows_exact_epoch_figures_and_writes_a_png(tflaunch):
+def test_report_shows_exact_epoch_figures_and_writes_a_png_only_with_plot(tflaunch):
     done = run_ok(tflaunch, "--local", "2", "--", "python", TASK,
                   *epoch_actions(SECONDS, RATES, 64, losses=[0.9, 0.6, 0.45]), final_action(0.9125))
+    before = folder_state(done.run_dir)
     text = inspect(tflaunch, "report").stdout
+    assert folder_state(done.run_dir) == before
+    assert "learning curves" not in text and text.splitlines()[-1].startswith("resource use")
+    text = inspect(tflaunch, "report", "--plot").stdout
     lines = text.splitlines()
     assert lines[0] == f"run {done.run_dir.name} (--local 2): succeeded, 3 epoch(s)"
     assert "worker-0 (chief):" in lines and "worker-1:" not in lines
@@ -395,14 +417,32 @@ def test_report_shows_exact_epoch_figures_and_writes_a_png(tflaunch):
     import matplotlib.image
 
     assert matplotlib.image.imread(str(png)).shape[:2] == (400, 1000)
+    png.unlink()
+    before = folder_state(done.run_dir)
     every = inspect(tflaunch, "report", "--all", "--no-plot").stdout
-    assert "worker-0 (chief):" in every and "\nworker-1:\n" in every
-    assert "learning curves" not in every and every.splitlines()[-1].startswith("resource use")
+    assert "worker-0 (chief):" in every and "\nworker-1:\n" in every and "learning curves" not in every
     report = json.loads(inspect(tflaunch, "report", "--task", "worker-1", "--json").stdout)
     assert list(report["epochs"]) == ["worker-1"]
     assert [r["epoch_seconds"] for r in report["epochs"]["worker-1"]] == SECONDS
-    assert report["final"]["test_accuracy"] == 0.9125 and report["plot"] == str(png)
+    assert report["final"]["test_accuracy"] == 0.9125 and report["plot"] is None
+    assert folder_state(done.run_dir) == before
+    both = inspect(tflaunch, "report", "--plot", "--json", code=2)
+    assert both.stdout == "" and both.stderr.splitlines()[-1] == ("Error: --json only prints; draw the learning "
+                                                                  "curves with a separate 'report --plot'")
+    assert folder_state(done.run_dir) == before
     assert "has no task 'ps-0'" in inspect(tflaunch, "report", "--task", "ps-0", code=2).stderr
+
+
+def test_inspection_commands_leave_the_log_directory_untouched(tflaunch):
+    one = run_ok(tflaunch, "--local", "1", "--", "python", TASK, *epoch_actions(SECONDS, RATES, 32)).run_dir.name
+    two = run_ok(tflaunch, "--local", "2", "--", "python", TASK, *epoch_actions(SECONDS, RATES, 64),
+                 final_action(0.9)).run_dir.name
+    before = folder_state(tflaunch.log_dir)
+    for command in (["runs"], ["runs", "--json"], ["logs"], ["logs", "--task", "worker-1", "--grep", "epoch"],
+                    ["status", one], ["status", "--json"], ["report"], ["report", "--all", "--json"],
+                    ["report", one, "--no-plot"], ["compare", one, two], ["compare", one, two, "--json"]):
+        assert inspect(tflaunch, *command).stdout, command
+        assert folder_state(tflaunch.log_dir) == before, command
 
 
 def test_report_without_matplotlib_says_how_to_install_it_and_still_prints(tflaunch, tmp_path):
@@ -412,7 +452,7 @@ def test_report_without_matplotlib_says_how_to_install_it_and_still_prints(tflau
     (blocker / "matplotlib" / "__init__.py").write_text("raise ImportError('matplotlib is blocked here')\n")
     from conftest import ROOT
 
-    done = tflaunch.run("report", env={"PYTHONPATH": f"{blocker}{os.pathsep}{ROOT}"})
+    done = tflaunch.run("report", "--plot", env={"PYTHONPATH": f"{blocker}{os.pathsep}{ROOT}"})
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == ("learning curves: not drawn, matplotlib is not installed "
                                             "(pip install 'tflaunch[plot]')")
@@ -427,7 +467,7 @@ def test_report_and_compare_explain_missing_metrics(tflaunch):
                                    f"no TFLAUNCH_METRIC lines")
     run = tflaunch.start("--local", "1", "--", "python", TASK, "forever")
     try:
-        live = wait_for(lambda: all_tasks_running(tflaunch), what="the run to start")["run_id"]
+        live = started(tflaunch)["run_id"]
         assert f"run {live} is still running and its tasks reported no epoch yet" in \
             inspect(tflaunch, "report", code=2).stderr
         assert f"run {live} is still running and has reported no epoch yet" in \
@@ -487,7 +527,7 @@ def test_real_trainer_run_reports_epochs_resources_and_learning_curves(tflaunch)
     for row in report["epochs"]["worker-0"]:
         assert 0 < row["loss"] and 0 <= row["accuracy"] <= 1 and row["epoch_seconds"] > 0
     assert 0 <= report["final"]["test_accuracy"] <= 1
-    text = inspect(tflaunch, "report").stdout
+    text = inspect(tflaunch, "report", "--plot").stdout
     png = done.run_dir / "learning_curves.png"
     assert f"learning curves: {png}" in text
     width, height = png_size(png)

@@ -103,21 +103,25 @@ def status_command(run_ref: str | None, log_dir: str, as_json: bool) -> None:
 @click.argument("run_ref", required=False, metavar="[RUN]")
 @click.option("--task", metavar="NAME", help="Figures of this task (default: the chief, or worker-0).")
 @click.option("--all", "all_tasks", is_flag=True, help="Figures of every task that reported epochs.")
-@click.option("--no-plot", is_flag=True, help="Do not write the learning-curve PNG.")
+@click.option("--plot/--no-plot", default=False,
+              help="Also draw the learning curves into learning_curves.png in the run folder (needs matplotlib; "
+                   "default: no plot).")
 @log_dir_option
 @json_option
-def report_command(run_ref: str | None, task: str | None, all_tasks: bool, no_plot: bool, log_dir: str,
+def report_command(run_ref: str | None, task: str | None, all_tasks: bool, plot: bool, log_dir: str,
                    as_json: bool) -> None:
-    """Per-epoch table, resource use per task, and learning_curves.png in the run folder."""
+    """Per-epoch table and resource use per task. Reads the run folder; only --plot writes into it."""
     from ..inspect.report import build_report, report_lines
     from ..inspect.runs import resolve_run
 
     if task and all_tasks:
         raise click.UsageError("give either --task NAME or --all")
+    if plot and as_json:
+        raise click.UsageError("--json only prints; draw the learning curves with a separate 'report --plot'")
     run = resolve_run(log_dir, run_ref)
     if task is not None:
         run.require_task(task)
-    report = build_report(run, task=task, all_tasks=all_tasks, plot=not no_plot)
+    report = build_report(run, task=task, all_tasks=all_tasks, plot=plot)
     if as_json:
         _echo_json(report.to_json())
     else:

@@ -166,7 +166,7 @@ class Report:
     epochs: dict[str, list[dict[str, Any]]]  # task -> one record per epoch
     final: dict[str, Any]
     resources: dict[str, dict[str, Any]]
-    plot: str | None = None  # the PNG's path
+    plot: str | None = None  # the PNG's path, when one was asked for and drawn
     plot_note: str | None = None  # why there is none, when one was asked for
     notes: list[str] = field(default_factory=list)
 
@@ -174,8 +174,11 @@ class Report:
         return asdict(self)
 
 
-def build_report(run: Run, task: str | None = None, all_tasks: bool = False, plot: bool = True) -> Report:
-    """Per-epoch figures of the chief (or ``task``, or every task), resource use, and the PNG."""
+def build_report(run: Run, task: str | None = None, all_tasks: bool = False, plot: bool = False) -> Report:
+    """Per-epoch figures of the chief (or ``task``, or every task) and resource use.
+
+    Reading a run never changes its folder: only ``plot=True`` writes ``learning_curves.png`` there.
+    """
     metrics = run.metrics()
     chief = run.chief(metrics)
     if task is not None:
