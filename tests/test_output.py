@@ -15,6 +15,7 @@ import pytest
 from launcher.run.console import Console
 from launcher.run.pump import METRIC_PREFIX, LineSplitter, OutputPump, tail_lines
 from launcher.transports.base import CANNOT_START, UNREACHABLE, ExitStatus, signal_name
+from polling import wait_for
 
 NOW = 1_700_000_000.25
 STAMP = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(NOW)) + ".250"
@@ -286,15 +287,10 @@ def test_pump_thread_follows_files_as_they_grow(tmp_path):
     try:
         path = tmp_path / "worker-0.log"
         pump.follow("worker-0", path)
-        deadline = time.monotonic() + 5
-        append(path, b"first\n")
-        while b"first" not in (tmp_path / "merged.log").read_bytes():
-            assert time.monotonic() < deadline, "the pump never copied the line"
-            time.sleep(0.005)
-        append(path, b"second\n")
-        while b"second" not in (tmp_path / "merged.log").read_bytes():
-            assert time.monotonic() < deadline, "the pump never copied the line"
-            time.sleep(0.005)
+        for line in (b"first", b"second"):
+            append(path, line + b"\n")
+            wait_for(lambda: line in (tmp_path / "merged.log").read_bytes(), timeout=5, interval=0.005,
+                     message=f"the pump to copy {line!r} into merged.log")
     finally:
         pump.close()
     merged = (tmp_path / "merged.log").read_bytes().decode().splitlines()
