@@ -1,0 +1,75 @@
+"""``tflaunch export``: print a cluster as Kubernetes manifests (JobSet, TFJob) or shell commands."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ..errors import ConfigError
+from .group import cli
+
+EXPORT_HELP = """Print CLUSTER (a cluster YAML file) or --local N as manifests that run the same TensorFlow
+cluster elsewhere: a JobSet (default) or a Kubeflow TFJob to 'kubectl apply -f', or one shell
+command per task (--format sh). Everything after -- is the command each task runs.
+
+\b
+Examples:
+  tflaunch export clusters/kubernetes.yaml > job.yaml
+  tflaunch export --local 2 --chief --ps 1 --image registry.example/train:1 -o job.yaml
+  tflaunch export --format tfjob --local 4 --image IMAGE -- python train.py --epochs 5
+  tflaunch export --format sh clusters/two_node.yaml
+"""
+
+
+class _ExportCommand(click.Command):
+    """Everything after ``--`` is the task command, kept apart from the options."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if "--" in args:
+            cut = args.index("--")
+            ctx.meta["tflaunch.command"] = tuple(args[cut + 1:])
+            args = args[:cut]
+        return super().parse_args(ctx, args)
+
+
+@cli.command("export", cls=_ExportCommand, help=EXPORT_HELP)
+@click.argument("cluster", required=False, metavar="CLUSTER.yaml")
+@click.option("--local", "local", type=click.IntRange(min=1), metavar="N", help="N workers instead of a cluster file.")
+@click.option("--chief", is_flag=True, help="With --local: add a chief task.")
+@click.option("--ps", type=click.IntRange(min=0), default=0, metavar="K",
+              help="With --local: add K parameter-server tasks (implies --chief).")
+@click.option("--format", "fmt", type=click.Choice(["jobset", "tfjob", "sh"]), default="jobset", show_default=True,
+              help="What to print.")
+@click.option("--image", metavar="IMAGE", help="Container image with TensorFlow and the training code "
+              "(default: the file's kubernetes.image).")
+@click.option("--name", metavar="NAME", help="Name of the job (default: kubernetes.name, else the file's name).")
+@click.option("--namespace", metavar="NS", help="Namespace of the job (default: kubernetes.namespace, else kubectl's).")
+@click.option("--max-restarts", type=click.IntRange(min=0), metavar="N",
+              help="Whole-cluster restarts on failure (default: the file's max_restarts, else 0).")
+@click.option("-o", "--output", metavar="FILE", help="Write to FILE instead of standard output.")
+@click.pass_context
+def export_command(ctx: click.Context, cluster: str | None, local: int | None, chief: bool, ps: int, fmt: str,
+                   image: str | None, name: str | None, namespace: str | None, max_restarts: int | None,
+                   output: str | None) -> None:
+    from ..export import ExportRequest, export  # imported here so "tflaunch --help" stays light
+    from ..sources.file import ClusterFileSource
+    from ..sources.local import LocalSource
+
+    if (cluster is None) == (local is None):
+        raise click.UsageError("give either a cluster file or --local N")
+    if cluster is not None and (chief or ps):
+        raise click.UsageError("--chief and --ps only apply to --local; put roles in the cluster file")
+    source = ClusterFileSource(cluster) if cluster is not None else LocalSource(local, chief=chief, ps=ps)
+    result = export(ExportRequest(source=source, format=fmt, image=image, name=name, namespace=namespace,
+                                  command=ctx.meta.get("tflaunch.command") or None, max_restarts=max_restarts))
+    for note in result.notes:
+        click.echo(f"tflaunch: note: {note}", err=True)
+    if output is None:
+        click.echo(result.text, nl=False)
+        return
+    try:
+        Path(output).write_text(result.text)
+    except OSError as exc:
+        raise ConfigError(output, "", f"cannot write ({exc.strerror or exc})") from None
+    click.echo(f"tflaunch: wrote {output}: {result.summary}", err=True)

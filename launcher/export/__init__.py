@@ -1,0 +1,133 @@
+"""``tflaunch export``: a cluster file (or ``--local`` options) as manifests or shell commands.
+
+Three formats, all built from the same plan ``tflaunch run`` uses (:mod:`launcher.cluster.plan`):
+
+- ``jobset``: one JobSet (:mod:`.jobset`), needing only the JobSet controller;
+- ``tfjob``: one TFJob (:mod:`.tfjob`) for the Kubeflow training operator;
+- ``sh``: one shell command per task (:mod:`.shell`), to paste on each machine.
+
+The manifests' settings come from the file's ``kubernetes:`` section (:mod:`.settings`), with
+``--image``, ``--name`` and ``--namespace`` winning. What the file says that pods cannot honour
+comes back as notes, one line each, for the command line to show.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from ..cluster.machine import cpu_count, local_host_names
+from ..cluster.spec import ClusterSpec
+from ..errors import ConfigError
+from ..sources import ClusterSource
+from . import jobset as jobset_format
+from . import tfjob as tfjob_format
+from .manifest import dump_documents
+from .pods import plan_pods
+from .settings import KubernetesSettings, read_settings, with_overrides
+from .shell import shell_commands
+
+FORMATS = ("jobset", "tfjob", "sh")
+DEFAULT_NAME = "tflaunch"
+MAX_HOSTNAME = 63  # a pod's hostname is one DNS label
+
+
+@dataclass(frozen=True)
+class ExportRequest:
+    source: ClusterSource
+    format: str = "jobset"
+    image: str | None = None
+    name: str | None = None
+    namespace: str | None = None
+    command: tuple[str, ...] | None = None  # ``-- CMD``; None: the file's command, else the trainer
+    max_restarts: int | None = None  # None: the file's max_restarts
+
+
+@dataclass(frozen=True)
+class Export:
+    text: str  # what goes to stdout or the -o file
+    notes: tuple[str, ...]  # one line each: what was mapped or left out
+    summary: str  # e.g. "JobSet mnist: chief 1, worker 2, ps 1"
+
+
+def export(request: ExportRequest) -> Export:
+    """Read the source, plan it, and render it in ``request.format``."""
+    if request.format not in FORMATS:
+        raise ConfigError("--format", "", f"expected one of {', '.join(FORMATS)}, got {request.format!r}")
+    local_hosts = local_host_names()
+    spec = request.source.spec(local_hosts)
+    if request.max_restarts is not None:
+        spec = replace(spec, max_restarts=request.max_restarts)
+    spec = replace(spec, max_restarts=int(spec.max_restarts))  # a plain int: YAML numbers carry their text
+    settings = with_overrides(read_settings(spec.kubernetes, spec.source), spec.source, image=request.image,
+                              name=request.name, namespace=request.namespace)
+    name = settings.name or default_name(request.source.label)
+    header = f"# tflaunch export --format {request.format} {request.source.label}"
+    if request.format == "sh":
+        result = shell_commands(spec, name, local_hosts=local_hosts, cores_by_host={"localhost": cpu_count()},
+                                default_python=sys.executable, default_workdir=os.getcwd(), command=request.command)
+        notes = result.notes + _unused_settings_notes(spec, request)
+        return Export(f"{header}\n{result.text}", notes, f"{_role_counts(spec)} as shell commands")
+    if not settings.image:
+        raise ConfigError(spec.source, "--image", "missing; expected the container image that has TensorFlow and "
+                          "the training code (--image IMAGE, or 'image:' in the kubernetes section)")
+    if request.format == "jobset":
+        module: Any = jobset_format
+        kind = "JobSet"
+    else:
+        module = tfjob_format
+        kind = "TFJob"
+    name = _fitting_name(spec, request, settings, name, module)
+    plan = plan_pods(spec, settings, name, request.command, lambda role, index: module.pod_host(name, role, index))
+    if request.format == "tfjob":
+        tfjob_format.check_tfjob(plan, spec.source)
+        document = tfjob_format.tfjob(plan, spec.max_restarts)
+    else:
+        document = jobset_format.jobset(plan, spec.max_restarts)
+    return Export(dump_documents([document], header), plan.notes, f"{kind} {name}: {_role_counts(spec)}")
+
+
+def default_name(label: str) -> str:
+    """A manifest name from the cluster file's name (``clusters/two_node.yaml`` -> ``two-node``)."""
+    if not label.endswith((".yaml", ".yml")):
+        return DEFAULT_NAME
+    name = re.sub(r"[^a-z0-9]+", "-", Path(label).stem.lower())
+    name = re.sub(r"^[^a-z]+", "", name).strip("-")
+    return name or DEFAULT_NAME
+
+
+def _fitting_name(spec: ClusterSpec, request: ExportRequest, settings: KubernetesSettings, name: str,
+                  module: Any) -> str:
+    """``name``, checked (or, when tflaunch chose it, shortened) so that every pod's hostname is one DNS label."""
+    longest = max(spec.tasks, key=lambda t: len(module.pod_host("", t.role, t.index).split(".")[0]))
+    room = MAX_HOSTNAME - len(module.pod_host("", longest.role, longest.index).split(".")[0])
+    if len(name) <= room:
+        return name
+    if request.name is None and settings.name is None:
+        return name[:room].rstrip("-") or DEFAULT_NAME[:room]
+    key = "--name" if request.name is not None else "kubernetes.name"
+    host = module.pod_host(name, longest.role, longest.index).split(".")[0]
+    raise ConfigError(spec.source, key, f"{name!r} makes the pod hostname {host!r} longer than {MAX_HOSTNAME} "
+                                        f"characters; expected a name of at most {room}")
+
+
+def _role_counts(spec: ClusterSpec) -> str:
+    counts: dict[str, int] = {}
+    for task in spec.tasks:
+        counts[task.role] = counts.get(task.role, 0) + 1
+    return ", ".join(f"{role} {n}" for role, n in counts.items())
+
+
+def _unused_settings_notes(spec: ClusterSpec, request: ExportRequest) -> tuple[str, ...]:
+    given = [opt for opt, value in (("--image", request.image), ("--name", request.name),
+                                    ("--namespace", request.namespace)) if value is not None]
+    if spec.kubernetes:
+        given.append("the kubernetes section")
+    return (f"{', '.join(given)}: not used by --format sh",) if given else ()
+
+
+__all__ = ["FORMATS", "Export", "ExportRequest", "export", "KubernetesSettings"]

@@ -1,0 +1,120 @@
+"""The cluster as one JobSet (jobset.x-k8s.io/v1alpha2): one replicated job per role.
+
+Each role is one Indexed Job whose pods get stable DNS names from JobSet,
+``<name>-<role>-0-<index>.<name>``. A pod's TF_CONFIG is built when it starts, by a POSIX ``sh``
+script, from its role (fixed in the template) and its index (``JOB_COMPLETION_INDEX``, set by
+Kubernetes), so the image needs nothing but a shell. The TF_CONFIG text comes from the plan: the
+script is the plan's TF_CONFIG for the role with the index left open, and export checks that it
+reproduces the plan for every index.
+
+Run policy, as ``tflaunch run`` does it: any failed pod fails its Job (``backoffLimit: 0``) and
+JobSet recreates the whole cluster up to ``max_restarts`` times. The job succeeds when the chief
+finishes (with ps tasks) or when the chief and every worker finish; JobSet then removes the pods
+still running (ps, evaluator).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import Any
+
+from .pods import PodPlan, RolePods
+from .podspec import container, pod_spec
+
+API_VERSION = "jobset.x-k8s.io/v1alpha2"
+INDEX_ENV = "JOB_COMPLETION_INDEX"  # Kubernetes sets it in every pod of an Indexed Job
+RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"  # 0 for the first run, +1 per JobSet restart
+RESTART_ATTEMPT_ENV = "JOBSET_RESTART_ATTEMPT"
+_INDEX_MARK = "\x00tflaunch-index\x00"
+
+
+def pod_host(name: str, role: str, index: int) -> str:
+    """The DNS name JobSet gives pod ``index`` of the role's only Job: ``<pod hostname>.<subdomain>``."""
+    return f"{name}-{role}-0-{index}.{name}"
+
+
+def pod_hostname(name: str, role: str, index: int) -> str:
+    return f"{name}-{role}-0-{index}"
+
+
+def jobset(plan: PodPlan, max_restarts: int) -> dict[str, Any]:
+    """The JobSet object for ``plan``."""
+    metadata: dict[str, Any] = {"name": plan.name}
+    if plan.settings.namespace:
+        metadata["namespace"] = plan.settings.namespace
+    has_ps = plan.role("ps") is not None
+    deciders = ["chief"] if has_ps else [r.role for r in plan.roles if r.role in ("chief", "worker")]
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "JobSet",
+        "metadata": metadata,
+        "spec": {
+            # Peers' names must resolve before they are ready: TensorFlow dials them while starting.
+            "network": {"enableDNSHostnames": True, "subdomain": plan.name, "publishNotReadyAddresses": True},
+            "failurePolicy": {"maxRestarts": max_restarts},
+            "successPolicy": {"operator": "All", "targetReplicatedJobs": deciders},
+            "replicatedJobs": [_replicated_job(plan, role) for role in plan.roles],
+        },
+    }
+
+
+def _replicated_job(plan: PodPlan, role: RolePods) -> dict[str, Any]:
+    env_from_pod = [{"name": RESTART_ATTEMPT_ENV,
+                     "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{RESTART_ATTEMPT_LABEL}']"}}}]
+    main = container(plan, role, command=["/bin/sh", "-c", start_script(role), "tflaunch-start"],
+                     args=list(plan.argv), extra_env=env_from_pod)
+    return {
+        "name": role.role,
+        "replicas": 1,
+        "template": {"spec": {
+            "completionMode": "Indexed",
+            "completions": role.count,
+            "parallelism": role.count,
+            # One failed pod fails the Job, and JobSet restarts the whole cluster: a TensorFlow cluster
+            # cannot take back a single replaced task mid-training.
+            "backoffLimit": 0,
+            # A replacement starts only once its predecessor is gone (TensorFlow refuses a duplicate task).
+            "podReplacementPolicy": "Failed",
+            "template": {"spec": pod_spec(plan, [main])},
+        }},
+    }
+
+
+def start_script(role: RolePods) -> str:
+    """POSIX sh that exports this pod's TF_CONFIG, TFLAUNCH_TASK and TFLAUNCH_ATTEMPT, then execs the command."""
+    before, after = tf_config_template(role)
+    index = f"${INDEX_ENV}"
+    return "\n".join([
+        f"# This {role.role} pod's TF_CONFIG, from its index in the Job (written by tflaunch export).",
+        f'i="{index}"',
+        'case "$i" in',
+        f"  ''|*[!0-9]*) echo \"tflaunch: {INDEX_ENV} is '$i'; expected the pod's index in an Indexed Job\" >&2; exit 2;;",
+        "esac",
+        f"export TF_CONFIG={shlex.quote(before)}\"$i\"{shlex.quote(after)}",
+        f'export TFLAUNCH_TASK="{role.role}-$i"',
+        f"export TFLAUNCH_ATTEMPT=$((${{{RESTART_ATTEMPT_ENV}:-0}} + 1))",
+        'exec "$@"',
+        "",
+    ])
+
+
+def tf_config_template(role: RolePods) -> tuple[str, str]:
+    """The JSON text of the role's TF_CONFIG before and after the task index.
+
+    Taken from the plan's TF_CONFIG of the role's first task; every other task's must be the same
+    with its own index, since one template serves the whole role.
+    """
+    first = role.tf_config(0)
+    for position, launch in enumerate(role.launches):
+        if launch.index != position or role.tf_config(position) != _with_index(first, position):
+            raise ValueError(f"the plan's TF_CONFIG of {launch.name} is not the {role.role} template with its index")
+    text = json.dumps(_with_index(first, _INDEX_MARK), separators=(",", ":"))
+    before, mark, after = text.partition(json.dumps(_INDEX_MARK))
+    if not mark:
+        raise ValueError("TF_CONFIG has no task index")
+    return before, after
+
+
+def _with_index(tf_config: dict, index: object) -> dict:
+    return {**tf_config, "task": {**tf_config["task"], "index": index}}

@@ -1,0 +1,27 @@
+"""Kubernetes objects as YAML text: block style, keys in the order written, scripts as literal blocks."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import yaml
+
+
+class _ManifestDumper(yaml.SafeDumper):
+    """Multi-line strings (the start scripts) as ``|`` blocks, so a manifest reads like the script it runs."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    if "\n" in value:
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|")
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value)
+
+
+_ManifestDumper.add_representer(str, _represent_str)
+
+
+def dump_documents(documents: Iterable[dict[str, Any]], header: str = "") -> str:
+    """The documents as one YAML stream, after ``header`` (a comment line)."""
+    body = yaml.dump_all(list(documents), Dumper=_ManifestDumper, sort_keys=False, default_flow_style=False,
+                         explicit_start=True, width=10_000, allow_unicode=True)
+    return f"{header}\n{body}" if header else body

@@ -1,0 +1,160 @@
+"""The cluster as pods: the planner's env for each role, and what of the file carries over.
+
+Kubernetes runs one pod template per role, so tflaunch plans the cluster once more with every
+task on its own pod (its DNS name as host, one fixed port, its GPUs renumbered from 0 as a
+container sees them) and takes each role's env from :func:`launcher.cluster.plan.plan_cluster`.
+Tasks of one role must then agree on everything but their index; what the file says about
+machines (ssh, setup, paths, per-host settings) has no meaning in a pod and is named in a note.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from ..cluster.plan import RunContext, TaskLaunch, plan_cluster
+from ..cluster.spec import ROLES, ClusterSpec, SshSettings, TaskSpec, is_local
+from ..errors import ConfigError
+from .settings import KubernetesSettings
+
+# Variables that differ between the pods of one role: the start command or the operator sets them.
+PER_POD_ENV = ("TF_CONFIG", "TFLAUNCH_TASK", "TFLAUNCH_ATTEMPT")
+# A pod has no run folder: its output goes to the container log (kubectl logs).
+NO_RUN_FOLDER_ENV = ("TFLAUNCH_RUN_DIR",)
+
+
+@dataclass(frozen=True)
+class RolePods:
+    """The pods of one role: the plan of each task, and what their one template holds."""
+
+    role: str
+    launches: tuple[TaskLaunch, ...]  # by index
+    env: dict[str, str]  # the plan's env every pod of the role shares (per-pod variables left out)
+    gpus: int  # nvidia.com/gpu limit per pod
+
+    @property
+    def count(self) -> int:
+        return len(self.launches)
+
+    def tf_config(self, index: int) -> dict:
+        return json.loads(self.launches[index].env["TF_CONFIG"])
+
+
+@dataclass(frozen=True)
+class PodPlan:
+    name: str
+    settings: KubernetesSettings
+    roles: tuple[RolePods, ...]  # in TF_CONFIG's role order, only roles the cluster has
+    argv: tuple[str, ...]
+    notes: tuple[str, ...]
+
+    def role(self, role: str) -> RolePods | None:
+        return next((r for r in self.roles if r.role == role), None)
+
+
+def plan_pods(spec: ClusterSpec, settings: KubernetesSettings, name: str, command: tuple[str, ...] | None,
+              pod_host: Callable[[str, int], str]) -> PodPlan:
+    """Plan ``spec`` with task ``role``/``index`` on host ``pod_host(role, index)`` and group it by role."""
+    pod_spec = _pod_cluster(spec, settings, pod_host)
+    plan = plan_cluster(pod_spec, RunContext(run_id=name, run_dir=""), local_hosts=frozenset(), cores_by_host={},
+                        default_python=settings.python, default_workdir=settings.workdir or "",
+                        command=command)
+    roles = []
+    for role in ROLES:
+        launches = tuple(sorted((l for l in plan.launches if l.role == role), key=lambda l: l.index))
+        if launches:
+            roles.append(_role_pods(spec, role, launches))
+    notes = carry_over_notes(spec, settings) + list(plan.notes)
+    return PodPlan(name, settings, tuple(roles), plan.launches[0].argv, tuple(notes))
+
+
+def _pod_cluster(spec: ClusterSpec, settings: KubernetesSettings, pod_host: Callable[[str, int], str]) -> ClusterSpec:
+    tasks = tuple(replace(t, host=pod_host(t.role, t.index), address=None, port=settings.port,
+                          gpus=None if t.gpus is None else tuple(range(len(t.gpus))),
+                          workdir=None, python=None, setup=None) for t in spec.tasks)
+    # Machine settings stay behind (see carry_over_notes); kubernetes.env is the pods' own layer.
+    return replace(spec, tasks=tasks, env={**spec.env, **settings.env}, hosts={}, ssh=SshSettings(),
+                   workdir=None, python=None, setup=None, share_gpus=False, log_dir=None, transport=None)
+
+
+def _role_pods(spec: ClusterSpec, role: str, launches: tuple[TaskLaunch, ...]) -> RolePods:
+    """One template per role: every task must agree on its env and its GPU count."""
+    tasks = {t.index: t for t in spec.role_tasks(role)}
+    first, first_task = launches[0], tasks[launches[0].index]
+    shared = pod_env(first)
+    for launch in launches[1:]:
+        task = tasks[launch.index]
+        env = pod_env(launch)
+        for var in sorted(set(shared) | set(env)):
+            if shared.get(var) != env.get(var):
+                raise ConfigError(spec.source, f"{task.key}.env",
+                                  f"{var} is {_shown(env.get(var))} here but {_shown(shared.get(var))} in "
+                                  f"{first_task.key}; expected the same env for every {role} task, because "
+                                  "Kubernetes starts a role's pods from one template")
+        if gpu_count(task) != gpu_count(first_task):
+            raise ConfigError(spec.source, f"{task.key}.gpus",
+                              f"{gpu_count(task)} GPUs here but {gpu_count(first_task)} in {first_task.key}; expected "
+                              f"the same number for every {role} task, because Kubernetes starts a role's pods "
+                              "from one template")
+    return RolePods(role, launches, shared, gpu_count(first_task))
+
+
+def pod_env(launch: TaskLaunch) -> dict[str, str]:
+    """The plan's env for ``launch`` without the variables that differ from pod to pod or need a run folder."""
+    return {k: v for k, v in launch.env.items() if k not in PER_POD_ENV and k not in NO_RUN_FOLDER_ENV}
+
+
+def gpu_count(task: TaskSpec) -> int:
+    return 0 if task.gpus is None else len(task.gpus)
+
+
+def _shown(value: str | None) -> str:
+    return "unset" if value is None else repr(value)
+
+
+def carry_over_notes(spec: ClusterSpec, settings: KubernetesSettings) -> list[str]:
+    """One line for each setting of the file that pods cannot honour as written, and what happens instead."""
+    notes = []
+    ports = sorted({str(t.port) for t in spec.tasks if t.port != settings.port})
+    if ports:
+        notes.append(f"port: every pod listens on port {settings.port} (kubernetes.port), since each pod has its "
+                     f"own address; the file's ports ({', '.join(ports)}) are not used")
+    hosts = sorted({t.host for t in spec.tasks if not is_local(t.host, frozenset())})
+    if hosts:
+        notes.append(f"host: each task runs in its own pod instead of on {', '.join(hosts)}")
+    if any(t.address for t in spec.tasks):
+        notes.append("address: replaced by the pods' DNS names in TF_CONFIG")
+    if spec.ssh != SshSettings() or any(h.ssh != SshSettings() for h in spec.hosts.values()):
+        notes.append("ssh: not used; Kubernetes starts the pods")
+    _note_machine_field(notes, spec, "setup", "not run in pods; build what it prepares into the image")
+    _note_machine_field(notes, spec, "workdir",
+                        f"not used (a path on your hosts); containers start in "
+                        f"{settings.workdir or 'the image working directory'} (kubernetes.workdir)")
+    _note_machine_field(notes, spec, "python",
+                        f"not used (a path on your hosts); 'python' in the command is {settings.python} "
+                        "(kubernetes.python)")
+    for host, host_settings in spec.hosts.items():
+        if host_settings.env:
+            notes.append(f"hosts.{host}.env: not used (per-host settings); put the variables in 'env' or "
+                         "kubernetes.env")
+    every_gpu = [t.key for t in spec.tasks if t.gpus is None]
+    if every_gpu:
+        notes.append(f"gpus: 'all' ({', '.join(every_gpu)}) requests no GPU from Kubernetes; list GPU indices "
+                     "to get that many")
+    if spec.share_gpus:
+        notes.append("share_gpus: not used; each pod gets GPUs of its own")
+    if spec.log_dir:
+        notes.append("log_dir: not used; read the pods' output with kubectl logs")
+    if spec.max_restarts:
+        notes.append("max_restarts: restarted pods resume from a backup only if TFLAUNCH_BACKUP_DIR (kubernetes.env) "
+                     "names storage that outlives a pod; restart_delay is not used")
+    return notes
+
+
+def _note_machine_field(notes: list[str], spec: ClusterSpec, name: str, message: str) -> None:
+    keys = [name] if getattr(spec, name) else []
+    keys += [f"hosts.{h}.{name}" for h, s in spec.hosts.items() if getattr(s, name)]
+    keys += [f"{t.key}.{name}" for t in spec.tasks if getattr(t, name)]
+    if keys:
+        notes.append(f"{', '.join(keys)}: {message}")

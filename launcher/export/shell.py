@@ -1,0 +1,68 @@
+"""The cluster as plain shell commands, one per task, to paste on each task's machine.
+
+For machines where nothing can be installed: each line is ``cd WORKDIR && [setup &&] env VAR=...
+COMMAND``, with the env the plan gives that task, exactly what ``tflaunch run`` would start but
+without supervision. Every value is quoted with ``shlex.quote``; only ``setup`` is shell, as in a run.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from typing import Mapping
+
+from ..cluster.plan import RunContext, plan_cluster
+from ..cluster.spec import AUTO, ClusterSpec, SshSettings, is_local
+from .pods import NO_RUN_FOLDER_ENV
+
+FIRST_PORT = 2222
+
+
+@dataclass(frozen=True)
+class ShellExport:
+    text: str
+    notes: tuple[str, ...]
+
+
+def shell_commands(spec: ClusterSpec, name: str, *, local_hosts: frozenset[str], cores_by_host: Mapping[str, int],
+                   default_python: str, default_workdir: str, command: tuple[str, ...] | None) -> ShellExport:
+    """One commented shell line per task, in TF_CONFIG's order."""
+    spec, notes = _fixed_ports(spec, local_hosts)
+    plan = plan_cluster(spec, RunContext(run_id=name, run_dir=""), local_hosts=local_hosts,
+                        cores_by_host=cores_by_host, default_python=default_python,
+                        default_workdir=default_workdir, command=command)
+    lines = [f"# {len(plan.launches)} tasks; run each command on the machine named above it, all at about the same time."]
+    for launch in plan.launches:
+        env = {k: v for k, v in launch.env.items() if k not in NO_RUN_FOLDER_ENV}
+        steps = [f"cd -- {shlex.quote(launch.workdir)}"]
+        if launch.setup and not launch.local:
+            steps.append(launch.setup)
+        steps.append(shlex.join(["env", *(f"{k}={v}" for k, v in env.items()), *launch.argv]))
+        where = "this machine" if launch.local else launch.host
+        lines += ["", f"# {launch.name} on {where} (listens on {launch.address})", " && ".join(steps)]
+    if spec.ssh != SshSettings() or any(h.ssh != SshSettings() for h in spec.hosts.values()):
+        notes.append("ssh: not used; you start each command on its machine yourself")
+    if spec.max_restarts:
+        notes.append("max_restarts: not used; nothing supervises or restarts these commands")
+    if spec.log_dir:
+        notes.append("log_dir: not used; each command writes to its own terminal")
+    return ShellExport("\n".join(lines) + "\n", tuple(notes) + plan.notes)
+
+
+def _fixed_ports(spec: ClusterSpec, local_hosts: frozenset[str]) -> tuple[ClusterSpec, list[str]]:
+    """``auto`` ports become fixed ones, from 2222 up on each machine, skipping ports the file names."""
+    machine = {t.name: "localhost" if is_local(t.host, local_hosts) else t.host for t in spec.tasks}
+    taken = {(machine[t.name], t.port) for t in spec.tasks if t.port != AUTO}
+    chosen: dict[str, int] = {}
+    for task in spec.tasks:
+        if task.port == AUTO:
+            port = FIRST_PORT
+            while (machine[task.name], port) in taken:
+                port += 1
+            taken.add((machine[task.name], port))
+            chosen[task.name] = port
+    if not chosen:
+        return spec, []
+    listing = ", ".join(f"{name} {port}" for name, port in chosen.items())
+    note = f"port: 'auto' needs tflaunch to pick free ports at launch; fixed ports instead: {listing}"
+    return spec.with_ports(chosen), [note]

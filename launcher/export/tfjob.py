@@ -1,0 +1,70 @@
+"""The cluster as one TFJob (kubeflow.org/v1) for the Kubeflow training operator.
+
+The operator starts one pod per replica of ``tfReplicaSpecs`` (Chief, Worker, PS, Evaluator) and
+writes TF_CONFIG itself, into the container named ``tensorflow`` only, with the port of that
+container's ``tfjob-port``. So the container gets the plan's env without TF_CONFIG (and without
+TFLAUNCH_TASK and TFLAUNCH_ATTEMPT, which differ from pod to pod; the trainer reads its task from
+TF_CONFIG).
+
+Run policy: ``runPolicy.backoffLimit`` is ``max_restarts``, with every role restarted on failure
+when restarts are allowed and never otherwise; the chief's success (the operator's default), or
+every worker's when there is no chief, ends the job, and ``cleanPodPolicy: Running`` then removes
+the pods still running (ps, evaluator), as ``tflaunch run`` stops them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import ConfigError
+from .pods import PodPlan
+from .podspec import container, pod_spec
+
+API_VERSION = "kubeflow.org/v1"
+REPLICA_TYPES = {"chief": "Chief", "worker": "Worker", "ps": "PS", "evaluator": "Evaluator"}
+
+
+def pod_host(name: str, role: str, index: int) -> str:
+    """The operator's service name for a replica (it writes these names into TF_CONFIG itself)."""
+    return f"{name}-{role}-{index}"
+
+
+def restart_policy(max_restarts: int) -> str:
+    """A replica's restartPolicy: restarted in place on any failure when restarts are allowed, else never.
+
+    Any failure, not only a signal (``ExitCode``): when one TensorFlow task dies its peers exit 1
+    with connection errors, and those must come back too for the cluster to form again.
+    """
+    return "OnFailure" if max_restarts else "Never"
+
+
+def check_tfjob(plan: PodPlan, source: str) -> None:
+    """Refuse a cluster the operator would start in a way that hangs."""
+    if plan.role("ps") and plan.role("evaluator"):
+        # The operator puts the evaluator into every task's TF_CONFIG cluster (unlike tflaunch's plan).
+        raise ConfigError(source, "evaluator",
+                          "the training operator puts the evaluator into the chief's TF_CONFIG, where a "
+                          "ParameterServerStrategy chief waits for it forever (TensorFlow issue 46169); "
+                          "expected --format jobset, or no evaluator")
+
+
+def tfjob(plan: PodPlan, max_restarts: int) -> dict[str, Any]:
+    """The TFJob object for ``plan``."""
+    metadata: dict[str, Any] = {"name": plan.name}
+    if plan.settings.namespace:
+        metadata["namespace"] = plan.settings.namespace
+    spec: dict[str, Any] = {}
+    if plan.role("chief") is None:
+        spec["successPolicy"] = "AllWorkers"  # tflaunch's rule without a chief: every worker must finish
+    spec["runPolicy"] = {"backoffLimit": max_restarts, "cleanPodPolicy": "Running"}
+    spec["tfReplicaSpecs"] = {
+        REPLICA_TYPES[role.role]: {
+            "replicas": role.count,
+            "restartPolicy": restart_policy(max_restarts),
+            # The operator sets the pod's restartPolicy from the replica spec's.
+            "template": {"spec": pod_spec(plan, [container(plan, role, command=list(plan.argv))],
+                                          restart_policy=None)},
+        }
+        for role in plan.roles
+    }
+    return {"apiVersion": API_VERSION, "kind": "TFJob", "metadata": metadata, "spec": spec}
