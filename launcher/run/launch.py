@@ -95,7 +95,9 @@ def check(request: LaunchRequest) -> CheckReport:
     local_hosts = local_host_names()
     spec = build_spec(request, local_hosts)
     with _reserve_auto_ports(spec) as reservation:
-        return check_hosts(_placeholder_plan(spec.with_ports(reservation.ports), local_hosts, request).launches)
+        # 'auto' ports exist only in this machine's port lock: no mesh probe for them.
+        return check_hosts(_placeholder_plan(spec.with_ports(reservation.ports), local_hosts, request).launches,
+                           with_mesh=not reservation.ports)
 
 
 def _reserve_auto_ports(spec: ClusterSpec) -> PortReservation:
@@ -130,7 +132,7 @@ def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS) ->
             spec = spec.with_ports(reservation.ports)
             check_local_ports(spec, local_hosts, set(reservation.ports))
             if request.preflight and not all(is_local(t.host, local_hosts) for t in spec.tasks):
-                _preflight(spec, local_hosts, request)
+                _preflight(spec, local_hosts, request, with_mesh=not reservation.ports)
             _stop_if_signalled(signals)
             folder = _create_folder(spec)
             options = SessionOptions(
@@ -145,12 +147,12 @@ def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS) ->
             reservation.release()
 
 
-def _preflight(spec: ClusterSpec, local_hosts: frozenset[str], request: LaunchRequest) -> None:
+def _preflight(spec: ClusterSpec, local_hosts: frozenset[str], request: LaunchRequest, with_mesh: bool) -> None:
     from .preflight import check_hosts
 
-    report = check_hosts(_placeholder_plan(spec, local_hosts, request).launches)
+    report = check_hosts(_placeholder_plan(spec, local_hosts, request).launches, with_mesh=with_mesh)
     if not report.ok:
-        problems = "; ".join(f"{i.host} {i.check}: {i.detail}" for i in report.failures)
+        problems = "; ".join(i.line for i in report.failures)
         raise PreflightError(f"{spec.source}: preflight failed: {problems} "
                              f"(see 'tflaunch check {spec.source}', or skip with --no-check)")
 
