@@ -26,6 +26,7 @@ import json
 import os
 import select
 import socket
+import struct
 import sys
 import threading
 import time
@@ -64,19 +65,38 @@ def listen(port):
     return sock
 
 
-def accept_forever(sockets):
-    """Accept and close every connection, so a full backlog never turns a peer's connect into a timeout."""
-    while sockets:
+def abort(sock):
+    """Close with a reset, so neither end keeps the connection in TIME_WAIT."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    except OSError:
+        pass
+    sock.close()
+
+
+def accept_forever(listeners):
+    """Accept every connection and keep it until the peer closes it.
+
+    Accepting keeps a full backlog from turning a peer's connect into a timeout. Leaving the close
+    to the peer (which resets) leaves no TIME_WAIT on the task's port here, and no reset that could
+    race the peer's own connect.
+    """
+    accepted = []
+    while True:
         try:
-            ready, _, _ = select.select(sockets, [], [])
+            ready, _, _ = select.select(listeners + accepted, [], [])
         except (OSError, ValueError):
             return  # a listener was closed: the probe is ending
         for sock in ready:
             try:
-                conn, _ = sock.accept()
-                conn.close()
+                if sock in listeners:
+                    accepted.append(sock.accept()[0])
+                elif not sock.recv(1):
+                    raise OSError("closed")
             except OSError:
-                pass
+                if sock in accepted:
+                    accepted.remove(sock)
+                    sock.close()
 
 
 def describe(exc, timeout):
@@ -113,13 +133,13 @@ def connect(target, timeout, resolved_names, lock):
         try:
             sock.connect((address, port))
             result.update(ok=True, error=None, resolved=address)
+            abort(sock)
             break
         except (OSError, socket.timeout) as exc:
+            sock.close()
             if first_error is None:
                 first_error = describe(exc, timeout)
                 result["resolved"] = address
-        finally:
-            sock.close()
     if not result["ok"]:
         result["error"] = first_error or "no address"
     result["seconds"] = round(time.time() - started, 3)

@@ -99,8 +99,11 @@ def _check_mesh(launches: Sequence[TaskLaunch], hosts: CheckReport) -> list[Chec
         for line in problems.get(label, []):
             items.append(CheckItem(label, "mesh", False, line))
         if label not in problems:
-            items.append(CheckItem(label, "mesh", True, f"reaches all {result.reached(label)} task addresses "
-                                                        f"({result.seconds:.2f} s)"))
+            reached = result.reached(label)
+            items.append(CheckItem(label, "mesh", True,
+                                   f"reaches all {reached} task address{'es' if reached != 1 else ''} it dials "
+                                   f"({result.seconds:.2f} s)" if reached else
+                                   "nothing to dial once the failures above are left out"))
     return items
 
 
