@@ -87,6 +87,12 @@ def _parse_threads(ctx: click.Context, param: click.Parameter, value: str | None
 @click.option("--evaluator-timeout", type=click.FloatRange(min=0), default=300.0, show_default=True, metavar="S",
               help="After training succeeds, seconds a running evaluator may take to finish its last "
                    "evaluation before it is stopped.")
+@click.option("--slurm", is_flag=True,
+              help="Inside a Slurm allocation: one task per slot, started with srun (roles: --chief, --ps, --evaluator).")
+@click.option("--evaluator", is_flag=True, help="With --slurm: the allocation's last slot runs an evaluator.")
+@click.option("--requeue", is_flag=True,
+              help="With --slurm: on SIGUSR1 (Slurm's warning signal) stop the tasks so they save, then requeue the job.")
+@click.option("--run-dir", metavar="DIR", hidden=True, help="With --slurm: the run folder 'tflaunch submit' made.")
 @click.pass_context
 def run(ctx: click.Context, cluster: str | None, **options: Any) -> None:
     from ..run.launch import LaunchRequest  # imported here so "tflaunch --help" stays light
@@ -95,7 +101,8 @@ def run(ctx: click.Context, cluster: str | None, **options: Any) -> None:
     source = _source(cluster, options)
     request = LaunchRequest(source=source, command=ctx.meta.get("tflaunch.command") or None,
                             log_dir=options["log_dir"], threads=options["threads"], grace=options["grace"],
-                            preflight=not options["no_check"], max_restarts=options["max_restarts"],
+                            preflight=not options["no_check"] and not options["slurm"],
+                            max_restarts=options["max_restarts"],
                             restart_delay=options["restart_delay"], show_tasks=options["show_tasks"],
                             evaluator_timeout=options["evaluator_timeout"], env=options["env"],
                             watchdog=WatchdogSettings(start_timeout=options["start_timeout"],
@@ -112,7 +119,12 @@ def run(ctx: click.Context, cluster: str | None, **options: Any) -> None:
     from ..run.summary import describe_result
 
     console = Console(tasks=options["show_tasks"] or None, quiet=options["quiet"])
-    result = run_cluster(request, console)
+    if options["slurm"]:
+        from ..slurm.job import run_in_job
+
+        result = run_in_job(request, console, run_dir=options["run_dir"], requeue=options["requeue"])
+    else:
+        result = run_cluster(request, console)
     console.message("\n".join(describe_result(result)))
     ctx.exit(result.exit_code)
 
@@ -123,6 +135,15 @@ def _source(cluster: str | None, options: dict[str, Any]) -> ClusterSource:
     from ..sources.local import LocalSource
 
     local, chief, ps, gpus = options["local"], options["chief"], options["ps"], options["gpus"]
+    if options["slurm"]:
+        from ..sources.slurm import SlurmSource
+
+        if local is not None or gpus:
+            raise click.UsageError("--slurm takes its tasks and GPUs from the allocation; drop --local and --gpus")
+        return SlurmSource(chief=chief or None, ps=ps or None, evaluator=options["evaluator"] or None,
+                           cluster_file=cluster)
+    if options["evaluator"] or options["requeue"] or options["run_dir"]:
+        raise click.UsageError("--evaluator, --requeue and --run-dir only apply to --slurm")
     if (cluster is None) == (local is None):
         raise click.UsageError("give either a cluster file or --local N")
     if cluster is not None and (chief or ps or gpus):

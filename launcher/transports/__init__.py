@@ -19,6 +19,7 @@ from .base import Transport
 TRANSPORTS: dict[str, tuple[str, str]] = {
     "local": (".local", "LocalTransport"),
     "ssh": (".ssh", "SshTransport"),
+    "srun": (".srun", "SrunTransport"),  # Slurm job steps (launcher.sources.slurm)
 }
 
 

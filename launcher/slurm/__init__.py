@@ -1,0 +1,12 @@
+"""Slurm: reading an allocation, the Slurm commands tflaunch runs, and ``tflaunch submit``.
+
+- :mod:`.allocation`: SLURM_* variables -> nodes, slots and roles (pure but for hostlist expansion);
+- :mod:`.commands`: ``scontrol``, ``srun``, ``sbatch``, ``squeue`` with timeouts and one-line errors;
+- :mod:`.ports`: free ports checked on each node through ``srun`` and the host probe;
+- :mod:`.script`: the commented sbatch script ``submit`` writes (pure);
+- :mod:`.submit`: writing that script into a new run folder and submitting it;
+- :mod:`.requeue`: ending a run cleanly on the warning signal and requeueing the job.
+
+The source (:mod:`launcher.sources.slurm`) and the transport (:mod:`launcher.transports.srun`)
+build on these.
+"""

@@ -1,0 +1,147 @@
+"""``tflaunch --slurm`` inside a job: the run, its run folder, and the warning signal that requeues it.
+
+**Run folder.** ``tflaunch submit`` makes the run folder first (the sbatch script and its
+``slurm.json`` live there) and the job runs with ``--run-dir`` set to it, so whatever the backend
+a run has one folder. A ``--slurm`` run started from a user's own script gets a new folder under
+the log directory, tagged with the job id in ``slurm.json``.
+
+**Requeued jobs** (``SLURM_RESTART_COUNT`` > 0) rerun the batch script with the same job id. Their
+run takes the same folder again (found by ``--run-dir`` or by the job id), after moving the
+previous execution's ``run.json`` and ``attempt-*`` folders into ``requeue-<k>/``. ``merged.log``
+and ``metrics.jsonl`` carry on, and ``backup/`` stays where the tasks' ``TFLAUNCH_BACKUP_DIR``
+points, so the requeued job resumes from the last backup.
+
+**Warning signal.** With ``--requeue``, SIGUSR1 (sent by Slurm as ``--signal=B:USR1@SECS`` before the
+time limit or at preemption) goes down tflaunch's one signal path: the supervisor wakes, stops
+every task with the full ``--grace`` (SIGTERM first, so a task can save), the run record is made
+final, and then tflaunch runs ``scontrol requeue <job>`` and exits 0 as far as it is concerned.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Mapping
+
+from ..cluster.machine import local_host_names
+from ..errors import ConfigError
+from ..records.folder import RunFolder, iso_time, new_run_id, write_atomically
+from .commands import SlurmError, slurm_run
+
+if TYPE_CHECKING:
+    from ..run.console import Console
+    from ..run.launch import LaunchRequest, RunResult
+    from ..run.signals import Signals
+
+SLURM_RECORD = "slurm.json"
+WARNING_SIGNAL = signal.SIGUSR1
+DEFAULT_LOG_DIR = "logs"
+
+
+def read_slurm_record(folder: Path) -> dict:
+    try:
+        return json.loads((Path(folder) / SLURM_RECORD).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def write_slurm_record(folder: Path, record: Mapping) -> None:
+    write_atomically(Path(folder) / SLURM_RECORD, json.dumps(record, indent=2) + "\n")
+
+
+def find_job_folder(log_dir: Path, job_id: str) -> Path | None:
+    """The run folder an earlier execution of this job used (requeued jobs come back to it)."""
+    if not log_dir.is_dir():
+        return None
+    for path in sorted(log_dir.iterdir(), reverse=True):
+        if path.is_dir() and str(read_slurm_record(path).get("job_id")) == job_id:
+            return path
+    return None
+
+
+def archive_previous_execution(folder: Path, restart_count: int) -> Path | None:
+    """Move the last execution's record and attempt folders aside so this one starts clean."""
+    old = [p for p in folder.iterdir() if p.name == "run.json" or p.name.startswith("attempt-")]
+    if not old:
+        return None
+    target = folder / f"requeue-{restart_count}"
+    target.mkdir(exist_ok=True)
+    for path in old:
+        path.rename(target / path.name)
+    for link in folder.glob("*.log"):
+        if link.is_symlink():
+            link.unlink()
+    return target
+
+
+def prepare_folder(run_dir: str | None, log_dir: str | None, environ: Mapping[str, str], source: str) -> RunFolder:
+    """The run folder this execution of the job writes into (see the module docstring)."""
+    job_id = environ.get("SLURM_JOB_ID", "")
+    restarts = int(environ.get("SLURM_RESTART_COUNT") or 0)
+    if run_dir:
+        path = Path(run_dir)
+        if not path.is_dir():
+            raise ConfigError(source, "--run-dir", f"{run_dir!r} is not a directory; expected the run folder "
+                              "'tflaunch submit' made")
+    else:
+        base = Path(log_dir or DEFAULT_LOG_DIR)
+        path = find_job_folder(base, job_id) if restarts else None
+        if path is None:
+            try:
+                path = RunFolder.create(base, new_run_id()).path
+            except OSError as exc:
+                raise ConfigError(source, "log_dir", f"cannot create a run folder in {str(base)!r}: "
+                                  f"{exc.strerror or exc}") from None
+    archive_previous_execution(path, restarts)
+    record = read_slurm_record(path)
+    record.update({"job_id": job_id, "restart_count": restarts, "nodelist": environ.get("SLURM_JOB_NODELIST"),
+                   "batch_host": os.uname().nodename, "started_at": iso_time(time.time())})
+    write_slurm_record(path, record)
+    return RunFolder(path)
+
+
+def run_in_job(request: LaunchRequest, console: Console, *, run_dir: str | None = None, requeue: bool = False,
+               environ: Mapping[str, str] | None = None, signals: Signals | None = None) -> RunResult:
+    """Run the cluster in this allocation (the --slurm run): probe, plan, supervise, maybe requeue."""
+    from ..run.launch import build_spec, plan_for
+    from ..run.session import RunSession, SessionOptions
+    from ..run.signals import SIGNALS
+
+    environ = dict(os.environ) if environ is None else environ
+    signals = signals or SIGNALS
+    with signals.armed_for_run():
+        if requeue:
+            # Slurm's warning signal takes the same path as SIGTERM: a flag and a wakeup, never a raise.
+            signal.signal(WARNING_SIGNAL, signals._handle)  # noqa: SLF001 (the one signal path)
+        local_hosts = local_host_names()
+        spec = build_spec(request, local_hosts)
+        folder = prepare_folder(run_dir, spec.log_dir, environ, spec.source)
+        restarts = spec.max_restarts if request.max_restarts is None else request.max_restarts
+        if requeue:
+            # The requeued job must find the backup: offer it even when no in-job restarts are allowed.
+            backup = str(folder.path.resolve() / "backup")
+            spec = replace(spec, env={"TFLAUNCH_BACKUP_DIR": backup, **spec.env})
+        options = SessionOptions(grace=request.grace, max_restarts=restarts,
+                                 restart_delay=spec.restart_delay if request.restart_delay is None else request.restart_delay,
+                                 evaluator_timeout=request.evaluator_timeout, watchdog=request.watchdog)
+        session = RunSession(spec, options, folder, console,
+                             lambda context: plan_for(spec, context, local_hosts, request), signals)
+        result = session.execute()
+        if requeue and signals.first == WARNING_SIGNAL:
+            job_id = environ.get("SLURM_JOB_ID", "")
+            console.message(f"Slurm's warning signal (SIGUSR1): tasks stopped; requeueing job {job_id}")
+            record = read_slurm_record(folder.path)
+            record.setdefault("requeues", []).append({"at": iso_time(time.time()), "restart_count":
+                                                      int(environ.get("SLURM_RESTART_COUNT") or 0)})
+            write_slurm_record(folder.path, record)
+            try:
+                slurm_run(["scontrol", "requeue", job_id], what=f"requeueing job {job_id}")
+            except SlurmError as error:
+                console.message(f"could not requeue: {error}")
+                return result
+            result.exit_code = 0  # the job goes on after the requeue; this execution ended as asked
+        return result

@@ -1,0 +1,92 @@
+"""The ``slurm:`` section of a cluster file, read into :class:`SlurmSettings` (values named on error).
+
+Every key has a command-line twin on ``tflaunch submit``; the command line wins::
+
+    slurm:
+      nodes: 2                 # --nodes
+      ntasks_per_node: 1       # --ntasks-per-node
+      chief: false             # --chief
+      ps: 0                    # --ps
+      evaluator: false         # --evaluator
+      partition: debug         # --partition
+      time: "1:00:00"          # --time
+      gpus_per_task: 1         # --gpus-per-task
+      account: myproject       # --account
+      sbatch_options: ["--qos=high"]   # --sbatch-option (repeatable)
+      requeue: true            # --requeue
+      warning_seconds: 120     # --warning-seconds
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from ..cluster.fields import FieldReader, show
+
+SLURM_KEYS = ("nodes", "ntasks_per_node", "chief", "ps", "evaluator", "partition", "time", "gpus_per_task", "account",
+              "sbatch_options", "requeue", "warning_seconds")
+DEFAULT_WARNING_SECONDS = 120
+
+
+@dataclass(frozen=True)
+class SlurmSettings:
+    """How ``tflaunch submit`` asks Slurm for an allocation, and which roles to carve from it."""
+
+    nodes: int | None = None
+    ntasks_per_node: int | None = None
+    chief: bool = False
+    ps: int = 0
+    evaluator: bool = False
+    partition: str | None = None
+    time: str | None = None  # Slurm's time syntax, e.g. "1:00:00"
+    gpus_per_task: int | None = None
+    account: str | None = None
+    sbatch_options: tuple[str, ...] = ()  # extra sbatch arguments, e.g. ("--qos=high",)
+    requeue: bool = False  # warn with USR1 before the end, save, and requeue the job
+    warning_seconds: int = DEFAULT_WARNING_SECONDS
+
+
+def read_slurm_section(source: str, value: Mapping[str, Any] | None) -> SlurmSettings:
+    """The typed section; ConfigError names ``slurm.<key>`` and the bad value."""
+    if value is None:
+        return SlurmSettings()
+    reader = FieldReader(source)
+    mapping = reader.expect_mapping(value, "slurm", "a mapping of Slurm settings")
+    reader.check_keys(mapping, SLURM_KEYS, "slurm")
+
+    def positive(name: str) -> int | None:
+        raw = mapping.get(name)
+        if raw is None:
+            return None
+        if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
+            raise reader.fail(f"slurm.{name}", f"expected an integer >= 1, got {show(raw)}")
+        return raw
+
+    options = mapping.get("sbatch_options", [])
+    if isinstance(options, str):
+        try:
+            options = shlex.split(options)
+        except ValueError as exc:
+            raise reader.fail("slurm.sbatch_options", f"cannot split {options!r} ({exc})") from None
+    if not isinstance(options, list) or not all(isinstance(o, str) and o.startswith("-") for o in options):
+        raise reader.fail("slurm.sbatch_options", f"expected a list of sbatch options such as '--qos=high', "
+                          f"got {show(options)}")
+    time = mapping.get("time")
+    if time is not None and not isinstance(time, (str, int)) or isinstance(time, bool):
+        raise reader.fail("slurm.time", f"expected a Slurm time such as '1:00:00' or minutes, got {show(time)}")
+    return SlurmSettings(
+        nodes=positive("nodes"),
+        ntasks_per_node=positive("ntasks_per_node"),
+        chief=reader.read_bool(mapping.get("chief", False), "slurm.chief"),
+        ps=reader.read_count(mapping.get("ps", 0), "slurm.ps"),
+        evaluator=reader.read_bool(mapping.get("evaluator", False), "slurm.evaluator"),
+        partition=reader.optional_str(mapping, "partition", "slurm"),
+        time=None if time is None else str(time),
+        gpus_per_task=positive("gpus_per_task"),
+        account=reader.optional_str(mapping, "account", "slurm"),
+        sbatch_options=tuple(options),
+        requeue=reader.read_bool(mapping.get("requeue", False), "slurm.requeue"),
+        warning_seconds=positive("warning_seconds") or DEFAULT_WARNING_SECONDS,
+    )
