@@ -226,7 +226,7 @@ def test_logs_follow_prints_lines_as_they_come_and_ends_with_the_run(tflaunch):
 
 
 @pytest.mark.timeout(90)
-def test_launcher_gone_shows_died_and_ends_follow(tflaunch):
+def test_launcher_gone_shows_launcher_lost_and_ends_follow(tflaunch):
     run = tflaunch.start("--local", "2", "--", "python", TASK, "print:up", "forever")
     manifest = started(tflaunch)
     try:
@@ -241,10 +241,12 @@ def test_launcher_gone_shows_died_and_ends_follow(tflaunch):
         out, errors = follow.communicate(timeout=30)
         assert follow.returncode == 0, errors
         assert "| up" in out
-        assert errors == f"tflaunch: run {manifest['run_id']} died (its launcher is gone); stopped following\n"
-        assert "died (launcher gone)" in inspect(tflaunch, "runs").stdout
+        assert errors == (f"tflaunch: run {manifest['run_id']}: launcher lost (its process is gone); "
+                          "stopped following\n")
+        assert "launcher lost" in inspect(tflaunch, "runs").stdout
+        assert json.loads(inspect(tflaunch, "status", "--json").stdout)["status"] == "launcher-lost"
         text = inspect(tflaunch, "status").stdout
-        assert f"died: run.json says running but the launcher pid {manifest['launcher']['pid']}" in text
+        assert f"launcher lost: run.json says running but the launcher pid {manifest['launcher']['pid']}" in text
     finally:
         kill_task_groups(manifest_of(tflaunch) or manifest)
         stop_launcher(run)

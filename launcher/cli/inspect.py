@@ -77,8 +77,8 @@ def logs_command(run_ref: str | None, task: str | None, attempt: int | None, pat
     query = LogQuery(task=task, attempt=attempt, pattern=pattern)
     for line in (follow_log if follow else read_log)(run, query):
         click.echo(line)
-    if follow and run.reload().status == "died":
-        click.echo(f"tflaunch: run {run.run_id} died (its launcher is gone); stopped following", err=True)
+    if follow and run.reload().status == "launcher-lost":
+        click.echo(f"tflaunch: run {run.run_id}: launcher lost (its process is gone); stopped following", err=True)
 
 
 @cli.command("status", epilog=RUN_ARG_HELP)

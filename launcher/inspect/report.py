@@ -13,7 +13,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Sequence
 
-from .runs import NoMetricsError, Run, RunStatus, RunSummary, epoch_records, final_record
+from .runs import NoMetricsError, Run, RunState, RunSummary, epoch_records, final_record
 
 PLOT_FILE = "learning_curves.png"
 PLOT_MISSING = "learning curves: not drawn, matplotlib is not installed (pip install 'tflaunch[plot]')"
@@ -74,8 +74,8 @@ def status_text(status: str, exit_code: int | None) -> str:
     """``failed (exit 3)``: the exit code is shown wherever it is not plain success."""
     if status in ("failed", "stopped") and exit_code is not None:
         return f"{status} (exit {exit_code})"
-    if status == "died":
-        return "died (launcher gone)"
+    if status == "launcher-lost":
+        return "launcher lost"
     return status
 
 
@@ -96,15 +96,15 @@ def runs_lines(summaries: list[RunSummary]) -> list[str]:
 # -- tflaunch status --------------------------------------------------------------------------
 
 
-def status_lines(status: RunStatus, now: float | None = None) -> list[str]:
+def status_lines(status: RunState, now: float | None = None) -> list[str]:
     launcher = status.launcher
     where = f"launcher pid {launcher.get('pid')} on {launcher.get('host')}"
     if status.status == "running":
         head = f"running for {duration(status.uptime_seconds)}, attempt {status.attempt}; {where}"
         if launcher.get("alive") is None:
             head += " (another host: not checked from here)"
-    elif status.status == "died":
-        head = (f"died: run.json says running but the {where} is gone; "
+    elif status.status == "launcher-lost":
+        head = (f"launcher lost: run.json says running but the {where} is gone; "
                 f"task states below are the last ones recorded")
     else:
         head = (f"not running: {status_text(status.status, status.exit_code)} after "
@@ -117,12 +117,18 @@ def status_lines(status: RunStatus, now: float | None = None) -> list[str]:
             state += f" (exit {task.exit_code})"
         elif task.state == "running" and task.alive is False:
             state += " (process gone)"
+        if task.restarts:
+            state += f", restarted {task.restarts}x in place"
         usage = task.usage or {}
         rows.append([task.name, task.role, task.host, state, task.pid, duration(task.uptime_seconds),
                      num(usage.get("cpu_percent"), 1), num(usage.get("rss_mb"), 1),
                      describe_metric(task.last_metric, now)])
     lines += table(["TASK", "ROLE", "HOST", "STATE", "PID", "UPTIME", "CPU%", "RSS MB", "LAST METRIC"], rows,
                    "llllrrrrl")
+    lines += [f"{task.name} left {len(task.leftovers)} process(es) behind: {', '.join(task.leftovers)}, stopped"
+              for task in status.tasks if task.leftovers]
+    if status.error:
+        lines.append(f"error: {status.error}")
     figures = {t.name: t.resources for t in status.tasks if t.resources}
     if figures:
         lines += ["", "resource use over the run so far (resources.json):" if status.status == "running"
@@ -196,7 +202,7 @@ def build_report(run: Run, task: str | None = None, all_tasks: bool = False, plo
             raise NoMetricsError(f"run {run.run_id} is still running and {whose} reported no epoch yet; "
                                  f"watch it with 'tflaunch logs --follow {run.run_id}'")
         raise NoMetricsError(f"run {run.run_id} has no epoch metrics: {whose} printed no TFLAUNCH_METRIC lines")
-    report = Report(run.run_id, str(run.manifest.get("source", "?")), status, run.manifest.get("exit_code"),
+    report = Report(run.run_id, str(run.record.source), status, run.record.exit_code,
                     chief, epochs, final_record(run, metrics), run.resources())
     if status == "running":
         report.notes.append(f"run {run.run_id} is still running: figures up to epoch "
@@ -326,8 +332,8 @@ def _compare_one(run: Run) -> Comparison:
     # step time = epoch time / steps, with steps = samples/s x epoch time / global batch, which is
     # global batch / samples/s: the steady-state time of one training step, validation left out.
     step = batch / rate if batch and rate else None
-    workers = sum(1 for t in run.tasks if t.get("role") in ("chief", "worker"))
-    return Comparison(run.run_id, str(run.manifest.get("source", "?")), run.status, workers, batch, len(records),
+    workers = sum(1 for t in run.tasks if t.role in ("chief", "worker"))
+    return Comparison(run.run_id, run.record.source, run.status.value, workers, batch, len(records),
                       [r["epoch"] for r in steady], _mean(seconds), step, rate,
                       final_record(run, metrics).get("test_accuracy"), None)
 

@@ -1,11 +1,12 @@
 """Runs already in a log directory: finding them and reading what they left behind.
 
-A run is a folder with a ``run.json`` (see :mod:`launcher.logs` for the layout). Runs are named
-by their full id, a unique prefix of it, or ``latest``. Everything here reads files (and, for a
-live run on this machine, its processes); nothing changes a run.
+A run is a folder with a ``run.json`` (a :class:`~launcher.records.record.RunRecord`; see
+:mod:`launcher.records.folder` for the layout). Runs are named by their full id, a unique prefix
+of it, or ``latest``. Everything here reads files (and, for a live run on this machine, its
+processes); nothing changes a run.
 
-A run whose ``run.json`` still says ``running`` while its launcher process is gone from this host
-(killed, crashed, machine rebooted) has the status ``died``.
+A run whose record still says ``running`` while its launcher process is gone from this host
+(SIGKILL, a crash, a reboot) has the status ``launcher-lost``.
 """
 
 from __future__ import annotations
@@ -13,13 +14,14 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from ..errors import LaunchError, RunNotFoundError
 from ..records.folder import MANIFEST, RunFolder
+from ..records.record import RunRecord, RunStatus, TaskRecord
 from ..run.resources import RESOURCES, ResourceSampler
 
 LATEST = "latest"
@@ -35,10 +37,10 @@ class NoMetricsError(LaunchError):
 
 @dataclass
 class Run:
-    """One run folder and its manifest, as read now."""
+    """One run folder and its record, as read now."""
 
     path: Path
-    manifest: dict[str, Any]
+    record: RunRecord
 
     @property
     def run_id(self) -> str:
@@ -50,37 +52,35 @@ class Run:
 
     @property
     def started(self) -> float | None:
-        return _epoch(self.manifest.get("started_at"))
+        return _epoch(self.record.started_at)
 
     @property
-    def status(self) -> str:
-        """``running``, ``succeeded``, ``failed``, ``stopped``, or ``died`` (launcher gone)."""
-        status = self.manifest.get("status") or "unknown"
-        if status == "running" and self.launcher_alive() is False:
-            return "died"
+    def status(self) -> RunStatus:
+        """The recorded status, or ``LAUNCHER_LOST`` for a running record whose launcher is gone."""
+        status = self.record.status
+        if status is RunStatus.RUNNING and self.launcher_alive() is False:
+            return RunStatus.LAUNCHER_LOST
         return status
 
     @property
     def live(self) -> bool:
-        return self.status == "running"
+        return self.status is RunStatus.RUNNING
 
     @property
     def on_this_host(self) -> bool:
-        return (self.manifest.get("launcher") or {}).get("host") == os.uname().nodename
+        return self.record.launcher.host == os.uname().nodename
 
     @property
     def attempt(self) -> int:
         """The latest attempt: recorded ones, or the one the tasks were started for."""
-        numbers = [a.get("attempt", 0) for a in self.manifest.get("attempts") or []]
-        numbers += [int((t.get("env") or {}).get("TFLAUNCH_ATTEMPT", 1)) for t in self.tasks]
-        return max(numbers, default=1)
+        return self.record.attempt
 
     @property
-    def tasks(self) -> list[dict[str, Any]]:
-        return list(self.manifest.get("tasks") or [])
+    def tasks(self) -> list[TaskRecord]:
+        return list(self.record.tasks)
 
     def task_names(self) -> list[str]:
-        return [t["name"] for t in self.tasks]
+        return [t.name for t in self.tasks]
 
     def require_task(self, name: str) -> None:
         if name not in self.task_names():
@@ -89,10 +89,10 @@ class Run:
 
     def launcher_alive(self) -> bool | None:
         """Whether the launcher still runs; None when it ran on another host (cannot tell)."""
-        launcher = self.manifest.get("launcher") or {}
-        if not self.on_this_host or not launcher.get("pid"):
+        pid = self.record.launcher.pid
+        if not self.on_this_host or not pid:
             return None
-        return pid_alive(int(launcher["pid"]), not_after=self.started)
+        return pid_alive(int(pid), not_after=self.started)
 
     def reload(self) -> "Run":
         return load_run(self.path)
@@ -123,7 +123,7 @@ class Run:
     def chief(self, metrics: list[dict[str, Any]] | None = None) -> str | None:
         """The task whose figures stand for the run: chief-0, else worker-0, else the first that reported."""
         names = self.task_names()
-        roles = {t["name"]: t.get("role") for t in self.tasks}
+        roles = {t.name: t.role for t in self.tasks}
         for candidate in [n for n in names if roles[n] == "chief"] + ["worker-0"]:
             if candidate in names:
                 return candidate
@@ -150,12 +150,14 @@ def pid_alive(pid: int, not_after: float | None = None) -> bool:
 def load_run(path: Path) -> Run:
     folder = RunFolder(path)
     try:
-        manifest = folder.read_manifest()
+        record = folder.read_record()
     except FileNotFoundError:
         raise RunNotFoundError(f"{path}: no {MANIFEST}; not a tflaunch run folder") from None
-    except ValueError as exc:
-        raise RunNotFoundError(f"{folder.manifest_path}: not valid JSON ({exc})") from None
-    return Run(path, manifest)
+    except (ValueError, TypeError) as exc:
+        raise RunNotFoundError(f"{folder.manifest_path}: not a run record ({exc})") from None
+    except OSError as exc:
+        raise RunNotFoundError(f"{folder.manifest_path}: cannot read it ({exc.strerror or exc})") from None
+    return Run(path, record)
 
 
 def find_runs(log_dir: Path | str) -> list[Run]:
@@ -217,12 +219,11 @@ class RunSummary:
 
 def summarize(run: Run, now: float | None = None) -> RunSummary:
     status = run.status
-    duration = run.manifest.get("duration_seconds")
-    if status == "running" and run.started is not None:
+    duration = run.record.duration_seconds
+    if status is RunStatus.RUNNING and run.started is not None:
         duration = round((now or time.time()) - run.started, 3)
-    return RunSummary(run.run_id, run.manifest.get("started_at"), str(run.manifest.get("source", "?")),
-                      len(run.tasks), run.attempt, status, run.manifest.get("exit_code"), duration,
-                      final_record(run).get("test_accuracy"))
+    return RunSummary(run.run_id, run.record.started_at, run.record.source, len(run.tasks), run.attempt,
+                      status.value, run.record.exit_code, duration, final_record(run).get("test_accuracy"))
 
 
 def final_record(run: Run, metrics: list[dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -263,10 +264,14 @@ class TaskStatus:
     last_metric: dict[str, Any] | None
     usage: dict[str, Any] | None  # measured now: cpu_percent, rss_mb, processes
     resources: dict[str, Any] | None  # from resources.json: means, peaks, samples
+    restarts: int = 0  # in-place restarts of this task in the latest attempt
+    leftovers: list[str] = field(default_factory=list)  # processes it left behind that were stopped
 
 
 @dataclass
-class RunStatus:
+class RunState:
+    """What ``tflaunch status`` shows of a run."""
+
     run_id: str
     path: str
     source: str
@@ -277,9 +282,10 @@ class RunStatus:
     uptime_seconds: float | None
     launcher: dict[str, Any]
     tasks: list[TaskStatus] = field(default_factory=list)
+    error: str | None = None  # what ended the run from outside its tasks
 
 
-def run_status(run: Run, measure_seconds: float = 0.5) -> RunStatus:
+def run_status(run: Run, measure_seconds: float = 0.5) -> RunState:
     """Each task's state, pid, host, uptime and last metric; CPU% and RSS of live local tasks."""
     now = time.time()
     status = run.status
@@ -289,32 +295,30 @@ def run_status(run: Run, measure_seconds: float = 0.5) -> RunStatus:
     live_local = {}
     tasks = []
     for task in run.tasks:
-        started = _epoch(task.get("started_at"))
-        ended = _epoch(task.get("ended_at"))
-        running = task.get("state") == "running"
+        started = _epoch(task.started_at)
+        ended = _epoch(task.ended_at)
+        running = task.state == "running"
         alive = None
-        if task.get("local") and run.on_this_host and task.get("pid"):
-            alive = running and pid_alive(int(task["pid"]), not_after=started)
-            if alive and status == "running":
-                live_local[task["name"]] = int(task["pid"])
+        if task.local and run.on_this_host and task.pid:
+            alive = running and pid_alive(int(task.pid), not_after=started)
+            if alive and status is RunStatus.RUNNING:
+                live_local[task.name] = int(task.pid)
         uptime = None
         if started is not None:
             uptime = round((now if running and alive is not False else (ended or now)) - started, 3)
-        tasks.append(TaskStatus(task["name"], task.get("role", "?"), task.get("host", "?"), bool(task.get("local")),
-                                task.get("state", "?"), task.get("pid"), task.get("started_at"), uptime,
-                                task.get("exit_code"), task.get("signal"), task.get("error"), alive,
-                                last.get(task["name"]), None, figures.get(task["name"])))
+        tasks.append(TaskStatus(task.name, task.role, task.host, task.local, task.state, task.pid, task.started_at,
+                                uptime, task.exit_code, task.signal, task.error, alive, last.get(task.name), None,
+                                figures.get(task.name), task.restarts, list(task.leftovers)))
     usage = _measure(live_local, measure_seconds, run.path) if live_local else {}
     for task in tasks:
         task.usage = usage.get(task.name)
     uptime = None
     if run.started is not None:
-        uptime = round(now - run.started, 3) if status == "running" else run.manifest.get("duration_seconds")
-    launcher = dict(run.manifest.get("launcher") or {})
+        uptime = round(now - run.started, 3) if status is RunStatus.RUNNING else run.record.duration_seconds
+    launcher = asdict(run.record.launcher)
     launcher["alive"] = run.launcher_alive()
-    return RunStatus(run.run_id, str(run.path), str(run.manifest.get("source", "?")), status,
-                     run.manifest.get("exit_code"), run.attempt, run.manifest.get("started_at"), uptime,
-                     launcher, tasks)
+    return RunState(run.run_id, str(run.path), run.record.source, status.value, run.record.exit_code, run.attempt,
+                    run.record.started_at, uptime, launcher, tasks, run.record.error)
 
 
 def _measure(pids: dict[str, int], seconds: float, run_dir: Path) -> dict[str, dict[str, Any]]:
