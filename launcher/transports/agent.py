@@ -1,150 +1,312 @@
-"""The agent tflaunch runs on a remote host, in front of each remote task (standard library only).
+"""The agent in front of every task, local or remote: it starts the task and makes sure that
+everything the task started ends with it (standard library only).
 
-Closing an ssh channel does not kill the remote process, so every remote task runs under this
-agent, which tflaunch sends as ``python -c <source> <spec>`` (the spec is base64 JSON: argv, env,
-grace, heartbeat timeout; no value of it passes through a shell). The agent:
+tflaunch runs it as ``python -I -S agent.py <spec>`` on this machine and as ``python -c <source>
+<spec>`` over ssh. The spec is base64 JSON: ``argv``, ``env``, optional ``cwd``, ``grace`` (TERM
+to KILL for leftovers), ``eof_grace`` (the same when tflaunch is gone) and ``timeout`` (seconds
+without a heartbeat before the task is stopped; null: never). No value of it passes through a shell.
 
-- starts the task in its own session with the given env, its stdout and stderr both on the
-  channel's stdout, and reports ``TFLAUNCH_AGENT started <pid>`` on its own stderr;
-- reads commands on stdin: an empty line is a heartbeat, ``TERM``/``KILL`` signal the task's
-  process group, ``SIG <n>`` signals the task's main process, ``DUMP`` writes the task's Python
-  stacks (``py-spy dump``, when installed on the host) to stderr between ``stacks-begin`` and
-  ``stacks-end`` marks;
-- stops the task's group (SIGTERM, ``grace`` seconds, SIGKILL) when stdin reaches EOF (tflaunch
-  or its ssh client died, or the connection closed) or when no heartbeat came for ``timeout``
-  seconds (the link to tflaunch is down);
-- ends with ``TFLAUNCH_AGENT exit code=<n>`` or ``signal=<n>`` on stderr and exits with the
-  task's exit code (128+n for a signal).
+The agent makes itself a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``, no root needed), so a
+process the task starts in a session of its own, or by double-forking, is re-parented to the agent
+rather than to init and can still be found. The agent:
 
-Python 3.6+ compatible on purpose: it runs on whatever interpreter the remote host has.
+- starts the task in its own session with the given env, its stdout and stderr both on the agent's
+  stdout, and reports ``TFLAUNCH_AGENT started <pid>`` on its own stderr (or ``error <reason>``);
+- reads commands on stdin: an empty line is a heartbeat, ``TERM`` signals the task's process group,
+  ``KILL`` kills every process of the task's tree, ``SIG <n>`` signals the task's main process,
+  ``DUMP`` writes the task's Python stacks (``py-spy dump``, when installed) to stderr between
+  ``stacks-begin`` and ``stacks-end`` marks;
+- stops the whole tree (SIGTERM, ``eof_grace`` seconds, SIGKILL) when stdin reaches EOF (tflaunch or
+  its ssh client died, even by SIGKILL) or when no heartbeat came for ``timeout`` seconds;
+- once the task's main process has ended, stops every process still left in its tree (SIGTERM,
+  ``grace``, SIGKILL), reports each as ``leftover <pid> <name>``, then ends with ``exit code=<n>``
+  or ``exit signal=<n>`` and exits with the task's exit code (128+n for a signal).
+
+Python 3.6+ compatible on purpose: it runs on whatever interpreter a remote host has.
 """
 
 import base64
+import errno
 import json
 import os
-import shutil
+import select
 import signal
-import subprocess
 import sys
-import threading
 import time
 
 MARK = "TFLAUNCH_AGENT"
+PR_SET_CHILD_SUBREAPER = 36
+TICK = 0.25  # longest sleep of the event loop; SIGCHLD and stdin wake it earlier
 
 
 def report(text):
-    sys.stderr.write("%s %s\n" % (MARK, text))
-    sys.stderr.flush()
+    os.write(2, ("%s %s\n" % (MARK, text)).encode("utf-8", "replace"))
 
 
-def signal_group(pid, signum):
+def become_subreaper():
+    """Orphaned descendants come to this process instead of init (Linux 3.4+); False elsewhere."""
     try:
-        os.killpg(pid, signum)
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def process_tree(root):
+    """Pids of every living descendant of ``root``, found by walking /proc (never by name)."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % entry, "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # exited meanwhile
+        if fields[0] == b"Z":
+            continue  # a zombie holds nothing; reaping it is enough
+        children.setdefault(int(fields[1]), []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        for pid in children.get(todo.pop(), ()):
+            found.append(pid)
+            todo.append(pid)
+    return found
+
+
+def process_name(pid):
+    try:
+        with open("/proc/%d/comm" % pid, "rb") as comm:
+            return comm.read().decode("utf-8", "replace").strip() or "?"
+    except OSError:
+        return "?"
+
+
+def send(pid, signum, group=False):
+    try:
+        (os.killpg if group else os.kill)(pid, signum)
     except (ProcessLookupError, PermissionError):
-        pass
+        pass  # already gone
 
 
 class Agent(object):
     def __init__(self, spec):
         self.spec = spec
-        self.child = None
+        self.pid = None  # the task's main process
+        self.status = None  # its wait status, once reaped
+        self.stop_reason = None  # "eof" or "no heartbeat": tflaunch is gone
+        self.hurry = False  # KILL arrived: no more grace
+        self.termed = False  # TERM went to the task's group
+        self.helpers = set()  # py-spy processes of stack dumps: not the task's
+        self.leftovers = {}  # pid -> name of processes that outlived the task's main process
+        self.stdin_open = True
+        self.pending = b""
         self.last_heartbeat = time.monotonic()
-        self.stop_reason = None
-        self.report_lock = threading.Lock()
+        self.wake_r, wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        os.set_blocking(wake_w, False)
+        # SIGCHLD wakes the loop at once: a task's end is seen without polling delay.
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+
+    # -- starting ----------------------------------------------------------------------
 
     def start(self):
+        argv, cwd = self.spec["argv"], self.spec.get("cwd")
         env = dict(os.environ)
         env.update(self.spec["env"])
+        errors_r, errors_w = os.pipe()  # close-on-exec: EOF means the exec worked
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        pid = os.fork()
+        if pid == 0:  # the task, until exec
+            try:
+                os.setsid()
+                os.dup2(devnull, 0)
+                os.dup2(1, 2)
+                stage = "cwd"
+                if cwd:
+                    os.chdir(cwd)
+                stage = "exec"
+                os.execvpe(argv[0], argv, env)
+            except OSError as exc:
+                os.write(errors_w, ("%s:%d" % (stage, exc.errno or 0)).encode())
+            finally:
+                os._exit(127)
+        os.close(errors_w)
+        os.close(devnull)
+        failure = os.read(errors_r, 256).decode()
+        os.close(errors_r)
+        if failure:
+            os.waitpid(pid, 0)
+            stage, _, number = failure.partition(":")
+            code = int(number)
+            what = ("working directory %r" % cwd) if stage == "cwd" else ("program %r" % argv[0])
+            reason = "not found" if code == errno.ENOENT else os.strerror(code)
+            report("error cannot start: %s %s" % (what, reason))
+            return False
+        self.pid = pid
+        report("started %d" % pid)
+        return True
+
+    # -- the event loop ----------------------------------------------------------------
+
+    def wait_until(self, done, seconds=None):
+        """Serve commands, reap children and watch the heartbeat until ``done()`` or ``seconds`` pass."""
+        deadline = None if seconds is None else time.monotonic() + seconds
+        while True:
+            self.reap()
+            if done():
+                return True
+            now = time.monotonic()
+            if deadline is not None and (now >= deadline or self.hurry):
+                return False
+            timeout = TICK if deadline is None else max(0.0, min(TICK, deadline - now))
+            readable = select.select([self.wake_r] + ([0] if self.stdin_open else []), [], [], timeout)[0]
+            if self.wake_r in readable:
+                try:
+                    os.read(self.wake_r, 4096)
+                except BlockingIOError:
+                    pass
+            if 0 in readable:
+                self.read_commands()
+            limit = self.spec.get("timeout")
+            if (limit and self.stop_reason is None and self.stdin_open
+                    and time.monotonic() - self.last_heartbeat > limit):
+                self.stop_reason = "no heartbeat"
+
+    def reap(self):
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid == self.pid:
+                self.status = status
+
+    def has_children(self):
         try:
-            self.child = subprocess.Popen(self.spec["argv"], env=env, stdin=subprocess.DEVNULL,
-                                          stderr=subprocess.STDOUT, start_new_session=True)
-        except OSError as exc:
-            report("error cannot start %r: %s" % (self.spec["argv"][0], exc.strerror))
-            os._exit(127)
-        report("started %d" % self.child.pid)
+            os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            return True
+        except ChildProcessError:
+            return False
 
     def read_commands(self):
-        # Raw reads on fd 0: a buffered reader's lock held by this daemon thread would make
-        # interpreter shutdown fail.
-        pending = b""
-        while True:
+        try:
             chunk = os.read(0, 4096)
-            if not chunk:
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self.stdin_open = False
+            if self.stop_reason is None:
                 self.stop_reason = "eof"
-                return
-            self.last_heartbeat = time.monotonic()
-            pending += chunk
-            *lines, pending = pending.split(b"\n")
-            for line in lines:
-                self.handle(line.strip().decode("ascii", "replace"))
+            return
+        self.last_heartbeat = time.monotonic()
+        lines = (self.pending + chunk).split(b"\n")
+        self.pending = lines.pop()
+        for line in lines:
+            self.handle(line.strip().decode("ascii", "replace"))
 
     def handle(self, command):
-        if command == "TERM":
-            signal_group(self.child.pid, signal.SIGTERM)
+        running = self.status is None
+        if command == "TERM" and running:
+            self.termed = True
+            send(self.pid, signal.SIGTERM, group=True)
         elif command == "KILL":
-            signal_group(self.child.pid, signal.SIGKILL)
+            self.hurry = True
+            self.signal_tree(signal.SIGKILL)
         elif command == "DUMP":
+            import threading
+
             threading.Thread(target=self.dump_stacks).start()
-        elif command.startswith("SIG "):
+        elif command.startswith("SIG ") and running:
             try:
-                os.kill(self.child.pid, int(command[4:]))
-            except (ValueError, ProcessLookupError):
+                send(self.pid, int(command[4:]))
+            except ValueError:
                 pass
 
     def dump_stacks(self):
+        import shutil
+        import subprocess
+
         tool = os.path.join(os.path.dirname(sys.executable), "py-spy")
         if not os.path.exists(tool):
             tool = shutil.which("py-spy")
         if tool is None:
             text = "no stack dump: py-spy is not installed on this host (pip install py-spy)\n"
+        elif self.status is not None:
+            text = "no stack dump: the task has ended\n"
         else:
-            done = subprocess.run([tool, "dump", "--pid", str(self.child.pid), "--subprocesses"],
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-            text = done.stdout.decode("utf-8", "replace")
-        with self.report_lock:
-            sys.stderr.write("%s stacks-begin\n%s%s stacks-end\n" % (MARK, text, MARK))
-            sys.stderr.flush()
+            dump = subprocess.Popen([tool, "dump", "--pid", str(self.pid), "--subprocesses"],
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            self.helpers.add(dump.pid)
+            text = dump.communicate()[0].decode("utf-8", "replace")
+        os.write(2, ("%s stacks-begin\n%s%s stacks-end\n" % (MARK, text, MARK)).encode("utf-8", "replace"))
 
-    def supervise(self):
-        reader = threading.Thread(target=self.read_commands)
-        reader.daemon = True
-        reader.start()
-        timeout = self.spec["timeout"]
-        while self.child.poll() is None:
-            if self.stop_reason is None and time.monotonic() - self.last_heartbeat > timeout:
-                self.stop_reason = "no heartbeat"
-            if self.stop_reason is not None:
-                self.stop_child()
-                break
-            time.sleep(0.05)
-        returncode = self.child.wait()
-        signal_group(self.child.pid, signal.SIGKILL)  # leftovers of the task's group
-        if returncode < 0:
-            report("exit signal=%d" % -returncode)
-            return 128 - returncode
-        report("exit code=%d" % returncode)
-        return returncode
+    # -- stopping ----------------------------------------------------------------------
 
-    def stop_child(self):
-        signal_group(self.child.pid, signal.SIGTERM)
-        deadline = time.monotonic() + self.spec["grace"]
-        while self.child.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        signal_group(self.child.pid, signal.SIGKILL)
+    def signal_tree(self, signum):
+        """``signum`` to the task's process group and to every descendant, wherever its session."""
+        if self.pid is not None:
+            send(self.pid, signum, group=True)
+        for pid in process_tree(os.getpid()):
+            send(pid, signum)
+
+    def stop_tree(self, grace):
+        """SIGTERM to the whole tree, up to ``grace`` seconds for it to end, then SIGKILL until it has."""
+        self.signal_tree(signal.SIGTERM)
+        if self.wait_until(self.tree_gone, grace):
+            return
+        for _ in range(100):  # each round: kill what is there, including anything forked meanwhile
+            self.signal_tree(signal.SIGKILL)
+            if self.wait_until(self.tree_gone, 0.1):
+                return
+
+    def tree_gone(self):
+        return self.status is not None and not self.has_children()
+
+    def note_leftovers(self):
+        for pid in process_tree(os.getpid()):
+            if pid not in self.helpers and pid not in self.leftovers:
+                self.leftovers[pid] = process_name(pid)
+
+    def run(self):
+        if not self.start():
+            return 127
+        self.wait_until(lambda: self.status is not None or self.stop_reason is not None)
+        if self.status is None:  # tflaunch is gone: stop everything, quickly
+            self.note_leftovers()
+            self.leftovers.pop(self.pid, None)
+            self.stop_tree(self.spec.get("eof_grace", 3.0))
+        elif self.has_children():  # the task ended and left processes behind
+            if self.termed or self.hurry:  # its group was signalled too: let those exits land first
+                self.wait_until(self.tree_gone, 0.1)
+            self.note_leftovers()
+            grace = self.spec["grace"] if self.stop_reason is None else self.spec.get("eof_grace", 3.0)
+            self.stop_tree(0.0 if self.hurry else grace)
+        for pid in sorted(self.leftovers):
+            report("leftover %d %s" % (pid, self.leftovers[pid]))
+        if os.WIFSIGNALED(self.status):
+            report("exit signal=%d" % os.WTERMSIG(self.status))
+            return 128 + os.WTERMSIG(self.status)
+        code = os.WEXITSTATUS(self.status)
+        report("exit code=%d" % code)
+        return code
 
 
 def main():
     spec = json.loads(base64.b64decode(sys.argv[1]).decode("utf-8"))
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    # The agent must outlive a SIGINT/SIGHUP aimed at the session so it can clean up. A no-op
+    # The agent must outlive a SIGINT/SIGHUP aimed at its session so it can clean up. A no-op
     # handler, not SIG_IGN: ignored signals would stay ignored in the task after exec.
     signal.signal(signal.SIGINT, lambda *_: None)
     signal.signal(signal.SIGHUP, lambda *_: None)
-    agent = Agent(spec)
-    agent.start()
-    code = agent.supervise()
-    sys.stderr.flush()
-    os._exit(code)  # no interpreter shutdown while the reader thread sits in read()
+    become_subreaper()
+    code = Agent(spec).run()
+    os._exit(code)  # no interpreter shutdown while a stack-dump thread may still sit in read()
 
 
 if __name__ == "__main__":

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import shutil
 import signal as signal_module
-import subprocess
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Protocol
 
 from ..cluster.plan import TaskLaunch
@@ -62,6 +59,7 @@ class FailedStart:
     """A task whose process could not even be created (missing program, missing workdir)."""
 
     pid = None
+    leftovers: tuple[str, ...] = ()
 
     def __init__(self, reason: str):
         self.status = ExitStatus(error=reason, error_code=CANNOT_START)
@@ -84,7 +82,10 @@ class FailedStart:
 class TaskProcess(Protocol):
     """A started task, wherever it runs."""
 
-    pid: int | None
+    pid: int | None  # the task's own process where tflaunch can see it (what CPU and memory are about)
+    # Processes that outlived the task's main process and were stopped with it, as "sleep (pid
+    # 4711)"; set once the task has ended and been cleaned up.
+    leftovers: tuple[str, ...]
 
     def poll(self) -> ExitStatus | None:
         """The exit status once the task has ended (reaping it), else None."""
@@ -110,18 +111,3 @@ class Transport(Protocol):
 
     def start(self, launch: TaskLaunch, output_fd: int) -> TaskProcess:
         ...
-
-
-def py_spy_dump(pid: int, python: str | None = None, timeout: float = 10.0) -> str:
-    """``py-spy dump`` of a process and its subprocesses: works on any Python program as it is."""
-    candidates = [str(Path(python).parent / "py-spy")] if python else []
-    candidates.append(shutil.which("py-spy") or "")
-    tool = next((c for c in candidates if c and Path(c).exists()), None)
-    if tool is None:
-        return "no stack dump: py-spy is not installed (pip install py-spy)\n"
-    try:
-        done = subprocess.run([tool, "dump", "--pid", str(pid), "--subprocesses"], capture_output=True,
-                              text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return f"no stack dump: py-spy did not answer within {timeout:g} s\n"
-    return done.stdout + (done.stderr if done.returncode else "")

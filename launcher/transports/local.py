@@ -1,76 +1,90 @@
-"""Tasks on this machine: one subprocess per task, in its own session and process group."""
+"""Tasks on this machine: each runs under the agent (:mod:`.agent`), a child of tflaunch.
+
+The agent is what a remote task has in front of it too, so local and remote tasks end the same
+way: its stdin is a pipe only tflaunch writes to, and when tflaunch dies (even by SIGKILL) the
+agent reads EOF and stops the task's whole tree within ``EOF_GRACE``. As a child subreaper it
+also finds processes the task started in sessions of their own, and stops them when the task ends.
+"""
 
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
+import sys
+import time
 
 from ..cluster.plan import TaskLaunch
-from .base import ExitStatus, FailedStart, py_spy_dump
+from .agentclient import AGENT_PATH, AgentProcess, AgentReport, agent_spec, parse_agent_output, status_file
+from .base import ExitStatus, FailedStart
+
+EOF_GRACE = 1.0  # tflaunch is gone: the task's tree is gone within about this long (issue target: 2 s)
+HEARTBEAT_TIMEOUT = 30.0  # a tflaunch that is alive but stopped answering (wedged, suspended)
+STARTED_WAIT = 2.0  # how long ``pid`` waits for the agent to report the task's pid
 
 
-class LocalProcess:
-    """A task started with Popen; signals go to its whole process group."""
+class LocalProcess(AgentProcess):
+    """A local task seen through its agent; ``pid`` is the task's own process, not the agent's."""
 
-    def __init__(self, popen: subprocess.Popen[bytes], python: str | None = None):
-        self.popen = popen
-        self.pid: int | None = popen.pid
-        self.python = python
+    channel = "agent"
 
-    def poll(self) -> ExitStatus | None:
-        returncode = self.popen.poll()
-        return None if returncode is None else ExitStatus.from_returncode(returncode)
+    def __init__(self, launch: TaskLaunch, popen: subprocess.Popen[bytes], status_fd: int, output_fd: int):
+        super().__init__(launch, popen, status_fd, output_fd)
+        self._pid: int | None = None
 
-    def terminate(self) -> None:
-        self._signal_group(signal.SIGTERM)
+    @property
+    def pid(self) -> int | None:
+        """The task's pid (what CPU, memory and stack dumps are about), once the agent reported it."""
+        deadline = time.monotonic() + STARTED_WAIT
+        while self._pid is None:
+            report = self._report or parse_agent_output(self._status_text())
+            self._pid = report.started
+            if self._pid is not None or self.popen.poll() is not None or time.monotonic() > deadline:
+                break
+            time.sleep(0.005)
+        return self._pid
 
-    def kill(self) -> None:
-        self._signal_group(signal.SIGKILL)
+    def _exit_status(self, report: AgentReport, returncode: int) -> ExitStatus:
+        if report.exit is None and report.error is None and report.started is not None and returncode < 0:
+            # The agent itself was killed (by hand, or the OOM killer): the task went with it.
+            return ExitStatus(error=f"the agent in front of the task was killed by signal {-returncode}; "
+                                    "the task was stopped with it")
+        return super()._exit_status(report, returncode)
 
-    def send_signal(self, signum: int) -> None:
-        try:
-            self.popen.send_signal(signum)
-        except ProcessLookupError:
-            pass
-
-    def dump_stacks(self, timeout: float = 10.0) -> str:
-        return py_spy_dump(self.popen.pid, self.python, timeout)
-
-    def cleanup(self) -> None:
-        # The group outlives its leader when the task left children behind.
-        self._signal_group(signal.SIGKILL)
-
-    def _signal_group(self, signum: int) -> None:
-        try:
-            os.killpg(self.popen.pid, signum)
-        except (ProcessLookupError, PermissionError):
-            pass  # already gone
+    def _backstop(self) -> None:
+        pid = self.pid
+        if pid is not None:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        super()._backstop()
 
 
 class LocalTransport:
-    """Runs tasks as children of tflaunch, inheriting its environment plus the planned env."""
+    """Runs each task under an agent that is a child of tflaunch, with tflaunch's environment
+    plus the planned env. ``enter`` is put before every task's argv (e.g. ``nsenter`` into the
+    run's network namespace)."""
 
-    def __init__(self, grace: float = 5.0):
+    def __init__(self, grace: float = 5.0, enter: tuple[str, ...] = ()):
         self.grace = grace
+        self.enter = enter
 
     def start(self, launch: TaskLaunch, output_fd: int) -> LocalProcess | FailedStart:
-        env = {**os.environ, **launch.env}
+        spec = agent_spec([*self.enter, *launch.argv], dict(launch.env), grace=self.grace,
+                          eof_grace=min(self.grace, EOF_GRACE), timeout=HEARTBEAT_TIMEOUT, cwd=launch.workdir)
+        status_fd = status_file()
         try:
+            # -I -S: the agent needs nothing but the standard library, and starts in half the time.
             popen = subprocess.Popen(
-                list(launch.argv),
-                cwd=launch.workdir,
-                env=env,
-                stdin=subprocess.DEVNULL,
+                [sys.executable, "-I", "-S", str(AGENT_PATH), spec],
+                stdin=subprocess.PIPE,
                 stdout=output_fd,
-                stderr=output_fd,
-                start_new_session=True,  # own group: signals reach the task's children too
+                stderr=status_fd,
+                start_new_session=True,  # terminal signals reach tflaunch only; it stops tasks in order
                 close_fds=True,
             )
-        except FileNotFoundError as exc:
-            missing = launch.workdir if exc.filename == launch.workdir else launch.argv[0]
-            what = "working directory" if missing == launch.workdir else "program"
-            return FailedStart(f"cannot start: {what} {missing!r} not found")
-        except PermissionError as exc:
-            return FailedStart(f"cannot start {launch.argv[0]!r}: {exc.strerror}")
-        return LocalProcess(popen, launch.python)
+        except OSError as exc:
+            os.close(status_fd)
+            return FailedStart(f"cannot start the agent for {launch.name}: {exc.strerror}")
+        return LocalProcess(launch, popen, status_fd, os.dup(output_fd))
