@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import TASK, env_lines_of
+from polling import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.ssh, pytest.mark.timeout(240)]
 
@@ -43,6 +45,13 @@ def run_processes(testhosts, host: str) -> list[str]:
         if cmdline and not cmdline.startswith("sshd"):
             found.append(f"{pid}: {cmdline[:120]}")
     return found
+
+
+def merged_text(tflaunch) -> str:
+    """The latest run's merged log so far ("" before it exists)."""
+    run_dir = tflaunch.latest_run()
+    merged = run_dir / "merged.log" if run_dir else None
+    return merged.read_text() if merged and merged.exists() else ""
 
 
 def wait_until_empty(testhosts, seconds: float) -> dict[str, list[str]]:
@@ -120,12 +129,7 @@ def test_remote_exit_code_propagates_and_summary_names_host(tflaunch, testhosts,
 def test_no_remote_process_survives_tflaunch(tflaunch, testhosts, tmp_path, how):
     cluster = cluster_file(tmp_path, testhosts, two_workers(testhosts))
     proc = tflaunch.start(str(cluster), "--", "python", TASK, "child", "forever")
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        run_dir = tflaunch.latest_run()
-        if run_dir and (run_dir / "merged.log").exists() and (run_dir / "merged.log").read_text().count("CHILD ") == 2:
-            break
-        time.sleep(0.1)
+    wait_for(lambda: merged_text(tflaunch).count("CHILD ") == 2, timeout=30, message="both tasks' children")
     assert all(len(run_processes(testhosts, h.name)) >= 3 for h in testhosts.hosts)  # agent, task, grandchild
     proc.send_signal(getattr(signal, how))
     proc.communicate(timeout=30)
@@ -155,7 +159,8 @@ def test_unreachable_host_reported_within_connect_timeout(tflaunch, testhosts, t
 def test_host_cut_off_mid_run_is_detected(tflaunch, testhosts, tmp_path):
     cluster = cluster_file(tmp_path, testhosts, two_workers(testhosts), keepalive=3)
     proc = tflaunch.start(str(cluster), "--", "python", TASK, "print:up", "forever")
-    time.sleep(3)
+    wait_for(lambda: len(re.findall(r" worker-\d \| up$", merged_text(tflaunch), re.M)) == 2, timeout=30,
+             message="both tasks to be up")
     testhosts.cut("node2")
     try:
         cut_at = time.monotonic()

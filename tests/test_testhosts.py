@@ -13,8 +13,10 @@ import pytest
 
 try:  # tests/ on sys.path (no package) or the repository root (tests/ as a package)
     import testhosts_fixture
+    from polling import wait_for
 except ImportError:
     from tests import testhosts_fixture
+    from tests.polling import wait_for
 
 SCRIPT = testhosts_fixture.SCRIPT
 require_testhosts = testhosts_fixture.require_testhosts
@@ -143,10 +145,7 @@ def test_process_started_over_ssh_is_listed_by_pids(testhosts):
         assert pid not in testhosts.pids("node2")
     finally:
         testhosts.run("node1", f"kill {pid}")
-    deadline = time.monotonic() + 5
-    while pid in testhosts.pids("node1") and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert pid not in testhosts.pids("node1")
+    wait_for(lambda: pid not in testhosts.pids("node1"), timeout=5, message=f"process {pid} on node1 to end")
 
 
 @pytest.mark.slow
