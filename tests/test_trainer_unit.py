@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from trainer import cli, cluster, data, metrics
+from trainer import cli, cluster, data, handoff, metrics
 from trainer.cli import DatasetSpec
 from trainer.cluster import ClusterError, TaskInfo
 
@@ -30,6 +30,7 @@ def test_defaults():
     assert args.optimizer == "adam"
     assert args.steps_per_epoch is None
     assert args.model_dir is None and args.tensorboard_dir is None and args.backup_dir is None
+    assert args.checkpoint_dir is None
     assert args.backup_every is None
 
 
@@ -40,18 +41,34 @@ def test_backup_dir_defaults_to_environment():
     assert args.backup_dir == "/x"
 
 
+def test_checkpoint_dir_defaults_to_environment():
+    args = cli.parse_args([], environ={"TFLAUNCH_CHECKPOINT_DIR": "/run/checkpoints"})
+    assert args.checkpoint_dir == "/run/checkpoints"
+    args = cli.parse_args(["--checkpoint-dir", "c"], environ={"TFLAUNCH_CHECKPOINT_DIR": "/run/checkpoints"})
+    assert args.checkpoint_dir == "c"
+    assert cli.parse_args([], environ={"TFLAUNCH_CHECKPOINT_DIR": ""}).checkpoint_dir is None
+
+
+@pytest.mark.parametrize("name", cli.STRATEGIES)
+def test_every_strategy_is_an_option(name):
+    assert cli.parse_args(["--strategy", name], environ={}).strategy == name
+    assert "central_storage" in cli.STRATEGIES
+
+
 def test_all_options():
     args = cli.parse_args([
         "--strategy", "multi_worker_mirrored", "--collective", "ring", "--loop", "custom",
         "--dataset", "npz:/data/x.npz", "--width", "0.5", "--epochs", "3", "--steps-per-epoch", "7",
         "--batch-per-worker", "16", "--lr", "0.01", "--optimizer", "sgd", "--seed", "3",
         "--model-dir", "m", "--tensorboard-dir", "t", "--backup-dir", "b", "--backup-every", "5",
+        "--checkpoint-dir", "c",
     ], environ={})
     assert (args.strategy, args.collective, args.loop) == ("multi_worker_mirrored", "ring", "custom")
     assert args.dataset == DatasetSpec("npz", path="/data/x.npz")
     assert (args.width, args.epochs, args.steps_per_epoch, args.batch_per_worker) == (0.5, 3, 7, 16)
     assert (args.lr, args.optimizer, args.seed) == (0.01, "sgd", 3)
     assert (args.model_dir, args.tensorboard_dir, args.backup_dir, args.backup_every) == ("m", "t", "b", 5)
+    assert args.checkpoint_dir == "c"
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -133,12 +150,33 @@ def test_chief_rule(spec, task_type, index, chief):
     (json.dumps({"cluster": TWO_WORKERS, "task": {"type": "boss", "index": 0}}), "task.type"),
     (json.dumps({"cluster": TWO_WORKERS, "task": {"type": "worker", "index": 2}}), "worker-2 is not in"),
     (json.dumps({"cluster": TWO_WORKERS, "task": {"type": "worker", "index": "0"}}), "task.index"),
-    (json.dumps({"cluster": {**TWO_WORKERS, "evaluator": ["h:5"]}, "task": {"type": "worker", "index": 0}}),
-     "cluster.evaluator"),
+    (json.dumps({"cluster": {**TWO_WORKERS, "master": ["h:5"]}, "task": {"type": "worker", "index": 0}}),
+     "cluster.master"),
+    (json.dumps({"cluster": TWO_WORKERS, "task": {"type": "evaluator", "index": 0}}), "evaluator-0 is not in"),
 ])
 def test_bad_tf_config(raw, fragment):
     with pytest.raises(ClusterError, match=fragment):
         cluster.read_tf_config({"TF_CONFIG": raw})
+
+
+def test_evaluator_task():
+    # As tflaunch writes it: the evaluator sees the whole cluster, itself included.
+    task = cluster.read_tf_config(tf_config({**WITH_PS, "evaluator": ["h:5"]}, "evaluator", 0))
+    assert task.is_evaluator and not task.is_chief
+    assert task.name == "evaluator-0"
+    assert task.num_training_tasks == 3
+    assert task.training_cluster == {"chief": ("h:0",), "ps": ("h:9",), "worker": ("h:1", "h:2")}
+
+
+def test_training_tasks_leave_out_an_evaluator_in_their_cluster():
+    # Launchers that put the evaluator into every task's cluster: the chief still trains.
+    task = cluster.read_tf_config(tf_config({**WITH_PS, "evaluator": ["h:5"]}, "chief", 0))
+    assert not task.is_evaluator and task.is_chief
+    assert "evaluator" not in task.training_cluster and "evaluator" in task.cluster
+    assert cluster.choose_strategy("auto", task, 0) == "parameter_server"
+    task = cluster.read_tf_config(tf_config({**TWO_WORKERS, "evaluator": ["h:5"]}, "worker", 1))
+    assert task.training_cluster == {"worker": ("h:1", "h:2")}
+    assert cluster.choose_strategy("auto", task, 0) == "multi_worker_mirrored"
 
 
 def test_task_label():
@@ -170,6 +208,9 @@ def test_explicit_strategies():
     assert cluster.choose_strategy("multi_worker_mirrored", lone, 0) == "multi_worker_mirrored"
     assert cluster.choose_strategy("mirrored", lone, 0) == "mirrored"
     assert cluster.choose_strategy("default", lone, 8) == "default"
+    assert cluster.choose_strategy("central_storage", lone, 0) == "central_storage"
+    alone = cluster.read_tf_config(tf_config({"worker": ["h:1"]}, "worker", 0))
+    assert cluster.choose_strategy("central_storage", alone, 2) == "central_storage"
 
 
 @pytest.mark.parametrize("requested, spec, fragment", [
@@ -178,11 +219,85 @@ def test_explicit_strategies():
     ("multi_worker_mirrored", WITH_PS, "only --strategy parameter_server"),
     ("mirrored", TWO_WORKERS, "runs in one process"),
     ("default", TWO_WORKERS, "runs in one process"),
+    ("central_storage", TWO_WORKERS, "runs in one process"),
+    ("central_storage", WITH_PS, "only --strategy parameter_server"),
 ])
 def test_impossible_strategies(requested, spec, fragment):
     task = cluster.read_tf_config(tf_config(spec, "worker", 0)) if spec else TaskInfo()
     with pytest.raises(ClusterError, match=fragment):
         cluster.choose_strategy(requested, task, 0)
+
+
+# ---------------------------------------------------------------- Keras 3 or tf_keras
+
+@pytest.mark.parametrize("environ, legacy", [
+    ({}, True),
+    ({"TF_USE_LEGACY_KERAS": "1"}, True),
+    ({"TF_USE_LEGACY_KERAS": "true"}, True),
+    ({"TF_USE_LEGACY_KERAS": "True"}, True),
+    ({"TF_USE_LEGACY_KERAS": "0"}, False),
+    ({"TF_USE_LEGACY_KERAS": "false"}, False),
+    ({"TF_USE_LEGACY_KERAS": ""}, False),
+])
+def test_keras_choice_reads_the_variable_as_tensorflow_does(environ, legacy):
+    assert cluster.uses_legacy_keras(environ) is legacy
+
+
+@pytest.mark.parametrize("strategy", ["default", "mirrored", "central_storage", "multi_worker_mirrored"])
+def test_keras3_custom_loop_runs_everywhere_but_parameter_servers(strategy):
+    cluster.check_keras(False, strategy, "custom")
+    cluster.check_keras(True, strategy, "custom")
+    cluster.check_keras(True, strategy, "fit")
+
+
+@pytest.mark.parametrize("strategy", ["default", "mirrored", "central_storage"])
+def test_keras3_fit_runs_in_one_process(strategy):
+    cluster.check_keras(False, strategy, "fit")
+
+
+@pytest.mark.parametrize("strategy, loop, fragment", [
+    ("multi_worker_mirrored", "fit", "Model.fit cannot run under multi_worker_mirrored; use --loop custom"),
+    ("parameter_server", "fit", "Keras 3 has no ParameterServerStrategy support"),
+    ("parameter_server", "custom", "Keras 3 has no ParameterServerStrategy support"),
+])
+def test_keras3_refusals_name_the_way_out(strategy, loop, fragment):
+    with pytest.raises(ClusterError, match=fragment) as caught:
+        cluster.check_keras(False, strategy, loop)
+    assert str(caught.value).startswith("TF_USE_LEGACY_KERAS=0 (Keras 3): ")
+    assert "TF_USE_LEGACY_KERAS=1" in str(caught.value) and "\n" not in str(caught.value)
+    cluster.check_keras(True, strategy, loop)
+
+
+# ---------------------------------------------------------------- the evaluator's marker
+
+def test_marker_round_trip_and_run_ownership(tmp_path):
+    directory = str(tmp_path)
+    assert handoff.read_marker(directory, "run-a") is None
+    handoff.write_marker(directory, epochs=4, checkpoint=str(tmp_path / "ckpt-4"), run_id="run-a")
+    assert handoff.read_marker(directory, "run-a") == {"epochs": 4, "checkpoint": "ckpt-4", "run_id": "run-a"}
+    # A marker left by another run, or by a run outside tflaunch, does not end this run's evaluator.
+    assert handoff.read_marker(directory, "run-b") is None
+    assert handoff.read_marker(directory, None) is None
+    assert [p.name for p in tmp_path.iterdir()] == [handoff.MARKER]
+    handoff.remove_marker(directory)
+    handoff.remove_marker(directory)
+    assert handoff.read_marker(directory, "run-a") is None
+    handoff.write_marker(directory, epochs=1, checkpoint="ckpt-1", run_id=None)
+    assert handoff.read_marker(directory, None)["checkpoint"] == "ckpt-1"
+
+
+@pytest.mark.parametrize("content", ["", "{half", "[1]", '{"epochs": 3}', '{"checkpoint": 3, "run_id": null}'])
+def test_unreadable_markers_are_ignored(tmp_path, content):
+    (tmp_path / handoff.MARKER).write_text(content)
+    assert handoff.read_marker(str(tmp_path), None) is None
+
+
+def test_run_id_and_checkpoint_epoch():
+    assert handoff.run_id_of({"TFLAUNCH_RUN_ID": "r1"}) == "r1"
+    assert handoff.run_id_of({"TFLAUNCH_RUN_ID": ""}) is None and handoff.run_id_of({}) is None
+    assert handoff.checkpoint_epoch("/x/ckpt-12") == 12
+    assert handoff.checkpoint_epoch("ckpt-3") == 3
+    assert handoff.checkpoint_epoch("/x/model") is None
 
 
 # ---------------------------------------------------------------- data
@@ -294,6 +409,21 @@ def test_metric_line_format():
     assert metrics.parse_line("trainer: hello") is None
 
 
+def test_evaluation_lines():
+    import io
+
+    stream = io.StringIO()
+    reporter = metrics.Reporter("evaluator-0", stream)
+    reporter.evaluation(epoch=2, checkpoint="ckpt-2", val_loss=0.4, val_accuracy=0.9, eval_seconds=0.5, final=False)
+    reporter.evaluation(epoch=4, checkpoint="ckpt-4", val_loss=0.3, val_accuracy=0.95, eval_seconds=0.5, final=True,
+                        test_loss=0.2, test_accuracy=0.96)
+    middle, last = (metrics.parse_line(line) for line in stream.getvalue().splitlines())
+    assert tuple(middle) == metrics.EVAL_FIELDS
+    assert middle["kind"] == "eval" and middle["task"] == "evaluator-0" and middle["final"] is False
+    assert tuple(last) == metrics.EVAL_FIELDS + ("test_loss", "test_accuracy")
+    assert last["final"] is True and last["test_accuracy"] == 0.96 and last["epoch"] == 4
+
+
 def test_reporter_lines_have_the_contract_fields():
     import io
 
@@ -333,7 +463,8 @@ def test_epoch_clock_without_step_timing():
 # ---------------------------------------------------------------- no TensorFlow here
 
 def test_pure_modules_do_not_import_tensorflow():
-    code = ("import sys, trainer.cli, trainer.cluster, trainer.data, trainer.metrics, trainer.session;"
+    code = ("import sys, trainer.cli, trainer.cluster, trainer.data, trainer.metrics, trainer.session, "
+            "trainer.handoff;"
             "trainer.data.load(trainer.cli.DatasetSpec('digits'));"
             "print(sorted(m for m in ('tensorflow', 'tf_keras', 'keras') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)

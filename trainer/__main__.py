@@ -9,6 +9,10 @@ Send SIGUSR1 to the process to get the Python stack of every thread on stderr
 (faulthandler); a supervisor can use this to see where a hung task is stuck.
 SIGTERM ends the process at once (Python's default action, restored after the
 strategy is created because TensorFlow's preemption notifier replaces it).
+
+An evaluator task (TF_CONFIG task type "evaluator") takes no part in training:
+it evaluates the chief's checkpoints (trainer.evaluator). ps and worker tasks of
+a ParameterServerStrategy cluster only serve (trainer.ps).
 """
 
 from __future__ import annotations
@@ -27,9 +31,10 @@ def main(argv: list[str] | None = None) -> int:
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     # Keep TensorFlow's INFO chatter out of the logs; warnings and errors still show.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-    # tf.keras must be tf_keras (Keras 3 cannot run Model.fit under MultiWorkerMirroredStrategy);
-    # set before anything, as the mnist download imports TensorFlow early.
-    os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    # tf.keras is tf_keras unless the user chose Keras 3 with TF_USE_LEGACY_KERAS=0 (Keras 3
+    # cannot run Model.fit under MultiWorkerMirroredStrategy; cluster.check_keras says where
+    # it cannot run); set before anything, as the mnist download imports TensorFlow early.
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
     from trainer import cli, cluster, data
     from trainer.metrics import Reporter
@@ -38,9 +43,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         task = cluster.read_tf_config(os.environ)
         reporter = Reporter(cluster.task_label(os.environ, task))
+        legacy_keras = cluster.uses_legacy_keras(os.environ)
+        if task.is_evaluator:
+            if not args.checkpoint_dir:
+                raise cluster.ClusterError("the evaluator task needs --checkpoint-dir (or $TFLAUNCH_CHECKPOINT_DIR), "
+                                           "the folder the chief writes its checkpoints into")
+            return evaluate(args, task, reporter)
         # Checked now to fail before the slow TensorFlow import; resolved again below
         # once the GPU count is known.
         name = cluster.choose_strategy(args.strategy, task, num_gpus=0)
+        cluster.check_keras(legacy_keras, name, args.loop)
         if name == "parameter_server":
             from trainer import ps
 
@@ -64,8 +76,14 @@ def main(argv: list[str] | None = None) -> int:
     from trainer import strategy
 
     num_gpus = strategy.configure_devices()
-    distribution = strategy.create_strategy(
-        cluster.choose_strategy(args.strategy, task, num_gpus), args.collective, task)
+    name = cluster.choose_strategy(args.strategy, task, num_gpus)
+    try:
+        # auto may pick another strategy now that the GPUs are known.
+        cluster.check_keras(legacy_keras, name, args.loop)
+    except cluster.ClusterError as exc:
+        print(f"trainer: error: {exc}", file=sys.stderr, flush=True)
+        return USER_ERROR_EXIT
+    distribution = strategy.create_strategy(name, args.collective, task)
     # MultiWorkerMirroredStrategy installs TensorFlow's preemption notifier, which
     # catches SIGTERM and lets training carry on; a supervisor's SIGTERM must end us.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -73,6 +91,28 @@ def main(argv: list[str] | None = None) -> int:
     from trainer import train
 
     train.run(args, task, splits, reporter, distribution, started)
+    return 0
+
+
+def evaluate(args, task, reporter) -> int:
+    """Run the evaluator task; a checkpoint that does not fit the model is a user error."""
+    from trainer import data
+
+    try:
+        splits = data.load(args.dataset)
+    except data.DataError as exc:
+        print(f"trainer: error: {exc}", file=sys.stderr, flush=True)
+        return USER_ERROR_EXIT
+    from trainer import strategy
+
+    strategy.configure_devices()
+    from trainer import evaluator
+
+    try:
+        evaluator.run(args, task, splits, reporter)
+    except evaluator.EvaluatorError as exc:
+        print(f"trainer: error: {exc}", file=sys.stderr, flush=True)
+        return USER_ERROR_EXIT
     return 0
 
 

@@ -11,14 +11,15 @@ import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-STRATEGIES = ("auto", "multi_worker_mirrored", "mirrored", "parameter_server", "default")
+STRATEGIES = ("auto", "multi_worker_mirrored", "mirrored", "central_storage", "parameter_server", "default")
 COLLECTIVES = ("auto", "ring", "nccl")
 LOOPS = ("fit", "custom")
 OPTIMIZERS = ("sgd", "adam")
 NAMED_DATASETS = ("digits", "mnist", "fashion_mnist")
 
-# Environment variable that supplies the --backup-dir default (set by the launcher).
+# Environment variables that supply the --backup-dir and --checkpoint-dir defaults (set by the launcher).
 BACKUP_DIR_ENV = "TFLAUNCH_BACKUP_DIR"
+CHECKPOINT_DIR_ENV = "TFLAUNCH_CHECKPOINT_DIR"
 
 # Defaults chosen so that two local workers on a 2-core machine finish in about a
 # minute and reach >= 0.90 test accuracy on digits.
@@ -110,7 +111,8 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         prog="trainer",
         description=(
             "Train the seeds' CNN with tf.distribute. Reads TF_CONFIG when run in a cluster; "
-            "prints one TFLAUNCH_METRIC line per epoch and a final one. "
+            "prints one TFLAUNCH_METRIC line per epoch and a final one. An evaluator task "
+            "evaluates the chief's checkpoints from --checkpoint-dir as they appear. "
             "Send SIGUSR1 to dump the Python stacks of all threads to stderr."
         ),
         allow_abbrev=False,
@@ -148,6 +150,9 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     out.add_argument("--tensorboard-dir", default=None, help="where the chief writes TensorBoard logs")
     out.add_argument("--backup-dir", default=environ.get(BACKUP_DIR_ENV) or None,
                      help=f"back up training state here and resume from it; defaults to ${BACKUP_DIR_ENV}")
+    out.add_argument("--checkpoint-dir", default=environ.get(CHECKPOINT_DIR_ENV) or None,
+                     help="the chief writes a checkpoint here after every epoch, for an evaluator task; "
+                          f"defaults to ${CHECKPOINT_DIR_ENV}")
     out.add_argument("--backup-every", type=backup_every, default="epoch", metavar="epoch|N",
                      help="back up at the end of every epoch or every N steps")
     return parser

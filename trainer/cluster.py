@@ -1,5 +1,5 @@
 """Where this process sits in the cluster: TF_CONFIG parsing, the chief rule,
-the metric task label and the choice of strategy.
+the metric task label, the choice of strategy and whether the chosen Keras can run it.
 
 Everything here is a pure function of the environment mapping (no TensorFlow),
 so it is unit-tested without starting processes.
@@ -12,7 +12,10 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 TRAINING_TYPES = ("chief", "worker")
-KNOWN_TYPES = ("chief", "worker", "ps")
+KNOWN_TYPES = ("chief", "worker", "ps", "evaluator")
+# Strategies that run in one process (several GPUs at most), so never with other training tasks.
+SINGLE_PROCESS = ("mirrored", "central_storage", "default")
+LEGACY_KERAS_ENV = "TF_USE_LEGACY_KERAS"
 
 
 class ClusterError(Exception):
@@ -30,6 +33,19 @@ class TaskInfo:
     @property
     def in_cluster(self) -> bool:
         return self.task_type is not None
+
+    @property
+    def is_evaluator(self) -> bool:
+        return self.task_type == "evaluator"
+
+    @property
+    def training_cluster(self) -> dict[str, tuple[str, ...]]:
+        """The cluster without the evaluator, which trains nothing and runs no server.
+
+        A ParameterServerStrategy chief given an evaluator in its cluster waits for it
+        forever (TensorFlow issue 46169); some launchers still put it there.
+        """
+        return {kind: addresses for kind, addresses in self.cluster.items() if kind != "evaluator"}
 
     @property
     def has_ps(self) -> bool:
@@ -99,7 +115,8 @@ def task_label(environ: Mapping[str, str], task: TaskInfo) -> str:
 
 
 def choose_strategy(requested: str, task: TaskInfo, num_gpus: int) -> str:
-    """Resolve --strategy to one of multi_worker_mirrored, parameter_server, mirrored, default.
+    """Resolve --strategy to one of multi_worker_mirrored, parameter_server, mirrored,
+    central_storage, default.
 
     auto: parameter_server when TF_CONFIG names ps tasks, multi_worker_mirrored when it
     names more than one training task, mirrored when this one task sees several GPUs,
@@ -121,9 +138,29 @@ def choose_strategy(requested: str, task: TaskInfo, num_gpus: int) -> str:
             raise ClusterError("--strategy parameter_server needs a chief task in TF_CONFIG (the coordinator)")
     elif task.has_ps:
         raise ClusterError(f"TF_CONFIG names ps tasks, which only --strategy parameter_server can use, not {requested}")
-    elif requested in ("mirrored", "default") and task.num_training_tasks > 1:
+    elif requested in SINGLE_PROCESS and task.num_training_tasks > 1:
         raise ClusterError(
             f"TF_CONFIG names {task.num_training_tasks} tasks; --strategy {requested} runs in one process "
             "(use multi_worker_mirrored)"
         )
     return requested
+
+
+def uses_legacy_keras(environ: Mapping[str, str]) -> bool:
+    """Whether tf.keras is tf_keras: TF_USE_LEGACY_KERAS unset (the trainer's default) or set
+    to a value TensorFlow reads as true ("1", "true", "True"); any other value means Keras 3."""
+    value = environ.get(LEGACY_KERAS_ENV)
+    return value is None or value in ("1", "true", "True")
+
+
+def check_keras(legacy: bool, strategy: str, loop: str) -> None:
+    """Refuse the combinations Keras 3 cannot run, naming the way out."""
+    if legacy:
+        return
+    keep = f"{LEGACY_KERAS_ENV}=0 (Keras 3)"
+    if strategy == "parameter_server":
+        raise ClusterError(f"{keep}: Keras 3 has no ParameterServerStrategy support; "
+                           f"set {LEGACY_KERAS_ENV}=1 to use tf_keras")
+    if loop == "fit" and strategy == "multi_worker_mirrored":
+        raise ClusterError(f"{keep}: Model.fit cannot run under {strategy}; use --loop custom, "
+                           f"or set {LEGACY_KERAS_ENV}=1 to use tf_keras")

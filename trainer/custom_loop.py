@@ -12,9 +12,9 @@ from __future__ import annotations
 import shutil
 
 import tensorflow as tf
-import tf_keras as keras
 
 from trainer import inputs
+from trainer.kerasapi import keras
 from trainer.metrics import EpochClock
 from trainer.session import Session
 from trainer.tensorboard import logger_for
@@ -34,7 +34,7 @@ class CustomLoop:
             # Build the slots now so a restored checkpoint fills them right away.
             optimizer.build(model.trainable_variables)
             self.loss_fn = keras.losses.SparseCategoricalCrossentropy(
-                reduction=keras.losses.Reduction.NONE)
+                reduction="none")
             self.train_accuracy = keras.metrics.SparseCategoricalAccuracy()
         # Completed epochs, and steps completed in the current epoch, for resuming.
         self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
@@ -86,7 +86,8 @@ class CustomLoop:
             count += float(batch_count)
         return loss_sum / max(count, 1.0), correct / max(count, 1.0)
 
-    def train(self) -> None:
+    def train(self, checkpoints=None) -> None:
+        """Train for --epochs; checkpoints, when given, gets a checkpoint after every epoch."""
         session, args, splits = self.session, self.session.args, self.session.splits
         backup = Backup(session, self) if args.backup_dir else None
         first_epoch, first_step = backup.restore() if backup else (0, 0)
@@ -114,6 +115,8 @@ class CustomLoop:
                     "val_loss": val_loss, "val_accuracy": val_accuracy}
             if backup and not args.backup_every:
                 backup.save(epoch + 1, 0)
+            if checkpoints is not None:
+                checkpoints.save(epoch + 1)
             if scalars is not None:
                 scalars.epoch(epoch + 1, logs)
             session.reporter.epoch(

@@ -1,6 +1,6 @@
-"""Training with tf_keras Model.fit, under any strategy including ParameterServerStrategy.
+"""Training with Model.fit, under any strategy including ParameterServerStrategy (tf_keras).
 
-Backups use tf_keras.callbacks.BackupAndRestore, which restores the weights,
+Backups use BackupAndRestore, which restores the weights,
 optimizer and epoch at the start of fit and writes non-chief backups to the
 per-worker folders TensorFlow requires.
 
@@ -14,11 +14,9 @@ from __future__ import annotations
 
 from typing import Callable
 
-import numpy as np
-import tensorflow as tf
-import tf_keras as keras
-
 from trainer import inputs
+from trainer.evaluation import exact_evaluator
+from trainer.kerasapi import keras
 from trainer.metrics import EpochClock
 from trainer.session import Session
 from trainer.tensorboard import ScalarLogger, logger_for
@@ -92,12 +90,26 @@ class StepMetrics(EpochMetrics):
         self._report(epoch, dict(logs or {}), self.clock.samples_per_second())
 
 
+class EpochCheckpointer(keras.callbacks.Callback):
+    """Saves the per-epoch checkpoint an evaluator task reads (trainer.checkpoints)."""
+
+    def __init__(self, checkpoints):
+        super().__init__()
+        self.checkpoints = checkpoints
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.checkpoints.save(epoch + 1)
+
+
 def compile_model(model: keras.Model, optimizer: keras.optimizers.Optimizer) -> None:
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
 
 
-def train(session: Session, model: keras.Model) -> None:
-    """Run Model.fit for --epochs, resuming from --backup-dir when it holds a backup."""
+def train(session: Session, model: keras.Model, checkpoints=None) -> None:
+    """Run Model.fit for --epochs, resuming from --backup-dir when it holds a backup.
+
+    checkpoints, when given, gets a checkpoint after every epoch (for an evaluator task).
+    """
     args, splits = session.args, session.splits
     ps_mode = is_parameter_server(session.strategy)
     scalars = logger_for(session.tensorboard_write_dir())
@@ -106,7 +118,7 @@ def train(session: Session, model: keras.Model) -> None:
         callbacks.append(keras.callbacks.BackupAndRestore(
             args.backup_dir, save_freq=args.backup_every or "epoch", delete_checkpoint=True))
     if ps_mode:
-        evaluate_here = chief_evaluator(model, session.global_batch)
+        evaluate_here = exact_evaluator(model, session.global_batch)
 
         def validate() -> dict:
             loss, accuracy = evaluate_here(splits.x_val, splits.y_val)
@@ -120,9 +132,12 @@ def train(session: Session, model: keras.Model) -> None:
         callbacks.append(StepMetrics(session, scalars=scalars))
         train_data = inputs.train_dataset(splits.x_train, splits.y_train, session.global_batch, args.seed)
         val_data = inputs.eval_dataset(splits.x_val, splits.y_val, session.global_batch)
+    if checkpoints is not None:
+        callbacks.append(EpochCheckpointer(checkpoints))
     try:
         model.fit(train_data, epochs=args.epochs, steps_per_epoch=session.steps_per_epoch,
-                  validation_data=val_data, callbacks=callbacks, verbose=0)
+                  validation_data=val_data, callbacks=callbacks, verbose=0,
+                  shuffle=False)  # the datasets shuffle themselves; Keras 3 warns otherwise
     finally:
         if scalars is not None:
             scalars.close()
@@ -132,28 +147,7 @@ def evaluate(session: Session, model: keras.Model) -> tuple[float, float]:
     """(test_loss, test_accuracy) on the test split."""
     splits = session.splits
     if is_parameter_server(session.strategy):
-        return chief_evaluator(model, session.global_batch)(splits.x_test, splits.y_test)
+        return exact_evaluator(model, session.global_batch)(splits.x_test, splits.y_test)
     test_data = inputs.eval_dataset(splits.x_test, splits.y_test, session.global_batch)
     results = model.evaluate(test_data, verbose=0, return_dict=True)
     return float(results["loss"]), float(results["accuracy"])
-
-
-def chief_evaluator(model: keras.Model, batch: int) -> Callable[[np.ndarray, np.ndarray], tuple[float, float]]:
-    """An exact (loss, accuracy) evaluation run in this process, reading the model's variables."""
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(reduction=keras.losses.Reduction.SUM)
-
-    @tf.function
-    def sums(x, y):
-        probs = model(x, training=False)
-        predicted = tf.argmax(probs, axis=-1, output_type=tf.int32)
-        return loss_fn(y, probs), tf.reduce_sum(tf.cast(tf.equal(predicted, y), tf.float32))
-
-    def evaluate(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-        loss = correct = 0.0
-        for start in range(0, len(x), batch):
-            batch_loss, batch_correct = sums(x[start:start + batch], y[start:start + batch])
-            loss += float(batch_loss)
-            correct += float(batch_correct)
-        return loss / len(x), correct / len(x)
-
-    return evaluate

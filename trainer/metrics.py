@@ -5,7 +5,7 @@ Format (a contract with the launcher; keep it exactly):
     TFLAUNCH_METRIC <json>
 
 one line each, the prefix `TFLAUNCH_METRIC ` (with its trailing space) followed
-by compact single-line JSON (no spaces after separators). Two kinds:
+by compact single-line JSON (no spaces after separators). Three kinds:
 
 - one per epoch, from every training task:
   {"kind":"epoch","task":"worker-0","epoch":1,"loss":0.51,"accuracy":0.85,
@@ -21,6 +21,11 @@ by compact single-line JSON (no spaces after separators). Two kinds:
 - one at the end, from every task that evaluates (at least the chief):
   {"kind":"final","task":"worker-0","test_loss":0.2,"test_accuracy":0.95,
    "total_seconds":55.2,"epochs":4}
+- one per checkpoint an evaluator task evaluates (trainer.evaluator):
+  {"kind":"eval","task":"evaluator-0","epoch":3,"checkpoint":"ckpt-3",
+   "val_loss":0.3,"val_accuracy":0.91,"eval_seconds":0.4,"final":false}
+  epoch is the training epoch the checkpoint was written after. The record of
+  the final checkpoint has "final":true and adds test_loss and test_accuracy.
 
 task is $TFLAUNCH_TASK when set, else "<task type>-<index>" from TF_CONFIG,
 else "local". Every line is flushed as soon as it is written.
@@ -39,6 +44,7 @@ METRIC_PREFIX = "TFLAUNCH_METRIC "
 EPOCH_FIELDS = ("kind", "task", "epoch", "loss", "accuracy", "val_loss", "val_accuracy",
                 "epoch_seconds", "samples_per_second", "global_batch", "replicas")
 FINAL_FIELDS = ("kind", "task", "test_loss", "test_accuracy", "total_seconds", "epochs")
+EVAL_FIELDS = ("kind", "task", "epoch", "checkpoint", "val_loss", "val_accuracy", "eval_seconds", "final")
 
 
 def format_line(record: dict[str, Any]) -> str:
@@ -154,3 +160,20 @@ class Reporter:
             "total_seconds": total_seconds,
             "epochs": epochs,
         }))
+
+    def evaluation(self, *, epoch: int | None, checkpoint: str, val_loss: float, val_accuracy: float,
+                   eval_seconds: float, final: bool, test_loss: float | None = None,
+                   test_accuracy: float | None = None) -> None:
+        record = {
+            "kind": "eval",
+            "task": self.task,
+            "epoch": epoch,
+            "checkpoint": checkpoint,
+            "val_loss": val_loss,
+            "val_accuracy": val_accuracy,
+            "eval_seconds": eval_seconds,
+            "final": final,
+        }
+        if final:
+            record.update(test_loss=test_loss, test_accuracy=test_accuracy)
+        self._write(format_line(record))

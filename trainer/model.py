@@ -1,4 +1,4 @@
-"""The seeds' CNN and its optimizer (tf_keras).
+"""The seeds' CNN and its optimizer (tf_keras, or Keras 3: see trainer.kerasapi).
 
 Conv2D, then blocks of two selu SeparableConv2D layers and a MaxPool with the
 filter count doubling each block, Flatten, Dense(512, selu), Dense(10, softmax).
@@ -9,7 +9,7 @@ pooling blocks are built as the input's spatial size allows (2 for 8x8 digits,
 
 from __future__ import annotations
 
-import tf_keras as keras
+from trainer.kerasapi import keras
 
 BASE_FILTERS = 64
 MAX_BLOCKS = 3

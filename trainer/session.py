@@ -1,6 +1,6 @@
 """What one training run knows once its strategy exists, and where this task writes.
 
-Only the chief writes into --model-dir and --tensorboard-dir. The other workers
+Only the chief writes into --model-dir, --tensorboard-dir and --checkpoint-dir. The other workers
 still take part in saving (under MultiWorkerMirroredStrategy saving may read
 synchronised variables, which needs every worker), but they write into a
 private temporary directory that is removed when the run ends, even on error.
@@ -49,6 +49,11 @@ class Session:
         if not self.args.tensorboard_dir:
             return None
         return self.args.tensorboard_dir if self.is_chief else self.scratch.path("tensorboard")
+
+    def checkpoint_write_dir(self) -> str | None:
+        if not self.args.checkpoint_dir:
+            return None
+        return self.args.checkpoint_dir if self.is_chief else self.scratch.path("checkpoints")
 
     def backup_dirs(self) -> tuple[str, str] | None:
         """(read_dir, write_dir) for custom-loop backups, or None without --backup-dir."""

@@ -1,6 +1,7 @@
 """Device settings, the tf.distribute strategy and the in-process gRPC server.
 
-Importing this module imports TensorFlow (with tf_keras as its Keras). The
+Importing this module imports TensorFlow (with tf_keras as its Keras unless
+TF_USE_LEGACY_KERAS asks for Keras 3). The
 caller must then call configure_devices() and create_strategy() before running
 any other TensorFlow op: memory growth can only be set before the runtime
 starts ("Visible devices cannot be modified after being initialized"), and
@@ -12,9 +13,9 @@ from __future__ import annotations
 
 import os
 
-# tf.keras must resolve to tf_keras (Keras 3 cannot run Model.fit under
-# MultiWorkerMirroredStrategy); this only works when set before the import.
-os.environ["TF_USE_LEGACY_KERAS"] = "1"
+# tf.keras resolves to tf_keras unless the user chose Keras 3 (Keras 3 cannot run
+# Model.fit under MultiWorkerMirroredStrategy); this only works when set before the import.
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 import tensorflow as tf  # noqa: E402
 
@@ -41,10 +42,12 @@ def create_strategy(name: str, collective: str, task: TaskInfo) -> tf.distribute
         options = tf.distribute.experimental.CommunicationOptions(implementation=_IMPLEMENTATIONS[collective])
         return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
     if name == "parameter_server":
-        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-        return tf.distribute.ParameterServerStrategy(resolver)
+        return tf.distribute.ParameterServerStrategy(cluster_resolver(task))
     if name == "mirrored":
         return tf.distribute.MirroredStrategy()
+    if name == "central_storage":
+        # Variables on the CPU, compute on every local GPU (or the CPU when there is none).
+        return tf.distribute.experimental.CentralStorageStrategy()
     if name == "default":
         return tf.distribute.get_strategy()
     raise ValueError(f"unknown strategy {name!r}")
@@ -58,13 +61,21 @@ def is_parameter_server(strategy: tf.distribute.Strategy) -> bool:
     return isinstance(strategy, tf.distribute.ParameterServerStrategy)
 
 
+def cluster_resolver(task: TaskInfo) -> tf.distribute.cluster_resolver.ClusterResolver:
+    """TF_CONFIG's cluster without any evaluator (a ParameterServerStrategy chief would wait for it)."""
+    from_env = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    return tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec({kind: list(addresses) for kind, addresses in task.training_cluster.items()}),
+        task_type=task.task_type, task_id=task.task_index, rpc_layer=from_env.rpc_layer or "grpc")
+
+
 def start_server(task: TaskInfo) -> tf.distribute.Server:
     """Start this ps or worker task's gRPC server for a ParameterServerStrategy chief."""
-    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    resolver = cluster_resolver(task)
     return tf.distribute.Server(
         resolver.cluster_spec(),
         job_name=task.task_type,
         task_index=task.task_index,
-        protocol=resolver.rpc_layer or "grpc",
+        protocol=resolver.rpc_layer,
         start=True,
     )

@@ -1,7 +1,7 @@
 """One training run once the strategy exists: model, loop, test evaluation, saving.
 
 Import this module only after trainer.strategy.create_strategy() has run: it
-imports tf_keras, and the strategy must come before any other TensorFlow work.
+imports Keras, and the strategy must come before any other TensorFlow work.
 """
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 import time
 
-import tf_keras as keras
-
+from trainer import checkpoints as epoch_checkpoints
 from trainer import custom_loop, fit_loop, inputs
+from trainer.kerasapi import keras, save_model
 from trainer.cluster import TaskInfo
 from trainer.data import Splits
 from trainer.metrics import Reporter
@@ -42,17 +42,22 @@ def run(args: argparse.Namespace, task: TaskInfo, splits: Splits, reporter: Repo
             optimizer = build_optimizer(args.optimizer, args.lr)
             if args.loop == "fit":
                 fit_loop.compile_model(model, optimizer)
+        checkpoints = epoch_checkpoints.for_session(session, model, optimizer)
         if args.loop == "fit":
-            fit_loop.train(session, model)
-            test_loss, test_accuracy = fit_loop.evaluate(session, model)
+            fit_loop.train(session, model, checkpoints)
         else:
             loop = custom_loop.CustomLoop(session, model, optimizer)
-            loop.train()
+            loop.train(checkpoints)
+        if checkpoints is not None:
+            checkpoints.finish(args.epochs)
+        if args.loop == "fit":
+            test_loss, test_accuracy = fit_loop.evaluate(session, model)
+        else:
             test_loss, test_accuracy = loop.evaluate(splits.x_test, splits.y_test)
         model_dir = session.model_write_dir()
         if model_dir:
             # Every worker saves (saving may need all of them); only the chief's copy is kept.
-            model.save(model_dir, save_format="tf")
+            save_model(model, model_dir)
         if session.is_chief:
             saved = f", model saved to {model_dir}" if model_dir else ""
             reporter.say(f"test accuracy {test_accuracy:.4f}, test loss {test_loss:.4f}{saved}")

@@ -14,7 +14,7 @@ class _DefaultRunGroup(click.Group):
         first = args[0] if args else None
         if first is not None and first not in self.commands and first not in ("--help", "-h", "--version"):
             args = ["run", *args]
-        if args and args[0] == "run" and "--" in args:
+        if args and args[0] in ("run", "submit") and "--" in args:  # both take a task command
             cut = args.index("--")
             ctx.meta["tflaunch.command"] = tuple(args[cut + 1:])
             args = args[:cut]
