@@ -114,6 +114,16 @@ def test_the_evaluator_is_only_in_its_own_tf_config():
             assert cluster == {r: a for r, a in evaluator["cluster"].items() if r != "evaluator"}, name
 
 
+def test_an_evaluator_brings_a_checkpoint_folder_for_every_task():
+    launches = plan("chief: [localhost:2221]\nworker: [localhost:2222]\nevaluator: [localhost:2224]").launches
+    assert {launch.env["TFLAUNCH_CHECKPOINT_DIR"] for launch in launches} == {f"{CONTEXT.run_dir}/checkpoints"}
+    assert all("TFLAUNCH_CHECKPOINT_DIR" not in launch.env
+               for launch in plan("worker: [localhost:2222, localhost:2223]").launches)
+    # A default like the others: the cluster's env can point it at a shared filesystem.
+    launches = plan("worker: [node1:2222]\nevaluator: [node2:2224]\nenv: {TFLAUNCH_CHECKPOINT_DIR: /shared/ck}").launches
+    assert {launch.env["TFLAUNCH_CHECKPOINT_DIR"] for launch in launches} == {"/shared/ck"}
+
+
 def test_task_cluster_leaves_the_given_cluster_alone():
     cluster = {"worker": ["a:1"], "evaluator": ["e:2"]}
     assert task_cluster("worker", cluster) == {"worker": ["a:1"]}

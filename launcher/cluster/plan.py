@@ -6,7 +6,9 @@ environment each task gets is layered, later layers winning:
 1. the environment tflaunch itself runs with (local tasks) or the login environment (ssh tasks);
 2. tflaunch's defaults: ``PYTHONUNBUFFERED=1``, thread limits for tasks that share a host's cores,
    ``TF_FORCE_GPU_ALLOW_GROWTH=true`` for tasks that share a GPU, ``TF_USE_LEGACY_KERAS=1`` for
-   multi-task clusters, ``TFLAUNCH_BACKUP_DIR=<run folder>/backup`` when restarts are allowed;
+   multi-task clusters, ``TFLAUNCH_BACKUP_DIR=<run folder>/backup`` when restarts are allowed,
+   ``TFLAUNCH_CHECKPOINT_DIR=<run folder>/checkpoints`` when there is an evaluator (the trainer's
+   chief writes per-epoch checkpoints there and its evaluator reads them);
    a default that is already set in tflaunch's own environment keeps the user's value instead,
    for every task (remote ones get it passed along);
 3. the cluster's ``env``; 4. the host's ``env`` (``hosts:`` section); 5. the task's ``env``;
@@ -109,6 +111,7 @@ def plan_cluster(
         per_host[host] = per_host.get(host, 0) + 1
     shared_gpu_tasks = _tasks_sharing_gpus(spec, host_of)
     legacy_keras = len(spec.tasks) > 1
+    has_evaluator = bool(spec.role_tasks("evaluator"))
 
     launches = []
     for task in spec.tasks:
@@ -122,6 +125,8 @@ def plan_cluster(
             defaults["TF_USE_LEGACY_KERAS"] = "1"
         if context.backup_dir:
             defaults["TFLAUNCH_BACKUP_DIR"] = context.backup_dir
+        if has_evaluator:
+            defaults["TFLAUNCH_CHECKPOINT_DIR"] = f"{context.run_dir}/checkpoints"
         env, sources = layer_env([
             (DEFAULT_SOURCE, {k: v for k, v in defaults.items() if k not in inherited_env}),
             (INHERITED_SOURCE, {k: inherited_env[k] for k in defaults if k in inherited_env}),
