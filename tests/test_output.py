@@ -1,5 +1,5 @@
-"""Task output: line splitting, the pump into merged.log and metrics.jsonl, the console, log tails,
-and the exit statuses reported with it."""
+"""Task output: line splitting and folding, the pump into merged.log and metrics.jsonl, the console
+it feeds, log tails, and the exit statuses reported with it."""
 
 from __future__ import annotations
 
@@ -58,14 +58,25 @@ def feed_chunks(chunks: list[bytes]) -> list[bytes]:
     (b"a\nb\n", [b"a", b"b"]),
     (b"a\r\nb\r\n", [b"a", b"b"]),
     (b"a\r\nb\nc\r\n", [b"a", b"b", b"c"]),
-    (b"10%\r20%\r30%\n", [b"10%", b"20%", b"30%"]),
-    (b"\rEpoch 1\rEpoch 2\n", [b"", b"Epoch 1", b"Epoch 2"]),
+    (b"10%\r20%\r30%\n", [b"30%"]),
+    (b"\rEpoch 1\rEpoch 2\n", [b"Epoch 2"]),
     (b"a\n\n\nb\n", [b"a", b"", b"", b"b"]),
     (b"\n", [b""]),
     (b"\r\n\r\n", [b"", b""]),
-    (b"a\r\rb\n", [b"a", b"", b"b"]),
+    (b"a\r\rb\n", [b"b"]),
     (b"a\n\r\nb\n", [b"a", b"", b"b"]),
     (b"", []),
+    (b"abc\rd\n", [b"dbc"]),
+    (b"ab\x08c\n", [b"ac"]),
+    (b"abc\x08\x08\x08\n", [b"abc"]),
+    (b"\x08\x08x\n", [b"x"]),
+    (b"\r   \r\n", []),  # a bar cleared with spaces leaves no line
+    (b"\r\r\n", []),
+    (b"50%\x1b[K\rdone\x1b[K\n", [b"done"]),
+    (b"12345\r\x1b[2Kab\n", [b"ab"]),
+    (b"\x1b[31mred\x1b[0m\n", [b"\x1b[31mred\x1b[0m"]),  # colour is no control: kept
+    (b"caf\xc3\xa9\x08e\n", [b"cafe"]),  # a backspace moves back one character, not one byte
+    (b"\xff\xfe\rX\n", [b"X\xfe"]),
 ])
 def test_split(data, lines):
     splitter = LineSplitter()
@@ -81,15 +92,34 @@ def test_crlf_split_across_chunks_is_one_line_end():
     assert splitter.flush() == []
 
 
-def test_held_carriage_return_followed_by_text_is_a_line_end():
+def test_a_progress_bar_is_one_line_when_its_line_ends():
     splitter = LineSplitter()
     assert splitter.feed(b"10%\r") == []
-    assert splitter.feed(b"20%\r") == [b"10%"]
-    assert splitter.feed(b"30%\n") == [b"20%", b"30%"]
+    assert splitter.feed(b"20%\r") == []
+    assert splitter.feed(b"30%\n") == [b"30%"]
 
 
 def test_lone_carriage_return_chunks():
-    assert feed_chunks([b"a", b"\r", b"\r", b"\n", b"b", b"\r"]) == [b"a", b"", b"b"]
+    assert feed_chunks([b"a", b"\r", b"\r", b"\n", b"b", b"\r"]) == [b"a", b"b"]
+
+
+KERAS_EPOCH = (b"Epoch 1/2\n\r 1/16 [>.............................] - ETA: 8s - loss: 0.6216" + b"\x08" * 82
+               + b"\r16/16 [==============================] - 1s 2ms/step - loss: 0.6638\n")
+
+
+def test_keras_progress_bar_becomes_what_a_terminal_shows():
+    # Bytes as tf_keras's Progbar (verbose=1) writes them into a file, captured here.
+    assert split_all(KERAS_EPOCH) == [b"Epoch 1/2", b"16/16 [==============================] - 1s 2ms/step - loss: 0.6638"]
+    assert split_all(KERAS_EPOCH, [1] * len(KERAS_EPOCH)) == split_all(KERAS_EPOCH)
+
+
+def test_a_bar_redrawn_without_newline_stays_bounded_and_keeps_its_cursor():
+    splitter = LineSplitter()
+    for i in range(20_000):  # about 1 MB of redraws without a newline
+        assert splitter.feed(b"\r%5d/20000 [" % i + b"=" * 20 + b"]" + b"\x08" * 3) == []
+        assert len(splitter.pending) <= 2 * LineSplitter.MAX_PENDING
+    assert splitter.feed(b"\rXY") == []  # overwrites the start; the rest of the bar stays
+    assert splitter.flush() == [b"XY999/20000 [" + b"=" * 20 + b"]"]
 
 
 def test_partial_last_line_only_from_flush():
@@ -141,17 +171,37 @@ def test_long_line_followed_by_a_split_crlf():
 
 
 def reference_lines(data: bytes) -> list[bytes]:
-    """Lines split on \\r\\n, \\r or \\n; a bare \\r at the very end ends the last line and starts none."""
-    if data.endswith(b"\r"):
-        data = data[:-1]
-    parts = re.split(rb"\r\n|\r|\n", data)
-    return parts[:-1] + ([parts[-1]] if parts[-1] else [])
+    """Lines ending at \\n, each drawn one character at a time as a terminal does; a line that
+    drawing left blank is dropped unless it was blank (or a lone \\r of a \\r\\n) to begin with."""
+    parts = data.split(b"\n")
+    lines = parts[:-1] + ([parts[-1]] if parts[-1] else [])
+    out = []
+    for raw in lines:
+        body = raw[:-1] if raw.endswith(b"\r") else raw
+        if b"\r" not in body and b"\x08" not in body:
+            out.append(body)
+            continue
+        cells: list[str] = []
+        col = 0
+        for char in body.decode("utf-8", "surrogateescape"):
+            if char == "\r":
+                col = 0
+            elif char == "\x08":
+                col = max(0, col - 1)
+            else:
+                cells[col:col + 1] = [char]
+                col += 1
+        text = "".join(cells)
+        if text.strip():
+            out.append(text.encode("utf-8", "surrogateescape"))
+    return out
 
 
 @pytest.mark.parametrize("seed", range(25))
 def test_random_text_in_random_chunks_gives_the_same_lines(seed):
     rng = random.Random(seed)
-    tokens = [b"a", b"bc", b" ", b"\xc3\xa9", b"\xff", b"\n", b"\r", b"\r\n", b"\n\r", b"\r\r", b"\x00"]
+    tokens = [b"a", b"bc", b"defgh", b" ", b"\xc3\xa9", b"\xff", b"\n", b"\r", b"\r\n", b"\n\r", b"\r\r", b"\x00",
+              b"\x08", b"\x08\x08\x08", b"\x08\r"]
     data = b"".join(rng.choice(tokens) for _ in range(rng.randrange(0, 3000)))
     whole = split_all(data)
     assert whole == reference_lines(data)
@@ -177,6 +227,7 @@ def test_console_prefixes_task_lines_without_colour_when_not_a_tty():
     console.task_block("worker-0", b"hello\ncaf\xc3\xa9 \xff\n")
     console.task_block("ps-0", b"\n")
     console.message("two\nlines")
+    console.close()  # the console writes on its own thread; close() waits for it
     assert out.getvalue() == "worker-0 | hello\nworker-0 | caf\u00e9 \ufffd\nps-0     | \n"
     assert err.getvalue() == "tflaunch: two\ntflaunch: lines\n"
     assert "\x1b" not in out.getvalue() + err.getvalue()
@@ -186,6 +237,7 @@ def test_console_width_follows_the_longest_name():
     console, out, _ = make_console()
     console.register(["evaluator-0", "ps-0"])
     console.task_block("ps-0", b"x\n")
+    console.close()
     assert out.getvalue() == "ps-0        | x\n"
 
 
@@ -195,6 +247,7 @@ def test_console_colour_when_asked():
     console.task_block("worker-0", b"a\n")
     console.task_block("worker-1", b"b\n")
     console.message("m")
+    console.close()
     first, second = out.getvalue().splitlines()
     assert first.startswith("\x1b[") and first.endswith("\x1b[0m | a")
     assert first[:5] != second[:5]  # each task its own colour
@@ -207,6 +260,7 @@ def test_console_filters_by_task_and_quiet():
     quiet, _, err = make_console(quiet=True)
     assert not quiet.shows("worker-0")
     quiet.message("still shown")
+    quiet.close()
     assert err.getvalue() == "tflaunch: still shown\n"
     everyone, _, _ = make_console()
     assert everyone.shows("anything")
@@ -231,6 +285,7 @@ class Run:
 
     def close(self) -> None:
         self.pump.close()
+        self.console.close()
 
     @property
     def merged(self) -> list[bytes]:
@@ -273,6 +328,33 @@ def test_pump_keeps_raw_bytes_in_merged_log(tmp_path):
     assert run.out.getvalue() == "chief-0  | bad \ufffd\ufffd bytes\n"
 
 
+def test_pump_folds_progress_bars_in_merged_log_and_on_the_console(tmp_path):
+    run = Run(tmp_path)
+    path = run.task_file("worker-0")
+    append(path, KERAS_EPOCH[:40])  # the bar arrives in pieces, as it is drawn
+    append(path, KERAS_EPOCH[40:] + b"done\n")
+    run.close()
+    bar = b"16/16 [==============================] - 1s 2ms/step - loss: 0.6638"
+    assert run.merged == [f"{STAMP} [1] worker-0 | ".encode() + line for line in (b"Epoch 1/2", bar, b"done")]
+    assert b"\x08" not in (tmp_path / "merged.log").read_bytes()
+    assert run.out.getvalue() == f"worker-0 | Epoch 1/2\nworker-0 | {bar.decode()}\nworker-0 | done\n"
+    assert path.read_bytes() == KERAS_EPOCH + b"done\n"  # the task's own file is never touched
+
+
+def test_an_unfinished_progress_line_counts_as_activity(tmp_path):
+    now = [NOW]
+    console, _, _ = make_console()
+    pump = OutputPump(tmp_path / "merged.log", tmp_path / "metrics.jsonl", console, clock=lambda: now[0])
+    path = tmp_path / "worker-0.log"
+    pump.follow("worker-0", path)
+    now[0] += 100
+    append(path, b"\r 3/16 [=====>....]")  # no newline yet: no line, but the task is alive
+    pump.finish_all()
+    assert pump.last_activity == NOW + 100
+    pump.close()
+    console.close()
+
+
 def test_pump_records_its_own_events(tmp_path):
     run = Run(tmp_path)
     run.pump.event("worker-0 exited with code 1")
@@ -293,6 +375,7 @@ def test_pump_thread_follows_files_as_they_grow(tmp_path):
                      message=f"the pump to copy {line!r} into merged.log")
     finally:
         pump.close()
+        console.close()
     merged = (tmp_path / "merged.log").read_bytes().decode().splitlines()
     prefix = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} \[1\] worker-0 \| "
     assert [re.fullmatch(prefix + "(.*)", line).group(1) for line in merged] == ["first", "second"]
@@ -395,10 +478,10 @@ def test_tail_lines_of_a_big_file_reads_only_the_end_and_drops_the_cut_line(tmp_
     assert 25 <= len(lines) <= 33
 
 
-def test_tail_lines_includes_a_partial_last_line_and_progress_updates(tmp_path):
+def test_tail_lines_includes_a_partial_last_line_and_shows_progress_as_drawn(tmp_path):
     path = tmp_path / "t.log"
     path.write_bytes(b"a\nb\r\n10%\r20%\r\xffend")
-    assert tail_lines(path, 3) == ["10%", "20%", "\ufffdend"]
+    assert tail_lines(path, 3) == ["a", "b", "\ufffdend"]
 
 
 def test_tail_lines_of_missing_or_empty_file(tmp_path):

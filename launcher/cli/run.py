@@ -72,6 +72,8 @@ def _parse_threads(ctx: click.Context, param: click.Parameter, value: str | None
 @click.option("--tasks", "show_tasks", callback=_parse_names, metavar="NAMES",
               help="Show only these tasks on the console, e.g. worker-0,chief-0.")
 @click.option("--quiet", is_flag=True, help="Show only tflaunch's own messages on the console.")
+@click.option("--verbose", is_flag=True,
+              help="Show every task line as written: TensorFlow's start-up chatter and raw metric lines too.")
 @click.option("--dry-run", is_flag=True, help="Print each task's host, workdir, command and env; start nothing.")
 @click.option("--no-check", is_flag=True, help="Skip the host checks that run before launching on remote hosts.")
 @click.option("--max-restarts", type=click.IntRange(min=0), metavar="N",
@@ -118,14 +120,18 @@ def run(ctx: click.Context, cluster: str | None, **options: Any) -> None:
     from ..run.launch import run as run_cluster
     from ..run.summary import describe_result
 
-    console = Console(tasks=options["show_tasks"] or None, quiet=options["quiet"])
-    if options["slurm"]:
-        from ..slurm.job import run_in_job
+    # Colour follows the terminal and NO_COLOR (see Console); the status line shows only on a terminal.
+    console = Console(tasks=options["show_tasks"] or None, quiet=options["quiet"], verbose=options["verbose"])
+    try:
+        if options["slurm"]:
+            from ..slurm.job import run_in_job
 
-        result = run_in_job(request, console, run_dir=options["run_dir"], requeue=options["requeue"])
-    else:
-        result = run_cluster(request, console)
-    console.message("\n".join(describe_result(result)))
+            result = run_in_job(request, console, run_dir=options["run_dir"], requeue=options["requeue"])
+        else:
+            result = run_cluster(request, console)
+        console.message("\n".join(describe_result(result)))
+    finally:
+        console.close()  # writes what is queued; a closed or stalled terminal does not change the exit code
     ctx.exit(result.exit_code)
 
 

@@ -1,53 +1,339 @@
-"""tflaunch's terminal: task lines with a coloured name prefix, and tflaunch's own messages."""
+"""tflaunch's terminal: task lines for people, tflaunch's own messages, and a live status line.
+
+Everything written goes through one writer thread fed by a queue, so the console can never slow
+or stop the run: the output pump and the supervisor only append to the queue. When the queue
+holds more than ``max_queued`` bytes of task output (a stalled terminal, a slow pipe), further
+task lines are left out of the console, counted and announced once it catches up; the logs
+keep them all. When the stream is closed (``tflaunch ... | head -1``), console output is dropped
+and the run goes on to its end and its own exit code.
+
+What a task line becomes on the console (the files are untouched by any of this):
+
+- a metric line (``TFLAUNCH_METRIC {json}``) is rendered for people (:mod:`.metricview`), lock-step
+  duplicates once;
+- TensorFlow's routine C++ start-up chatter is hidden (:class:`.render.Chatter`);
+- with ``verbose`` every line is shown as the task wrote it.
+
+On a terminal a status line (elapsed time, epoch, each task's state, restarts) stays under the
+scrolling output; it is never written to a pipe or a file. Colour only on a terminal, and never
+when ``NO_COLOR`` is set.
+"""
 
 from __future__ import annotations
 
+import collections
+import json
+import os
+import select
 import sys
 import threading
-from typing import IO, Iterable
+import time
+from typing import IO, Any, Iterable, Mapping
 
-_COLOURS = (36, 33, 32, 35, 34, 31, 96, 93, 92, 95, 94, 91)
+import click
+
+from .metricview import Line, MetricBoard
+from .render import Chatter, may_hold_chatter
+
+_METRIC = b"TFLAUNCH_METRIC "
+_METRIC_TEXT = _METRIC.decode()
+_COLOURS = ("cyan", "yellow", "green", "magenta", "blue", "red",
+            "bright_cyan", "bright_yellow", "bright_green", "bright_magenta", "bright_blue", "bright_red")
+_ENDED = ("succeeded", "failed", "stopped")
+_ERASE = "\r\x1b[K"
+
+
+def wants_colour(stream: IO[Any], environ: Mapping[str, str] = os.environ) -> bool:
+    """Colour on a terminal, unless ``NO_COLOR`` is set to anything (https://no-color.org)."""
+    return _isatty(stream) and not environ.get("NO_COLOR")
+
+
+def _isatty(stream: IO[Any]) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+class _Sink:
+    """One stream the writer thread writes to: straight to its file descriptor when it has one.
+
+    Raw descriptor writes hold no lock of the stream object, so a write stuck on a stalled
+    terminal cannot block the interpreter's own flush of ``sys.stdout`` at exit.
+    """
+
+    def __init__(self, stream: IO[str]):
+        self.stream = stream
+        self.tty = _isatty(stream)
+        self.closed = False
+        self.encoding = getattr(stream, "encoding", None) or "utf-8"
+        self.fd: int | None = None
+        try:
+            stream.flush()
+            self.fd = stream.fileno()
+        except (AttributeError, OSError, ValueError):
+            pass
+
+    def write(self, text: str) -> None:
+        if self.closed or not text:
+            return
+        try:
+            if self.fd is None:
+                self.stream.write(text)
+                self.stream.flush()
+                return
+            view = memoryview(text.encode(self.encoding, "replace"))
+            while view:
+                try:
+                    view = view[os.write(self.fd, view):]
+                except BlockingIOError:  # a descriptor someone set non-blocking: wait until it drains
+                    select.select([], [self.fd], [], 1.0)
+        except (OSError, ValueError):
+            # Closed pipe (EPIPE), hung-up terminal (EIO), closed stream: nobody reads any more.
+            self.closed = True
+            self._silence()
+
+    def _silence(self) -> None:
+        """Point a closed stdout or stderr at /dev/null, so the interpreter's exit flush stays quiet."""
+        if self.fd not in (1, 2):
+            return
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self.fd)
+            os.close(devnull)
+        except OSError:
+            pass
 
 
 class Console:
-    """tflaunch's terminal: task lines with a name prefix, plus its own messages."""
+    """tflaunch's terminal: task lines with a name prefix, its own messages, a status line on a TTY."""
 
     def __init__(self, stream: IO[str] | None = None, *, messages: IO[str] | None = None,
-                 colour: bool | None = None, tasks: Iterable[str] | None = None, quiet: bool = False):
+                 colour: bool | None = None, tasks: Iterable[str] | None = None, quiet: bool = False,
+                 verbose: bool = False, status: bool | None = None, max_queued: int = 8 << 20,
+                 refresh: float = 1.0, clock=time.monotonic):
         self.stream = stream if stream is not None else sys.stdout
         self.messages = messages if messages is not None else sys.stderr
-        self.colour = self.stream.isatty() if colour is None else colour
-        self.message_colour = self.messages.isatty() if colour is None else colour
+        self.colour = wants_colour(self.stream) if colour is None else colour
+        self.message_colour = wants_colour(self.messages) if colour is None else colour
         self.only = set(tasks) if tasks else None
         self.quiet = quiet
+        self.verbose = verbose
         self.width = 8
-        self._colour_of: dict[str, int] = {}
-        self._lock = threading.Lock()
+        self.max_queued = max_queued
+        self.refresh = refresh
+        self.clock = clock
+        self.started = clock()
+        self.hidden_lines = 0  # TensorFlow chatter kept off the console
+        self.dropped_lines = 0  # task lines left out because the console fell behind
+        self._colour_of: dict[str, str] = {}
+        self._out = _Sink(self.stream)
+        self._err = self._out if self.messages is self.stream else _Sink(self.messages)
+        term = os.environ.get("TERM", "")
+        self.status = (self._out.tty and term not in ("", "dumb")) if status is None else status
+        self._board = MetricBoard(shown_tasks=set() if quiet else self.only)
+        self._chatter = Chatter()
+        self._states: dict[str, str] = {}
+        self._restarts = 0
+        self._status_shown = ""
+        self._queue: collections.deque[tuple] = collections.deque()
+        self._queued = 0
+        self._dropped = 0
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    # -- called from any thread: cheap, never blocks on the terminal ------------------------------
 
     def register(self, names: Iterable[str]) -> None:
         for name in names:
             self._colour_of.setdefault(name, _COLOURS[len(self._colour_of) % len(_COLOURS)])
             self.width = max(self.width, len(name))
+            self._board.register([name])
 
     def shows(self, name: str) -> bool:
         return not self.quiet and (self.only is None or name in self.only)
 
-    def task_block(self, name: str, block: bytes) -> None:
-        """Show a block of complete lines, each with the task's label."""
+    def task_block(self, name: str, block: bytes, attempt: int = 1, metrics: bool | None = None) -> None:
+        """Queue a block of complete lines (each ending in ``\\n``) that a task wrote."""
         if not block:
             return
-        label = name.ljust(self.width)
-        if self.colour:
-            label = f"\x1b[{self._colour_of.get(name, 37)}m{label}\x1b[0m"
-        prefix = f"{label} | "
-        text = prefix + block.decode("utf-8", "replace")[:-1].replace("\n", "\n" + prefix) + "\n"
-        with self._lock:
-            self.stream.write(text)
-            self.stream.flush()
+        shown = self.shows(name)
+        if metrics is None:
+            metrics = _METRIC in block
+        if not shown and not metrics:
+            return
+        with self._cond:
+            if shown and self._queued > self.max_queued:
+                self._dropped += block.count(b"\n")
+                if not metrics:
+                    return
+                # The lines are dropped, but the status line still learns the epoch from them.
+                block, shown = b"".join(line + b"\n" for line in block.split(b"\n") if _METRIC in line), False
+            self._queue.append(("task", name, attempt, block, shown))
+            self._queued += len(block)
+            self._wake()
 
     def message(self, text: str) -> None:
         """One of tflaunch's own messages; shown even with --quiet."""
-        prefix = "\x1b[1mtflaunch:\x1b[0m" if self.message_colour else "tflaunch:"
-        with self._lock:
-            self.messages.write("".join(f"{prefix} {line}\n" for line in text.splitlines() or [""]))
-            self.messages.flush()
+        self._put(("message", text))
+
+    def task_states(self, states: Mapping[str, str], attempt: int, restarts: int) -> None:
+        """The tasks' states changed (``{"worker-0": "running", ...}``): redraw the status line."""
+        self._put(("states", dict(states), attempt, restarts))
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Write what is queued and erase the status line; give up after ``timeout`` on a stalled terminal."""
+        with self._cond:
+            if self._thread is None:
+                return
+            self._queue.append(("release",))
+            self._stopping = True
+            self._cond.notify()
+        self._thread.join(timeout)
+
+    def _put(self, item: tuple) -> None:
+        with self._cond:
+            self._queue.append(item)
+            self._wake()
+
+    def _wake(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="tflaunch-console", daemon=True)
+            self._thread.start()
+        self._cond.notify()
+
+    # -- the writer thread -------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if not self._queue and not self._stopping:
+                    self._cond.wait(self.refresh if self.status else None)
+                items = list(self._queue)
+                self._queue.clear()
+                self._queued = 0
+                dropped, self._dropped = self._dropped, 0
+                stopping = self._stopping
+            pieces = [piece for item in items for piece in self._render(item)]
+            if dropped:
+                self.dropped_lines += dropped
+                pieces.append((self._err, self._message_text(
+                    f"the console fell behind: {dropped:,} task lines not shown here (merged.log has them all)")))
+            self._write(pieces, final=stopping)
+            if stopping:
+                return
+
+    def _render(self, item: tuple) -> list[tuple[_Sink, str]]:
+        kind = item[0]
+        if kind == "task":
+            return [(self._out, self._task_text(*item[1:]))]
+        if kind == "message":
+            return [(self._err, self._message_text(item[1]))]
+        if kind == "states":
+            self._states, attempt, self._restarts = item[1], item[2], item[3]
+            ended = [name for name, state in self._states.items() if state in _ENDED]
+            return [(self._out, self._metric_lines(self._board.release(ended)))]
+        return [(self._out, self._metric_lines(self._board.release_all()))]
+
+    def _write(self, pieces: list[tuple[_Sink, str]], final: bool) -> None:
+        pieces = [(sink, text) for sink, text in pieces if text and not sink.closed]
+        status = "" if final or not self.status or self._out.closed else self._status_text()
+        if not pieces and status == self._status_shown:
+            return
+        if self._status_shown:
+            self._out.write(_ERASE)
+        # Consecutive pieces for one stream go out in one write.
+        run_sink, run_text = None, []
+        for sink, text in pieces:
+            if sink is not run_sink and run_text:
+                run_sink.write("".join(run_text))
+                run_text = []
+            run_sink = sink
+            run_text.append(text)
+        if run_text:
+            run_sink.write("".join(run_text))
+        if status:
+            self._out.write(status)
+        self._status_shown = status
+
+    # -- text --------------------------------------------------------------------------------------
+
+    def _label(self, name: str) -> str:
+        label = name.ljust(self.width)
+        if self.colour:
+            label = click.style(label, fg=self._colour_of.get(name, "white"))
+        return f"{label} | "
+
+    def _message_text(self, text: str) -> str:
+        prefix = click.style("tflaunch:", bold=True) if self.message_colour else "tflaunch:"
+        return "".join(f"{prefix} {line}\n" for line in text.splitlines() or [""])
+
+    def _metric_lines(self, lines: list[Line]) -> str:
+        return "".join(f"{self._label(task)}{text}\n" for task, text in lines)
+
+    def _task_text(self, name: str, attempt: int, block: bytes, shown: bool) -> str:
+        has_metrics = _METRIC in block
+        if self.verbose or not (has_metrics or may_hold_chatter(block)):
+            if has_metrics:
+                self._learn(name, attempt, block)
+            if not shown:
+                return ""
+            prefix = self._label(name)
+            return prefix + block.decode("utf-8", "replace")[:-1].replace("\n", "\n" + prefix) + "\n"
+        out: list[str] = []
+        prefix = self._label(name)
+        for raw in block[:-1].split(b"\n"):
+            line = raw.decode("utf-8", "replace")
+            record = _metric_record(line)
+            if record is not None:
+                out.append(self._metric_lines(self._board.add(name, attempt, record)))
+            elif not shown:
+                continue
+            elif self._chatter.hides(name, line):
+                self.hidden_lines += 1
+            else:
+                out.append(f"{prefix}{line}\n")
+        return "".join(out)
+
+    def _learn(self, name: str, attempt: int, block: bytes) -> None:
+        """Feed the metric records of a block to the board for the status line only."""
+        for raw in block.split(b"\n"):
+            if _METRIC in raw and (record := _metric_record(raw.decode("utf-8", "replace"))) is not None:
+                self._board.add(name, attempt, record)
+
+    def _status_text(self) -> str:
+        elapsed = int(self.clock() - self.started)
+        hours, rest = divmod(elapsed, 3600)
+        clock = f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+        parts = [f"tflaunch {clock}"]
+        board = self._board
+        if board.epoch is not None:
+            parts.append(f"epoch {board.epoch}/{board.total}" if board.total else f"epoch {board.epoch}")
+        width = _terminal_width(self._out)
+        states = "  ".join(f"{name} {state}" for name, state in self._states.items())
+        tail = f"restarts {self._restarts}"
+        if len(" | ".join([*parts, states, tail])) >= width:
+            counts = collections.Counter(self._states.values())
+            states = f"{len(self._states)} tasks: " + ", ".join(f"{n} {s}" for s, n in counts.items())
+        parts += [states or "starting", tail]
+        text = " | ".join(parts)[:max(1, width - 1)]  # one column spare: a full line would wrap
+        return click.style(text, reverse=True) if self.colour else text
+
+
+def _metric_record(line: str) -> dict[str, Any] | None:
+    at = line.find(_METRIC_TEXT)
+    if at < 0:
+        return None
+    try:
+        record = json.loads(line[at + len(_METRIC_TEXT):])
+    except ValueError:
+        return None  # malformed: shown as the plain line it is
+    return record if isinstance(record, dict) else None
+
+
+def _terminal_width(sink: _Sink) -> int:
+    try:
+        return os.get_terminal_size(sink.fd).columns if sink.fd is not None else 80
+    except OSError:
+        return 80

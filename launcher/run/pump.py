@@ -7,9 +7,11 @@ and a task's file is complete even if tflaunch dies.
 
 Each merged line reads ``<date> <time> [<attempt>] <task> | <text>``.
 
-Lines are split on ``\\n``, ``\\r\\n`` and a bare ``\\r`` (each state of a progress bar is kept as
-its own line). Bytes are kept as they are: ``merged.log`` holds the task's raw bytes after the
-prefix; only the console decodes them, replacing what is not UTF-8.
+Lines end at ``\\n`` (or ``\\r\\n``). Within a line, carriage returns and backspaces are applied the
+way a terminal shows them, so a progress bar redrawn in place becomes the one line a person saw,
+and the empty lines such redraws leave are dropped (:func:`.render.fold_lines`). Everything else
+is kept byte for byte: ``merged.log`` holds the task's bytes after the prefix, and only the
+console decodes them, replacing what is not UTF-8. The task's own file is never changed.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .render import fold_lines, fold_partial, has_controls
+
 if TYPE_CHECKING:
     from .console import Console
 
@@ -32,11 +36,12 @@ _READ_SIZE = 1 << 20
 
 
 class LineSplitter:
-    """Bytes in, complete lines out; what is left at the end comes out of ``flush``.
+    """Bytes in, complete folded lines out; what is left at the end comes out of ``flush``.
 
     The ``*_block`` forms return complete lines as one bytes object, each line ending in ``\n``:
     the pump works on whole blocks with C-level bytes operations instead of a Python object per
-    line, which is what keeps it cheap under a flood of output.
+    line, which is what keeps it cheap under a flood of output. Only lines that hold a ``\r``, a
+    backspace or an escape sequence are looked at one by one.
     """
 
     MAX_PENDING = 1 << 16  # a "line" longer than this is emitted in pieces rather than held
@@ -46,22 +51,20 @@ class LineSplitter:
 
     def feed_block(self, chunk: bytes) -> bytes:
         data = self.pending + chunk if self.pending else chunk
-        held_cr = b""
-        if b"\r" in data:
-            if data.endswith(b"\r"):
-                # Could be the first half of \r\n: decide when the next chunk arrives.
-                data, held_cr = data[:-1], b"\r"
-            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         cut = data.rfind(b"\n") + 1
         block, rest = data[:cut], data[cut:]
         if len(rest) > self.MAX_PENDING:
-            block, rest = block + rest + b"\n", b""
-        self.pending = rest + held_cr
-        return block
+            if has_controls(rest):
+                # A bar redrawn with \r for a long time without a newline: keep only what it shows.
+                rest = fold_partial(rest)
+            if len(rest) > self.MAX_PENDING:
+                block, rest = block + rest + b"\n", b""
+        self.pending = rest
+        return fold_lines(block) if block else block
 
     def flush_block(self) -> bytes:
-        rest, self.pending = self.pending.rstrip(b"\r"), b""
-        return rest + b"\n" if rest else b""
+        rest, self.pending = self.pending, b""
+        return fold_lines(rest + b"\n") if rest else b""
 
     def feed(self, chunk: bytes) -> list[bytes]:
         return lines_of(self.feed_block(chunk))
@@ -185,19 +188,22 @@ class OutputPump:
             if not chunk:
                 return got
             got = True
+            # Any byte counts as activity, also a progress bar that has not finished its line.
+            self.last_activity = self.clock()
             self._emit(source, source.splitter.feed_block(chunk))
 
     def _emit(self, source: _Source, block: bytes) -> None:
         """Route a block of complete lines: merged.log, metrics.jsonl, console."""
         if not block:
             return
-        self.last_activity = self.clock()
         self.lines_seen[source.name] = self.lines_seen.get(source.name, 0) + block.count(b"\n")
         self._write_merged(source.name, source.attempt, block)
-        if METRIC_PREFIX in block:
+        metrics = METRIC_PREFIX in block
+        if metrics:
             self._record_metrics(source, [line for line in lines_of(block) if METRIC_PREFIX in line])
-        if self.console.shows(source.name):
-            self.console.task_block(source.name, block)
+        # Only queued here: the console's own thread writes it, so a closed or stalled terminal
+        # never holds up the files, the metrics or the supervisor.
+        self.console.task_block(source.name, block, source.attempt, metrics)
 
     def _write_merged(self, name: str, attempt: int, block: bytes) -> None:
         now = self.clock()
