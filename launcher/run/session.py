@@ -258,6 +258,7 @@ class RunSession:
     def _write(self, plan: Plan, tasks: list[Task]) -> None:
         """Rewrite run.json with the tasks' current states (live rewrites are compact)."""
         by_name = {t.name: t for t in tasks}
+        self.console.task_states({t.name: t.state.value for t in tasks}, self.attempt_number, self.attempt_number - 1)
         with self.lock:
             self.record.tasks = [task_record(launch, by_name.get(launch.name)) for launch in plan.launches]
             try:
