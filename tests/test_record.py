@@ -1,0 +1,111 @@
+"""The run record: a round trip through run.json, and run folders written before it was typed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+
+from launcher.records.folder import RunFolder
+from launcher.records.record import (FORMAT_VERSION, AttemptRecord, LauncherRecord, RootCause, RunRecord, RunStatus,
+                                     TaskRecord)
+from launcher.run.signals import Interrupted, Signals
+
+
+def full_record() -> RunRecord:
+    return RunRecord(
+        run_id="20261123-101500-ab12", source="--local 2 --chief --ps 1", status=RunStatus.FAILED,
+        tflaunch_version="0.1.0", exit_code=137, max_restarts=2, started_at="2026-11-23T10:15:00.000+00:00",
+        ended_at="2026-11-23T10:16:00.000+00:00", duration_seconds=60.0,
+        launcher=LauncherRecord(pid=4242, host="vm", cwd="/work", argv=["tflaunch", "--local", "2"]),
+        cluster={"chief": ["localhost:1"], "worker": ["localhost:2"], "ps": ["localhost:3"]},
+        command="python -m trainer", notes=["a note"],
+        tasks=[TaskRecord(name="worker-0", role="worker", index=0, host="localhost", address="localhost:2",
+                          argv=["python", "-m", "trainer"], workdir="/work", gpus=[0], env={"A": "1"},
+                          state="failed", pid=99, exit_code=137, signal=9, attempt=2, restarts=1,
+                          leftovers=["sleep (pid 4711)"])],
+        root_cause=RootCause(task="worker-0", host="localhost", exit_code=137, signal=9, tail=["Killed"],
+                             diagnosis={"rule": "oom"}),
+        attempts=[AttemptRecord(attempt=1, outcome="failed", exit_code=137, failed_task="worker-0",
+                                blamed_tasks=["worker-0"], diagnosis="oom")],
+        error="/x/merged.log: No space left on device", scheduler={"job_id": "17"})
+
+
+def test_a_record_survives_a_round_trip_through_run_json(tmp_path):
+    folder = RunFolder(tmp_path)
+    record = full_record()
+    folder.write_record(record, final=True)
+    data = json.loads(folder.manifest_path.read_text())
+    assert data["format_version"] == FORMAT_VERSION and data["status"] == "failed"
+    assert folder.read_record() == record
+
+
+def test_live_rewrites_are_compact_and_the_final_one_indented(tmp_path):
+    folder = RunFolder(tmp_path)
+    folder.write_record(full_record())
+    assert "\n" not in folder.manifest_path.read_text().rstrip("\n")
+    folder.write_record(full_record(), final=True)
+    assert folder.manifest_path.read_text().startswith("{\n  ")
+
+
+def test_a_format_1_manifest_reads_with_defaults_and_the_attempt_from_the_task_env():
+    old = {"tflaunch_version": "0.1.0", "run_id": "r", "source": "--local 2", "status": "running",
+           "exit_code": None, "launcher": {"pid": 1, "host": "h", "cwd": "/", "argv": ["tflaunch"]},
+           "tasks": [{"name": "worker-0", "role": "worker", "index": 0, "host": "localhost",
+                      "env": {"TFLAUNCH_ATTEMPT": "3"}, "state": "running", "pid": 5}],
+           "attempts": [{"attempt": 1, "outcome": "failed"}, {"attempt": 2, "outcome": "failed"}],
+           "root_cause": None, "some_future_key": {"x": 1}}
+    record = RunRecord.from_json(old)
+    assert record.format_version == 1 and record.status is RunStatus.RUNNING
+    assert record.tasks[0].attempt == 3 and record.attempt == 3
+    assert record.tasks[0].restarts == 0 and record.tasks[0].leftovers == []
+    assert record.error is None and record.launcher.pid == 1
+
+
+def test_the_old_spelling_of_a_lost_launcher_and_unknown_statuses_read_as_statuses():
+    assert RunStatus.parse("died") is RunStatus.LAUNCHER_LOST
+    assert RunStatus.parse("exploded") is RunStatus.FAILED
+    assert RunStatus.LAUNCHER_LOST.describe() == "launcher lost" and not RunStatus.LAUNCHER_LOST.ended
+
+
+@pytest.mark.parametrize("text", ["[]", '"run"', "3"])
+def test_run_json_that_is_not_an_object_is_refused(tmp_path, text):
+    folder = RunFolder(tmp_path)
+    folder.manifest_path.write_text(text)
+    with pytest.raises(ValueError):
+        folder.read_record()
+
+
+def test_signals_before_a_run_raise_interrupted_and_during_a_run_only_record():
+    signals = Signals()
+    with pytest.raises(Interrupted) as raised:
+        signals._handle(signal.SIGHUP, None)
+    assert raised.value.exit_code == 129
+    with signals.armed_for_run():
+        signals._handle(signal.SIGTERM, None)  # no exception: the run's waits see it
+        assert signals.wait(5.0) == signal.SIGHUP  # the first signal decides; the wait returns at once
+    assert signals.count == 2
+
+
+def test_a_signal_wakes_a_wait_on_the_pipe_at_once():
+    import threading
+    import time
+
+    signals = Signals()
+    signals.armed = True
+    timer = threading.Timer(0.05, lambda: signals._handle(signal.SIGINT, None))
+    timer.start()
+    started = time.monotonic()
+    assert signals.wait(30.0) == signal.SIGINT
+    assert time.monotonic() - started < 10.0
+    timer.join()
+
+
+def test_signal_pipe_is_private_to_each_instance():
+    a, b = Signals(), Signals()
+    a.armed = True
+    a._handle(signal.SIGINT, None)
+    assert b.wait(0.0) is None and a.wait(0.0) == signal.SIGINT
+    assert os.get_blocking(a._read_fd) is False
