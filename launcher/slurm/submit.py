@@ -1,0 +1,132 @@
+"""``tflaunch submit``: a new run folder, the sbatch script in it, ``sbatch``, and optionally the wait.
+
+The folder exists before the job runs, so ``tflaunch runs`` lists the job while it is pending
+(``slurm.json`` holds its id); inside the job ``tflaunch --slurm --run-dir`` writes the run there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+from ..cluster.reader import load_cluster_file
+from ..errors import ConfigError
+from ..records.folder import RunFolder, iso_time, new_run_id
+from .allocation import Allocation, carve_roles
+from .commands import SlurmError, is_user_mistake, last_line
+from .job import write_slurm_record
+from .script import JobRequest, render_script
+from .section import SlurmSettings, read_slurm_section
+
+SCRIPT_NAME = "job.sbatch"
+DEFAULT_LOG_DIR = "logs"
+
+
+@dataclass(frozen=True)
+class SubmitOptions:
+    """What ``tflaunch submit`` was given on the command line (None: the file's value, else the default)."""
+
+    cluster_file: str | None = None
+    overrides: dict | None = None  # SlurmSettings fields given as options
+    command: tuple[str, ...] = ()
+    run_options: tuple[str, ...] = ()
+    log_dir: str | None = None
+    argv: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Submitted:
+    job_id: str
+    run_dir: Path
+    script: Path
+
+
+def job_request(options: SubmitOptions, run_dir: str) -> tuple[JobRequest, str]:
+    """The validated request and the log directory; ConfigError (exit 2) names the bad option."""
+    settings, log_dir, cluster_file = SlurmSettings(), options.log_dir, None
+    if options.cluster_file:
+        cluster_file = os.path.abspath(options.cluster_file)
+        spec = load_cluster_file(options.cluster_file, frozenset(), slurm_template=True)
+        if spec.tasks:
+            raise ConfigError(options.cluster_file, spec.tasks[0].role, "'tflaunch submit' takes the roles from "
+                              "the allocation; remove the role lists and use the 'slurm:' section")
+        settings = read_slurm_section(options.cluster_file, spec.slurm)
+        log_dir = log_dir or spec.log_dir
+    given = {k: v for k, v in (options.overrides or {}).items() if v not in (None, (), False)}
+    settings = replace(settings, **given)
+    source = options.cluster_file or "submit"
+    if settings.nodes is None:
+        raise ConfigError(source, "--nodes", "missing; expected the number of nodes to allocate "
+                          "(or 'slurm: {nodes: N}' in the cluster file)")
+    # The same role rule as inside the job, on the allocation this request asks for.
+    planned = Allocation("(to be submitted)", tuple(f"node{i}" for i in range(settings.nodes)),
+                         (settings.ntasks_per_node or 1,) * settings.nodes, nodelist=f"{settings.nodes} nodes")
+    carve_roles(planned, chief=settings.chief, ps=settings.ps, evaluator=settings.evaluator, source=source)
+    request = JobRequest(run_dir=run_dir, workdir=os.getcwd(), python=sys.executable, settings=settings,
+                         cluster_file=cluster_file, command=options.command, run_options=options.run_options,
+                         submitted_argv=options.argv)
+    return request, log_dir or DEFAULT_LOG_DIR
+
+
+def dry_run(options: SubmitOptions) -> str:
+    """The script submit would write, with a stand-in run folder."""
+    _, log_dir = job_request(options, "")
+    request, _ = job_request(options, str(Path(log_dir).resolve() / "<run-id>"))
+    return render_script(request)
+
+
+def submit(options: SubmitOptions, wait: bool, on_submitted: Callable[[Submitted], None]) -> int:
+    """Write the script into a new run folder and submit it; with ``wait``, the cluster's exit code."""
+    _, log_dir = job_request(options, "")
+    try:
+        folder = RunFolder.create(Path(log_dir), new_run_id())
+    except OSError as exc:
+        raise ConfigError(options.cluster_file or "submit", "--log-dir",
+                          f"cannot create a run folder in {log_dir!r}: {exc.strerror or exc}") from None
+    run_dir = folder.path.resolve()
+    request, _ = job_request(options, str(run_dir))
+    script = run_dir / SCRIPT_NAME
+    script.write_text(render_script(request))
+    script.chmod(0o755)
+    if shutil.which("sbatch") is None:
+        shutil.rmtree(run_dir)
+        raise SlurmError("submit: 'sbatch' is not installed here (is this a Slurm login node?)")
+    argv = ["sbatch", "--parsable", *(["--wait"] if wait else []), str(script)]
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = proc.stdout.readline().strip() if proc.stdout else ""
+    job_id = first.split(";", 1)[0]
+    if not job_id.isdigit():
+        _, err = proc.communicate(timeout=60)
+        shutil.rmtree(run_dir)  # nothing was submitted: leave no empty run behind
+        message = last_line(err) or f"sbatch exited with {proc.returncode}"
+        raise SlurmError(f"submit: {message}", exit_code=2 if is_user_mistake(err) else 1)
+    write_slurm_record(run_dir, {"job_id": job_id, "script": str(script), "submitted_at": iso_time(time.time()),
+                                 "nodes": request.settings.nodes, "ntasks_per_node": request.settings.ntasks_per_node or 1,
+                                 "partition": request.settings.partition, "requeue": request.settings.requeue})
+    on_submitted(Submitted(job_id, run_dir, script))
+    if not wait:
+        proc.stdout.close()
+        proc.stderr.close()
+        proc.wait(timeout=60)
+        return 0
+    _, err = proc.communicate()
+    return cluster_exit_code(run_dir, proc.returncode)
+
+
+def cluster_exit_code(run_dir: Path, sbatch_code: int) -> int:
+    """The exit code the cluster's run recorded; sbatch's (the job's) when the run recorded none."""
+    try:
+        record = json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        return sbatch_code
+    code = record.get("exit_code")
+    if record.get("status") == "running" or code is None:
+        return sbatch_code
+    return int(code)
