@@ -18,6 +18,7 @@ HELPERS = ROOT / "tests" / "helpers"
 TASK = str(HELPERS / "task.py")
 
 from testhosts_fixture import testhosts  # noqa: E402,F401  (fixture re-exported for ssh tests)
+from testslurm_fixture import testslurm  # noqa: E402,F401  (fixture re-exported for Slurm tests)
 
 
 def env_lines_of(text: str) -> list[dict]:

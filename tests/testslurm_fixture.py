@@ -1,0 +1,146 @@
+"""Session fixture `testslurm`: a real Slurm cluster (slurmctld + two slurmd nodes in network namespaces).
+
+Use it in a test::
+
+    @pytest.mark.slow
+    @pytest.mark.slurm
+    def test_something(testslurm):
+        testslurm.env                      # os.environ plus SLURM_CONF: pass to every Slurm/tflaunch call
+        testslurm.nodes                    # ["s1a2-1", "s1a2-2"]
+        testslurm.run("sinfo")             # CompletedProcess of a Slurm command, text
+        testslurm.pids("s1a2-2")           # processes left on a node (its slurmd excluded)
+        testslurm.wait_idle()              # every job finished and both nodes idle again
+
+The cluster comes up once per session under a random prefix, subnet 10.125.<1-250>.0/24 (never
+used by scripts/testhosts) and controller port, so it cannot collide with a cluster someone
+started by hand, and is taken down at the end of the session, also when tests fail. Without root,
+`ip netns`, munge or slurm-wlm the fixture skips with the reason; under CI it fails instead.
+"""
+
+import json
+import os
+import random
+import secrets
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "testslurm"
+DAEMONS = ("/usr/sbin/munged", "/usr/sbin/slurmctld", "/usr/sbin/slurmd")
+
+
+def unavailable_reason():
+    if os.geteuid() != 0:
+        return "the test Slurm cluster needs root (network namespaces, Slurm daemons)"
+    if shutil.which("ip") is None or subprocess.run(["ip", "netns", "list"], capture_output=True).returncode:
+        return "the test Slurm cluster needs `ip netns` (iproute2)"
+    missing = [d for d in DAEMONS if not os.path.exists(d)] + [c for c in ("sbatch", "srun") if not shutil.which(c)]
+    if missing:
+        return f"the test Slurm cluster needs {', '.join(missing)}: apt-get install -y munge slurm-wlm"
+    return None
+
+
+def run_script(*args, timeout=90):
+    return subprocess.run([str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+
+
+class TestSlurm:
+    """A running test cluster, built from the JSON `scripts/testslurm up` prints."""
+
+    __test__ = False
+
+    def __init__(self, doc):
+        self.doc = doc
+        self.prefix = doc["prefix"]
+        self.state_dir = doc["state_dir"]
+        self.slurm_conf = doc["slurm_conf"]
+        self.partition = doc["partition"]
+        self.nodes = [n["name"] for n in doc["nodes"]]
+        self.env = {**os.environ, "SLURM_CONF": self.slurm_conf}
+
+    def run(self, *argv, timeout=60):
+        return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, env=self.env,
+                              stdin=subprocess.DEVNULL)
+
+    def _script(self, *args):
+        done = run_script(*args, "--prefix", self.prefix, "--state-dir", self.state_dir)
+        if done.returncode != 0:
+            raise RuntimeError(f"testslurm {' '.join(args)} failed: {done.stderr.strip()}")
+        return done.stdout
+
+    def pids(self, node):
+        return [int(p) for p in self._script("pids", node).split()]
+
+    def jobs(self):
+        """Jobs the controller still has pending or running."""
+        out = self.run("squeue", "-h", "-o", "%i %T").stdout
+        return [line.split() for line in out.splitlines() if line.strip()]
+
+    def wait_idle(self, timeout=60.0):
+        """Every job ended and nothing left on any node; raises AssertionError naming what stayed."""
+        deadline = time.monotonic() + timeout
+        while True:
+            jobs, left = self.jobs(), {n: self.pids(n) for n in self.nodes}
+            if not jobs and not any(left.values()):
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"still there after {timeout:g} s: jobs {jobs}, processes {left}")
+            time.sleep(0.2)
+
+    def cancel_all(self):
+        self.run("scancel", "--partition", self.partition)
+
+    def down(self):
+        self._script("down", "--keep-state")
+
+
+def _free_port():
+    while True:
+        port = random.randint(17000, 19990)
+        with socket.socket() as a, socket.socket() as b:
+            try:
+                a.bind(("0.0.0.0", port))
+                b.bind(("0.0.0.0", port + 1))
+                return port
+            except OSError:
+                continue
+
+
+def start_testslurm(state_dir, attempts=3):
+    for attempt in range(attempts):
+        prefix = "s" + secrets.token_hex(2)
+        done = run_script("up", "--prefix", prefix, "--subnet", f"10.125.{random.randint(1, 250)}",
+                          "--port", str(_free_port()), "--state-dir", str(state_dir / prefix))
+        if done.returncode == 0:
+            return TestSlurm(json.loads(done.stdout))
+        if ("overlaps" not in done.stderr and "in use" not in done.stderr) or attempt == attempts - 1:
+            pytest.fail(f"testslurm up failed: {done.stderr.strip()}", pytrace=False)
+    raise AssertionError("unreachable")
+
+
+_shared = {"cluster": None, "users": 0}
+
+
+@pytest.fixture(scope="session")
+def testslurm(tmp_path_factory):
+    reason = unavailable_reason()
+    if reason:
+        if os.environ.get("CI"):
+            pytest.fail(f"{reason} (CI is set, so this fails instead of skipping)", pytrace=False)
+        pytest.skip(reason)
+    if _shared["cluster"] is None:
+        _shared["cluster"] = start_testslurm(tmp_path_factory.mktemp("testslurm"))
+    _shared["users"] += 1
+    try:
+        yield _shared["cluster"]
+    finally:
+        _shared["users"] -= 1
+        if _shared["users"] == 0:
+            cluster, _shared["cluster"] = _shared["cluster"], None
+            cluster.cancel_all()
+            cluster.down()  # the state dir stays under pytest's tmp dirs, for the daemons' logs
