@@ -14,10 +14,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pytest
 
+from polling import wait_for
 from trainer.metrics import METRIC_PREFIX, parse_line
 
 pytestmark = [pytest.mark.slow, pytest.mark.tensorflow]
@@ -141,15 +143,20 @@ def run_single(tmp_path: Path, argv: list[str], env: dict[str, str] | None = Non
     return task
 
 
-def wait_for_epoch(task: Task, epoch: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if epoch in task.epochs():
-            return
+def wait_for_task(task: Task, reached: Callable[[], bool], what: str, timeout: float) -> None:
+    """Wait until ``reached()``; fail at once, showing the task's output, when the task exits first."""
+    def check() -> bool:
+        if reached():
+            return True
         if task.proc.poll() is not None:
-            pytest.fail(f"{task.name} exited {task.proc.returncode} before epoch {epoch}:\n{task.output()[-3000:]}")
-        time.sleep(0.02)
-    pytest.fail(f"{task.name} did not reach epoch {epoch} in {timeout} s:\n{task.output()[-3000:]}")
+            pytest.fail(f"{task.name} exited {task.proc.returncode} before {what}:\n{task.output()[-3000:]}")
+        return False
+
+    wait_for(check, timeout, interval=0.02, message=lambda: f"{task.name}: {what}\n{task.output()[-3000:]}")
+
+
+def wait_for_epoch(task: Task, epoch: int, timeout: float) -> None:
+    wait_for_task(task, lambda: epoch in task.epochs(), f"epoch {epoch}", timeout)
 
 
 def assert_user_error(task: Task, fragment: str) -> None:
@@ -371,16 +378,10 @@ def test_sigusr1_dumps_stacks_and_sigterm_ends_promptly(tmp_path):
     # A ps task just serves until it is stopped: a long-running trainer process to poke.
     with Cluster(tmp_path, {"ps": 1, "worker": 1, "chief": 1}, [], only={"ps-0"}) as cluster:
         ps = cluster["ps-0"]
-        deadline = time.monotonic() + 60
-        while "serving as ps" not in ps.output():
-            assert time.monotonic() < deadline and ps.proc.poll() is None, ps.output()
-            time.sleep(0.1)
+        wait_for_task(ps, lambda: "serving as ps" in ps.output(), "serving", timeout=60)
         ps.proc.send_signal(signal.SIGUSR1)
-        deadline = time.monotonic() + 10
-        while "in serve" not in ps.output() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_for_task(ps, lambda: "in serve" in ps.output(), "the stack dump", timeout=10)
         assert "(most recent call first)" in ps.output() and "trainer/ps.py" in ps.output(), ps.output()
-        assert "in serve" in ps.output(), ps.output()
         assert ps.proc.poll() is None
         started = time.monotonic()
         ps.proc.send_signal(signal.SIGTERM)
