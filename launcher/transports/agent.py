@@ -2,9 +2,10 @@
 everything the task started ends with it (standard library only).
 
 tflaunch runs it as ``python -I -S agent.py <spec>`` on this machine and as ``python -c <source>
-<spec>`` over ssh. The spec is base64 JSON: ``argv``, ``env``, optional ``cwd``, ``grace`` (TERM
-to KILL for leftovers), ``eof_grace`` (the same when tflaunch is gone) and ``timeout`` (seconds
-without a heartbeat before the task is stopped; null: never). No value of it passes through a shell.
+<spec>`` over ssh. The spec is base64 of NUL-separated fields (see :func:`read_spec`): ``argv``,
+``env``, optional ``cwd``, ``grace`` (TERM to KILL for leftovers), ``eof_grace`` (the same when
+tflaunch is gone) and ``timeout`` (seconds without a heartbeat before the task is stopped; empty:
+never). No value of it passes through a shell.
 
 The agent makes itself a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``, no root needed), so a
 process the task starts in a session of its own, or by double-forking, is re-parented to the agent
@@ -25,18 +26,41 @@ rather than to init and can still be found. The agent:
 Python 3.6+ compatible on purpose: it runs on whatever interpreter a remote host has.
 """
 
-import base64
+import binascii
 import errno
-import json
 import os
 import select
-import signal
 import sys
 import time
+
+try:  # the C module: the signal wrapper imports enum, which costs a local task's start-up more than all else
+    import _signal as signal
+except ImportError:
+    import signal
 
 MARK = "TFLAUNCH_AGENT"
 PR_SET_CHILD_SUBREAPER = 36
 TICK = 0.25  # longest sleep of the event loop; SIGCHLD and stdin wake it earlier
+
+
+def read_spec(encoded):
+    """The spec from its base64 form: ``key \\0 value`` pairs, except ``argv`` and ``env``, which
+    are ``key \\0 count \\0 item...`` (env items alternate name and value). NUL cannot occur in
+    an argument or an environment value, and json would cost more start-up time than it saves."""
+    tokens = binascii.a2b_base64(encoded).decode("utf-8").split("\0")
+    spec, i = {"env": {}, "timeout": None}, 0
+    while i < len(tokens):
+        key = tokens[i]
+        if key in ("argv", "env"):
+            count = int(tokens[i + 1])
+            items = tokens[i + 2:i + 2 + count]
+            spec[key] = items if key == "argv" else dict(zip(items[::2], items[1::2]))
+            i += 2 + count
+        else:
+            value = tokens[i + 1]
+            spec[key] = value if key == "cwd" else (float(value) if value else None)
+            i += 2
+    return spec
 
 
 def report(text):
@@ -298,7 +322,7 @@ class Agent(object):
 
 
 def main():
-    spec = json.loads(base64.b64decode(sys.argv[1]).decode("utf-8"))
+    spec = read_spec(sys.argv[1])
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     # The agent must outlive a SIGINT/SIGHUP aimed at its session so it can clean up. A no-op
     # handler, not SIG_IGN: ignored signals would stay ignored in the task after exec.

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import fcntl
-import json
 import os
 import subprocess
 import tempfile
@@ -30,11 +29,18 @@ KILL_BACKSTOP = 3.0  # after KILL, seconds before the agent itself is killed if 
 
 def agent_spec(argv: list[str], env: dict[str, str], grace: float, eof_grace: float, timeout: float | None,
                cwd: str | None = None) -> str:
-    """The agent's one argument: base64 JSON, so that no value of it passes through a shell."""
-    spec = {"argv": argv, "env": env, "grace": grace, "eof_grace": eof_grace, "timeout": timeout}
+    """The agent's one argument, base64 so that no value of it passes through a shell (the
+    format is :func:`agent.read_spec`'s)."""
+    tokens = ["grace", repr(float(grace)), "eof_grace", repr(float(eof_grace)),
+              "timeout", "" if timeout is None else repr(float(timeout))]
     if cwd is not None:
-        spec["cwd"] = cwd
-    return base64.b64encode(json.dumps(spec).encode()).decode()
+        tokens += ["cwd", cwd]
+    tokens += ["argv", str(len(argv)), *argv, "env", str(2 * len(env))]
+    for name, value in env.items():
+        tokens += [name, value]
+    if any("\0" in token for token in tokens):
+        raise ValueError("an argument or environment value contains a NUL character")
+    return base64.b64encode("\0".join(tokens).encode()).decode()
 
 
 @dataclass(frozen=True)

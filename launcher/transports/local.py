@@ -71,8 +71,11 @@ class LocalTransport:
         self.enter = enter
 
     def start(self, launch: TaskLaunch, output_fd: int) -> LocalProcess | FailedStart:
-        spec = agent_spec([*self.enter, *launch.argv], dict(launch.env), grace=self.grace,
-                          eof_grace=min(self.grace, EOF_GRACE), timeout=HEARTBEAT_TIMEOUT, cwd=launch.workdir)
+        try:
+            spec = agent_spec([*self.enter, *launch.argv], dict(launch.env), grace=self.grace,
+                              eof_grace=min(self.grace, EOF_GRACE), timeout=HEARTBEAT_TIMEOUT, cwd=launch.workdir)
+        except ValueError as exc:
+            return FailedStart(f"cannot start: {exc}")
         status_fd = status_file()
         try:
             # -I -S: the agent needs nothing but the standard library, and starts in half the time.

@@ -12,7 +12,7 @@ kill a remote process. The agent's stdin is a pipe only tflaunch writes to, so:
   on both sides.
 
 Every value that crosses the remote shell is quoted with ``shlex.quote``; argv and env travel
-inside a base64 JSON argument that no shell interprets. Only ``setup`` is shell by design.
+inside a base64 argument that no shell interprets. Only ``setup`` is shell by design.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def ssh_argv(host: str, settings: SshSettings, remote_command: str | None = None
 
 
 def agent_argument(launch: TaskLaunch, grace: float, timeout: float) -> str:
-    """The agent's one argument: base64 JSON of argv, env, the graces and the heartbeat timeout."""
+    """The agent's one argument: argv, env, the graces and the heartbeat timeout, base64-encoded."""
     return agent_spec(list(launch.argv), dict(launch.env), grace=grace, eof_grace=min(grace, EOF_GRACE),
                       timeout=timeout)
 
@@ -126,8 +126,11 @@ class SshTransport:
         self.grace = grace
 
     def start(self, launch: TaskLaunch, output_fd: int) -> SshProcess | FailedStart:
+        try:
+            argv = ssh_argv(launch.host, launch.ssh or SshSettings(), remote_command(launch, self.grace))
+        except ValueError as exc:
+            return FailedStart(f"cannot start: {exc}")
         stderr_fd = status_file()
-        argv = ssh_argv(launch.host, launch.ssh or SshSettings(), remote_command(launch, self.grace))
         try:
             popen = subprocess.Popen(
                 argv,
