@@ -158,3 +158,12 @@ def test_script_comments_every_sbatch_line_and_execs_tflaunch():
 def test_slurm_error_lines_lose_their_prefix_noise():
     assert last_line("sbatch: error: Batch job submission failed: Invalid partition name specified\n") == \
         "sbatch: Batch job submission failed: Invalid partition name specified"
+
+
+def test_a_multiline_command_keeps_every_sbatch_line_in_the_header():
+    request = JobRequest(run_dir="/r/logs/run1", workdir="/r", python="/p", settings=SlurmSettings(nodes=1),
+                         command=("python", "-c", "import os\nprint(1)"),
+                         submitted_argv=("tflaunch", "submit", "--", "python", "-c", "import os\nprint(1)"))
+    lines = render_script(request).splitlines()
+    header = lines[:next(i for i, line in enumerate(lines) if not line.startswith("#"))]
+    assert len([line for line in header if line.startswith("#SBATCH")]) == 6  # sbatch reads no further than this

@@ -79,7 +79,9 @@ def tflaunch_argv(request: JobRequest) -> list[str]:
 def render_script(request: JobRequest) -> str:
     width = max(len(option) for option, _ in sbatch_lines(request)) + len("#SBATCH ") + 2
     out = ["#!/bin/bash",
-           "# Written by 'tflaunch submit'" + (f": {shlex.join(request.submitted_argv)}" if request.submitted_argv else ""),
+           # One line: sbatch stops reading #SBATCH lines at the first line that is not a comment.
+           "# Written by 'tflaunch submit'" + (f": {_one_line(shlex.join(request.submitted_argv))}"
+                                               if request.submitted_argv else ""),
            f"# Run folder: {request.run_dir} (run.json, logs, backup/ of this job)",
            "#"]
     out += [f"{('#SBATCH ' + option).ljust(width)}# {why}" for option, why in sbatch_lines(request)]
@@ -90,3 +92,7 @@ def render_script(request: JobRequest) -> str:
             f"exec {shlex.join(tflaunch_argv(request))}",
             ""]
     return "\n".join(out)
+
+
+def _one_line(text: str) -> str:
+    return text.replace("\r", "\\r").replace("\n", "\\n")
