@@ -166,4 +166,4 @@ def test_a_multiline_command_keeps_every_sbatch_line_in_the_header():
                          submitted_argv=("tflaunch", "submit", "--", "python", "-c", "import os\nprint(1)"))
     lines = render_script(request).splitlines()
     header = lines[:next(i for i, line in enumerate(lines) if not line.startswith("#"))]
-    assert len([line for line in header if line.startswith("#SBATCH")]) == 6  # sbatch reads no further than this
+    assert len([line for line in header if line.startswith("#SBATCH")]) == 5  # sbatch reads no further than this
