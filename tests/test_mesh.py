@@ -11,9 +11,10 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
-from conftest import TASK
+from conftest import TASK, descendants_alive
 from launcher.cluster.plan import TaskLaunch
 from launcher.cluster.spec import SshSettings
 from launcher.run.mesh import MeshReport, Pair, PairResult, applies, plan_pairs, probe_mesh
@@ -297,3 +298,46 @@ def test_stalled_start_names_the_broken_pair(tflaunch, testhosts, tmp_path):
     assert f"node2 -> {node1.address}:2222 (worker-0): timed out after 3 s" in failed
     assert "the mesh is broken" in done.manifest["attempts"][0]["reason"]
     nothing_left(testhosts)
+
+
+@pytest.mark.slow
+@pytest.mark.ssh
+@pytest.mark.timeout(180)
+def test_probes_end_with_their_ssh_sessions_when_tflaunch_is_killed(tflaunch, testhosts, tmp_path):
+    cluster = cluster_file(tmp_path, testhosts, two_workers(testhosts))
+
+    def probes() -> dict[str, int]:
+        found = {}
+        for host in testhosts.hosts:
+            for pid in testhosts.pids(host.name):
+                try:
+                    if b"The mesh probe" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                        found[host.name] = pid
+                except OSError:
+                    continue
+        return found
+
+    with Blackhole(testhosts, on="node1", to="node2"):  # node2's connect then waits 3 s: time to kill
+        proc = tflaunch.start("check", str(cluster))
+        try:
+            wait_for(lambda: len(probes()) == 2, timeout=30, interval=0.05, message="a mesh probe on both hosts")
+            assert len(local_probe_clients(testhosts)) == 2  # what must end below, seen while it runs
+        finally:
+            proc.kill()
+            proc.communicate(timeout=30)
+        nothing_left(testhosts, seconds=5)
+        # The orphaned ssh clients end too, once their remote probes have.
+        wait_for(lambda: not local_probe_clients(testhosts), timeout=5,
+                 message=lambda: f"the local ssh clients of the probes to end: {local_probe_clients(testhosts)}")
+
+
+def local_probe_clients(testhosts) -> list[int]:
+    """Pids of ssh clients on this machine running a mesh probe on this session's test hosts."""
+    found = []
+    for proc in descendants_alive(testhosts.ssh_config):
+        try:
+            if "The mesh probe" in " ".join(proc.cmdline()):
+                found.append(proc.pid)
+        except psutil.Error:
+            continue  # exited meanwhile
+    return found
