@@ -21,6 +21,7 @@ from typing import Any
 
 from ..errors import LaunchError, RunNotFoundError
 from ..records.folder import MANIFEST, RunFolder
+from ..slurm.job import SLURM_RECORD, job_status, pending_record
 from ..records.record import RunRecord, RunStatus, TaskRecord
 from ..run.resources import RESOURCES, ResourceSampler
 
@@ -172,6 +173,8 @@ def find_runs(log_dir: Path | str) -> list[Run]:
                 runs.append(load_run(path))
             except RunNotFoundError:
                 continue  # a damaged folder is no reason to hide the others
+        elif path.is_dir() and (path / SLURM_RECORD).is_file() and (pending := pending_record(path)):
+            runs.append(Run(path, pending))  # submitted to Slurm; its run has not started yet
     return sorted(runs, key=lambda r: (r.started or 0.0, r.run_id), reverse=True)
 
 
@@ -222,8 +225,9 @@ def summarize(run: Run, now: float | None = None) -> RunSummary:
     duration = run.record.duration_seconds
     if status is RunStatus.RUNNING and run.started is not None:
         duration = round((now or time.time()) - run.started, 3)
+    shown = job_status(run.path, status.value) if (run.path / SLURM_RECORD).is_file() else None
     return RunSummary(run.run_id, run.record.started_at, run.record.source, len(run.tasks), run.attempt,
-                      status.value, run.record.exit_code, duration, final_record(run).get("test_accuracy"))
+                      shown or status.value, run.record.exit_code, duration, final_record(run).get("test_accuracy"))
 
 
 def final_record(run: Run, metrics: list[dict[str, Any]] | None = None) -> dict[str, Any]:

@@ -30,11 +30,12 @@ from typing import TYPE_CHECKING, Mapping
 from ..cluster.machine import local_host_names
 from ..errors import ConfigError
 from ..records.folder import RunFolder, iso_time, new_run_id, write_atomically
-from .commands import SlurmError, slurm_run
+from .commands import SlurmError, job_states, slurm_run
 
 if TYPE_CHECKING:
     from ..run.console import Console
     from ..run.launch import LaunchRequest, RunResult
+    from ..records.record import RunRecord
     from ..run.signals import Signals
 
 SLURM_RECORD = "slurm.json"
@@ -145,3 +146,32 @@ def run_in_job(request: LaunchRequest, console: Console, *, run_dir: str | None 
                 return result
             result.exit_code = 0  # the job goes on after the requeue; this execution ended as asked
         return result
+
+
+# -- what `tflaunch runs` shows of Slurm runs ---------------------------------------------------
+
+_LIVE_STATES = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "RESIZING",
+                "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT")
+
+
+def pending_record(folder: Path) -> "RunRecord | None":
+    """A stand-in record for a submitted job whose run has not written run.json yet."""
+    from ..records.record import RunRecord, RunStatus
+
+    slurm = read_slurm_record(folder)
+    if not slurm.get("job_id"):
+        return None
+    return RunRecord(run_id=Path(folder).name, source=f"submit (job {slurm['job_id']})", status=RunStatus.RUNNING,
+                     started_at=slurm.get("submitted_at"))
+
+
+def job_status(folder: Path, recorded: str) -> str | None:
+    """``pending (job 12)``, ``running (job 12)``: Slurm's view of a run that has not ended; else None."""
+    slurm = read_slurm_record(folder)
+    job_id = str(slurm.get("job_id") or "")
+    if not job_id or recorded not in ("running", "launcher-lost"):
+        return None
+    state = job_states([job_id]).get(job_id)
+    if state is None:
+        return None
+    return f"{state.lower()} (job {job_id})" if state in _LIVE_STATES else f"{recorded}, job {job_id} {state.lower()}"
