@@ -13,12 +13,12 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from conftest import TASK, descendants_alive
+from polling import wait_for
+
 from launcher.cluster.plan import TaskLaunch
 from launcher.cluster.spec import SshSettings
 from launcher.run.mesh import MeshReport, Pair, PairResult, applies, plan_pairs, probe_mesh
-from polling import wait_for
 
 
 def launch(name: str, host: str, address: str, local: bool = False) -> TaskLaunch:

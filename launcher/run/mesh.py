@@ -27,9 +27,9 @@ import shlex
 import subprocess
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 from ..cluster.plan import TaskLaunch
 from ..transports.ssh import DEFAULT_CONNECT_TIMEOUT, ssh_argv
@@ -214,7 +214,7 @@ def script_argv(launch: TaskLaunch, source: str, request: dict) -> list[str]:
     return ssh_argv(launch.host, launch.ssh, line)
 
 
-def _wait(probes: dict[str, "_HostProbe"], events: queue.Queue, done, seconds: float) -> None:
+def _wait(probes: dict[str, _HostProbe], events: queue.Queue, done, seconds: float) -> None:
     """Handle probe output until ``done`` holds for every probe that is still running, or time is up."""
     deadline = time.monotonic() + seconds
     while not all(done(p) or p.ended for p in probes.values()):

@@ -12,10 +12,10 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 from ..cluster.plan import TaskLaunch
 from ..transports.ssh import DEFAULT_CONNECT_TIMEOUT
@@ -115,7 +115,7 @@ def _probe_host(host: str, tasks: list[TaskLaunch]) -> tuple[dict | None, str | 
     argv = mesh.script_argv(first, PROBE_SOURCE, request)
     started = time.monotonic()
     try:
-        done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, check=False)
     except FileNotFoundError as exc:
         return None, f"cannot run {exc.filename}", 0.0
     except subprocess.TimeoutExpired:
