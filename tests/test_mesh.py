@@ -115,6 +115,22 @@ def test_live_probe_only_connects_and_names_refused_and_unresolved_targets():
     ]
 
 
+def test_a_port_the_probe_cannot_listen_on_is_named_and_not_dialled():
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    port = held.getsockname()[1]
+    try:
+        launches = [launch("worker-0", "localhost", f"127.0.0.1:{port}", local=True),
+                    launch("worker-1", "localhost", f"127.0.0.1:{free_port()}", local=True)]
+        report = probe_mesh(launches)
+    finally:
+        held.close()
+    assert report.problems() == [f"cannot listen on localhost:{port} (worker-0) for the mesh "
+                                 "probe: address already in use"]
+    assert [(r.pair.target, r.ok) for r in report.pairs] == [("worker-1", True)]
+
+
 def test_a_probe_whose_python_cannot_start_is_named():
     broken = TaskLaunch("worker-0", "worker", 0, "localhost", "127.0.0.1:1", True, ("true",), {}, "/",
                         python="/no/such/python")

@@ -47,22 +47,27 @@ CAUSES = {
 
 
 def listen(port):
-    """A listening socket on ``port`` on every address (IPv6 and IPv4 when the host has IPv6)."""
-    try:
-        sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
-        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        address = ("::", port)
-    except OSError:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        address = ("0.0.0.0", port)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-        sock.listen(128)
-    except OSError:
-        sock.close()
-        raise
-    return sock
+    """A listening socket on ``port`` on every address: dual-stack IPv6 where the host has it, else IPv4."""
+    error = None
+    for family, address in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
+        try:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        except OSError as exc:
+            error = exc
+            continue  # no IPv6 here
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            sock.bind((address, port))
+            sock.listen(128)
+            return sock
+        except OSError as exc:
+            sock.close()
+            if exc.errno == errno.EADDRINUSE:
+                raise
+            error = exc  # IPv6 switched off on this host: try IPv4
+    raise error
 
 
 def abort(sock):
