@@ -4,7 +4,9 @@ Backups use BackupAndRestore, which restores the weights,
 optimizer and epoch at the start of fit and writes non-chief backups to the
 per-worker folders TensorFlow requires.
 
-Under ParameterServerStrategy the workers train from a DatasetCreator, and the
+Under ParameterServerStrategy the workers train from a DatasetCreator (Keras
+creates it on each worker with ClusterCoordinator.create_per_worker_dataset, so a
+worker restarted in place gets its dataset again: see trainer.ps), and the
 chief evaluates (validation each epoch, test at the end) itself with the current
 variables from the ps tasks: Keras's distributed "exact evaluation" cannot shard
 in-memory data in TF 2.21 ("Could not apply FILE based sharding").
@@ -118,6 +120,9 @@ def train(session: Session, model: keras.Model, checkpoints=None) -> None:
         callbacks.append(keras.callbacks.BackupAndRestore(
             args.backup_dir, save_freq=args.backup_every or "epoch", delete_checkpoint=True))
     if ps_mode:
+        from trainer.ps import watch_workers
+
+        watch_workers(session.reporter)
         evaluate_here = exact_evaluator(model, session.global_batch)
 
         def validate() -> dict:
