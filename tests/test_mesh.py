@@ -271,6 +271,7 @@ def test_name_that_resolves_on_one_host_only_is_named(tflaunch, testhosts, tmp_p
             f"  - host: node2\n    address: {name}\n    port: 2222\n"
             f"  - host: node2\n    address: {node2.address}\n    port: 2223\n")
     cluster = cluster_file(tmp_path, testhosts, body)
+    made_parent = not etc.parent.exists()
     etc.mkdir(parents=True, exist_ok=False)
     try:
         (etc / "hosts").write_text(f"127.0.0.1\tlocalhost\n{node2.address}\t{name}\n")
@@ -278,6 +279,8 @@ def test_name_that_resolves_on_one_host_only_is_named(tflaunch, testhosts, tmp_p
     finally:
         (etc / "hosts").unlink()
         etc.rmdir()
+        if made_parent:
+            etc.parent.rmdir()
     assert done.returncode == 1, done.stdout
     rows = mesh_rows(done.stdout)
     assert rows["node1"] == [f"FAIL  cannot resolve '{name}' on node1 (the address of worker-1 in TF_CONFIG)"]
