@@ -76,6 +76,9 @@ def _parse_threads(ctx: click.Context, param: click.Parameter, value: str | None
               help="Show every task line as written: TensorFlow's start-up chatter and raw metric lines too.")
 @click.option("--dry-run", is_flag=True, help="Print each task's host, workdir, command and env; start nothing.")
 @click.option("--no-check", is_flag=True, help="Skip the host checks that run before launching on remote hosts.")
+@click.option("--isolate-network", is_flag=True,
+              help="Run every task in one network namespace of its own: they reach each other on loopback, "
+                   "nothing outside reaches them, and they have no outside network (tasks on this machine only).")
 @click.option("--max-restarts", type=click.IntRange(min=0), metavar="N",
               help="Restart the whole cluster up to N times when a task fails (default: the file's max_restarts, else 0).")
 @click.option("--restart-delay", type=click.FloatRange(min=0), metavar="S",
@@ -107,13 +110,19 @@ def run(ctx: click.Context, cluster: str | None, **options: Any) -> None:
                             max_restarts=options["max_restarts"],
                             restart_delay=options["restart_delay"], show_tasks=options["show_tasks"],
                             evaluator_timeout=options["evaluator_timeout"], env=options["env"],
+                            isolate_network=options["isolate_network"],
                             watchdog=WatchdogSettings(start_timeout=options["start_timeout"],
                                                       hang_timeout=options["hang_timeout"]))
     if options["dry_run"]:
         from ..run.launch import dry_run as plan_only
         from ..run.summary import describe_plan
 
+        from ..cluster.exposure import exposure_warning
+
         spec, plan = plan_only(request)
+        warning = exposure_warning(spec)
+        if warning:
+            click.echo(f"tflaunch: {warning}", err=True)
         click.echo("\n".join(describe_plan(spec, plan)))
         return
     from ..run.console import Console

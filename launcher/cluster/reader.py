@@ -32,7 +32,7 @@ from .spec import (  # noqa: F401  (re-exported: the spec is part of this module
 )
 
 CLUSTER_KEYS = ("command", "env", "log_dir", "share_gpus", "threads", "workdir", "python", "setup", "ssh",
-                "hosts", "max_restarts", "restart_delay", "restart_policy", "task_restarts", "kubernetes", "slurm") + ROLES
+                "hosts", "max_restarts", "restart_delay", "restart_policy", "task_restarts", "kubernetes", "slurm", "isolate_network") + ROLES
 TASK_KEYS = ("host", "port", "address", "gpus", "env", "workdir", "python", "setup")
 HOST_KEYS = ("ssh", "workdir", "python", "setup", "env")
 SSH_KEYS = ("user", "port", "identity_file", "options", "connect_timeout", "keepalive_timeout")
@@ -119,6 +119,7 @@ class _ClusterReader(FieldReader):
             hosts=self._read_hosts(mapping.get("hosts")),
             max_restarts=self.read_count(mapping.get("max_restarts", 0), "max_restarts"),
             restart_delay=self.read_seconds(mapping.get("restart_delay", 1.0), "restart_delay", allow_zero=True),
+            isolate_network=self.read_bool(mapping.get("isolate_network", False), "isolate_network"),
             kubernetes=None if mapping.get("kubernetes") is None else self.expect_mapping(
                 mapping["kubernetes"], "kubernetes", "a mapping of Kubernetes settings"),
             slurm=None if mapping.get("slurm") is None else self.expect_mapping(

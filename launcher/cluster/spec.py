@@ -110,6 +110,7 @@ class ClusterSpec:
     transport: str | None = None
     restart_policy_by_role: Mapping[str, RestartPolicy] = field(default_factory=dict)  # as the file says
     task_restarts: int = 3  # in-place restarts allowed per task under the "task" policy
+    isolate_network: bool = False  # every task in one network namespace of the run's own (all local)
 
     @property
     def restart_policy(self) -> dict[str, RestartPolicy]:

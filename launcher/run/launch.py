@@ -22,6 +22,7 @@ from ..cluster.spec import AUTO, RESERVED_ENV, ClusterSpec, is_local
 from ..errors import ConfigError, EnvironmentProblem, PortInUseError, PreflightError, UnknownTaskError
 from ..records.folder import RunFolder, new_run_id
 from ..sources import ClusterSource
+from .isolation import NetworkNamespace, isolated_network
 from .session import TAIL_LINES, RunResult, RunSession, SessionOptions
 from .signals import SIGNALS, Signals
 from .watchdog import WatchdogSettings
@@ -51,6 +52,7 @@ class LaunchRequest:
     watchdog: WatchdogSettings = WatchdogSettings()
     preflight: bool = True  # run the host checks first when the cluster has remote hosts
     show_tasks: tuple[str, ...] = ()  # --tasks: checked against the plan
+    isolate_network: bool = False  # --isolate-network (a cluster file can also ask with isolate_network: true)
 
 
 def build_spec(request: LaunchRequest, local_hosts: frozenset[str]) -> ClusterSpec:
@@ -65,6 +67,11 @@ def build_spec(request: LaunchRequest, local_hosts: frozenset[str]) -> ClusterSp
         spec = replace(spec, log_dir=request.log_dir)
     if request.threads is not None:
         spec = replace(spec, threads=request.threads)
+    if request.isolate_network or spec.isolate_network:
+        from .isolation import check_isolation
+
+        spec = replace(spec, isolate_network=True)
+        check_isolation(spec, local_hosts, "--isolate-network" if request.isolate_network else "isolate_network")
     known = [task.name for task in spec.tasks]
     unknown = [name for name in request.show_tasks if name not in known]
     if unknown:
@@ -127,6 +134,7 @@ def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS) ->
     with signals.armed_for_run():
         local_hosts = local_host_names()
         spec = build_spec(request, local_hosts)
+        _warn_if_exposed(spec, console)
         reservation = _reserve_auto_ports(spec)
         try:
             spec = spec.with_ports(reservation.ports)
@@ -134,17 +142,33 @@ def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS) ->
             if request.preflight and not all(is_local(t.host, local_hosts) for t in spec.tasks):
                 _preflight(spec, local_hosts, request, with_mesh=not reservation.ports)
             _stop_if_signalled(signals)
-            folder = _create_folder(spec)
-            options = SessionOptions(
-                grace=request.grace,
-                max_restarts=spec.max_restarts if request.max_restarts is None else request.max_restarts,
-                restart_delay=spec.restart_delay if request.restart_delay is None else request.restart_delay,
-                evaluator_timeout=request.evaluator_timeout, watchdog=request.watchdog)
-            session = RunSession(spec, options, folder, console,
-                                 lambda context: plan_for(spec, context, local_hosts, request), signals)
-            return session.execute()
+            # The namespace comes before the run folder: where it cannot be made, nothing is left.
+            with isolated_network(spec) as network:  # None unless the run asked for one
+                folder = _create_folder(spec)
+                options = SessionOptions(
+                    grace=request.grace,
+                    max_restarts=spec.max_restarts if request.max_restarts is None else request.max_restarts,
+                    restart_delay=spec.restart_delay if request.restart_delay is None else request.restart_delay,
+                    evaluator_timeout=request.evaluator_timeout, watchdog=request.watchdog)
+                session = RunSession(spec, options, folder, console,
+                                     lambda context: _entered(network, plan_for(spec, context, local_hosts, request)),
+                                     signals)
+                return session.execute()
         finally:
             reservation.release()
+
+
+def _warn_if_exposed(spec: ClusterSpec, console: Console) -> None:
+    from ..cluster.exposure import exposure_warning
+
+    warning = exposure_warning(spec)
+    if warning:
+        console.message(warning)
+
+
+def _entered(network: NetworkNamespace | None, plan: Plan) -> Plan:
+    """The plan with its tasks started inside the run's network namespace, when it has one."""
+    return network.enter(plan) if network else plan
 
 
 def _preflight(spec: ClusterSpec, local_hosts: frozenset[str], request: LaunchRequest, with_mesh: bool) -> None:

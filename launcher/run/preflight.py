@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..cluster.exposure import exposure_text, unique_names
 from ..cluster.plan import TaskLaunch
 from ..transports.ssh import DEFAULT_CONNECT_TIMEOUT
 from . import mesh
@@ -82,6 +83,9 @@ def check_hosts(launches: Sequence[TaskLaunch], with_mesh: bool = True) -> Check
                                       warning=True))
     if with_mesh and mesh.applies(launches):
         report.items += _check_mesh(launches, report)
+    exposed = exposure_text(unique_names(n for l in launches for n in (l.host, l.address.rsplit(":", 1)[0])))
+    if exposed:
+        report.items.append(CheckItem("*", "exposure", False, exposed, warning=True))
     return report
 
 
