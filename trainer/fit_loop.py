@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+import tensorflow as tf
+
 from trainer import inputs
 from trainer.evaluation import exact_evaluator
 from trainer.kerasapi import keras
@@ -117,8 +119,7 @@ def train(session: Session, model: keras.Model, checkpoints=None) -> None:
     scalars = logger_for(session.tensorboard_write_dir())
     callbacks = []
     if args.backup_dir:
-        callbacks.append(keras.callbacks.BackupAndRestore(
-            args.backup_dir, save_freq=args.backup_every or "epoch", delete_checkpoint=True))
+        callbacks.append(backup_callback(session))
     if ps_mode:
         from trainer.ps import watch_workers
 
@@ -146,6 +147,19 @@ def train(session: Session, model: keras.Model, checkpoints=None) -> None:
     finally:
         if scalars is not None:
             scalars.close()
+
+
+def backup_callback(session: Session) -> keras.callbacks.Callback:
+    """BackupAndRestore into --backup-dir, also under CentralStorageStrategy."""
+    args = session.args
+    callback = keras.callbacks.BackupAndRestore(
+        args.backup_dir, save_freq=args.backup_every or "epoch", delete_checkpoint=True)
+    central_storage = tf.distribute.experimental.CentralStorageStrategy
+    if isinstance(session.strategy, central_storage) and hasattr(callback, "_supported_strategies"):
+        # tf_keras refuses strategies outside a fixed list, although its training-state
+        # checkpoint works with this single-worker one (resumed mid-epoch in the tests).
+        callback._supported_strategies = (*callback._supported_strategies, central_storage)
+    return callback
 
 
 def evaluate(session: Session, model: keras.Model) -> tuple[float, float]:

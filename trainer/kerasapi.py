@@ -19,7 +19,9 @@ if LEGACY:
 else:
     import keras
 
-__all__ = ["LEGACY", "keras", "save_model"]
+__all__ = ["LABEL", "LEGACY", "keras", "save_model"]
+
+LABEL = f"{'tf_keras' if LEGACY else 'keras'} {keras.__version__}"
 
 
 def save_model(model, directory: str) -> None:

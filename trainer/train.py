@@ -11,6 +11,7 @@ import time
 
 from trainer import checkpoints as epoch_checkpoints
 from trainer import custom_loop, fit_loop, inputs
+from trainer.kerasapi import LABEL as KERAS_LABEL
 from trainer.kerasapi import keras, save_model
 from trainer.cluster import TaskInfo
 from trainer.data import Splits
@@ -35,7 +36,8 @@ def run(args: argparse.Namespace, task: TaskInfo, splits: Splits, reporter: Repo
                           scratch=scratch)
         reporter.say(
             f"{reporter.task}: {strategy_label(strategy)} replicas={replicas} global_batch={global_batch} "
-            f"steps_per_epoch={steps_per_epoch} loop={args.loop} dataset={splits.name} ({splits.sizes()})"
+            f"steps_per_epoch={steps_per_epoch} loop={args.loop} keras={KERAS_LABEL.replace(' ', '-')} "
+            f"dataset={splits.name} ({splits.sizes()})"
         )
         with strategy.scope():
             model = build_model(splits.input_shape, args.width)
