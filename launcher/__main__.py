@@ -9,9 +9,14 @@ import sys
 
 
 def main() -> None:
-    from .run.signals import SIGNALS, Interrupted
+    try:
+        # Until the handlers are in place Python's own SIGINT handler raises KeyboardInterrupt:
+        # importing the signal module alone takes a few milliseconds.
+        from .run.signals import SIGNALS, Interrupted
 
-    SIGNALS.install()
+        SIGNALS.install()
+    except KeyboardInterrupt:
+        sys.exit(130)
     try:
         from .cli import main as cli_main
     except Interrupted as interrupted:
