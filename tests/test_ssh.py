@@ -47,13 +47,6 @@ def run_processes(testhosts, host: str) -> list[str]:
     return found
 
 
-def merged_text(tflaunch) -> str:
-    """The latest run's merged log so far ("" before it exists)."""
-    run_dir = tflaunch.latest_run()
-    merged = run_dir / "merged.log" if run_dir else None
-    return merged.read_text() if merged and merged.exists() else ""
-
-
 def wait_until_empty(testhosts, seconds: float) -> dict[str, list[str]]:
     deadline = time.monotonic() + seconds
     while True:
@@ -65,10 +58,13 @@ def wait_until_empty(testhosts, seconds: float) -> dict[str, list[str]]:
 
 @pytest.mark.tensorflow
 def test_two_host_mwms_training_through_ssh(tflaunch, testhosts, tmp_path):
-    cluster = cluster_file(tmp_path, testhosts, two_workers(testhosts))
+    # The setup line runs in the remote login shell, so its output names the host the task ran on.
+    placed = "hosts:\n" + "".join(f"  {h}:\n    setup: echo ran-on-$(hostname)\n" for h in ("node1", "node2"))
+    cluster = cluster_file(tmp_path, testhosts, placed + two_workers(testhosts))
     done = tflaunch.run(str(cluster), "--", "python", "-m", "trainer", "--epochs", "3", timeout=200)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "node1" in done.task_output("worker-0") or True  # hostnames are checked below
+    assert "ran-on-node1" in done.task_output("worker-0").splitlines()
+    assert "ran-on-node2" in done.task_output("worker-1").splitlines()
     metrics = [json.loads(line) for line in (done.run_dir / "metrics.jsonl").read_text().splitlines()]
     epochs = {(m["task"], m["epoch"]): m["loss"] for m in metrics if m["kind"] == "epoch"}
     assert sorted(epochs) == [(t, e) for t in ("worker-0", "worker-1") for e in (1, 2, 3)]
@@ -129,7 +125,7 @@ def test_remote_exit_code_propagates_and_summary_names_host(tflaunch, testhosts,
 def test_no_remote_process_survives_tflaunch(tflaunch, testhosts, tmp_path, how):
     cluster = cluster_file(tmp_path, testhosts, two_workers(testhosts))
     proc = tflaunch.start(str(cluster), "--", "python", TASK, "child", "forever")
-    wait_for(lambda: merged_text(tflaunch).count("CHILD ") == 2, timeout=30, message="both tasks' children")
+    wait_for(lambda: tflaunch.merged_text().count("CHILD ") == 2, timeout=30, message="both tasks' children")
     assert all(len(run_processes(testhosts, h.name)) >= 3 for h in testhosts.hosts)  # agent, task, grandchild
     proc.send_signal(getattr(signal, how))
     proc.communicate(timeout=30)
@@ -159,7 +155,7 @@ def test_unreachable_host_reported_within_connect_timeout(tflaunch, testhosts, t
 def test_host_cut_off_mid_run_is_detected(tflaunch, testhosts, tmp_path):
     cluster = cluster_file(tmp_path, testhosts, two_workers(testhosts), keepalive=3)
     proc = tflaunch.start(str(cluster), "--", "python", TASK, "print:up", "forever")
-    wait_for(lambda: len(re.findall(r" worker-\d \| up$", merged_text(tflaunch), re.M)) == 2, timeout=30,
+    wait_for(lambda: len(re.findall(r" worker-\d \| up$", tflaunch.merged_text(), re.M)) == 2, timeout=30,
              message="both tasks to be up")
     testhosts.cut("node2")
     try:
