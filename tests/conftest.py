@@ -83,6 +83,12 @@ class Tflaunch:
         runs = [p for p in self.log_dir.glob("*") if p.is_dir()] if self.log_dir.exists() else []
         return max(runs, key=lambda p: (p.name[:15], p.stat().st_ctime_ns)) if runs else None
 
+    def merged_text(self) -> str:
+        """The latest run's merged log so far ("" before there is one), for waiting on a live run."""
+        run_dir = self.latest_run()
+        merged = run_dir / "merged.log" if run_dir else None
+        return merged.read_text(errors="replace") if merged and merged.exists() else ""
+
     def _with_log_dir(self, args: tuple[str, ...]) -> list[str]:
         args = list(args)
         if args and args[0] in ("runs", "logs", "status", "report", "compare", "check"):

@@ -118,9 +118,7 @@ def test_interrupt_leaves_no_process_behind(tflaunch, signum, code):
     proc = tflaunch.start("--local", "2", "--", "python", TASK, f"print:{marker}", "child", "forever", marker)
     # Grandchildren do not carry the marker in their command line: follow them by pid.
     def both_children() -> list[int]:
-        run_dir = tflaunch.latest_run()
-        merged = run_dir / "merged.log" if run_dir else None
-        found = re.findall(r"CHILD (\d+)", merged.read_text()) if merged and merged.exists() else []
+        found = re.findall(r"CHILD (\d+)", tflaunch.merged_text())
         return [int(pid) for pid in found] if len(found) == 2 else []
 
     children = [psutil.Process(pid) for pid in wait_for(both_children, timeout=30, message="both tasks' children")]

@@ -75,6 +75,12 @@ class Cluster:
         return Watchdog(WatchdogSettings(start_timeout, hang_timeout), self.pump, attempt, trainers,
                         self.folder / f"attempt-{attempt}" / "stacks", self.events.append, clock=self.clock)
 
+    def workers(self, count: int, **timeouts: float) -> tuple[Watchdog, list[Task]]:
+        """``count`` running workers, followed by the pump, and a watchdog that counts them all as trainers."""
+        names = [f"worker-{i}" for i in range(count)]
+        self.follow(*names)
+        return self.watchdog(names, **timeouts), [task(name) for name in names]
+
     def path(self, name: str, attempt: int) -> Path:
         return self.folder / f"{name}.{attempt}.log"
 
@@ -160,9 +166,7 @@ def test_start_timeout_fires_naming_the_trainers_without_progress(cluster):
 
 
 def test_start_timeout_does_not_fire_once_every_trainer_reported(cluster):
-    cluster.follow("worker-0", "worker-1")
-    watchdog = cluster.watchdog(["worker-0", "worker-1"], start_timeout=30)
-    tasks = [task("worker-0"), task("worker-1")]
+    watchdog, tasks = cluster.workers(2, start_timeout=30)
     cluster.clock.advance(29)
     assert watchdog(tasks) is None
     cluster.metric("worker-0")
@@ -231,16 +235,15 @@ def test_hang_timeout_counts_from_the_attempts_start_when_nothing_was_written(cl
     cluster.write("worker-0", "output of an earlier attempt")
     cluster.clock.advance(100)  # e.g. the restart delay: silence before this attempt is not a hang
     watchdog = cluster.watchdog(["worker-0"], hang_timeout=10)
+    tasks = [task("worker-0")]
     cluster.clock.advance(10)
-    assert watchdog([task("worker-0")]) is None
+    assert watchdog(tasks) is None
     cluster.clock.advance(0.5)
-    assert watchdog([task("worker-0")]) is not None
+    assert watchdog(tasks) is not None
 
 
 def test_steady_output_keeps_the_hang_timeout_quiet(cluster):
-    cluster.follow("worker-0", "worker-1")
-    watchdog = cluster.watchdog(["worker-0", "worker-1"], hang_timeout=10)
-    tasks = [task("worker-0"), task("worker-1")]
+    watchdog, tasks = cluster.workers(2, hang_timeout=10)
     for step in range(20):  # 160 s of a run where one task or the other writes every 8 s
         cluster.clock.advance(8)
         cluster.write(f"worker-{step % 2}", f"step {step}")
@@ -257,9 +260,7 @@ def test_a_closed_console_does_not_make_a_healthy_run_look_hung_or_unformed(tmp_
     closed = Console(os.fdopen(write_end, "w"), messages=io.StringIO(), colour=False)
     cluster = Cluster(tmp_path, closed)
     try:
-        cluster.follow("worker-0", "worker-1")
-        watchdog = cluster.watchdog(["worker-0", "worker-1"], start_timeout=20, hang_timeout=10)
-        tasks = [task("worker-0"), task("worker-1")]
+        watchdog, tasks = cluster.workers(2, start_timeout=20, hang_timeout=10)
         for epoch in range(1, 6):  # 5 epochs of 8 s, each task reporting each one
             cluster.clock.advance(8)
             cluster.metric("worker-0", epoch=epoch)
