@@ -231,7 +231,7 @@ class Console:
         if kind == "message":
             return [(self._err, self._message_text(item[1]))]
         if kind == "states":
-            self._states, attempt, self._restarts = item[1], item[2], item[3]
+            self._states, self._restarts = item[1], item[3]
             ended = [name for name, state in self._states.items() if state in _ENDED]
             return [(self._out, self._metric_lines(self._board.release(ended)))]
         return [(self._out, self._metric_lines(self._board.release_all()))]

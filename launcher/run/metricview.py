@@ -50,7 +50,7 @@ def epoch_text(record: dict[str, Any], total: int | None = None) -> str:
 
 def final_text(record: dict[str, Any]) -> str:
     """``test  loss 0.110  acc 0.963  8 epochs  14.78 s``."""
-    parts = ["test "]
+    parts = ["test"]
     parts += [f"{label} {text}" for key, label, digits in _FINAL_VALUES
               if (text := number(record.get(key), digits)) is not None]
     if isinstance(record.get("epochs"), int):

@@ -118,7 +118,7 @@ def _emulate(line: str) -> tuple[list[str], int]:
 #   I0000 00:00:1795426522.929680    8464 port.cc:153] oneDNN custom operations are on...
 # and the older format:
 #   2024-01-01 12:00:00.123456: I tensorflow/core/platform/cpu_feature_guard.cc:182] This TensorFlow...
-_NATIVE = re.compile(r"^(?:([IWEF])\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ ([\w./-]+):\d+\] "
+_NATIVE = re.compile(r"^(?:([IWEF])\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ ([\w./-]+):\d+\] "
                      r"|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: ([IWEF]) ([\w./-]+):\d+\] )")
 _SOURCE_LINE = re.compile(rb"\.(?:cc|h):\d+\] ")
 _ABSL_PREINIT = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"

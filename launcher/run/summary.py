@@ -1,16 +1,25 @@
-"""Human-readable text for plans and results (the CLI prints it; nothing here prints)."""
+"""Human-readable text for plans and results (the CLI prints it; nothing here prints).
+
+The closing summary of a run reads its folder as well as its result: ``metrics.jsonl`` for the
+training figures and ``resources.json`` for each task's peak memory and CPU.
+"""
 
 from __future__ import annotations
 
+import json
 import shlex
-
+import statistics
 from pathlib import Path
+from typing import Any
 
 from ..cluster.spec import ClusterSpec
 from .launch import TAIL_LINES, RunResult
+from .metricview import number as figure
 from .pump import tail_lines
+from .resources import RESOURCES
 from ..cluster.plan import Plan
 from .supervisor import Outcome, Task
+from ..transports.base import signal_name
 
 
 def describe_plan(spec: ClusterSpec, plan: Plan) -> list[str]:
@@ -35,9 +44,12 @@ def describe_result(result: RunResult) -> list[str]:
     final = result.final
     duration = _duration(final.tasks)
     attempts = f" after {len(result.attempts)} attempts" if len(result.attempts) > 1 else ""
+    usage = _resources(Path(result.run_dir))
     if final.outcome is Outcome.SUCCEEDED:
-        return [f"run {result.run_id} succeeded{attempts} in {duration} ({len(final.tasks)} tasks); "
-                f"logs in {result.run_dir}"]
+        return [f"run {result.run_id} succeeded{attempts} in {duration} ({len(final.tasks)} tasks)",
+                *task_table(final.tasks, usage), *leftover_lines(result),
+                *training_lines(_metrics(Path(result.run_dir)), len(result.attempts)),
+                f"logs in {result.run_dir}", _report_hint(result)]
     lines: list[str] = []
     root = final.root_cause
     if final.outcome is Outcome.INTERRUPTED or result.exit_code != final.exit_code:
@@ -63,17 +75,118 @@ def describe_result(result: RunResult) -> list[str]:
     others = [t for t in final.tasks if t is not root]
     if others:
         lines.append("other tasks:")
-        width = max(len(t.name) for t in others)
-        lines += [f"  {t.name.ljust(width)}  {t.launch.host}  {_state(t)}" for t in others]
+        lines += task_table(others, usage)
+    lines += leftover_lines(result)
+    lines += training_lines(_metrics(Path(result.run_dir)), len(result.attempts))
     lines.append(f"logs in {result.run_dir}; tflaunch exits with {result.exit_code}")
     return lines
 
 
-def _state(task: Task) -> str:
-    text = task.state.value
-    if task.status is not None:
-        text += f" ({task.status.describe()})"
-    return text
+def leftover_lines(result: RunResult) -> list[str]:
+    """What tasks left running when they ended (and had to be stopped), attempt by attempt."""
+    lines = []
+    for number, attempt in enumerate(result.attempts, 1):
+        where = f" in attempt {number}" if len(result.attempts) > 1 else ""
+        for task in attempt.tasks:
+            if task.leftovers:
+                count = len(task.leftovers)
+                lines.append(f"{task.name} left {count} process{'es' if count != 1 else ''} behind{where}: "
+                             f"{', '.join(task.leftovers)}, stopped")
+    return lines
+
+
+def task_table(tasks: list[Task], usage: dict[str, dict[str, Any]]) -> list[str]:
+    """Each task's host, state, exit status, peak RSS and CPU (mean and peak; 100 % is one core)."""
+    rows = [("task", "host", "state", "exit", "peak RSS", "CPU mean", "CPU peak")]
+    for task in tasks:
+        figures = usage.get(task.name, {})
+        rss, mean, peak = (figures.get(k) for k in ("rss_mb_peak", "cpu_percent_mean", "cpu_percent_peak"))
+        rows.append((task.name, task.launch.host, task.state.value, _exit(task),
+                     f"{rss:,.0f} MB" if figure(rss) else "-", f"{mean:.0f} %" if figure(mean) else "-",
+                     f"{peak:.0f} %" if figure(peak) else "-"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  " + "  ".join(cell.rjust(w) if i >= 3 else cell.ljust(w)
+                             for i, (cell, w) in enumerate(zip(row, widths))).rstrip() for row in rows]
+
+
+def training_lines(records: list[dict[str, Any]], attempt: int) -> list[str]:
+    """Epochs, the last epoch's figures, throughput and the test result of the final attempt."""
+    records = [r for r in records if r.get("attempt", 1) == attempt]
+    reporter = _reporter(records)
+    epochs = [r for r in records if r.get("kind") == "epoch" and r.get("task") == reporter
+              and isinstance(r.get("epoch"), int)]
+    final = next((r for r in reversed(records) if r.get("kind") == "final" and r.get("task") == reporter), None)
+    if not epochs and final is None:
+        return []
+    lines = []
+    if epochs:
+        last = epochs[-1]
+        rates = [r["samples_per_second"] for r in epochs if figure(r.get("samples_per_second"))]
+        seconds = final.get("total_seconds") if final else None
+        head = f"training: {last['epoch']} epochs"
+        if figure(seconds):
+            head += f" in {seconds:.1f} s"
+        if rates:
+            head += f", median {statistics.median(rates):,.0f} samples/s"
+        figures = [f"{label} {text}" for key, label in
+                   (("loss", "loss"), ("accuracy", "acc"), ("val_loss", "val_loss"), ("val_accuracy", "val_acc"))
+                   if (text := figure(last.get(key))) is not None]
+        lines.append(head + (f"; last epoch: {'  '.join(figures)}" if figures else ""))
+    if final is not None:
+        figures = [f"{label} {text}" for key, label in (("test_accuracy", "acc"), ("test_loss", "loss"))
+                   if (text := figure(final.get(key))) is not None]
+        if figures:
+            lines.append(f"test: {'  '.join(figures)}")
+    return lines
+
+
+def _reporter(records: list[dict[str, Any]]) -> str | None:
+    """The task whose records stand for the cluster's: the chief, else worker-0, else the first."""
+    tasks = [r.get("task") for r in records if r.get("kind") in ("epoch", "final")]
+    for name in ("chief-0", "worker-0"):
+        if name in tasks:
+            return name
+    return tasks[0] if tasks else None
+
+
+def _report_hint(result: RunResult) -> str:
+    run_dir = Path(result.run_dir)
+    where = "" if run_dir.parent.resolve() == Path("logs").resolve() else f" --log-dir {shlex.quote(str(run_dir.parent))}"
+    return (f"per-epoch table: tflaunch report {result.run_id}{where}; learning curves: add --plot "
+            f"(draws {run_dir / 'learning_curves.png'})")
+
+
+def _exit(task: Task) -> str:
+    status = task.status
+    if status is None:
+        return "-"
+    if status.signal is not None:
+        return signal_name(status.signal)
+    return str(status.code) if status.code is not None else str(status.shell_code)
+
+
+def _metrics(run_dir: Path) -> list[dict[str, Any]]:
+    try:
+        text = (run_dir / "metrics.jsonl").read_text(errors="replace")
+    except OSError:
+        return []
+    records = []
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
+def _resources(run_dir: Path) -> dict[str, dict[str, Any]]:
+    try:
+        tasks = json.loads((run_dir / RESOURCES).read_text()).get("tasks")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return tasks if isinstance(tasks, dict) else {}
 
 
 def _duration(tasks: list[Task]) -> str:
