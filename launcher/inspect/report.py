@@ -72,6 +72,7 @@ def clock_time(iso: str | None) -> str:
 
 def status_text(status: str, exit_code: int | None) -> str:
     """``failed (exit 3)``: the exit code is shown wherever it is not plain success."""
+    status = getattr(status, "value", status)  # a RunStatus prints as its spelling, not as "RunStatus.X"
     if status in ("failed", "stopped") and exit_code is not None:
         return f"{status} (exit {exit_code})"
     if status == "launcher-lost":
