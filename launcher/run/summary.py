@@ -46,10 +46,10 @@ def describe_result(result: RunResult) -> list[str]:
     attempts = f" after {len(result.attempts)} attempts" if len(result.attempts) > 1 else ""
     usage = _resources(Path(result.run_dir))
     if final.outcome is Outcome.SUCCEEDED:
+        training = training_lines(_metrics(Path(result.run_dir)), len(result.attempts))
         return [f"run {result.run_id} succeeded{attempts} in {duration} ({len(final.tasks)} tasks)",
-                *task_table(final.tasks, usage), *leftover_lines(result),
-                *training_lines(_metrics(Path(result.run_dir)), len(result.attempts)),
-                f"logs in {result.run_dir}", _report_hint(result)]
+                *task_table(final.tasks, usage), *leftover_lines(result), *training,
+                f"logs in {result.run_dir}", *([_report_hint(result)] if training else [])]
     lines: list[str] = []
     root = final.root_cause
     if final.outcome is Outcome.INTERRUPTED or result.exit_code != final.exit_code:

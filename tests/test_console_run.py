@@ -1,0 +1,181 @@
+"""The console of real runs: a closed pipe, a real terminal in tmux, Keras progress bars and the
+default TensorFlow job, each through the real ``tflaunch`` command."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, TASK
+from polling import wait_for
+
+STATUS = re.compile(r"tflaunch \d+:\d\d \| .*restarts \d")
+
+
+def test_a_closed_console_leaves_the_run_whole(tflaunch, tmp_path):
+    # `| head -1`: head exits after the first line; tflaunch's stdout is then a closed pipe.
+    writer = "for i in range(200000): print('line', i)"
+    command = shlex.join([*tflaunch.argv("--local", "1", "--log-dir", str(tflaunch.log_dir),
+                                         "--", "python", "-c", writer)])
+    script = f"{command} | head -1; echo \"tflaunch exit ${{PIPESTATUS[0]}}\" >&2"
+    done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=tflaunch.env(), capture_output=True,
+                          text=True, timeout=180)
+    assert done.stdout == "worker-0 | line 0\n"
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr
+    assert done.stderr.splitlines()[-1] == "tflaunch exit 0", done.stderr  # the run's own exit code
+    run_dir = tflaunch.latest_run()
+    merged = (run_dir / "merged.log").read_bytes()
+    assert len(re.findall(rb"\] worker-0 \| line \d+\n", merged)) == 200_000
+    manifest = json.loads((run_dir / "run.json").read_text())
+    assert manifest["status"] == "succeeded" and manifest["exit_code"] == 0
+    assert manifest["tasks"][0]["state"] == "succeeded"
+
+
+def test_a_pipe_gets_plain_text_without_a_status_line(tflaunch):
+    done = tflaunch.run("--local", "2", "--", "python", TASK, "print:hello", "sleep:1.5", "print:bye")
+    assert done.returncode == 0, done.stderr
+    assert "worker-0 | hello" in done.stdout and "worker-1 | bye" in done.stdout
+    both = done.stdout + done.stderr
+    assert "\x1b" not in both and "\r" not in both
+    assert not STATUS.search(both)
+
+
+# ---------------------------------------------------------------------------------------------
+# A real terminal: tmux on a private socket
+
+
+class Tmux:
+    """One detached tmux session on its own server socket, removed when the test ends."""
+
+    def __init__(self, cwd: Path):
+        self.socket = f"tflaunch-test-{uuid.uuid4().hex[:8]}"
+        self.cwd = cwd
+
+    def tmux(self, *args: str) -> str:
+        return subprocess.run(["tmux", "-L", self.socket, *args], capture_output=True, text=True, timeout=10,
+                              check=True).stdout
+
+    def start(self, command: str, env: dict[str, str]) -> None:
+        exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+        # The shell stays after tflaunch ends, so the pane can be read and the exit code seen.
+        self.tmux("new-session", "-d", "-x", "120", "-y", "40", "-c", str(self.cwd),
+                  f"env {exports} {command}; echo TFLAUNCH-EXIT=$?; sleep 600")
+
+    def screen(self) -> str:
+        return self.tmux("capture-pane", "-p", "-J")
+
+    def wait_for_screen(self, wanted, what: str, timeout: float = 60) -> str:
+        """The screen once ``wanted(screen)`` holds."""
+        def ready() -> str:
+            screen = self.screen()
+            return screen if wanted(screen) else ""
+        return wait_for(ready, timeout=timeout, message=lambda: f"{what}; the screen:\n{self.screen()}")
+
+    def close(self) -> None:
+        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=10)
+
+
+@pytest.fixture
+def terminal(tmp_path):
+    if shutil.which("tmux") is None:
+        pytest.skip("tmux is not installed")
+    made = Tmux(tmp_path)
+    yield made
+    made.close()
+
+
+@pytest.mark.slow
+def test_status_line_on_a_terminal_and_ctrl_c_stops_the_run_at_once(tflaunch, terminal):
+    argv = tflaunch.argv("--local", "2", "--grace", "3", "--log-dir", str(tflaunch.log_dir),
+                         "--", "python", TASK, "print:started", "forever")
+    terminal.start(shlex.join(argv), {"PYTHONPATH": str(ROOT), "TERM": "xterm-256color"})
+    screen = terminal.wait_for_screen(
+        lambda s: STATUS.search(s) and "worker-1 running" in s and s.count(" | started") == 2,
+        "both tasks' first line and a status line on the terminal")
+    status_line = STATUS.search(screen).group(0)
+    assert "worker-0 running" in status_line and "restarts 0" in status_line
+    assert "worker-0 | started" in screen and "worker-1 | started" in screen
+    # The status line is the bottom line of the output, under the task lines.
+    lines = [line for line in screen.splitlines() if line.strip()]
+    assert STATUS.search(lines[-1]), screen
+    # ... and it never reaches the run's files.
+    merged = (tflaunch.latest_run() / "merged.log").read_text()
+    assert not STATUS.search(merged) and "\x1b" not in merged
+
+    pressed = time.monotonic()
+    terminal.tmux("send-keys", "C-c")
+    screen = terminal.wait_for_screen(lambda s: "TFLAUNCH-EXIT=" in s, "tflaunch to end after Ctrl-C", timeout=30)
+    took = time.monotonic() - pressed
+    assert "TFLAUNCH-EXIT=130" in screen, screen
+    assert took < 8, f"Ctrl-C took {took:.1f} s to end the run"
+    assert not STATUS.search(screen), f"the status line was left behind:\n{screen}"
+    manifest = json.loads((tflaunch.latest_run() / "run.json").read_text())
+    assert manifest["status"] == "stopped"
+
+
+# ---------------------------------------------------------------------------------------------
+# Real TensorFlow
+
+KERAS_FIT = """
+import numpy as np
+import tensorflow as tf
+x = np.random.rand(256, 4).astype("float32"); y = (x.sum(1) > 2).astype("float32")
+model = tf.keras.Sequential([tf.keras.layers.Dense(8, activation="relu"), tf.keras.layers.Dense(1, activation="sigmoid")])
+model.compile("adam", "binary_crossentropy", metrics=["accuracy"])
+model.fit(x, y, epochs=2, batch_size=16, verbose=1)
+print("fit done")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.tensorflow
+def test_keras_progress_bars_leave_no_backspaces_in_merged_log(tflaunch):
+    done = tflaunch.run("--local", "1", "--", "python", "-c", KERAS_FIT, timeout=240)
+    assert done.returncode == 0, done.stderr
+    raw = (done.run_dir / "attempt-1" / "worker-0.log").read_bytes()
+    assert raw.count(b"\x08") > 80 and b"\r" in raw  # the task really drew a bar in place
+    merged = (done.run_dir / "merged.log").read_bytes()
+    assert b"\x08" not in merged and b"\r" not in merged
+    texts = [line.split(b" | ", 1)[1] for line in merged.splitlines() if b"] worker-0 | " in line]
+    assert b"" not in texts  # no empty line left where a bar was redrawn
+    for epoch in (1, 2):
+        at = texts.index(b"Epoch %d/2" % epoch)
+        assert re.match(rb"16/16 \[=+\] - .*loss: [\d.]+ - accuracy: [\d.]+$", texts[at + 1]), texts[at + 1]
+    console = [line for line in done.stdout.splitlines() if line.startswith("worker-0 | ")]
+    assert "\x08" not in done.stdout and "worker-0 | Epoch 1/2" in console
+    assert sum(1 for line in console if line.startswith("worker-0 | 16/16 [")) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.tensorflow
+def test_the_default_job_console_is_for_people(tflaunch):
+    done = tflaunch.run("--local", "2", timeout=600)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "TFLAUNCH_METRIC" not in out and "{" not in out
+    for chatter in ("oneDNN", "cuda drivers", "cuInit", "absl::InitializeLog", "AsGraphDefInternal"):
+        assert chatter not in out + done.stderr, chatter
+    assert not re.search(r"\| [IWEF]\d{4} \d\d:", out)
+    epochs = re.findall(r"^worker-0 \| epoch (\d+)(?:/\d+)?  loss [\d.]+  acc [\d.]+", out, re.MULTILINE)
+    records = [json.loads(line) for line in (done.run_dir / "metrics.jsonl").read_text().splitlines()]
+    trained = sorted({r["epoch"] for r in records if r.get("kind") == "epoch"})
+    assert len(trained) >= 2 and [int(e) for e in epochs] == trained  # exactly one line per epoch
+    assert len(re.findall(r"\| epoch \d", out)) == len(trained)
+    assert re.search(r"^worker-0 \| test  loss [\d.]+  acc [\d.]+", out, re.MULTILINE)
+    # The files keep every byte the tasks wrote.
+    assert "oneDNN" in done.task_output("worker-0") and "TFLAUNCH_METRIC" in done.task_output("worker-1")
+    summary = done.stderr
+    assert re.search(r"worker-1\s+localhost\s+succeeded\s+0\s+[\d,]+ MB", summary), summary
+    assert re.search(r"training: \d+ epochs in [\d.]+ s, median [\d,]+ samples/s; last epoch: loss", summary)
+    assert re.search(r"test: acc [\d.]+  loss [\d.]+", summary)
+    assert f"tflaunch report {done.run_dir.name}" in summary
