@@ -1,0 +1,79 @@
+"""Per-role policies with real TensorFlow: a ParameterServer worker restarted in place, and a sidecar
+evaluator given the time to finish its last evaluation after training ends.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import textwrap
+
+import psutil
+import pytest
+from conftest import HELPERS
+from polling import wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.tensorflow]
+
+TRAINER = ["--", "python", "-m", "trainer", "--epochs", "10"]
+
+
+def final_accuracy(run_dir) -> float:
+    finals = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if '"final"' in line]
+    return next(f["test_accuracy"] for f in finals if f["task"] == "chief-0")
+
+
+def chief_trained_an_epoch(run_dir) -> bool:
+    metrics = run_dir / "metrics.jsonl"
+    return bool(metrics and metrics.exists() and '"task":"chief-0"' in metrics.read_text()
+                and '"kind":"epoch"' in metrics.read_text())
+
+
+def worker_trainer_process(run_dir, name: str) -> psutil.Process:
+    """The trainer process of task ``name`` (under its agent, when the task runs under one)."""
+    task = next(t for t in json.loads((run_dir / "run.json").read_text())["tasks"] if t["name"] == name)
+    root = psutil.Process(task["pid"])
+    return next(p for p in [root, *root.children(recursive=True)] if "trainer" in " ".join(p.cmdline()))
+
+
+@pytest.mark.timeout(400)
+def test_a_killed_parameter_server_worker_restarts_alone_and_the_run_succeeds_in_one_attempt(tflaunch):
+    undisturbed = tflaunch.run("--local", "2", "--ps", "1", *TRAINER, timeout=180)
+    assert undisturbed.returncode == 0, undisturbed.stderr[-3000:]
+    baseline = final_accuracy(undisturbed.run_dir)
+
+    proc = tflaunch.start("--local", "2", "--ps", "1", *TRAINER)
+    run_dir = wait_for(lambda: tflaunch.latest_run() != undisturbed.run_dir and tflaunch.latest_run(), timeout=60,
+                       message="the second run's folder")
+    wait_for(lambda: chief_trained_an_epoch(run_dir) or proc.poll() is not None, timeout=180,
+             message="the chief's first epoch")
+    assert proc.poll() is None, "the run ended before a worker could be killed mid-training"
+    worker_trainer_process(run_dir, "worker-1").send_signal(signal.SIGKILL)
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err[-3000:]
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["status"] == "succeeded" and len(record["attempts"]) == 1
+    assert {t["name"]: t["restarts"] for t in record["tasks"]} == {"chief-0": 0, "worker-0": 0, "worker-1": 1,
+                                                                   "ps-0": 0}
+    assert "worker-1 on localhost failed (killed by SIGKILL): restarting it alone, in place" in err
+    assert final_accuracy(run_dir) >= baseline - 0.03
+
+
+@pytest.mark.timeout(300)
+def test_a_sidecar_evaluator_finishes_its_last_evaluation_after_training(tflaunch, tmp_path):
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(textwrap.dedent("""\
+        worker: [localhost:auto, localhost:auto]
+        evaluator: [localhost:auto]
+    """))
+    done = tflaunch.run(str(cluster), "--", "python", str(HELPERS / "sidecar_evaluator.py"), "--epochs", "3",
+                        "--eval-seconds", "3", timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    evaluator = next(t for t in done.manifest["tasks"] if t["name"] == "evaluator-0")
+    assert evaluator["state"] == "succeeded" and evaluator["exit_code"] == 0
+    assert "sidecar evaluator: done after ckpt-3" in done.task_output("evaluator-0")
+    assert "evaluator-0 finished on its own (exit code 0)" in done.stderr
+    evals = [json.loads(line) for line in (done.run_dir / "metrics.jsonl").read_text().splitlines()
+             if '"kind":"eval"' in line]
+    assert evals and evals[-1]["task"] == "evaluator-0"
