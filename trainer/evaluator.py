@@ -6,7 +6,9 @@ evaluates them on the validation split, printing one "eval" metric line per
 checkpoint (trainer.metrics). Checkpoints written while it evaluates are skipped
 in favour of the newest. When the chief's marker (trainer.handoff) names the
 final checkpoint, it evaluates that one on the validation and test splits and
-exits 0. If training never ends, it waits until it is stopped.
+exits 0 (the final checkpoint may then be reported twice: once when it appeared,
+and once, with "final": true, when the marker did). If training never ends, it
+waits until it is stopped.
 
 It runs no TensorFlow server and trains nothing, so it is in no strategy.
 """
@@ -43,14 +45,14 @@ def run(args, task: TaskInfo, splits: Splits, reporter: Reporter, *,
     evaluate = exact_evaluator(model, args.batch_per_worker)
     reporter.say(f"{reporter.task}: evaluating the checkpoints in {directory} as they appear "
                  f"(dataset={splits.name}, {splits.sizes()})")
-    evaluated = None
+    evaluated = None  # (checkpoint path, final) of the last evaluation
     retried = set()
     while True:
         marker = handoff.read_marker(directory, run_id)
         target = (os.path.join(directory, marker["checkpoint"]) if marker
                   else tf.train.latest_checkpoint(directory))
-        if target and target != evaluated:
-            final = marker is not None
+        final = marker is not None
+        if target and (target, final) != evaluated:
             try:
                 restore(checkpoint, target)
             except tf.errors.OpError as exc:
@@ -70,7 +72,7 @@ def run(args, task: TaskInfo, splits: Splits, reporter: Reporter, *,
                                 val_loss=val_loss, val_accuracy=val_accuracy,
                                 eval_seconds=time.perf_counter() - started, final=final,
                                 test_loss=test_loss, test_accuracy=test_accuracy)
-            evaluated = target
+            evaluated = (target, final)
             if final:
                 reporter.say(f"training ended; final checkpoint {os.path.basename(target)}: "
                              f"test accuracy {test_accuracy:.4f}, test loss {test_loss:.4f}")
