@@ -43,9 +43,14 @@ time.sleep(float(sys.argv[1]))
 '''
 
 
-def listening_ports() -> set[int]:
-    """TCP ports listening in tflaunch's (the root) network namespace."""
-    out = subprocess.run(["ss", "-Hltn"], capture_output=True, text=True, timeout=10, check=True).stdout
+def listening_ports(inside: Path | None = None) -> set[int]:
+    """TCP ports listening in tflaunch's (the root) network namespace, or in the namespace of the
+    first task of the run in ``inside``."""
+    enter = []
+    if inside is not None:
+        pid = json.loads((inside / "run.json").read_text())["tasks"][0]["pid"]
+        enter = ["nsenter", f"--net=/proc/{pid}/ns/net"]
+    out = subprocess.run([*enter, "ss", "-Hltn"], capture_output=True, text=True, timeout=10, check=True).stdout
     return {int(line.split()[3].rsplit(":", 1)[1]) for line in out.splitlines() if line.strip()}
 
 
@@ -71,10 +76,7 @@ def test_isolated_tasks_reach_each_other_and_nothing_outside_sees_their_ports(tf
         ports = task_ports(tflaunch.latest_run())
         assert set(ports.values()).isdisjoint(listening_ports())
         # The ports are there, inside the tasks' namespace: the check above is not vacuous.
-        pid = json.loads((tflaunch.latest_run() / "run.json").read_text())["tasks"][0]["pid"]
-        inside = subprocess.run(["nsenter", f"--net=/proc/{pid}/ns/net", "ss", "-Hltn"], capture_output=True,
-                                text=True, timeout=10, check=True).stdout
-        assert all(f":{port} " in inside for port in ports.values()), inside
+        assert set(ports.values()) <= listening_ports(inside=tflaunch.latest_run())
     finally:
         proc.send_signal(2)
         proc.communicate(timeout=30)
@@ -140,15 +142,21 @@ def test_where_no_namespace_can_be_made_one_line_says_so_and_nothing_starts(tfla
 @pytest.mark.slow
 @pytest.mark.tensorflow
 def test_builtin_trainer_trains_inside_the_namespace_and_its_ports_stay_inside(tflaunch):
-    proc = tflaunch.start("--local", "2", "--isolate-network", "--", "python", "-m", "trainer", "--epochs", "4")
+    proc = tflaunch.start("--local", "2", "--isolate-network", "--", "python", "-m", "trainer", "--epochs", "6")
+
+    def first_epoch() -> bool:
+        run_dir = tflaunch.latest_run()
+        metrics = run_dir / "metrics.jsonl" if run_dir else None
+        if proc.poll() is not None:
+            pytest.fail(f"tflaunch ended before the first epoch:\n{proc.communicate()[1][-3000:]}")
+        return bool(metrics and metrics.exists() and '"epoch"' in metrics.read_text())
+
     try:
-        wait_for(lambda: '"epoch"' in ((tflaunch.latest_run() / "metrics.jsonl").read_text()
-                                        if tflaunch.latest_run() and (tflaunch.latest_run() / "metrics.jsonl").exists()
-                                        else "") or proc.poll() is not None,
-                 timeout=200, interval=0.5, message="the first epoch")
-        if proc.poll() is None:  # training is under way: both gRPC servers are listening
-            ports = task_ports(tflaunch.latest_run())
-            assert set(ports.values()).isdisjoint(listening_ports())
+        wait_for(first_epoch, timeout=200, interval=0.2, message="the first epoch")
+        # Training is under way, so both gRPC servers are listening, in the tasks' namespace only.
+        ports = task_ports(tflaunch.latest_run())
+        assert set(ports.values()).isdisjoint(listening_ports())
+        assert set(ports.values()) <= listening_ports(inside=tflaunch.latest_run())
         out, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
@@ -157,7 +165,7 @@ def test_builtin_trainer_trains_inside_the_namespace_and_its_ports_stay_inside(t
     assert proc.returncode == 0, err[-3000:]
     metrics = [json.loads(line) for line in (tflaunch.latest_run() / "metrics.jsonl").read_text().splitlines()]
     epochs = sorted({m["epoch"] for m in metrics if m.get("kind") == "epoch"})
-    assert epochs == [1, 2, 3, 4]
+    assert epochs == [1, 2, 3, 4, 5, 6]
     assert any("test_accuracy" in m for m in metrics)
 
 

@@ -113,6 +113,24 @@ def test_keras_progress_bar_becomes_what_a_terminal_shows():
     assert split_all(KERAS_EPOCH, [1] * len(KERAS_EPOCH)) == split_all(KERAS_EPOCH)
 
 
+PROGBARS = Path(__file__).parent / "fixtures" / "console"
+SGR = re.compile(rb"\x1b\[[0-9;]*m")
+
+
+@pytest.mark.parametrize("name, bar", [
+    ("tf_keras_progbar.log", rb"16/16 \[=+\] - \d+s \d+ms/step - loss: [\d.]+ - accuracy: [\d.]+"),
+    ("keras3_progbar.log", rb"16/16 \xe2\x94\x81{20} \d+s \d+ms/step - accuracy: [\d.]+ - loss: [\d.]+ ?"),
+])
+def test_captured_keras_progress_bars_fold_to_one_line_per_epoch(name, bar):
+    # model.fit(verbose=1) of tf_keras and of Keras 3 with stdout to a file, captured here.
+    data = (PROGBARS / name).read_bytes()
+    for lines in (split_all(data), split_all(data, [7] * (len(data) // 7 + 1))):
+        assert [SGR.sub(b"", line) for line in lines[:2]][0] == b"Epoch 1/2"
+        plain = [SGR.sub(b"", line) for line in lines]
+        assert len(plain) == 5 and plain[2] == b"Epoch 2/2" and plain[4] == b"done"
+        assert re.fullmatch(bar, plain[1]) and re.fullmatch(bar, plain[3]), plain
+
+
 def test_a_bar_redrawn_without_newline_stays_bounded_and_keeps_its_cursor():
     splitter = LineSplitter()
     for i in range(20_000):  # about 1 MB of redraws without a newline

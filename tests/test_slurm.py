@@ -154,6 +154,25 @@ def test_scancel_leaves_nothing_on_any_node_and_a_final_run_folder(slurm, tmp_pa
     assert rec["status"] == "stopped" and rec["ended_at"]
 
 
+def test_a_node_that_dies_is_reported_as_such(slurm, tmp_path):
+    # --no-requeue: by default Slurm requeues a batch job whose node failed; this test wants it to end.
+    done, run_dir = submit(slurm, tmp_path, "--nodes", "2", "--sbatch-option=--no-requeue", "--", "python", TASK,
+                           "forever")
+    assert done.returncode == 0, done.stderr
+    wait_for("every task running", lambda: (run_dir / "run.json").exists() and len(record(run_dir)["tasks"]) == 2
+             and all(t["state"] == "running" for t in record(run_dir)["tasks"]))
+    lost = slurm.nodes[1]
+    try:
+        slurm.kill_node(lost)
+        rec = wait_for("a final run record", lambda: record(run_dir)["status"] != "running" and record(run_dir),
+                       timeout=90)
+    finally:
+        slurm.revive(lost)
+    assert rec["status"] == "failed" and rec["root_cause"]["task"] == "worker-1"
+    assert rec["root_cause"]["error"].startswith(f"lost node {lost} (")
+    assert "Node failure" in rec["root_cause"]["error"]
+
+
 @pytest.mark.tensorflow
 def test_a_warned_job_saves_is_requeued_and_resumes_after_its_last_saved_epoch(slurm, tmp_path):
     done, run_dir = submit(slurm, tmp_path, "--nodes", "2", "--requeue", "--", "python", "-m", "trainer",

@@ -10,6 +10,7 @@ Use it in a test::
         testslurm.run("sinfo")             # CompletedProcess of a Slurm command, text
         testslurm.pids("s1a2-2")           # processes left on a node (its slurmd excluded)
         testslurm.wait_idle()              # every job finished and both nodes idle again
+        testslurm.kill_node(node); testslurm.revive(node)   # a node dies, and comes back (always revive)
 
 The cluster comes up once per session under a random prefix, subnet 10.125.<1-250>.0/24 (never
 used by scripts/testhosts) and controller port, so it cannot collide with a cluster someone
@@ -75,6 +76,14 @@ class TestSlurm:
 
     def pids(self, node):
         return [int(p) for p in self._script("pids", node).split()]
+
+    def kill_node(self, node):
+        """The node dies: every process in it (slurmd included) killed, its link cut."""
+        self._script("kill-node", node)
+
+    def revive(self, node):
+        """Bring a killed node back: link up, slurmd restarted, node resumed in Slurm."""
+        self._script("revive", node)
 
     def jobs(self):
         """Jobs the controller still has pending or running."""

@@ -24,6 +24,8 @@ import re
 _CONTROL_LINE = re.compile(rb"^[^\n\r\x08]*(?:[\r\x08]|\x1b\[[012]?K)[^\n]*\n", re.MULTILINE)
 _ERASE_LINE = re.compile(rb"\x1b\[[012]?K")
 _TOKENS = re.compile("(\r|\x08|\x1b\\[[012]?K)")
+# Colour and style codes (SGR) take no cell on a terminal; Keras 3's bar is full of them.
+_SGR = re.compile("(\x1b\\[[0-9;]*m)")
 
 
 def has_controls(data: bytes) -> bool:
@@ -64,11 +66,37 @@ def fold_text(line: str) -> str:
         return "".join(_emulate(line)[0])  # a backspace with text after it: draw it cell by cell
     # Only carriage returns: each segment overwrites the start of what the earlier ones left.
     shown = segments[-1]
-    if lengths[-1] < max(lengths):
+    if "\x1b" in line:
+        cells = [_cells(segment) for segment in segments]
+        shown_cells = cells[-1]
+        for earlier, width in zip(reversed(segments[:-1]), reversed(cells[:-1])):
+            if width > shown_cells:
+                shown += _after_cells(earlier, shown_cells)
+                shown_cells = width
+    elif lengths[-1] < max(lengths):
         for earlier in reversed(segments[:-1]):
             if len(earlier) > len(shown):
                 shown += earlier[len(shown):]
     return shown
+
+
+def _cells(segment: str) -> int:
+    """How many cells ``segment`` takes on a terminal: colour codes take none."""
+    return len(segment) - sum(map(len, _SGR.findall(segment)))
+
+
+def _after_cells(segment: str, skip: int) -> str:
+    """``segment`` from its cell ``skip`` on, with the colour codes that apply there."""
+    out, seen = [], 0
+    for part in _SGR.split(segment):
+        if part.startswith("\x1b"):
+            out.append(part)  # a colour code before the cut still sets the colour of what follows
+        elif seen + len(part) <= skip:
+            seen += len(part)
+        else:
+            out.append(part[max(0, skip - seen):])
+            seen += len(part)
+    return "".join(out)
 
 
 def fold_partial(data: bytes) -> bytes:
