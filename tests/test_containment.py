@@ -78,7 +78,7 @@ def test_escaped_processes_end_with_the_run_and_are_named(tflaunch, ending, code
                     f"{', '.join(task['leftovers'])}, stopped") in done.stderr
 
 
-@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)])
 def test_escaped_processes_end_when_tflaunch_is_stopped(tflaunch, signum, code):
     marker = new_marker()
     proc = tflaunch.start("--local", "2", "--", "python", ESCAPE, marker, "escape", "ready", "forever")
@@ -187,7 +187,7 @@ def remote_marked(testhosts, marker: str) -> dict[str, list[str]]:
 
 @pytest.mark.slow
 @pytest.mark.ssh
-@pytest.mark.parametrize("ending", ["exit:0", "exit:3", "SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("ending", ["exit:0", "exit:3", "SIGINT", "SIGTERM", "SIGHUP"])
 def test_escaped_processes_end_on_remote_hosts(tflaunch, testhosts, tmp_path, ending):
     marker = new_marker()
     cluster = remote_cluster(tmp_path, testhosts)

@@ -231,3 +231,41 @@ def test_an_evaluator_gets_time_to_finish_after_training(tflaunch, tmp_path, tim
         assert "evaluator-0 finished on its own (exit code 0)" in done.stderr
     else:
         assert "still running 1 s after training ended: stopped (see --evaluator-timeout)" in done.stderr
+
+
+# -- sealed runs: a task's own processes, network isolation, exposure -------------------------------
+
+def test_a_task_killed_by_sigkill_takes_the_processes_it_detached_with_it(tflaunch):
+    sleep = marker()
+    escape = str(Path(TASK).with_name("escape.py"))
+    proc = tflaunch.start("--local", "1", "--", "python", escape, sleep, "escape", "ready", "forever")
+    wait_for(lambda: tflaunch.latest_run() and (tflaunch.latest_run() / "merged.log").exists()
+             and "READY" in (tflaunch.latest_run() / "merged.log").read_text(), timeout=30, message="the task")
+    (task,) = record_of(tflaunch.latest_run())["tasks"]
+    os.kill(task["pid"], signal.SIGKILL)  # as the OOM killer would: no chance to clean up
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGKILL and "Traceback" not in err
+    assert [p.pid for p in descendants_alive(sleep) if p.pid != proc.pid] == []
+    (task,) = record_of(tflaunch.latest_run())["tasks"]
+    assert len(task["leftovers"]) == 2 and "worker-0 left 2 processes behind" in err
+
+
+def test_isolation_without_unshare_or_nsenter_is_one_line_and_starts_nothing(tflaunch, tmp_path):
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    (bare / "python").symlink_to(sys.executable)
+    done = tflaunch.run("--local", "1", "--isolate-network", "--", "python", "-c", "pass",
+                        env={"PATH": str(bare)})
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "tflaunch: error: --isolate-network: unshare and nsenter not found (util-linux); nothing was started"]
+    assert done.run_dir is None
+
+
+def test_a_host_name_that_does_not_resolve_gets_no_exposure_warning_and_no_traceback(tflaunch, tmp_path):
+    cluster = tmp_path / "unresolved.yaml"
+    cluster.write_text("worker:\n  - no-such-host.invalid:2222\n  - 8.8.8.8:2222\n")
+    done = tflaunch.run(str(cluster), "--dry-run", timeout=30)
+    assert done.returncode == 0 and "Traceback" not in done.stderr
+    warnings = [line for line in done.stderr.splitlines() if "public address" in line]
+    assert len(warnings) == 1 and "8.8.8.8" in warnings[0] and "invalid" not in warnings[0]
