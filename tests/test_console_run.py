@@ -4,12 +4,10 @@ default TensorFlow job, each through the real ``tflaunch`` command."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import shutil
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -127,6 +125,8 @@ def test_status_line_on_a_terminal_and_ctrl_c_stops_the_run_at_once(tflaunch, te
 # Real TensorFlow
 
 KERAS_FIT = """
+import os
+os.environ["TF_USE_LEGACY_KERAS"] = "{legacy}"
 import numpy as np
 import tensorflow as tf
 x = np.random.rand(256, 4).astype("float32"); y = (x.sum(1) > 2).astype("float32")
@@ -137,23 +137,29 @@ print("fit done")
 """
 
 
+SGR = re.compile(rb"\x1b\[[0-9;]*m")
+BARS = {"1": rb"16/16 \[=+\] - \d+s \d+(?:ms|us|s)/step - loss: [\d.]+ - accuracy: [\d.]+",  # tf_keras
+        "0": rb"16/16 (?:\xe2\x94\x81){20} \d+s \d+(?:ms|us|s)/step - accuracy: [\d.]+ - loss: [\d.]+ *"}  # Keras 3
+
+
 @pytest.mark.slow
 @pytest.mark.tensorflow
-def test_keras_progress_bars_leave_no_backspaces_in_merged_log(tflaunch):
-    done = tflaunch.run("--local", "1", "--", "python", "-c", KERAS_FIT, timeout=240)
+@pytest.mark.parametrize("legacy", ["1", "0"], ids=["tf_keras", "keras3"])
+def test_keras_progress_bars_leave_no_backspaces_in_merged_log(tflaunch, legacy):
+    done = tflaunch.run("--local", "1", "--", "python", "-c", KERAS_FIT.format(legacy=legacy), timeout=240)
     assert done.returncode == 0, done.stderr
     raw = (done.run_dir / "attempt-1" / "worker-0.log").read_bytes()
     assert raw.count(b"\x08") > 80 and b"\r" in raw  # the task really drew a bar in place
     merged = (done.run_dir / "merged.log").read_bytes()
     assert b"\x08" not in merged and b"\r" not in merged
-    texts = [line.split(b" | ", 1)[1] for line in merged.splitlines() if b"] worker-0 | " in line]
+    texts = [SGR.sub(b"", line.split(b" | ", 1)[1]) for line in merged.splitlines() if b"] worker-0 | " in line]
     assert b"" not in texts  # no empty line left where a bar was redrawn
     for epoch in (1, 2):
         at = texts.index(b"Epoch %d/2" % epoch)
-        assert re.match(rb"16/16 \[=+\] - .*loss: [\d.]+ - accuracy: [\d.]+$", texts[at + 1]), texts[at + 1]
-    console = [line for line in done.stdout.splitlines() if line.startswith("worker-0 | ")]
-    assert "\x08" not in done.stdout and "worker-0 | Epoch 1/2" in console
-    assert sum(1 for line in console if line.startswith("worker-0 | 16/16 [")) == 2
+        assert re.fullmatch(BARS[legacy], texts[at + 1]), texts[at + 1]
+    console = [SGR.sub(b"", line.encode()) for line in done.stdout.splitlines() if line.startswith("worker-0 | ")]
+    assert "\x08" not in done.stdout and "\r" not in done.stdout and b"worker-0 | Epoch 1/2" in console
+    assert sum(1 for line in console if re.fullmatch(b"worker-0 \\| " + BARS[legacy], line)) == 2
 
 
 @pytest.mark.slow
