@@ -269,3 +269,15 @@ def test_a_host_name_that_does_not_resolve_gets_no_exposure_warning_and_no_trace
     assert done.returncode == 0 and "Traceback" not in done.stderr
     warnings = [line for line in done.stderr.splitlines() if "public address" in line]
     assert len(warnings) == 1 and "8.8.8.8" in warnings[0] and "invalid" not in warnings[0]
+
+
+@pytest.mark.slow
+def test_resource_figures_cover_every_attempt(tflaunch):
+    script = 'sleep 2.5; [ "$TFLAUNCH_ATTEMPT" = 2 ]'  # attempt 1 fails, attempt 2 succeeds
+    done = tflaunch.run("--local", "1", "--max-restarts", "1", "--restart-delay", "0", "--", "bash", "-c", script)
+    assert done.returncode == 0, done.stderr
+    figures = json.loads((done.run_dir / "resources.json").read_text())
+    assert sorted(figures["attempts"]) == ["1", "2"]
+    per_attempt = [figures["attempts"][k]["worker-0"]["samples"] for k in ("1", "2")]
+    assert all(n >= 1 for n in per_attempt)
+    assert figures["tasks"]["worker-0"]["samples"] == sum(per_attempt)
