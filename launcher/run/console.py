@@ -67,6 +67,7 @@ class _Sink:
         self.tty = _isatty(stream)
         self.closed = False
         self.encoding = getattr(stream, "encoding", None) or "utf-8"
+        self.utf8 = self.encoding.lower().replace("-", "").replace("_", "") == "utf8"
         self.fd: int | None = None
         try:
             stream.flush()
@@ -74,15 +75,18 @@ class _Sink:
         except (AttributeError, OSError, ValueError):
             pass
 
-    def write(self, text: str) -> None:
-        if self.closed or not text:
+    def write(self, data: bytes) -> None:
+        """Write UTF-8 ``data`` (re-encoded when the stream wants another encoding)."""
+        if self.closed or not data:
             return
         try:
             if self.fd is None:
-                self.stream.write(text)
+                self.stream.write(data.decode("utf-8", "replace"))
                 self.stream.flush()
                 return
-            view = memoryview(text.encode(self.encoding, "replace"))
+            if not self.utf8:
+                data = data.decode("utf-8", "replace").encode(self.encoding, "replace")
+            view = memoryview(data)
             while view:
                 try:
                     view = view[os.write(self.fd, view):]
@@ -110,7 +114,7 @@ class Console:
 
     def __init__(self, stream: IO[str] | None = None, *, messages: IO[str] | None = None,
                  colour: bool | None = None, tasks: Iterable[str] | None = None, quiet: bool = False,
-                 verbose: bool = False, status: bool | None = None, max_queued: int = 8 << 20,
+                 verbose: bool = False, status: bool | None = None, max_queued: int = 16 << 20,
                  refresh: float = 1.0, clock=time.monotonic):
         self.stream = stream if stream is not None else sys.stdout
         self.messages = messages if messages is not None else sys.stderr
@@ -224,7 +228,7 @@ class Console:
             if stopping:
                 return
 
-    def _render(self, item: tuple) -> list[tuple[_Sink, str]]:
+    def _render(self, item: tuple) -> list[tuple[_Sink, str | bytes]]:
         kind = item[0]
         if kind == "task":
             return [(self._out, self._task_text(*item[1:]))]
@@ -236,25 +240,25 @@ class Console:
             return [(self._out, self._metric_lines(self._board.release(ended)))]
         return [(self._out, self._metric_lines(self._board.release_all()))]
 
-    def _write(self, pieces: list[tuple[_Sink, str]], final: bool) -> None:
+    def _write(self, pieces: list[tuple[_Sink, str | bytes]], final: bool) -> None:
         pieces = [(sink, text) for sink, text in pieces if text and not sink.closed]
         status = "" if final or not self.status or self._out.closed else self._status_text()
         if not pieces and status == self._status_shown:
             return
         if self._status_shown:
-            self._out.write(_ERASE)
-        # Consecutive pieces for one stream go out in one write.
-        run_sink, run_text = None, []
+            self._out.write(_ERASE.encode())
+        # Consecutive pieces for one stream go out in one write, as UTF-8 bytes.
+        run_sink, run = None, []
         for sink, text in pieces:
-            if sink is not run_sink and run_text:
-                run_sink.write("".join(run_text))
-                run_text = []
+            if sink is not run_sink and run:
+                run_sink.write(b"".join(run))
+                run = []
             run_sink = sink
-            run_text.append(text)
-        if run_text:
-            run_sink.write("".join(run_text))
+            run.append(text if isinstance(text, bytes) else text.encode("utf-8", "replace"))
+        if run:
+            run_sink.write(b"".join(run))
         if status:
-            self._out.write(status)
+            self._out.write(status.encode("utf-8", "replace"))
         self._status_shown = status
 
     # -- text --------------------------------------------------------------------------------------
@@ -272,15 +276,18 @@ class Console:
     def _metric_lines(self, lines: list[Line]) -> str:
         return "".join(f"{self._label(task)}{text}\n" for task, text in lines)
 
-    def _task_text(self, name: str, attempt: int, block: bytes, shown: bool) -> str:
+    def _task_text(self, name: str, attempt: int, block: bytes, shown: bool) -> str | bytes:
         has_metrics = _METRIC in block
         if self.verbose or not (has_metrics or may_hold_chatter(block)):
             if has_metrics:
                 self._learn(name, attempt, block)
             if not shown:
                 return ""
-            prefix = self._label(name)
-            return prefix + block.decode("utf-8", "replace")[:-1].replace("\n", "\n" + prefix) + "\n"
+            prefix = self._label(name).encode()
+            if not block.isascii():  # bytes that are not UTF-8 are shown as U+FFFD
+                block = block.decode("utf-8", "replace").encode()
+            # The common case stays in bytes, one C-level replace: floods of output are cheap.
+            return prefix + block[:-1].replace(b"\n", b"\n" + prefix) + b"\n"
         out: list[str] = []
         prefix = self._label(name)
         for raw in block[:-1].split(b"\n"):
