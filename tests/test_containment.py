@@ -151,7 +151,9 @@ def test_task_pid_is_the_task_not_its_agent(tflaunch):
         (task,) = json.loads((tflaunch.latest_run() / "run.json").read_text())["tasks"]
         cmdline = psutil.Process(task["pid"]).cmdline()
         assert cmdline[1] == ESCAPE, cmdline
-        assert "agent.py" in " ".join(psutil.Process(task["pid"]).parent().cmdline())
+        agent = psutil.Process(task["pid"]).parent()
+        assert agent.pid != proc.pid and "agent.main()" in " ".join(agent.cmdline())
+        assert agent.parent().pid == proc.pid
     finally:
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=30)

@@ -1,8 +1,8 @@
 """The agent in front of every task, local or remote: it starts the task and makes sure that
 everything the task started ends with it (standard library only).
 
-tflaunch runs it as ``python -I -S agent.py <spec>`` on this machine and as ``python -c <source>
-<spec>`` over ssh. The spec is base64 of NUL-separated fields (see :func:`read_spec`): ``argv``,
+tflaunch imports it in ``python -I -S`` on this machine and runs it as ``python -c <source>
+<spec>`` over ssh; either way ``sys.argv[1]`` is the spec. The spec is base64 of NUL-separated fields (see :func:`read_spec`): ``argv``,
 ``env``, optional ``cwd``, ``grace`` (TERM to KILL for leftovers), ``eof_grace`` (the same when
 tflaunch is gone) and ``timeout`` (seconds without a heartbeat before the task is stopped; empty:
 never). No value of it passes through a shell.

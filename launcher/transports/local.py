@@ -21,6 +21,11 @@ from .base import ExitStatus, FailedStart
 EOF_GRACE = 1.0  # tflaunch is gone: the task's tree is gone within about this long (issue target: 2 s)
 HEARTBEAT_TIMEOUT = 30.0  # a tflaunch that is alive but stopped answering (wedged, suspended)
 STARTED_WAIT = 2.0  # how long ``pid`` waits for the agent to report the task's pid
+# The agent imported as a module rather than run as a script, so that its compiled form is cached
+# (about 2 ms of each task's start). Its folder goes at the end of sys.path: the standard library
+# must win over any file next to it.
+AGENT_BOOT = (f"import sys; sys.path.append({str(AGENT_PATH.parent)!r}); "
+              f"import {AGENT_PATH.stem}; {AGENT_PATH.stem}.main()")
 
 
 class LocalProcess(AgentProcess):
@@ -80,7 +85,7 @@ class LocalTransport:
         try:
             # -I -S: the agent needs nothing but the standard library, and starts in half the time.
             popen = subprocess.Popen(
-                [sys.executable, "-I", "-S", str(AGENT_PATH), spec],
+                [sys.executable, "-I", "-S", "-c", AGENT_BOOT, spec],
                 stdin=subprocess.PIPE,
                 stdout=output_fd,
                 stderr=status_fd,
