@@ -21,6 +21,8 @@ from ..cluster.plan import TaskLaunch
 from .base import CANNOT_START, ExitStatus, FailedStart
 from .ssh import AGENT_SOURCE, DEFAULT_KEEPALIVE_TIMEOUT, SshProcess, agent_argument
 
+NODE_FAILURE = "Node failure on"  # how srun reports that slurmctld declared the task's node dead
+
 
 def srun_argv(launch: TaskLaunch, grace: float) -> list[str]:
     """The srun command that runs the agent (and through it the task) on the task's node."""
@@ -50,6 +52,8 @@ class SrunProcess(SshProcess):
         return ExitStatus(error=f"lost node {self.launch.host} ({reason})")
 
     def _not_started(self, returncode: int, detail: str) -> ExitStatus:
+        if NODE_FAILURE in detail:  # the node died before the agent's first report came through
+            return self._lost(detail)
         return ExitStatus(error=f"could not start on node {self.launch.host} ({detail})", error_code=CANNOT_START)
 
 
