@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import ROOT
 from launcher.cluster.exposure import exposure_text, public_addresses, unique_names
 from polling import wait_for
 
@@ -119,6 +120,27 @@ def test_isolation_refuses_clusters_with_remote_hosts(tflaunch, tmp_path):
     cluster.write_text(cluster.read_text() + "isolate_network: true\n")
     done = tflaunch.run(str(cluster), "--", "true")
     assert done.returncode == 2 and f"{cluster}: isolate_network: needs every task" in done.stderr
+
+
+UNPRIVILEGED = r'''
+import subprocess
+from launcher.run.isolation import NetworkNamespace
+network = NetworkNamespace.create()
+inside = subprocess.run([*network.prefix, "cat", "/proc/net/dev"], capture_output=True, text=True, timeout=10)
+print(network.unprivileged, [line.split(":")[0].strip() for line in inside.stdout.splitlines()[2:]])
+network.close()
+'''
+
+
+@pytest.mark.skipif(not (Path("/usr/bin/python3").exists() and Path("/usr/bin/setpriv").exists()),
+                    reason="needs the system python3 and setpriv to run as another user")
+def test_a_user_without_root_gets_an_unprivileged_namespace(tmp_path):
+    # The project's venv lives under /root here, out of nobody's reach: the system python3 runs the module.
+    done = subprocess.run(["setpriv", "--reuid", "nobody", "--regid", "nogroup", "--clear-groups",
+                           "/usr/bin/python3", "-c", UNPRIVILEGED], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60, env={"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True ['lo']"
 
 
 def test_where_no_namespace_can_be_made_one_line_says_so_and_nothing_starts(tflaunch, tmp_path):
