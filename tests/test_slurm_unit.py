@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from launcher.errors import ConfigError
-from launcher.slurm.allocation import Allocation, carve_roles, gpus_for, parse_tasks_per_node, read_allocation
+from launcher.slurm.allocation import (Allocation, carve_roles, gpus_for, parse_tasks_per_node, read_allocation,
+                                       thread_count)
 from launcher.slurm.commands import last_line
 from launcher.slurm.ports import window_start
 from launcher.slurm.script import JobRequest, render_script, tflaunch_argv
@@ -167,3 +168,13 @@ def test_a_multiline_command_keeps_every_sbatch_line_in_the_header():
     lines = render_script(request).splitlines()
     header = lines[:next(i for i, line in enumerate(lines) if not line.startswith("#"))]
     assert len([line for line in header if line.startswith("#SBATCH")]) == 5  # sbatch reads no further than this
+
+
+def test_threads_follow_cpus_per_task_else_the_busiest_node():
+    env = {"SLURM_JOB_ID": "3", "SLURM_JOB_NODELIST": "n[1-4]", "SLURM_TASKS_PER_NODE": "2(x3),1",
+           "SLURM_JOB_CPUS_PER_NODE": "8(x3),2"}
+    alloc = read_allocation(env, expand)
+    assert alloc.cpus_per_node == (8, 8, 8, 2)
+    assert thread_count(alloc, {"n1": 2, "n2": 2, "n3": 2, "n4": 1}) == 2  # n4: 2 CPUs for 1 task, n1: 8 for 2
+    assert thread_count(alloc, {"n1": 1, "n2": 1}) is None  # one task per node keeps TensorFlow's defaults
+    assert thread_count(read_allocation({**env, "SLURM_CPUS_PER_TASK": "3"}, expand), {"n1": 2}) == 3

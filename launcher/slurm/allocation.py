@@ -10,7 +10,10 @@ Read from the variables Slurm sets in an ``sbatch`` script or ``salloc`` shell:
   ``SLURM_GPUS_ON_NODE`` (GPUs per node, the batch node's count taken for every node) are dealt
   round-robin to a node's chief and worker tasks by tflaunch's own rule; without either, tasks run
   on the CPU (``CUDA_VISIBLE_DEVICES=-1``);
-- ``SLURM_CPUS_PER_TASK`` becomes each task's intra-op thread count;
+- threads: ``SLURM_CPUS_PER_TASK`` becomes each task's intra-op thread count; without it, when some
+  node runs several tasks, every task gets ``min over nodes of (CPUs of the node // its tasks)``
+  from ``SLURM_JOB_CPUS_PER_NODE`` (such as ``8(x2)``), the same thread rule as on one machine,
+  applied alike on every node;
 - ``SLURM_RESTART_COUNT``: how many times the job was requeued.
 
 **Role rule.** Task slots are numbered in Slurm's own rank order: node by node in the order of
@@ -48,6 +51,7 @@ class Allocation:
     gpus_per_task: int | None = None  # Slurm binds this many GPUs to each task
     gpus_per_node: int | None = None  # GPUs on each node, when Slurm does not bind them per task
     cpus_per_task: int | None = None
+    cpus_per_node: tuple[int, ...] = ()  # SLURM_JOB_CPUS_PER_NODE, one count per node
     restart_count: int = 0
     nodelist: str = ""  # as Slurm wrote it, for messages
 
@@ -114,6 +118,7 @@ def read_allocation(environ: Mapping[str, str], expand: Callable[[str], list[str
         gpus_per_task=_count(environ.get("SLURM_GPUS_PER_TASK")),
         gpus_per_node=_count(environ.get("SLURM_GPUS_ON_NODE")),
         cpus_per_task=_count(environ.get("SLURM_CPUS_PER_TASK")),
+        cpus_per_node=_cpus_per_node(environ.get("SLURM_JOB_CPUS_PER_NODE"), len(nodes), source),
         restart_count=_count(environ.get("SLURM_RESTART_COUNT")) or 0,
         nodelist=nodelist,
     )
@@ -167,3 +172,20 @@ def _count(text: str | None) -> int | None:
         return None
     match = re.search(r"(\d+)", text.split(":")[-1])
     return int(match.group(1)) if match else None
+
+
+def _cpus_per_node(text: str | None, nodes: int, source: str) -> tuple[int, ...]:
+    if not text:
+        return ()
+    counts = parse_tasks_per_node(text, source)  # the same "8(x2),4" syntax
+    return tuple(counts) if len(counts) == nodes else ()
+
+
+def thread_count(allocation: Allocation, tasks_per_node: dict[str, int]) -> int | None:
+    """Intra-op threads for every task (see the module docstring); None: leave TensorFlow's defaults."""
+    if allocation.cpus_per_task:
+        return allocation.cpus_per_task
+    if not allocation.cpus_per_node or max(tasks_per_node.values(), default=1) <= 1:
+        return None
+    cpus = dict(zip(allocation.nodes, allocation.cpus_per_node))
+    return max(1, min(cpus[node] // count for node, count in tasks_per_node.items()))

@@ -23,7 +23,7 @@ from ..cluster.checks import check_cluster
 from ..cluster.reader import load_cluster_file
 from ..cluster.spec import ClusterSpec, TaskSpec
 from ..errors import ConfigError
-from ..slurm.allocation import Allocation, carve_roles, gpus_for, read_allocation
+from ..slurm.allocation import Allocation, carve_roles, gpus_for, read_allocation, thread_count
 from ..slurm.commands import expand_hostlist
 from ..slurm.ports import free_ports
 from ..slurm.section import read_slurm_section
@@ -84,7 +84,9 @@ class SlurmSource:
         # Slurm binds GPUs itself, or tflaunch deals a node's GPUs round-robin: either way sharing is intended.
         share = allocation.gpus_per_task is not None or any(
             sum(1 for t in tasks if t.host == node and t.gpus) > (allocation.gpus_per_node or 0) for node in per_node)
-        threads = allocation.cpus_per_task if allocation.cpus_per_task and base.threads == "auto" else base.threads
+        threads = base.threads
+        if threads == "auto":  # the same count on every node (the plan only knows this machine's cores)
+            threads = thread_count(allocation, per_node) or "auto"
         spec = replace(base, source=self.label, tasks=tuple(tasks), transport=TRANSPORT, share_gpus=share,
                        threads=threads)
         check_cluster(spec, local_hosts)
