@@ -12,8 +12,8 @@ Use it in a test::
         testslurm.wait_idle()              # every job finished and both nodes idle again
         testslurm.kill_node(node); testslurm.revive(node)   # a node dies, and comes back (always revive)
 
-The cluster comes up once per session under a random prefix, subnet 10.125.<1-250>.0/24 (never
-used by scripts/testhosts) and controller port, so it cannot collide with a cluster someone
+The cluster comes up once per session under a random prefix, subnet 10.126.<1-250>.0/24 (never
+used by scripts/testhosts or its tests) and controller port, so it cannot collide with a cluster someone
 started by hand, and is taken down at the end of the session, also when tests fail. Without root,
 `ip netns`, munge or slurm-wlm the fixture skips with the reason; under CI it fails instead.
 """
@@ -123,7 +123,7 @@ def _free_port():
 def start_testslurm(state_dir, attempts=3):
     for attempt in range(attempts):
         prefix = "s" + secrets.token_hex(2)
-        done = run_script("up", "--prefix", prefix, "--subnet", f"10.125.{random.randint(1, 250)}",
+        done = run_script("up", "--prefix", prefix, "--subnet", f"10.126.{random.randint(1, 250)}",
                           "--port", str(_free_port()), "--state-dir", str(state_dir / prefix))
         if done.returncode == 0:
             return TestSlurm(json.loads(done.stdout))
