@@ -263,6 +263,14 @@ def test_no_status_line_and_no_colour_when_not_a_terminal():
     assert out.getvalue() == "worker-0 | hello\n" and err.getvalue() == "tflaunch: done\n"
 
 
+def test_a_message_after_close_is_still_written():
+    console, out, err = console_of()
+    console.message("first")
+    console.close()
+    console.message("after the end")
+    assert err.getvalue() == "tflaunch: first\ntflaunch: after the end\n"
+
+
 def test_many_tasks_are_counted_by_state_in_the_status_line():
     console = Console(io.StringIO(), messages=io.StringIO(), status=True, clock=lambda: 0.0)
     console.task_states({f"worker-{i}": ("running" if i < 60 else "succeeded") for i in range(64)}, 2, 1)

@@ -189,17 +189,21 @@ class Console:
     def close(self, timeout: float = 5.0) -> None:
         """Write what is queued and erase the status line; give up after ``timeout`` on a stalled terminal."""
         with self._cond:
-            if self._thread is None:
+            already, self._stopping = self._stopping, True
+            if self._thread is None or already:
                 return
             self._queue.append(("release",))
-            self._stopping = True
             self._cond.notify()
         self._thread.join(timeout)
 
     def _put(self, item: tuple) -> None:
         with self._cond:
-            self._queue.append(item)
-            self._wake()
+            if not self._stopping:
+                self._queue.append(item)
+                self._wake()
+                return
+        # After close(): no writer thread any more, so write it here (a last message, say).
+        self._write(self._render(item), final=True)
 
     def _wake(self) -> None:
         if self._thread is None:
