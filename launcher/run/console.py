@@ -202,8 +202,10 @@ class Console:
                 self._queue.append(item)
                 self._wake()
                 return
-        # After close(): no writer thread any more, so write it here (a last message, say).
-        self._write(self._render(item), final=True)
+        # After close(): no writer thread any more, so write it here (a last message, say). While
+        # a writer stuck on a stalled terminal is still alive, writing here would block: drop it.
+        if self._thread is None or not self._thread.is_alive():
+            self._write(self._render(item), final=True)
 
     def _wake(self) -> None:
         if self._thread is None:
