@@ -4,6 +4,7 @@ default TensorFlow job, each through the real ``tflaunch`` command."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
@@ -37,6 +38,37 @@ def test_a_closed_console_leaves_the_run_whole(tflaunch, tmp_path):
     manifest = json.loads((run_dir / "run.json").read_text())
     assert manifest["status"] == "succeeded" and manifest["exit_code"] == 0
     assert manifest["tasks"][0]["state"] == "succeeded"
+
+
+@pytest.mark.slow
+def test_a_terminal_nobody_reads_cannot_stall_the_run(tflaunch, tmp_path):
+    # A real terminal (a pty) whose other side is never read: like a hung terminal, every write
+    # to it blocks once its buffer is full.
+    import pty
+
+    master, slave = pty.openpty()
+    try:
+        started = time.monotonic()
+        proc = subprocess.Popen(tflaunch.argv("--local", "2", "--log-dir", str(tflaunch.log_dir), "--",
+                                              "python", TASK, "flood:100000"),
+                                cwd=tmp_path, env=tflaunch.env(), stdin=subprocess.DEVNULL, stdout=slave,
+                                stderr=slave, start_new_session=True)
+        try:
+            code = proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+        took = time.monotonic() - started
+    finally:
+        os.close(slave)
+        os.close(master)
+    assert code == 0
+    assert took < 60, f"tflaunch took {took:.1f} s with a stalled terminal"
+    run_dir = tflaunch.latest_run()
+    merged = (run_dir / "merged.log").read_bytes()
+    assert len(re.findall(rb"\] worker-\d \| worker-\d line \d+", merged)) == 200_000
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "succeeded"
 
 
 def test_a_pipe_gets_plain_text_without_a_status_line(tflaunch):
