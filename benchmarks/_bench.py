@@ -273,5 +273,7 @@ def dry_run(args: Sequence[str], cwd: Path) -> list[PlannedTask]:
             tasks[-1].workdir = line[len("  workdir: "):]
         elif line.startswith("  env: "):
             key, _, value = line[len("  env: "):].partition("=")
+            if value.endswith(")") and "  (" in value:  # the layer the value came from, after the quoted value
+                value = value[:value.rindex("  (")]
             tasks[-1].env[key] = shlex.split(value)[0] if value else ""
     return tasks
