@@ -322,3 +322,28 @@ def test_dump_returns_the_tasks_python_stacks(agents):
     agent.send("TERM\n")
     agent.wait()
     assert agent.report.leftovers == ()  # py-spy was the agent's helper, not the task's
+
+
+# -- tflaunch's side: the client over a real carrier process ----------------------------------------
+
+def test_carrier_messages_reach_the_task_log_and_decide_the_status(tmp_path):
+    from launcher.cluster.plan import TaskLaunch
+    from launcher.transports.agentclient import status_file
+    from launcher.transports.ssh import SshProcess
+
+    launch = TaskLaunch(name="worker-0", role="worker", index=0, host="node1", address="node1:2222", local=False,
+                        argv=("true",), env={}, workdir=str(tmp_path))
+    log = tmp_path / "worker-0.log"
+    output = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    status = status_file()
+    # A stand-in for the ssh client that cannot connect: its own message on stderr, exit 255.
+    carrier = subprocess.Popen(["sh", "-c", "echo 'ssh: connect to host node1 port 22: Connection refused' >&2; "
+                                            "exit 255"], stdin=subprocess.PIPE, stdout=output, stderr=status)
+    process = SshProcess(launch, carrier, status, os.dup(output))
+    os.close(output)
+    result = wait_for(process.poll, timeout=10, message="the carrier to end")
+    process.cleanup()
+    assert result == ExitStatus(error="cannot reach node1 over ssh (ssh: connect to host node1 port 22: "
+                                      "Connection refused)")
+    assert log.read_text() == "[ssh node1] ssh: connect to host node1 port 22: Connection refused\n"
+    assert process.leftovers == ()

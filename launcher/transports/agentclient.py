@@ -123,7 +123,7 @@ class AgentProcess:
         self.popen = popen
         self.leftovers: tuple[str, ...] = ()
         self._status_fd = status_fd
-        self._output_fd = output_fd
+        self._output_fd, self._output_path = _by_path(output_fd)
         self._last_heartbeat = time.monotonic()
         self._kill_deadline: float | None = None
         self._status: ExitStatus | None = None
@@ -146,11 +146,11 @@ class AgentProcess:
             return None
         self._report = parse_agent_output(self._status_text())
         self.leftovers = self._report.leftovers
-        if self._report.other and self._output_fd >= 0:
+        if self._report.other:
             # The carrier's own messages (ssh's, a remote shell's, an agent's traceback) belong
             # in the task's log too.
-            os.write(self._output_fd, "".join(f"[{self.channel} {self.launch.host}] {line}\n"
-                                              for line in self._report.other).encode())
+            self._append_output("".join(f"[{self.channel} {self.launch.host}] {line}\n"
+                                        for line in self._report.other).encode())
         self._status = self._exit_status(self._report, returncode)
         return self._status
 
@@ -214,6 +214,16 @@ class AgentProcess:
 
     # -- helpers ----------------------------------------------------------------------------
 
+    def _append_output(self, data: bytes) -> None:
+        try:
+            if self._output_fd >= 0:
+                os.write(self._output_fd, data)
+            elif self._output_path is not None:
+                with open(self._output_path, "ab") as log:
+                    log.write(data)
+        except OSError:
+            pass  # a full disk or a vanished run folder: the run reports that on its own
+
     def _status_text(self) -> str:
         return read_all(self._status_fd) if self._status_fd >= 0 else ""
 
@@ -232,6 +242,19 @@ class AgentProcess:
                 self.popen.stdin.close()
             except OSError:
                 pass
+
+
+def _by_path(fd: int) -> tuple[int, str | None]:
+    """A task's log as a path to reopen when needed, closing ``fd``, so that a long-running task
+    costs tflaunch no descriptor for it; ``fd`` itself when it is not a regular file."""
+    try:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return fd, None
+    if not (path.startswith("/") and os.path.isfile(path)):
+        return fd, None
+    os.close(fd)
+    return -1, path
 
 
 def describe(returncode: int) -> str:
