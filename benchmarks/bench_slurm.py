@@ -1,0 +1,149 @@
+"""Slurm: time from ``tflaunch submit`` to the first training step, and 8 tasks on 2 nodes through srun.
+
+    python benchmarks/bench_slurm.py [--reps N]
+
+Brings up a test cluster with ``scripts/testslurm up --prefix bsl --subnet 10.126.250`` (slurmctld
+here, two slurmd nodes in network namespaces) and takes it down at the end, whatever happens.
+Needs root, munge and slurm-wlm.
+
+Part 1, submit to first step: ``tflaunch submit --nodes 2 -- python -m trainer --epochs 1
+--steps-per-epoch 1`` (one step per epoch, so the first epoch record is the first step). Measured
+from the moment submit starts to (a) the job's start (``slurm.json``), (b) the first epoch record in
+``metrics.jsonl``; for reference, ``tflaunch --local 2`` with the same command on this machine.
+
+Part 2, start of 8 tasks: inside one allocation (``salloc -N2 --ntasks-per-node=4``), side A is
+``tflaunch --slurm --quiet -- true`` (probe both nodes' ports, 8 srun steps with the agent, supervise
+to the end); side B is one bare ``srun -N1 -n1 hostname``; for information, ``tflaunch --local 8
+--quiet -- true`` on this machine. Sides alternate (order flipped every repetition).
+Target: median(A) / median(B) <= 20. Side A is at least tflaunch's own start (side C shows it),
+one probe step per node and then the 8 agent steps, each a Python start through srun, most of it
+in parallel; a bare srun of ``hostname`` takes well under 0.1 s here, so 20 of them is about 1-2 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+import _bench
+from _bench import PYTHON, ROOT, median, note, spread, table
+
+TARGET = 20.0
+PREFIX, SUBNET = "bsl", "10.126.250"
+TESTSLURM = ROOT / "scripts" / "testslurm"
+
+
+def inner(reps: int) -> None:
+    """Run inside the allocation (salloc): time both sides and print them as one JSON line."""
+    sides = {"tflaunch --slurm (8 tasks)": [PYTHON, "-m", "launcher", "--slurm", "--quiet", "--log-dir",
+                                            os.environ["BENCH_LOGS"], "--", "true"],
+             "srun hostname (1 task)": ["srun", "-N1", "-n1", "--overlap", "hostname"],
+             "(tflaunch --local 8, this machine)": [PYTHON, "-m", "launcher", "--local", "8", "--quiet",
+                                                    "--log-dir", os.environ["BENCH_LOGS"], "--", "true"]}
+    times: dict[str, list[float]] = {name: [] for name in sides}
+    for rep in range(reps):
+        order = list(sides) if rep % 2 == 0 else list(reversed(list(sides)))
+        for name in order:
+            start = time.perf_counter()
+            done = subprocess.run(sides[name], capture_output=True, text=True, timeout=120, cwd=ROOT)
+            elapsed = time.perf_counter() - start
+            if done.returncode == 0:
+                times[name].append(elapsed)
+            else:
+                print(f"   {name} failed: {done.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
+    print("TIMES " + json.dumps(times), flush=True)
+
+
+def first_step(env: dict, logs: Path) -> tuple[float, float] | None:
+    """(job start, first step) in seconds after submit started, or None when the run failed."""
+    start = time.time()
+    done = subprocess.run([PYTHON, "-m", "launcher", "submit", "--nodes", "2", "--log-dir", str(logs), "--",
+                           "python", "-m", "trainer", "--epochs", "1", "--steps-per-epoch", "1"],
+                          capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    if done.returncode != 0:
+        note(f"submit failed: {done.stderr.strip()}")
+        return None
+    run_dir = Path(done.stdout.strip().rsplit("run folder ", 1)[1])
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        metrics = run_dir / "metrics.jsonl"
+        epochs = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+        epochs = [r for r in epochs if r.get("kind") == "epoch"]
+        if epochs:
+            slurm = json.loads((run_dir / "slurm.json").read_text())
+            began = datetime.fromisoformat(slurm["started_at"]).timestamp()
+            return began - start, min(r["time"] for r in epochs) - start
+        time.sleep(0.1)
+    note(f"no first step within 300 s in {run_dir}")
+    return None
+
+
+def local_first_step(logs: Path) -> float | None:
+    start = time.time()
+    done = subprocess.run([PYTHON, "-m", "launcher", "--local", "2", "--quiet", "--log-dir", str(logs), "--",
+                           "python", "-m", "trainer", "--epochs", "1", "--steps-per-epoch", "1"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    runs = sorted(logs.iterdir())
+    if done.returncode != 0 or not runs:
+        return None
+    records = [json.loads(line) for line in (runs[-1] / "metrics.jsonl").read_text().splitlines()]
+    return min(r["time"] for r in records if r.get("kind") == "epoch") - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.inner:
+        inner(args.reps)
+        return
+    _bench.header("Slurm: submit to first training step; 8 tasks on 2 nodes through srun vs one srun",
+                  [f"test cluster: scripts/testslurm up --prefix {PREFIX} --subnet {SUBNET}, {args.reps} reps"])
+    state = Path(tempfile.mkdtemp(prefix="bench-slurm-"))
+    port = random.randint(18000, 19900)
+    up = subprocess.run([str(TESTSLURM), "up", "--prefix", PREFIX, "--subnet", SUBNET, "--port", str(port),
+                         "--state-dir", str(state / "cluster")], capture_output=True, text=True, timeout=120)
+    if up.returncode != 0:
+        note(f"testslurm up failed: {up.stderr.strip()}")
+        return
+    try:
+        env = {**os.environ, "SLURM_CONF": json.loads(up.stdout)["slurm_conf"], "PYTHONPATH": str(ROOT)}
+        starts, steps, local = [], [], []
+        for rep in range(args.reps):
+            got = first_step(env, state / "logs")
+            if got:
+                starts.append(got[0])
+                steps.append(got[1])
+            figure = local_first_step(state / "local-logs")
+            if figure is not None:
+                local.append(figure)
+        table(["submit to", "median s", "min s", "max s"],
+              [["job start", *spread(starts)], ["first training step", *spread(steps)],
+               ["(--local 2: first training step)", *spread(local)]])
+        inner_run = subprocess.run(["salloc", "-N2", "--ntasks-per-node=4", "--", PYTHON, __file__, "--inner",
+                                    "--reps", str(args.reps)], capture_output=True, text=True, timeout=900,
+                                   env={**env, "BENCH_LOGS": str(state / "inner-logs")}, cwd=ROOT)
+        line = next((l for l in inner_run.stdout.splitlines() if l.startswith("TIMES ")), None)
+        if line is None:
+            note(f"allocation run failed: {inner_run.stderr.strip()[-500:]}")
+            return
+        times = json.loads(line[len("TIMES "):])
+        table(["side", "median s", "min s", "max s"], [[name, *spread(values)] for name, values in times.items()])
+        a, b = (median(v) for v in list(times.values())[:2])
+        _bench.verdict("8 tasks via tflaunch --slurm / one bare srun", a / b, TARGET)
+    finally:
+        subprocess.run([str(TESTSLURM), "down", "--prefix", PREFIX, "--state-dir", str(state / "cluster")],
+                       capture_output=True, timeout=120)
+
+
+if __name__ == "__main__":
+    main()
