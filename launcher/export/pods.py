@@ -85,6 +85,12 @@ def _role_pods(spec: ClusterSpec, role: str, launches: tuple[TaskLaunch, ...]) -
     shared = pod_env(first)
     for launch in launches[1:]:
         task = tasks[launch.index]
+        # GPUs first: a different count also shows as a different CUDA_VISIBLE_DEVICES below.
+        if gpu_count(task) != gpu_count(first_task):
+            raise ConfigError(spec.source, f"{task.key}.gpus",
+                              f"{gpu_count(task)} GPUs here but {gpu_count(first_task)} in {first_task.key}; expected "
+                              f"the same number for every {role} task, because Kubernetes starts a role's pods "
+                              "from one template")
         env = pod_env(launch)
         for var in sorted(set(shared) | set(env)):
             if shared.get(var) != env.get(var):
@@ -92,11 +98,6 @@ def _role_pods(spec: ClusterSpec, role: str, launches: tuple[TaskLaunch, ...]) -
                                   f"{var} is {_shown(env.get(var))} here but {_shown(shared.get(var))} in "
                                   f"{first_task.key}; expected the same env for every {role} task, because "
                                   "Kubernetes starts a role's pods from one template")
-        if gpu_count(task) != gpu_count(first_task):
-            raise ConfigError(spec.source, f"{task.key}.gpus",
-                              f"{gpu_count(task)} GPUs here but {gpu_count(first_task)} in {first_task.key}; expected "
-                              f"the same number for every {role} task, because Kubernetes starts a role's pods "
-                              "from one template")
     return RolePods(role, launches, shared, gpu_count(first_task))
 
 
