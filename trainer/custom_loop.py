@@ -122,7 +122,7 @@ class CustomLoop:
             session.reporter.epoch(
                 epoch=epoch + 1, logs=logs, epoch_seconds=clock.seconds(),
                 samples_per_second=clock.samples_per_second(),
-                global_batch=session.global_batch, replicas=session.replicas)
+                global_batch=session.global_batch, replicas=session.replicas, epochs=args.epochs)
         if backup:
             backup.finish()
         if scalars is not None:

@@ -72,7 +72,8 @@ class EpochMetrics(keras.callbacks.Callback):
             self.scalars.epoch(epoch + 1, logs)
         self.session.reporter.epoch(
             epoch=epoch + 1, logs=logs, epoch_seconds=self.clock.seconds(), samples_per_second=rate,
-            global_batch=self.session.global_batch, replicas=self.session.replicas)
+            global_batch=self.session.global_batch, replicas=self.session.replicas,
+            epochs=self.session.args.epochs)
 
 
 class StepMetrics(EpochMetrics):

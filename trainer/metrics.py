@@ -8,10 +8,10 @@ one line each, the prefix `TFLAUNCH_METRIC ` (with its trailing space) followed
 by compact single-line JSON (no spaces after separators). Three kinds:
 
 - one per epoch, from every training task:
-  {"kind":"epoch","task":"worker-0","epoch":1,"loss":0.51,"accuracy":0.85,
+  {"kind":"epoch","task":"worker-0","epoch":1,"epochs":8,"loss":0.51,"accuracy":0.85,
    "val_loss":0.32,"val_accuracy":0.9,"epoch_seconds":3.1,
    "samples_per_second":1234.5,"global_batch":64,"replicas":2}
-  epoch counts from 1, as Keras prints it. samples_per_second is the steady-state
+  epoch counts from 1, as Keras prints it; epochs is how many the run trains. samples_per_second is the steady-state
   training throughput of the whole cluster: it is timed from the end of the
   epoch's first step to the end of its last one, so tracing and warm-up are left
   out. Under ParameterServerStrategy, where steps run asynchronously on the
@@ -41,7 +41,7 @@ from typing import IO, Any
 
 METRIC_PREFIX = "TFLAUNCH_METRIC "
 
-EPOCH_FIELDS = ("kind", "task", "epoch", "loss", "accuracy", "val_loss", "val_accuracy",
+EPOCH_FIELDS = ("kind", "task", "epoch", "epochs", "loss", "accuracy", "val_loss", "val_accuracy",
                 "epoch_seconds", "samples_per_second", "global_batch", "replicas")
 FINAL_FIELDS = ("kind", "task", "test_loss", "test_accuracy", "total_seconds", "epochs")
 EVAL_FIELDS = ("kind", "task", "epoch", "checkpoint", "val_loss", "val_accuracy", "eval_seconds", "final")
@@ -136,11 +136,13 @@ class Reporter:
         self._write(f"trainer: {message}")
 
     def epoch(self, *, epoch: int, logs: dict[str, Any], epoch_seconds: float,
-              samples_per_second: float | None, global_batch: int, replicas: int) -> None:
+              samples_per_second: float | None, global_batch: int, replicas: int,
+              epochs: int | None = None) -> None:
         self._write(format_line({
             "kind": "epoch",
             "task": self.task,
             "epoch": epoch,
+            "epochs": epochs,
             "loss": logs.get("loss"),
             "accuracy": logs.get("accuracy"),
             "val_loss": logs.get("val_loss"),
