@@ -178,3 +178,16 @@ def test_threads_follow_cpus_per_task_else_the_busiest_node():
     assert thread_count(alloc, {"n1": 2, "n2": 2, "n3": 2, "n4": 1}) == 2  # n4: 2 CPUs for 1 task, n1: 8 for 2
     assert thread_count(alloc, {"n1": 1, "n2": 1}) is None  # one task per node keeps TensorFlow's defaults
     assert thread_count(read_allocation({**env, "SLURM_CPUS_PER_TASK": "3"}, expand), {"n1": 2}) == 3
+
+
+def test_the_repository_slurm_template_reads_and_fits_its_allocation():
+    from pathlib import Path
+
+    from launcher.cluster.reader import load_cluster_file
+
+    path = Path(__file__).resolve().parent.parent / "clusters" / "slurm.yaml"
+    spec = load_cluster_file(path, frozenset(), slurm_template=True)
+    settings = read_slurm_section(str(path), spec.slurm)
+    assert spec.tasks == () and settings.nodes == 2 and spec.max_restarts == 1
+    alloc = Allocation("1", tuple(f"n{i}" for i in range(settings.nodes)), (settings.ntasks_per_node,) * settings.nodes)
+    assert carve_roles(alloc, chief=settings.chief, ps=settings.ps, evaluator=settings.evaluator)
