@@ -120,7 +120,7 @@ def carry_over_notes(spec: ClusterSpec, settings: KubernetesSettings) -> list[st
     ports = sorted({str(t.port) for t in spec.tasks if t.port != settings.port})
     if ports:
         notes.append(f"port: every pod listens on port {settings.port} (kubernetes.port), since each pod has its "
-                     f"own address; the file's ports ({', '.join(ports)}) are not used")
+                     f"own address; the cluster's ports ({', '.join(ports)}) are not used")
     hosts = sorted({t.host for t in spec.tasks if not is_local(t.host, frozenset())})
     if hosts:
         notes.append(f"host: each task runs in its own pod instead of on {', '.join(hosts)}")

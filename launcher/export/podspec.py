@@ -10,7 +10,7 @@ import re
 from typing import Any
 
 from .pods import PodPlan, RolePods
-from .settings import GPU_RESOURCE
+from .settings import GPU_RESOURCE, Toleration
 
 CONTAINER_NAME = "tensorflow"  # the name the training operator requires; JobSet uses it too for one kubectl -c
 PORT_NAME = "tfjob-port"  # the training operator reads TensorFlow's port from the container port of this name
@@ -76,7 +76,7 @@ def pod_spec(plan: PodPlan, containers: list[dict[str, Any]], restart_policy: st
     return spec
 
 
-def _toleration(toleration: Any) -> dict[str, Any]:
+def _toleration(toleration: Toleration) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if toleration.key is not None:
         out["key"] = toleration.key
