@@ -347,3 +347,10 @@ def test_carrier_messages_reach_the_task_log_and_decide_the_status(tmp_path):
                                       "Connection refused)")
     assert log.read_text() == "[ssh node1] ssh: connect to host node1 port 22: Connection refused\n"
     assert process.leftovers == ()
+
+
+def test_the_task_gets_the_default_sigpipe(agents):
+    # Python ignores SIGPIPE for itself; a task must not inherit that (`yes | head` would never end).
+    agent = agents(["bash", "-c", "yes | head -1; echo ${PIPESTATUS[0]}"])
+    assert agent.wait() == 0
+    assert agent.output.splitlines() == ["y", str(128 + signal.SIGPIPE)]

@@ -64,7 +64,10 @@ def read_spec(encoded):
 
 
 def report(text):
-    os.write(2, ("%s %s\n" % (MARK, text)).encode("utf-8", "replace"))
+    try:
+        os.write(2, ("%s %s\n" % (MARK, text)).encode("utf-8", "replace"))
+    except OSError:
+        pass  # nobody is listening any more (the connection closed): the stopping goes on regardless
 
 
 def become_subreaper():
@@ -147,6 +150,9 @@ class Agent(object):
         if pid == 0:  # the task, until exec
             try:
                 os.setsid()
+                # The task gets the default SIGPIPE; the agent keeps Python's SIG_IGN, so that a
+                # closed channel is an error it can carry on from, not its death mid-cleanup.
+                signal.signal(signal.SIGPIPE, signal.SIG_DFL)
                 os.dup2(devnull, 0)
                 os.dup2(1, 2)
                 stage = "cwd"
@@ -268,7 +274,10 @@ class Agent(object):
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
             self.helpers.add(dump.pid)
             text = dump.communicate()[0].decode("utf-8", "replace")
-        os.write(2, ("%s stacks-begin\n%s%s stacks-end\n" % (MARK, text, MARK)).encode("utf-8", "replace"))
+        try:
+            os.write(2, ("%s stacks-begin\n%s%s stacks-end\n" % (MARK, text, MARK)).encode("utf-8", "replace"))
+        except OSError:
+            pass
 
     # -- stopping ----------------------------------------------------------------------
 
@@ -323,7 +332,6 @@ class Agent(object):
 
 def main():
     spec = read_spec(sys.argv[1])
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     # The agent must outlive a SIGINT/SIGHUP aimed at its session so it can clean up. A no-op
     # handler, not SIG_IGN: ignored signals would stay ignored in the task after exec.
     signal.signal(signal.SIGINT, lambda *_: None)
