@@ -215,7 +215,8 @@ def test_sh_commands_start_each_task_with_the_plans_env(tmp_path: Path) -> None:
         seen.append(json.loads(line[4:]))
     spec = LocalSource(2, chief=True, ps=1).spec(frozenset({"localhost"}))
     spec = spec.with_ports({"chief-0": 2222, "worker-0": 2223, "worker-1": 2224, "ps-0": 2225})
-    plan = plan_cluster(spec, RunContext(run_id="tflaunch", run_dir=""), local_hosts=local_host_names(),
+    context = RunContext(run_id="tflaunch", run_dir=str(tmp_path / "logs" / "tflaunch"))
+    plan = plan_cluster(spec, context, local_hosts=local_host_names(),
                         cores_by_host={"localhost": cpu_count()}, default_python=sys.executable,
                         default_workdir=str(tmp_path), command=("python", TASK, "env"))
     for record, launch in zip(seen, plan.launches):
@@ -239,3 +240,20 @@ worker: [{host: node1, port: 2222}, localhost:auto]
     assert " && . /opt/venv" not in lines[1]  # setup runs on remote hosts only, as in a run
     assert "'MESSAGE=it'\"'\"'s $HOME; `x`'" in lines[0]
     assert "# worker-0 on node1 (listens on node1:2222)" in done.stdout
+
+
+def test_evaluator_checkpoints_need_shared_storage(tmp_path: Path) -> None:
+    """The evaluator reads what the chief writes: in pods that is a note until the user names shared storage."""
+    text = "chief: [localhost:auto]\nworker: [localhost:auto]\nevaluator: [localhost:auto]\n"
+    path = cluster_file(tmp_path, text + "kubernetes: {image: i}\n")
+    done = tflaunch("export", path)
+    assert done.returncode == 0, done.stderr
+    assert ("tflaunch: note: evaluator: it evaluates the checkpoints the chief writes to TFLAUNCH_CHECKPOINT_DIR, "
+            "which is /tmp/tflaunch/c/checkpoints inside each pod") in done.stderr
+    path = cluster_file(tmp_path, text + "kubernetes: {image: i, env: {TFLAUNCH_CHECKPOINT_DIR: /shared/ckpt}}\n")
+    done = tflaunch("export", path)
+    assert done.returncode == 0 and "evaluator:" not in done.stderr, done.stderr
+    (document,) = [d for d in yaml.safe_load_all(done.stdout) if d]
+    for job in document["spec"]["replicatedJobs"]:
+        (container,) = job["template"]["spec"]["template"]["spec"]["containers"]
+        assert {"name": "TFLAUNCH_CHECKPOINT_DIR", "value": "/shared/ckpt"} in container["env"], job["name"]

@@ -23,6 +23,7 @@ import yaml
 
 from launcher.cluster.plan import RunContext, plan_cluster
 from launcher.export import ExportRequest, export
+from launcher.export.pods import POD_RUN_DIR
 from launcher.sources.file import ClusterFileSource
 from launcher.sources.local import LocalSource
 
@@ -130,7 +131,8 @@ def expected_plan(source: Any, name: str, port: int, command: tuple[str, ...]) -
     extra_env = dict((spec.kubernetes or {}).get("env") or {})
     tasks = tuple(replace(t, host=f"{name}-{t.role}-0-{t.index}.{name}", address=None, port=port) for t in spec.tasks)
     spec = replace(spec, tasks=tasks, env={**spec.env, **extra_env}, hosts={})
-    plan = plan_cluster(spec, RunContext(run_id=name, run_dir=""), local_hosts=frozenset(), cores_by_host={},
+    context = RunContext(run_id=name, run_dir=POD_RUN_DIR.format(name=name))
+    plan = plan_cluster(spec, context, local_hosts=frozenset(), cores_by_host={},
                         default_python="python3", default_workdir="", command=command)
     return {launch.name: dict(launch.env) for launch in plan.launches}
 

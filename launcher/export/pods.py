@@ -22,6 +22,10 @@ from .settings import KubernetesSettings
 PER_POD_ENV = ("TF_CONFIG", "TFLAUNCH_TASK", "TFLAUNCH_ATTEMPT")
 # A pod has no run folder: its output goes to the container log (kubectl logs).
 NO_RUN_FOLDER_ENV = ("TFLAUNCH_RUN_DIR",)
+# Where the plan's run-folder paths (such as TFLAUNCH_CHECKPOINT_DIR) point inside a pod: a
+# directory any container user may create, private to the pod.
+POD_RUN_DIR = "/tmp/tflaunch/{name}"
+CHECKPOINT_ENV = "TFLAUNCH_CHECKPOINT_DIR"
 
 
 @dataclass(frozen=True)
@@ -57,7 +61,8 @@ def plan_pods(spec: ClusterSpec, settings: KubernetesSettings, name: str, comman
               pod_host: Callable[[str, int], str]) -> PodPlan:
     """Plan ``spec`` with task ``role``/``index`` on host ``pod_host(role, index)`` and group it by role."""
     pod_spec = _pod_cluster(spec, settings, pod_host)
-    plan = plan_cluster(pod_spec, RunContext(run_id=name, run_dir=""), local_hosts=frozenset(), cores_by_host={},
+    run_dir = POD_RUN_DIR.format(name=name)
+    plan = plan_cluster(pod_spec, RunContext(run_id=name, run_dir=run_dir), local_hosts=frozenset(), cores_by_host={},
                         default_python=settings.python, default_workdir=settings.workdir or "",
                         command=command)
     roles = []
@@ -65,7 +70,7 @@ def plan_pods(spec: ClusterSpec, settings: KubernetesSettings, name: str, comman
         launches = tuple(sorted((l for l in plan.launches if l.role == role), key=lambda l: l.index))
         if launches:
             roles.append(_role_pods(spec, role, launches))
-    notes = carry_over_notes(spec, settings) + list(plan.notes)
+    notes = carry_over_notes(spec, settings) + _checkpoint_note(plan.launches, run_dir) + list(plan.notes)
     return PodPlan(name, settings, tuple(roles), plan.launches[0].argv, tuple(notes))
 
 
@@ -99,6 +104,16 @@ def _role_pods(spec: ClusterSpec, role: str, launches: tuple[TaskLaunch, ...]) -
                                   f"{first_task.key}; expected the same env for every {role} task, because "
                                   "Kubernetes starts a role's pods from one template")
     return RolePods(role, launches, shared, gpu_count(first_task))
+
+
+def _checkpoint_note(launches: tuple[TaskLaunch, ...], run_dir: str) -> list[str]:
+    """The evaluator reads the chief's checkpoints: in pods that needs storage both of them mount."""
+    paths = {l.env.get(CHECKPOINT_ENV) for l in launches} - {None}
+    if not any(path.startswith(run_dir + "/") for path in paths):
+        return []
+    return [f"evaluator: it evaluates the checkpoints the chief writes to {CHECKPOINT_ENV}, which is "
+            f"{sorted(paths)[0]} inside each pod; set {CHECKPOINT_ENV} in kubernetes.env to storage that "
+            "the chief and evaluator pods both mount"]
 
 
 def pod_env(launch: TaskLaunch) -> dict[str, str]:

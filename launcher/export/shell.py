@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Mapping
 
 from ..cluster.plan import RunContext, plan_cluster
@@ -16,6 +17,7 @@ from ..cluster.spec import AUTO, ClusterSpec, SshSettings, is_local
 from .pods import NO_RUN_FOLDER_ENV
 
 FIRST_PORT = 2222
+DEFAULT_LOG_DIR = "logs"  # as for tflaunch run
 
 
 @dataclass(frozen=True)
@@ -28,7 +30,10 @@ def shell_commands(spec: ClusterSpec, name: str, *, local_hosts: frozenset[str],
                    default_python: str, default_workdir: str, command: tuple[str, ...] | None) -> ShellExport:
     """One commented shell line per task, in TF_CONFIG's order."""
     spec, notes = _fixed_ports(spec, local_hosts)
-    plan = plan_cluster(spec, RunContext(run_id=name, run_dir=""), local_hosts=local_hosts,
+    # Run-folder paths (TFLAUNCH_CHECKPOINT_DIR) go where a run's folder would, which a run
+    # already expects every host to share.
+    run_dir = str(Path(default_workdir, spec.log_dir or DEFAULT_LOG_DIR, name))
+    plan = plan_cluster(spec, RunContext(run_id=name, run_dir=run_dir), local_hosts=local_hosts,
                         cores_by_host=cores_by_host, default_python=default_python,
                         default_workdir=default_workdir, command=command)
     lines = [f"# {len(plan.launches)} tasks; run each command on the machine named above it, all at about the same time."]
@@ -44,8 +49,6 @@ def shell_commands(spec: ClusterSpec, name: str, *, local_hosts: frozenset[str],
         notes.append("ssh: not used; you start each command on its machine yourself")
     if spec.max_restarts:
         notes.append("max_restarts: not used; nothing supervises or restarts these commands")
-    if spec.log_dir:
-        notes.append("log_dir: not used; each command writes to its own terminal")
     return ShellExport("\n".join(lines) + "\n", tuple(notes) + plan.notes)
 
 
