@@ -354,3 +354,24 @@ def test_the_task_gets_the_default_sigpipe(agents):
     agent = agents(["bash", "-c", "yes | head -1; echo ${PIPESTATUS[0]}"])
     assert agent.wait() == 0
     assert agent.output.splitlines() == ["y", str(128 + signal.SIGPIPE)]
+
+
+def test_heartbeats_flow_while_the_supervisor_is_busy_elsewhere(tmp_path, monkeypatch):
+    import launcher.transports.local as local
+    from launcher.cluster.plan import TaskLaunch
+
+    monkeypatch.setattr(local, "HEARTBEAT_TIMEOUT", 1.5)
+    launch = TaskLaunch(name="worker-0", role="worker", index=0, host="localhost", address="localhost:1", local=True,
+                        argv=("sleep", "60"), env={}, workdir=str(tmp_path))
+    output = os.open(tmp_path / "worker-0.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    process = local.LocalTransport(grace=1.0).start(launch, output)
+    os.close(output)
+    try:
+        assert process.pid is not None
+        time.sleep(4)  # no poll() at all, as while the watchdog collects the stacks of many tasks
+        assert process.poll() is None and alive(process.pid)
+    finally:
+        process.terminate()
+        status = wait_for(process.poll, timeout=10, message="the task to stop")
+        process.cleanup()
+    assert status == ExitStatus(signal=signal.SIGTERM)

@@ -13,7 +13,9 @@ import fcntl
 import os
 import subprocess
 import tempfile
+import threading
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -124,11 +126,12 @@ class AgentProcess:
         self.leftovers: tuple[str, ...] = ()
         self._status_fd = status_fd
         self._output_fd, self._output_path = _by_path(output_fd)
-        self._last_heartbeat = time.monotonic()
+        self._stdin_lock = threading.Lock()  # the heartbeat thread writes too
         self._kill_deadline: float | None = None
         self._status: ExitStatus | None = None
         self._report: AgentReport | None = None
         fcntl.fcntl(popen.stdin.fileno(), fcntl.F_SETFL, os.O_NONBLOCK)
+        HEARTBEATS.add(self)
 
     # -- the process interface ------------------------------------------------------------
 
@@ -136,9 +139,6 @@ class AgentProcess:
         if self._status is not None:
             return self._status
         now = time.monotonic()
-        if now - self._last_heartbeat >= HEARTBEAT_INTERVAL:
-            self._last_heartbeat = now
-            self._send(b"\n")
         if self._kill_deadline is not None and now > self._kill_deadline:
             self._backstop()
         returncode = self.popen.poll()
@@ -228,20 +228,51 @@ class AgentProcess:
         return read_all(self._status_fd) if self._status_fd >= 0 else ""
 
     def _send(self, data: bytes) -> None:
-        stdin = self.popen.stdin
-        if stdin is None or stdin.closed:
-            return
-        try:
-            os.write(stdin.fileno(), data)
-        except OSError:
-            pass  # the agent is gone or busy; its exit status tells the rest
+        with self._stdin_lock:  # never a write to a descriptor closed (and reused) meanwhile
+            stdin = self.popen.stdin
+            if stdin is None or stdin.closed:
+                return
+            try:
+                os.write(stdin.fileno(), data)
+            except OSError:
+                pass  # the agent is gone or busy; its exit status tells the rest
 
     def _close_stdin(self) -> None:
-        if self.popen.stdin and not self.popen.stdin.closed:
-            try:
-                self.popen.stdin.close()
-            except OSError:
-                pass
+        with self._stdin_lock:
+            if self.popen.stdin and not self.popen.stdin.closed:
+                try:
+                    self.popen.stdin.close()
+                except OSError:
+                    pass
+
+
+class _Heartbeats:
+    """One daemon thread that sends every live agent a heartbeat each second, whatever the
+    supervisor is busy with (collecting stacks of many hung tasks can take longer than an
+    agent's timeout). It dies with tflaunch, and then the agents see EOF anyway."""
+
+    def __init__(self) -> None:
+        self._processes: weakref.WeakSet[AgentProcess] = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def add(self, process: AgentProcess) -> None:
+        with self._lock:
+            self._processes.add(process)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._beat, name="agent-heartbeats", daemon=True)
+                self._thread.start()
+
+    def _beat(self) -> None:
+        while True:
+            time.sleep(HEARTBEAT_INTERVAL)
+            with self._lock:
+                processes = list(self._processes)
+            for process in processes:
+                process._send(b"\n")  # a no-op once its stdin is closed
+
+
+HEARTBEATS = _Heartbeats()
 
 
 def _by_path(fd: int) -> tuple[int, str | None]:
