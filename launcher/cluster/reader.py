@@ -119,6 +119,8 @@ class _ClusterReader(FieldReader):
             hosts=self._read_hosts(mapping.get("hosts")),
             max_restarts=self.read_count(mapping.get("max_restarts", 0), "max_restarts"),
             restart_delay=self.read_seconds(mapping.get("restart_delay", 1.0), "restart_delay", allow_zero=True),
+            restart_policy_by_role=self._read_restart_policy(mapping.get("restart_policy")),
+            task_restarts=int(self.read_count(mapping.get("task_restarts", 3), "task_restarts")),
             isolate_network=self.read_bool(mapping.get("isolate_network", False), "isolate_network"),
             kubernetes=None if mapping.get("kubernetes") is None else self.expect_mapping(
                 mapping["kubernetes"], "kubernetes", "a mapping of Kubernetes settings"),
