@@ -160,7 +160,8 @@ def test_command_options_and_output_file(tmp_path: Path) -> None:
     assert done.stderr.splitlines()[-1] == f"tflaunch: wrote {out}: TFJob mnist: chief 1, worker 3, ps 1"
     (document,) = [d for d in yaml.safe_load_all(out.read_text()) if d]
     assert document["metadata"] == {"name": "mnist", "namespace": "ml"}
-    assert document["spec"]["runPolicy"] == {"backoffLimit": 4, "cleanPodPolicy": "Running"}
+    # 4 whole-cluster restarts plus 3 in-place restarts for each of the 3 ParameterServer workers.
+    assert document["spec"]["runPolicy"] == {"backoffLimit": 4 + 3 * 3, "cleanPodPolicy": "Running"}
     assert "successPolicy" not in document["spec"]  # the operator's default: the chief decides
     replicas = document["spec"]["tfReplicaSpecs"]
     assert {k: (v["replicas"], v["restartPolicy"]) for k, v in replicas.items()} == {
@@ -257,3 +258,42 @@ def test_evaluator_checkpoints_need_shared_storage(tmp_path: Path) -> None:
     for job in document["spec"]["replicatedJobs"]:
         (container,) = job["template"]["spec"]["template"]["spec"]["containers"]
         assert {"name": "TFLAUNCH_CHECKPOINT_DIR", "value": "/shared/ckpt"} in container["env"], job["name"]
+
+
+def test_role_restart_policies_carry_over(tmp_path: Path) -> None:
+    """'task' roles come back pod by pod (task_restarts each); 'cluster' roles fail the job or the JobSet."""
+    def documents(*args: str) -> tuple[dict, dict]:
+        out = []
+        for fmt in ("jobset", "tfjob"):
+            done = tflaunch("export", "--format", fmt, *args, "--image", "i")
+            assert done.returncode == 0, done.stderr
+            (document,) = [d for d in yaml.safe_load_all(done.stdout) if d]
+            out.append(document)
+        return out[0], out[1]
+
+    def job_policies(jobset: dict) -> dict[str, dict]:
+        keys = ("backoffLimit", "backoffLimitPerIndex", "maxFailedIndexes")
+        return {j["name"]: {k: j["template"]["spec"][k] for k in keys if k in j["template"]["spec"]}
+                for j in jobset["spec"]["replicatedJobs"]}
+
+    jobset, tfjob = documents("--local", "2", "--ps", "1")  # ParameterServer workers default to 'task'
+    assert job_policies(jobset) == {"chief": {"backoffLimit": 0}, "ps": {"backoffLimit": 0},
+                                    "worker": {"backoffLimitPerIndex": 3, "maxFailedIndexes": 0}}
+    assert {k: v["restartPolicy"] for k, v in tfjob["spec"]["tfReplicaSpecs"].items()} == {
+        "Chief": "Never", "Worker": "OnFailure", "PS": "Never"}
+    assert tfjob["spec"]["runPolicy"]["backoffLimit"] == 2 * 3
+
+    path = cluster_file(tmp_path, "chief: [localhost:auto]\nworker: [localhost:auto]\nps: [localhost:auto]\n"
+                                  "restart_policy: {worker: cluster, ps: task}\ntask_restarts: 5\nmax_restarts: 1\n")
+    jobset, tfjob = documents(path)
+    assert job_policies(jobset) == {"chief": {"backoffLimit": 0}, "worker": {"backoffLimit": 0},
+                                    "ps": {"backoffLimitPerIndex": 5, "maxFailedIndexes": 0}}
+    assert jobset["spec"]["failurePolicy"] == {"maxRestarts": 1}
+    # With whole-cluster restarts allowed, which the operator cannot do, every role restarts in place.
+    assert {v["restartPolicy"] for v in tfjob["spec"]["tfReplicaSpecs"].values()} == {"OnFailure"}
+    assert tfjob["spec"]["runPolicy"]["backoffLimit"] == 1 + 5
+
+    jobset, tfjob = documents("--local", "3")  # MultiWorkerMirrored: the whole cluster or nothing
+    assert job_policies(jobset) == {"worker": {"backoffLimit": 0}}
+    assert tfjob["spec"]["tfReplicaSpecs"]["Worker"]["restartPolicy"] == "Never"
+    assert tfjob["spec"]["runPolicy"]["backoffLimit"] == 0

@@ -85,9 +85,9 @@ def export(request: ExportRequest) -> Export:
     plan = plan_pods(spec, settings, name, request.command, lambda role, index: module.pod_host(name, role, index))
     if request.format == "tfjob":
         tfjob_format.check_tfjob(plan, spec.source)
-        document = tfjob_format.tfjob(plan, spec.max_restarts)
+        document = tfjob_format.tfjob(plan)
     else:
-        document = jobset_format.jobset(plan, spec.max_restarts)
+        document = jobset_format.jobset(plan)
     return Export(dump_documents([document], header), plan.notes, f"{kind} {name}: {_role_counts(spec)}")
 
 

@@ -7,10 +7,13 @@ Kubernetes), so the image needs nothing but a shell. The TF_CONFIG text comes fr
 script is the plan's TF_CONFIG for the role with the index left open, and export checks that it
 reproduces the plan for every index.
 
-Run policy, as ``tflaunch run`` does it: any failed pod fails its Job (``backoffLimit: 0``) and
-JobSet recreates the whole cluster up to ``max_restarts`` times. The job succeeds when the chief
-finishes (with ps tasks) or when the chief and every worker finish; JobSet then removes the pods
-still running (ps, evaluator).
+Run policy, as ``tflaunch run`` does it, per role: under the ``cluster`` policy a failed pod fails
+its Job (``backoffLimit: 0``); under ``task`` (ParameterServer workers by default) Kubernetes
+replaces the failed pod alone, with the same index and DNS name, up to ``task_restarts`` times
+(``backoffLimitPerIndex``), and the Job fails after that. A failed Job makes JobSet recreate the
+whole cluster, up to ``max_restarts`` times. The job succeeds when the chief finishes (with ps
+tasks) or when the chief and every worker finish; JobSet then removes the pods still running
+(ps, evaluator).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import json
 import shlex
 from typing import Any
 
+from ..cluster.spec import RestartPolicy
 from .pods import PodPlan, RolePods
 from .podspec import container, pod_spec
 
@@ -38,7 +42,7 @@ def pod_hostname(name: str, role: str, index: int) -> str:
     return f"{name}-{role}-0-{index}"
 
 
-def jobset(plan: PodPlan, max_restarts: int) -> dict[str, Any]:
+def jobset(plan: PodPlan) -> dict[str, Any]:
     """The JobSet object for ``plan``."""
     metadata: dict[str, Any] = {"name": plan.name}
     if plan.settings.namespace:
@@ -52,7 +56,7 @@ def jobset(plan: PodPlan, max_restarts: int) -> dict[str, Any]:
         "spec": {
             # Peers' names must resolve before they are ready: TensorFlow dials them while starting.
             "network": {"enableDNSHostnames": True, "subdomain": plan.name, "publishNotReadyAddresses": True},
-            "failurePolicy": {"maxRestarts": max_restarts},
+            "failurePolicy": {"maxRestarts": plan.max_restarts},
             "successPolicy": {"operator": "All", "targetReplicatedJobs": deciders},
             "replicatedJobs": [_replicated_job(plan, role) for role in plan.roles],
         },
@@ -64,21 +68,18 @@ def _replicated_job(plan: PodPlan, role: RolePods) -> dict[str, Any]:
                      "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{RESTART_ATTEMPT_LABEL}']"}}}]
     main = container(plan, role, command=["/bin/sh", "-c", start_script(role), "tflaunch-start"],
                      args=list(plan.argv), extra_env=env_from_pod)
-    return {
-        "name": role.role,
-        "replicas": 1,
-        "template": {"spec": {
-            "completionMode": "Indexed",
-            "completions": role.count,
-            "parallelism": role.count,
-            # One failed pod fails the Job, and JobSet restarts the whole cluster: a TensorFlow cluster
-            # cannot take back a single replaced task mid-training.
-            "backoffLimit": 0,
-            # A replacement starts only once its predecessor is gone (TensorFlow refuses a duplicate task).
-            "podReplacementPolicy": "Failed",
-            "template": {"spec": pod_spec(plan, [main])},
-        }},
-    }
+    job: dict[str, Any] = {"completionMode": "Indexed", "completions": role.count, "parallelism": role.count}
+    if role.restart is RestartPolicy.TASK:
+        # The pod alone comes back, same index and DNS name, as ParameterServerStrategy allows.
+        job.update(backoffLimitPerIndex=plan.task_restarts, maxFailedIndexes=0)
+    else:
+        # One failed pod fails the Job, and JobSet restarts the whole cluster: the collective
+        # cannot take back a single replaced task mid-training.
+        job["backoffLimit"] = 0
+    # A replacement starts only once its predecessor is gone (TensorFlow refuses a duplicate task).
+    job["podReplacementPolicy"] = "Failed"
+    job["template"] = {"spec": pod_spec(plan, [main])}
+    return {"name": role.role, "replicas": 1, "template": {"spec": job}}
 
 
 def start_script(role: RolePods) -> str:

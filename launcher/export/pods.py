@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from ..cluster.plan import RunContext, TaskLaunch, plan_cluster
-from ..cluster.spec import ROLES, ClusterSpec, SshSettings, TaskSpec, is_local
+from ..cluster.spec import ROLES, ClusterSpec, RestartPolicy, SshSettings, TaskSpec, is_local
 from ..errors import ConfigError
 from .settings import KubernetesSettings
 
@@ -36,6 +36,7 @@ class RolePods:
     launches: tuple[TaskLaunch, ...]  # by index
     env: dict[str, str]  # the plan's env every pod of the role shares (per-pod variables left out)
     gpus: int  # nvidia.com/gpu limit per pod
+    restart: RestartPolicy = RestartPolicy.CLUSTER  # what a failed pod of the role does (the file's restart_policy)
 
     @property
     def count(self) -> int:
@@ -52,6 +53,8 @@ class PodPlan:
     roles: tuple[RolePods, ...]  # in TF_CONFIG's role order, only roles the cluster has
     argv: tuple[str, ...]
     notes: tuple[str, ...]
+    max_restarts: int = 0  # whole-cluster restarts
+    task_restarts: int = 0  # in-place restarts per task of a role whose policy is "task"
 
     def role(self, role: str) -> RolePods | None:
         return next((r for r in self.roles if r.role == role), None)
@@ -69,9 +72,10 @@ def plan_pods(spec: ClusterSpec, settings: KubernetesSettings, name: str, comman
     for role in ROLES:
         launches = tuple(sorted((l for l in plan.launches if l.role == role), key=lambda l: l.index))
         if launches:
-            roles.append(_role_pods(spec, role, launches))
+            roles.append(replace(_role_pods(spec, role, launches), restart=spec.restart_policy[role]))
     notes = carry_over_notes(spec, settings) + _checkpoint_note(plan.launches, run_dir) + list(plan.notes)
-    return PodPlan(name, settings, tuple(roles), plan.launches[0].argv, tuple(notes))
+    return PodPlan(name, settings, tuple(roles), plan.launches[0].argv, tuple(notes),
+                   max_restarts=int(spec.max_restarts), task_restarts=int(spec.task_restarts))
 
 
 def _pod_cluster(spec: ClusterSpec, settings: KubernetesSettings, pod_host: Callable[[str, int], str]) -> ClusterSpec:

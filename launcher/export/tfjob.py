@@ -6,18 +6,23 @@ container's ``tfjob-port``. So the container gets the plan's env without TF_CONF
 TFLAUNCH_TASK and TFLAUNCH_ATTEMPT, which differ from pod to pod; the trainer reads its task from
 TF_CONFIG).
 
-Run policy: ``runPolicy.backoffLimit`` is ``max_restarts``, with every role restarted on failure
-when restarts are allowed and never otherwise; the chief's success (the operator's default), or
-every worker's when there is no chief, ends the job, and ``cleanPodPolicy: Running`` then removes
-the pods still running (ps, evaluator), as ``tflaunch run`` stops them.
+Run policy: the operator restarts a failed pod in place (``restartPolicy: OnFailure``) for a role
+whose tflaunch policy is ``task`` (ParameterServer workers by default), and for every role when
+whole-cluster restarts are allowed, which the operator cannot do; otherwise a failed pod fails the
+job (``Never``). ``runPolicy.backoffLimit`` is the budget of all those restarts together:
+``max_restarts`` plus ``task_restarts`` for each task restarted alone. The chief's success (the
+operator's default), or every worker's when there is no chief, ends the job, and
+``cleanPodPolicy: Running`` then removes the pods still running (ps, evaluator), as ``tflaunch
+run`` stops them.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from ..cluster.spec import RestartPolicy
 from ..errors import ConfigError
-from .pods import PodPlan
+from .pods import PodPlan, RolePods
 from .podspec import container, pod_spec
 
 API_VERSION = "kubeflow.org/v1"
@@ -29,13 +34,18 @@ def pod_host(name: str, role: str, index: int) -> str:
     return f"{name}-{role}-{index}"
 
 
-def restart_policy(max_restarts: int) -> str:
-    """A replica's restartPolicy: restarted in place on any failure when restarts are allowed, else never.
+def restart_policy(role: RolePods, max_restarts: int) -> str:
+    """A replica's restartPolicy: in place on any failure when the role may restart, else never.
 
     Any failure, not only a signal (``ExitCode``): when one TensorFlow task dies its peers exit 1
     with connection errors, and those must come back too for the cluster to form again.
     """
-    return "OnFailure" if max_restarts else "Never"
+    return "OnFailure" if role.restart is RestartPolicy.TASK or max_restarts else "Never"
+
+
+def backoff_limit(plan: PodPlan) -> int:
+    in_place = sum(role.count for role in plan.roles if role.restart is RestartPolicy.TASK)
+    return plan.max_restarts + plan.task_restarts * in_place
 
 
 def check_tfjob(plan: PodPlan, source: str) -> None:
@@ -48,7 +58,7 @@ def check_tfjob(plan: PodPlan, source: str) -> None:
                           "expected --format jobset, or no evaluator")
 
 
-def tfjob(plan: PodPlan, max_restarts: int) -> dict[str, Any]:
+def tfjob(plan: PodPlan) -> dict[str, Any]:
     """The TFJob object for ``plan``."""
     metadata: dict[str, Any] = {"name": plan.name}
     if plan.settings.namespace:
@@ -56,11 +66,11 @@ def tfjob(plan: PodPlan, max_restarts: int) -> dict[str, Any]:
     spec: dict[str, Any] = {}
     if plan.role("chief") is None:
         spec["successPolicy"] = "AllWorkers"  # tflaunch's rule without a chief: every worker must finish
-    spec["runPolicy"] = {"backoffLimit": max_restarts, "cleanPodPolicy": "Running"}
+    spec["runPolicy"] = {"backoffLimit": backoff_limit(plan), "cleanPodPolicy": "Running"}
     spec["tfReplicaSpecs"] = {
         REPLICA_TYPES[role.role]: {
             "replicas": role.count,
-            "restartPolicy": restart_policy(max_restarts),
+            "restartPolicy": restart_policy(role, plan.max_restarts),
             # The operator sets the pod's restartPolicy from the replica spec's.
             "template": {"spec": pod_spec(plan, [container(plan, role, command=list(plan.argv))],
                                           restart_policy=None)},
