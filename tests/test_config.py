@@ -777,3 +777,26 @@ def test_cuda_device_order_is_reserved():
     with pytest.raises(ConfigError) as caught:
         parse_cluster(text, "c.yaml", frozenset({"localhost"}))
     assert "env.CUDA_DEVICE_ORDER" in str(caught.value) and "use 'gpus'" in str(caught.value)
+
+
+def test_restart_policy_per_role_reaches_the_spec_and_defaults_follow_the_roles():
+    from launcher.cluster.spec import RestartPolicy
+
+    spec = parse_cluster("chief: [localhost:2222]\nworker: [localhost:2223]\nps: [localhost:2224]\n"
+                         "restart_policy: {worker: cluster, evaluator: task}\ntask_restarts: 5", "x.yaml", LOCAL)
+    assert spec.restart_policy["worker"] is RestartPolicy.CLUSTER  # the file overrides the ps-cluster default
+    assert spec.restart_policy["evaluator"] is RestartPolicy.TASK and spec.task_restarts == 5
+    default = parse_cluster("chief: [localhost:2222]\nworker: [localhost:2223]\nps: [localhost:2224]", "x.yaml", LOCAL)
+    assert default.restart_policy["worker"] is RestartPolicy.TASK and default.restart_policy["chief"] is RestartPolicy.CLUSTER
+    plain = parse_cluster("worker: [localhost:2222, localhost:2223]", "x.yaml", LOCAL)
+    assert set(plain.restart_policy.values()) == {RestartPolicy.CLUSTER} and plain.task_restarts == 3
+
+
+@pytest.mark.parametrize("text, key, message", [
+    ("restart_policy: {worker: always}", "restart_policy.worker", "expected one of cluster, task, got 'always'"),
+    ("restart_policy: {wrker: task}", "restart_policy.wrker", "unknown key; did you mean 'worker'?"),
+    ("restart_policy: task", "restart_policy", "expected a mapping of role to 'cluster' or 'task', got 'task'"),
+    ("task_restarts: -1", "task_restarts", "expected an integer >= 0, got -1"),
+])
+def test_bad_restart_policies(text, key, message):
+    expect_error("worker: [localhost:2222]\n" + text, key, message)
