@@ -1,10 +1,12 @@
 """Transports: how a planned task is started where it runs, behind one process interface.
 
 Every transport implements :class:`.base.Transport` (``start``) and returns a
-:class:`.base.TaskProcess` (poll, terminate, kill, send_signal, cleanup, dump_stacks):
+:class:`.base.TaskProcess` (poll, terminate, kill, send_signal, cleanup, dump_stacks, leftovers).
+Every task runs under the same agent (:mod:`.agent`; tflaunch's side is :mod:`.agentclient`),
+which stops the task's whole tree when tflaunch is gone and whatever the task left behind:
 
-- ``local``: a subprocess of tflaunch on this machine (:mod:`.local`);
-- ``ssh``: the system ssh client and the agent on the remote host (:mod:`.ssh`, :mod:`.agent`);
+- ``local``: the agent as a child of tflaunch on this machine (:mod:`.local`);
+- ``ssh``: the system ssh client and the agent on the remote host (:mod:`.ssh`);
 
 A task's :attr:`~launcher.cluster.plan.TaskLaunch.transport` names which one starts it.
 """
