@@ -262,3 +262,23 @@ def test_local_and_private_clusters_get_no_warning(tflaunch, tmp_path):
         assert done.returncode == 0, done.stderr
         assert "public address" not in done.stderr and "warning" not in done.stderr
 
+
+
+def test_a_fixed_port_busy_on_the_machine_is_free_inside_an_isolated_run(tflaunch, tmp_path):
+    import socket
+    import sys
+
+    from conftest import TASK
+
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cluster = tmp_path / "cluster.yaml"
+        cluster.write_text(f"worker: [localhost:{port}]\nisolate_network: true\n")
+        done = tflaunch.run(str(cluster), "--", sys.executable, TASK, "bind", "print:bound")
+        assert done.returncode == 0, done.stderr
+        assert "bound" in done.task_output("worker-0")
+        cluster.write_text(f"worker: [localhost:{port}]\n")
+        refused = tflaunch.run(str(cluster), "--", sys.executable, TASK, "bind")
+        assert refused.returncode == 2 and "is already in use on this machine" in refused.stderr

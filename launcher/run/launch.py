@@ -138,7 +138,8 @@ def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS) ->
         reservation = _reserve_auto_ports(spec)
         try:
             spec = spec.with_ports(reservation.ports)
-            check_local_ports(spec, local_hosts, set(reservation.ports))
+            if not spec.isolate_network:  # in a namespace of its own, the machine's ports do not matter
+                check_local_ports(spec, local_hosts, set(reservation.ports))
             if request.preflight and not all(is_local(t.host, local_hosts) for t in spec.tasks):
                 _preflight(spec, local_hosts, request, with_mesh=not reservation.ports)
             _stop_if_signalled(signals)
