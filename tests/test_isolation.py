@@ -282,3 +282,10 @@ def test_a_fixed_port_busy_on_the_machine_is_free_inside_an_isolated_run(tflaunc
         cluster.write_text(f"worker: [localhost:{port}]\n")
         refused = tflaunch.run(str(cluster), "--", sys.executable, TASK, "bind")
         assert refused.returncode == 2 and "is already in use on this machine" in refused.stderr
+
+
+def test_dry_run_says_the_tasks_would_be_isolated(tflaunch):
+    done = tflaunch.run("--local", "2", "--isolate-network", "--dry-run")
+    assert done.returncode == 0
+    assert done.stdout.splitlines()[1].startswith("network: isolated")
+    assert "network: isolated" not in tflaunch.run("--local", "2", "--dry-run").stdout

@@ -25,8 +25,11 @@ from ..transports.base import signal_name
 def describe_plan(spec: ClusterSpec, plan: Plan) -> list[str]:
     """What ``--dry-run`` shows: per task, host, workdir, command and the env tflaunch adds."""
     lines = [f"{len(plan.launches)} tasks from {spec.source} (nothing started)"]
+    if spec.isolate_network:
+        lines.append("network: isolated (every task in one network namespace of the run's own; "
+                     "nothing outside reaches it)")
     for launch in plan.launches:
-        where = "this machine" if launch.local else "ssh"
+        where = "this machine" if launch.local else launch.transport
         lines.append(f"{launch.name}: host {launch.host} ({where}), address {launch.address}")
         lines.append(f"  workdir: {launch.workdir}")
         if launch.setup:
