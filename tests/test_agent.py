@@ -299,7 +299,7 @@ def test_leftovers_of_a_finished_task_are_stopped_and_named(agents):
 
 def test_a_leftover_ignoring_term_is_killed_after_grace(agents):
     marker = f"m-{uuid.uuid4().hex}"
-    stubborn = f"import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
     agent = agents(["bash", "-c", f"setsid {sys.executable} -c '{stubborn}' {marker} & sleep 0.5; exit 4"], grace=0.5)
     assert agent.wait() == 4
     assert marked(marker) == []

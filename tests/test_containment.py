@@ -9,7 +9,6 @@ import os
 import re
 import signal
 import socket
-import sys
 import time
 import uuid
 from pathlib import Path

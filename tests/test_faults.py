@@ -10,7 +10,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import textwrap
 import uuid
 from pathlib import Path
 
@@ -160,7 +159,7 @@ def test_a_full_disk_stops_the_tasks_and_says_which_path_and_why(tflaunch, small
 
 def test_a_run_folder_removed_under_a_running_run_ends_without_a_traceback(tflaunch):
     sleep = marker()
-    proc = tflaunch.start("--local", "2", "--", "python", TASK, "print:up", f"sleep:2", "exit:0")
+    proc = tflaunch.start("--local", "2", "--", "python", TASK, "print:up", "sleep:2", "exit:0")
     run_dir = wait_for(tflaunch.latest_run, timeout=30, message="the run folder")
     wait_for(lambda: (run_dir / "merged.log").exists() and b"| up" in (run_dir / "merged.log").read_bytes(),
              timeout=30, message="the tasks' first output")

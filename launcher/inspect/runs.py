@@ -11,7 +11,6 @@ A run whose record still says ``running`` while its launcher process is gone fro
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -23,7 +22,7 @@ from ..errors import LaunchError, RunNotFoundError
 from ..records.folder import MANIFEST, RunFolder
 from ..slurm.job import SLURM_RECORD, job_status, pending_record
 from ..records.record import RunRecord, RunStatus, TaskRecord
-from ..run.resources import RESOURCES, ResourceSampler
+from ..run.resources import ResourceSampler
 
 LATEST = "latest"
 
@@ -100,26 +99,11 @@ class Run:
 
     def metrics(self) -> list[dict[str, Any]]:
         """The metric records in the order they arrived; a half-written last line is left out."""
-        try:
-            text = self.folder.metrics_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return []
-        records = []
-        for line in text.splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict):
-                records.append(record)
-        return records
+        return self.folder.read_metrics()
 
     def resources(self) -> dict[str, Any]:
         """Per-task CPU and memory figures from ``resources.json``; empty when it was not sampled."""
-        try:
-            return json.loads((self.path / RESOURCES).read_text()).get("tasks") or {}
-        except (FileNotFoundError, ValueError, AttributeError):
-            return {}
+        return self.folder.read_resources()
 
     def chief(self, metrics: list[dict[str, Any]] | None = None) -> str | None:
         """The task whose figures stand for the run: chief-0, else worker-0, else the first that reported."""

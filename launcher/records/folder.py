@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 MANIFEST = "run.json"
 MERGED = "merged.log"
 METRICS = "metrics.jsonl"
+RESOURCES = "resources.json"
 
 
 def iso_time(when: float) -> str:
@@ -101,6 +102,30 @@ class RunFolder:
 
     def read_manifest(self) -> dict[str, Any]:
         return json.loads(self.manifest_path.read_text())
+
+    def read_metrics(self) -> list[dict[str, Any]]:
+        """The metric records in the order they arrived; a half-written last line is left out."""
+        try:
+            text = self.metrics_path.read_text(errors="replace")
+        except OSError:
+            return []
+        records = []
+        for line in text.splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict):
+                records.append(record)
+        return records
+
+    def read_resources(self) -> dict[str, dict[str, Any]]:
+        """Per-task CPU and memory figures from ``resources.json``; empty when it was not sampled."""
+        try:
+            tasks = json.loads((self.path / RESOURCES).read_text()).get("tasks")
+        except (OSError, ValueError, AttributeError):
+            return {}
+        return tasks if isinstance(tasks, dict) else {}
 
     def write_record(self, record: "RunRecord", final: bool = False) -> None:
         """Write the run's typed record as run.json (see :mod:`launcher.records.record`)."""

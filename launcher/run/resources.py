@@ -29,9 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ..records.folder import iso_time, write_atomically
+from ..records.folder import RESOURCES, iso_time, write_atomically
 
-RESOURCES = "resources.json"
 _MB = 1024 * 1024
 
 

@@ -6,7 +6,6 @@ training figures and ``resources.json`` for each task's peak memory and CPU.
 
 from __future__ import annotations
 
-import json
 import shlex
 import statistics
 from pathlib import Path
@@ -16,7 +15,7 @@ from ..cluster.spec import ClusterSpec
 from .launch import TAIL_LINES, RunResult
 from .metricview import number as figure
 from .pump import tail_lines
-from .resources import RESOURCES
+from ..records.folder import RunFolder
 from ..cluster.plan import Plan
 from .supervisor import Outcome, Task
 from ..transports.base import signal_name
@@ -47,9 +46,9 @@ def describe_result(result: RunResult) -> list[str]:
     final = result.final
     duration = _duration(final.tasks)
     attempts = f" after {len(result.attempts)} attempts" if len(result.attempts) > 1 else ""
-    usage = _resources(Path(result.run_dir))
+    usage = RunFolder(Path(result.run_dir)).read_resources()
     if final.outcome is Outcome.SUCCEEDED:
-        training = training_lines(_metrics(Path(result.run_dir)), len(result.attempts))
+        training = training_lines(RunFolder(Path(result.run_dir)).read_metrics(), len(result.attempts))
         return [f"run {result.run_id} succeeded{attempts} in {duration} ({len(final.tasks)} tasks)",
                 *task_table(final.tasks, usage), *leftover_lines(result), *training,
                 f"logs in {result.run_dir}", *([_report_hint(result)] if training else [])]
@@ -80,7 +79,7 @@ def describe_result(result: RunResult) -> list[str]:
         lines.append("other tasks:")
         lines += task_table(others, usage)
     lines += leftover_lines(result)
-    lines += training_lines(_metrics(Path(result.run_dir)), len(result.attempts))
+    lines += training_lines(RunFolder(Path(result.run_dir)).read_metrics(), len(result.attempts))
     lines.append(f"logs in {result.run_dir}; tflaunch exits with {result.exit_code}")
     return lines
 
@@ -166,30 +165,6 @@ def _exit(task: Task) -> str:
     if status.signal is not None:
         return signal_name(status.signal)
     return str(status.code) if status.code is not None else str(status.shell_code)
-
-
-def _metrics(run_dir: Path) -> list[dict[str, Any]]:
-    try:
-        text = (run_dir / "metrics.jsonl").read_text(errors="replace")
-    except OSError:
-        return []
-    records = []
-    for line in text.splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-    return records
-
-
-def _resources(run_dir: Path) -> dict[str, dict[str, Any]]:
-    try:
-        tasks = json.loads((run_dir / RESOURCES).read_text()).get("tasks")
-    except (OSError, ValueError, AttributeError):
-        return {}
-    return tasks if isinstance(tasks, dict) else {}
 
 
 def _duration(tasks: list[Task]) -> str:
