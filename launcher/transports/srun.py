@@ -46,13 +46,22 @@ class SrunProcess(SshProcess):
     """A task seen through its srun client and agent."""
 
     channel = "srun"
+    _node_failure: str | None = None
+
+    def _read_status(self, returncode: int) -> ExitStatus:
+        # srun's line naming the dead node may come before its step-abort chatter: find it first.
+        self._stderr.seek(0)
+        for line in self._stderr.read().decode("utf-8", "replace").splitlines():
+            if NODE_FAILURE in line:
+                self._node_failure = line.strip()
+        return super()._read_status(returncode)
 
     def _lost(self, detail: str | None) -> ExitStatus:
-        reason = detail or "srun ended without the task's exit status"
+        reason = self._node_failure or detail or "srun ended without the task's exit status"
         return ExitStatus(error=f"lost node {self.launch.host} ({reason})")
 
     def _not_started(self, returncode: int, detail: str) -> ExitStatus:
-        if NODE_FAILURE in detail:  # the node died before the agent's first report came through
+        if self._node_failure:  # the node died before the agent's first report came through
             return self._lost(detail)
         return ExitStatus(error=f"could not start on node {self.launch.host} ({detail})", error_code=CANNOT_START)
 
