@@ -14,7 +14,6 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, TASK
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]

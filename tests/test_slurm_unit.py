@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from launcher.errors import ConfigError
-from launcher.slurm.allocation import (Allocation, carve_roles, gpus_for, parse_tasks_per_node, read_allocation,
-                                       thread_count)
+from launcher.slurm.allocation import (
+    Allocation,
+    carve_roles,
+    gpus_for,
+    parse_tasks_per_node,
+    read_allocation,
+    thread_count,
+)
 from launcher.slurm.commands import last_line
 from launcher.slurm.ports import window_start
 from launcher.slurm.script import JobRequest, render_script, tflaunch_argv
@@ -191,3 +199,19 @@ def test_the_repository_slurm_template_reads_and_fits_its_allocation():
     assert spec.tasks == () and settings.nodes == 2 and spec.max_restarts == 1
     alloc = Allocation("1", tuple(f"n{i}" for i in range(settings.nodes)), (settings.ntasks_per_node,) * settings.nodes)
     assert carve_roles(alloc, chief=settings.chief, ps=settings.ps, evaluator=settings.evaluator)
+
+
+def test_each_task_is_a_one_task_step_on_its_node_running_the_agent():
+    from launcher.cluster.plan import TaskLaunch
+    from launcher.transports.srun import srun_argv
+
+    launch = TaskLaunch(name="worker-1", role="worker", index=1, host="gpu02", address="gpu02:20001", local=False,
+                        argv=("/venv/bin/python", "-m", "trainer"), env={"A": "b c"}, workdir="/shared/w",
+                        python="/venv/bin/python")
+    argv = srun_argv(launch, grace=5)
+    assert argv[:4] == ["srun", "--nodes=1", "--ntasks=1", "--nodelist=gpu02"]
+    assert {"--overlap", "--job-name=worker-1", "--chdir=/shared/w", "--input=all"} <= set(argv)
+    assert argv[-4:-1] == ["/venv/bin/python", "-c", argv[-2]] and "TFLAUNCH_AGENT" in argv[-2]
+    with_setup = srun_argv(replace(launch, setup="source /opt/env.sh"), grace=5)
+    assert with_setup[-7:-4] == ["/bin/sh", "-c", 'source /opt/env.sh && exec "$0" "$@"']
+    assert with_setup[-4:] == argv[-4:]  # the agent's argv passes through "$@" untouched

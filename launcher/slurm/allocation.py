@@ -26,8 +26,8 @@ must be left.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping
 
 from ..errors import ConfigError
 

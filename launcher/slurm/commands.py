@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from ..errors import LaunchError
 

@@ -23,9 +23,10 @@ import json
 import os
 import signal
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING
 
 from ..cluster.machine import local_host_names
 from ..errors import ConfigError
@@ -33,9 +34,9 @@ from ..records.folder import RunFolder, iso_time, new_run_id, write_atomically
 from .commands import SlurmError, job_states, slurm_run
 
 if TYPE_CHECKING:
+    from ..records.record import RunRecord
     from ..run.console import Console
     from ..run.launch import LaunchRequest, RunResult
-    from ..records.record import RunRecord
     from ..run.signals import Signals
 
 SLURM_RECORD = "slurm.json"
@@ -117,7 +118,7 @@ def run_in_job(request: LaunchRequest, console: Console, *, run_dir: str | None 
     with signals.armed_for_run():
         if requeue:
             # Slurm's warning signal takes the same path as SIGTERM: a flag and a wakeup, never a raise.
-            signal.signal(WARNING_SIGNAL, signals._handle)  # noqa: SLF001 (the one signal path)
+            signal.signal(WARNING_SIGNAL, signals._handle)
         local_hosts = local_host_names()
         spec = build_spec(request, local_hosts)
         folder = prepare_folder(run_dir, spec.log_dir, environ, spec.source)
@@ -154,7 +155,7 @@ _LIVE_STATES = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "
                 "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT")
 
 
-def pending_record(folder: Path) -> "RunRecord | None":
+def pending_record(folder: Path) -> RunRecord | None:
     """A stand-in record for a submitted job whose run has not written run.json yet."""
     from ..records.record import RunRecord, RunStatus
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 import base64
 import json
 import subprocess
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 from ..cluster import probe
 from ..errors import PreflightError

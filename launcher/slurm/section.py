@@ -20,8 +20,9 @@ Every key has a command-line twin on ``tflaunch submit``; the command line wins:
 from __future__ import annotations
 
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from ..cluster.fields import FieldReader, show
 

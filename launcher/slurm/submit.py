@@ -12,9 +12,9 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
 
 from ..cluster.reader import load_cluster_file
 from ..errors import ConfigError

@@ -16,14 +16,20 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Mapping
 
 from ..cluster.checks import check_cluster
 from ..cluster.reader import load_cluster_file
 from ..cluster.spec import ClusterSpec, TaskSpec
 from ..errors import ConfigError
-from ..slurm.allocation import Allocation, carve_roles, gpus_for, read_allocation, thread_count
+from ..slurm.allocation import (
+    Allocation,
+    carve_roles,
+    gpus_for,
+    read_allocation,
+    thread_count,
+)
 from ..slurm.commands import expand_hostlist
 from ..slurm.ports import free_ports
 from ..slurm.section import read_slurm_section
