@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -143,6 +144,7 @@ def main() -> None:
     finally:
         subprocess.run([str(TESTSLURM), "down", "--prefix", PREFIX, "--state-dir", str(state / "cluster")],
                        capture_output=True, timeout=120)
+        shutil.rmtree(state, ignore_errors=True)
 
 
 if __name__ == "__main__":
