@@ -109,3 +109,15 @@ def test_signal_pipe_is_private_to_each_instance():
     a._handle(signal.SIGINT, None)
     assert b.wait(0.0) is None and a.wait(0.0) == signal.SIGINT
     assert os.get_blocking(a._read_fd) is False
+
+
+def test_a_watched_extra_signal_takes_the_same_path():
+    signals = Signals()
+    previous = signal.getsignal(signal.SIGUSR2)
+    try:
+        signals.watch(signal.SIGUSR2)
+        with signals.armed_for_run():
+            os.kill(os.getpid(), signal.SIGUSR2)
+            assert signals.wait(5.0) == signal.SIGUSR2
+    finally:
+        signal.signal(signal.SIGUSR2, previous)

@@ -60,6 +60,17 @@ class Signals:
             signal.signal(signum, self._handle)
         self._installed = True
 
+    def watch(self, *signums: int) -> None:
+        """Route further signals through the same path (e.g. a batch scheduler's warning signal).
+
+        Like the watched ones, they raise :class:`Interrupted` while idle and only record and wake
+        waiters during a run. Main thread only; elsewhere a no-op.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in signums:
+            signal.signal(signum, self._handle)
+
     def _handle(self, signum: int, frame: object) -> None:
         self.received.append(signum)
         try:

@@ -118,7 +118,7 @@ def run_in_job(request: LaunchRequest, console: Console, *, run_dir: str | None 
     with signals.armed_for_run():
         if requeue:
             # Slurm's warning signal takes the same path as SIGTERM: a flag and a wakeup, never a raise.
-            signal.signal(WARNING_SIGNAL, signals._handle)
+            signals.watch(WARNING_SIGNAL)
         local_hosts = local_host_names()
         spec = build_spec(request, local_hosts)
         folder = prepare_folder(run_dir, spec.log_dir, environ, spec.source)
