@@ -7,8 +7,8 @@ TensorFlow op runs.
 
 Send SIGUSR1 to the process to get the Python stack of every thread on stderr
 (faulthandler); a supervisor can use this to see where a hung task is stuck.
-SIGTERM ends the process at once (Python's default action, restored after the
-strategy is created because TensorFlow's preemption notifier replaces it).
+SIGTERM ends the process: with --backup-dir, after writing the backup at the next
+step boundary (at most 3 s later; trainer.termination), otherwise at once.
 
 An evaluator task (TF_CONFIG task type "evaluator") takes no part in training:
 it evaluates the chief's checkpoints (trainer.evaluator). ps and worker tasks of
@@ -84,13 +84,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"trainer: error: {exc}", file=sys.stderr, flush=True)
         return USER_ERROR_EXIT
     distribution = strategy.create_strategy(name, args.collective, task)
-    # MultiWorkerMirroredStrategy installs TensorFlow's preemption notifier, which
-    # catches SIGTERM and lets training carry on; a supervisor's SIGTERM must end us.
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # MultiWorkerMirroredStrategy installs TensorFlow's preemption notifier, which catches
+    # SIGTERM and lets training carry on; a supervisor's SIGTERM must end us: with a backup
+    # folder, after saving where training is (trainer.termination), else at once.
+    from trainer import termination
+
+    termination.install(saves=bool(args.backup_dir) and name != "parameter_server")
 
     from trainer import train
 
-    train.run(args, task, splits, reporter, distribution, started)
+    try:
+        train.run(args, task, splits, reporter, distribution, started)
+    except Exception:
+        if termination.requested():
+            # Stopping broke a collective (a peer went first): the stop was asked for, so end as
+            # SIGTERM would have, not with that error's traceback.
+            termination.end()
+        raise
     return 0
 
 

@@ -13,7 +13,7 @@ import shutil
 
 import tensorflow as tf
 
-from trainer import inputs
+from trainer import inputs, termination
 from trainer.kerasapi import keras
 from trainer.metrics import EpochClock
 from trainer.session import Session
@@ -110,6 +110,11 @@ class CustomLoop:
                 if backup and args.backup_every and steps_since_backup >= args.backup_every:
                     backup.save(epoch, step + 1)
                     steps_since_backup = 0
+                if backup and termination.requested():
+                    backup.save(epoch, step + 1)
+                    session.reporter.say(f"SIGTERM: backup saved in epoch {epoch + 1} after step {step + 1}; "
+                                        "the next run resumes after it")
+                    termination.end()
             val_loss, val_accuracy = self.evaluate(splits.x_val, splits.y_val)
             logs = {"loss": total_loss / max(steps, 1), "accuracy": float(self.train_accuracy.result()),
                     "val_loss": val_loss, "val_accuracy": val_accuracy}

@@ -18,7 +18,7 @@ from typing import Callable
 
 import tensorflow as tf
 
-from trainer import inputs
+from trainer import inputs, termination
 from trainer.evaluation import exact_evaluator
 from trainer.kerasapi import keras
 from trainer.metrics import EpochClock
@@ -120,7 +120,10 @@ def train(session: Session, model: keras.Model, checkpoints=None) -> None:
     scalars = logger_for(session.tensorboard_write_dir())
     callbacks = []
     if args.backup_dir:
-        callbacks.append(backup_callback(session))
+        backup = backup_callback(session)
+        callbacks.append(backup)
+        if not ps_mode:  # Keras allows no batch-level callbacks under ParameterServerStrategy
+            callbacks.append(SaveOnTermination(session, backup))
     if ps_mode:
         from trainer.ps import watch_workers
 
@@ -148,6 +151,39 @@ def train(session: Session, model: keras.Model, checkpoints=None) -> None:
     finally:
         if scalars is not None:
             scalars.close()
+
+
+class SaveOnTermination(keras.callbacks.Callback):
+    """After SIGTERM (trainer.termination): write the backup at the end of the current step, then end."""
+
+    def __init__(self, session: Session, backup: keras.callbacks.Callback):
+        super().__init__()
+        self.session = session
+        self.backup = backup
+        self.epoch = 0
+
+    def on_epoch_begin(self, epoch, logs=None) -> None:
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None) -> None:
+        if not termination.requested():
+            return
+        where = f"in epoch {self.epoch + 1} after step {batch + 1}"
+        # BackupAndRestore keeps the epoch and batch to record in two variables of its training
+        # state (set as epochs and batches begin); back_up() saves them with the weights.
+        state = self.backup._training_state
+        if isinstance(self.backup.save_freq, int):
+            # As BackupAndRestore saves for save_freq=N: fit resumes after this batch.
+            state.back_up(self.epoch, batch)
+            self.session.reporter.say(f"SIGTERM: backup saved {where}; the next run resumes after it")
+        else:
+            # With epoch-level backups a restore starts at the epoch after the recorded one, so
+            # record the previous one: the next run repeats this epoch from the saved weights.
+            state._ckpt_saved_epoch.assign(self.epoch - 1)
+            state.back_up(self.epoch - 1)
+            self.session.reporter.say(f"SIGTERM: backup saved {where}; the next run repeats epoch "
+                                      f"{self.epoch + 1} from these weights")
+        termination.end()
 
 
 def backup_callback(session: Session) -> keras.callbacks.Callback:

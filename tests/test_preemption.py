@@ -1,0 +1,53 @@
+"""A stopped training task saves where it is: SIGTERM makes the built-in trainer write its backup at
+the next step boundary and end by SIGTERM, so a restarted (or requeued) run resumes from that step."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+
+import psutil
+import pytest
+from polling import wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.tensorflow]
+
+
+def epoch_done(run_dir, epoch: int) -> bool:
+    metrics = run_dir / "metrics.jsonl"
+    return metrics.exists() and any(
+        json.loads(line).get("kind") == "epoch" and json.loads(line).get("epoch") == epoch
+        for line in metrics.read_text().splitlines() if line.strip())
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("options, resumes_after_step", [
+    ((), False),                         # epoch-level backups: the interrupted epoch is repeated
+    (("--backup-every", "5"), True),     # step-level backups: resume right after the saved step
+    (("--loop", "custom"), True),
+])
+def test_sigterm_saves_a_backup_and_the_restart_resumes_from_it(tflaunch, options, resumes_after_step):
+    proc = tflaunch.start("--local", "2", "--max-restarts", "1", "--restart-delay", "0", "--",
+                          "python", "-m", "trainer", "--epochs", "4", *options)
+    run_dir = wait_for(tflaunch.latest_run, timeout=60, message="the run folder")
+    wait_for(lambda: epoch_done(run_dir, 2) or proc.poll() is not None, timeout=180, message="epoch 2")
+    assert proc.poll() is None, "the run ended before the tasks could be stopped"
+    record = json.loads((run_dir / "run.json").read_text())
+    for task in record["tasks"]:  # as a scheduler's preemption does: every task at once
+        try:
+            psutil.Process(task["pid"]).send_signal(signal.SIGTERM)
+        except psutil.NoSuchProcess:
+            pass
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err[-3000:]
+    first = (run_dir / "attempt-1" / "worker-0.log").read_text()
+    saved = re.search(r"SIGTERM: backup saved in epoch (\d+) after step (\d+)", first)
+    assert saved, first[-2000:]
+    epoch, step = int(saved.group(1)), int(saved.group(2))
+    second = (run_dir / "attempt-2" / "worker-0.log").read_text()
+    expected = f"resuming from backup at epoch {epoch} step {step + 1}" if resumes_after_step else \
+        f"resuming from backup at epoch {epoch}\n"
+    assert expected in second, second[:2000]
+    final = json.loads(run_dir.joinpath("run.json").read_text())
+    assert final["attempts"][0]["exit_code"] == 128 + signal.SIGTERM  # ended by SIGTERM, as before

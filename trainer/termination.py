@@ -1,0 +1,74 @@
+"""SIGTERM during training: write the backup at the next step boundary, then end by SIGTERM.
+
+A supervisor stops a task with SIGTERM and gives it a grace period; a batch scheduler does the
+same when it preempts a job or a time limit is near. With a backup folder, the trainer uses that
+grace to save where it is, so the next run resumes from that step instead of the last epoch:
+
+- :func:`install` puts a handler on SIGTERM and a wakeup pipe under it. The handler itself only
+  runs between Python bytecodes, which never happens while a step is stuck in a collective whose
+  peer is gone, so a thread woken through the pipe keeps a deadline: if the training loop has not
+  saved within ``deadline`` seconds, the process ends by SIGTERM anyway.
+- the training loops call :func:`requested` after each step; when it is true they save a backup
+  and call :func:`end`, which ends the process by SIGTERM (exit status -15, as before).
+
+Without a backup folder (or for a ps task, which has nothing to save) SIGTERM keeps its default
+action: the process ends at once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import threading
+
+_requested = threading.Event()
+_deadline_seconds = 3.0
+
+
+def install(saves: bool, deadline: float = 3.0) -> None:
+    """Main thread, after the strategy exists (TensorFlow's notifier replaces SIGTERM's handler)."""
+    global _deadline_seconds
+    if not saves:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        return
+    _deadline_seconds = deadline
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    signal.signal(signal.SIGTERM, lambda signum, frame: _requested.set())
+    signal.set_wakeup_fd(write_fd)
+    threading.Thread(target=_watch, args=(read_fd,), name="trainer-sigterm", daemon=True).start()
+
+
+def requested() -> bool:
+    return _requested.is_set()
+
+
+def end() -> None:
+    """End the process by SIGTERM, as the default action would have."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    _default_action_and_kill()
+
+
+def _watch(read_fd: int) -> None:
+    while True:
+        data = os.read(read_fd, 64)
+        if not data or signal.SIGTERM in data:
+            break
+    _requested.set()
+    threading.Timer(_deadline_seconds, _give_up).start()
+
+
+def _give_up() -> None:
+    print(f"trainer: SIGTERM: no step ended within {_deadline_seconds:g} s to save a backup; exiting",
+          file=sys.stderr, flush=True)
+    _default_action_and_kill()
+
+
+def _default_action_and_kill() -> None:
+    # signal.signal() may only be called from the main thread; the C library's may be called from any.
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.signal(signal.SIGTERM, ctypes.c_void_p(0))  # SIG_DFL
+    os.kill(os.getpid(), signal.SIGTERM)
