@@ -112,3 +112,15 @@ def descendants_alive(marker: str) -> list[psutil.Process]:
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
     return found
+
+
+def marked(marker: str) -> list[int]:
+    """Living processes (not zombies) with ``marker`` as an argument."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if marker in (proc.info["cmdline"] or []) and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return found

@@ -19,6 +19,7 @@ from launcher.transports.agentclient import (AGENT_PATH, AGENT_SOURCE, AgentRepo
                                              parse_agent_output, strip_stacks)
 from launcher.transports.base import ExitStatus
 from launcher.transports.ssh import ssh_exit_status
+from conftest import marked
 from polling import wait_for
 
 MARK = "TFLAUNCH_AGENT"
@@ -95,16 +96,6 @@ def alive(pid: int) -> bool:
     except psutil.NoSuchProcess:
         return False
 
-
-def marked(marker: str) -> list[int]:
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        try:
-            if marker in (proc.info["cmdline"] or []) and proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(proc.pid)
-        except psutil.NoSuchProcess:
-            pass
-    return found
 
 
 SLEEPER = "import time; time.sleep(600)"

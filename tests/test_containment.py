@@ -16,22 +16,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import HELPERS
+from conftest import HELPERS, marked
 from polling import wait_for
 
 ESCAPE = str(HELPERS / "escape.py")
 
-
-def marked(marker: str) -> list[int]:
-    """Living processes (not zombies) with ``marker`` as an argument."""
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        try:
-            if marker in (proc.info["cmdline"] or []) and proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(proc.pid)
-        except psutil.NoSuchProcess:
-            pass
-    return found
 
 
 def new_marker() -> str:
