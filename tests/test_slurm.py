@@ -7,6 +7,7 @@ node are looked for in that node's namespace after each test.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -94,6 +95,18 @@ def test_submit_wait_trains_the_builtin_trainer_across_two_nodes(slurm, tmp_path
     assert (run_dir / "job.sbatch").read_text().count("#SBATCH --nodes=2") == 1
     runs = tflaunch(slurm, tmp_path, "runs", "--log-dir", str(tmp_path / "logs"))
     assert run_dir.name in runs.stdout and "succeeded" in runs.stdout and f"job {job_id_of(run_dir)}" in runs.stdout
+    # The same run folder as any other run: every inspection command reads it.
+    for args in (("logs",), ("logs", "--follow"), ("logs", "--task", "worker-1"), ("status",), ("report",),
+                 ("compare", run_dir.name)):
+        shown = tflaunch(slurm, tmp_path, *args[:1], run_dir.name, *args[1:], "--log-dir", str(tmp_path / "logs"))
+        assert shown.returncode == 0 and "Traceback" not in shown.stderr, (args, shown.stderr)
+        if args == ("report",):
+            assert "3 epoch(s)" in shown.stdout
+        if args == ("logs", "--task", "worker-1"):
+            assert "TFLAUNCH_METRIC" in shown.stdout
+    merged = (run_dir / "merged.log").read_text().splitlines()
+    line = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} \[1\] (tflaunch|worker-[01]) \| ")
+    assert merged and all(line.match(text) for text in merged), [m for m in merged if not line.match(m)][:3]
 
 
 def test_slurm_inside_an_sbatch_script_gives_each_task_its_node(slurm, tmp_path):
