@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Callable
 from .. import __version__
 from ..cluster.plan import Plan, RunContext, TaskLaunch, tf_cluster
 from ..cluster.spec import ClusterSpec
-from ..errors import EnvironmentProblem
 from ..records.folder import RunFolder, iso_time
 from ..records.record import AttemptRecord, LauncherRecord, RootCause, RunRecord, RunStatus, TaskRecord
 from ..transports import create as create_transport
@@ -329,4 +328,4 @@ def error_class(tail: list[str]) -> str | None:
     return None
 
 
-__all__ = ["RunResult", "RunSession", "SessionOptions", "EnvironmentProblem", "TAIL_LINES", "error_class"]
+__all__ = ["RunResult", "RunSession", "SessionOptions", "TAIL_LINES", "error_class"]
