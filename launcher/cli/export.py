@@ -8,6 +8,7 @@ import click
 
 from ..errors import ConfigError
 from .group import cli
+from .run import file_or_local_source
 
 EXPORT_HELP = """Print CLUSTER (a cluster YAML file) or --local N as manifests that run the same TensorFlow
 cluster elsewhere: a JobSet (default) or a Kubeflow TFJob to 'kubectl apply -f', or one shell
@@ -53,14 +54,8 @@ def export_command(ctx: click.Context, cluster: str | None, local: int | None, c
                    image: str | None, name: str | None, namespace: str | None, max_restarts: int | None,
                    output: str | None) -> None:
     from ..export import ExportRequest, export  # imported here so "tflaunch --help" stays light
-    from ..sources.file import ClusterFileSource
-    from ..sources.local import LocalSource
 
-    if (cluster is None) == (local is None):
-        raise click.UsageError("give either a cluster file or --local N")
-    if cluster is not None and (chief or ps):
-        raise click.UsageError("--chief and --ps only apply to --local; put roles in the cluster file")
-    source = ClusterFileSource(cluster) if cluster is not None else LocalSource(local, chief=chief, ps=ps)
+    source = file_or_local_source(cluster, local, chief, ps)
     result = export(ExportRequest(source=source, format=fmt, image=image, name=name, namespace=namespace,
                                   command=ctx.meta.get("tflaunch.command") or None, max_restarts=max_restarts))
     for note in result.notes:

@@ -145,10 +145,7 @@ def run(ctx: click.Context, cluster: str | None, **options: Any) -> None:
 
 
 def _source(cluster: str | None, options: dict[str, Any]) -> ClusterSource:
-    """The cluster source the options name: a cluster file or --local N (one, not both)."""
-    from ..sources.file import ClusterFileSource
-    from ..sources.local import LocalSource
-
+    """The cluster source the options name: a Slurm allocation, a cluster file or --local N."""
     local, chief, ps, gpus = options["local"], options["chief"], options["ps"], options["gpus"]
     if options["slurm"]:
         from ..sources.slurm import SlurmSource
@@ -159,10 +156,19 @@ def _source(cluster: str | None, options: dict[str, Any]) -> ClusterSource:
                            cluster_file=cluster)
     if options["evaluator"] or options["requeue"] or options["run_dir"]:
         raise click.UsageError("--evaluator, --requeue and --run-dir only apply to --slurm")
+    return file_or_local_source(cluster, local, chief, ps, gpus, local_options="--chief, --ps and --gpus")
+
+
+def file_or_local_source(cluster: str | None, local: int | None, chief: bool, ps: int, gpus: tuple[int, ...] = (),
+                         local_options: str = "--chief and --ps") -> ClusterSource:
+    """A cluster file or ``--local N`` (one, not both); ``local_options`` names the command's --local options."""
+    from ..sources.file import ClusterFileSource
+    from ..sources.local import LocalSource
+
     if (cluster is None) == (local is None):
         raise click.UsageError("give either a cluster file or --local N")
     if cluster is not None and (chief or ps or gpus):
-        raise click.UsageError("--chief, --ps and --gpus only apply to --local; put roles in the cluster file")
+        raise click.UsageError(f"{local_options} only apply to --local; put roles in the cluster file")
     if cluster is not None:
         return ClusterFileSource(cluster)
     return LocalSource(local, chief=chief, ps=ps, gpus=gpus)

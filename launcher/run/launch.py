@@ -86,6 +86,15 @@ def plan_for(spec: ClusterSpec, context: RunContext, local_hosts: frozenset[str]
                         inherited_env=dict(os.environ), override_env=request.env)
 
 
+def session_options(request: LaunchRequest, spec: ClusterSpec) -> SessionOptions:
+    """The run-wide choices: command-line options, else the cluster file's."""
+    return SessionOptions(
+        grace=request.grace,
+        max_restarts=spec.max_restarts if request.max_restarts is None else request.max_restarts,
+        restart_delay=spec.restart_delay if request.restart_delay is None else request.restart_delay,
+        evaluator_timeout=request.evaluator_timeout, watchdog=request.watchdog)
+
+
 def dry_run(request: LaunchRequest) -> tuple[ClusterSpec, Plan]:
     """The plan a run would follow; ``auto`` ports are picked now and released again."""
     local_hosts = local_host_names()
@@ -146,12 +155,7 @@ def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS) ->
             # The namespace comes before the run folder: where it cannot be made, nothing is left.
             with isolated_network(spec) as network:  # None unless the run asked for one
                 folder = _create_folder(spec)
-                options = SessionOptions(
-                    grace=request.grace,
-                    max_restarts=spec.max_restarts if request.max_restarts is None else request.max_restarts,
-                    restart_delay=spec.restart_delay if request.restart_delay is None else request.restart_delay,
-                    evaluator_timeout=request.evaluator_timeout, watchdog=request.watchdog)
-                session = RunSession(spec, options, folder, console,
+                session = RunSession(spec, session_options(request, spec), folder, console,
                                      lambda context: _entered(network, plan_for(spec, context, local_hosts, request)),
                                      signals)
                 return session.execute()

@@ -10,6 +10,7 @@ unexpected error) leaves a run folder that says how it ended.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import sys
 import threading
@@ -316,13 +317,13 @@ def _describe_os_error(exc: OSError) -> str:
     return f"{where}{exc.strerror or exc}"
 
 
+_EXCEPTION = re.compile(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception|Exit|Interrupt))\b")
+
+
 def error_class(tail: list[str]) -> str | None:
     """The last Python exception named at the start of a line of output, if any."""
-    import re
-
-    pattern = re.compile(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception|Exit|Interrupt))\b")
     for line in reversed(tail):
-        match = pattern.match(line.strip())
+        match = _EXCEPTION.match(line.strip())
         if match:
             return match.group(1)
     return None

@@ -109,8 +109,8 @@ def prepare_folder(run_dir: str | None, log_dir: str | None, environ: Mapping[st
 def run_in_job(request: LaunchRequest, console: Console, *, run_dir: str | None = None, requeue: bool = False,
                environ: Mapping[str, str] | None = None, signals: Signals | None = None) -> RunResult:
     """Run the cluster in this allocation (the --slurm run): probe, plan, supervise, maybe requeue."""
-    from ..run.launch import build_spec, plan_for
-    from ..run.session import RunSession, SessionOptions
+    from ..run.launch import build_spec, plan_for, session_options
+    from ..run.session import RunSession
     from ..run.signals import SIGNALS
 
     environ = dict(os.environ) if environ is None else environ
@@ -122,15 +122,11 @@ def run_in_job(request: LaunchRequest, console: Console, *, run_dir: str | None 
         local_hosts = local_host_names()
         spec = build_spec(request, local_hosts)
         folder = prepare_folder(run_dir, spec.log_dir, environ, spec.source)
-        restarts = spec.max_restarts if request.max_restarts is None else request.max_restarts
         if requeue:
             # The requeued job must find the backup: offer it even when no in-job restarts are allowed.
             backup = str(folder.path.resolve() / "backup")
             spec = replace(spec, env={"TFLAUNCH_BACKUP_DIR": backup, **spec.env})
-        options = SessionOptions(grace=request.grace, max_restarts=restarts,
-                                 restart_delay=spec.restart_delay if request.restart_delay is None else request.restart_delay,
-                                 evaluator_timeout=request.evaluator_timeout, watchdog=request.watchdog)
-        session = RunSession(spec, options, folder, console,
+        session = RunSession(spec, session_options(request, spec), folder, console,
                              lambda context: plan_for(spec, context, local_hosts, request), signals)
         result = session.execute()
         if requeue and signals.first == WARNING_SIGNAL:
