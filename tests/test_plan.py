@@ -124,6 +124,20 @@ def test_an_evaluator_brings_a_checkpoint_folder_for_every_task():
     assert {launch.env["TFLAUNCH_CHECKPOINT_DIR"] for launch in launches} == {"/shared/ck"}
 
 
+def test_every_task_gets_the_run_folders_tensorboard_folder():
+    for text in ("worker: [localhost:2222]", BIG):
+        launches = plan(text).launches
+        assert {launch.env["TFLAUNCH_TENSORBOARD_DIR"] for launch in launches} == {f"{CONTEXT.run_dir}/tensorboard"}
+        assert {launch.env_sources["TFLAUNCH_TENSORBOARD_DIR"] for launch in launches} == {"tflaunch default"}
+    # A default like the others: env layers can point it at shared storage for remote hosts.
+    launches = plan("worker: [node1:2222]\nenv: {TFLAUNCH_TENSORBOARD_DIR: /shared/tb}").launches
+    assert launches[0].env["TFLAUNCH_TENSORBOARD_DIR"] == "/shared/tb"
+    own = plan_cluster(spec_of("worker: [localhost:2222]"), CONTEXT, local_hosts=LOCAL, cores_by_host={},
+                       default_python=DEFAULT_PYTHON, default_workdir=DEFAULT_WORKDIR,
+                       inherited_env={"TFLAUNCH_TENSORBOARD_DIR": "/mine"}).launches[0]
+    assert own.env["TFLAUNCH_TENSORBOARD_DIR"] == "/mine"
+
+
 def test_task_cluster_leaves_the_given_cluster_alone():
     cluster = {"worker": ["a:1"], "evaluator": ["e:2"]}
     assert task_cluster("worker", cluster) == {"worker": ["a:1"]}
@@ -405,7 +419,8 @@ def test_env_holds_only_strings():
 def test_env_holds_only_what_tflaunch_adds():
     launch = plan("worker: [localhost:1]").launches[0]
     assert set(launch.env) == {"PYTHONUNBUFFERED", "TF_CONFIG", "TFLAUNCH_TASK", "TFLAUNCH_RUN_ID",
-                               "TFLAUNCH_RUN_DIR", "TFLAUNCH_ATTEMPT", "CUDA_VISIBLE_DEVICES"}
+                               "TFLAUNCH_RUN_DIR", "TFLAUNCH_ATTEMPT", "CUDA_VISIBLE_DEVICES",
+                               "TFLAUNCH_TENSORBOARD_DIR"}
 
 
 # ---------------------------------------------------------------------------------------------

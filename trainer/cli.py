@@ -20,6 +20,7 @@ NAMED_DATASETS = ("digits", "mnist", "fashion_mnist")
 # Environment variables that supply the --backup-dir and --checkpoint-dir defaults (set by the launcher).
 BACKUP_DIR_ENV = "TFLAUNCH_BACKUP_DIR"
 CHECKPOINT_DIR_ENV = "TFLAUNCH_CHECKPOINT_DIR"
+TENSORBOARD_DIR_ENV = "TFLAUNCH_TENSORBOARD_DIR"
 
 # Defaults chosen so that two local workers on a 2-core machine finish in about a
 # minute and reach >= 0.90 test accuracy on digits.
@@ -147,7 +148,9 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     out = parser.add_argument_group("outputs")
     out.add_argument("--model-dir", default=None,
                      help="where the chief saves the final model (SavedModel); none means not saved")
-    out.add_argument("--tensorboard-dir", default=None, help="where the chief writes TensorBoard logs")
+    out.add_argument("--tensorboard-dir", default=environ.get(TENSORBOARD_DIR_ENV) or None,
+                     help="where the chief writes its per-epoch TensorBoard scalars (train/ and validation/); "
+                          f"defaults to ${TENSORBOARD_DIR_ENV}")
     out.add_argument("--backup-dir", default=environ.get(BACKUP_DIR_ENV) or None,
                      help=f"back up training state here and resume from it; defaults to ${BACKUP_DIR_ENV}")
     out.add_argument("--checkpoint-dir", default=environ.get(CHECKPOINT_DIR_ENV) or None,

@@ -8,7 +8,9 @@ environment each task gets is layered, later layers winning:
    ``TF_FORCE_GPU_ALLOW_GROWTH=true`` for tasks that share a GPU, ``TF_USE_LEGACY_KERAS=1`` for
    multi-task clusters, ``TFLAUNCH_BACKUP_DIR=<run folder>/backup`` when restarts are allowed,
    ``TFLAUNCH_CHECKPOINT_DIR=<run folder>/checkpoints`` when there is an evaluator (the trainer's
-   chief writes per-epoch checkpoints there and its evaluator reads them);
+   chief writes per-epoch checkpoints there and its evaluator reads them),
+   ``TFLAUNCH_TENSORBOARD_DIR=<run folder>/tensorboard`` always (where TensorBoard scalars go, so
+   ``tflaunch tensorboard`` finds them);
    a default that is already set in tflaunch's own environment keeps the user's value instead,
    for every task (remote ones get it passed along);
 3. the cluster's ``env``; 4. the host's ``env`` (``hosts:`` section); 5. the task's ``env``;
@@ -37,6 +39,7 @@ DEFAULT_COMMAND = ("python", "-m", "trainer")
 PYTHON_NAMES = ("python", "python3")
 THIS_MACHINE = "localhost"  # key for this machine in ``cores_by_host``
 INTEROP_THREADS = 2
+TENSORBOARD_SUBDIR = "tensorboard"  # <run folder>/tensorboard: TFLAUNCH_TENSORBOARD_DIR, what TensorBoard reads
 LEGACY_KERAS_NOTE = (
     "TF_USE_LEGACY_KERAS=1 set for every task: tf.keras is tf_keras there, because Keras 3 cannot run "
     "Model.fit under MultiWorkerMirroredStrategy (set TF_USE_LEGACY_KERAS=0 in 'env' to keep Keras 3)"
@@ -127,6 +130,7 @@ def plan_cluster(
             defaults["TFLAUNCH_BACKUP_DIR"] = context.backup_dir
         if has_evaluator:
             defaults["TFLAUNCH_CHECKPOINT_DIR"] = f"{context.run_dir}/checkpoints"
+        defaults["TFLAUNCH_TENSORBOARD_DIR"] = f"{context.run_dir}/{TENSORBOARD_SUBDIR}"
         env, sources = layer_env([
             (DEFAULT_SOURCE, {k: v for k, v in defaults.items() if k not in inherited_env}),
             (INHERITED_SOURCE, {k: inherited_env[k] for k in defaults if k in inherited_env}),
