@@ -13,7 +13,7 @@ import os
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
 from ..cluster.machine import cpu_count, local_host_names
 from ..cluster.plan import Plan, RunContext, plan_cluster
@@ -135,10 +135,13 @@ def _placeholder_plan(spec: ClusterSpec, local_hosts: frozenset[str], request: L
     return plan_for(spec, context, local_hosts, request)
 
 
-def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS) -> RunResult:
+def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS,
+        on_folder: Callable[[RunFolder], None] | None = None) -> RunResult:
     """Start the cluster, supervise it to the end, and leave everything in its run folder.
 
     Signals are armed for the whole call: none raises; each is seen by the next wait.
+    ``on_folder`` is told the run folder once it exists, before any task starts (for what runs
+    beside the run, such as TensorBoard; it must return at once).
     """
     with signals.armed_for_run():
         local_hosts = local_host_names()
@@ -155,6 +158,8 @@ def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS) ->
             # The namespace comes before the run folder: where it cannot be made, nothing is left.
             with isolated_network(spec) as network:  # None unless the run asked for one
                 folder = _create_folder(spec)
+                if on_folder is not None:
+                    on_folder(folder)
                 session = RunSession(spec, session_options(request, spec), folder, console,
                                      lambda context: _entered(network, plan_for(spec, context, local_hosts, request)),
                                      signals)
