@@ -138,7 +138,8 @@ kubernetes: {image: train:1}
                      "address: replaced by the pods' DNS names", "ssh: not used",
                      "setup: not run in pods", "workdir: not used", "hosts.node1.python: not used",
                      "hosts.node1.env: not used", "gpus: 'all' (chief[0]) requests no GPU",
-                     "share_gpus: not used", "log_dir: not used", "max_restarts: restarted pods resume"):
+                     "share_gpus: not used", "log_dir: not used", "restart_delay: not used",
+                     "max_restarts: restarted pods train from scratch", "set kubernetes.storage ('claim: NAME')"):
         assert expected in text, (expected, text)
     assert len(notes) == len(done.stderr.splitlines())
     (document,) = [d for d in yaml.safe_load_all(done.stdout) if d]
@@ -192,7 +193,7 @@ def test_jobset_run_policy_follows_tflaunch_run(tmp_path: Path) -> None:
 
 def test_export_help() -> None:
     done = tflaunch("export", "--help")
-    assert done.returncode == 0 and "--format [jobset|tfjob|sh]" in done.stdout
+    assert done.returncode == 0 and "--format [jobset|tfjob|trainjob|sh]" in done.stdout
 
 
 def _run_lines(text: str, cwd: Path) -> list[subprocess.CompletedProcess[str]]:
@@ -250,7 +251,8 @@ def test_evaluator_checkpoints_need_shared_storage(tmp_path: Path) -> None:
     done = tflaunch("export", path)
     assert done.returncode == 0, done.stderr
     assert ("tflaunch: note: evaluator: it evaluates the checkpoints the chief writes to TFLAUNCH_CHECKPOINT_DIR, "
-            "which is /tmp/tflaunch/c/checkpoints inside each pod") in done.stderr
+            "which is /tmp/tflaunch/c/checkpoints inside each pod, where the evaluator pod never sees them; set "
+            "kubernetes.storage ('claim: NAME') to a volume the chief and evaluator pods both mount") in done.stderr
     path = cluster_file(tmp_path, text + "kubernetes: {image: i, env: {TFLAUNCH_CHECKPOINT_DIR: /shared/ckpt}}\n")
     done = tflaunch("export", path)
     assert done.returncode == 0 and "evaluator:" not in done.stderr, done.stderr

@@ -1,4 +1,4 @@
-"""``tflaunch export``: print a cluster as Kubernetes manifests (JobSet, TFJob) or shell commands."""
+"""``tflaunch export``: print a cluster as Kubernetes manifests (JobSet, TFJob, TrainJob) or shell commands."""
 
 from __future__ import annotations
 
@@ -8,17 +8,19 @@ import click
 
 from ..errors import ConfigError
 from .group import cli
-from .run import file_or_local_source
+from .run import _parse_env, file_or_local_source
 
 EXPORT_HELP = """Print CLUSTER (a cluster YAML file) or --local N as manifests that run the same TensorFlow
-cluster elsewhere: a JobSet (default) or a Kubeflow TFJob to 'kubectl apply -f', or one shell
-command per task (--format sh). Everything after -- is the command each task runs.
+cluster elsewhere: a JobSet (default), a Kubeflow TFJob, or a Kubeflow Trainer runtime and
+TrainJob to 'kubectl apply -f', or one shell command per task (--format sh). Everything after --
+is the command each task runs.
 
 \b
 Examples:
   tflaunch export clusters/kubernetes.yaml > job.yaml
   tflaunch export --local 2 --chief --ps 1 --image registry.example/train:1 -o job.yaml
   tflaunch export --format tfjob --local 4 --image IMAGE -- python train.py --epochs 5
+  tflaunch export --format trainjob --local 2 --chief --image IMAGE --env DATA=/data
   tflaunch export --format sh clusters/two_node.yaml
 """
 
@@ -40,7 +42,7 @@ class _ExportCommand(click.Command):
 @click.option("--chief", is_flag=True, help="With --local: add a chief task.")
 @click.option("--ps", type=click.IntRange(min=0), default=0, metavar="K",
               help="With --local: add K parameter-server tasks (implies --chief).")
-@click.option("--format", "fmt", type=click.Choice(["jobset", "tfjob", "sh"]), default="jobset", show_default=True,
+@click.option("--format", "fmt", type=click.Choice(["jobset", "tfjob", "trainjob", "sh"]), default="jobset", show_default=True,
               help="What to print.")
 @click.option("--image", metavar="IMAGE", help="Container image with TensorFlow and the training code "
               "(default: the file's kubernetes.image).")
@@ -48,16 +50,21 @@ class _ExportCommand(click.Command):
 @click.option("--namespace", metavar="NS", help="Namespace of the job (default: kubernetes.namespace, else kubectl's).")
 @click.option("--max-restarts", type=click.IntRange(min=0), metavar="N",
               help="Whole-cluster restarts on failure (default: the file's max_restarts, else 0).")
+@click.option("--env", "env", multiple=True, callback=_parse_env, metavar="KEY=VALUE",
+              help="Set a variable in every task (repeatable); wins over every 'env' of the cluster file.")
+@click.option("--cluster-runtime", is_flag=True,
+              help="With --format trainjob: a cluster-wide ClusterTrainingRuntime instead of a TrainingRuntime.")
 @click.option("-o", "--output", metavar="FILE", help="Write to FILE instead of standard output.")
 @click.pass_context
 def export_command(ctx: click.Context, cluster: str | None, local: int | None, chief: bool, ps: int, fmt: str,
                    image: str | None, name: str | None, namespace: str | None, max_restarts: int | None,
-                   output: str | None) -> None:
+                   env: dict[str, str], cluster_runtime: bool, output: str | None) -> None:
     from ..export import ExportRequest, export  # imported here so "tflaunch --help" stays light
 
     source = file_or_local_source(cluster, local, chief, ps)
     result = export(ExportRequest(source=source, format=fmt, image=image, name=name, namespace=namespace,
-                                  command=ctx.meta.get("tflaunch.command") or None, max_restarts=max_restarts))
+                                  command=ctx.meta.get("tflaunch.command") or None, max_restarts=max_restarts,
+                                  env=env, cluster_runtime=cluster_runtime))
     for note in result.notes:
         click.echo(f"tflaunch: note: {note}", err=True)
     if output is None:

@@ -1,14 +1,16 @@
 """``tflaunch export``: a cluster file (or ``--local`` options) as manifests or shell commands.
 
-Three formats, all built from the same plan ``tflaunch run`` uses (:mod:`launcher.cluster.plan`):
+Four formats, all built from the same plan ``tflaunch run`` uses (:mod:`launcher.cluster.plan`):
 
 - ``jobset``: one JobSet (:mod:`.jobset`), needing only the JobSet controller;
 - ``tfjob``: one TFJob (:mod:`.tfjob`) for the Kubeflow training operator;
+- ``trainjob``: a Kubeflow Trainer v2 runtime and the TrainJob that runs it (:mod:`.trainjob`);
 - ``sh``: one shell command per task (:mod:`.shell`), to paste on each machine.
 
 The manifests' settings come from the file's ``kubernetes:`` section (:mod:`.settings`), with
-``--image``, ``--name`` and ``--namespace`` winning. What the file says that pods cannot honour
-comes back as notes, one line each, for the command line to show.
+``--image``, ``--name`` and ``--namespace`` winning; ``--env`` wins over every ``env`` layer, as
+in a run. What the file says that pods cannot honour comes back as notes, one line each, for the
+command line to show.
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ from __future__ import annotations
 import os
 import re
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from ..cluster.machine import cpu_count, local_host_names
 from ..cluster.spec import ClusterSpec
@@ -26,12 +28,14 @@ from ..errors import ConfigError
 from ..sources import ClusterSource
 from . import jobset as jobset_format
 from . import tfjob as tfjob_format
+from . import trainjob as trainjob_format
 from .manifest import dump_documents
-from .pods import plan_pods
+from .pods import check_override_env, plan_pods
 from .settings import KubernetesSettings, read_settings, with_overrides
 from .shell import shell_commands
 
-FORMATS = ("jobset", "tfjob", "sh")
+FORMATS = ("jobset", "tfjob", "trainjob", "sh")
+MODULES: dict[str, Any] = {"jobset": jobset_format, "tfjob": tfjob_format, "trainjob": trainjob_format}
 DEFAULT_NAME = "tflaunch"
 MAX_HOSTNAME = 63  # a pod's hostname is one DNS label
 
@@ -45,6 +49,8 @@ class ExportRequest:
     namespace: str | None = None
     command: tuple[str, ...] | None = None  # ``-- CMD``; None: the file's command, else the trainer
     max_restarts: int | None = None  # None: the file's max_restarts
+    env: Mapping[str, str] = field(default_factory=dict)  # --env KEY=VALUE, over every env layer
+    cluster_runtime: bool = False  # trainjob: a ClusterTrainingRuntime instead of a namespaced TrainingRuntime
 
 
 @dataclass(frozen=True)
@@ -58,6 +64,8 @@ def export(request: ExportRequest) -> Export:
     """Read the source, plan it, and render it in ``request.format``."""
     if request.format not in FORMATS:
         raise ConfigError("--format", "", f"expected one of {', '.join(FORMATS)}, got {request.format!r}")
+    if request.cluster_runtime and request.format != "trainjob":
+        raise ConfigError("--cluster-runtime", "", f"only applies to --format trainjob, got --format {request.format}")
     local_hosts = local_host_names()
     spec = request.source.spec(local_hosts)
     if request.max_restarts is not None:
@@ -68,27 +76,30 @@ def export(request: ExportRequest) -> Export:
     name = settings.name or default_name(request.source.label)
     header = f"# tflaunch export --format {request.format} {request.source.label}"
     if request.format == "sh":
+        check_override_env(request.env)
         result = shell_commands(spec, name, local_hosts=local_hosts, cores_by_host={"localhost": cpu_count()},
-                                default_python=sys.executable, default_workdir=os.getcwd(), command=request.command)
+                                default_python=sys.executable, default_workdir=os.getcwd(), command=request.command,
+                                override_env=request.env)
         notes = result.notes + _unused_settings_notes(spec, request)
         return Export(f"{header}\n{result.text}", notes, f"{_role_counts(spec)} as shell commands")
     if not settings.image:
         raise ConfigError(spec.source, "--image", "missing; expected the container image that has TensorFlow and "
                           "the training code (--image IMAGE, or 'image:' in the kubernetes section)")
-    if request.format == "jobset":
-        module: Any = jobset_format
-        kind = "JobSet"
-    else:
-        module = tfjob_format
-        kind = "TFJob"
+    module = MODULES[request.format]
     name = _fitting_name(spec, request, settings, name, module)
-    plan = plan_pods(spec, settings, name, request.command, lambda role, index: module.pod_host(name, role, index))
+    plan = plan_pods(spec, settings, name, request.command, lambda role, index: module.pod_host(name, role, index),
+                     override_env=request.env)
     if request.format == "tfjob":
         tfjob_format.check_tfjob(plan, spec.source)
-        document = tfjob_format.tfjob(plan)
+        documents, kind = [tfjob_format.tfjob(plan)], "TFJob"
+    elif request.format == "trainjob":
+        documents = [trainjob_format.runtime(plan, request.cluster_runtime),
+                     trainjob_format.trainjob(plan, request.cluster_runtime)]
+        kind = f"{trainjob_format.runtime_kind(request.cluster_runtime)} and TrainJob"
+        plan = replace(plan, notes=plan.notes + tuple(trainjob_format.trainjob_notes(plan, request.cluster_runtime)))
     else:
-        document = jobset_format.jobset(plan)
-    return Export(dump_documents([document], header), plan.notes, f"{kind} {name}: {_role_counts(spec)}")
+        documents, kind = [jobset_format.jobset(plan)], "JobSet"
+    return Export(dump_documents(documents, header), plan.notes, f"{kind} {name}: {_role_counts(spec)}")
 
 
 def default_name(label: str) -> str:

@@ -20,16 +20,18 @@ from __future__ import annotations
 
 import json
 import shlex
-from typing import Any
+from typing import Any, Mapping
 
 from ..cluster.spec import RestartPolicy
 from .pods import PodPlan, RolePods
-from .podspec import container, pod_spec
+from .podspec import CONTAINER_NAME, container, pod_spec
 
 API_VERSION = "jobset.x-k8s.io/v1alpha2"
 INDEX_ENV = "JOB_COMPLETION_INDEX"  # Kubernetes sets it in every pod of an Indexed Job
 RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"  # 0 for the first run, +1 per JobSet restart
 RESTART_ATTEMPT_ENV = "JOBSET_RESTART_ATTEMPT"
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"  # JobSet labels every pod with its JobSet's name
+JOBSET_NAME_ENV = "JOBSET_NAME"
 _INDEX_MARK = "\x00tflaunch-index\x00"
 
 
@@ -38,36 +40,49 @@ def pod_host(name: str, role: str, index: int) -> str:
     return f"{name}-{role}-0-{index}.{name}"
 
 
-def pod_hostname(name: str, role: str, index: int) -> str:
-    return f"{name}-{role}-0-{index}"
-
-
 def jobset(plan: PodPlan) -> dict[str, Any]:
     """The JobSet object for ``plan``."""
     metadata: dict[str, Any] = {"name": plan.name}
     if plan.settings.namespace:
         metadata["namespace"] = plan.settings.namespace
+    return {"apiVersion": API_VERSION, "kind": "JobSet", "metadata": metadata, "spec": jobset_spec(plan)}
+
+
+def jobset_spec(plan: PodPlan, *, container_name: str = CONTAINER_NAME, subdomain: bool = True,
+                job_labels: Mapping[str, Mapping[str, str]] | None = None,
+                check_name: bool = False) -> dict[str, Any]:
+    """The JobSet's spec: one replicated job per role.
+
+    ``subdomain`` False leaves the pods' DNS subdomain to JobSet (its own name), for a template
+    whose JobSet is named by someone else; ``job_labels`` labels a role's Job template;
+    ``check_name`` makes each pod refuse to start under a JobSet not named ``plan.name``, since
+    its TF_CONFIG names the peers by that name.
+    """
     has_ps = plan.role("ps") is not None
     deciders = ["chief"] if has_ps else [r.role for r in plan.roles if r.role in ("chief", "worker")]
+    # Peers' names must resolve before they are ready: TensorFlow dials them while starting.
+    network: dict[str, Any] = {"enableDNSHostnames": True, "publishNotReadyAddresses": True}
+    if subdomain:
+        network["subdomain"] = plan.name
     return {
-        "apiVersion": API_VERSION,
-        "kind": "JobSet",
-        "metadata": metadata,
-        "spec": {
-            # Peers' names must resolve before they are ready: TensorFlow dials them while starting.
-            "network": {"enableDNSHostnames": True, "subdomain": plan.name, "publishNotReadyAddresses": True},
-            "failurePolicy": {"maxRestarts": plan.max_restarts},
-            "successPolicy": {"operator": "All", "targetReplicatedJobs": deciders},
-            "replicatedJobs": [_replicated_job(plan, role) for role in plan.roles],
-        },
+        "network": network,
+        "failurePolicy": {"maxRestarts": plan.max_restarts},
+        "successPolicy": {"operator": "All", "targetReplicatedJobs": deciders},
+        "replicatedJobs": [_replicated_job(plan, role, container_name, (job_labels or {}).get(role.role), check_name)
+                           for role in plan.roles],
     }
 
 
-def _replicated_job(plan: PodPlan, role: RolePods) -> dict[str, Any]:
+def _replicated_job(plan: PodPlan, role: RolePods, container_name: str, labels: Mapping[str, str] | None,
+                    check_name: bool) -> dict[str, Any]:
     env_from_pod = [{"name": RESTART_ATTEMPT_ENV,
                      "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{RESTART_ATTEMPT_LABEL}']"}}}]
-    main = container(plan, role, command=["/bin/sh", "-c", start_script(role), "tflaunch-start"],
-                     args=list(plan.argv), extra_env=env_from_pod)
+    if check_name:
+        env_from_pod.append({"name": JOBSET_NAME_ENV,
+                             "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{JOBSET_NAME_LABEL}']"}}})
+    script = start_script(role, jobset_name=plan.name if check_name else None)
+    main = container(plan, role, command=["/bin/sh", "-c", script, "tflaunch-start"],
+                     args=list(plan.argv), extra_env=env_from_pod, name=container_name)
     job: dict[str, Any] = {"completionMode": "Indexed", "completions": role.count, "parallelism": role.count}
     if role.restart is RestartPolicy.TASK:
         # The pod alone comes back, same index and DNS name, as ParameterServerStrategy allows.
@@ -78,16 +93,31 @@ def _replicated_job(plan: PodPlan, role: RolePods) -> dict[str, Any]:
         job["backoffLimit"] = 0
     # A replacement starts only once its predecessor is gone (TensorFlow refuses a duplicate task).
     job["podReplacementPolicy"] = "Failed"
-    job["template"] = {"spec": pod_spec(plan, [main])}
-    return {"name": role.role, "replicas": 1, "template": {"spec": job}}
+    job["template"] = {"spec": pod_spec(plan, role, [main])}
+    template: dict[str, Any] = {"spec": job}
+    if labels:
+        template = {"metadata": {"labels": dict(labels)}, **template}
+    return {"name": role.role, "replicas": 1, "template": template}
 
 
-def start_script(role: RolePods) -> str:
-    """POSIX sh that exports this pod's TF_CONFIG, TFLAUNCH_TASK and TFLAUNCH_ATTEMPT, then execs the command."""
+def start_script(role: RolePods, jobset_name: str | None = None) -> str:
+    """POSIX sh that exports this pod's TF_CONFIG, TFLAUNCH_TASK and TFLAUNCH_ATTEMPT, then execs the command.
+
+    With ``jobset_name``, the pod first checks that its JobSet has that name (the peers' DNS
+    names in TF_CONFIG start with it).
+    """
     before, after = tf_config_template(role)
     index = f"${INDEX_ENV}"
-    return "\n".join([
-        f"# This {role.role} pod's TF_CONFIG, from its index in the Job (written by tflaunch export).",
+    lines = [f"# This {role.role} pod's TF_CONFIG, from its index in the Job (written by tflaunch export)."]
+    if jobset_name:
+        name = shlex.quote(jobset_name)
+        lines += [
+            f'if [ "${JOBSET_NAME_ENV}" != {name} ]; then',
+            f"  echo \"tflaunch: this pod's JobSet is '${JOBSET_NAME_ENV}'; expected {jobset_name}, the name its "
+            f"TF_CONFIG was exported for (tflaunch export --name)\" >&2; exit 2",
+            "fi",
+        ]
+    return "\n".join(lines + [
         f'i="{index}"',
         'case "$i" in',
         f"  ''|*[!0-9]*) echo \"tflaunch: {INDEX_ENV} is '$i'; expected the pod's index in an Indexed Job\" >&2; exit 2;;",

@@ -5,18 +5,23 @@ task on its own pod (its DNS name as host, one fixed port, its GPUs renumbered f
 container sees them) and takes each role's env from :func:`launcher.cluster.plan.plan_cluster`.
 Tasks of one role must then agree on everything but their index; what the file says about
 machines (ssh, setup, paths, per-host settings) has no meaning in a pod and is named in a note.
+
+With ``kubernetes.storage``, the plan's run folder is ``<storage path>/<name>`` on that volume, so
+the trainer's checkpoints (``TFLAUNCH_CHECKPOINT_DIR``, for an evaluator) and, when pods may
+restart, its backup (``TFLAUNCH_BACKUP_DIR``) land where the chief, the workers and the evaluator
+all see them and where they outlive a pod.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Callable, Mapping
 
-from ..cluster.plan import RunContext, TaskLaunch, plan_cluster
-from ..cluster.spec import ROLES, ClusterSpec, RestartPolicy, SshSettings, TaskSpec, is_local
+from ..cluster.plan import DEFAULT_SOURCE, RunContext, TaskLaunch, plan_cluster
+from ..cluster.spec import RESERVED_ENV, ROLES, ClusterSpec, RestartPolicy, SshSettings, TaskSpec, is_local
 from ..errors import ConfigError
-from .settings import KubernetesSettings
+from .settings import SECTION, KubernetesSettings, Storage
 
 # Variables that differ between the pods of one role: the start command or the operator sets them.
 PER_POD_ENV = ("TF_CONFIG", "TFLAUNCH_TASK", "TFLAUNCH_ATTEMPT")
@@ -26,6 +31,9 @@ NO_RUN_FOLDER_ENV = ("TFLAUNCH_RUN_DIR",)
 # directory any container user may create, private to the pod.
 POD_RUN_DIR = "/tmp/tflaunch/{name}"
 CHECKPOINT_ENV = "TFLAUNCH_CHECKPOINT_DIR"
+BACKUP_ENV = "TFLAUNCH_BACKUP_DIR"
+# The roles that read or write checkpoints and backups; ps tasks only hold variables in memory.
+STORAGE_ROLES = ("chief", "worker", "evaluator")
 
 
 @dataclass(frozen=True)
@@ -61,21 +69,46 @@ class PodPlan:
 
 
 def plan_pods(spec: ClusterSpec, settings: KubernetesSettings, name: str, command: tuple[str, ...] | None,
-              pod_host: Callable[[str, int], str]) -> PodPlan:
-    """Plan ``spec`` with task ``role``/``index`` on host ``pod_host(role, index)`` and group it by role."""
+              pod_host: Callable[[str, int], str], override_env: Mapping[str, str] | None = None) -> PodPlan:
+    """Plan ``spec`` with task ``role``/``index`` on host ``pod_host(role, index)`` and group it by role.
+
+    ``override_env`` is ``--env KEY=VALUE``: it wins over every ``env`` layer, as in a run.
+    """
+    check_override_env(override_env or {})
     pod_spec = _pod_cluster(spec, settings, pod_host)
-    run_dir = POD_RUN_DIR.format(name=name)
-    plan = plan_cluster(pod_spec, RunContext(run_id=name, run_dir=run_dir), local_hosts=frozenset(), cores_by_host={},
-                        default_python=settings.python, default_workdir=settings.workdir or "",
-                        command=command)
+    run_dir = pod_run_dir(settings.storage, name)
+    backup_dir = f"{run_dir}/backup" if settings.storage and restarts_possible(spec) else None
+    plan = plan_cluster(pod_spec, RunContext(run_id=name, run_dir=run_dir, backup_dir=backup_dir),
+                        local_hosts=frozenset(), cores_by_host={}, default_python=settings.python,
+                        default_workdir=settings.workdir or "", command=command, override_env=override_env)
     roles = []
     for role in ROLES:
         launches = tuple(sorted((l for l in plan.launches if l.role == role), key=lambda l: l.index))
         if launches:
             roles.append(replace(_role_pods(spec, role, launches), restart=spec.restart_policy[role]))
-    notes = carry_over_notes(spec, settings) + _checkpoint_note(plan.launches, run_dir) + list(plan.notes)
+    notes = carry_over_notes(spec, settings) + storage_notes(spec, settings.storage, plan.launches) + list(plan.notes)
     return PodPlan(name, settings, tuple(roles), plan.launches[0].argv, tuple(notes),
                    max_restarts=int(spec.max_restarts), task_restarts=int(spec.task_restarts))
+
+
+def pod_run_dir(storage: Storage | None, name: str) -> str:
+    """Where the plan's run-folder paths point inside a pod: on the storage volume when there is one."""
+    return f"{storage.path}/{name}" if storage else POD_RUN_DIR.format(name=name)
+
+
+def restarts_possible(spec: ClusterSpec) -> bool:
+    """Whether a pod may start again mid-training, so that a backup has something to resume.
+
+    The rule ``tflaunch run`` follows for its backup folder: whole-cluster restarts, or a role
+    whose tasks restart alone (ParameterServer workers by default).
+    """
+    return int(spec.max_restarts) > 0 or RestartPolicy.TASK in spec.restart_policy.values()
+
+
+def check_override_env(env: Mapping[str, str]) -> None:
+    for key in env:
+        if key in RESERVED_ENV:
+            raise ConfigError("--env", key, "is set by tflaunch for every task and cannot be overridden")
 
 
 def _pod_cluster(spec: ClusterSpec, settings: KubernetesSettings, pod_host: Callable[[str, int], str]) -> ClusterSpec:
@@ -110,14 +143,33 @@ def _role_pods(spec: ClusterSpec, role: str, launches: tuple[TaskLaunch, ...]) -
     return RolePods(role, launches, shared, gpu_count(first_task))
 
 
-def _checkpoint_note(launches: tuple[TaskLaunch, ...], run_dir: str) -> list[str]:
-    """The evaluator reads the chief's checkpoints: in pods that needs storage both of them mount."""
-    paths = {l.env.get(CHECKPOINT_ENV) for l in launches} - {None}
-    if not any(path.startswith(run_dir + "/") for path in paths):
-        return []
-    return [f"evaluator: it evaluates the checkpoints the chief writes to {CHECKPOINT_ENV}, which is "
-            f"{sorted(paths)[0]} inside each pod; set {CHECKPOINT_ENV} in kubernetes.env to storage that "
-            "the chief and evaluator pods both mount"]
+def storage_notes(spec: ClusterSpec, storage: Storage | None, launches: tuple[TaskLaunch, ...]) -> list[str]:
+    """What will not work for want of storage the pods share: the evaluator's checkpoints, restarts' backups.
+
+    A variable the user set (``env``, ``kubernetes.env``, ``--env``) is their choice of storage:
+    no note for it.
+    """
+    notes = []
+    chosen = {var for l in launches for var, source in l.env_sources.items() if source != DEFAULT_SOURCE}
+    checkpoints = sorted({l.env[CHECKPOINT_ENV] for l in launches if CHECKPOINT_ENV in l.env})
+    if checkpoints and CHECKPOINT_ENV not in chosen and not (storage and storage.shared):
+        if storage:
+            notes.append(f"{SECTION}.storage: empty_dir gives each pod a directory of its own at {storage.path}, so "
+                         f"the evaluator never sees the checkpoints the chief writes to {checkpoints[0]}; expected "
+                         "'claim: NAME' (a PersistentVolumeClaim the chief and evaluator pods both mount)")
+        else:
+            notes.append(f"evaluator: it evaluates the checkpoints the chief writes to {CHECKPOINT_ENV}, which is "
+                         f"{checkpoints[0]} inside each pod, where the evaluator pod never sees them; set "
+                         f"{SECTION}.storage ('claim: NAME') to a volume the chief and evaluator pods both mount")
+    if restarts_possible(spec) and BACKUP_ENV not in chosen and not (storage and storage.shared):
+        why = "max_restarts" if int(spec.max_restarts) else "restart_policy"
+        if storage:
+            notes.append(f"{SECTION}.storage: with empty_dir a replaced pod starts with an empty {storage.path}, so "
+                         f"restarted pods ({why}) train from scratch; 'claim: NAME' keeps the backup")
+        else:
+            notes.append(f"{why}: restarted pods train from scratch: the backup they would resume from needs a "
+                         f"volume that outlives a pod; set {SECTION}.storage ('claim: NAME')")
+    return notes
 
 
 def pod_env(launch: TaskLaunch) -> dict[str, str]:
@@ -167,8 +219,7 @@ def carry_over_notes(spec: ClusterSpec, settings: KubernetesSettings) -> list[st
     if spec.log_dir:
         notes.append("log_dir: not used; read the pods' output with kubectl logs")
     if spec.max_restarts:
-        notes.append("max_restarts: restarted pods resume from a backup only if TFLAUNCH_BACKUP_DIR (kubernetes.env) "
-                     "names storage that outlives a pod; restart_delay is not used")
+        notes.append("restart_delay: not used; the controller restarts pods at once")
     return notes
 
 

@@ -1,4 +1,7 @@
-"""The pod template both formats share: the ``tensorflow`` container and the pod-level settings.
+"""The pod template every format shares: the training container and the pod-level settings.
+
+With ``kubernetes.storage``, the pods of the chief, the workers and the evaluator mount one volume
+at the same path (:data:`STORAGE_VOLUME`), where the plan puts checkpoints and backups.
 
 Kubernetes expands ``$(NAME)`` in a container's command, args and env values, so every string
 that goes there is escaped (:func:`escape`) and reaches the process exactly as the plan wrote it.
@@ -9,10 +12,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .pods import PodPlan, RolePods
-from .settings import GPU_RESOURCE, Toleration
+from .pods import STORAGE_ROLES, PodPlan, RolePods
+from .settings import GPU_RESOURCE, Storage, Toleration
 
 CONTAINER_NAME = "tensorflow"  # the name the training operator requires; JobSet uses it too for one kubectl -c
+STORAGE_VOLUME = "tflaunch-storage"
 PORT_NAME = "tfjob-port"  # the training operator reads TensorFlow's port from the container port of this name
 
 # Kubernetes reads "$$" as "$" and "$(NAME)" as a reference; a "$" before "$" or "(" is doubled.
@@ -25,10 +29,10 @@ def escape(text: str) -> str:
 
 
 def container(plan: PodPlan, role: RolePods, *, command: list[str], args: list[str] | None = None,
-              extra_env: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """The ``tensorflow`` container of ``role``'s pods."""
+              extra_env: list[dict[str, Any]] | None = None, name: str = CONTAINER_NAME) -> dict[str, Any]:
+    """The training container of ``role``'s pods."""
     settings = plan.settings
-    spec: dict[str, Any] = {"name": CONTAINER_NAME, "image": settings.image}
+    spec: dict[str, Any] = {"name": name, "image": settings.image}
     if settings.image_pull_policy:
         spec["imagePullPolicy"] = settings.image_pull_policy
     spec["command"] = [escape(a) for a in command]
@@ -42,7 +46,19 @@ def container(plan: PodPlan, role: RolePods, *, command: list[str], args: list[s
     resources = _resources(plan, role)
     if resources:
         spec["resources"] = resources
+    if mounts_storage(plan, role):
+        spec["volumeMounts"] = [{"name": STORAGE_VOLUME, "mountPath": plan.settings.storage.path}]
     return spec
+
+
+def mounts_storage(plan: PodPlan, role: RolePods) -> bool:
+    return plan.settings.storage is not None and role.role in STORAGE_ROLES
+
+
+def _volume(storage: Storage) -> dict[str, Any]:
+    if storage.claim:
+        return {"name": STORAGE_VOLUME, "persistentVolumeClaim": {"claimName": storage.claim}}
+    return {"name": STORAGE_VOLUME, "emptyDir": {}}
 
 
 def _resources(plan: PodPlan, role: RolePods) -> dict[str, Any]:
@@ -58,13 +74,16 @@ def _resources(plan: PodPlan, role: RolePods) -> dict[str, Any]:
     return {"requests": dict(amounts), "limits": dict(amounts)} if amounts else {}
 
 
-def pod_spec(plan: PodPlan, containers: list[dict[str, Any]], restart_policy: str | None = "Never") -> dict[str, Any]:
-    """The pod-level settings of every pod: scheduling, identity and image pull secrets."""
+def pod_spec(plan: PodPlan, role: RolePods, containers: list[dict[str, Any]],
+             restart_policy: str | None = "Never") -> dict[str, Any]:
+    """The pod-level settings of ``role``'s pods: scheduling, identity, image pull secrets and storage."""
     settings = plan.settings
     spec: dict[str, Any] = {}
     if restart_policy:
         spec["restartPolicy"] = restart_policy
     spec["containers"] = containers
+    if settings.storage and mounts_storage(plan, role):
+        spec["volumes"] = [_volume(settings.storage)]
     if settings.node_selector:
         spec["nodeSelector"] = dict(settings.node_selector)
     if settings.tolerations:

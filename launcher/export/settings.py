@@ -15,7 +15,9 @@ from ..cluster.fields import FieldReader, show
 
 SECTION = "kubernetes"
 KEYS = ("image", "name", "namespace", "port", "python", "workdir", "resources", "node_selector", "tolerations",
-        "service_account", "image_pull_secrets", "image_pull_policy", "env")
+        "service_account", "image_pull_secrets", "image_pull_policy", "env", "storage")
+STORAGE_KEYS = ("claim", "empty_dir", "path")
+DEFAULT_STORAGE_PATH = "/ckpt"
 RESOURCE_KEYS = ("cpu", "memory")
 TOLERATION_KEYS = ("key", "operator", "value", "effect", "toleration_seconds")
 TOLERATION_OPERATORS = ("Exists", "Equal")
@@ -47,6 +49,19 @@ class Toleration:
 
 
 @dataclass(frozen=True)
+class Storage:
+    """A volume the chief, worker and evaluator pods all mount at ``path``."""
+
+    path: str = DEFAULT_STORAGE_PATH
+    claim: str | None = None  # an existing PersistentVolumeClaim; None: an emptyDir, private to each pod
+
+    @property
+    def shared(self) -> bool:
+        """Whether pods see each other's files (and files outlive a pod): only a claim does that."""
+        return self.claim is not None
+
+
+@dataclass(frozen=True)
 class KubernetesSettings:
     """What the manifests need beyond the cluster itself; None/empty means "Kubernetes' default"."""
 
@@ -64,6 +79,7 @@ class KubernetesSettings:
     image_pull_secrets: tuple[str, ...] = ()
     image_pull_policy: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
+    storage: Storage | None = None  # None: no volume; checkpoints stay inside each pod
 
 
 def read_settings(section: Any, source: str) -> KubernetesSettings:
@@ -111,6 +127,7 @@ class _SectionReader(FieldReader):
             image_pull_policy=None if get("image_pull_policy") is None else self._read_choice(
                 get("image_pull_policy"), key + "image_pull_policy", PULL_POLICIES),
             env=self.read_env(get("env"), key + "env"),
+            storage=self._read_storage(get("storage")),
         )
 
     def read_image(self, value: Any, key: str) -> str:
@@ -221,6 +238,29 @@ class _SectionReader(FieldReader):
                 effect=None if effect is None else self._read_choice(effect, f"{item_key}.effect", TOLERATION_EFFECTS),
                 toleration_seconds=seconds))
         return tuple(tolerations)
+
+    def _read_storage(self, value: Any) -> Storage | None:
+        if value is None:
+            return None
+        key = f"{SECTION}.storage"
+        mapping = self.expect_mapping(value, key, "a mapping with 'claim: NAME' or 'empty_dir: true', and 'path'")
+        self.check_keys(mapping, STORAGE_KEYS, key)
+        claim = None
+        if mapping.get("claim") is not None:
+            claim = self._read_subdomain(mapping["claim"], f"{key}.claim", "a PersistentVolumeClaim name")
+        empty_dir = False if mapping.get("empty_dir") is None else self.read_bool(mapping["empty_dir"],
+                                                                                  f"{key}.empty_dir")
+        if claim and empty_dir:
+            raise self.fail(f"{key}.empty_dir", f"expected either claim or empty_dir, got both (claim {claim!r})")
+        if not claim and not empty_dir:
+            raise self.fail(key, "expected 'claim: NAME' (an existing PersistentVolumeClaim) or 'empty_dir: true'")
+        path = DEFAULT_STORAGE_PATH
+        if mapping.get("path") is not None:
+            path = self.expect_str(mapping["path"], f"{key}.path").rstrip("/")
+            if not path.startswith("/") or any(c.isspace() for c in path) or ":" in path:
+                raise self.fail(f"{key}.path", f"expected an absolute path without spaces or ':' in the "
+                                               f"container, other than /, got {mapping['path']!r}")
+        return Storage(path=path, claim=claim)
 
     def _read_pull_secrets(self, value: Any) -> tuple[str, ...]:
         if value is None:

@@ -27,7 +27,8 @@ class ShellExport:
 
 
 def shell_commands(spec: ClusterSpec, name: str, *, local_hosts: frozenset[str], cores_by_host: Mapping[str, int],
-                   default_python: str, default_workdir: str, command: tuple[str, ...] | None) -> ShellExport:
+                   default_python: str, default_workdir: str, command: tuple[str, ...] | None,
+                   override_env: Mapping[str, str] | None = None) -> ShellExport:
     """One commented shell line per task, in TF_CONFIG's order."""
     spec, notes = _fixed_ports(spec, local_hosts)
     # Run-folder paths (TFLAUNCH_CHECKPOINT_DIR) go where a run's folder would, which a run
@@ -35,7 +36,7 @@ def shell_commands(spec: ClusterSpec, name: str, *, local_hosts: frozenset[str],
     run_dir = str(Path(default_workdir, spec.log_dir or DEFAULT_LOG_DIR, name))
     plan = plan_cluster(spec, RunContext(run_id=name, run_dir=run_dir), local_hosts=local_hosts,
                         cores_by_host=cores_by_host, default_python=default_python,
-                        default_workdir=default_workdir, command=command)
+                        default_workdir=default_workdir, command=command, override_env=override_env)
     lines = [f"# {len(plan.launches)} tasks; run each command on the machine named above it, all at about the same time."]
     for launch in plan.launches:
         env = {k: v for k, v in launch.env.items() if k not in NO_RUN_FOLDER_ENV}

@@ -72,7 +72,7 @@ def tfjob(plan: PodPlan) -> dict[str, Any]:
             "replicas": role.count,
             "restartPolicy": restart_policy(role, plan.max_restarts),
             # The operator sets the pod's restartPolicy from the replica spec's.
-            "template": {"spec": pod_spec(plan, [container(plan, role, command=list(plan.argv))],
+            "template": {"spec": pod_spec(plan, role, [container(plan, role, command=list(plan.argv))],
                                           restart_policy=None)},
         }
         for role in plan.roles
