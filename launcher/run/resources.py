@@ -1,8 +1,10 @@
-"""CPU and memory use of a run's local tasks, sampled on a thread into ``resources.json``.
+"""CPU and memory use of a run's tasks, wherever they run, collected on a thread into ``resources.json``.
 
-Each sample covers a task's whole process tree (the task and all its descendants): CPU% is the
-tree's CPU time over the wall time since the previous sample (100 = one core busy), RSS is the
-sum of the tree's resident sets (pages shared between processes count once per process).
+Each task's host agent samples the task's whole process tree (the task and all its descendants)
+and sends the reading to tflaunch (see :mod:`launcher.transports.hostagent`); this module turns
+the readings into figures. CPU% is the tree's CPU time over the wall time since the previous
+reading (100 = one core busy), RSS is the sum of the tree's resident sets (pages shared between
+processes count once per process).
 
 ``resources.json`` in the run folder::
 
@@ -30,8 +32,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..records.folder import RESOURCES, iso_time, write_atomically
+from ..transports.base import Reading
 
 _MB = 1024 * 1024
+
 
 
 @dataclass
@@ -52,7 +56,7 @@ class TaskUsage:
     sampled_mono: float | None = None  # and its time.monotonic(), for the CPU% denominator
 
     def add_reading(self, pid: int, now: float, mono: float, cpu_now: dict[tuple[int, float], float],
-                    rss_mb: float) -> None:
+                    rss_mb: float, processes: int | None = None) -> None:
         """Fold one reading of the task's process tree (CPU seconds per process, total RSS) in."""
         if self.pid != pid:
             # A new process for this task (a restart): CPU deltas start over, totals go on.
@@ -73,7 +77,8 @@ class TaskUsage:
         self.rss_sum += rss_mb
         self.rss_peak = max(self.rss_peak, rss_mb)
         self.cpu_seen, self.sampled_at, self.sampled_mono = cpu_now, now, mono
-        self.latest = {"time": round(now, 3), "at": iso_time(now), "pid": pid, "processes": len(cpu_now),
+        self.latest = {"time": round(now, 3), "at": iso_time(now), "pid": pid,
+                       "processes": len(cpu_now) if processes is None else processes,
                        "cpu_percent": None if cpu_percent is None else round(cpu_percent, 1),
                        "rss_mb": round(rss_mb, 1)}
 
@@ -90,18 +95,18 @@ class TaskUsage:
 
 
 class ResourceSampler(threading.Thread):
-    """Samples CPU% and RSS of each live local task every ``interval`` seconds.
+    """Folds the agents' readings of each live task into figures every ``interval`` seconds.
 
-    ``live_pids`` returns ``{task_name: pid}`` for the local tasks running right now; it is
+    ``live_readings`` returns ``{task_name: Reading}`` for the tasks running right now; it is
     called from this thread. ``resources.json`` is rewritten every ``write_every`` seconds and
     on :meth:`stop`. Nothing here raises into the caller: a failed sample or write is skipped,
     since resource figures must never disturb the run they describe.
     """
 
-    def __init__(self, live_pids: Callable[[], dict[str, int]], run_dir: Path | str, interval: float = 1.0,
+    def __init__(self, live_readings: Callable[[], dict[str, Reading]], run_dir: Path | str, interval: float = 1.0,
                  write_every: float = 2.0, attempt: Callable[[], int] = lambda: 1):
         super().__init__(name="tflaunch-resources", daemon=True)
-        self.live_pids = live_pids
+        self.live_readings = live_readings
         self.attempt = attempt  # the attempt the live tasks belong to, read at each sample
         self.path = Path(run_dir) / RESOURCES
         self.interval = interval
@@ -111,7 +116,7 @@ class ResourceSampler(threading.Thread):
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._write_lock = threading.Lock()  # stop() may write while the thread's last write runs
-        self._procs: dict[tuple[int, float], Any] = {}  # psutil.Process objects, reused between samples
+        self._taken: dict[str, float] = {}  # task -> time of the last reading folded in
 
     def run(self) -> None:
         last_write = time.monotonic()
@@ -129,61 +134,29 @@ class ResourceSampler(threading.Thread):
                 self.join(timeout)
         except RuntimeError:
             pass  # never started
+        self.sample_once()
         self.write()
 
     def sample_once(self) -> None:
-        """Take one sample of every live task (also usable without starting the thread)."""
+        """Fold in every reading that is new since the last call (also usable without the thread)."""
         try:
-            pids = dict(self.live_pids())
+            readings = dict(self.live_readings())
         except Exception:
             return
-        seen: set[tuple[int, float]] = set()
-        for name, pid in pids.items():
-            try:
-                seen.update(self._sample_task(name, int(pid)))
-            except Exception:
-                continue  # the task ended between the listing and the reading, or is not ours to read
-        self._procs = {key: proc for key, proc in self._procs.items() if key in seen}
-
-    def _sample_task(self, name: str, pid: int) -> set[tuple[int, float]]:
-        import psutil  # imported here so that importing this module stays cheap
-
-        now, mono = time.time(), time.monotonic()
-        tree = self._tree(psutil, pid)
-        if not tree:
-            return set()
-        rss = 0
-        cpu_now: dict[tuple[int, float], float] = {}
-        for key, proc in tree:
-            try:
-                with proc.oneshot():
-                    rss += proc.memory_info().rss
-                    times = proc.cpu_times()
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                continue
-            cpu_now[key] = times.user + times.system
         attempt = self.attempt()
-        with self._lock:
-            for usage in (self.usage.setdefault(name, TaskUsage()),
-                          self.by_attempt.setdefault(attempt, {}).setdefault(name, TaskUsage())):
-                usage.add_reading(pid, now, mono, cpu_now, rss / _MB)
-        return {key for key, _ in tree}
-
-    def _tree(self, psutil: Any, pid: int) -> list[tuple[tuple[int, float], Any]]:
-        """The task's process and its descendants, as cached psutil objects keyed by identity."""
-        try:
-            root = psutil.Process(pid)
-            procs = [root, *root.children(recursive=True)]
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            return []
-        tree = []
-        for proc in procs:
+        for name, reading in readings.items():
             try:
-                key = (proc.pid, proc.create_time())
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                continue
-            tree.append((key, self._procs.setdefault(key, proc)))
-        return tree
+                if reading.at <= self._taken.get(name, 0.0):
+                    continue
+                self._taken[name] = reading.at
+                cpu = {(int(reading.pid or 0), 0.0): float(reading.cpu_seconds)}
+                with self._lock:
+                    for usage in (self.usage.setdefault(name, TaskUsage()),
+                                  self.by_attempt.setdefault(attempt, {}).setdefault(name, TaskUsage())):
+                        usage.add_reading(int(reading.pid or 0), reading.at, reading.at, cpu,
+                                          reading.rss_bytes / _MB, reading.processes)
+            except Exception:
+                continue  # a malformed reading is skipped, never the run
 
     def snapshot(self) -> dict[str, Any]:
         """The figures as written to ``resources.json``."""

@@ -25,7 +25,7 @@ from ..cluster.spec import ClusterSpec
 from ..records.folder import RunFolder, iso_time
 from ..records.record import AttemptRecord, LauncherRecord, RootCause, RunRecord, RunStatus, TaskRecord
 from ..transports import create as create_transport
-from ..transports.base import Transport
+from ..transports.base import Reading, Transport
 from .pump import OutputPump, tail_lines
 from .resources import ResourceSampler
 from .signals import Signals
@@ -98,7 +98,7 @@ class RunSession:
         self.pump = OutputPump(self.folder.merged_path, self.folder.metrics_path, self.console).start()
         self.supervisor: Supervisor | None = None
         self.attempt_number = 1
-        sampler = ResourceSampler(self._live_local_pids, self.folder.path, attempt=lambda: self.attempt_number)
+        sampler = ResourceSampler(self._live_readings, self.folder.path, attempt=lambda: self.attempt_number)
         sampler.start()
         plan: Plan | None = None
         result: AttemptResult | None = None
@@ -118,6 +118,7 @@ class RunSession:
             error = _describe_os_error(exc)
         finally:
             sampler.stop()
+            self._close_transports()
             self.pump.close()
             error = error or self.pump.failure
             exit_code, status = self._outcome(result, interrupted, error)
@@ -168,13 +169,17 @@ class RunSession:
         return result.exit_code, {Outcome.SUCCEEDED: RunStatus.SUCCEEDED, Outcome.FAILED: RunStatus.FAILED,
                                   Outcome.INTERRUPTED: RunStatus.STOPPED}[result.outcome]
 
-    def _live_local_pids(self) -> dict[str, int]:
-        """{task: pid} of the current attempt's running local tasks (read from the sampler's thread)."""
+    def _live_readings(self) -> dict[str, Reading]:
+        """{task: newest resource reading} of the current attempt's running tasks (read from the sampler's thread)."""
         supervisor = self.supervisor
         if supervisor is None:
             return {}
-        return {t.name: t.process.pid for t in list(supervisor.tasks)
-                if t.state is TaskState.RUNNING and t.launch.local and t.process and t.process.pid}
+        readings = {}
+        for task in list(supervisor.tasks):
+            reading = task.process.reading() if task.state is TaskState.RUNNING and task.process else None
+            if reading is not None:
+                readings[task.name] = reading
+        return readings
 
     def say(self, text: str) -> None:
         self.console.message(text)
@@ -205,9 +210,11 @@ class RunSession:
                                                evaluator_timeout=self.options.evaluator_timeout,
                                                restart_policy=self.spec.restart_policy,
                                                task_restarts=self.spec.task_restarts)
-        supervisor = Supervisor(plan.launches, self._transport_for, open_output, self.say, supervisor_options,
+        supervisor = Supervisor(plan.launches, lambda launch: self._transport_for(launch.transport), open_output, self.say, supervisor_options,
                                 watchdog=lambda tasks: self._check_logging() or (watchdog(tasks) if watchdog else None),
                                 on_change=lambda tasks: self._write(plan, tasks), signals=self.signals)
+        for name in dict.fromkeys(launch.transport for launch in plan.launches):
+            self._transport_for(name).prepare(plan.launches)
         started = time.time()
         self.supervisor, self.attempt_number = supervisor, attempt
         result = supervisor.run()
@@ -227,10 +234,16 @@ class RunSession:
         failure = self.pump.failure
         return Trip(f"cannot write the run's logs: {failure}", exit_code=DISK_FULL_EXIT) if failure else None
 
-    def _transport_for(self, launch: TaskLaunch) -> Transport:
-        if launch.transport not in self.transports:
-            self.transports[launch.transport] = create_transport(launch.transport, self.options.grace)
-        return self.transports[launch.transport]
+    def _transport_for(self, name: str) -> Transport:
+        """The run's transport of kind ``name``: its agents stay up from attempt to attempt."""
+        if name not in self.transports:
+            self.transports[name] = create_transport(name, self.options.grace)
+        return self.transports[name]
+
+    def _close_transports(self) -> None:
+        for transport in self.transports.values():
+            transport.close()
+        self.transports.clear()
 
     def _failure_signature(self, result: AttemptResult, attempt: int) -> tuple:
         """What makes two failures "the same": who, how, which error, and whether training progressed."""

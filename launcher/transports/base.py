@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal as signal_module
 from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Protocol
 
 from ..cluster.plan import TaskLaunch
@@ -55,6 +56,17 @@ def signal_name(number: int) -> str:
         return f"signal {number}"
 
 
+@dataclass(frozen=True)
+class Reading:
+    """One sample of a task's process tree, as its host agent took it."""
+
+    pid: int | None
+    rss_bytes: int
+    cpu_seconds: float  # CPU time the tree has used so far (its reaped children's included)
+    processes: int
+    at: float  # time.time() when it arrived
+
+
 class FailedStart:
     """A task whose process could not even be created (missing program, missing workdir)."""
 
@@ -77,6 +89,9 @@ class FailedStart:
 
     def dump_stacks(self, timeout: float = 10.0) -> str:
         return ""
+
+    def reading(self) -> None:
+        return None
 
 
 class TaskProcess(Protocol):
@@ -105,9 +120,19 @@ class TaskProcess(Protocol):
     def dump_stacks(self, timeout: float = 10.0) -> str:
         """The Python stacks of every thread of the task's processes, without changing the task."""
 
+    def reading(self) -> Reading | None:
+        """The newest sample of the task's CPU and memory (its host agent takes them), if any."""
+
 
 class Transport(Protocol):
-    """Starts tasks of one kind (local, ssh) with stdout and stderr going to ``output_fd``."""
+    """Starts tasks of one kind (local, ssh, srun) with stdout and stderr going to ``output_fd``
+    (which the caller keeps and closes). A transport holds one agent per host for the whole run."""
+
+    def prepare(self, launches: Sequence[TaskLaunch]) -> None:
+        """Before an attempt starts its tasks: bring up every host's agent at once."""
 
     def start(self, launch: TaskLaunch, output_fd: int) -> TaskProcess:
         ...
+
+    def close(self) -> None:
+        """End of the run: every agent and connection goes; nothing is left on any host."""

@@ -1,98 +1,133 @@
-"""Tasks on this machine: each runs under the agent (:mod:`.agent`), a child of tflaunch.
+"""Tasks on this machine: every one of them runs under one host agent (:mod:`.hostagent`), a
+child of tflaunch.
 
-The agent is what a remote task has in front of it too, so local and remote tasks end the same
-way: its stdin is a pipe only tflaunch writes to, and when tflaunch dies (even by SIGKILL) the
-agent reads EOF and stops the task's whole tree within ``EOF_GRACE``. As a child subreaper it
-also finds processes the task started in sessions of their own, and stops them when the task ends.
+The agent's stdin is a pipe only tflaunch writes to: when tflaunch dies (even by SIGKILL) the agent
+reads EOF and stops every task's whole tree within ``EOF_GRACE``. Each task writes straight into
+its own log file (the agent opens it), so its output never passes through tflaunch and a task's
+file is complete even if tflaunch dies. The agent is a child subreaper, so it also finds what a
+task started in a session of its own, and stops it when the task ends.
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import time
+import tempfile
+from collections.abc import Sequence
 
 from ..cluster.plan import TaskLaunch
-from .agentclient import AGENT_PATH, AgentProcess, AgentReport, agent_spec, parse_agent_output, status_file
 from .base import ExitStatus, FailedStart
+from .hostlink import AGENT_PATH, HUB, AgentLink, AgentTask, Carrier, LogWriter, encode_fields, kill_group, log_target
 
-EOF_GRACE = 1.0  # tflaunch is gone: the task's tree is gone within about this long (issue target: 2 s)
+EOF_GRACE = 1.0  # tflaunch is gone: the tasks' trees are gone within about this long (target: 2 s)
 HEARTBEAT_TIMEOUT = 30.0  # a tflaunch that is alive but stopped answering (wedged, suspended)
-STARTED_WAIT = 2.0  # how long ``pid`` waits for the agent to report the task's pid
-# The agent imported as a module rather than run as a script, so that its compiled form is cached
-# (about 2 ms of each task's start). Its folder goes at the end of sys.path: the standard library
-# must win over any file next to it.
+# The agent imported as a module rather than run as a script, so that its compiled form is cached.
+# Its folder goes at the end of sys.path: the standard library must win over any file next to it.
 AGENT_BOOT = (f"import sys; sys.path.append({str(AGENT_PATH.parent)!r}); "
               f"import {AGENT_PATH.stem}; {AGENT_PATH.stem}.main()")
 
 
-class LocalProcess(AgentProcess):
-    """A local task seen through its agent; ``pid`` is the task's own process, not the agent's."""
+class LocalCarrier(Carrier):
+    """The agent as a child process of tflaunch."""
 
-    channel = "agent"
+    kind = "agent"
 
-    def __init__(self, launch: TaskLaunch, popen: subprocess.Popen[bytes], status_fd: int, output_fd: int):
-        super().__init__(launch, popen, status_fd, output_fd)
-        self._pid: int | None = None
+    def __init__(self, popen: subprocess.Popen[bytes], stderr):
+        super().__init__("this machine")
+        self.popen = popen
+        self.stderr = stderr
 
-    @property
-    def pid(self) -> int | None:
-        """The task's pid (what CPU, memory and stack dumps are about), once the agent reported it."""
-        deadline = time.monotonic() + STARTED_WAIT
-        while self._pid is None:
-            report = self._report or parse_agent_output(self._status_text())
-            self._pid = report.started
-            if self._pid is not None or self.popen.poll() is not None or time.monotonic() > deadline:
-                break
-            time.sleep(0.005)
-        return self._pid
+    def ended(self) -> int | None:
+        return self.popen.poll()
 
-    def _exit_status(self, report: AgentReport, returncode: int) -> ExitStatus:
-        if report.exit is None and report.error is None and report.started is not None and returncode < 0:
-            # The agent itself was killed (by hand, or the OOM killer): the task went with it.
-            return ExitStatus(error=f"the agent in front of the task was killed by signal {-returncode}; "
-                                    "the task was stopped with it")
-        return super()._exit_status(report, returncode)
+    def detail(self) -> str | None:
+        code = self.popen.poll()
+        if code is not None and code < 0:
+            return f"the agent was killed by signal {-code}"
+        self.stderr.seek(0)
+        lines = [line for line in self.stderr.read().decode("utf-8", "replace").splitlines() if line.strip()]
+        return lines[-1].strip() if lines else None
 
-    def _backstop(self) -> None:
-        pid = self.pid
-        if pid is not None:
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        super()._backstop()
+    def close(self, wait: float) -> None:
+        try:
+            self.popen.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
+        self.stderr.close()
+
+    def where(self, reason: str) -> str:
+        return reason
+
+    def not_started(self, detail: str) -> ExitStatus:
+        return ExitStatus(error=f"the agent for this machine's tasks did not start it ({detail})")
+
+    def lost(self, detail: str) -> ExitStatus:
+        return ExitStatus(error=f"the agent in front of the task ended ({detail}); the task was stopped with it")
+
+    def extra_backstop(self, pid: int | None) -> None:
+        kill_group(pid)  # the agent cannot (it is gone or wedged): the task's own group goes
 
 
 class LocalTransport:
-    """Runs each task under an agent that is a child of tflaunch, with tflaunch's environment
-    plus the planned env. ``enter`` is put before every task's argv (e.g. ``nsenter`` into the
-    run's network namespace)."""
+    """Runs every local task of a run under one agent, with tflaunch's environment plus the planned env."""
 
-    def __init__(self, grace: float = 5.0, enter: tuple[str, ...] = ()):
+    def __init__(self, grace: float = 5.0):
         self.grace = grace
-        self.enter = enter
+        self.link: AgentLink | None = None
+        self.logs = LogWriter()
 
-    def start(self, launch: TaskLaunch, output_fd: int) -> LocalProcess | FailedStart:
+    def prepare(self, launches: Sequence[TaskLaunch]) -> None:
+        """The agent starts with the first task; there is nothing to bring up in parallel."""
+
+    def start(self, launch: TaskLaunch, output_fd: int) -> AgentTask | FailedStart:
+        target = log_target(output_fd)
+        fields = {"name": launch.name, "argv": list(launch.argv), "env": dict(launch.env), "cwd": launch.workdir,
+                  "grace": repr(float(self.grace)), "output": target if isinstance(target, str) else None}
         try:
-            spec = agent_spec([*self.enter, *launch.argv], dict(launch.env), grace=self.grace,
-                              eof_grace=min(self.grace, EOF_GRACE), timeout=HEARTBEAT_TIMEOUT, cwd=launch.workdir)
+            encode_fields(fields)
         except ValueError as exc:
+            _close(target)
             return FailedStart(f"cannot start: {exc}")
-        status_fd = status_file()
+        try:
+            link = self.link or self._connect()
+        except OSError as exc:
+            _close(target)
+            return FailedStart(f"cannot start the agent for this machine's tasks: {exc.strerror or exc}")
+        task = AgentTask(link, launch.name, target if isinstance(target, int) else None, self.logs)
+        link.start(task, fields)
+        return task
+
+    def _connect(self) -> AgentLink:
+        spec = encode_fields({"timeout": HEARTBEAT_TIMEOUT, "eof_grace": min(self.grace, EOF_GRACE), "sample": 1.0})
+        stderr = tempfile.TemporaryFile()
         try:
             # -I -S: the agent needs nothing but the standard library, and starts in half the time.
-            popen = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-c", AGENT_BOOT, spec],
-                stdin=subprocess.PIPE,
-                stdout=output_fd,
-                stderr=status_fd,
-                start_new_session=True,  # terminal signals reach tflaunch only; it stops tasks in order
-                close_fds=True,
-            )
-        except OSError as exc:
-            os.close(status_fd)
-            return FailedStart(f"cannot start the agent for {launch.name}: {exc.strerror}")
-        return LocalProcess(launch, popen, status_fd, os.dup(output_fd))
+            popen = subprocess.Popen([sys.executable, "-I", "-S", "-c", AGENT_BOOT, spec],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
+                                     start_new_session=True,  # terminal signals reach tflaunch only
+                                     close_fds=True)
+        except OSError:
+            stderr.close()
+            raise
+        read_fd, write_fd = os.dup(popen.stdout.fileno()), os.dup(popen.stdin.fileno())
+        popen.stdout.close()
+        popen.stdin.close()
+        os.set_blocking(read_fd, False)
+        os.set_blocking(write_fd, False)
+        self.link = AgentLink("this machine", LocalCarrier(popen, stderr), read_fd, write_fd,
+                              keepalive=HEARTBEAT_TIMEOUT, hub=HUB)
+        return self.link
+
+    def close(self) -> None:
+        """End of the run: the agent gets EOF, stops whatever is left, and exits."""
+        if self.link is not None:
+            self.link.close()
+            self.link = None
+        self.logs.close()
+
+
+def _close(target: str | int) -> None:
+    if isinstance(target, int):
+        os.close(target)

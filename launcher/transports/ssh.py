@@ -1,18 +1,20 @@
-"""Tasks on other hosts: the system ``ssh`` client, one connection per task, started in parallel.
+"""Tasks on other hosts: one ssh connection per host, and on it the host agent (:mod:`.hostagent`)
+that starts and watches every task of that host.
 
-Using the user's own ssh means their ~/.ssh/config, agent, ProxyJump and ControlMaster apply.
-Each task runs under :mod:`agent` on its host, because closing an ssh channel does not
-kill a remote process. The agent's stdin is a pipe only tflaunch writes to, so:
+Using the user's own ssh means their ~/.ssh/config, agent, ProxyJump and ControlMaster apply. One
+connection per host (not per task) keeps a run within sshd's stock limits (MaxStartups 10:30:100,
+MaxSessions 10), however many tasks a host has. Because closing an ssh channel does not kill a
+remote process, the agent's stdin is the control channel:
 
-- ``terminate``/``kill``/``send_signal`` are commands written on that pipe;
-- if tflaunch dies (even by SIGKILL) the pipe closes, ssh forwards EOF, and the agent stops
-  the task within its grace period;
-- tflaunch writes a heartbeat every second; if the link goes down the agent stops the task after
-  ``keepalive_timeout``, and ssh's ServerAlive probes end the local client, so the loss is seen
-  on both sides.
+- ``terminate``/``kill``/``send_signal`` are commands on it; each task's output comes back on the
+  agent's stdout, framed, and tflaunch writes it into the task's log;
+- if tflaunch dies (even by SIGKILL) the connection closes, the agent reads EOF and stops every
+  task within its grace period;
+- both sides send a heartbeat every second: the agent stops its tasks when tflaunch falls silent,
+  tflaunch declares the host lost when the agent does (ssh's ServerAlive probes end the client too).
 
 Every value that crosses the remote shell is quoted with ``shlex.quote``; argv and env travel
-inside a base64 argument that no shell interprets. Only ``setup`` is shell by design.
+inside base64 that no shell interprets. Only ``setup`` is shell by design.
 """
 
 from __future__ import annotations
@@ -20,17 +22,17 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
+import tempfile
+from collections.abc import Sequence
 
-from ..cluster.spec import SshSettings
 from ..cluster.plan import TaskLaunch
-from .agentclient import AGENT_MARK, AGENT_SOURCE, AgentProcess, AgentReport, agent_spec, status_file
-from .base import CANNOT_START, ExitStatus, FailedStart
-
-__all__ = ["AGENT_MARK", "AGENT_SOURCE", "SshProcess", "SshTransport", "agent_argument", "remote_command", "ssh_argv"]
+from ..cluster.spec import SshSettings
+from .base import ExitStatus, FailedStart
+from .hostlink import AGENT_SOURCE, HUB, AgentLink, AgentTask, Carrier, LogWriter, encode_fields, log_target
 
 DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_KEEPALIVE_TIMEOUT = 15.0
-EOF_GRACE = 3.0  # the agent's grace when tflaunch vanished: the remote tree is gone within ~3 s
+EOF_GRACE = 3.0  # the agent's grace when tflaunch vanished: the remote trees are gone within ~3 s
 
 
 def ssh_argv(host: str, settings: SshSettings, remote_command: str | None = None) -> list[str]:
@@ -56,91 +58,141 @@ def ssh_argv(host: str, settings: SshSettings, remote_command: str | None = None
     return argv
 
 
-def agent_argument(launch: TaskLaunch, grace: float, timeout: float) -> str:
-    """The agent's one argument: argv, env, the graces and the heartbeat timeout, base64-encoded."""
-    return agent_spec(list(launch.argv), dict(launch.env), grace=grace, eof_grace=min(grace, EOF_GRACE),
-                      timeout=timeout)
+def agent_spec(grace: float, keepalive: float, sample: float = 2.0, connect: str | None = None) -> str:
+    """The host agent's one argument (see :mod:`.hostagent`)."""
+    return encode_fields({"timeout": keepalive, "eof_grace": min(grace, EOF_GRACE), "sample": sample,
+                          "connect": connect})
 
 
-def remote_command(launch: TaskLaunch, grace: float) -> str:
-    """The shell line the remote login shell runs: cd, optional setup, then the agent."""
+def agent_command(first: TaskLaunch, grace: float) -> str:
+    """The shell line the remote login shell runs: cd, the host's setup, then the agent."""
+    ssh = first.ssh or SshSettings()
+    spec = agent_spec(grace, ssh.keepalive_timeout or DEFAULT_KEEPALIVE_TIMEOUT)
+    # cd may fail (each task's own workdir is checked when it starts): the agent runs regardless.
+    parts = [f"cd -- {shlex.quote(first.workdir)} 2>/dev/null"]
+    if first.setup:
+        parts.append(f"{{ {first.setup}\n}} && exec {shlex.quote(first.python)} -c {shlex.quote(AGENT_SOURCE)} {spec}")
+    else:
+        parts.append(f"exec {shlex.quote(first.python)} -c {shlex.quote(AGENT_SOURCE)} {spec}")
+    return "; ".join(parts)
+
+
+def task_fields(launch: TaskLaunch, grace: float, host_setup: str | None) -> dict[str, object]:
+    """What the agent needs to start ``launch``; a setup other than the host's runs in front of it."""
+    argv = list(launch.argv)
+    if launch.setup and launch.setup != host_setup:
+        argv = ["/bin/sh", "-c", f'{launch.setup}\nexec "$0" "$@"', *argv]
+    return {"name": launch.name, "argv": argv, "env": dict(launch.env), "cwd": launch.workdir,
+            "grace": repr(float(grace))}
+
+
+def host_key(launch: TaskLaunch) -> tuple:
+    """Tasks that share this key share one connection and one agent."""
     ssh = launch.ssh or SshSettings()
-    encoded = agent_argument(launch, grace, ssh.keepalive_timeout or DEFAULT_KEEPALIVE_TIMEOUT)
-    parts = [f"cd -- {shlex.quote(launch.workdir)}"]
-    if launch.setup:
-        parts.append(launch.setup)
-    parts.append(f"exec {shlex.quote(launch.python)} -c {shlex.quote(AGENT_SOURCE)} {encoded}")
-    return " && ".join(parts)
+    return (launch.host, ssh.user, ssh.port, ssh.identity_file, tuple(ssh.options))
 
 
-class SshProcess(AgentProcess):
-    """A remote task seen through its ssh client and agent; ``pid`` is the local ssh client's."""
+class SshCarrier(Carrier):
+    """The agent on the far end of one ssh connection."""
 
-    channel = "ssh"  # the client's name in the task's log; subclasses (srun) reword the link's failures
+    kind = "ssh"
 
-    def __init__(self, launch: TaskLaunch, popen: subprocess.Popen[bytes], stderr_file, output_fd: int):
-        if not isinstance(stderr_file, int):  # a file object: keep only a descriptor of our own
-            fd = os.dup(stderr_file.fileno())
-            stderr_file.close()
-            stderr_file = fd
-        super().__init__(launch, popen, stderr_file, output_fd)
-        self.pid: int | None = popen.pid
+    def __init__(self, host: str, popen: subprocess.Popen[bytes], stderr, keepalive: float):
+        super().__init__(host)
+        self.popen = popen
+        self.stderr = stderr
+        self.keepalive = keepalive
 
-    def _exit_status(self, report: AgentReport, returncode: int) -> ExitStatus:
-        return ssh_exit_status(report, returncode, self.launch.host, self.channel, self._lost, self._not_started)
+    def ended(self) -> int | None:
+        return self.popen.poll()
 
-    def _lost(self, detail: str | None) -> ExitStatus:
-        """The agent started the task, then the link to it ended without an exit report."""
-        if detail is None:
-            keepalive = (self.launch.ssh or SshSettings()).keepalive_timeout or DEFAULT_KEEPALIVE_TIMEOUT
-            detail = f"no answer within the {keepalive:g} s keep-alive timeout, or the connection closed"
-        return ExitStatus(error=f"lost connection to {self.launch.host} ({detail})")
+    def detail(self) -> str | None:
+        self.stderr.seek(0)
+        lines = [line for line in self.stderr.read().decode("utf-8", "replace").splitlines() if line.strip()]
+        return lines[-1].strip() if lines else None
 
-    def _not_started(self, returncode: int, detail: str) -> ExitStatus:
-        """The client ended before the agent reported the task started."""
-        if returncode == 255:
-            return ExitStatus(error=f"cannot reach {self.launch.host} over ssh ({detail})")
-        return ExitStatus(error=f"could not start on {self.launch.host} ({detail})", error_code=returncode or 255)
+    def close(self, wait: float) -> None:
+        try:
+            self.popen.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()  # the connection closes; the agent sees EOF and stops what is left
+            self.popen.wait()
 
+    def not_started(self, detail: str) -> ExitStatus:
+        if self.popen.poll() == 255:
+            return ExitStatus(error=f"cannot reach {self.host} over ssh ({detail})")
+        return ExitStatus(error=f"could not start on {self.host} ({detail})", error_code=self.popen.poll() or 255)
 
-def ssh_exit_status(report: AgentReport, returncode: int, host: str, channel: str, lost, not_started) -> ExitStatus:
-    """How a remote task ended, from its agent's report and the client's exit code.
-
-    An exit report wins; an agent's "cannot start" is the task's (127); a started task with no
-    exit report means the link was lost; no report at all means the client never got through.
-    """
-    detail = report.other[-1].strip() if report.other else f"{channel} exited with {returncode}"
-    if report.exit is not None:
-        return report.exit
-    if report.error is not None:
-        return ExitStatus(error=f"{report.error} on {host}", error_code=CANNOT_START)
-    if report.started is not None:
-        return lost(detail if report.other else None)
-    return not_started(returncode, detail)
+    def lost(self, detail: str) -> ExitStatus:
+        return ExitStatus(error=f"lost connection to {self.host} ({detail})")
 
 
 class SshTransport:
-    """Starts each remote task as ``ssh HOST <agent>`` with output into the task's log file."""
+    """Starts each remote task through its host's agent, one ssh connection per host."""
 
     def __init__(self, grace: float = 5.0):
         self.grace = grace
+        self.links: dict[tuple, AgentLink] = {}
+        self.setups: dict[tuple, str | None] = {}
+        self.logs = LogWriter()
 
-    def start(self, launch: TaskLaunch, output_fd: int) -> SshProcess | FailedStart:
+    def prepare(self, launches: Sequence[TaskLaunch]) -> None:
+        """Open every host's connection at once, so they come up in parallel."""
+        for launch in launches:
+            if launch.transport == "ssh" and host_key(launch) not in self.links:
+                self.link_for(launch)
+
+    def link_for(self, launch: TaskLaunch) -> AgentLink:
+        key = host_key(launch)
+        link = self.links.get(key)
+        if link is None or link.lost_reason is not None:
+            link = self.links[key] = self._connect(launch)
+            self.setups[key] = launch.setup
+        return link
+
+    def _connect(self, launch: TaskLaunch) -> AgentLink:
+        settings = launch.ssh or SshSettings()
+        keepalive = settings.keepalive_timeout or DEFAULT_KEEPALIVE_TIMEOUT
+        stderr = tempfile.TemporaryFile()
+        popen = subprocess.Popen(ssh_argv(launch.host, settings, agent_command(launch, self.grace)),
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
+                                 start_new_session=True,  # terminal signals reach tflaunch only
+                                 close_fds=True)
+        read_fd, write_fd = os.dup(popen.stdout.fileno()), os.dup(popen.stdin.fileno())
+        popen.stdout.close()
+        popen.stdin.close()
+        os.set_blocking(read_fd, False)
+        os.set_blocking(write_fd, False)
+        return AgentLink(launch.host, SshCarrier(launch.host, popen, stderr, keepalive), read_fd, write_fd,
+                         keepalive=keepalive, hub=HUB)
+
+    def start(self, launch: TaskLaunch, output_fd: int) -> AgentTask | FailedStart:
+        target = log_target(output_fd)
         try:
-            argv = ssh_argv(launch.host, launch.ssh or SshSettings(), remote_command(launch, self.grace))
-        except ValueError as exc:
-            return FailedStart(f"cannot start: {exc}")
-        stderr_fd = status_file()
-        try:
-            popen = subprocess.Popen(
-                argv,
-                stdin=subprocess.PIPE,
-                stdout=output_fd,
-                stderr=stderr_fd,
-                start_new_session=True,  # terminal signals reach tflaunch only; it stops tasks in order
-                close_fds=True,
-            )
+            link = self.link_for(launch)
         except FileNotFoundError:
-            os.close(stderr_fd)
+            _close(target)
             return FailedStart("cannot start: the ssh client is not installed")
-        return SshProcess(launch, popen, stderr_fd, os.dup(output_fd))
+        fields = task_fields(launch, self.grace, self.setups.get(host_key(launch)))
+        try:
+            encode_fields(fields)
+        except ValueError as exc:
+            _close(target)
+            return FailedStart(f"cannot start: {exc}")
+        task = AgentTask(link, launch.name, target, self.logs)
+        link.start(task, fields)
+        return task
+
+    def close(self) -> None:
+        """End of the run: every connection closes; each agent stops whatever is left and exits."""
+        links, self.links = list(self.links.values()), {}
+        for link in links:
+            link.close_channel()
+        for link in links:
+            link.carrier.close(EOF_GRACE + 2.0)
+        self.logs.close()
+
+
+def _close(target: str | int) -> None:
+    if isinstance(target, int):
+        os.close(target)

@@ -1,0 +1,693 @@
+"""The host agent: one per host per run. It starts every task of its host, watches them, and makes
+sure that everything a task started ends with it (standard library only, Python 3.6+).
+
+tflaunch runs it as ``python -I -S -c <source> <spec>``: on this machine as its child, on another
+host through one ssh connection, on a Slurm node as the one task of a job step. Its channel to
+tflaunch is one byte stream each way: stdin and stdout, or (``connect`` in the spec) a TCP
+connection it opens back to tflaunch. The spec (``sys.argv[1]``) is base64 of NUL-separated
+``key, value`` pairs (see :func:`decode_fields`): ``timeout`` (seconds without a word from tflaunch
+before everything is stopped; empty: never), ``eof_grace`` (TERM to KILL when tflaunch is gone),
+``sample`` (seconds between resource samples) and optionally ``connect`` (``host port token``).
+
+**Commands** (tflaunch to agent) are lines; every line, an empty one too, counts as a heartbeat:
+
+- ``START <id> <spec>``: start a process (a task, or a helper such as a probe); its spec gives
+  ``argv``, ``env``, ``cwd``, ``grace``, ``name``, ``output`` (a log file the process writes
+  to directly; empty: its output is relayed over the channel) and ``stdin`` (``pipe`` or ``null``);
+- ``IN <id> <base64>`` and ``CLOSE <id>``: bytes for a helper's stdin, and its EOF;
+- ``TERM <id>`` (SIGTERM to the task's process group), ``KILL <id>`` (SIGKILL to its whole tree),
+  ``SIG <id> <n>`` (signal n to its main process), ``DUMP <id>`` (its Python stacks, by py-spy).
+
+EOF on the channel, or no heartbeat for ``timeout`` seconds, means tflaunch is gone: every process
+is stopped (SIGTERM, ``eof_grace``, SIGKILL) and the agent exits.
+
+**Frames** (agent to tflaunch) are ``kind (1 byte), id (4), length (4)`` then the payload:
+``A`` hello (host name, pid, Python version), ``H`` heartbeat, ``O`` output of process ``id``,
+``S`` a status line of process ``id`` (``started <pid>``, ``error <reason>``, ``leftover <pid>
+<name>``, ``exit code=<n>`` or ``exit signal=<n>``, always last), ``D`` a stack dump, ``R``
+resource samples of each task's tree (``id rss_bytes cpu_seconds processes`` per line). Status frames of one process follow its
+output; the writer takes turns between processes, so one that floods its output cannot delay
+another's status, and heartbeats and hellos go first of all. A process's output pipe is not read
+while much of its output waits to be sent, so a slow channel slows that process, never loses bytes.
+
+The agent is a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``): whatever a task starts in a
+session of its own, or by double-forking, comes back to the agent rather than to init, is known
+by the ``TFLAUNCH_AGENT_TASK`` variable it inherited, and is stopped (and reported as a leftover)
+when its task ends.
+"""
+
+import binascii
+import errno
+import os
+import select
+import socket
+import struct
+import sys
+import time
+
+try:  # the C module: the signal wrapper imports enum, which costs start-up time
+    import _signal as signal
+except ImportError:
+    import signal
+
+PR_SET_CHILD_SUBREAPER = 36
+TICK = 0.25  # longest sleep of the event loop; SIGCHLD, commands and output wake it earlier
+HEARTBEAT = 1.0  # seconds between the agent's heartbeats to tflaunch
+HEADER = struct.Struct(">cII")
+CHUNK = 1 << 16  # one output frame at most, and what the writer sends of one process per turn
+QUEUE_LIMIT = 1 << 20  # output bytes of one process waiting to be sent before its pipe is left unread
+OWNER_VARIABLE = "TFLAUNCH_AGENT_TASK"
+SETTLE = 0.1  # after a TERM to a task's group: its members get this long to end before counting leftovers
+
+
+def decode_fields(encoded):
+    """NUL-separated ``key, value`` pairs from base64; ``argv`` and ``env`` are ``key, count,
+    item...`` (env items alternate name and value). NUL cannot occur in an argument or a variable."""
+    tokens = binascii.a2b_base64(encoded).decode("utf-8").split("\0")
+    fields, i = {"env": {}, "argv": []}, 0
+    while i + 1 < len(tokens):
+        key = tokens[i]
+        if key in ("argv", "env"):
+            count = int(tokens[i + 1])
+            items = tokens[i + 2:i + 2 + count]
+            fields[key] = items if key == "argv" else dict(zip(items[::2], items[1::2]))
+            i += 2 + count
+        else:
+            fields[key] = tokens[i + 1]
+            i += 2
+    return fields
+
+
+def number(value, default=None):
+    return float(value) if value else default
+
+
+def frame(kind, ident, payload=b""):
+    return HEADER.pack(kind, ident, len(payload)) + payload
+
+
+def become_subreaper():
+    """Orphaned descendants come to this process instead of init (Linux 3.4+)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def children_of(pid):
+    """Direct children of ``pid`` (threads' children included), from /proc."""
+    found = []
+    try:
+        threads = os.listdir("/proc/%d/task" % pid)
+    except OSError:
+        return found
+    for tid in threads:
+        try:
+            with open("/proc/%d/task/%s/children" % (pid, tid), "rb") as listing:
+                found.extend(int(p) for p in listing.read().split())
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def descendants(pid):
+    found, todo = [], [pid]
+    while todo:
+        for child in children_of(todo.pop()):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def owner_of(pid):
+    """The agent's process id named in a process's environment, if it has one of ours."""
+    try:
+        with open("/proc/%d/environ" % pid, "rb") as environ:
+            for item in environ.read().split(b"\0"):
+                if item.startswith(OWNER_VARIABLE.encode() + b"="):
+                    return int(item.split(b"=", 1)[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def process_name(pid):
+    try:
+        with open("/proc/%d/comm" % pid, "rb") as comm:
+            return comm.read().decode("utf-8", "replace").strip() or "?"
+    except OSError:
+        return "?"
+
+
+def alive(pid):
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
+
+
+def send(pid, signum, group=False):
+    try:
+        (os.killpg if group else os.kill)(pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass  # already gone
+
+
+def usage(pids, page=os.sysconf("SC_PAGE_SIZE"), ticks=os.sysconf("SC_CLK_TCK")):
+    """(resident bytes, CPU seconds) of ``pids``; the first one's reaped children's CPU counts too."""
+    rss = cpu = 0
+    for n, pid in enumerate(pids):
+        try:
+            with open("/proc/%d/stat" % pid, "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+            with open("/proc/%d/statm" % pid, "rb") as statm:
+                rss += int(statm.read().split()[1]) * page
+        except (OSError, IndexError, ValueError):
+            continue
+        cpu += int(fields[11]) + int(fields[12]) + (int(fields[13]) + int(fields[14]) if n == 0 else 0)
+    return rss, cpu / float(ticks)
+
+
+class Process(object):
+    """One process the agent started: a task or a helper, and what is left to do for it."""
+
+    def __init__(self, ident, fields):
+        self.id = ident
+        self.fields = fields
+        self.name = fields.get("name") or str(ident)
+        self.grace = number(fields.get("grace"), 5.0)
+        self.pid = None
+        self.status = None  # wait status once reaped
+        self.termed = False
+        self.hurry = False
+        self.out_fd = None  # relayed output: the read end of its stdout pipe
+        self.in_fd = None  # a helper's stdin pipe
+        self.in_pending = b""
+        self.in_closing = False
+        self.queue = []  # frames of its output and status, in order
+        self.queued = 0
+        self.leftovers = {}  # pid -> name
+        self.stopping_at = None  # when leftovers get SIGKILL
+        self.settle_until = None
+        self.reported = False
+
+
+class Agent(object):
+    def __init__(self, spec, read_fd, write_fd):
+        self.spec = spec
+        self.read_fd, self.write_fd = read_fd, write_fd
+        self.timeout = number(spec.get("timeout"))
+        self.eof_grace = number(spec.get("eof_grace"), 3.0)
+        self.sample_every = number(spec.get("sample"), 2.0)
+        self.processes = {}  # id -> Process
+        self.by_pid = {}  # main pid -> Process
+        self.control = []  # frames that go before any output
+        self.outgoing = b""
+        self.turn = 0
+        self.channel_open = True
+        self.gone_reason = None  # "eof" or "no heartbeat": tflaunch is gone
+        self.pending = b""
+        now = time.monotonic()
+        self.last_heard = now
+        self.next_heartbeat = now
+        self.next_sample = now + self.sample_every
+        self.me = os.getpid()
+        self.drain_until = {}  # id -> when a process's output pipe is given up on (held by a stranger)
+        self.wake_r, self.wake_w = os.pipe()
+        for fd in (self.wake_r, self.wake_w, self.write_fd):
+            set_blocking(fd, False)
+        signal.set_wakeup_fd(self.wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes select at once
+        # SIGTERM (Slurm cancelling the step, an admin) stops every task as if tflaunch were gone.
+        signal.signal(signal.SIGTERM, lambda *_: self.lost("terminated"))
+
+    # -- the channel ------------------------------------------------------------------------
+
+    def say(self, process, text):
+        """A status line of ``process``: after its output, so its exit closes its log."""
+        self.enqueue(process, frame(b"S", process.id, text.encode("utf-8", "replace")))
+
+    def enqueue(self, process, data):
+        process.queue.append(data)
+        process.queued += len(data)
+
+    def next_outgoing(self):
+        if self.control:
+            data, self.control = b"".join(self.control), []
+            return data
+        waiting = [p for p in self.processes.values() if p.queue]
+        if not waiting:
+            return b""
+        process = waiting[self.turn % len(waiting)]
+        self.turn += 1
+        taken, size = [], 0
+        while process.queue and size < CHUNK:
+            data = process.queue.pop(0)
+            taken.append(data)
+            size += len(data)
+        process.queued -= size
+        return b"".join(taken)
+
+    def flush(self):
+        """Write what the channel takes now, without blocking."""
+        while self.channel_open:
+            if not self.outgoing:
+                self.outgoing = self.next_outgoing()
+                if not self.outgoing:
+                    return
+            try:
+                sent = os.write(self.write_fd, self.outgoing)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                self.lost("eof")
+                return
+            self.outgoing = self.outgoing[sent:]
+
+    def lost(self, reason):
+        self.channel_open = False
+        if self.gone_reason is None:
+            self.gone_reason = reason
+
+    def read_commands(self):
+        try:
+            chunk = os.read(self.read_fd, 1 << 16)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self.lost("eof")
+            return
+        self.last_heard = time.monotonic()
+        lines = (self.pending + chunk).split(b"\n")
+        self.pending = lines.pop()
+        for line in lines:
+            self.handle(line.strip().decode("ascii", "replace"))
+
+    def handle(self, line):
+        if not line:
+            return
+        words = line.split(" ")
+        command = words[0]
+        try:
+            ident = int(words[1])
+        except (IndexError, ValueError):
+            return
+        process = self.processes.get(ident)
+        if command == "START" and process is None and len(words) > 2:
+            self.start(ident, decode_fields(words[2]))
+        elif process is None:
+            return
+        elif command == "TERM" and process.status is None:
+            process.termed = True
+            send(process.pid, signal.SIGTERM, group=True)
+        elif command == "KILL":
+            process.hurry = True
+            self.signal_tree(process, signal.SIGKILL)
+        elif command == "SIG" and process.status is None and len(words) > 2 and words[2].isdigit():
+            send(process.pid, int(words[2]))
+        elif command == "IN" and len(words) > 2 and process.in_fd is not None:
+            process.in_pending += binascii.a2b_base64(words[2])
+            self.write_stdin(process)
+        elif command == "CLOSE":
+            process.in_closing = True
+            self.write_stdin(process)
+        elif command == "DUMP":
+            self.dump_stacks(process)
+
+    # -- starting -------------------------------------------------------------------------
+
+    def start(self, ident, fields):
+        process = Process(ident, fields)
+        self.processes[ident] = process
+        argv, cwd, output = fields["argv"], fields.get("cwd"), fields.get("output")
+        env = dict(os.environ)
+        env.update(fields["env"])
+        env[OWNER_VARIABLE] = "%d" % ident
+        try:
+            if output:
+                out_w = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            else:
+                process.out_fd, out_w = os.pipe()
+            if fields.get("stdin") == "pipe":
+                in_r, process.in_fd = os.pipe()
+                set_blocking(process.in_fd, False)
+            else:
+                in_r = os.open(os.devnull, os.O_RDONLY)
+            errors_r, errors_w = os.pipe()  # close-on-exec: EOF means the exec worked
+        except OSError as exc:
+            self.close_pipes(process)
+            self.refuse(process, "cannot start: %s" % (exc.strerror or exc))
+            return
+        pid = os.fork()
+        if pid == 0:  # the process, until exec
+            stage = "setup"
+            try:
+                os.setsid()
+                # The default SIGPIPE for the process; the agent keeps Python's SIG_IGN, so that a
+                # closed channel is an error it can carry on from, not its death mid-cleanup.
+                signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                signal.signal(signal.SIGHUP, signal.SIG_DFL)
+                os.dup2(in_r, 0)
+                os.dup2(out_w, 1)
+                os.dup2(out_w, 2)
+                stage = "cwd"
+                if cwd:
+                    os.chdir(cwd)
+                stage = "exec"
+                os.execvpe(argv[0], argv, env)
+            except OSError as exc:
+                os.write(errors_w, ("%s:%d" % (stage, exc.errno or 0)).encode())
+            finally:
+                os._exit(127)
+        for fd in (out_w, in_r, errors_w):
+            os.close(fd)
+        failure = os.read(errors_r, 256).decode()
+        os.close(errors_r)
+        if failure:
+            os.waitpid(pid, 0)
+            self.close_pipes(process)
+            stage, _, code = failure.partition(":")
+            code = int(code or 0)
+            what = ("working directory %r" % cwd) if stage == "cwd" else ("program %r" % argv[0])
+            reason = "not found" if code == errno.ENOENT else os.strerror(code)
+            self.refuse(process, "cannot start: %s %s" % (what, reason))
+            return
+        if process.out_fd is not None:
+            set_blocking(process.out_fd, False)
+        process.pid = pid
+        self.by_pid[pid] = process
+        self.say(process, "started %d" % pid)
+
+    def refuse(self, process, reason):
+        self.say(process, "error " + reason)
+        process.reported = True
+
+    def close_pipes(self, process):
+        for name in ("out_fd", "in_fd"):
+            fd = getattr(process, name)
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+                setattr(process, name, None)
+
+    def write_stdin(self, process):
+        while process.in_pending and process.in_fd is not None:
+            try:
+                sent = os.write(process.in_fd, process.in_pending)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                process.in_pending = b""
+                break
+            process.in_pending = process.in_pending[sent:]
+        if process.in_closing and not process.in_pending and process.in_fd is not None:
+            os.close(process.in_fd)
+            process.in_fd = None
+
+    def dump_stacks(self, process):
+        """py-spy's dump of the task, as a helper whose output becomes one ``D`` frame."""
+        tool = os.path.join(os.path.dirname(sys.executable), "py-spy")
+        if not os.path.exists(tool):
+            tool = which("py-spy")
+        if tool is None:
+            self.control.append(frame(b"D", process.id,
+                                      b"no stack dump: py-spy is not installed on this host (pip install py-spy)\n"))
+        elif process.status is not None or process.pid is None:
+            self.control.append(frame(b"D", process.id, b"no stack dump: the task has ended\n"))
+        else:
+            import threading
+
+            # On a thread: a dump takes a while, and the loop must go on serving every other task.
+            threading.Thread(target=self.run_dump, args=(tool, process.id, process.pid), daemon=True).start()
+
+    def run_dump(self, tool, ident, pid):
+        import subprocess
+
+        try:
+            text = subprocess.run([tool, "dump", "--pid", str(pid), "--subprocesses"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=20).stdout
+        except (OSError, subprocess.SubprocessError) as exc:
+            text = ("no stack dump: %s\n" % exc).encode()
+        self.control.append(frame(b"D", ident, text))
+        try:
+            os.write(self.wake_w, b"x")
+        except OSError:
+            pass  # the loop is awake already
+
+    # -- the event loop ---------------------------------------------------------------------
+
+    def serve(self):
+        """Run until tflaunch is gone; then stop everything."""
+        while self.gone_reason is None:
+            self.step(TICK)
+            for ident in [i for i, p in self.processes.items() if p.reported and not p.queue]:
+                del self.processes[ident]
+        self.stop_everything()
+
+    def step(self, timeout):
+        self.reap()
+        self.advance()
+        now = time.monotonic()
+        if now >= self.next_heartbeat:
+            self.control.append(frame(b"H", 0))
+            self.next_heartbeat = now + HEARTBEAT
+        if self.sample_every and now >= self.next_sample:
+            self.sample()
+            self.next_sample = now + self.sample_every
+        self.flush()
+        readers = [self.wake_r]
+        if self.channel_open:
+            readers.append(self.read_fd)
+        readers += [p.out_fd for p in self.processes.values() if p.out_fd is not None and p.queued < QUEUE_LIMIT]
+        writers = [p.in_fd for p in self.processes.values() if p.in_fd is not None and p.in_pending]
+        if self.channel_open and (self.outgoing or self.control or any(p.queue for p in self.processes.values())):
+            writers.append(self.write_fd)
+        wait = min(timeout, max(0.0, self.next_heartbeat - now), self.soonest_deadline(now))
+        try:
+            readable, writable, _ = select.select(readers, writers, [], wait)
+        except InterruptedError:
+            return
+        if self.wake_r in readable:
+            try:
+                os.read(self.wake_r, 4096)
+            except OSError:
+                pass
+        if self.channel_open and self.read_fd in readable:
+            self.read_commands()
+        for process in list(self.processes.values()):
+            if process.out_fd is not None and process.out_fd in readable:
+                self.relay(process)
+            if process.in_fd is not None and process.in_fd in writable:
+                self.write_stdin(process)
+        if (self.timeout and self.gone_reason is None and self.channel_open
+                and time.monotonic() - self.last_heard > self.timeout):
+            self.gone_reason = "no heartbeat"
+
+    def soonest_deadline(self, now):
+        deadlines = [p.stopping_at for p in self.processes.values() if p.stopping_at is not None]
+        deadlines += [p.settle_until for p in self.processes.values() if p.settle_until is not None]
+        deadlines += list(self.drain_until.values())
+        return max(0.0, min(deadlines) - now) if deadlines else TICK
+
+    def relay(self, process):
+        try:
+            data = os.read(process.out_fd, CHUNK)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if data:
+            self.enqueue(process, frame(b"O", process.id, data))
+        else:
+            os.close(process.out_fd)
+            process.out_fd = None
+
+    def reap(self):
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            process = self.by_pid.pop(pid, None)
+            if process is not None:
+                process.status = status
+                process.settle_until = time.monotonic() + (SETTLE if process.termed or process.hurry else 0.0)
+
+    def advance(self):
+        """Move every ended process on: its leftovers found and stopped, then its exit reported."""
+        now = time.monotonic()
+        for process in self.processes.values():
+            if process.status is None or process.reported:
+                continue
+            if process.settle_until is not None:
+                if now < process.settle_until:
+                    continue
+                process.settle_until = None
+                found = self.tree_of(process)
+                for pid in found:
+                    process.leftovers.setdefault(pid, process_name(pid))
+                    send(pid, signal.SIGTERM)
+                process.stopping_at = now + (0.0 if process.hurry else process.grace) if found else None
+            if process.stopping_at is not None:
+                found = [pid for pid in self.tree_of(process) if alive(pid)]
+                if found and now < process.stopping_at:
+                    continue
+                for pid in found:
+                    process.leftovers.setdefault(pid, process_name(pid))
+                    send(pid, signal.SIGKILL)
+                if found:
+                    process.stopping_at = now + 0.1  # SIGKILL again (new forks too) until none is left
+                    continue
+                process.stopping_at = None
+            if process.out_fd is not None:
+                # Its output is not all relayed yet. Its tree is gone, so only a process that left
+                # the tree unmarked can still hold the pipe: give that a second, then close.
+                until = self.drain_until.setdefault(process.id, now + 1.0)
+                if now < until:
+                    continue
+            self.drain_until.pop(process.id, None)
+            self.finish(process)
+
+    def finish(self, process):
+        self.close_pipes(process)
+        for pid in sorted(process.leftovers):
+            self.say(process, "leftover %d %s" % (pid, process.leftovers[pid]))
+        status = process.status
+        if os.WIFSIGNALED(status):
+            self.say(process, "exit signal=%d" % os.WTERMSIG(status))
+        else:
+            self.say(process, "exit code=%d" % os.WEXITSTATUS(status))
+        process.reported = True
+
+    def tree_of(self, process):
+        """Living processes that belong to ``process``: its own descendants while it lives, and
+        the orphans the agent adopted that carry its mark."""
+        found = []
+        if process.status is None and process.pid is not None:
+            found = descendants(process.pid)
+        for child in children_of(self.me):
+            if child in self.by_pid or child == process.pid:
+                continue
+            if owner_of(child) == process.id:
+                found.append(child)
+                found += descendants(child)
+        return found
+
+    def signal_tree(self, process, signum):
+        if process.pid is not None and process.status is None:
+            send(process.pid, signum, group=True)
+        for pid in self.tree_of(process):
+            send(pid, signum)
+
+    def sample(self):
+        lines = []
+        for process in self.processes.values():
+            if process.status is None and process.pid is not None and process.fields.get("kind") != "helper":
+                tree = [process.pid] + descendants(process.pid)
+                rss, cpu = usage(tree)
+                lines.append("%d %d %.3f %d" % (process.id, rss, cpu, len(tree)))
+        if lines:
+            self.control.append(frame(b"R", 0, "\n".join(lines).encode()))
+
+    # -- stopping everything ----------------------------------------------------------------
+
+    def stop_everything(self):
+        """tflaunch is gone: SIGTERM to every process and its tree, ``eof_grace``, then SIGKILL."""
+        self.control = []
+        for process in self.processes.values():
+            if process.pid is not None and process.status is None:
+                send(process.pid, signal.SIGTERM, group=True)
+        for pid in descendants(self.me):
+            send(pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.eof_grace
+        while descendants(self.me) and time.monotonic() < deadline:
+            self.reap()
+            time.sleep(0.02)
+        for _ in range(100):
+            left = descendants(self.me)
+            for pid in left:
+                send(pid, signal.SIGKILL)
+            for process in self.processes.values():
+                if process.pid is not None and process.status is None:
+                    send(process.pid, signal.SIGKILL, group=True)
+            self.reap()
+            if not left:
+                break
+            time.sleep(0.05)
+        self.reap()
+
+
+def set_blocking(fd, blocking):
+    import fcntl
+
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~os.O_NONBLOCK if blocking else flags | os.O_NONBLOCK)
+
+
+def which(program):
+    for folder in os.environ.get("PATH", "").split(os.pathsep):
+        path = os.path.join(folder, program)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def raise_descriptor_limit():
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ImportError, ValueError, OSError):
+        pass
+
+
+def open_channel(spec):
+    """(read fd, write fd): stdin and stdout, or a connection back to tflaunch (Slurm)."""
+    target = spec.get("connect")
+    if not target:
+        return 0, 1
+    host, port, token = target.split(" ")
+    connection = socket.create_connection((host, int(port)), timeout=30)
+    connection.settimeout(None)
+    connection.sendall(token.encode() + b"\n")
+    fd = os.dup(connection.fileno())
+    connection.close()
+    return fd, fd
+
+
+def main():
+    spec = decode_fields(sys.argv[1])
+    # The agent must outlive a SIGINT/SIGHUP aimed at its session so it can clean up. A no-op
+    # handler, not SIG_IGN: ignored signals would stay ignored in the tasks after exec.
+    signal.signal(signal.SIGINT, lambda *_: None)
+    signal.signal(signal.SIGHUP, lambda *_: None)
+    become_subreaper()
+    raise_descriptor_limit()
+    try:
+        read_fd, write_fd = open_channel(spec)
+    except OSError as exc:
+        sys.stderr.write("tflaunch agent: cannot reach tflaunch at %s: %s\n" % (spec.get("connect"), exc))
+        os._exit(2)
+    agent = Agent(spec, read_fd, write_fd)
+    hello = "\0".join([os.environ.get("SLURMD_NODENAME") or socket.gethostname(), str(os.getpid()),
+                       "%d.%d.%d" % sys.version_info[:3], sys.executable])
+    agent.control.append(frame(b"A", 0, hello.encode("utf-8", "replace")))
+    agent.serve()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
