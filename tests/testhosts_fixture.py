@@ -17,7 +17,7 @@ and use it in a test::
         testhosts.cut("node2")                      # link failure: new connections time out
         testhosts.restore("node2")                  # always restore in a finally block: the hosts are shared
 
-Two hosts, node1 and node2, come up once per session under a random prefix ("t" + 4 hex digits) on a
+Four hosts, node1 to node4, with sshd's stock limits, come up once per session under a random prefix ("t" + 4 hex digits) on a
 random subnet 10.124.<1-250>.0/24, with no change to ~/.ssh/config or /etc/hosts: reach them through
 `testhosts.ssh_options` (["-F", ssh_config]), which also resolves the names. Addresses are only usable
 while the session's hosts are up. They are torn down at the end of the session, also when tests fail.
@@ -125,13 +125,17 @@ class TestHosts:
         self._script(*args)
 
 
-def start_testhosts(state_dir, count=2, attempts=3):
-    """Bring up a set with a fresh prefix and subnet; retries when the random subnet is taken."""
+def start_testhosts(state_dir, count=4, attempts=3, stock_limits=True):
+    """Bring up a set with a fresh prefix and subnet; retries when the random subnet is taken.
+
+    Their sshds keep OpenSSH's stock MaxStartups and MaxSessions unless ``stock_limits`` is False:
+    what real hosts allow is what tflaunch must live within."""
+    extra = ["--stock-limits"] if stock_limits else []
     for attempt in range(attempts):
         prefix = "t" + secrets.token_hex(2)
         subnet = f"10.124.{random.randint(1, 250)}"
         done = run_script("up", "--no-global", "--hosts", str(count), "--prefix", prefix, "--subnet", subnet,
-                          "--state-dir", str(state_dir))
+                          "--state-dir", str(state_dir), *extra)
         if done.returncode == 0:
             return TestHosts(json.loads(done.stdout))
         if "overlaps" not in done.stderr or attempt == attempts - 1:

@@ -22,6 +22,7 @@ from ..cluster.spec import AUTO, RESERVED_ENV, ClusterSpec, is_local
 from ..errors import ConfigError, EnvironmentProblem, PortInUseError, PreflightError, UnknownTaskError
 from ..records.folder import RunFolder, new_run_id
 from ..sources import ClusterSource
+from ..transports import TransportSet
 from .isolation import NetworkNamespace, isolated_network
 from .session import TAIL_LINES, RunResult, RunSession, SessionOptions
 from .signals import SIGNALS, Signals
@@ -148,12 +149,14 @@ def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS,
         spec = build_spec(request, local_hosts)
         _warn_if_exposed(spec, console)
         reservation = _reserve_auto_ports(spec)
+        # One agent per host for the whole run: the preflight's probes go through the same agents.
+        transports = TransportSet(request.grace)
         try:
             spec = spec.with_ports(reservation.ports)
             if not spec.isolate_network:  # in a namespace of its own, the machine's ports do not matter
                 check_local_ports(spec, local_hosts, set(reservation.ports))
             if request.preflight and not all(is_local(t.host, local_hosts) for t in spec.tasks):
-                _preflight(spec, local_hosts, request, with_mesh=not reservation.ports)
+                _preflight(spec, local_hosts, request, with_mesh=not reservation.ports, transports=transports)
             _stop_if_signalled(signals)
             # The namespace comes before the run folder: where it cannot be made, nothing is left.
             with isolated_network(spec) as network:  # None unless the run asked for one
@@ -162,9 +165,10 @@ def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS,
                     on_folder(folder)
                 session = RunSession(spec, session_options(request, spec), folder, console,
                                      lambda context: _entered(network, plan_for(spec, context, local_hosts, request)),
-                                     signals)
+                                     signals, transports)
                 return session.execute()
         finally:
+            transports.close()  # after a refused preflight too: nothing is left on any host
             reservation.release()
 
 
@@ -181,10 +185,12 @@ def _entered(network: NetworkNamespace | None, plan: Plan) -> Plan:
     return network.enter(plan) if network else plan
 
 
-def _preflight(spec: ClusterSpec, local_hosts: frozenset[str], request: LaunchRequest, with_mesh: bool) -> None:
+def _preflight(spec: ClusterSpec, local_hosts: frozenset[str], request: LaunchRequest, with_mesh: bool,
+               transports: TransportSet) -> None:
     from .preflight import check_hosts
 
-    report = check_hosts(_placeholder_plan(spec, local_hosts, request).launches, with_mesh=with_mesh)
+    report = check_hosts(_placeholder_plan(spec, local_hosts, request).launches, with_mesh=with_mesh,
+                         transports=transports)
     if not report.ok:
         problems = "; ".join(i.line for i in report.failures)
         raise PreflightError(f"{spec.source}: preflight failed: {problems} "

@@ -5,8 +5,8 @@ host cannot reach another task's port (a firewall, a route, a name that resolves
 each machine). This module proves the mesh before a run, and names the broken pair when a run
 stalls at start.
 
-Every host of the cluster runs :mod:`launcher.cluster.mesh_probe` (over ssh, or directly on this
-machine), all in parallel:
+Every host of the cluster runs :mod:`launcher.cluster.mesh_probe` through its host agent (on the
+run's one connection to that host, or this machine's agent), all in parallel:
 
 1. each host listens on its own tasks' ports (``listen=True``; a live cluster's tasks already hold
    them, so the live check only connects) and says so;
@@ -20,19 +20,17 @@ to host``, or ``cannot resolve 'node2' on node1 (the address of worker-1 in TF_C
 
 from __future__ import annotations
 
-import base64
+import contextlib
 import json
 import queue
-import shlex
-import subprocess
-import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..cluster.plan import TaskLaunch
-from ..transports.ssh import DEFAULT_CONNECT_TIMEOUT, ssh_argv
+from ..transports import TransportSet
+from ..transports.ssh import DEFAULT_CONNECT_TIMEOUT
 
 MESH_SOURCE = (Path(__file__).parent.parent / "cluster" / "mesh_probe.py").read_text()
 LISTENING_MARK = "TFLAUNCH_MESH_LISTENING "
@@ -138,8 +136,21 @@ def plan_pairs(launches: Sequence[TaskLaunch]) -> list[Pair]:
             for host, own in by_host.items() for target in launches if own != [target.name]]
 
 
+@contextlib.contextmanager
+def agents(transports: TransportSet | None) -> Iterator[TransportSet]:
+    """The run's transports, or a set of its own for a probe outside a run (closed afterwards)."""
+    if transports is not None:
+        yield transports
+        return
+    own = TransportSet()
+    try:
+        yield own
+    finally:
+        own.close()
+
+
 def probe_mesh(launches: Sequence[TaskLaunch], listen: bool = True, skip_hosts: frozenset[str] = frozenset(),
-               skip_tasks: frozenset[str] = frozenset()) -> MeshReport:
+               skip_tasks: frozenset[str] = frozenset(), transports: TransportSet | None = None) -> MeshReport:
     """Run the probe on every host of ``launches`` and collect every pair's result.
 
     ``listen``: open short-lived listeners on each host's task ports first (before a run); a live
@@ -159,18 +170,10 @@ def probe_mesh(launches: Sequence[TaskLaunch], listen: bool = True, skip_hosts: 
         ports = sorted({int(l.address.rsplit(":", 1)[1]) for l in targets_ok if host_label(l) == label}) if listen else []
         probes[label] = _HostProbe(label, launch, ports, [p for p in pairs if p.source == label], timeout)
     events: queue.Queue = queue.Queue()
-    try:
-        for probe in probes.values():
-            probe.start(events)
-        _wait(probes, events, lambda p: p.listening is not None, timeout + START_SLACK)
-        for probe in probes.values():
-            if probe.listening is not None:
-                probe.go()
-        _wait(probes, events, lambda p: p.listening is None or p.results is not None, timeout + ANSWER_SLACK)
-    finally:
-        for probe in probes.values():
-            probe.close()
+    with agents(transports) as through:
+        _run_probes(probes, events, timeout, through)
     by_target = {l.name: l for l in launches}
+
     for label, probe in probes.items():
         if probe.listening is None or probe.results is None:
             report.host_errors[label] = probe.failure()
@@ -188,30 +191,32 @@ def probe_mesh(launches: Sequence[TaskLaunch], listen: bool = True, skip_hosts: 
     return report
 
 
-def stall_problems(launches: Sequence[TaskLaunch]) -> list[str]:
+def _run_probes(probes: dict[str, "_HostProbe"], events: queue.Queue, timeout: float,
+                transports: TransportSet) -> None:
+    try:
+        for probe in probes.values():
+            probe.start(events, transports)
+        _wait(probes, events, lambda p: p.listening is not None, timeout + START_SLACK)
+        for probe in probes.values():
+            if probe.listening is not None:
+                probe.go()
+        _wait(probes, events, lambda p: p.listening is None or p.results is not None, timeout + ANSWER_SLACK)
+    finally:
+        for probe in probes.values():
+            probe.close()
+
+
+def stall_problems(launches: Sequence[TaskLaunch], transports: TransportSet | None = None) -> list[str]:
     """The broken pairs of a live cluster whose tasks hold their ports (connections only)."""
     if not applies(launches):
         return []
-    return probe_mesh(launches, listen=False).problems()
+    return probe_mesh(launches, listen=False, transports=transports).problems()
 
 
 def connect_timeout(launches: Sequence[TaskLaunch]) -> float:
     """The cluster's ssh connect timeout, used for each probe connection too."""
     values = [l.ssh.connect_timeout for l in launches if l.ssh and l.ssh.connect_timeout]
     return max(values) if values else DEFAULT_CONNECT_TIMEOUT
-
-
-def script_argv(launch: TaskLaunch, source: str, request: dict) -> list[str]:
-    """The command that runs a stdlib script with the task's interpreter, here or over ssh."""
-    encoded = base64.b64encode(json.dumps(request).encode()).decode()
-    if launch.local:
-        return [launch.python, "-c", source, encoded]
-    # cd first (ignoring failure: the workdir check reports it) so a relative python works.
-    line = f"cd -- {shlex.quote(launch.workdir)} 2>/dev/null; "
-    if launch.setup:
-        line += f"{launch.setup}; "
-    line += f"exec {shlex.quote(launch.python)} -c {shlex.quote(source)} {encoded}"
-    return ssh_argv(launch.host, launch.ssh, line)
 
 
 def _wait(probes: dict[str, _HostProbe], events: queue.Queue, done, seconds: float) -> None:
@@ -229,7 +234,8 @@ def _wait(probes: dict[str, _HostProbe], events: queue.Queue, done, seconds: flo
 
 
 class _HostProbe:
-    """One host's probe process: its stdin carries ``go`` and then EOF, its stdout the answers."""
+    """One host's probe, a helper of its host agent: its stdin carries ``go`` and then EOF, its
+    output the answers."""
 
     def __init__(self, label: str, launch: TaskLaunch, ports: list[int], pairs: list[Pair], timeout: float):
         self.label = label
@@ -242,33 +248,16 @@ class _HostProbe:
         self.listening: dict[str, str | None] | None = None
         self.results: list[dict] | None = None
         self.ended = False
-        self.stderr: list[str] = []
-        self.process: subprocess.Popen | None = None
+        self.other: list[str] = []  # what it printed besides its answers (Python's errors)
+        self.helper = None
         self.start_error: str | None = None
-        self.readers: list[threading.Thread] = []
 
-    def start(self, events: queue.Queue) -> None:
+    def start(self, events: queue.Queue, transports: TransportSet) -> None:
         try:
-            self.process = subprocess.Popen(script_argv(self.launch, MESH_SOURCE, self.request),
-                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            self.helper = transports.helper(self.launch, MESH_SOURCE, self.request,
+                                            lambda line: events.put((self.label, line)))
         except OSError as exc:
-            self.start_error, self.ended = f"cannot run {exc.filename or exc}", True
-            return
-        self.readers = [threading.Thread(target=self._read, args=(events,), daemon=True),
-                        threading.Thread(target=self._drain_stderr, daemon=True)]
-        for reader in self.readers:
-            reader.start()
-
-    def _read(self, events: queue.Queue) -> None:
-        assert self.process is not None and self.process.stdout is not None
-        for raw in self.process.stdout:
-            events.put((self.label, raw.decode("utf-8", "replace")))
-        events.put((self.label, None))
-
-    def _drain_stderr(self) -> None:
-        assert self.process is not None and self.process.stderr is not None
-        for raw in self.process.stderr:
-            self.stderr.append(raw.decode("utf-8", "replace").rstrip())
+            self.start_error, self.ended = f"cannot run {exc.filename or exc.strerror or exc}", True
 
     def handle(self, line: str | None) -> None:
         if line is None:
@@ -277,48 +266,37 @@ class _HostProbe:
             self.listening = json.loads(line[len(LISTENING_MARK):])
         elif line.startswith(RESULT_MARK):
             self.results = json.loads(line[len(RESULT_MARK):])
+        elif line.strip():
+            self.other.append(line.rstrip())
 
     def listened_on(self, port: int) -> bool:
         return self.listening is not None and str(port) in self.listening and not self.listening[str(port)]
 
     def go(self) -> None:
-        self._write(b"go\n")
+        if self.helper is not None:
+            self.helper.write(b"go\n")
 
     def close(self) -> None:
-        """Close stdin (the probe exits on EOF) and reap; kill the local end if it lingers."""
-        if self.process is None:
+        """EOF on its stdin (the probe exits on it); stop it if it lingers."""
+        if self.helper is None:
             return
-        try:
-            if self.process.stdin:
-                self.process.stdin.close()
-        except OSError:
-            pass
-        try:
-            self.process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            # Killing the ssh client closes the channel: the remote probe sees EOF and exits.
-            self.process.kill()
-            self.process.wait(timeout=5)
-        for reader in self.readers:
-            reader.join(timeout=2)  # its pipes closed with the process: the last stderr line is in
+        self.helper.close_stdin()
+        deadline = time.monotonic() + 5.0
+        while self.helper.status is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if self.helper.status is None:
+            self.helper.stop()
 
     def failure(self) -> str:
         """Why this host gave no answer, in one line."""
         if self.start_error:
             return f"mesh probe on {self.label}: {self.start_error}"
-        last = next((line for line in reversed(self.stderr) if line.strip()), None)
-        code = self.process.returncode if self.process else None
-        if not self.launch.local and code == 255:
-            return f"mesh probe: cannot reach {self.label} over ssh ({last or 'exit code 255'})"
+        status = self.helper.status if self.helper is not None else None
+        if status is not None and status.error:
+            return f"mesh probe: {status.error}"
+        last = self.other[-1] if self.other else None
         if self.ended:
-            return f"mesh probe on {self.label}: {self.launch.python} ended early ({last or f'exit code {code}'})"
+            code = status.describe() if status is not None else "no exit status"
+            return f"mesh probe on {self.label}: {self.launch.python} ended early ({last or code})"
         stage = "listening" if self.listening is None else "its results"
         return f"mesh probe on {self.label}: no answer ({stage}) in time"
-
-    def _write(self, data: bytes) -> None:
-        try:
-            assert self.process is not None and self.process.stdin is not None
-            self.process.stdin.write(data)
-            self.process.stdin.flush()
-        except (OSError, ValueError):
-            pass  # the probe already ended; its output says why

@@ -1,6 +1,7 @@
 """Preflight checks of every host of a planned cluster, run in parallel (``tflaunch check``).
 
-Per host: reachable (over ssh for remote hosts), the task's Python runs, TensorFlow is
+Per host, through that host's agent (one ssh connection per remote host, which the run then
+keeps using): reachable, the task's Python runs, TensorFlow is
 installed (and the same version everywhere, else a warning), each task's port is free, each
 working directory exists, and requested GPU indices exist where ``nvidia-smi`` is present.
 Then, for clusters that span hosts, the mesh: every host reaches every task's TF_CONFIG address
@@ -10,15 +11,15 @@ Then, for clusters that span hosts, the mesh: every host reaches every task's TF
 from __future__ import annotations
 
 import json
-import subprocess
+import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..cluster.exposure import exposure_text, unique_names
 from ..cluster.plan import TaskLaunch
+from ..transports import TransportSet
 from ..transports.ssh import DEFAULT_CONNECT_TIMEOUT
 from . import mesh
 
@@ -63,17 +64,25 @@ class CheckReport:
         return lines
 
 
-def check_hosts(launches: Sequence[TaskLaunch], with_mesh: bool = True) -> CheckReport:
+def check_hosts(launches: Sequence[TaskLaunch], with_mesh: bool = True,
+                transports: TransportSet | None = None) -> CheckReport:
     """Probe every host of ``launches`` in parallel and judge the answers.
 
     ``with_mesh``: also probe the mesh when the cluster spans hosts (not with ``auto`` ports,
-    which are only known to this machine's port lock).
+    which are only known to this machine's port lock). ``transports``: the run's, whose agents
+    then carry the run too; without it the probes bring up agents of their own and stop them.
     """
+    with mesh.agents(transports) as through:
+        return _check(launches, with_mesh, through)
+
+
+def _check(launches: Sequence[TaskLaunch], with_mesh: bool, transports: TransportSet) -> CheckReport:
     by_host: dict[str, list[TaskLaunch]] = {}
     for launch in launches:
         by_host.setdefault("localhost" if launch.local else launch.host, []).append(launch)
-    with ThreadPoolExecutor(max_workers=min(32, len(by_host))) as pool:
-        answers = list(pool.map(lambda item: _probe_host(*item), by_host.items()))
+    transports.prepare([tasks[0] for tasks in by_host.values()])  # every connection opens at once
+    probes = [_HostCheck(host, tasks, transports) for host, tasks in by_host.items()]
+    answers = [probe.answer() for probe in probes]
     report = CheckReport()
     for (host, tasks), (answer, connect_error, elapsed) in zip(by_host.items(), answers):
         report.items += _judge(host, tasks, answer, connect_error, elapsed)
@@ -82,19 +91,19 @@ def check_hosts(launches: Sequence[TaskLaunch], with_mesh: bool = True) -> Check
         report.items.append(CheckItem("*", "tensorflow", False, f"versions differ across hosts: {', '.join(sorted(versions))}",
                                       warning=True))
     if with_mesh and mesh.applies(launches):
-        report.items += _check_mesh(launches, report)
+        report.items += _check_mesh(launches, report, transports)
     exposed = exposure_text(unique_names(n for l in launches for n in (l.host, l.address.rsplit(":", 1)[0])))
     if exposed:
         report.items.append(CheckItem("*", "exposure", False, exposed, warning=True))
     return report
 
 
-def _check_mesh(launches: Sequence[TaskLaunch], hosts: CheckReport) -> list[CheckItem]:
+def _check_mesh(launches: Sequence[TaskLaunch], hosts: CheckReport, transports: TransportSet) -> list[CheckItem]:
     """The mesh between the hosts that passed: a host or port that failed above is not probed again."""
     broken = frozenset(i.host for i in hosts.failures if i.check in ("ssh", "python"))
     busy = frozenset(t.name for t in launches for i in hosts.failures
                      if i.check == f"port {t.address.rsplit(':', 1)[1]}" and i.host == mesh.host_label(t))
-    result = mesh.probe_mesh(launches, skip_hosts=broken, skip_tasks=busy)
+    result = mesh.probe_mesh(launches, skip_hosts=broken, skip_tasks=busy, transports=transports)
     items = []
     problems = result.problems_by_host()
     for label in dict.fromkeys(mesh.host_label(l) for l in launches):
@@ -111,28 +120,49 @@ def _check_mesh(launches: Sequence[TaskLaunch], hosts: CheckReport) -> list[Chec
     return items
 
 
-def _probe_host(host: str, tasks: list[TaskLaunch]) -> tuple[dict | None, str | None, float]:
-    first = tasks[0]
-    request = {"ports": sorted({int(t.address.rsplit(":", 1)[1]) for t in tasks}),
-               "workdirs": sorted({t.workdir for t in tasks}), "gpus": []}
-    timeout = ((first.ssh.connect_timeout if first.ssh else None) or DEFAULT_CONNECT_TIMEOUT) + PROBE_SLACK
-    argv = mesh.script_argv(first, PROBE_SOURCE, request)
-    started = time.monotonic()
-    try:
-        done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, check=False)
-    except FileNotFoundError as exc:
-        return None, f"cannot run {exc.filename}", 0.0
-    except subprocess.TimeoutExpired:
-        return None, f"no answer within {timeout:g} s", timeout
-    elapsed = time.monotonic() - started
-    for line in done.stdout.decode("utf-8", "replace").splitlines():
-        if line.startswith(PROBE_MARK):
-            return json.loads(line[len(PROBE_MARK):]), None, elapsed
-    message = done.stderr.decode("utf-8", "replace").strip().splitlines()
-    detail = message[-1] if message else f"exit code {done.returncode}"
-    if not first.local and done.returncode == 255:
-        return None, detail, elapsed
-    return {"python_error": f"{first.python} did not run the probe: {detail}"}, None, elapsed
+class _HostCheck:
+    """One host's probe, a helper of its agent, started at once; :meth:`answer` waits for it."""
+
+    def __init__(self, host: str, tasks: list[TaskLaunch], transports: TransportSet):
+        self.host, self.tasks = host, tasks
+        first = tasks[0]
+        request = {"ports": sorted({int(t.address.rsplit(":", 1)[1]) for t in tasks}),
+                   "workdirs": sorted({t.workdir for t in tasks}), "gpus": []}
+        self.timeout = ((first.ssh.connect_timeout if first.ssh else None) or DEFAULT_CONNECT_TIMEOUT) + PROBE_SLACK
+        self.lines: list[str] = []
+        self.done = threading.Event()
+        self.started = time.monotonic()
+        self.start_error: str | None = None
+        try:
+            self.helper = transports.helper(first, PROBE_SOURCE, request, self._line)
+        except OSError as exc:
+            self.helper, self.start_error = None, f"cannot run {exc.filename or exc.strerror or exc}"
+            self.done.set()
+
+    def _line(self, line: str | None) -> None:
+        if line is None:
+            self.done.set()
+        else:
+            self.lines.append(line)
+
+    def answer(self) -> tuple[dict | None, str | None, float]:
+        """(the probe's answer, why the host could not be reached, seconds it took)."""
+        if self.start_error:
+            return None, self.start_error, 0.0
+        first = self.tasks[0]
+        if not self.done.wait(max(0.0, self.timeout - (time.monotonic() - self.started))):
+            self.helper.stop()
+            return None, f"no answer within {self.timeout:g} s", self.timeout
+        elapsed = time.monotonic() - self.started
+        for line in self.lines:
+            if line.startswith(PROBE_MARK):
+                return json.loads(line[len(PROBE_MARK):]), None, elapsed
+        status = self.helper.status
+        if status is not None and status.error:  # the host (or its agent) could not be reached
+            return None, status.error, elapsed
+        message = [line.strip() for line in self.lines if line.strip()]
+        detail = message[-1] if message else (status.describe() if status else "no answer")
+        return {"python_error": f"{first.python} did not run the probe: {detail}"}, None, elapsed
 
 
 def _judge(host: str, tasks: list[TaskLaunch], answer: dict | None, connect_error: str | None,
@@ -141,7 +171,8 @@ def _judge(host: str, tasks: list[TaskLaunch], answer: dict | None, connect_erro
     items = []
     if not first.local:
         if connect_error:
-            return [CheckItem(host, "ssh", False, f"cannot reach {host}: {connect_error}")]
+            reason = connect_error if connect_error.startswith("cannot reach") else f"cannot reach {host}: {connect_error}"
+            return [CheckItem(host, "ssh", False, reason)]
         items.append(CheckItem(host, "ssh", True, f"reachable ({elapsed:.2f} s)"))
     elif connect_error:
         return [CheckItem(host, "python", False, connect_error)]

@@ -24,8 +24,8 @@ from ..cluster.plan import Plan, RunContext, TaskLaunch, tf_cluster
 from ..cluster.spec import ClusterSpec
 from ..records.folder import RunFolder, iso_time
 from ..records.record import AttemptRecord, LauncherRecord, RootCause, RunRecord, RunStatus, TaskRecord
-from ..transports import create as create_transport
-from ..transports.base import Reading, Transport
+from ..transports import TransportSet
+from ..transports.base import Reading
 from .pump import OutputPump, tail_lines
 from .resources import ResourceSampler
 from .signals import Signals
@@ -73,7 +73,8 @@ class RunSession:
     """The state of one run while it executes: its folder, record and attempts."""
 
     def __init__(self, spec: ClusterSpec, options: SessionOptions, folder: RunFolder, console: Console,
-                 plan_attempt: Callable[[RunContext], Plan], signals: Signals):
+                 plan_attempt: Callable[[RunContext], Plan], signals: Signals,
+                 transports: TransportSet | None = None):
         self.spec = spec
         self.options = options
         self.folder = folder
@@ -83,7 +84,8 @@ class RunSession:
         self.started_at = time.time()
         self.attempts: list[AttemptResult] = []
         self.diagnoses: list[Diagnosis | None] = []  # one per attempt
-        self.transports: dict[str, Transport] = {}
+        # One agent per host for the whole run (the preflight may have started them already).
+        self.transports = transports or TransportSet(options.grace)
         self.lock = threading.Lock()  # the record is written from the supervisor and the pump's failure path
         self.record = RunRecord(
             run_id=folder.run_id, source=spec.source, tflaunch_version=__version__,
@@ -205,16 +207,16 @@ class RunSession:
         if self.options.watchdog.enabled:
             trainers = training_tasks([(l.name, l.role) for l in plan.launches])
             watchdog = Watchdog(self.options.watchdog, self.pump, attempt, trainers,
-                                self.folder.attempt_dir(attempt) / "stacks", self.say)
+                                self.folder.attempt_dir(attempt) / "stacks", self.say,
+                                mesh_problems=self._stall_problems)
         supervisor_options = SupervisorOptions(grace=self.options.grace,
                                                evaluator_timeout=self.options.evaluator_timeout,
                                                restart_policy=self.spec.restart_policy,
                                                task_restarts=self.spec.task_restarts)
-        supervisor = Supervisor(plan.launches, lambda launch: self._transport_for(launch.transport), open_output, self.say, supervisor_options,
+        supervisor = Supervisor(plan.launches, self.transports.for_launch, open_output, self.say, supervisor_options,
                                 watchdog=lambda tasks: self._check_logging() or (watchdog(tasks) if watchdog else None),
                                 on_change=lambda tasks: self._write(plan, tasks), signals=self.signals)
-        for name in dict.fromkeys(launch.transport for launch in plan.launches):
-            self._transport_for(name).prepare(plan.launches)
+        self.transports.prepare(plan.launches)
         started = time.time()
         self.supervisor, self.attempt_number = supervisor, attempt
         result = supervisor.run()
@@ -234,16 +236,14 @@ class RunSession:
         failure = self.pump.failure
         return Trip(f"cannot write the run's logs: {failure}", exit_code=DISK_FULL_EXIT) if failure else None
 
-    def _transport_for(self, name: str) -> Transport:
-        """The run's transport of kind ``name``: its agents stay up from attempt to attempt."""
-        if name not in self.transports:
-            self.transports[name] = create_transport(name, self.options.grace)
-        return self.transports[name]
+    def _stall_problems(self, launches: list[TaskLaunch]) -> list[str]:
+        """The broken pairs of the live cluster, probed through the run's own agents."""
+        from .mesh import stall_problems  # imported here: a local run never needs it
+
+        return stall_problems(launches, self.transports)
 
     def _close_transports(self) -> None:
-        for transport in self.transports.values():
-            transport.close()
-        self.transports.clear()
+        self.transports.close()
 
     def _failure_signature(self, result: AttemptResult, attempt: int) -> tuple:
         """What makes two failures "the same": who, how, which error, and whether training progressed."""

@@ -1,27 +1,35 @@
 """Transports: how a planned task is started where it runs, behind one process interface.
 
-Every transport implements :class:`.base.Transport` (``start``) and returns a
-:class:`.base.TaskProcess` (poll, terminate, kill, send_signal, cleanup, dump_stacks, leftovers).
-Every task runs under the same agent (:mod:`.agent`; tflaunch's side is :mod:`.agentclient`),
-which stops the task's whole tree when tflaunch is gone and whatever the task left behind:
+Every transport implements :class:`.base.Transport` (``prepare``, ``start``, ``close``) and returns a
+:class:`.base.TaskProcess` (poll, terminate, kill, send_signal, cleanup, dump_stacks, reading,
+leftovers). Every task runs under its host's agent (:mod:`.hostagent`; tflaunch's side is
+:mod:`.hostlink`): one agent per host per run, which starts every task of its host, stops each
+task's whole tree when the task ends or tflaunch is gone, and samples each task's CPU and memory:
 
-- ``local``: the agent as a child of tflaunch on this machine (:mod:`.local`);
-- ``ssh``: the system ssh client and the agent on the remote host (:mod:`.ssh`);
+- ``local``: one agent, a child of tflaunch, for every task on this machine (:mod:`.local`);
+- ``ssh``: one ssh connection per host, the agent at its far end (:mod:`.ssh`);
+- ``srun``: one Slurm job step with an agent on each node (:mod:`.srun`).
 
-A task's :attr:`~launcher.cluster.plan.TaskLaunch.transport` names which one starts it.
+A task's :attr:`~launcher.cluster.plan.TaskLaunch.transport` names which one starts it. A run
+keeps its transports in one :class:`TransportSet`; preflight probes run as helpers through the
+same agents (:meth:`TransportSet.helper`), so a host costs one connection per run.
 """
 
 from __future__ import annotations
 
+import base64
 import importlib
+import json
+from typing import Callable
 
+from ..cluster.plan import TaskLaunch
 from .base import Transport
 
 # name -> (module, class); imported on first use so that a local run never loads ssh or Slurm code.
 TRANSPORTS: dict[str, tuple[str, str]] = {
     "local": (".local", "LocalTransport"),
     "ssh": (".ssh", "SshTransport"),
-    "srun": (".srun", "SrunTransport"),  # Slurm job steps (launcher.sources.slurm)
+    "srun": (".srun", "SrunTransport"),  # Slurm (launcher.sources.slurm)
 }
 
 
@@ -30,3 +38,45 @@ def create(name: str, grace: float) -> Transport:
     module_name, class_name = TRANSPORTS[name]
     module = importlib.import_module(module_name, __name__)
     return getattr(module, class_name)(grace=grace)
+
+
+class TransportSet:
+    """A run's transports by kind, made on first use and closed together when the run ends."""
+
+    def __init__(self, grace: float = 5.0):
+        self.grace = grace
+        self._transports: dict[str, Transport] = {}
+
+    def get(self, name: str) -> Transport:
+        if name not in self._transports:
+            self._transports[name] = create(name, self.grace)
+        return self._transports[name]
+
+    def for_launch(self, launch: TaskLaunch) -> Transport:
+        return self.get(launch.transport)
+
+    def prepare(self, launches) -> None:
+        """Bring up every host's agent of ``launches`` at once."""
+        for name in dict.fromkeys(launch.transport for launch in launches):
+            self.get(name).prepare(launches)
+
+    def helper(self, launch: TaskLaunch, source: str, request: dict, on_line: Callable[[str | None], None]):
+        """Run a standard-library script (a probe) with ``launch``'s interpreter on its host, through
+        that host's agent. ``on_line`` gets each line of its output, then None when it has ended."""
+        from .hostlink import AgentHelper
+
+        link = self.get(launch.transport).link_for(launch)
+        encoded = base64.b64encode(json.dumps(request).encode()).decode()
+        helper = AgentHelper(link, "probe", on_line)
+        # cd first, ignoring failure (the workdir check reports it), so that a relative python works.
+        argv = ["/bin/sh", "-c", 'cd -- "$0" 2>/dev/null; exec "$@"', launch.workdir, launch.python, "-c", source,
+                encoded]
+        link.start(helper, {"name": "probe", "argv": argv, "env": {}, "stdin": "pipe", "kind": "helper",
+                            "grace": "1.0"})
+        return helper
+
+    def close(self) -> None:
+        """Every agent and connection goes; nothing of the run is left on any host."""
+        for transport in self._transports.values():
+            transport.close()
+        self._transports.clear()

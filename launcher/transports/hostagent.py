@@ -21,7 +21,8 @@ before everything is stopped; empty: never), ``eof_grace`` (TERM to KILL when tf
 EOF on the channel, or no heartbeat for ``timeout`` seconds, means tflaunch is gone: every process
 is stopped (SIGTERM, ``eof_grace``, SIGKILL) and the agent exits.
 
-**Frames** (agent to tflaunch) are ``kind (1 byte), id (4), length (4)`` then the payload:
+**Frames** (agent to tflaunch) follow the ``SYNC`` mark (what a login shell or a setup line printed
+comes before it), each ``kind (1 byte), id (4), length (4)`` then the payload:
 ``A`` hello (host name, pid, Python version), ``H`` heartbeat, ``O`` output of process ``id``,
 ``S`` a status line of process ``id`` (``started <pid>``, ``error <reason>``, ``leftover <pid>
 <name>``, ``exit code=<n>`` or ``exit signal=<n>``, always last), ``D`` a stack dump, ``R``
@@ -54,6 +55,8 @@ PR_SET_CHILD_SUBREAPER = 36
 TICK = 0.25  # longest sleep of the event loop; SIGCHLD, commands and output wake it earlier
 HEARTBEAT = 1.0  # seconds between the agent's heartbeats to tflaunch
 HEADER = struct.Struct(">cII")
+# Written before the first frame: whatever a login shell or a setup line printed comes before it.
+SYNC = b"\0TFLAUNCH-AGENT-1\0"
 CHUNK = 1 << 16  # one output frame at most, and what the writer sends of one process per turn
 QUEUE_LIMIT = 1 << 20  # output bytes of one process waiting to be sent before its pipe is left unread
 OWNER_VARIABLE = "TFLAUNCH_AGENT_TASK"
@@ -654,15 +657,26 @@ def raise_descriptor_limit():
         pass
 
 
+def node_name():
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
 def open_channel(spec):
-    """(read fd, write fd): stdin and stdout, or a connection back to tflaunch (Slurm)."""
+    """(read fd, write fd): stdin and stdout, or a connection back to tflaunch (Slurm).
+
+    ``connect`` is ``HOST PORT``; a HOST of ``-`` is the address srun was started from. The first
+    line says who is calling: the token tflaunch put in ``TFLAUNCH_AGENT_TOKEN`` (an environment
+    variable, which other users cannot read, unlike the command line) and this node's name."""
     target = spec.get("connect")
     if not target:
         return 0, 1
-    host, port, token = target.split(" ")
+    host, port = target.split(" ")
+    if host == "-":
+        host = os.environ.get("SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1")
+    token = os.environ.pop("TFLAUNCH_AGENT_TOKEN", "")  # not for the tasks to inherit
     connection = socket.create_connection((host, int(port)), timeout=30)
     connection.settimeout(None)
-    connection.sendall(token.encode() + b"\n")
+    connection.sendall(("%s %s\n" % (token, node_name())).encode())
     fd = os.dup(connection.fileno())
     connection.close()
     return fd, fd
@@ -682,7 +696,8 @@ def main():
         sys.stderr.write("tflaunch agent: cannot reach tflaunch at %s: %s\n" % (spec.get("connect"), exc))
         os._exit(2)
     agent = Agent(spec, read_fd, write_fd)
-    hello = "\0".join([os.environ.get("SLURMD_NODENAME") or socket.gethostname(), str(os.getpid()),
+    agent.outgoing = SYNC
+    hello = "\0".join([node_name(), str(os.getpid()),
                        "%d.%d.%d" % sys.version_info[:3], sys.executable])
     agent.control.append(frame(b"A", 0, hello.encode("utf-8", "replace")))
     agent.serve()

@@ -30,6 +30,7 @@ from .base import CANNOT_START, ExitStatus, Reading
 AGENT_PATH = Path(__file__).with_name("hostagent.py")
 AGENT_SOURCE = AGENT_PATH.read_text()
 HEADER = struct.Struct(">cII")
+SYNC = b"\0TFLAUNCH-AGENT-1\0"  # the agent's first bytes (see hostagent.SYNC)
 HEARTBEAT_INTERVAL = 1.0
 KILL_BACKSTOP = 3.0  # after KILL, seconds before tflaunch kills a local task's group itself
 OPEN_LOGS = 16  # log files of relayed tasks kept open at once; the others are reopened on output
@@ -91,7 +92,9 @@ class AgentLink:
     """One host's agent, as tflaunch sees it."""
 
     def __init__(self, host: str, carrier: Carrier, read_fd: int | None, write_fd: int | None,
-                 keepalive: float, hub: "LinkHub"):
+                 keepalive: float, hub: "LinkHub", attach_within: float | None = None):
+        """``read_fd``/``write_fd`` None: the channel arrives later (:meth:`attach`), within
+        ``attach_within`` seconds or the link is lost."""
         self.host = host
         self.carrier = carrier
         self.read_fd = read_fd
@@ -99,9 +102,13 @@ class AgentLink:
         self.keepalive = keepalive
         self.hub = hub
         self.hello: tuple[str, ...] | None = None  # host name, agent pid, Python version, interpreter
+        self.preamble = b""  # what the remote shell and the host's setup printed before the agent ran
+        self._synced = False
         self.lost_reason: str | None = None
         self.closed = False
         self.last_heard = time.monotonic()
+        self.attach_within = attach_within
+        self.attach_by = None if attach_within is None else time.monotonic() + attach_within
         self.readings: dict[int, Reading] = {}  # process id -> its newest resource reading
         self._processes: dict[int, AgentProcessBase] = {}
         self._lock = threading.Lock()
@@ -205,6 +212,17 @@ class AgentLink:
         self._frames()
 
     def _frames(self) -> None:
+        if not self._synced:
+            mark = self._in.find(SYNC)
+            if mark < 0:
+                keep = len(SYNC) - 1  # the mark may be cut between two reads
+                if len(self._in) > keep:
+                    self.preamble += bytes(self._in[:-keep])
+                    del self._in[:-keep]
+                return
+            self.preamble += bytes(self._in[:mark])
+            del self._in[:mark + len(SYNC)]
+            self._synced = True
         data, offset, size = self._in, 0, len(self._in)
         while size - offset >= HEADER.size:
             kind, ident, length = HEADER.unpack_from(data, offset)
@@ -246,6 +264,12 @@ class AgentLink:
             process.stacks(payload.decode("utf-8", "replace"))
 
     def heartbeat(self, now: float) -> None:
+        if self.read_fd is None and self.lost_reason is None and not self.closed:
+            if self.carrier.ended() is not None:
+                self.lose()
+            elif self.attach_by is not None and now > self.attach_by:
+                self.lose(f"its agent did not connect back to tflaunch within {self.attach_within:g} s")
+            return
         if self.lost_reason is None and not self.closed:
             if self.read_fd is not None and now - self.last_heard > self.keepalive:
                 self.hub.remove(self)
@@ -293,6 +317,8 @@ class AgentProcessBase:
     def status_line(self, text: str) -> None:
         word, _, rest = text.partition(" ")
         if word == "started" and rest.isdigit():
+            if self.link.preamble:  # the host's setup ran for this task too: its log shows what it said
+                self.output(self.link.preamble)
             self.pid, self.started = int(rest), True
         elif word == "error":
             self._end(ExitStatus(error=self.link.carrier.where(rest), error_code=CANNOT_START))

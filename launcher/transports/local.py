@@ -91,13 +91,19 @@ class LocalTransport:
             _close(target)
             return FailedStart(f"cannot start: {exc}")
         try:
-            link = self.link or self._connect()
+            link = self.link_for(launch)
         except OSError as exc:
             _close(target)
             return FailedStart(f"cannot start the agent for this machine's tasks: {exc.strerror or exc}")
         task = AgentTask(link, launch.name, target if isinstance(target, int) else None, self.logs)
         link.start(task, fields)
         return task
+
+    def link_for(self, launch: TaskLaunch) -> AgentLink:
+        """The agent of this machine's tasks (started on first use)."""
+        if self.link is None or self.link.lost_reason is not None:
+            self.link = self._connect()
+        return self.link
 
     def _connect(self) -> AgentLink:
         spec = encode_fields({"timeout": HEARTBEAT_TIMEOUT, "eof_grace": min(self.grace, EOF_GRACE), "sample": 1.0})
