@@ -36,8 +36,18 @@ def ipv6_works() -> bool:
 needs_ipv6 = pytest.mark.skipif(not ipv6_works(), reason="no IPv6 loopback on this machine")
 
 
+def hold(lock_dir, port: int) -> int | None:
+    """Lock ``port`` as another tflaunch would: a descriptor of its own on the shared lock file."""
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock_dir / "ports.lock", os.O_RDWR | os.O_CREAT, 0o666)
+    if ports_module._lock_byte(fd, port):
+        return fd
+    os.close(fd)
+    return None
+
+
 def lock_is_held(lock_dir, port: int) -> bool:
-    fd = ports_module._try_lock(lock_dir / f"{port}.lock")
+    fd = hold(lock_dir, port)
     if fd is None:
         return True
     os.close(fd)
@@ -150,7 +160,7 @@ def test_reserve_nothing(tmp_path):
 def test_reserve_creates_the_lock_dir(tmp_path):
     lock_dir = tmp_path / "a" / "b"
     with reserve_ports(["w"], lock_dir=lock_dir) as reservation:
-        assert (lock_dir / f"{reservation.ports['w']}.lock").exists()
+        assert (lock_dir / "ports.lock").exists() and lock_is_held(lock_dir, reservation.ports["w"])
 
 
 def test_two_held_reservations_never_overlap(tmp_path):
@@ -213,7 +223,7 @@ def test_context_manager_releases(tmp_path):
 
 def test_giving_up_names_the_task_and_releases_what_it_held(tmp_path, monkeypatch):
     taken = free_port()
-    blocker = ports_module._try_lock(tmp_path / f"{taken}.lock")  # as another tflaunch would
+    blocker = hold(tmp_path, taken)  # as another tflaunch would
     try:
         first = free_port()
         offer(monkeypatch, first, taken, taken, taken)
@@ -224,6 +234,15 @@ def test_giving_up_names_the_task_and_releases_what_it_held(tmp_path, monkeypatc
         assert not lock_is_held(tmp_path, first)
     finally:
         os.close(blocker)
+
+
+def test_a_reservation_of_many_ports_holds_one_descriptor(tmp_path):
+    before = len(os.listdir("/proc/self/fd"))
+    with reserve_ports([f"t{i}" for i in range(300)], lock_dir=tmp_path) as reservation:
+        assert len(set(reservation.ports.values())) == 300
+        assert len(os.listdir("/proc/self/fd")) == before + 1
+        assert all(lock_is_held(tmp_path, port) for port in reservation.ports.values())
+    assert len(os.listdir("/proc/self/fd")) == before
 
 
 def test_shared_lock_dir_is_writable_by_everyone(tmp_path):

@@ -201,17 +201,18 @@ def test_the_repository_slurm_template_reads_and_fits_its_allocation():
     assert carve_roles(alloc, chief=settings.chief, ps=settings.ps, evaluator=settings.evaluator)
 
 
-def test_each_task_is_a_one_task_step_on_its_node_running_the_agent():
+def test_a_run_is_one_step_with_one_agent_per_node():
     from launcher.cluster.plan import TaskLaunch
+    from launcher.transports.hostlink import AGENT_SOURCE
     from launcher.transports.srun import srun_argv
 
     launch = TaskLaunch(name="worker-1", role="worker", index=1, host="gpu02", address="gpu02:20001", local=False,
                         argv=("/venv/bin/python", "-m", "trainer"), env={"A": "b c"}, workdir="/shared/w",
                         python="/venv/bin/python")
-    argv = srun_argv(launch, grace=5)
-    assert argv[:4] == ["srun", "--nodes=1", "--ntasks=1", "--nodelist=gpu02"]
-    assert {"--overlap", "--job-name=worker-1", "--chdir=/shared/w", "--input=all"} <= set(argv)
-    assert argv[-4:-1] == ["/venv/bin/python", "-c", argv[-2]] and "TFLAUNCH_AGENT" in argv[-2]
-    with_setup = srun_argv(replace(launch, setup="source /opt/env.sh"), grace=5)
-    assert with_setup[-7:-4] == ["/bin/sh", "-c", 'source /opt/env.sh && exec "$0" "$@"']
-    assert with_setup[-4:] == argv[-4:]  # the agent's argv passes through "$@" untouched
+    argv = srun_argv(["gpu01", "gpu02", "gpu03"], launch, grace=5, port=4711)
+    assert argv[:5] == ["srun", "--nodes=3", "--ntasks=3", "--ntasks-per-node=1", "--nodelist=gpu01,gpu02,gpu03"]
+    assert {"--overlap", "--chdir=/shared/w", "--input=none", "--kill-on-bad-exit=0"} <= set(argv)
+    assert argv[-4:-1] == ["/venv/bin/python", "-c", AGENT_SOURCE]
+    with_setup = srun_argv(["gpu02"], replace(launch, setup="source /opt/env.sh"), grace=5, port=4711)
+    assert with_setup[-7:-4] == ["/bin/sh", "-c", 'source /opt/env.sh\nexec "$0" "$@"']
+    assert with_setup[-3:-1] == argv[-3:-1]  # the agent's argv passes through "$@" untouched
