@@ -92,6 +92,9 @@ def _parse_threads(ctx: click.Context, param: click.Parameter, value: str | None
 @click.option("--evaluator-timeout", type=click.FloatRange(min=0), default=300.0, show_default=True, metavar="S",
               help="After training succeeds, seconds a running evaluator may take to finish its last "
                    "evaluation before it is stopped.")
+@click.option("--tensorboard", is_flag=True,
+              help="Start TensorBoard on the run's folder beside the run (127.0.0.1, from port 6006 up) and stop "
+                   "it with the run (needs the 'tensorboard' extra).")
 @click.option("--slurm", is_flag=True,
               help="Inside a Slurm allocation: one task per slot, started with srun (roles: --chief, --ps, --evaluator).")
 @click.option("--evaluator", is_flag=True, help="With --slurm: the allocation's last slot runs an evaluator.")
@@ -129,6 +132,14 @@ def run(ctx: click.Context, cluster: str | None, **options: Any) -> None:
     from ..run.launch import run as run_cluster
     from ..run.summary import describe_result
 
+    board = None
+    if options["tensorboard"]:
+        from ..tensorboard import BesideRun, require
+
+        if options["slurm"]:
+            raise click.UsageError("--tensorboard does not apply to --slurm; start 'tflaunch tensorboard RUN' "
+                                   "where the run folder is readable")
+        require()  # before anything starts: one line naming the extra
     # Colour follows the terminal and NO_COLOR (see Console); the status line shows only on a terminal.
     console = Console(tasks=options["show_tasks"] or None, quiet=options["quiet"], verbose=options["verbose"])
     try:
@@ -137,9 +148,14 @@ def run(ctx: click.Context, cluster: str | None, **options: Any) -> None:
 
             result = run_in_job(request, console, run_dir=options["run_dir"], requeue=options["requeue"])
         else:
-            result = run_cluster(request, console)
+            board = BesideRun(console.message) if options["tensorboard"] else None
+            result = run_cluster(request, console, on_folder=lambda folder: board.start(folder.path) if board else None)
+        if board is not None:
+            board.stop()  # with the run, before the summary
         console.message("\n".join(describe_result(result)))
     finally:
+        if board is not None:
+            board.stop()
         console.close()  # writes what is queued; a closed or stalled terminal does not change the exit code
     ctx.exit(result.exit_code)
 
