@@ -12,15 +12,22 @@ from pathlib import Path
 
 import pytest
 
+from launcher.records.metrics import parse_block
+from launcher.records.states import TaskState
 from launcher.run.console import Console, wants_colour
 from launcher.run.metricview import MetricBoard, epoch_text, final_text
 from launcher.run.render import Chatter, may_hold_chatter
 from launcher.run.summary import task_table, training_lines
-from launcher.run.supervisor import Task, TaskState
+from launcher.run.supervisor import Task
 from launcher.transports.base import ExitStatus
 from polling import wait_for
 
 FIXTURES = Path(__file__).parent / "fixtures" / "console"
+
+
+def feed(console: Console, task: str, block: bytes) -> None:
+    """A block of a task's lines, with its metric lines parsed as the output pump hands them on."""
+    console.task_block(task, block, 1, parse_block(block))
 
 
 def metric(task: str, epoch: int | None = None, kind: str = "epoch", **values) -> bytes:
@@ -173,8 +180,8 @@ def console_of(**options) -> tuple[Console, io.StringIO, io.StringIO]:
 def test_metric_lines_are_rendered_and_chatter_hidden_on_the_console():
     console, out, _ = console_of()
     startup = "".join(line + "\n" for line in captured("tf_startup_cpu.txt")).encode()
-    console.task_block("worker-1", startup + b"trainer: hello\n" + metric("worker-1", 3, **EPOCH3))
-    console.task_block("worker-0", startup + metric("worker-0", 3, **EPOCH3) + b"after\n")
+    feed(console, "worker-1", startup + b"trainer: hello\n" + metric("worker-1", 3, **EPOCH3))
+    feed(console, "worker-0", startup + metric("worker-0", 3, **EPOCH3) + b"after\n")
     console.close()
     assert out.getvalue() == (
         "worker-1 | trainer: hello\n"
@@ -186,7 +193,7 @@ def test_metric_lines_are_rendered_and_chatter_hidden_on_the_console():
 def test_verbose_shows_every_line_as_written():
     console, out, _ = console_of(verbose=True)
     startup = "".join(line + "\n" for line in captured("tf_startup_cpu.txt")).encode()
-    console.task_block("worker-0", startup + metric("worker-0", 3, **EPOCH3))
+    feed(console, "worker-0", startup + metric("worker-0", 3, **EPOCH3))
     console.close()
     assert out.getvalue() == "".join(f"worker-0 | {line}\n" for line in (startup + metric("worker-0", 3, **EPOCH3))
                                      .decode().splitlines())
@@ -194,8 +201,8 @@ def test_verbose_shows_every_line_as_written():
 
 def test_quiet_still_follows_the_epochs_for_the_status_line():
     console, out, _ = console_of(quiet=True, status=True, clock=lambda: 0.0)
-    console.task_block("worker-0", b"noise\n" + metric("worker-0", 2, epochs=5))
-    console.task_states({"worker-0": "running", "worker-1": "running"}, 1, 0)
+    feed(console, "worker-0", b"noise\n" + metric("worker-0", 2, epochs=5))
+    console.task_states({"worker-0": TaskState.RUNNING, "worker-1": TaskState.RUNNING}, 1, 0)
     wait_for(lambda: "epoch 2/5" in out.getvalue(), timeout=10, message="the epoch in the status line")
     console.close()
     assert "noise" not in out.getvalue()
@@ -242,9 +249,9 @@ def test_a_stalled_stream_never_blocks_the_caller_and_the_backlog_is_bounded():
 def test_the_status_line_sits_under_the_output_and_is_erased_at_the_end():
     now = [100.0]
     console, out, _ = console_of(status=True, clock=lambda: now[0])
-    console.task_states({"worker-0": "running", "worker-1": "pending"}, 1, 0)
+    console.task_states({"worker-0": TaskState.RUNNING, "worker-1": TaskState.PENDING}, 1, 0)
     now[0] += 75
-    console.task_block("worker-0", b"hello\n" + metric("worker-0", 3, **EPOCH3))
+    feed(console, "worker-0", b"hello\n" + metric("worker-0", 3, **EPOCH3))
     status = "tflaunch 1:15 | epoch 3/8 | worker-0 running  worker-1 pending | restarts 0"
     wait_for(lambda: out.getvalue().endswith(status), timeout=10, message=lambda: f"the status line in {out.getvalue()!r}")
     console.close()
@@ -256,7 +263,7 @@ def test_the_status_line_sits_under_the_output_and_is_erased_at_the_end():
 
 def test_no_status_line_and_no_colour_when_not_a_terminal():
     console, out, err = console_of()
-    console.task_states({"worker-0": "running"}, 1, 0)
+    console.task_states({"worker-0": TaskState.RUNNING}, 1, 0)
     console.task_block("worker-0", b"hello\n")
     console.message("done")
     console.close()
@@ -273,7 +280,7 @@ def test_a_message_after_close_is_still_written():
 
 def test_many_tasks_are_counted_by_state_in_the_status_line():
     console = Console(io.StringIO(), messages=io.StringIO(), status=True, clock=lambda: 0.0)
-    console.task_states({f"worker-{i}": ("running" if i < 60 else "succeeded") for i in range(64)}, 2, 1)
+    console.task_states({f"worker-{i}": (TaskState.RUNNING if i < 60 else TaskState.SUCCEEDED) for i in range(64)}, 2, 1)
     wait_for(lambda: "64 tasks: 60 running, 4 succeeded | restarts 1" in console.stream.getvalue(), timeout=10,
              message=lambda: f"the counted states in {console.stream.getvalue()!r}")
     console.close()

@@ -16,7 +16,8 @@ import pytest
 from launcher.cluster.plan import TaskLaunch
 from launcher.cluster.spec import RestartPolicy
 from launcher.run.signals import Signals
-from launcher.run.supervisor import Outcome, Supervisor, SupervisorOptions, TaskState, Trip
+from launcher.records.states import Outcome, TaskState
+from launcher.run.supervisor import Supervisor, SupervisorOptions, Trip
 from launcher.transports.base import ExitStatus
 
 

@@ -117,7 +117,7 @@ def run(ctx: click.Context, cluster: str | None, **options: Any) -> None:
     from ..run.watchdog import WatchdogSettings
 
     source = _source(cluster, options)
-    request = LaunchRequest(source=source, command=ctx.meta.get("tflaunch.command") or None,
+    request = LaunchRequest(cluster=source.spec, command=ctx.meta.get("tflaunch.command") or None,
                             log_dir=options["log_dir"], threads=options["threads"], grace=options["grace"],
                             preflight=not options["no_check"] and not options["slurm"],
                             max_restarts=options["max_restarts"],
@@ -237,7 +237,7 @@ def check_command(ctx: click.Context, cluster: str | None, local: int | None, ho
 
     source = file_or_local_source(cluster, local, chief, ps, gpus, local_options="--chief, --ps, --evaluator and "
                                   "--gpus", hosts=hosts, hostfile=hostfile, evaluator=evaluator)
-    report = check(LaunchRequest(source=source))
+    report = check(LaunchRequest(cluster=source.spec))
     if as_json:
         click.echo(json.dumps({"ok": report.ok, "items": [asdict(i) for i in report.items]}, indent=2))
     else:

@@ -11,14 +11,16 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from ..cluster.plan import Plan
 from ..cluster.spec import ClusterSpec
+from ..records.folder import DEFAULT_LOG_DIR, RunFolder
+from ..records.metrics import speaker
+from ..records.states import Outcome
+from ..transports.base import signal_name
 from .launch import TAIL_LINES, RunResult
 from .metricview import number as figure
 from .pump import tail_lines
-from ..records.folder import RunFolder
-from ..cluster.plan import Plan
-from .supervisor import Outcome, Task
-from ..transports.base import signal_name
+from .supervisor import Task
 
 
 def describe_plan(spec: ClusterSpec, plan: Plan) -> list[str]:
@@ -143,17 +145,14 @@ def training_lines(records: list[dict[str, Any]], attempt: int) -> list[str]:
 
 
 def _reporter(records: list[dict[str, Any]]) -> str | None:
-    """The task whose records stand for the cluster's: the chief, else worker-0, else the first."""
+    """The task whose training records stand for the cluster's, among those that sent some."""
     tasks = [r.get("task") for r in records if r.get("kind") in ("epoch", "final")]
-    for name in ("chief-0", "worker-0"):
-        if name in tasks:
-            return name
-    return tasks[0] if tasks else None
+    return speaker(tasks, tasks)
 
 
 def _report_hint(result: RunResult) -> str:
     run_dir = Path(result.run_dir)
-    where = "" if run_dir.parent.resolve() == Path("logs").resolve() else f" --log-dir {shlex.quote(str(run_dir.parent))}"
+    where = "" if run_dir.parent.resolve() == Path(DEFAULT_LOG_DIR).resolve() else f" --log-dir {shlex.quote(str(run_dir.parent))}"
     return (f"per-epoch table: tflaunch report {result.run_id}{where}; learning curves: add --plot "
             f"(draws {run_dir / 'learning_curves.png'})")
 
