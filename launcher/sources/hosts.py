@@ -31,6 +31,7 @@ from ..errors import ConfigError
 from ..slurm.allocation import Allocation, carve_roles, gpus_for
 
 _NAME = re.compile(r"[A-Za-z0-9_.\-]+")  # a host name or an IPv4 address
+_IPV6 = re.compile(r"[0-9A-Fa-f:.]+")
 _HOSTFILE_WORD = re.compile(r"^(?P<key>[a-z_]+)=(?P<value>.*)$")
 HOSTFILE_FORM = "'HOST slots=N' (N a whole number >= 1), 'HOST', a '#' comment or a blank line"
 
@@ -51,7 +52,7 @@ def parse_hosts_option(value: str, option: str = "-H") -> tuple[HostSlots, ...]:
         item = item.strip()
         host, slots = _split_item(item)
         if not host or slots is None:
-            raise ConfigError(option, item or repr(value),
+            raise ConfigError(option, item or repr(value),  # an empty item: show where, in the whole value
                               "expected HOST or HOST:SLOTS with SLOTS a whole number >= 1, such as node1:4")
         hosts.append(HostSlots(host, slots, f"{option} {item}"))
     return tuple(hosts)
@@ -60,15 +61,20 @@ def parse_hosts_option(value: str, option: str = "-H") -> tuple[HostSlots, ...]:
 def _split_item(item: str) -> tuple[str, int | None]:
     if item.startswith("["):  # [::1]:2
         host, _, rest = item[1:].partition("]")
-        if rest and not rest.startswith(":"):
+        if (rest and not rest.startswith(":")) or host.count(":") < 2 or not _valid_host(host):
             return "", None
         return host, _slots(rest[1:]) if rest else 1
     if item.count(":") > 1:  # a bare IPv6 address has no slot count
-        return item, 1
+        return (item, 1) if _valid_host(item) else ("", None)
     host, sep, slots = item.partition(":")
     if not _NAME.fullmatch(host):
         return "", None
     return host, _slots(slots) if sep else 1
+
+
+def _valid_host(text: str) -> bool:
+    """A host name, an IPv4 address or an IPv6 address (which has at least two colons)."""
+    return bool(_NAME.fullmatch(text) or (text.count(":") >= 2 and _IPV6.fullmatch(text)))
 
 
 def _slots(text: str) -> int | None:
@@ -90,7 +96,9 @@ def parse_hostfile(path: str) -> tuple[HostSlots, ...]:
             continue
         bad = ConfigError(path, f"line {number}", f"{line.strip()!r}: expected {HOSTFILE_FORM}")
         host, slots = words[0], 1
-        if "=" in host or not re.fullmatch(r"[A-Za-z0-9_.\-:\[\]]+", host):
+        bracketed = host.startswith("[") and host.endswith("]")  # only an IPv6 address: [fd00::7]
+        host = host[1:-1] if bracketed else host
+        if not _valid_host(host) or (bracketed and host.count(":") < 2):
             raise bad
         seen = set()
         for word in words[1:]:
@@ -102,7 +110,7 @@ def parse_hostfile(path: str) -> tuple[HostSlots, ...]:
                 raise bad
             if match["key"] == "slots":
                 slots = int(match["value"])
-        hosts.append(HostSlots(host.strip("[]"), slots, f"{path}: line {number}"))
+        hosts.append(HostSlots(host, slots, f"{path}: line {number}"))
     if not hosts:
         raise ConfigError(path, "", f"no hosts; expected one {HOSTFILE_FORM.split(',')[0]} per line")
     return tuple(hosts)
@@ -138,26 +146,32 @@ class HostsSource:
         return parse_hostfile(str(self.hostfile))
 
     def spec(self, local_hosts: frozenset[str]) -> ClusterSpec:
-        source = self.label
         hosts = self.host_slots()
         _check_distinct(hosts, local_hosts)
-        if self.ps < 0:
-            raise ConfigError(source, "--ps", f"expected 0 or more ps tasks, got {self.ps}")
-        if any(g < 0 for g in self.gpus) or len(set(self.gpus)) != len(self.gpus):
-            raise ConfigError(source, "--gpus", f"expected distinct GPU indices >= 0, got {','.join(map(str, self.gpus))}")
-        chief = self.chief or self.ps > 0  # ParameterServerStrategy needs a coordinator: the chief
-        _check_room(hosts, chief, self.ps, self.evaluator, source)
-        allocation = Allocation(job_id="", nodes=tuple(h.host for h in hosts),
-                                tasks_per_node=tuple(h.slots for h in hosts), gpus_per_node=len(self.gpus) or None)
-        roles = carve_roles(allocation, chief=chief, ps=self.ps, evaluator=self.evaluator, source=source)
-        dealt = gpus_for(roles, allocation)  # positions in each host's list, round-robin per host
-        tasks = tuple(TaskSpec(r.role, r.index, r.slot.node, AUTO, gpus=tuple(self.gpus[i] for i in dealt[r.name]),
-                               key=f"{r.role}[{r.index}]")
-                      for r in roles)
-        share = any(sum(1 for t in tasks if t.host == h.host and t.gpus) > len(self.gpus) for h in hosts)
-        spec = ClusterSpec(source=source, tasks=tasks, share_gpus=bool(self.gpus) and share)
+        tasks = place(hosts, chief=self.chief, ps=self.ps, evaluator=self.evaluator, gpus=self.gpus, source=self.label)
+        share = bool(self.gpus) and any(sum(1 for t in tasks if t.host == h.host and t.gpus) > len(self.gpus)
+                                        for h in hosts)
+        spec = ClusterSpec(source=self.label, tasks=tasks, share_gpus=share)
         check_cluster(spec, local_hosts)
         return spec
+
+
+def place(hosts: tuple[HostSlots, ...], *, chief: bool = False, ps: int = 0, evaluator: bool = False,
+          gpus: tuple[int, ...] = (), source: str = "-H") -> tuple[TaskSpec, ...]:
+    """One task per slot, roles and GPUs by the rule in the module docstring, every port ``auto`` (pure)."""
+    if ps < 0:
+        raise ConfigError(source, "--ps", f"expected 0 or more ps tasks, got {ps}")
+    if any(g < 0 for g in gpus) or len(set(gpus)) != len(gpus):
+        raise ConfigError(source, "--gpus", f"expected distinct GPU indices >= 0, got {','.join(map(str, gpus))}")
+    chief = chief or ps > 0  # ParameterServerStrategy needs a coordinator: the chief
+    _check_room(hosts, chief, ps, evaluator, source)
+    allocation = Allocation(job_id="", nodes=tuple(h.host for h in hosts), tasks_per_node=tuple(h.slots for h in hosts),
+                            gpus_per_node=len(gpus) or None)
+    roles = carve_roles(allocation, chief=chief, ps=ps, evaluator=evaluator, source=source)
+    dealt = gpus_for(roles, allocation)  # positions in each host's list, round-robin per host
+    return tuple(TaskSpec(r.role, r.index, r.slot.node, AUTO, gpus=tuple(gpus[i] for i in dealt[r.name]),
+                          key=f"{r.role}[{r.index}]")
+                 for r in roles)
 
 
 def _check_distinct(hosts: tuple[HostSlots, ...], local_hosts: frozenset[str]) -> None:
