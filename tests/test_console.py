@@ -346,3 +346,27 @@ def test_task_table_has_state_exit_memory_and_cpu(tmp_path):
     assert lines[0].split() == ["task", "host", "state", "exit", "peak", "RSS", "CPU", "mean", "CPU", "peak"]
     assert lines[1].split() == ["worker-0", "localhost", "succeeded", "0", "431", "MB", "93", "%", "101", "%"]
     assert lines[2].split() == ["worker-1", "localhost", "stopped", "SIGTERM", "-", "-", "-"]
+
+
+def test_a_table_of_many_tasks_folds_consecutive_alike_tasks_and_names_tasks_that_never_started():
+    from launcher.cluster.plan import TaskLaunch
+
+    def task(index: int, state: TaskState, status: ExitStatus | None, started: float | None = 1.0) -> Task:
+        launch = TaskLaunch(name=f"worker-{index}", role="worker", index=index, host="localhost",
+                            address="localhost:1", local=True, argv=("true",), env={}, workdir="/")
+        return Task(launch=launch, state=state, status=status, started_at=started)
+
+    tasks = ([task(i, TaskState.STOPPED, ExitStatus(signal=15)) for i in range(0, 5)]
+             + [task(5, TaskState.SUCCEEDED, ExitStatus(code=0)), task(6, TaskState.SUCCEEDED, ExitStatus(code=0))]
+             + [task(i, TaskState.STOPPED, None, started=None) for i in range(7, 30)])
+    usage = {"worker-1": {"rss_mb_peak": 100.0, "cpu_percent_mean": 10.0, "cpu_percent_peak": 50.0},
+             "worker-3": {"rss_mb_peak": 300.0, "cpu_percent_mean": 30.0, "cpu_percent_peak": 40.0}}
+    rows = [line.split("  ") for line in task_table(tasks, usage)[1:]]
+    cells = [[cell.strip() for cell in row if cell.strip()] for row in rows]
+    assert cells == [
+        ["worker-0 ... worker-4 (5 tasks)", "localhost", "stopped", "SIGTERM", "300 MB", "20 %", "50 %"],
+        ["worker-5", "localhost", "succeeded", "0", "-", "-", "-"],  # a run of two stays two rows
+        ["worker-6", "localhost", "succeeded", "0", "-", "-", "-"],
+        ["worker-7 ... worker-29 (23 tasks)", "localhost", "not started", "-", "-", "-", "-"],
+    ]
+    assert len(task_table(tasks[:20], usage)) == 21  # 20 tasks: one row each
