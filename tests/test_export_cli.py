@@ -108,7 +108,7 @@ def test_usage_mistakes_exit_2() -> None:
     done = tflaunch("export", "--image", "i")
     assert done.returncode == 2 and "give either a cluster file or --local N" in done.stderr
     done = tflaunch("export", "clusters/local_ps.yaml", "--chief", "--image", "i")
-    assert done.returncode == 2 and "--chief and --ps only apply to --local" in done.stderr
+    assert done.returncode == 2 and "--chief" in done.stderr and "only apply to --local" in done.stderr
     done = tflaunch("export", "--local", "2", "--format", "helm", "--image", "i")
     assert done.returncode == 2 and "'helm' is not one of" in done.stderr
 
