@@ -190,28 +190,14 @@ def _source(cluster: str | None, options: dict[str, Any]) -> ClusterSource:
 def file_or_local_source(cluster: str | None, local: int | None, chief: bool, ps: int, gpus: tuple[int, ...] = (),
                          local_options: str = "--chief and --ps", *, hosts: str | None = None,
                          hostfile: str | None = None, evaluator: bool = False) -> ClusterSource:
-    """A cluster file, ``--local N``, ``-H HOSTS`` or ``--hostfile FILE`` (exactly one).
+    """A cluster file, ``--local N``, ``-H HOSTS`` or ``--hostfile FILE`` (exactly one; see sources.choose).
 
     ``local_options`` names the command's role options, which apply to all but a cluster file.
     """
-    from ..sources.file import ClusterFileSource
-    from ..sources.local import LocalSource
+    from ..sources.choose import choose_source
 
-    given = [value for value in (cluster, local, hosts, hostfile) if value is not None]
-    if len(given) != 1:
-        raise click.UsageError("give either a cluster file or --local N, -H HOST:SLOTS,... or --hostfile FILE")
-    if cluster is not None and (chief or ps or gpus or evaluator):
-        raise click.UsageError(f"{local_options} only apply to --local, -H and --hostfile; "
-                               "put roles in the cluster file")
-    if cluster is not None:
-        return ClusterFileSource(cluster)
-    if local is not None:
-        if evaluator:
-            raise click.UsageError("--evaluator applies to -H, --hostfile and --slurm, not to --local")
-        return LocalSource(local, chief=chief, ps=ps, gpus=gpus)
-    from ..sources.hosts import HostsSource
-
-    return HostsSource(hosts=hosts, hostfile=hostfile, chief=chief, ps=ps, evaluator=evaluator, gpus=gpus)
+    return choose_source(cluster, local, hosts=hosts, hostfile=hostfile, chief=chief, ps=ps, evaluator=evaluator,
+                         gpus=gpus, role_options=local_options)
 
 
 @cli.command("check")
