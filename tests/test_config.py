@@ -800,3 +800,18 @@ def test_restart_policy_per_role_reaches_the_spec_and_defaults_follow_the_roles(
 ])
 def test_bad_restart_policies(text, key, message):
     expect_error("worker: [localhost:2222]\n" + text, key, message)
+
+
+@pytest.mark.parametrize("text, key", [
+    ("worker:\n  - host: 12\n    port: 2222\n", "worker[0].host"),
+    ("worker:\n  - host: 10.5\n    port: 2222\n", "worker[0].host"),
+    ("worker: ['node1:2222']\nhosts:\n  12: {workdir: /w}\n", "hosts.12"),
+])
+def test_a_number_where_a_host_name_goes_is_one_line_that_suggests_quoting(text, key):
+    message = error(text)
+    assert message.startswith(f"{SOURCE}: {key}: expected a host name, got the number ")
+    assert "quote it" in message and "\n" not in message
+
+
+def test_a_quoted_numeric_host_name_is_a_host_name():
+    assert parse("worker:\n  - host: '12'\n    port: 2222\n").tasks[0].host == "12"

@@ -12,15 +12,22 @@ from pathlib import Path
 
 import pytest
 
+from launcher.records.metrics import parse_block
+from launcher.records.states import TaskState
 from launcher.run.console import Console, wants_colour
 from launcher.run.metricview import MetricBoard, epoch_text, final_text
 from launcher.run.render import Chatter, may_hold_chatter
 from launcher.run.summary import task_table, training_lines
-from launcher.run.supervisor import Task, TaskState
+from launcher.run.supervisor import Task
 from launcher.transports.base import ExitStatus
 from polling import wait_for
 
 FIXTURES = Path(__file__).parent / "fixtures" / "console"
+
+
+def feed(console: Console, task: str, block: bytes) -> None:
+    """A block of a task's lines, with its metric lines parsed as the output pump hands them on."""
+    console.task_block(task, block, 1, parse_block(block))
 
 
 def metric(task: str, epoch: int | None = None, kind: str = "epoch", **values) -> bytes:
@@ -173,8 +180,8 @@ def console_of(**options) -> tuple[Console, io.StringIO, io.StringIO]:
 def test_metric_lines_are_rendered_and_chatter_hidden_on_the_console():
     console, out, _ = console_of()
     startup = "".join(line + "\n" for line in captured("tf_startup_cpu.txt")).encode()
-    console.task_block("worker-1", startup + b"trainer: hello\n" + metric("worker-1", 3, **EPOCH3))
-    console.task_block("worker-0", startup + metric("worker-0", 3, **EPOCH3) + b"after\n")
+    feed(console, "worker-1", startup + b"trainer: hello\n" + metric("worker-1", 3, **EPOCH3))
+    feed(console, "worker-0", startup + metric("worker-0", 3, **EPOCH3) + b"after\n")
     console.close()
     assert out.getvalue() == (
         "worker-1 | trainer: hello\n"
@@ -186,7 +193,7 @@ def test_metric_lines_are_rendered_and_chatter_hidden_on_the_console():
 def test_verbose_shows_every_line_as_written():
     console, out, _ = console_of(verbose=True)
     startup = "".join(line + "\n" for line in captured("tf_startup_cpu.txt")).encode()
-    console.task_block("worker-0", startup + metric("worker-0", 3, **EPOCH3))
+    feed(console, "worker-0", startup + metric("worker-0", 3, **EPOCH3))
     console.close()
     assert out.getvalue() == "".join(f"worker-0 | {line}\n" for line in (startup + metric("worker-0", 3, **EPOCH3))
                                      .decode().splitlines())
@@ -194,8 +201,8 @@ def test_verbose_shows_every_line_as_written():
 
 def test_quiet_still_follows_the_epochs_for_the_status_line():
     console, out, _ = console_of(quiet=True, status=True, clock=lambda: 0.0)
-    console.task_block("worker-0", b"noise\n" + metric("worker-0", 2, epochs=5))
-    console.task_states({"worker-0": "running", "worker-1": "running"}, 1, 0)
+    feed(console, "worker-0", b"noise\n" + metric("worker-0", 2, epochs=5))
+    console.task_states({"worker-0": TaskState.RUNNING, "worker-1": TaskState.RUNNING}, 1, 0)
     wait_for(lambda: "epoch 2/5" in out.getvalue(), timeout=10, message="the epoch in the status line")
     console.close()
     assert "noise" not in out.getvalue()
@@ -242,9 +249,9 @@ def test_a_stalled_stream_never_blocks_the_caller_and_the_backlog_is_bounded():
 def test_the_status_line_sits_under_the_output_and_is_erased_at_the_end():
     now = [100.0]
     console, out, _ = console_of(status=True, clock=lambda: now[0])
-    console.task_states({"worker-0": "running", "worker-1": "pending"}, 1, 0)
+    console.task_states({"worker-0": TaskState.RUNNING, "worker-1": TaskState.PENDING}, 1, 0)
     now[0] += 75
-    console.task_block("worker-0", b"hello\n" + metric("worker-0", 3, **EPOCH3))
+    feed(console, "worker-0", b"hello\n" + metric("worker-0", 3, **EPOCH3))
     status = "tflaunch 1:15 | epoch 3/8 | worker-0 running  worker-1 pending | restarts 0"
     wait_for(lambda: out.getvalue().endswith(status), timeout=10, message=lambda: f"the status line in {out.getvalue()!r}")
     console.close()
@@ -256,7 +263,7 @@ def test_the_status_line_sits_under_the_output_and_is_erased_at_the_end():
 
 def test_no_status_line_and_no_colour_when_not_a_terminal():
     console, out, err = console_of()
-    console.task_states({"worker-0": "running"}, 1, 0)
+    console.task_states({"worker-0": TaskState.RUNNING}, 1, 0)
     console.task_block("worker-0", b"hello\n")
     console.message("done")
     console.close()
@@ -273,7 +280,7 @@ def test_a_message_after_close_is_still_written():
 
 def test_many_tasks_are_counted_by_state_in_the_status_line():
     console = Console(io.StringIO(), messages=io.StringIO(), status=True, clock=lambda: 0.0)
-    console.task_states({f"worker-{i}": ("running" if i < 60 else "succeeded") for i in range(64)}, 2, 1)
+    console.task_states({f"worker-{i}": (TaskState.RUNNING if i < 60 else TaskState.SUCCEEDED) for i in range(64)}, 2, 1)
     wait_for(lambda: "64 tasks: 60 running, 4 succeeded | restarts 1" in console.stream.getvalue(), timeout=10,
              message=lambda: f"the counted states in {console.stream.getvalue()!r}")
     console.close()
@@ -339,3 +346,27 @@ def test_task_table_has_state_exit_memory_and_cpu(tmp_path):
     assert lines[0].split() == ["task", "host", "state", "exit", "peak", "RSS", "CPU", "mean", "CPU", "peak"]
     assert lines[1].split() == ["worker-0", "localhost", "succeeded", "0", "431", "MB", "93", "%", "101", "%"]
     assert lines[2].split() == ["worker-1", "localhost", "stopped", "SIGTERM", "-", "-", "-"]
+
+
+def test_a_table_of_many_tasks_folds_consecutive_alike_tasks_and_names_tasks_that_never_started():
+    from launcher.cluster.plan import TaskLaunch
+
+    def task(index: int, state: TaskState, status: ExitStatus | None, started: float | None = 1.0) -> Task:
+        launch = TaskLaunch(name=f"worker-{index}", role="worker", index=index, host="localhost",
+                            address="localhost:1", local=True, argv=("true",), env={}, workdir="/")
+        return Task(launch=launch, state=state, status=status, started_at=started)
+
+    tasks = ([task(i, TaskState.STOPPED, ExitStatus(signal=15)) for i in range(0, 5)]
+             + [task(5, TaskState.SUCCEEDED, ExitStatus(code=0)), task(6, TaskState.SUCCEEDED, ExitStatus(code=0))]
+             + [task(i, TaskState.STOPPED, None, started=None) for i in range(7, 30)])
+    usage = {"worker-1": {"rss_mb_peak": 100.0, "cpu_percent_mean": 10.0, "cpu_percent_peak": 50.0},
+             "worker-3": {"rss_mb_peak": 300.0, "cpu_percent_mean": 30.0, "cpu_percent_peak": 40.0}}
+    rows = [line.split("  ") for line in task_table(tasks, usage)[1:]]
+    cells = [[cell.strip() for cell in row if cell.strip()] for row in rows]
+    assert cells == [
+        ["worker-0 ... worker-4 (5 tasks)", "localhost", "stopped", "SIGTERM", "300 MB", "20 %", "50 %"],
+        ["worker-5", "localhost", "succeeded", "0", "-", "-", "-"],  # a run of two stays two rows
+        ["worker-6", "localhost", "succeeded", "0", "-", "-", "-"],
+        ["worker-7 ... worker-29 (23 tasks)", "localhost", "not started", "-", "-", "-", "-"],
+    ]
+    assert len(task_table(tasks[:20], usage)) == 21  # 20 tasks: one row each

@@ -108,7 +108,7 @@ def test_usage_mistakes_exit_2() -> None:
     done = tflaunch("export", "--image", "i")
     assert done.returncode == 2 and "give either a cluster file or --local N" in done.stderr
     done = tflaunch("export", "clusters/local_ps.yaml", "--chief", "--image", "i")
-    assert done.returncode == 2 and "--chief and --ps only apply to --local" in done.stderr
+    assert done.returncode == 2 and "--chief" in done.stderr and "only apply to --local" in done.stderr
     done = tflaunch("export", "--local", "2", "--format", "helm", "--image", "i")
     assert done.returncode == 2 and "'helm' is not one of" in done.stderr
 
@@ -299,3 +299,27 @@ def test_role_restart_policies_carry_over(tmp_path: Path) -> None:
     assert job_policies(jobset) == {"worker": {"backoffLimit": 0}}
     assert tfjob["spec"]["tfReplicaSpecs"]["Worker"]["restartPolicy"] == "Never"
     assert tfjob["spec"]["runPolicy"]["backoffLimit"] == 0
+
+
+def test_env_option_reaches_every_task_and_refuses_what_tflaunch_sets(tmp_path: Path) -> None:
+    path = cluster_file(tmp_path, "env: {MODE: file}\nworker: [localhost:auto, localhost:auto]\n")
+    done = tflaunch("export", "--format", "sh", path, "--env", "MODE=cli", "--env", "EXTRA=a b",
+                    "--", "sh", "-c", 'echo "$TFLAUNCH_TASK|$MODE|$EXTRA"', cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    runs = _run_lines(done.stdout, tmp_path)
+    assert [(run.returncode, run.stdout) for run in runs] == [(0, "worker-0|cli|a b\n"), (0, "worker-1|cli|a b\n")]
+    for fmt in ("jobset", "trainjob", "sh"):
+        assert_one_line_error(tflaunch("export", "--format", fmt, path, "--image", "i", "--env", "TF_CONFIG={}"),
+                              "--env: TF_CONFIG: is set by tflaunch for every task and cannot be overridden")
+
+
+def test_cluster_runtime_only_with_trainjob() -> None:
+    assert_one_line_error(tflaunch("export", "--local", "2", "--image", "i", "--cluster-runtime"),
+                          "--cluster-runtime", "only applies to --format trainjob, got --format jobset")
+    done = tflaunch("export", "--format", "trainjob", "--local", "2", "--image", "i", "--cluster-runtime",
+                    "--name", "mnist")
+    assert done.returncode == 0, done.stderr
+    kinds = [(d["kind"], d["metadata"]["name"]) for d in yaml.safe_load_all(done.stdout) if d]
+    assert kinds == [("ClusterTrainingRuntime", "mnist"), ("TrainJob", "mnist")]
+    assert ("tflaunch: note: trainjob: the ClusterTrainingRuntime mnist serves only a TrainJob named mnist, since "
+            "TF_CONFIG names the pods by it") in done.stderr

@@ -28,6 +28,7 @@ from launcher.sources.file import ClusterFileSource
 from launcher.sources.local import LocalSource
 
 RESTART_LABEL = "jobset.sigs.k8s.io/restart-attempt"
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 SHELLS = [s for s in ("/bin/sh", shutil.which("bash")) if s]  # /bin/sh is dash here: a strict POSIX shell
 
 CLUSTER_FILES = {
@@ -91,11 +92,14 @@ def k8s_expand(text: str, variables: dict[str, str]) -> str:
 
 def start_pod(job: dict, index: int, *, attempt: int = 0, shell: str = "/bin/sh",
               index_env: bool = True) -> subprocess.CompletedProcess[str]:
-    """Start one pod of replicated job ``job`` the way Kubernetes would, with a bare environment."""
+    """Start one pod of replicated job ``job`` the way Kubernetes would, with a bare environment.
+
+    ``job["_jobset"]`` is the name of the JobSet the pod belongs to (for a Trainer runtime, the TrainJob's).
+    """
     name = job["_jobset"]
     pod = job["template"]["spec"]["template"]
     (container,) = pod["spec"]["containers"]
-    labels = {RESTART_LABEL: str(attempt)}
+    labels = {RESTART_LABEL: str(attempt), JOBSET_NAME_LABEL: name}
     env: dict[str, str] = {"PATH": os.environ["PATH"], "HOSTNAME": f"{name}-{job['name']}-0-{index}"}
     if index_env:
         env["JOB_COMPLETION_INDEX"] = str(index)
@@ -125,15 +129,19 @@ def env_of(output: str) -> dict[str, str]:
     return dict(item.split("=", 1) for item in output.split("\0") if item)
 
 
-def expected_plan(source: Any, name: str, port: int, command: tuple[str, ...]) -> dict[str, dict[str, str]]:
-    """tflaunch's own plan for the cluster with every task on its JobSet pod: env by task name."""
+def expected_plan(source: Any, name: str, port: int, command: tuple[str, ...], *, run_dir: str | None = None,
+                  backup_dir: str | None = None, override_env: dict[str, str] | None = None) -> dict[str, dict[str, str]]:
+    """tflaunch's own plan for the cluster with every task on its JobSet pod: env by task name.
+
+    ``run_dir`` is where the pods' run-folder paths point (default: inside each pod).
+    """
     spec = source.spec(frozenset({"localhost"}))
     extra_env = dict((spec.kubernetes or {}).get("env") or {})
     tasks = tuple(replace(t, host=f"{name}-{t.role}-0-{t.index}.{name}", address=None, port=port) for t in spec.tasks)
     spec = replace(spec, tasks=tasks, env={**spec.env, **extra_env}, hosts={})
-    context = RunContext(run_id=name, run_dir=POD_RUN_DIR.format(name=name))
+    context = RunContext(run_id=name, run_dir=run_dir or POD_RUN_DIR.format(name=name), backup_dir=backup_dir)
     plan = plan_cluster(spec, context, local_hosts=frozenset(), cores_by_host={},
-                        default_python="python3", default_workdir="", command=command)
+                        default_python="python3", default_workdir="", command=command, override_env=override_env)
     return {launch.name: dict(launch.env) for launch in plan.launches}
 
 

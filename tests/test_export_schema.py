@@ -26,7 +26,11 @@ from launcher.sources.file import ClusterFileSource
 from launcher.sources.local import LocalSource
 
 SCHEMAS = Path(__file__).resolve().parent / "schemas" / "k8s"
-CRDS = {"JobSet": "jobset.x-k8s.io_jobsets.yaml", "TFJob": "kubeflow.org_tfjobs.yaml"}
+CRDS = {"JobSet": "jobset.x-k8s.io_jobsets.yaml", "TFJob": "kubeflow.org_tfjobs.yaml",
+        "TrainJob": "trainer.kubeflow.org_trainjobs.yaml",
+        "TrainingRuntime": "trainer.kubeflow.org_trainingruntimes.yaml",
+        "ClusterTrainingRuntime": "trainer.kubeflow.org_clustertrainingruntimes.yaml"}
+RUNTIME_KINDS = ("TrainingRuntime", "ClusterTrainingRuntime")
 KUBERNETES_VERSION = "1.34"  # podReplacementPolicy, used in each JobSet Job, is GA from 1.34
 # What the TFJob CRD's descriptions allow (the CRD does not enumerate them).
 TFJOB_REPLICA_TYPES = {"Chief", "Master", "Worker", "PS", "Evaluator"}
@@ -143,9 +147,21 @@ def core_check(obj: dict) -> None:
     kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
 
 
-def pod_templates(document: dict) -> list[tuple[str, dict]]:
+def jobset_spec_of(document: dict) -> dict | None:
+    """The JobSet spec a JobSet holds, or a Trainer runtime's template; None for other kinds."""
     if document["kind"] == "JobSet":
-        return [(rj["name"], rj["template"]["spec"]["template"]) for rj in document["spec"]["replicatedJobs"]]
+        return document["spec"]
+    if document["kind"] in RUNTIME_KINDS:
+        return document["spec"]["template"]["spec"]
+    return None
+
+
+def pod_templates(document: dict) -> list[tuple[str, dict]]:
+    spec = jobset_spec_of(document)
+    if spec is not None:
+        return [(rj["name"], rj["template"]["spec"]["template"]) for rj in spec["replicatedJobs"]]
+    if document["kind"] == "TrainJob":
+        return []
     return [(kind, replica["template"]) for kind, replica in document["spec"]["tfReplicaSpecs"].items()]
 
 
@@ -153,8 +169,10 @@ def check_document(document: dict, core: bool = True) -> None:
     """The CRD schema, the operator's rules, and (``core``) Kubernetes' own schemas for the Jobs and pods."""
     assert crd_errors(document) == []
     name = document["metadata"]["name"]
-    if document["kind"] == "JobSet":
-        for rj in document["spec"]["replicatedJobs"]:
+    if document["kind"] == "TrainJob":
+        pass  # no pods of its own: its runtime's are checked with the runtime
+    elif jobset_spec_of(document) is not None:
+        for rj in jobset_spec_of(document)["replicatedJobs"]:
             job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": f"{name}-{rj['name']}-0"},
                    "spec": rj["template"]["spec"]}
             if core:
@@ -180,26 +198,32 @@ def check_document(document: dict, core: bool = True) -> None:
 def test_every_generated_manifest_is_valid(tmp_path: Path) -> None:
     checked = 0
     for label, source in _sources(tmp_path):
-        for fmt in ("jobset", "tfjob"):
+        for fmt in ("jobset", "tfjob", "trainjob"):
             if fmt == "tfjob" and label == "ps-and-evaluator":
                 continue  # refused on purpose (test_export_cli)
             # kubernetes-validate reads its schema files on every call: the second variant, which
-            # changes only the metadata, is checked against the CRD alone.
+            # changes only the metadata (and the runtime's kind), is checked against the CRD alone.
             for core, options in ((True, {"image": "img:1"}),
-                                  (False, {"image": "img:1", "name": "x", "namespace": "default"})):
+                                  (False, {"image": "img:1", "name": "x", "namespace": "default",
+                                           **({"cluster_runtime": True} if fmt == "trainjob" else {})})):
                 for document in _documents(source, fmt, **options):
                     check_document(document, core)
                     checked += 1
-    assert checked == 2 * (2 * len(FILE_CLUSTERS) - 1 + 2 * len(LOCAL_CLUSTERS))
+    # Per source and variant: one JobSet, one TFJob (but for ps-and-evaluator), a runtime and a TrainJob.
+    assert checked == 2 * (4 * (len(FILE_CLUSTERS) + len(LOCAL_CLUSTERS)) - 1)
 
 
 def test_full_kubernetes_section_reaches_every_pod(tmp_path: Path) -> None:
     path = tmp_path / "full.yaml"
     path.write_text(FILE_CLUSTERS["gpus-and-section"])
-    for fmt in ("jobset", "tfjob"):
-        (document,) = _documents(ClusterFileSource(str(path)), fmt)
+    for fmt in ("jobset", "tfjob", "trainjob"):
+        document, *trainjob = _documents(ClusterFileSource(str(path)), fmt)
         check_document(document)
-        assert document["metadata"] == {"name": "mnist", "namespace": "ml-team"}
+        assert {k: v for k, v in document["metadata"].items() if k != "labels"} == {"name": "mnist",
+                                                                                     "namespace": "ml-team"}
+        for other in trainjob:
+            check_document(other)
+            assert other["metadata"] == {"name": "mnist", "namespace": "ml-team"}
         for role, template in pod_templates(document):
             pod = template["spec"]
             (container,) = pod["containers"]

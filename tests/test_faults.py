@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -127,18 +128,51 @@ def test_a_log_dir_that_cannot_be_created_is_one_line_and_starts_nothing(tflaunc
                            "(--log-dir): No such file or directory\n")
 
 
-@pytest.fixture
-def small_tmpfs(tmp_path):
-    """A 2 MB tmpfs (the tests run as root), unmounted afterwards."""
+def mounted_tmpfs(path: Path, size: str) -> Path:
+    """A tmpfs of ``size`` at ``path`` (the tests run as root); unmount it with ``umount``."""
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root")
-    mount = tmp_path / "small"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], check=True)
+    path.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
+    return path
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A 2 MB tmpfs, unmounted afterwards."""
+    mount = mounted_tmpfs(tmp_path / "small", "2m")
     try:
         yield mount
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.fixture
+def full_tmpfs(tmp_path):
+    """A 256 KB tmpfs filled to the last byte by one file, unmounted afterwards."""
+    mount = mounted_tmpfs(tmp_path / "full", "256k")
+    try:
+        with open(mount / "filler", "wb", buffering=0) as filler:
+            try:
+                while True:
+                    filler.write(b"\0" * 4096)
+            except OSError:
+                pass
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_log_dir_where_run_json_cannot_be_written_refuses_the_run_before_any_task_starts(tflaunch, full_tmpfs,
+                                                                                          tmp_path):
+    started = tmp_path / "started"
+    done = subprocess.run(tflaunch.argv("--local", "1", "--log-dir", str(full_tmpfs), "--", "touch", str(started)),
+                          cwd=tflaunch.cwd, env=tflaunch.env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert re.fullmatch(rf"tflaunch: error: {re.escape(str(full_tmpfs))}/[\w-]+/run\.json: cannot write the run "
+                        r"record: No space left on device; no task was started\n", done.stderr), done.stderr
+    assert not started.exists()
+    assert [p.name for p in full_tmpfs.iterdir()] == ["filler"]  # no empty run folder left behind
 
 
 @pytest.mark.slow
@@ -150,11 +184,15 @@ def test_a_full_disk_stops_the_tasks_and_says_which_path_and_why(tflaunch, small
                             stderr=subprocess.PIPE, text=True)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode != 0 and "Traceback" not in err, err[-3000:]
-    assert "No space left on device" in err and str(small_tmpfs) in err
-    assert not sleeping(sleep)
     run_dir = next(p for p in small_tmpfs.iterdir() if p.is_dir())
-    record = record_of(run_dir)  # what was written stays readable
-    assert record["run_id"] == run_dir.name
+    # The disk is the root cause, whichever task died of it first; the tasks are stopped.
+    failed = f"tflaunch: run {run_dir.name} failed: cannot write the run folder: {run_dir}/"
+    assert any(line.startswith(failed) and line.endswith(": No space left on device") for line in err.splitlines()), \
+        err[-3000:]
+    assert not sleeping(sleep)
+    record = record_of(run_dir)  # the final record still fits, and says how the run ended
+    assert record["run_id"] == run_dir.name and record["status"] == "failed" and record["root_cause"] is None
+    assert record["error"].startswith(str(run_dir)) and record["error"].endswith("No space left on device")
 
 
 def test_a_run_folder_removed_under_a_running_run_ends_without_a_traceback(tflaunch):

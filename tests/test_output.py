@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from launcher.run.console import Console
-from launcher.run.pump import METRIC_PREFIX, LineSplitter, OutputPump, tail_lines
+from launcher.records.metrics import PREFIX as METRIC_PREFIX
+from launcher.run.pump import LineSplitter, OutputPump, tail_lines
 from launcher.transports.base import CANNOT_START, UNREACHABLE, ExitStatus, signal_name
 from polling import wait_for
 
@@ -334,8 +335,7 @@ def test_pump_writes_task_lines_to_merged_log_with_prefix(tmp_path):
     ]
     assert run.out.getvalue() == (
         "worker-0 | hello\nworker-0 | world\nworker-0 | partial, no newline\nworker-1 | from one\n")
-    assert run.pump.lines_seen == {"worker-0": 3, "worker-1": 1}
-    assert run.pump.last_activity == NOW
+    assert run.pump.progress.last_output == NOW
 
 
 def test_pump_keeps_raw_bytes_in_merged_log(tmp_path):
@@ -368,14 +368,14 @@ def test_an_unfinished_progress_line_counts_as_activity(tmp_path):
     now[0] += 100
     append(path, b"\r 3/16 [=====>....]")  # no newline yet: no line, but the task is alive
     pump.finish_all()
-    assert pump.last_activity == NOW + 100
+    assert pump.progress.last_output == NOW + 100
     pump.close()
     console.close()
 
 
-def test_pump_records_its_own_events(tmp_path):
+def test_pump_records_its_own_messages(tmp_path):
     run = Run(tmp_path)
-    run.pump.event("worker-0 exited with code 1")
+    run.pump.message("worker-0 exited with code 1")
     run.close()
     assert run.merged == [f"{STAMP} [1] tflaunch | worker-0 exited with code 1".encode()]
     assert run.out.getvalue() == ""
@@ -412,8 +412,8 @@ def test_metric_lines_land_in_metrics_jsonl(tmp_path):
         {"step": 1, "loss": 0.5, "task": "worker-0", "attempt": 2, "time": NOW},
         {"step": 2, "task": "evaluator-0", "time": 12.5, "attempt": 1},
     ]
-    assert run.pump.last_metric["worker-0"]["step"] == 1
-    assert run.pump.last_metric["chief-0"]["step"] == 2
+    assert not run.pump.progress.silent(2, ["worker-0"]) and not run.pump.progress.silent(1, ["chief-0"])
+    assert run.pump.progress.silent(1, ["worker-0"]) == ["worker-0"]
     # Metric lines are task output too.
     assert f"{STAMP} [2] worker-0 | ".encode() + METRIC_PREFIX + b'{"step": 1, "loss": 0.5}' in run.merged
     assert "worker-0 | plain line\n" in run.out.getvalue()

@@ -9,8 +9,8 @@ import signal
 import pytest
 
 from launcher.records.folder import RunFolder
-from launcher.records.record import (FORMAT_VERSION, AttemptRecord, LauncherRecord, RootCause, RunRecord, RunStatus,
-                                     TaskRecord)
+from launcher.records.record import FORMAT_VERSION, AttemptRecord, LauncherRecord, RootCause, RunRecord, TaskRecord
+from launcher.records.states import Outcome, RunStatus, TaskState
 from launcher.run.signals import Interrupted, Signals
 
 
@@ -24,20 +24,20 @@ def full_record() -> RunRecord:
         command="python -m trainer", notes=["a note"],
         tasks=[TaskRecord(name="worker-0", role="worker", index=0, host="localhost", address="localhost:2",
                           argv=["python", "-m", "trainer"], workdir="/work", gpus=[0], env={"A": "1"},
-                          state="failed", pid=99, exit_code=137, signal=9, attempt=2, restarts=1,
+                          state=TaskState.FAILED, pid=99, exit_code=137, signal=9, attempt=2, restarts=1,
                           leftovers=["sleep (pid 4711)"])],
         root_cause=RootCause(task="worker-0", host="localhost", exit_code=137, signal=9, tail=["Killed"],
                              diagnosis={"rule": "oom"}),
-        attempts=[AttemptRecord(attempt=1, outcome="failed", exit_code=137, failed_task="worker-0",
+        attempts=[AttemptRecord(attempt=1, outcome=Outcome.FAILED, exit_code=137, failed_task="worker-0",
                                 blamed_tasks=["worker-0"], diagnosis="oom")],
-        error="/x/merged.log: No space left on device", scheduler={"job_id": "17"})
+        error="/x/merged.log: No space left on device")
 
 
 def test_a_record_survives_a_round_trip_through_run_json(tmp_path):
     folder = RunFolder(tmp_path)
     record = full_record()
     folder.write_record(record, final=True)
-    data = json.loads(folder.manifest_path.read_text())
+    data = json.loads(folder.record_path.read_text())
     assert data["format_version"] == FORMAT_VERSION and data["status"] == "failed"
     assert folder.read_record() == record
 
@@ -45,12 +45,12 @@ def test_a_record_survives_a_round_trip_through_run_json(tmp_path):
 def test_live_rewrites_are_compact_and_the_final_one_indented(tmp_path):
     folder = RunFolder(tmp_path)
     folder.write_record(full_record())
-    assert "\n" not in folder.manifest_path.read_text().rstrip("\n")
+    assert "\n" not in folder.record_path.read_text().rstrip("\n")
     folder.write_record(full_record(), final=True)
-    assert folder.manifest_path.read_text().startswith("{\n  ")
+    assert folder.record_path.read_text().startswith("{\n  ")
 
 
-def test_a_format_1_manifest_reads_with_defaults_and_the_attempt_from_the_task_env():
+def test_a_format_1_record_reads_with_defaults_and_the_attempt_from_the_task_env():
     old = {"tflaunch_version": "0.1.0", "run_id": "r", "source": "--local 2", "status": "running",
            "exit_code": None, "launcher": {"pid": 1, "host": "h", "cwd": "/", "argv": ["tflaunch"]},
            "tasks": [{"name": "worker-0", "role": "worker", "index": 0, "host": "localhost",
@@ -60,6 +60,7 @@ def test_a_format_1_manifest_reads_with_defaults_and_the_attempt_from_the_task_e
     record = RunRecord.from_json(old)
     assert record.format_version == 1 and record.status is RunStatus.RUNNING
     assert record.tasks[0].attempt == 3 and record.attempt == 3
+    assert record.tasks[0].state is TaskState.RUNNING and record.attempts[0].outcome is Outcome.FAILED
     assert record.tasks[0].restarts == 0 and record.tasks[0].leftovers == []
     assert record.error is None and record.launcher.pid == 1
 
@@ -68,12 +69,13 @@ def test_the_old_spelling_of_a_lost_launcher_and_unknown_statuses_read_as_status
     assert RunStatus.parse("died") is RunStatus.LAUNCHER_LOST
     assert RunStatus.parse("exploded") is RunStatus.FAILED
     assert RunStatus.LAUNCHER_LOST.describe() == "launcher lost" and not RunStatus.LAUNCHER_LOST.ended
+    assert TaskState.parse("vanished") is TaskState.FAILED and Outcome.parse(None) is Outcome.FAILED
 
 
 @pytest.mark.parametrize("text", ["[]", '"run"', "3"])
 def test_run_json_that_is_not_an_object_is_refused(tmp_path, text):
     folder = RunFolder(tmp_path)
-    folder.manifest_path.write_text(text)
+    folder.record_path.write_text(text)
     with pytest.raises(ValueError):
         folder.read_record()
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 
 import pytest
 
@@ -34,8 +33,8 @@ def test_worker_killed_mid_epoch_two_restarts_and_resumes_from_backup(tflaunch):
             else None
 
     run_dir = wait_for(epoch_one_done, timeout=180, interval=0.1, message="epoch 1 to end")
-    # Into epoch 2: the trainer reports nothing in the middle of an epoch, so a short wait it is.
-    time.sleep(0.5)
+    # Into epoch 2: epoch 1's backup is complete once its checkpoint state file exists (written last).
+    wait_for(lambda: any((run_dir / "backup").rglob("checkpoint")), timeout=60, message="epoch 1's backup")
     manifest = json.loads((run_dir / "run.json").read_text())
     os.kill(next(t["pid"] for t in manifest["tasks"] if t["name"] == "worker-1"), signal.SIGKILL)
     out, err = proc.communicate(timeout=240)

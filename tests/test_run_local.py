@@ -264,3 +264,19 @@ def test_crash_mid_line_keeps_the_partial_line(tflaunch):
 def test_python_dash_m_launcher_and_version():
     out = subprocess.run([sys.executable, "-m", "launcher", "--version"], capture_output=True, text=True)
     assert out.returncode == 0 and "tflaunch" in out.stdout
+
+
+def test_the_closing_summary_of_forty_tasks_folds_alike_tasks_while_status_and_run_json_list_each(tflaunch):
+    script = 'case "$TFLAUNCH_TASK" in worker-7) exit 3;; worker-20) exit 0;; *) exec sleep 600;; esac'
+    done = tflaunch.run("--local", "40", "--", "bash", "-c", script)
+    assert done.returncode == 3, done.stderr[-3000:]
+    rows = [line.split() for line in done.stderr.splitlines() if re.match(r"tflaunch:   worker-", line)]
+    assert [row[1:5] if "..." in row else row[1:2] for row in rows] == [
+        ["worker-0", "...", "worker-6", "(7"], ["worker-8", "...", "worker-19", "(12"], ["worker-20"],
+        ["worker-21", "...", "worker-39", "(19"]]
+    assert all(row[-6:-3] == ["localhost", "stopped", "SIGTERM"] for row in rows if "..." in row)
+    record = done.manifest
+    assert len(record["tasks"]) == 40 and record["root_cause"]["task"] == "worker-7"
+    status = subprocess.run(tflaunch.argv("status", "--log-dir", str(tflaunch.log_dir)), cwd=tflaunch.cwd,
+                            env=tflaunch.env(), capture_output=True, text=True, timeout=60)
+    assert len(re.findall(r"^worker-\d+ ", status.stdout, re.M)) == 40

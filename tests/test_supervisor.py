@@ -16,7 +16,8 @@ import pytest
 from launcher.cluster.plan import TaskLaunch
 from launcher.cluster.spec import RestartPolicy
 from launcher.run.signals import Signals
-from launcher.run.supervisor import Outcome, Supervisor, SupervisorOptions, TaskState, Trip
+from launcher.records.states import Outcome, TaskState
+from launcher.run.supervisor import Supervisor, SupervisorOptions, Trip
 from launcher.transports.base import ExitStatus
 
 
@@ -240,6 +241,15 @@ def test_a_signal_stops_every_task_and_gives_128_plus_n(signum, code):
     assert result.outcome is Outcome.INTERRUPTED and result.exit_code == code
     assert {t.state for t in tasks.values()} == {TaskState.STOPPED}
     assert events[0] == f"received {signal.Signals(signum).name}: stopping every task"
+
+
+def test_a_signal_that_came_while_the_attempt_was_being_set_up_stops_it_before_any_task_starts():
+    signals = Signals()
+    deliver(signals, signal.SIGINT)  # after the launch checked for signals, before the supervisor existed
+    result, tasks, transport, events, _ = supervise(["worker-0", "worker-1"], {}, signals=signals)
+    assert result.outcome is Outcome.INTERRUPTED and result.exit_code == 130
+    assert {t.state for t in tasks.values()} == {TaskState.STOPPED} and not transport.processes
+    assert events == ["received SIGINT: stopping every task"]
 
 
 def test_a_second_signal_while_stopping_skips_the_grace():

@@ -18,8 +18,10 @@ import pytest
 
 from launcher.cluster.plan import TaskLaunch
 from launcher.run.console import Console
-from launcher.run.pump import METRIC_PREFIX, OutputPump
-from launcher.run.supervisor import Task, TaskState, Trip
+from launcher.records.metrics import PREFIX as METRIC_PREFIX
+from launcher.run.pump import OutputPump
+from launcher.records.states import TaskState
+from launcher.run.supervisor import Task, Trip
 from launcher.run.watchdog import Watchdog, WatchdogSettings, training_tasks
 from polling import wait_for
 
@@ -72,7 +74,7 @@ class Cluster:
 
     def watchdog(self, trainers: list[str], attempt: int = 1, start_timeout: float | None = None,
                  hang_timeout: float | None = None) -> Watchdog:
-        return Watchdog(WatchdogSettings(start_timeout, hang_timeout), self.pump, attempt, trainers,
+        return Watchdog(WatchdogSettings(start_timeout, hang_timeout), self.pump.progress, attempt, trainers,
                         self.folder / f"attempt-{attempt}" / "stacks", self.events.append, clock=self.clock)
 
     def workers(self, count: int, **timeouts: float) -> tuple[Watchdog, list[Task]]:
@@ -96,7 +98,8 @@ class Cluster:
         wait_for(self._all_read, timeout=10, interval=0.002, message=f"the pump to read {name}'s output")
 
     def _all_read(self) -> bool:
-        if sum(self.pump.lines_seen.values()) >= self.lines:
+        merged = self.folder / "merged.log"
+        if merged.exists() and merged.read_bytes().count(b"\n") >= self.lines:
             return True
         if not self.pump._thread.is_alive():
             pytest.fail("the output pump's thread died", pytrace=False)

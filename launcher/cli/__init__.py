@@ -13,7 +13,7 @@ import click
 
 from ..errors import LaunchError
 from ..run.signals import Interrupted
-from . import export, inspect, run, submit  # noqa: F401  (each module registers its commands on the group)
+from . import export, inspect, run, submit, tensorboard  # noqa: F401  (each module registers its commands on the group)
 from .group import cli
 
 __all__ = ["cli", "main"]

@@ -12,9 +12,9 @@ import re
 
 import click
 
+from ..records.folder import DEFAULT_LOG_DIR
 from .group import cli
 
-DEFAULT_LOG_DIR = "logs"
 RUN_ARG_HELP = "RUN is a run id, a unique prefix of one, or 'latest' (the default)."
 
 log_dir_option = click.option("--log-dir", default=DEFAULT_LOG_DIR, show_default=True, metavar="DIR",

@@ -12,14 +12,16 @@ from .group import cli
 if TYPE_CHECKING:
     from ..sources import ClusterSource
 
-RUN_HELP = """Run a TensorFlow cluster: one supervised task per entry of CLUSTER (a cluster YAML file) or
---local N workers on this machine. Everything after -- is the command each task runs
-(default: python -m trainer); "python" there means each task's configured interpreter.
+RUN_HELP = """Run a TensorFlow cluster: one supervised task per entry of CLUSTER (a cluster YAML file),
+--local N workers on this machine, or one task per slot of -H HOST:SLOTS,... or --hostfile FILE.
+Everything after -- is the command each task runs (default: python -m trainer); "python" there
+means each task's configured interpreter.
 
 \b
 Examples:
   tflaunch --local 2
   tflaunch clusters/local_two.yaml
+  tflaunch -H node1:4,node2:4 --chief
   tflaunch --local 2 -- python my_train.py --lr 0.1
   tflaunch --local 2 --chief --ps 1 --dry-run
 """
@@ -59,11 +61,18 @@ def _parse_threads(ctx: click.Context, param: click.Parameter, value: str | None
 @cli.command(help=RUN_HELP)
 @click.argument("cluster", required=False, metavar="CLUSTER.yaml")
 @click.option("--local", "local", type=click.IntRange(min=1), metavar="N", help="Run N workers on this machine.")
-@click.option("--chief", is_flag=True, help="With --local: add a chief task.")
+@click.option("-H", "--hosts", metavar="HOST:SLOTS,...",
+              help="One task per slot on these hosts, e.g. node1:4,node2:4 (localhost: this machine; others over "
+                   "ssh); free ports on every host.")
+@click.option("--hostfile", metavar="FILE", help="Like -H, from an MPI/DeepSpeed hostfile: one 'HOST slots=N' per line.")
+@click.option("--chief", is_flag=True,
+              help="With --local: add a chief task. With -H/--hostfile: the first slot runs the chief.")
 @click.option("--ps", type=click.IntRange(min=0), default=0, metavar="K",
-              help="With --local: add K parameter-server tasks (implies --chief).")
+              help="With --local: add K parameter-server tasks; with -H/--hostfile: the K slots after the "
+                   "chief's (implies --chief).")
 @click.option("--gpus", callback=_parse_gpus, metavar="LIST",
-              help="With --local: GPU indices (e.g. 0,1) dealt round-robin to chief and workers.")
+              help="With --local: GPU indices (e.g. 0,1) dealt round-robin to chief and workers; with "
+                   "-H/--hostfile: each host's GPUs, dealt to that host's chief and workers.")
 @click.option("--log-dir", metavar="DIR", help="Where run folders go (default: the file's log_dir, else ./logs).")
 @click.option("--threads", callback=_parse_threads, metavar="N|auto|off",
               help="Thread limit per task (default auto: cores shared among a host's tasks).")
@@ -92,9 +101,13 @@ def _parse_threads(ctx: click.Context, param: click.Parameter, value: str | None
 @click.option("--evaluator-timeout", type=click.FloatRange(min=0), default=300.0, show_default=True, metavar="S",
               help="After training succeeds, seconds a running evaluator may take to finish its last "
                    "evaluation before it is stopped.")
+@click.option("--tensorboard", is_flag=True,
+              help="Start TensorBoard on the run's folder beside the run (127.0.0.1, from port 6006 up) and stop "
+                   "it with the run (needs the 'tensorboard' extra).")
 @click.option("--slurm", is_flag=True,
               help="Inside a Slurm allocation: one task per slot, started with srun (roles: --chief, --ps, --evaluator).")
-@click.option("--evaluator", is_flag=True, help="With --slurm: the allocation's last slot runs an evaluator.")
+@click.option("--evaluator", is_flag=True,
+              help="With --slurm, -H or --hostfile: the last slot runs an evaluator.")
 @click.option("--requeue", is_flag=True,
               help="With --slurm: on SIGUSR1 (Slurm's warning signal) stop the tasks so they save, then requeue the job.")
 @click.option("--run-dir", metavar="DIR", hidden=True, help="With --slurm: the run folder 'tflaunch submit' made.")
@@ -104,7 +117,7 @@ def run(ctx: click.Context, cluster: str | None, **options: Any) -> None:
     from ..run.watchdog import WatchdogSettings
 
     source = _source(cluster, options)
-    request = LaunchRequest(source=source, command=ctx.meta.get("tflaunch.command") or None,
+    request = LaunchRequest(cluster=source.spec, command=ctx.meta.get("tflaunch.command") or None,
                             log_dir=options["log_dir"], threads=options["threads"], grace=options["grace"],
                             preflight=not options["no_check"] and not options["slurm"],
                             max_restarts=options["max_restarts"],
@@ -129,6 +142,14 @@ def run(ctx: click.Context, cluster: str | None, **options: Any) -> None:
     from ..run.launch import run as run_cluster
     from ..run.summary import describe_result
 
+    board = None
+    if options["tensorboard"]:
+        from ..tensorboard import BesideRun, require
+
+        if options["slurm"]:
+            raise click.UsageError("--tensorboard does not apply to --slurm; start 'tflaunch tensorboard RUN' "
+                                   "where the run folder is readable")
+        require()  # before anything starts: one line naming the extra
     # Colour follows the terminal and NO_COLOR (see Console); the status line shows only on a terminal.
     console = Console(tasks=options["show_tasks"] or None, quiet=options["quiet"], verbose=options["verbose"])
     try:
@@ -137,9 +158,14 @@ def run(ctx: click.Context, cluster: str | None, **options: Any) -> None:
 
             result = run_in_job(request, console, run_dir=options["run_dir"], requeue=options["requeue"])
         else:
-            result = run_cluster(request, console)
+            board = BesideRun(console.message) if options["tensorboard"] else None
+            result = run_cluster(request, console, on_folder=lambda folder: board.start(folder.path) if board else None)
+        if board is not None:
+            board.stop()  # with the run, before the summary
         console.message("\n".join(describe_result(result)))
     finally:
+        if board is not None:
+            board.stop()
         console.close()  # writes what is queued; a closed or stalled terminal does not change the exit code
     ctx.exit(result.exit_code)
 
@@ -150,43 +176,54 @@ def _source(cluster: str | None, options: dict[str, Any]) -> ClusterSource:
     if options["slurm"]:
         from ..sources.slurm import SlurmSource
 
-        if local is not None or gpus:
-            raise click.UsageError("--slurm takes its tasks and GPUs from the allocation; drop --local and --gpus")
+        if local is not None or gpus or options["hosts"] is not None or options["hostfile"] is not None:
+            raise click.UsageError("--slurm takes its hosts, tasks and GPUs from the allocation; "
+                                   "drop --local, -H, --hostfile and --gpus")
         return SlurmSource(chief=chief or None, ps=ps or None, evaluator=options["evaluator"] or None,
                            cluster_file=cluster)
-    if options["evaluator"] or options["requeue"] or options["run_dir"]:
-        raise click.UsageError("--evaluator, --requeue and --run-dir only apply to --slurm")
-    return file_or_local_source(cluster, local, chief, ps, gpus, local_options="--chief, --ps and --gpus")
+    if options["requeue"] or options["run_dir"]:
+        raise click.UsageError("--requeue and --run-dir only apply to --slurm")
+    return file_or_local_source(cluster, local, chief, ps, gpus, local_options="--chief, --ps, --evaluator and --gpus",
+                                hosts=options["hosts"], hostfile=options["hostfile"], evaluator=options["evaluator"])
 
 
 def file_or_local_source(cluster: str | None, local: int | None, chief: bool, ps: int, gpus: tuple[int, ...] = (),
-                         local_options: str = "--chief and --ps") -> ClusterSource:
-    """A cluster file or ``--local N`` (one, not both); ``local_options`` names the command's --local options."""
-    from ..sources.file import ClusterFileSource
-    from ..sources.local import LocalSource
+                         local_options: str = "--chief and --ps", *, hosts: str | None = None,
+                         hostfile: str | None = None, evaluator: bool = False) -> ClusterSource:
+    """A cluster file, ``--local N``, ``-H HOSTS`` or ``--hostfile FILE`` (exactly one; see sources.choose).
 
-    if (cluster is None) == (local is None):
-        raise click.UsageError("give either a cluster file or --local N")
-    if cluster is not None and (chief or ps or gpus):
-        raise click.UsageError(f"{local_options} only apply to --local; put roles in the cluster file")
-    if cluster is not None:
-        return ClusterFileSource(cluster)
-    return LocalSource(local, chief=chief, ps=ps, gpus=gpus)
+    ``local_options`` names the command's role options, which apply to all but a cluster file.
+    """
+    from ..sources.choose import choose_source
+
+    return choose_source(cluster, local, hosts=hosts, hostfile=hostfile, chief=chief, ps=ps, evaluator=evaluator,
+                         gpus=gpus, role_options=local_options)
 
 
 @cli.command("check")
-@click.argument("cluster", metavar="CLUSTER.yaml")
+@click.argument("cluster", required=False, metavar="CLUSTER.yaml")
+@click.option("--local", "local", type=click.IntRange(min=1), metavar="N", help="N workers on this machine.")
+@click.option("-H", "--hosts", metavar="HOST:SLOTS,...", help="One task per slot on these hosts, as for run.")
+@click.option("--hostfile", metavar="FILE", help="Hosts and slots from an MPI/DeepSpeed hostfile, as for run.")
+@click.option("--chief", is_flag=True, help="With --local, -H or --hostfile: a chief task, as for run.")
+@click.option("--ps", type=click.IntRange(min=0), default=0, metavar="K",
+              help="With --local, -H or --hostfile: K parameter-server tasks, as for run.")
+@click.option("--evaluator", is_flag=True, help="With -H or --hostfile: the last slot runs an evaluator.")
+@click.option("--gpus", callback=_parse_gpus, metavar="LIST", help="GPU indices, as for run.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 @click.pass_context
-def check_command(ctx: click.Context, cluster: str, as_json: bool) -> None:
-    """Check every host of CLUSTER in parallel: ssh, python, tensorflow, ports, workdirs, GPUs."""
+def check_command(ctx: click.Context, cluster: str | None, local: int | None, hosts: str | None,
+                  hostfile: str | None, chief: bool, ps: int, evaluator: bool, gpus: tuple[int, ...],
+                  as_json: bool) -> None:
+    """Check every host of the cluster in parallel: ssh, python, tensorflow, ports, workdirs, GPUs."""
     import json
     from dataclasses import asdict
 
     from ..run.launch import LaunchRequest, check
-    from ..sources.file import ClusterFileSource
 
-    report = check(LaunchRequest(source=ClusterFileSource(cluster)))
+    source = file_or_local_source(cluster, local, chief, ps, gpus, local_options="--chief, --ps, --evaluator and "
+                                  "--gpus", hosts=hosts, hostfile=hostfile, evaluator=evaluator)
+    report = check(LaunchRequest(cluster=source.spec))
     if as_json:
         click.echo(json.dumps({"ok": report.ok, "items": [asdict(i) for i in report.items]}, indent=2))
     else:

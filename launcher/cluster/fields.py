@@ -122,6 +122,13 @@ class FieldReader:
             raise self.fail(key, f"expected a non-empty string, got {show(value)}")
         return str(value)
 
+    def read_host(self, value: Any, key: str) -> str:
+        """A host name; YAML reads ``host: 12`` as a number, which is almost never a host's name."""
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            raise self.fail(key, f"expected a host name, got the number {value!r}; if the host's name really "
+                                 f"is a number, quote it: '{value}'")
+        return self.expect_str(value, key)
+
     def optional_str(self, mapping: Mapping[Any, Any], name: str, key: str) -> str | None:
         return None if mapping.get(name) is None else self.expect_str(mapping[name], join_key(key, name))
 

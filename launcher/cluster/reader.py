@@ -169,7 +169,7 @@ class _ClusterReader(FieldReader):
         self.check_keys(mapping, TASK_KEYS, key)
         if "host" not in mapping:
             raise self.fail(f"{key}.host", "missing; expected the task's host name")
-        host = self.expect_str(mapping["host"], f"{key}.host")
+        host = self.read_host(mapping["host"], f"{key}.host")
         port: Any = mapping.get("port")
         if port is None:
             try:
@@ -222,6 +222,7 @@ class _ClusterReader(FieldReader):
         hosts: dict[str, HostSettings] = {}
         for name, raw in mapping.items():
             key = f"hosts.{name}"
+            name = self.read_host(name, key)
             settings = self.expect_mapping(raw or {}, key, "a mapping of host settings")
             self.check_keys(settings, HOST_KEYS, key)
             hosts[str(name)] = HostSettings(

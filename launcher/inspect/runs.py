@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import LaunchError, RunNotFoundError
-from ..records.folder import MANIFEST, RunFolder
-from ..slurm.job import SLURM_RECORD, job_status, pending_record
+from ..records.folder import RECORD, RunFolder
+from ..records.metrics import speaker
 from ..records.record import RunRecord, RunStatus, TaskRecord
+from ..slurm.job import SLURM_RECORD, job_status, pending_record
 from ..run.resources import ResourceSampler
 
 LATEST = "latest"
@@ -106,14 +107,10 @@ class Run:
         return self.folder.read_resources()
 
     def chief(self, metrics: list[dict[str, Any]] | None = None) -> str | None:
-        """The task whose figures stand for the run: chief-0, else worker-0, else the first that reported."""
+        """The task whose figures stand for the run (:func:`launcher.records.metrics.speaker`)."""
         names = self.task_names()
-        roles = {t.name: t.role for t in self.tasks}
-        for candidate in [n for n in names if roles[n] == "chief"] + ["worker-0"]:
-            if candidate in names:
-                return candidate
         reported = [m.get("task") for m in (metrics if metrics is not None else self.metrics())]
-        return next((n for n in reported if n), names[0] if names else None)
+        return speaker(names, [n for n in reported if n]) or (names[0] if names else None)
 
 
 def pid_alive(pid: int, not_after: float | None = None) -> bool:
@@ -137,11 +134,11 @@ def load_run(path: Path) -> Run:
     try:
         record = folder.read_record()
     except FileNotFoundError:
-        raise RunNotFoundError(f"{path}: no {MANIFEST}; not a tflaunch run folder") from None
+        raise RunNotFoundError(f"{path}: no {RECORD}; not a tflaunch run folder") from None
     except (ValueError, TypeError) as exc:
-        raise RunNotFoundError(f"{folder.manifest_path}: not a run record ({exc})") from None
+        raise RunNotFoundError(f"{folder.record_path}: not a run record ({exc})") from None
     except OSError as exc:
-        raise RunNotFoundError(f"{folder.manifest_path}: cannot read it ({exc.strerror or exc})") from None
+        raise RunNotFoundError(f"{folder.record_path}: cannot read it ({exc.strerror or exc})") from None
     return Run(path, record)
 
 
@@ -152,7 +149,7 @@ def find_runs(log_dir: Path | str) -> list[Run]:
         raise RunNotFoundError(f"log directory {_shown(log_dir)} does not exist (choose another with --log-dir DIR)")
     runs = []
     for path in log_dir.iterdir():
-        if path.is_dir() and RunFolder(path).manifest_path.is_file():
+        if path.is_dir() and RunFolder(path).record_path.is_file():
             try:
                 runs.append(load_run(path))
             except RunNotFoundError:

@@ -1,17 +1,23 @@
-"""Run folders: ``logs/<run-id>/`` with per-task logs, merged.log, metrics.jsonl and run.json.
+"""Run folders: where they go (``logs/`` unless told otherwise), how one is made, and its layout.
 
 Layout of one run::
 
     logs/20261122-140501-a3f9/
         run.json            the run record (records/record.py): cluster, tasks, commands, env, attempts, exit codes
-        merged.log          every line of every task: "<time> <task> | <text>"
-        metrics.jsonl       the metric records tasks printed (see output.METRIC_PREFIX)
+        merged.log          every line of every task: "<date> <time> [<attempt>] <task> | <text>"
+        metrics.jsonl       the metric records tasks printed (the line format is in records/metrics.py)
+        resources.json      each task's CPU and memory figures, when they were sampled
         attempt-1/worker-0.log   each task's own stdout and stderr, byte for byte
         worker-0.log -> attempt-1/worker-0.log   (the latest attempt)
+        attempt-1/stacks/   the tasks' stacks, when a hang watchdog collected them
+        backup/             the trainer's backup, when the run may restart
+
+A Slurm run's folder also holds ``job.sbatch`` and ``slurm.json`` (see :mod:`launcher.slurm.job`).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import time
@@ -19,10 +25,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..errors import ConfigError
+
 if TYPE_CHECKING:
     from .record import RunRecord
 
-MANIFEST = "run.json"
+DEFAULT_LOG_DIR = "logs"  # where run folders go when neither --log-dir nor a cluster file's log_dir says
+RECORD = "run.json"
 MERGED = "merged.log"
 METRICS = "metrics.jsonl"
 RESOURCES = "resources.json"
@@ -36,8 +45,12 @@ def iso_time(when: float) -> str:
 def write_atomically(path: Path, text: str) -> None:
     """Replace ``path`` through a temporary file and a rename: readers never see half a file."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    try:
+        tmp.write_text(text)
+        tmp.replace(path)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # a full disk leaves no half-written file behind
+        raise
 
 
 def new_run_id(now: float | None = None) -> str:
@@ -53,18 +66,36 @@ class RunFolder:
         self.path = Path(path)
 
     @classmethod
-    def create(cls, log_dir: Path, run_id: str) -> "RunFolder":
-        path = Path(log_dir) / run_id
-        path.mkdir(parents=True, exist_ok=False)
+    def create(cls, log_dir: str | Path | None, source: str, option: str = "--log-dir") -> "RunFolder":
+        """A new run folder in ``log_dir`` (None: :data:`DEFAULT_LOG_DIR`).
+
+        ConfigError names ``source``, the directory, where it came from (``option`` when given,
+        else the default) and the system's reason, when the folder cannot be made.
+        """
+        base = Path(log_dir or DEFAULT_LOG_DIR)
+        path = base / new_run_id()
+        try:
+            path.mkdir(parents=True, exist_ok=False)
+        except OSError as exc:
+            where = option if log_dir else "the default log directory"
+            raise ConfigError(source, "log_dir", f"cannot create a run folder in {str(base)!r} ({where}): "
+                                                 f"{exc.strerror or exc}") from None
         return cls(path)
+
+    def discard_if_empty(self) -> None:
+        """Remove the folder when nothing was written into it (a run refused before it started)."""
+        try:
+            self.path.rmdir()
+        except OSError:
+            pass
 
     @property
     def run_id(self) -> str:
         return self.path.name
 
     @property
-    def manifest_path(self) -> Path:
-        return self.path / MANIFEST
+    def record_path(self) -> Path:
+        return self.path / RECORD
 
     @property
     def merged_path(self) -> Path:
@@ -92,17 +123,6 @@ class RunFolder:
         tmp.replace(link)
         return fd
 
-    def write_manifest(self, manifest: dict[str, Any], final: bool = False) -> None:
-        """Replace run.json atomically: readers never see half a file.
-
-        Live rewrites are compact (json's C encoder); the final one is indented for people.
-        """
-        text = json.dumps(manifest, indent=2) if final else json.dumps(manifest, separators=(",", ":"))
-        write_atomically(self.manifest_path, text + "\n")
-
-    def read_manifest(self) -> dict[str, Any]:
-        return json.loads(self.manifest_path.read_text())
-
     def read_metrics(self) -> list[dict[str, Any]]:
         """The metric records in the order they arrived; a half-written last line is left out."""
         try:
@@ -128,11 +148,28 @@ class RunFolder:
         return tasks if isinstance(tasks, dict) else {}
 
     def write_record(self, record: "RunRecord", final: bool = False) -> None:
-        """Write the run's typed record as run.json (see :mod:`launcher.records.record`)."""
-        self.write_manifest(record.to_json(), final=final)
+        """Replace run.json with the run's typed record (see :mod:`launcher.records.record`), atomically.
+
+        Live rewrites are compact (json's C encoder); the final one is indented for people. When a
+        full disk leaves no room for the new copy beside the old, the final record replaces the old
+        one in place, compact: the space the old one held is enough for it more often than not.
+        """
+        data = record.to_json()
+        compact = json.dumps(data, separators=(",", ":")) + "\n"
+        if not final:
+            write_atomically(self.record_path, compact)
+            return
+        try:
+            write_atomically(self.record_path, json.dumps(data, indent=2) + "\n")
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC or not self.record_path.exists():
+                raise
+            with open(self.record_path, "r+b") as handle:
+                handle.truncate(0)
+                handle.write(compact.encode())
 
     def read_record(self) -> "RunRecord":
         """The run's record; ValueError when run.json is not a run record, OSError when unreadable."""
         from .record import RunRecord
 
-        return RunRecord.from_json(self.read_manifest())
+        return RunRecord.from_json(json.loads(self.record_path.read_text()))

@@ -11,37 +11,12 @@ number that version 1 only kept in each task's environment is recovered from the
 
 from __future__ import annotations
 
-import enum
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Mapping
 
+from .states import Outcome, RunStatus, TaskState
+
 FORMAT_VERSION = 2
-
-
-class RunStatus(str, enum.Enum):
-    """A run's status. ``LAUNCHER_LOST`` is never written: readers infer it (see :meth:`RunRecord.status_now`)."""
-
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    STOPPED = "stopped"
-    LAUNCHER_LOST = "launcher-lost"  # run.json says running, but its launcher is gone
-
-    @classmethod
-    def parse(cls, value: Any) -> "RunStatus":
-        if value == "died":  # how earlier readers spelled a lost launcher
-            return cls.LAUNCHER_LOST
-        try:
-            return cls(value)
-        except ValueError:
-            return cls.FAILED  # an unknown word is no reason to hide the run; it did not succeed
-
-    @property
-    def ended(self) -> bool:
-        return self not in (RunStatus.RUNNING, RunStatus.LAUNCHER_LOST)
-
-    def describe(self) -> str:
-        return "launcher lost" if self is RunStatus.LAUNCHER_LOST else self.value
 
 
 def _known(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
@@ -64,7 +39,7 @@ class TaskRecord:
     workdir: str = ""
     gpus: list[int] | None = None
     env: dict[str, str] = field(default_factory=dict)
-    state: str = "pending"  # a launcher.run.supervisor.TaskState value
+    state: TaskState = TaskState.PENDING
     pid: int | None = None
     started_at: str | None = None
     ended_at: str | None = None
@@ -78,6 +53,7 @@ class TaskRecord:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "TaskRecord":
         record = cls(**_known(cls, {"role": "?", "index": 0, "host": "?", **data}))
+        record.state = TaskState.parse(data.get("state", "pending"))
         if "attempt" not in data:  # format 1 kept it in the environment only
             try:
                 record.attempt = int(record.env.get("TFLAUNCH_ATTEMPT", 1))
@@ -91,7 +67,7 @@ class AttemptRecord:
     attempt: int
     started_at: str | None = None
     ended_at: str | None = None
-    outcome: str = "failed"  # a launcher.run.supervisor.Outcome value
+    outcome: Outcome = Outcome.FAILED
     exit_code: int | None = None
     failed_task: str | None = None
     reason: str = ""
@@ -100,7 +76,9 @@ class AttemptRecord:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "AttemptRecord":
-        return cls(**_known(cls, {"attempt": 0, **data}))
+        record = cls(**_known(cls, {"attempt": 0, **data}))
+        record.outcome = Outcome.parse(data.get("outcome"))
+        return record
 
 
 @dataclass
@@ -152,12 +130,14 @@ class RunRecord:
     root_cause: RootCause | None = None
     attempts: list[AttemptRecord] = field(default_factory=list)
     error: str | None = None  # what ended the run from outside the tasks (a full disk, a vanished folder)
-    # Set by a backend that runs the cluster for the launcher (e.g. a batch scheduler's job id).
-    scheduler: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["status"] = self.status.value
+        for task in data["tasks"]:
+            task["state"] = TaskState(task["state"]).value
+        for attempt in data["attempts"]:
+            attempt["outcome"] = Outcome(attempt["outcome"]).value
         return data
 
     @classmethod
@@ -174,9 +154,8 @@ class RunRecord:
         values["attempts"] = [AttemptRecord.from_json(a) for a in data.get("attempts") or [] if isinstance(a, Mapping)]
         root = data.get("root_cause")
         values["root_cause"] = RootCause.from_json(root) if isinstance(root, Mapping) else None
-        for name in ("cluster", "scheduler"):
-            if not isinstance(values.get(name), Mapping):
-                values.pop(name, None)
+        if not isinstance(values.get("cluster"), Mapping):
+            values.pop("cluster", None)
         for name in ("notes",):
             if not isinstance(values.get(name), list):
                 values.pop(name, None)

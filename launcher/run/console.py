@@ -9,8 +9,8 @@ and the run goes on to its end and its own exit code.
 
 What a task line becomes on the console (the files are untouched by any of this):
 
-- a metric line (``TFLAUNCH_METRIC {json}``) is rendered for people (:mod:`.metricview`), lock-step
-  duplicates once;
+- a metric line (see :mod:`launcher.records.metrics`), which arrives already parsed by the output
+  pump, is rendered for people (:mod:`.metricview`), lock-step duplicates once;
 - TensorFlow's routine C++ start-up chatter is hidden (:class:`.render.Chatter`);
 - with ``verbose`` every line is shown as the task wrote it.
 
@@ -22,7 +22,6 @@ when ``NO_COLOR`` is set.
 from __future__ import annotations
 
 import collections
-import json
 import os
 import select
 import sys
@@ -32,14 +31,13 @@ from typing import IO, Any, Iterable, Mapping
 
 import click
 
+from ..records.metrics import PREFIX, Record
+from ..records.states import TaskState
 from .metricview import Line, MetricBoard
 from .render import Chatter, may_hold_chatter
 
-_METRIC = b"TFLAUNCH_METRIC "
-_METRIC_TEXT = _METRIC.decode()
 _COLOURS = ("cyan", "yellow", "green", "magenta", "blue", "red",
             "bright_cyan", "bright_yellow", "bright_green", "bright_magenta", "bright_blue", "bright_red")
-_ENDED = ("succeeded", "failed", "stopped")
 _ERASE = "\r\x1b[K"
 
 
@@ -158,13 +156,16 @@ class Console:
     def shows(self, name: str) -> bool:
         return not self.quiet and (self.only is None or name in self.only)
 
-    def task_block(self, name: str, block: bytes, attempt: int = 1, metrics: bool | None = None) -> None:
-        """Queue a block of complete lines (each ending in ``\\n``) that a task wrote."""
+    def task_block(self, name: str, block: bytes, attempt: int = 1, metrics: list[Record | None] = ()) -> None:
+        """Queue a block of complete lines (each ending in ``\\n``) that a task wrote.
+
+        ``metrics`` holds the parsed record of each line of the block that carries the metric
+        prefix, in order (None for a malformed one: shown as the line it is); see
+        :func:`launcher.records.metrics.parse_block`.
+        """
         if not block:
             return
         shown = self.shows(name)
-        if metrics is None:
-            metrics = _METRIC in block
         if not shown and not metrics:
             return
         with self._cond:
@@ -173,8 +174,8 @@ class Console:
                 if not metrics:
                     return
                 # The lines are dropped, but the status line still learns the epoch from them.
-                block, shown = b"".join(line + b"\n" for line in block.split(b"\n") if _METRIC in line), False
-            self._queue.append(("task", name, attempt, block, shown))
+                block, shown = b"".join(line + b"\n" for line in block.split(b"\n") if PREFIX in line), False
+            self._queue.append(("task", name, attempt, block, shown, list(metrics)))
             self._queued += len(block)
             self._wake()
 
@@ -182,8 +183,8 @@ class Console:
         """One of tflaunch's own messages; shown even with --quiet."""
         self._put(("message", text))
 
-    def task_states(self, states: Mapping[str, str], attempt: int, restarts: int) -> None:
-        """The tasks' states changed (``{"worker-0": "running", ...}``): redraw the status line."""
+    def task_states(self, states: Mapping[str, TaskState], attempt: int, restarts: int) -> None:
+        """The tasks' states changed (``{"worker-0": TaskState.RUNNING, ...}``): redraw the status line."""
         self._put(("states", dict(states), attempt, restarts))
 
     def close(self, timeout: float = 5.0) -> None:
@@ -242,7 +243,7 @@ class Console:
             return [(self._err, self._message_text(item[1]))]
         if kind == "states":
             self._states, self._restarts = item[1], item[3]
-            ended = [name for name, state in self._states.items() if state in _ENDED]
+            ended = [name for name, state in self._states.items() if TaskState(state).ended]
             return [(self._out, self._metric_lines(self._board.release(ended)))]
         return [(self._out, self._metric_lines(self._board.release_all()))]
 
@@ -282,11 +283,11 @@ class Console:
     def _metric_lines(self, lines: list[Line]) -> str:
         return "".join(f"{self._label(task)}{text}\n" for task, text in lines)
 
-    def _task_text(self, name: str, attempt: int, block: bytes, shown: bool) -> str | bytes:
-        has_metrics = _METRIC in block
-        if self.verbose or not (has_metrics or may_hold_chatter(block)):
-            if has_metrics:
-                self._learn(name, attempt, block)
+    def _task_text(self, name: str, attempt: int, block: bytes, shown: bool, metrics: list[Record | None]) -> str | bytes:
+        if self.verbose or not (metrics or may_hold_chatter(block)):
+            for record in metrics:  # raw lines shown: the records only move the status line on
+                if record is not None:
+                    self._board.add(name, attempt, record)
             if not shown:
                 return ""
             prefix = self._label(name).encode()
@@ -296,24 +297,20 @@ class Console:
             return prefix + block[:-1].replace(b"\n", b"\n" + prefix) + b"\n"
         out: list[str] = []
         prefix = self._label(name)
+        records = iter(metrics)
         for raw in block[:-1].split(b"\n"):
-            line = raw.decode("utf-8", "replace")
-            record = _metric_record(line)
+            record = next(records, None) if PREFIX in raw else None
             if record is not None:
                 out.append(self._metric_lines(self._board.add(name, attempt, record)))
-            elif not shown:
                 continue
-            elif self._chatter.hides(name, line):
+            if not shown:
+                continue
+            line = raw.decode("utf-8", "replace")
+            if self._chatter.hides(name, line):
                 self.hidden_lines += 1
             else:
                 out.append(f"{prefix}{line}\n")
         return "".join(out)
-
-    def _learn(self, name: str, attempt: int, block: bytes) -> None:
-        """Feed the metric records of a block to the board for the status line only."""
-        for raw in block.split(b"\n"):
-            if _METRIC in raw and (record := _metric_record(raw.decode("utf-8", "replace"))) is not None:
-                self._board.add(name, attempt, record)
 
     def _status_text(self) -> str:
         elapsed = int(self.clock() - self.started)
@@ -324,25 +321,14 @@ class Console:
         if board.epoch is not None:
             parts.append(f"epoch {board.epoch}/{board.total}" if board.total else f"epoch {board.epoch}")
         width = _terminal_width(self._out)
-        states = "  ".join(f"{name} {state}" for name, state in self._states.items())
+        states = "  ".join(f"{name} {TaskState(state).value}" for name, state in self._states.items())
         tail = f"restarts {self._restarts}"
         if len(" | ".join([*parts, states, tail])) >= width:
-            counts = collections.Counter(self._states.values())
+            counts = collections.Counter(TaskState(state).value for state in self._states.values())
             states = f"{len(self._states)} tasks: " + ", ".join(f"{n} {s}" for s, n in counts.items())
         parts += [states or "starting", tail]
         text = " | ".join(parts)[:max(1, width - 1)]  # one column spare: a full line would wrap
         return click.style(text, reverse=True) if self.colour else text
-
-
-def _metric_record(line: str) -> dict[str, Any] | None:
-    at = line.find(_METRIC_TEXT)
-    if at < 0:
-        return None
-    try:
-        record = json.loads(line[at + len(_METRIC_TEXT):])
-    except ValueError:
-        return None  # malformed: shown as the plain line it is
-    return record if isinstance(record, dict) else None
 
 
 def _terminal_width(sink: _Sink) -> int:

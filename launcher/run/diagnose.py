@@ -29,6 +29,8 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from ..records.metrics import speaker
+
 SIGKILL = 9
 
 
@@ -247,7 +249,7 @@ def _cluster_not_formed(t: _Tail) -> Diagnosis | None:
     mwms = not any(name.startswith("ps-") for name in t.task_names)
     if (mwms and t.task_names and not t.has_traceback and "Started server with target" in t.text
             and "Coordination agent has successfully connected" not in t.text):
-        leader = "chief-0" if "chief-0" in t.task_names else "worker-0"
+        leader = speaker(t.task_names) or t.task_names[0]
         return Diagnosis("cluster-not-formed", f"this task never connected to {leader}, the cluster's leader "
                          "(TensorFlow waits silently)", f"check that {leader} is running and that its host and "
                          "port in the cluster file are reachable from this host (firewall)", peer=leader)

@@ -1,8 +1,11 @@
 """The run layer's entry points: ``run``, ``dry_run`` and ``check`` for a launch request.
 
-A request names a cluster source (see :mod:`launcher.sources`) and the command-line overrides.
-From it come the validated spec, reserved ports, the preflight, the run folder, and then a
-:class:`~.session.RunSession` that runs the attempts. Everything here reports through the
+A request carries the cluster (a function from this machine's host names to a validated spec:
+the CLI hands in a source's ``spec``, see :mod:`launcher.sources`) and the command-line
+overrides. From it come the spec, reserved ports, the preflight, the run folder, and then a
+:class:`~.session.RunSession` that runs the attempts. :func:`run` is the one way a cluster is
+run, locally, over ssh or inside a Slurm allocation (:mod:`launcher.slurm.job` passes how its
+run folder is found and the signal it watches). Everything here reports through the
 :class:`Console` it is given and returns results; it never prints on its own or exits.
 """
 
@@ -20,8 +23,7 @@ from ..cluster.plan import Plan, RunContext, plan_cluster
 from ..cluster.ports import PortReservation, port_is_free, reserve_ports
 from ..cluster.spec import AUTO, RESERVED_ENV, ClusterSpec, is_local
 from ..errors import ConfigError, EnvironmentProblem, PortInUseError, PreflightError, UnknownTaskError
-from ..records.folder import RunFolder, new_run_id
-from ..sources import ClusterSource
+from ..records.folder import DEFAULT_LOG_DIR, RunFolder
 from ..transports import TransportSet
 from .isolation import NetworkNamespace, isolated_network
 from .session import TAIL_LINES, RunResult, RunSession, SessionOptions
@@ -34,14 +36,11 @@ if TYPE_CHECKING:
 
 __all__ = ["LaunchRequest", "RunResult", "TAIL_LINES", "build_spec", "check", "dry_run", "run"]
 
-DEFAULT_LOG_DIR = "logs"
-
-
 @dataclass(frozen=True)
 class LaunchRequest:
     """What the user asked for on the command line."""
 
-    source: ClusterSource  # where the run may run: a cluster file, --local N, ...
+    cluster: Callable[[frozenset[str]], ClusterSpec]  # this machine's host names -> the validated cluster
     command: tuple[str, ...] | None = None
     log_dir: str | None = None
     threads: int | str | None = None
@@ -54,11 +53,12 @@ class LaunchRequest:
     preflight: bool = True  # run the host checks first when the cluster has remote hosts
     show_tasks: tuple[str, ...] = ()  # --tasks: checked against the plan
     isolate_network: bool = False  # --isolate-network (a cluster file can also ask with isolate_network: true)
+    keep_backup: bool = False  # offer the tasks a backup folder even without restarts (a requeued job resumes)
 
 
 def build_spec(request: LaunchRequest, local_hosts: frozenset[str]) -> ClusterSpec:
     """The validated cluster the request describes, with command-line overrides applied."""
-    spec = request.source.spec(local_hosts)
+    spec = request.cluster(local_hosts)
     for key in request.env:
         if key in RESERVED_ENV:
             raise ConfigError("--env", key, "is set by tflaunch for every task and cannot be overridden")
@@ -93,7 +93,7 @@ def session_options(request: LaunchRequest, spec: ClusterSpec) -> SessionOptions
         grace=request.grace,
         max_restarts=spec.max_restarts if request.max_restarts is None else request.max_restarts,
         restart_delay=spec.restart_delay if request.restart_delay is None else request.restart_delay,
-        evaluator_timeout=request.evaluator_timeout, watchdog=request.watchdog)
+        evaluator_timeout=request.evaluator_timeout, watchdog=request.watchdog, backup=request.keep_backup)
 
 
 def dry_run(request: LaunchRequest) -> tuple[ClusterSpec, Plan]:
@@ -137,14 +137,19 @@ def _placeholder_plan(spec: ClusterSpec, local_hosts: frozenset[str], request: L
 
 
 def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS,
-        on_folder: Callable[[RunFolder], None] | None = None) -> RunResult:
+        on_folder: Callable[[RunFolder], None] | None = None, *,
+        folder_for: Callable[[ClusterSpec], RunFolder] | None = None, watch: tuple[int, ...] = ()) -> RunResult:
     """Start the cluster, supervise it to the end, and leave everything in its run folder.
 
-    Signals are armed for the whole call: none raises; each is seen by the next wait.
+    Signals are armed for the whole call: none raises; each is seen by the next wait. ``watch``
+    adds signals to that path (a batch scheduler's warning signal).
+    ``folder_for`` gives the run folder for the spec (by default a new one in its log directory).
     ``on_folder`` is told the run folder once it exists, before any task starts (for what runs
     beside the run, such as TensorBoard; it must return at once).
     """
     with signals.armed_for_run():
+        if watch:
+            signals.watch(*watch)
         local_hosts = local_host_names()
         spec = build_spec(request, local_hosts)
         _warn_if_exposed(spec, console)
@@ -160,7 +165,7 @@ def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS,
             _stop_if_signalled(signals)
             # The namespace comes before the run folder: where it cannot be made, nothing is left.
             with isolated_network(spec) as network:  # None unless the run asked for one
-                folder = _create_folder(spec)
+                folder = (folder_for or _new_folder)(spec)
                 if on_folder is not None:
                     on_folder(folder)
                 session = RunSession(spec, session_options(request, spec), folder, console,
@@ -205,14 +210,8 @@ def _stop_if_signalled(signals: Signals) -> None:
         raise Interrupted(signals.first)
 
 
-def _create_folder(spec: ClusterSpec) -> RunFolder:
-    log_dir = Path(spec.log_dir or DEFAULT_LOG_DIR)
-    try:
-        return RunFolder.create(log_dir, new_run_id())
-    except OSError as exc:
-        where = "--log-dir" if spec.log_dir else "the default log directory"
-        raise ConfigError(spec.source, "log_dir", f"cannot create a run folder in {str(log_dir)!r} ({where}): "
-                                                  f"{exc.strerror or exc}") from None
+def _new_folder(spec: ClusterSpec) -> RunFolder:
+    return RunFolder.create(spec.log_dir, spec.source)
 
 
 def check_local_ports(spec: ClusterSpec, local_hosts: frozenset[str], reserved: set[str]) -> None:

@@ -1,8 +1,8 @@
 """Metric records (``TFLAUNCH_METRIC {json}``) as lines for people, each shown once.
 
 Under MultiWorkerMirroredStrategy every worker prints the same epoch record (the values are
-all-reduced), so the console shows one of them: the chief's, else worker-0's, else those of the
-first task that reports. The others are compared with it, and a disagreement is shown as a line
+all-reduced), so the console shows those of the task that speaks for the run
+(:func:`launcher.records.metrics.speaker`). The others are compared with it, and a disagreement is shown as a line
 of its own rather than hidden. Records of other kinds, and those of an evaluator, are shown as
 they come, labelled with their task.
 
@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable
+
+from ..records.metrics import speaker
 
 # (field, label, digits) in the order they are shown.
 _EPOCH_VALUES = (("loss", "loss", 3), ("accuracy", "acc", 3), ("val_loss", "val_loss", 3),
@@ -118,11 +120,9 @@ class MetricBoard:
         return self.shown_tasks is None or task in self.shown_tasks
 
     def reporter(self, kind: str) -> str | None:
-        """The task whose records of this kind stand for the cluster's."""
-        for name in ("chief-0", "worker-0"):
-            if name in self.tasks and self._visible(name):
-                return name
-        return self._first.get(kind)
+        """The task whose records of this kind stand for the cluster's (among the tasks shown)."""
+        first = self._first.get(kind)
+        return speaker([t for t in self.tasks if self._visible(t)], [first] if first else [])
 
     def add(self, task: str, attempt: int, record: dict[str, Any]) -> list[Line]:
         """The lines to show for a record that just arrived (possibly none yet)."""

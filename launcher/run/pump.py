@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..records.metrics import parse_block
+from .progress import Progress
 from .render import fold_lines, fold_partial, has_controls
 
 if TYPE_CHECKING:
     from .console import Console
 
-# Lines a task prints with this prefix carry one JSON metrics record (see trainer/metrics.py).
-METRIC_PREFIX = b"TFLAUNCH_METRIC "
 LAUNCHER_NAME = "tflaunch"
 _READ_SIZE = 1 << 20
 
@@ -100,22 +100,24 @@ class OutputPump:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.last_activity = clock()  # when any task last wrote a line (hang detection)
-        self.last_metric: dict[str, dict] = {}
-        self.lines_seen: dict[str, int] = {}
+        self.progress = Progress(clock())  # read by the watchdog and the session
         self.attempt = 1  # the attempt tflaunch's own messages belong to
-        self.progress: dict[tuple[int, str], float] = {}  # (attempt, task) -> time of its first metric
         # Why the run's own files could not be written (a full disk, a removed folder): the run
         # stops its tasks and reports it. Set once; the pump then only drains the task files.
-        self.failure: str | None = None
+        self._failure: str | None = None
+        self._failure_lock = threading.Lock()
 
     # -- sources ------------------------------------------------------------------------
 
     def follow(self, name: str, path: Path, attempt: int = 1) -> None:
-        """Start tailing a task's log file (which the task writes to)."""
-        fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)
+        """Start tailing a task's log file (which the task writes to).
+
+        A task restarted in place appends to the file already followed: it is not read twice.
+        """
         with self._lock:
-            self._sources.append(_Source(name, attempt, fd))
+            if any(s.name == name and s.attempt == attempt for s in self._sources):
+                return
+            self._sources.append(_Source(name, attempt, os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)))
         self.console.register([name])
 
     def finish_all(self) -> None:
@@ -164,15 +166,22 @@ class OutputPump:
             if not busy:
                 self._stop.wait(self.interval)
 
+    @property
+    def failure(self) -> str | None:
+        """``<path>: <reason>`` of the first write to the run's files that failed; None while all is well."""
+        with self._failure_lock:
+            return self._failure
+
     def _failed(self, exc: OSError) -> None:
-        """Remember the first write failure; later writes to the run's files are skipped."""
-        if self.failure is None:
-            where = f"{exc.filename}: " if exc.filename else f"{self._merged.name}: "
-            self.failure = f"{where}{exc.strerror or exc}"
+        """Remember the first write failure."""
+        with self._failure_lock:
+            if self._failure is None:
+                where = exc.filename or self._merged.name
+                self._failure = f"{where}: {exc.strerror or exc}"
 
     # -- lines --------------------------------------------------------------------------
 
-    def event(self, text: str) -> None:
+    def message(self, text: str) -> None:
         """Record one of tflaunch's own messages in merged.log (the console shows it separately)."""
         with self._lock:
             try:
@@ -188,22 +197,20 @@ class OutputPump:
             if not chunk:
                 return got
             got = True
-            # Any byte counts as activity, also a progress bar that has not finished its line.
-            self.last_activity = self.clock()
+            self.progress.output(self.clock())
             self._emit(source, source.splitter.feed_block(chunk))
 
     def _emit(self, source: _Source, block: bytes) -> None:
         """Route a block of complete lines: merged.log, metrics.jsonl, console."""
         if not block:
             return
-        self.lines_seen[source.name] = self.lines_seen.get(source.name, 0) + block.count(b"\n")
         self._write_merged(source.name, source.attempt, block)
-        metrics = METRIC_PREFIX in block
-        if metrics:
-            self._record_metrics(source, [line for line in lines_of(block) if METRIC_PREFIX in line])
+        records = parse_block(block)  # the one place metric lines are parsed
+        if records:
+            self._record_metrics(source, records)
         # Only queued here: the console's own thread writes it, so a closed or stalled terminal
         # never holds up the files, the metrics or the supervisor.
-        self.console.task_block(source.name, block, source.attempt, metrics)
+        self.console.task_block(source.name, block, source.attempt, records)
 
     def _write_merged(self, name: str, attempt: int, block: bytes) -> None:
         now = self.clock()
@@ -213,22 +220,15 @@ class OutputPump:
         self._merged.write(prefix)
         self._merged.write(memoryview(block.replace(b"\n", b"\n" + prefix))[:-len(prefix)])
 
-    def _record_metrics(self, source: _Source, lines: list[bytes]) -> None:
-        for line in lines:
-            start = line.find(METRIC_PREFIX)
-            if start < 0:
-                continue
-            try:
-                record = json.loads(line[start + len(METRIC_PREFIX):])
-            except ValueError:
+    def _record_metrics(self, source: _Source, records: list[dict | None]) -> None:
+        """Complete each record (task, attempt, time) and append it to metrics.jsonl."""
+        for record in records:
+            if record is None:
                 continue  # a malformed record stays in the logs, but is no metric
-            if not isinstance(record, dict):
-                continue
             record.setdefault("task", source.name)
             record["attempt"] = source.attempt
             record.setdefault("time", round(self.clock(), 3))
-            self.last_metric[source.name] = record
-            self.progress.setdefault((source.attempt, source.name), record["time"])
+            self.progress.metric(source.attempt, source.name, record["time"])
             self._metrics.write(json.dumps(record, separators=(",", ":")).encode() + b"\n")
 
     def _flush_files(self) -> None:

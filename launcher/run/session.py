@@ -21,16 +21,17 @@ from typing import TYPE_CHECKING, Callable
 
 from .. import __version__
 from ..cluster.plan import Plan, RunContext, TaskLaunch, tf_cluster
-from ..cluster.spec import ClusterSpec
+from ..cluster.spec import ClusterSpec, RestartPolicy
+from ..errors import EnvironmentProblem
 from ..records.folder import RunFolder, iso_time
-from ..records.record import AttemptRecord, LauncherRecord, RootCause, RunRecord, RunStatus, TaskRecord
+from ..records.record import AttemptRecord, LauncherRecord, RootCause, RunRecord, TaskRecord
+from ..records.states import Outcome, RunStatus, TaskState
 from ..transports import TransportSet
-from ..transports.base import Reading
+from ..transports.base import Reading, signal_name
 from .pump import OutputPump, tail_lines
 from .resources import ResourceSampler
 from .signals import Signals
-from ..cluster.spec import RestartPolicy
-from .supervisor import AttemptResult, Outcome, Supervisor, SupervisorOptions, Task, TaskState, Trip
+from .supervisor import AttemptResult, Supervisor, SupervisorOptions, Task, Trip
 from .watchdog import Watchdog, WatchdogSettings, training_tasks
 
 if TYPE_CHECKING:
@@ -51,6 +52,8 @@ class SessionOptions:
     restart_delay: float = 1.0
     evaluator_timeout: float = 300.0
     watchdog: WatchdogSettings = WatchdogSettings()
+    # Offer the tasks a backup folder even when no restart is allowed (a requeued batch job resumes from it).
+    backup: bool = False
 
 
 @dataclass
@@ -62,7 +65,7 @@ class RunResult:
     root_cause_tail: list[str] = field(default_factory=list)
     diagnosis: Diagnosis | None = None  # the known problem the root cause's output matches
     record: RunRecord | None = None
-    error: str | None = None  # an environment problem that ended the run (full disk, vanished folder)
+    error: str | None = None  # the run folder could not be written (full disk, vanished folder): the root cause
 
     @property
     def final(self) -> AttemptResult:
@@ -87,6 +90,7 @@ class RunSession:
         # One agent per host for the whole run (the preflight may have started them already).
         self.transports = transports or TransportSet(options.grace)
         self.lock = threading.Lock()  # the record is written from the supervisor and the pump's failure path
+        self.record_failure: str | None = None  # why a live rewrite of run.json failed, the first time
         self.record = RunRecord(
             run_id=folder.run_id, source=spec.source, tflaunch_version=__version__,
             max_restarts=options.max_restarts, started_at=iso_time(self.started_at),
@@ -97,24 +101,21 @@ class RunSession:
     # -- the run --------------------------------------------------------------------------
 
     def execute(self) -> RunResult:
-        self.pump = OutputPump(self.folder.merged_path, self.folder.metrics_path, self.console).start()
+        """Run every attempt; raises EnvironmentProblem, before any task starts, when run.json cannot be written."""
         self.supervisor: Supervisor | None = None
         self.attempt_number = 1
+        plan: Plan | None = self._begin()
+        self.pump = OutputPump(self.folder.merged_path, self.folder.metrics_path, self.console).start()
         sampler = ResourceSampler(self._live_readings, self.folder.path, attempt=lambda: self.attempt_number)
         sampler.start()
-        plan: Plan | None = None
         result: AttemptResult | None = None
         interrupted: int | None = None
         error: str | None = None
         try:
-            plan = self._plan(1)
             for note in plan.notes:
-                self.say(note)
-            self.say(f"run {self.folder.run_id}: {len(plan.launches)} tasks from {self.spec.source}; "
-                     f"logs in {self.folder.path}")
-            self.record.command = shlex.join(plan.launches[0].argv)
-            self.record.notes = list(plan.notes)
-            self._write(plan, [])
+                self.message(note)
+            self.message(f"run {self.folder.run_id}: {len(plan.launches)} tasks from {self.spec.source}; "
+                         f"logs in {self.folder.path}")
             result, interrupted = self._attempts(plan)
         except OSError as exc:  # the run folder itself failed us (full disk, removed, read-only)
             error = _describe_os_error(exc)
@@ -122,7 +123,7 @@ class RunSession:
             sampler.stop()
             self._close_transports()
             self.pump.close()
-            error = error or self.pump.failure
+            error = error or self._storage_failure()
             exit_code, status = self._outcome(result, interrupted, error)
             tail = []
             if result is not None and result.root_cause is not None:
@@ -132,6 +133,23 @@ class RunSession:
         return RunResult(self.folder.run_id, self.folder.path, exit_code, self.attempts, tail, diagnosis,
                          self.record, error)
 
+    def _begin(self) -> Plan:
+        """Plan the first attempt and write the first run.json: a run whose record cannot be kept never starts."""
+        try:
+            plan = self._plan(1)
+            self.record.command = shlex.join(plan.launches[0].argv)
+            self.record.notes = list(plan.notes)
+            self.record.tasks = [task_record(launch, None) for launch in plan.launches]
+            try:
+                self.folder.write_record(self.record)
+            except OSError as exc:
+                raise EnvironmentProblem(f"{self.folder.record_path}: cannot write the run record: "
+                                         f"{exc.strerror or exc}; no task was started") from None
+        except BaseException:
+            self.folder.discard_if_empty()
+            raise
+        return plan
+
     def _attempts(self, plan: Plan) -> tuple[AttemptResult, int | None]:
         attempt, signatures = 1, []
         while True:
@@ -140,22 +158,20 @@ class RunSession:
                 plan = self._plan(attempt)
             result = self._attempt(plan, attempt)
             self.attempts.append(result)
-            if result.outcome is not Outcome.FAILED or attempt > self.options.max_restarts or self.pump.failure:
+            if result.outcome is not Outcome.FAILED or attempt > self.options.max_restarts or self._storage_failure():
                 return result, None
             signatures.append(self._failure_signature(result, attempt))
             if len(signatures) >= 2 and signatures[-1] == signatures[-2] and not signatures[-1][-1]:
-                self.say(f"attempt {attempt} failed exactly like attempt {attempt - 1} before any training "
+                self.message(f"attempt {attempt} failed exactly like attempt {attempt - 1} before any training "
                          f"progress ({result.reason}): not restarting again")
                 return result, None
-            self.say(f"attempt {attempt} failed ({result.reason}); restarting the whole cluster in "
+            self.message(f"attempt {attempt} failed ({result.reason}); restarting the whole cluster in "
                      f"{self.options.restart_delay:g} s (restart {attempt} of {self.options.max_restarts})")
             self._write(plan, result.tasks)
             # Any signal during the run (also one that came while this attempt was stopping) ends it.
             signum = self.signals.wait(self.options.restart_delay)
             if signum is not None:
-                from ..transports.base import signal_name
-
-                self.say(f"received {signal_name(signum)} between attempts: not restarting")
+                self.message(f"received {signal_name(signum)} between attempts: not restarting")
                 return result, signum
             attempt += 1
 
@@ -168,8 +184,7 @@ class RunSession:
         if result is None:  # ended before the first attempt: only a signal does that
             signum = self.signals.first
             return (128 + signum if signum else 1), RunStatus.STOPPED
-        return result.exit_code, {Outcome.SUCCEEDED: RunStatus.SUCCEEDED, Outcome.FAILED: RunStatus.FAILED,
-                                  Outcome.INTERRUPTED: RunStatus.STOPPED}[result.outcome]
+        return result.exit_code, result.outcome.status
 
     def _live_readings(self) -> dict[str, Reading]:
         """{task: newest resource reading} of the current attempt's running tasks (read from the sampler's thread)."""
@@ -183,15 +198,17 @@ class RunSession:
                 readings[task.name] = reading
         return readings
 
-    def say(self, text: str) -> None:
+    def message(self, text: str) -> None:
+        """One of tflaunch's own messages: on the console and in merged.log."""
         self.console.message(text)
-        self.pump.event(text)
+        self.pump.message(text)
 
     def _plan(self, attempt: int) -> Plan:
         run_dir = self.folder.path.resolve()
         # With restarts, the trainer backs up into the run folder so a restarted cluster resumes;
         # in-place restarts of ParameterServer workers resume from it too.
-        restarts = self.options.max_restarts > 0 or RestartPolicy.TASK in self.spec.restart_policy.values()
+        restarts = (self.options.backup or self.options.max_restarts > 0
+                    or RestartPolicy.TASK in self.spec.restart_policy.values())
         backup = str(run_dir / "backup") if restarts else None
         return self.plan_attempt(RunContext(self.folder.run_id, str(run_dir), attempt, backup_dir=backup))
 
@@ -206,35 +223,49 @@ class RunSession:
         watchdog = None
         if self.options.watchdog.enabled:
             trainers = training_tasks([(l.name, l.role) for l in plan.launches])
-            watchdog = Watchdog(self.options.watchdog, self.pump, attempt, trainers,
-                                self.folder.attempt_dir(attempt) / "stacks", self.say,
+            watchdog = Watchdog(self.options.watchdog, self.pump.progress, attempt, trainers,
+                                self.folder.attempt_dir(attempt) / "stacks", self.message,
                                 mesh_problems=self._stall_problems)
         supervisor_options = SupervisorOptions(grace=self.options.grace,
                                                evaluator_timeout=self.options.evaluator_timeout,
                                                restart_policy=self.spec.restart_policy,
                                                task_restarts=self.spec.task_restarts)
-        supervisor = Supervisor(plan.launches, self.transports.for_launch, open_output, self.say, supervisor_options,
+        supervisor = Supervisor(plan.launches, self.transports.for_launch, open_output, self.message, supervisor_options,
                                 watchdog=lambda tasks: self._check_logging() or (watchdog(tasks) if watchdog else None),
-                                on_change=lambda tasks: self._write(plan, tasks), signals=self.signals)
+                                listeners=[lambda tasks: self._write(plan, tasks), self._show_states],
+                                signals=self.signals)
         self.transports.prepare(plan.launches)
         started = time.time()
         self.supervisor, self.attempt_number = supervisor, attempt
         result = supervisor.run()
+        # Every task of the attempt has ended: read their files to the end, so that a run folder
+        # that could not take their last bytes is known before the attempt is judged.
+        self.pump.finish_all()
+        failure = self._storage_failure()
+        if failure and result.outcome is not Outcome.INTERRUPTED:
+            # The tasks' own failures follow from it (a task that cannot write its output dies of that).
+            result = AttemptResult(Outcome.FAILED, DISK_FULL_EXIT, result.tasks,
+                                   reason=f"cannot write the run folder: {failure}", notes=result.notes)
         for note in result.notes:
-            self.pump.event(note)
+            self.pump.message(note)
         self.diagnoses.append(self._diagnose(result))
         known = self.diagnoses[-1]
         self.record.attempts.append(AttemptRecord(
             attempt=attempt, started_at=iso_time(started), ended_at=iso_time(time.time()),
-            outcome=result.outcome.value, exit_code=result.exit_code,
+            outcome=result.outcome, exit_code=result.exit_code,
             failed_task=result.root_cause.name if result.root_cause else None, reason=result.reason,
             blamed_tasks=list(result.blamed), diagnosis=known.rule if known else None))
         return result
 
     def _check_logging(self) -> Trip | None:
-        """Stop the attempt when the output pump could not write the run's files (a full disk)."""
-        failure = self.pump.failure
-        return Trip(f"cannot write the run's logs: {failure}", exit_code=DISK_FULL_EXIT) if failure else None
+        """Stop the attempt when the run's files could not be written (a full disk)."""
+        failure = self._storage_failure()
+        return Trip(f"cannot write the run folder: {failure}", exit_code=DISK_FULL_EXIT) if failure else None
+
+    def _storage_failure(self) -> str | None:
+        """``<path>: <reason>`` when the logs or run.json could not be written; None while all is well."""
+        with self.lock:
+            return self.pump.failure or self.record_failure
 
     def _stall_problems(self, launches: list[TaskLaunch]) -> list[str]:
         """The broken pairs of the live cluster, probed through the run's own agents."""
@@ -247,8 +278,7 @@ class RunSession:
 
     def _failure_signature(self, result: AttemptResult, attempt: int) -> tuple:
         """What makes two failures "the same": who, how, which error, and whether training progressed."""
-        # Membership tests only: the pump thread may add keys meanwhile, which iteration would not survive.
-        progressed = any((attempt, task.name) in self.pump.progress for task in result.tasks)
+        progressed = self.pump.progress.progressed(attempt, [task.name for task in result.tasks])
         if result.root_cause is None:
             return ("watchdog", result.reason.split(":", 1)[0], result.blamed, progressed)
         root = result.root_cause
@@ -268,16 +298,23 @@ class RunSession:
 
     # -- the record -----------------------------------------------------------------------
 
+    def _show_states(self, tasks: list[Task]) -> None:
+        """Redraw the console's status line with the tasks' current states."""
+        self.console.task_states({t.name: t.state for t in tasks}, self.attempt_number, self.attempt_number - 1)
+
     def _write(self, plan: Plan, tasks: list[Task]) -> None:
-        """Rewrite run.json with the tasks' current states (live rewrites are compact)."""
+        """Rewrite run.json with the tasks' current states (live rewrites are compact).
+
+        A rewrite that fails is remembered: the watchdog check stops the attempt on it.
+        """
         by_name = {t.name: t for t in tasks}
-        self.console.task_states({t.name: t.state.value for t in tasks}, self.attempt_number, self.attempt_number - 1)
         with self.lock:
             self.record.tasks = [task_record(launch, by_name.get(launch.name)) for launch in plan.launches]
             try:
                 self.folder.write_record(self.record)
-            except OSError:
-                pass  # a live rewrite is best effort; the final one reports what failed
+            except OSError as exc:
+                if self.record_failure is None:
+                    self.record_failure = f"{self.folder.record_path}: {exc.strerror or exc}"
 
     def _finish(self, plan: Plan | None, result: AttemptResult | None, status: RunStatus, exit_code: int,
                 tail: list[str], diagnosis: Diagnosis | None, error: str | None) -> None:
@@ -298,7 +335,7 @@ class RunSession:
             except OSError as exc:
                 if error is None:  # the disk filled at the last moment; say so rather than claim a record
                     record.error = _describe_os_error(exc)
-                self.console.message(f"could not write {self.folder.manifest_path}: {_describe_os_error(exc)}")
+                self.console.message(f"could not write {self.folder.record_path}: {exc.strerror or exc}")
 
 
 def task_record(launch: TaskLaunch, task: Task | None) -> TaskRecord:
@@ -307,7 +344,7 @@ def task_record(launch: TaskLaunch, task: Task | None) -> TaskRecord:
                         gpus=None if launch.gpus is None else list(launch.gpus), env=dict(launch.env),
                         attempt=int(launch.env.get("TFLAUNCH_ATTEMPT", 1)))
     if task is not None:
-        record.state = task.state.value
+        record.state = task.state
         record.pid = task.process.pid if task.process else None
         record.started_at = iso_time(task.started_at) if task.started_at else None
         record.ended_at = iso_time(task.ended_at) if task.ended_at else None

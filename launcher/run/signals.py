@@ -111,6 +111,14 @@ class Signals:
         self._drain()
         return self.first
 
+    def close(self) -> None:
+        """Close the wakeup pipe (an instance made for one call; the process-wide one stays open)."""
+        for fd in (self._read_fd, self._write_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
     def _drain(self) -> None:
         try:
             while os.read(self._read_fd, 4096):

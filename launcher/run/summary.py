@@ -11,14 +11,16 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from ..cluster.plan import Plan
 from ..cluster.spec import ClusterSpec
+from ..records.folder import DEFAULT_LOG_DIR, RunFolder
+from ..records.metrics import speaker
+from ..records.states import Outcome, TaskState
+from ..transports.base import signal_name
 from .launch import TAIL_LINES, RunResult
 from .metricview import number as figure
 from .pump import tail_lines
-from ..records.folder import RunFolder
-from ..cluster.plan import Plan
-from .supervisor import Outcome, Task
-from ..transports.base import signal_name
+from .supervisor import Task
 
 
 def describe_plan(spec: ClusterSpec, plan: Plan) -> list[str]:
@@ -76,7 +78,7 @@ def describe_result(result: RunResult) -> list[str]:
         lines[0] += attempts
     others = [t for t in final.tasks if t is not root]
     if others:
-        lines.append("other tasks:")
+        lines.append("other tasks:" if root is not None else "tasks:")
         lines += task_table(others, usage)
     lines += leftover_lines(result)
     lines += training_lines(RunFolder(Path(result.run_dir)).read_metrics(), len(result.attempts))
@@ -97,18 +99,60 @@ def leftover_lines(result: RunResult) -> list[str]:
     return lines
 
 
+FOLD_ABOVE = 20  # a table of more tasks than this folds runs of alike tasks into one row
+FOLD_RUN = 3  # the shortest run of alike tasks that becomes one row
+
+
 def task_table(tasks: list[Task], usage: dict[str, dict[str, Any]]) -> list[str]:
-    """Each task's host, state, exit status, peak RSS and CPU (mean and peak; 100 % is one core)."""
+    """Each task's host, state, exit status, peak RSS and CPU (mean and peak; 100 % is one core).
+
+    Beyond :data:`FOLD_ABOVE` tasks, consecutive tasks of one role that ended alike (same state and
+    exit) share a row, ``worker-137 ... worker-599 (463 tasks)``, with their highest peaks and the
+    mean of their CPU means; run.json and ``tflaunch status`` still list every task.
+    """
     rows = [("task", "host", "state", "exit", "peak RSS", "CPU mean", "CPU peak")]
-    for task in tasks:
-        figures = usage.get(task.name, {})
-        rss, mean, peak = (figures.get(k) for k in ("rss_mb_peak", "cpu_percent_mean", "cpu_percent_peak"))
-        rows.append((task.name, task.launch.host, task.state.value, _exit(task),
+    groups = _alike_runs(tasks) if len(tasks) > FOLD_ABOVE else [[task] for task in tasks]
+    for group in groups:
+        first = group[0]
+        figures = [usage.get(task.name, {}) for task in group]
+        rss = _highest(f.get("rss_mb_peak") for f in figures)
+        peak = _highest(f.get("cpu_percent_peak") for f in figures)
+        means = [m for f in figures if figure(m := f.get("cpu_percent_mean"))]
+        mean = sum(means) / len(means) if means else None
+        hosts = sorted({task.launch.host for task in group})
+        name = first.name if len(group) == 1 else f"{first.name} ... {group[-1].name} ({len(group)} tasks)"
+        rows.append((name, hosts[0] if len(hosts) == 1 else f"{len(hosts)} hosts", _state(first), _exit(first),
                      f"{rss:,.0f} MB" if figure(rss) else "-", f"{mean:.0f} %" if figure(mean) else "-",
                      f"{peak:.0f} %" if figure(peak) else "-"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return ["  " + "  ".join(cell.rjust(w) if i >= 3 else cell.ljust(w)
                              for i, (cell, w) in enumerate(zip(row, widths))).rstrip() for row in rows]
+
+
+def _alike_runs(tasks: list[Task]) -> list[list[Task]]:
+    """The tasks in order, cut into runs of consecutive tasks of one role with the same state and exit;
+    short runs stay single rows."""
+    runs: list[list[Task]] = []
+    for task in tasks:
+        last = runs[-1][-1] if runs else None
+        if (last is not None and task.launch.index == last.launch.index + 1
+                and (last.role, _state(last), _exit(last)) == (task.role, _state(task), _exit(task))):
+            runs[-1].append(task)
+        else:
+            runs.append([task])
+    return [group for run in runs for group in ([run] if len(run) >= FOLD_RUN else [[t] for t in run])]
+
+
+def _highest(values) -> float | None:
+    numbers = [v for v in values if figure(v)]
+    return max(numbers) if numbers else None
+
+
+def _state(task: Task) -> str:
+    """The task's state; a task stopped before it ever started says so."""
+    if task.state is TaskState.STOPPED and task.started_at is None and task.status is None:
+        return "not started"
+    return task.state.value
 
 
 def training_lines(records: list[dict[str, Any]], attempt: int) -> list[str]:
@@ -143,17 +187,14 @@ def training_lines(records: list[dict[str, Any]], attempt: int) -> list[str]:
 
 
 def _reporter(records: list[dict[str, Any]]) -> str | None:
-    """The task whose records stand for the cluster's: the chief, else worker-0, else the first."""
+    """The task whose training records stand for the cluster's, among those that sent some."""
     tasks = [r.get("task") for r in records if r.get("kind") in ("epoch", "final")]
-    for name in ("chief-0", "worker-0"):
-        if name in tasks:
-            return name
-    return tasks[0] if tasks else None
+    return speaker(tasks, tasks)
 
 
 def _report_hint(result: RunResult) -> str:
     run_dir = Path(result.run_dir)
-    where = "" if run_dir.parent.resolve() == Path("logs").resolve() else f" --log-dir {shlex.quote(str(run_dir.parent))}"
+    where = "" if run_dir.parent.resolve() == Path(DEFAULT_LOG_DIR).resolve() else f" --log-dir {shlex.quote(str(run_dir.parent))}"
     return (f"per-epoch table: tflaunch report {result.run_id}{where}; learning curves: add --plot "
             f"(draws {run_dir / 'learning_curves.png'})")
 

@@ -1,14 +1,9 @@
 """Supervision of one attempt: start every task, watch them, and stop them all by one protocol.
 
-Task states and their transitions (:meth:`Task.to` is the only place a state changes)::
-
-    PENDING --started--> RUNNING --exit 0--> SUCCEEDED
-       |                   |  |---exit != 0, signal, lost host--> FAILED
-       |                   |  '---ended after tflaunch asked it to stop--> STOPPED
-       |                   '---failed, restart policy "task", budget left--> RESTARTING
-       |                                          RESTARTING --started again--> RUNNING
-       |--could not start--> FAILED
-       '--never started (run stopped first)--> STOPPED
+Every task moves through the states of :class:`~launcher.records.states.TaskState` (their
+transition graph is drawn there); :meth:`Task.to` is the only place a state changes, and every
+change is announced to the supervisor's listeners (the session writes run.json from it, the
+console redraws its status line).
 
 Run policy:
 - by default the first task to fail is the root cause: every other task is stopped and the attempt
@@ -32,7 +27,6 @@ SIGKILL to whatever is left, reap, then ``cleanup`` of every task (its leftovers
 
 from __future__ import annotations
 
-import enum
 import os
 import time
 from dataclasses import dataclass, field
@@ -40,34 +34,9 @@ from typing import Callable, Mapping, Sequence
 
 from ..cluster.plan import TaskLaunch
 from ..cluster.spec import RestartPolicy
+from ..records.states import Outcome, TaskState
 from ..transports.base import CANNOT_START, ExitStatus, FailedStart, TaskProcess, Transport, signal_name
 from .signals import Signals
-
-
-class TaskState(enum.Enum):
-    PENDING = "pending"
-    RUNNING = "running"
-    RESTARTING = "restarting"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    STOPPED = "stopped"
-
-    @property
-    def ended(self) -> bool:
-        return self in (TaskState.SUCCEEDED, TaskState.FAILED, TaskState.STOPPED)
-
-
-_ALLOWED = {
-    TaskState.PENDING: {TaskState.RUNNING, TaskState.FAILED, TaskState.STOPPED},
-    TaskState.RUNNING: {TaskState.SUCCEEDED, TaskState.FAILED, TaskState.STOPPED, TaskState.RESTARTING},
-    TaskState.RESTARTING: {TaskState.RUNNING, TaskState.FAILED, TaskState.STOPPED},
-}
-
-
-class Outcome(enum.Enum):
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    INTERRUPTED = "interrupted"
 
 
 @dataclass
@@ -95,7 +64,7 @@ class Task:
         return self.launch.role
 
     def to(self, state: TaskState, when: float) -> None:
-        if state not in _ALLOWED.get(self.state, set()):
+        if not self.state.can_become(state):
             raise RuntimeError(f"{self.name}: illegal transition {self.state.value} -> {state.value}")
         self.state = state
         self.history.append((state.value, when))
@@ -112,9 +81,6 @@ class Trip:
     reason: str
     tasks: tuple[str, ...] = ()
     exit_code: int = 124  # as timeout(1) reports a command it had to stop
-
-
-WATCHDOG_EXIT = 124
 
 
 @dataclass
@@ -148,21 +114,22 @@ class Supervisor:
     """Runs one attempt of a planned cluster to its end."""
 
     def __init__(self, launches: Sequence[TaskLaunch], transport_for: Callable[[TaskLaunch], Transport],
-                 open_output: Callable[[TaskLaunch], tuple[int, str]], on_event: Callable[[str], None],
+                 open_output: Callable[[TaskLaunch], tuple[int, str]], message: Callable[[str], None],
                  options: SupervisorOptions | None = None,
                  watchdog: Callable[[list[Task]], Trip | None] | None = None,
-                 on_change: Callable[[list[Task]], None] | None = None,
+                 listeners: Sequence[Callable[[list[Task]], None]] = (),
                  signals: Signals | None = None):
         self.tasks = [Task(launch) for launch in launches]
         self.transport_for = transport_for
         self.open_output = open_output
-        self.on_event = on_event
+        self.message = message  # one of tflaunch's own messages, for the console and merged.log
         self.options = options or SupervisorOptions()
         self.watchdog = watchdog  # returns a Trip to stop the attempt, or None
-        self.on_change = on_change  # called after tasks start and after any task's state changes
-        self.signals = signals or Signals()  # a private instance receives nothing: no signals
+        self.listeners = tuple(listeners)  # called after tasks start and after any task's state changes
+        # Any signal of the run counts, also one that came before this attempt was set up: it
+        # stops the attempt before a task starts. A private instance receives nothing: no signals.
+        self.signals = signals or Signals()
         self.has_ps = any(t.role == "ps" for t in self.tasks)
-        self._signals_seen = self.signals.count
         self._notes: list[str] = []
 
     # -- the attempt --------------------------------------------------------------------
@@ -203,17 +170,17 @@ class Supervisor:
         signum = self._signal()
         if signum is None:
             return None
-        self.on_event(f"received {signal_name(signum)}: stopping every task")
+        self.message(f"received {signal_name(signum)}: stopping every task")
         self._shutdown()
         return AttemptResult(Outcome.INTERRUPTED, 128 + signum, self.tasks, signal=signum,
                              reason=f"interrupted by {signal_name(signum)}")
 
     def _signal(self) -> int | None:
-        return self.signals.first if self.signals.count > self._signals_seen else None
+        return self.signals.first
 
     def _changed(self) -> None:
-        if self.on_change:
-            self.on_change(self.tasks)
+        for listener in self.listeners:
+            listener(self.tasks)
 
     def _watch(self) -> AttemptResult:
         while True:
@@ -225,7 +192,7 @@ class Supervisor:
             failed = [t for t in self.tasks if t.state is TaskState.FAILED]
             if failed:
                 root = min(failed, key=lambda t: (t.ended_at or 0.0))
-                self.on_event(f"{root.name} on {root.launch.host} failed ({root.status.describe()}): stopping the cluster")
+                self.message(f"{root.name} on {root.launch.host} failed ({root.status.describe()}): stopping the cluster")
                 self._shutdown(min(self.options.grace, self.options.failure_grace))
                 return AttemptResult(Outcome.FAILED, root.status.shell_code, self.tasks, root_cause=root,
                                      reason=f"{root.name} {root.status.describe()}")
@@ -234,7 +201,7 @@ class Supervisor:
             if self.watchdog:
                 trip = self.watchdog(self.tasks)
                 if trip:
-                    self.on_event(f"{trip.reason}: stopping the cluster")
+                    self.message(f"{trip.reason}: stopping the cluster")
                     self._shutdown()
                     return AttemptResult(Outcome.FAILED, trip.exit_code, self.tasks, reason=trip.reason,
                                          blamed=trip.tasks)
@@ -257,7 +224,7 @@ class Supervisor:
             return None
         timeout = self.options.evaluator_timeout
         names = ", ".join(t.name for t in evaluators)
-        self.on_event(f"training finished; waiting up to {timeout:g} s for {names} to finish its last evaluation")
+        self.message(f"training finished; waiting up to {timeout:g} s for {names} to finish its last evaluation")
         deadline = self.options.clock() + timeout
         while evaluators and self.options.clock() < deadline:
             interrupted = self._interrupted()
@@ -272,11 +239,11 @@ class Supervisor:
             if task.role == "evaluator" and task.status is not None and task.state.ended:
                 note = f"{task.name} finished on its own ({task.status.describe()})"
                 self._notes.append(note)
-                self.on_event(note)
+                self.message(note)
         for task in evaluators:
             note = f"{task.name} was still running {timeout:g} s after training ended: stopped (see --evaluator-timeout)"
             self._notes.append(note)
-            self.on_event(note)
+            self.message(note)
         failed = [t for t in self.tasks if t.role == "evaluator" and t.state is TaskState.FAILED]
         if failed:
             root = failed[0]
@@ -308,7 +275,7 @@ class Supervisor:
         if policy is not RestartPolicy.TASK or status.error_code == CANNOT_START and status.error:
             return False
         if task.restarts >= self.options.task_restarts:
-            self.on_event(f"{task.name} failed again ({status.describe()}) after {task.restarts} in-place "
+            self.message(f"{task.name} failed again ({status.describe()}) after {task.restarts} in-place "
                           "restart(s): no restarts left for it")
             return False
         return True
@@ -319,7 +286,7 @@ class Supervisor:
         note = (f"{task.name} on {task.launch.host} failed ({task.status.describe()}): restarting it alone, "
                 f"in place (restart {task.restarts} of {self.options.task_restarts}); the others keep running")
         self._notes.append(note)
-        self.on_event(note)
+        self.message(note)
         if task.process is not None:
             task.process.cleanup()
             task.leftovers += tuple(getattr(task.process, "leftovers", ()) or ())

@@ -1,7 +1,8 @@
 """Watchdogs for one attempt: a cluster that never forms, and a cluster that hangs.
 
 - start timeout: every training task (the chief with ``ps`` tasks, else the chief and workers)
-  must report progress (a metric line, see output.METRIC_PREFIX) within S seconds of the start.
+  must report progress (a metric line, see :mod:`launcher.records.metrics`) within S seconds of
+  the start.
   When it trips on a cluster that spans hosts, the mesh probe (:mod:`launcher.run.mesh`) checks,
   while the tasks still hold their ports, that every host reaches every task, and the reason
   names the pairs that cannot connect;
@@ -10,6 +11,7 @@
   into ``attempt-<k>/stacks/<task>.txt`` before the attempt is stopped.
 
 The supervisor calls the watchdog on every poll; it returns a :class:`Trip` to stop the attempt.
+It reads what the output pump saw through the shared :class:`~.progress.Progress`.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ..cluster.plan import TaskLaunch
-from .pump import OutputPump
-from .supervisor import Task, TaskState, Trip
+from ..records.states import TaskState
+from .progress import Progress
+from .supervisor import Task, Trip
 
 
 @dataclass(frozen=True)
@@ -35,15 +38,15 @@ class WatchdogSettings:
 
 
 class Watchdog:
-    def __init__(self, settings: WatchdogSettings, pump: OutputPump, attempt: int, trainers: Sequence[str],
-                 stacks_dir: Path, on_event: Callable[[str], None], clock: Callable[[], float] = time.time,
+    def __init__(self, settings: WatchdogSettings, progress: Progress, attempt: int, trainers: Sequence[str],
+                 stacks_dir: Path, message: Callable[[str], None], clock: Callable[[], float] = time.time,
                  mesh_problems: Callable[[list[TaskLaunch]], list[str]] | None = None):
         self.settings = settings
-        self.pump = pump
+        self.progress = progress
         self.attempt = attempt
         self.trainers = list(trainers)
         self.stacks_dir = stacks_dir
-        self.on_event = on_event
+        self.message = message
         self.clock = clock
         self.started = clock()
         self.formed = not settings.start_timeout
@@ -52,7 +55,7 @@ class Watchdog:
     def __call__(self, tasks: list[Task]) -> Trip | None:
         now = self.clock()
         if not self.formed:
-            missing = [n for n in self.trainers if (self.attempt, n) not in self.pump.progress]
+            missing = self.progress.silent(self.attempt, self.trainers)
             if not missing:
                 self.formed = True
             elif now - self.started > self.settings.start_timeout:
@@ -60,9 +63,9 @@ class Watchdog:
                           f"{self.settings.start_timeout:g} s (the cluster never formed)")
                 return Trip(reason + self.explain_stall(tasks), tuple(missing))
         hang = self.settings.hang_timeout
-        if hang and now - max(self.pump.last_activity, self.started) > hang:
+        if hang and now - max(self.progress.last_output, self.started) > hang:
             running = [t for t in tasks if t.state is TaskState.RUNNING]
-            self.on_event(f"no output from any task for {hang:g} s: collecting stack traces")
+            self.message(f"no output from any task for {hang:g} s: collecting stack traces")
             written = self.collect_stacks(running)
             return Trip(f"hang timeout: no output from any task for {hang:g} s; "
                         f"stack traces of {len(written)} tasks in {self.stacks_dir}", tuple(t.name for t in running))
@@ -73,13 +76,13 @@ class Watchdog:
         launches = [t.launch for t in tasks]
         if all(launch.local for launch in launches):
             return ""  # one machine: no network between its tasks to blame
-        self.on_event("start timeout: probing the mesh (every host to every task's address)")
+        self.message("start timeout: probing the mesh (every host to every task's address)")
         try:
             problems = self.mesh_problems(launches)
         except OSError as exc:
             return f"; the mesh probe could not run ({exc})"
         for line in problems:
-            self.on_event(f"mesh: {line}")
+            self.message(f"mesh: {line}")
         if not problems:
             return "; every host reaches every task's address"
         return f"; the mesh is broken: {'; '.join(problems)}"

@@ -5,7 +5,8 @@
 - :mod:`.ports`: free ports checked on each node through ``srun`` and the host probe;
 - :mod:`.script`: the commented sbatch script ``submit`` writes (pure);
 - :mod:`.submit`: writing that script into a new run folder and submitting it;
-- :mod:`.requeue`: ending a run cleanly on the warning signal and requeueing the job.
+- :mod:`.job`: a ``--slurm`` run inside the job: its run folder (also after a requeue), the
+  warning signal that stops the tasks so they save, and requeueing the job.
 
 The source (:mod:`launcher.sources.slurm`) and the transport (:mod:`launcher.transports.srun`)
 build on these.

@@ -1,5 +1,9 @@
 """``tflaunch --slurm`` inside a job: the run, its run folder, and the warning signal that requeues it.
 
+The run itself goes through the one entry point every run takes (:func:`launcher.run.launch.run`);
+this module tells it how the run folder is found and which signal to watch, and requeues the job
+afterwards.
+
 **Run folder.** ``tflaunch submit`` makes the run folder first (the sbatch script and its
 ``slurm.json`` live there) and the job runs with ``--run-dir`` set to it, so whatever the backend
 a run has one folder. A ``--slurm`` run started from a user's own script gets a new folder under
@@ -28,9 +32,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..cluster.machine import local_host_names
 from ..errors import ConfigError
-from ..records.folder import RunFolder, iso_time, new_run_id, write_atomically
+from ..records.folder import DEFAULT_LOG_DIR, RunFolder, iso_time, write_atomically
 from .commands import SlurmError, job_states, slurm_run
 
 if TYPE_CHECKING:
@@ -41,7 +44,6 @@ if TYPE_CHECKING:
 
 SLURM_RECORD = "slurm.json"
 WARNING_SIGNAL = signal.SIGUSR1
-DEFAULT_LOG_DIR = "logs"
 
 
 def read_slurm_record(folder: Path) -> dict:
@@ -93,11 +95,7 @@ def prepare_folder(run_dir: str | None, log_dir: str | None, environ: Mapping[st
         base = Path(log_dir or DEFAULT_LOG_DIR)
         path = find_job_folder(base, job_id) if restarts else None
         if path is None:
-            try:
-                path = RunFolder.create(base, new_run_id()).path
-            except OSError as exc:
-                raise ConfigError(source, "log_dir", f"cannot create a run folder in {str(base)!r}: "
-                                  f"{exc.strerror or exc}") from None
+            path = RunFolder.create(log_dir, source).path
     archive_previous_execution(path, restarts)
     record = read_slurm_record(path)
     record.update({"job_id": job_id, "restart_count": restarts, "nodelist": environ.get("SLURM_JOB_NODELIST"),
@@ -108,41 +106,31 @@ def prepare_folder(run_dir: str | None, log_dir: str | None, environ: Mapping[st
 
 def run_in_job(request: LaunchRequest, console: Console, *, run_dir: str | None = None, requeue: bool = False,
                environ: Mapping[str, str] | None = None, signals: Signals | None = None) -> RunResult:
-    """Run the cluster in this allocation (the --slurm run): probe, plan, supervise, maybe requeue."""
-    from ..run.launch import build_spec, plan_for, session_options
-    from ..run.session import RunSession
+    """Run the cluster in this allocation (the --slurm run): the one run entry point, then maybe a requeue."""
+    from ..run.launch import run
     from ..run.signals import SIGNALS
 
     environ = dict(os.environ) if environ is None else environ
     signals = signals or SIGNALS
-    with signals.armed_for_run():
-        if requeue:
-            # Slurm's warning signal takes the same path as SIGTERM: a flag and a wakeup, never a raise.
-            signals.watch(WARNING_SIGNAL)
-        local_hosts = local_host_names()
-        spec = build_spec(request, local_hosts)
-        folder = prepare_folder(run_dir, spec.log_dir, environ, spec.source)
-        if requeue:
-            # The requeued job must find the backup: offer it even when no in-job restarts are allowed.
-            backup = str(folder.path.resolve() / "backup")
-            spec = replace(spec, env={"TFLAUNCH_BACKUP_DIR": backup, **spec.env})
-        session = RunSession(spec, session_options(request, spec), folder, console,
-                             lambda context: plan_for(spec, context, local_hosts, request), signals)
-        result = session.execute()
-        if requeue and signals.first == WARNING_SIGNAL:
-            job_id = environ.get("SLURM_JOB_ID", "")
-            console.message(f"Slurm's warning signal (SIGUSR1): tasks stopped; requeueing job {job_id}")
-            record = read_slurm_record(folder.path)
-            record.setdefault("requeues", []).append({"at": iso_time(time.time()), "restart_count":
-                                                      int(environ.get("SLURM_RESTART_COUNT") or 0)})
-            write_slurm_record(folder.path, record)
-            try:
-                slurm_run(["scontrol", "requeue", job_id], what=f"requeueing job {job_id}")
-            except SlurmError as error:
-                console.message(f"could not requeue: {error}")
-                return result
-            result.exit_code = 0  # the job goes on after the requeue; this execution ended as asked
-        return result
+    # With --requeue the warning signal takes the same path as SIGTERM (a flag and a wakeup, never
+    # a raise), and the requeued job must find the backup even when no in-job restarts are allowed.
+    request = replace(request, keep_backup=request.keep_backup or requeue)
+    result = run(request, console, signals, watch=(WARNING_SIGNAL,) if requeue else (),
+                 folder_for=lambda spec: prepare_folder(run_dir, spec.log_dir, environ, spec.source))
+    if requeue and signals.first == WARNING_SIGNAL:
+        job_id = environ.get("SLURM_JOB_ID", "")
+        console.message(f"Slurm's warning signal (SIGUSR1): tasks stopped; requeueing job {job_id}")
+        record = read_slurm_record(result.run_dir)
+        record.setdefault("requeues", []).append({"at": iso_time(time.time()), "restart_count":
+                                                  int(environ.get("SLURM_RESTART_COUNT") or 0)})
+        write_slurm_record(result.run_dir, record)
+        try:
+            slurm_run(["scontrol", "requeue", job_id], what=f"requeueing job {job_id}")
+        except SlurmError as error:
+            console.message(f"could not requeue: {error}")
+            return result
+        result.exit_code = 0  # the job goes on after the requeue; this execution ended as asked
+    return result
 
 
 # -- what `tflaunch runs` shows of Slurm runs ---------------------------------------------------

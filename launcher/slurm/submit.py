@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..cluster.reader import load_cluster_file
 from ..errors import ConfigError
-from ..records.folder import RunFolder, iso_time, new_run_id
+from ..records.folder import DEFAULT_LOG_DIR, RunFolder, iso_time
 from .allocation import Allocation, carve_roles
 from .commands import SlurmError, is_user_mistake, last_line
 from .job import write_slurm_record
@@ -26,7 +26,6 @@ from .script import JobRequest, render_script
 from .section import SlurmSettings, read_slurm_section
 
 SCRIPT_NAME = "job.sbatch"
-DEFAULT_LOG_DIR = "logs"
 
 
 @dataclass(frozen=True)
@@ -85,11 +84,7 @@ def dry_run(options: SubmitOptions) -> str:
 def submit(options: SubmitOptions, wait: bool, on_submitted: Callable[[Submitted], None]) -> int:
     """Write the script into a new run folder and submit it; with ``wait``, the cluster's exit code."""
     _, log_dir = job_request(options, "")
-    try:
-        folder = RunFolder.create(Path(log_dir), new_run_id())
-    except OSError as exc:
-        raise ConfigError(options.cluster_file or "submit", "--log-dir",
-                          f"cannot create a run folder in {log_dir!r}: {exc.strerror or exc}") from None
+    folder = RunFolder.create(log_dir, options.cluster_file or "submit")
     run_dir = folder.path.resolve()
     request, _ = job_request(options, str(run_dir))
     script = run_dir / SCRIPT_NAME

@@ -5,6 +5,8 @@ hosts, started by which transport?", with a :class:`~launcher.cluster.spec.Clust
 
 - :class:`~.file.ClusterFileSource`: a cluster YAML file (tasks local or over ssh);
 - :class:`~.local.LocalSource`: ``--local N [--chief] [--ps K] [--gpus LIST]`` on this machine;
+- :class:`~.hosts.HostsSource`: ``-H node1:4,node2:4`` or ``--hostfile FILE``, one task per slot;
+- :class:`~.slurm.SlurmSource`: the slots of a Slurm allocation.
 
 A spec whose ``transport`` is None lets each task's host decide (``local`` for this machine,
 ``ssh`` otherwise); a backend that must start tasks its own way names its transport, which

@@ -1,0 +1,315 @@
+"""tflaunch from Python: ``launch()`` runs a cluster as ``tflaunch run`` does; ``runs()`` and ``run_record()`` read runs.
+
+::
+
+    from launcher import launch
+    result = launch(local=2, command=["python", "train.py", "--epochs", "3"])
+    result.exit_code, result.status, result.run_dir, result.record
+
+``launch`` takes the run options of the command line as keyword arguments (``--max-restarts 2``
+is ``max_restarts=2``) and blocks until the run has ended. It works from a script, from a thread
+and from a Jupyter kernel:
+
+- **Signals.** It never takes over the process's signal handlers. Called from the main thread, it
+  handles SIGINT for the length of the call only (then puts the caller's handler back): a Ctrl-C,
+  or a notebook's interrupt, stops every task by the shutdown protocol, the run record is made
+  final, and the call raises :class:`LaunchInterrupted`, a ``KeyboardInterrupt`` that carries the
+  result. Called from any other thread it installs nothing (Python allows handlers only in the main
+  thread); each run's tasks still end if the process ends.
+- **Output.** The console lines (the tasks' lines and tflaunch's own messages, as on the command
+  line but without colour or status line) go to ``sys.stdout`` as it is at each write, so
+  ``contextlib.redirect_stdout`` and a notebook's cell output catch them; or to ``output`` (a text
+  stream), or to ``on_line(text)``, called once per line from tflaunch's console thread.
+- **Errors.** Bad input raises the same :class:`~launcher.errors.LaunchError` the command line turns
+  into its one-line message (``str(error)`` is that line, ``error.exit_code`` its exit code); nothing
+  has started then.
+
+Importing this module is cheap; the run machinery is imported on the first call.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+from .run.signals import Signals  # standard library only underneath: importing it stays cheap
+
+if TYPE_CHECKING:
+    from .inspect.runs import Run
+    from .records.record import RunRecord
+    from .records.states import RunStatus
+
+__all__ = ["LaunchInterrupted", "LaunchResult", "launch", "run_record", "runs"]
+
+DEFAULT_LOG_DIR = "logs"
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass(frozen=True)
+class LaunchResult:
+    """How a run ended: its exit code (as ``tflaunch`` would exit), status, folder and final record."""
+
+    exit_code: int
+    status: RunStatus  # a str enum: "succeeded", "failed" or "stopped"
+    run_id: str
+    run_dir: Path
+    record: RunRecord  # run.json as the run left it (launcher.records.record)
+    error: str | None = None  # an environment problem that ended the run (full disk, vanished folder)
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+class LaunchInterrupted(KeyboardInterrupt):
+    """A Ctrl-C (SIGINT) stopped the run; every task was stopped first. ``result`` is the stopped run."""
+
+    def __init__(self, result: LaunchResult):
+        super().__init__(f"run {result.run_id} stopped by SIGINT; every task was stopped")
+        self.result = result
+
+
+def launch(cluster: str | Path | Mapping[str, Any] | None = None, *, local: int | None = None,
+           hosts: str | Mapping[str, int] | Sequence[str] | None = None, hostfile: str | Path | None = None,
+           command: Sequence[str] | str | None = None, chief: bool = False, ps: int = 0, evaluator: bool = False,
+           gpus: Sequence[int] | str | None = None, env: Mapping[str, str] | None = None,
+           log_dir: str | Path | None = None, threads: int | str | None = None, grace: float = 5.0,
+           max_restarts: int | None = None, restart_delay: float | None = None, start_timeout: float | None = None,
+           hang_timeout: float | None = None, evaluator_timeout: float = 300.0, isolate_network: bool = False,
+           no_check: bool = False, tasks: Iterable[str] | str | None = None, quiet: bool = False,
+           verbose: bool = False, tensorboard: bool = False, output: IO[str] | None = None,
+           on_line: Callable[[str], None] | None = None) -> LaunchResult:
+    """Run a cluster to its end, as ``tflaunch run`` does, and return how it ended.
+
+    The cluster is one of: ``cluster`` (a cluster file's path, or a mapping in the same form),
+    ``local=N``, ``hosts`` (``"node1:4,node2:4"``, ``{"node1": 4}`` or ``["node1:4", ...]``) or
+    ``hostfile``. ``command`` is the task command (a list, or a string split as a shell would);
+    the default is the built-in trainer. Every other argument is the run option of the same name.
+    """
+    from .run.signals import Interrupted
+    from .sources.choose import choose_source
+
+    source = choose_source(None if cluster is None else (cluster if isinstance(cluster, Mapping) else str(cluster)),
+                           _count("local", local, 1, optional=True), hosts=_hosts(hosts),
+                           hostfile=None if hostfile is None else str(hostfile), chief=bool(chief),
+                           ps=_count("ps", ps, 0), evaluator=bool(evaluator), gpus=_gpus(gpus),
+                           role_options="chief, ps, evaluator and gpus")
+    request = _request(source, command=command, env=env, log_dir=log_dir, threads=threads, grace=grace,
+                       max_restarts=max_restarts, restart_delay=restart_delay, start_timeout=start_timeout,
+                       hang_timeout=hang_timeout, evaluator_timeout=evaluator_timeout,
+                       isolate_network=isolate_network, no_check=no_check, tasks=tasks)
+    if output is not None and on_line is not None:
+        from .sources.choose import OptionsError
+
+        raise OptionsError("give either output or on_line, not both")
+    if tensorboard:
+        from .tensorboard import require
+
+        require()
+
+    from .run.console import Console
+    from .run.launch import run
+    from .run.summary import describe_result
+
+    sink = _LineSink(on_line) if on_line is not None else (output if output is not None else _CallerStdout())
+    console = Console(sink, messages=sink, colour=False, status=False, tasks=request.show_tasks or None,
+                      quiet=quiet, verbose=verbose)
+    signals = _CallSignals()
+    board = None
+    if tensorboard:
+        from .tensorboard import BesideRun
+
+        board = BesideRun(console.message)
+    previous = _handle_sigint(signals)
+    try:
+        try:
+            result = run(request, console, signals, on_folder=(lambda folder: board.start(folder.path)) if board else None)
+        except Interrupted:  # Ctrl-C before any task existed: nothing to stop
+            raise KeyboardInterrupt from None
+        finally:
+            if board is not None:
+                board.stop()
+        console.message("\n".join(describe_result(result)))
+    finally:
+        console.close()
+        _restore_sigint(previous)
+        signals.close()
+    outcome = LaunchResult(exit_code=result.exit_code, status=result.record.status, run_id=result.run_id,
+                           run_dir=Path(result.run_dir), record=result.record, error=result.error)
+    if signals.first == signal.SIGINT:
+        raise LaunchInterrupted(outcome)
+    return outcome
+
+
+def runs(log_dir: str | Path = DEFAULT_LOG_DIR) -> list[Run]:
+    """The runs in ``log_dir``, newest first (``tflaunch runs``); each has ``run_id``, ``path``, ``status``,
+    ``record`` and ``metrics()``."""
+    from .inspect.runs import find_runs
+
+    return find_runs(log_dir)
+
+
+def run_record(run: str | None = None, log_dir: str | Path = DEFAULT_LOG_DIR) -> RunRecord:
+    """The run record of a run: its id, a unique prefix of one, or ``latest`` (the default)."""
+    from .inspect.runs import resolve_run
+
+    return resolve_run(log_dir, run).record
+
+
+# -- options as the command line checks them ------------------------------------------------
+
+def _request(source: Any, *, command: Sequence[str] | str | None, env: Mapping[str, str] | None,
+             log_dir: str | Path | None, threads: int | str | None, grace: float, max_restarts: int | None,
+             restart_delay: float | None, start_timeout: float | None, hang_timeout: float | None,
+             evaluator_timeout: float, isolate_network: bool, no_check: bool, tasks: Iterable[str] | str | None) -> Any:
+    from .run.launch import LaunchRequest
+    from .run.watchdog import WatchdogSettings
+
+    return LaunchRequest(
+        cluster=source.spec, command=_command(command), log_dir=None if log_dir is None else str(log_dir),
+        threads=_threads(threads), grace=_seconds("grace", grace), max_restarts=_count("max_restarts", max_restarts, 0,
+                                                                                     optional=True),
+        restart_delay=_seconds("restart_delay", restart_delay, optional=True),
+        evaluator_timeout=_seconds("evaluator_timeout", evaluator_timeout), env=_env(env),
+        watchdog=WatchdogSettings(start_timeout=_seconds("start_timeout", start_timeout, optional=True, positive=True),
+                                  hang_timeout=_seconds("hang_timeout", hang_timeout, optional=True, positive=True)),
+        preflight=not no_check, show_tasks=_names(tasks), isolate_network=bool(isolate_network))
+
+
+def _bad(name: str, expected: str, value: Any) -> Exception:
+    from .sources.choose import OptionsError
+
+    return OptionsError(f"{name}: expected {expected}, got {value!r}")
+
+
+def _count(name: str, value: Any, least: int, optional: bool = False) -> int | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise _bad(name, f"a whole number >= {least}", value)
+    return value
+
+
+def _seconds(name: str, value: Any, optional: bool = False, positive: bool = False) -> float | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (positive and value == 0):
+        raise _bad(name, "a number of seconds " + ("> 0" if positive else ">= 0"), value)
+    return float(value)
+
+
+def _threads(value: Any) -> int | str | None:
+    if value is None or value in ("auto", "off"):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    raise _bad("threads", "'auto', 'off' or a thread count >= 1", value)
+
+
+def _gpus(value: Sequence[int] | str | None) -> tuple[int, ...]:
+    if value is None or value == "":
+        return ()
+    try:
+        items = value.split(",") if isinstance(value, str) else list(value)
+        return tuple(int(item) for item in items if not isinstance(item, bool))
+    except (TypeError, ValueError):
+        raise _bad("gpus", "GPU indices such as [0, 1] or '0,1'", value) from None
+
+
+def _hosts(value: str | Mapping[str, int] | Sequence[str] | None) -> str | None:
+    """-H's text from a string, a {host: slots} mapping or a list of 'host[:slots]' items."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, Mapping):
+        return ",".join(f"{host}:{slots}" for host, slots in value.items())
+    if isinstance(value, (list, tuple)) and all(isinstance(item, str) for item in value):
+        return ",".join(value)
+    raise _bad("hosts", "'node1:4,node2:4', {'node1': 4} or ['node1:4', ...]", value)
+
+
+def _command(value: Sequence[str] | str | None) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = shlex.split(value)
+    if not value or not all(isinstance(word, str) for word in value):
+        raise _bad("command", "a non-empty list of strings, or a string", value)
+    return tuple(value)
+
+
+def _env(value: Mapping[str, str] | None) -> dict[str, str]:
+    env = dict(value or {})
+    for key, item in env.items():
+        if not isinstance(key, str) or not _ENV_NAME.fullmatch(key) or not isinstance(item, str):
+            raise _bad("env", "variable names mapped to strings", {key: item})
+    return env
+
+
+def _names(value: Iterable[str] | str | None) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    items = value.split(",") if isinstance(value, str) else list(value)
+    return tuple(name.strip() for name in items if name.strip())
+
+
+# -- signals and output for one call ---------------------------------------------------------
+
+class _CallSignals(Signals):
+    """The run's one signal path, without taking over the process's handlers (see the module docstring)."""
+
+    def install(self) -> None:
+        """Never: launch() handles SIGINT itself, in the main thread and for the length of the call."""
+
+
+def _handle_sigint(signals: _CallSignals) -> Any:
+    """Route SIGINT to ``signals`` for this call; what to restore afterwards (None: nothing was changed)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    previous = signal.getsignal(signal.SIGINT)
+    signals.watch(signal.SIGINT)
+    return signal.SIG_DFL if previous is None else previous  # None: a handler not set from Python
+
+
+def _restore_sigint(previous: Any) -> None:
+    if previous is not None:
+        signal.signal(signal.SIGINT, previous)
+
+
+class _CallerStdout:
+    """Writes to ``sys.stdout`` as it is at each write (a notebook's cell, a redirect_stdout target)."""
+
+    def write(self, text: str) -> int:
+        stream = sys.stdout
+        if stream is None:  # pythonw, a closed console: nowhere to show it
+            return len(text)
+        written = stream.write(text)
+        stream.flush()
+        return written if isinstance(written, int) else len(text)
+
+    def flush(self) -> None:
+        if sys.stdout is not None:
+            sys.stdout.flush()
+
+
+class _LineSink:
+    """Hands each complete line, without its newline, to a callback."""
+
+    def __init__(self, on_line: Callable[[str], None]):
+        self.on_line = on_line
+        self.partial = ""
+
+    def write(self, text: str) -> int:
+        *lines, self.partial = (self.partial + text).split("\n")
+        for line in lines:
+            self.on_line(line)
+        return len(text)
+
+    def flush(self) -> None:
+        pass

@@ -1,0 +1,108 @@
+"""The words a run record uses for how things stand: a run's status, a task's state, an attempt's outcome.
+
+The supervisor changes task states, the session decides outcomes and statuses, the console shows
+them and the inspection commands read them back: all of them take these enums from here.
+
+A task's states and the only transitions between them (``TaskState.can_become``)::
+
+    PENDING --started--> RUNNING --exit 0--> SUCCEEDED
+       |                   |  |---exit != 0, signal, lost host--> FAILED
+       |                   |  '---ended after tflaunch asked it to stop--> STOPPED
+       |                   '---failed, restart policy "task", budget left--> RESTARTING
+       |                                          RESTARTING --started again--> RUNNING
+       |--could not start--> FAILED
+       '--never started (run stopped first)--> STOPPED
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+
+class RunStatus(str, enum.Enum):
+    """A run's status. ``LAUNCHER_LOST`` is never written: readers infer it (see ``RunRecord.status_now``)."""
+
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+    LAUNCHER_LOST = "launcher-lost"  # run.json says running, but its launcher is gone
+
+    def __str__(self) -> str:  # the word itself, in f-strings and tables too
+        return self.value
+
+    @classmethod
+    def parse(cls, value: Any) -> "RunStatus":
+        if value == "died":  # how earlier readers spelled a lost launcher
+            return cls.LAUNCHER_LOST
+        try:
+            return cls(value)
+        except ValueError:
+            return cls.FAILED  # an unknown word is no reason to hide the run; it did not succeed
+
+    @property
+    def ended(self) -> bool:
+        return self not in (RunStatus.RUNNING, RunStatus.LAUNCHER_LOST)
+
+    def describe(self) -> str:
+        return "launcher lost" if self is RunStatus.LAUNCHER_LOST else self.value
+
+
+class TaskState(str, enum.Enum):
+    """One task's state within an attempt (transitions in the module docstring)."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    RESTARTING = "restarting"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+    def __str__(self) -> str:  # the word itself, in f-strings and tables too
+        return self.value
+
+    @classmethod
+    def parse(cls, value: Any) -> "TaskState":
+        try:
+            return cls(value)
+        except ValueError:
+            return cls.FAILED  # a word this version does not know: the task did not succeed
+
+    @property
+    def ended(self) -> bool:
+        return self in (TaskState.SUCCEEDED, TaskState.FAILED, TaskState.STOPPED)
+
+    def can_become(self, state: "TaskState") -> bool:
+        return state in _NEXT.get(self, ())
+
+
+_NEXT = {
+    TaskState.PENDING: (TaskState.RUNNING, TaskState.FAILED, TaskState.STOPPED),
+    TaskState.RUNNING: (TaskState.SUCCEEDED, TaskState.FAILED, TaskState.STOPPED, TaskState.RESTARTING),
+    TaskState.RESTARTING: (TaskState.RUNNING, TaskState.FAILED, TaskState.STOPPED),
+}
+
+
+class Outcome(str, enum.Enum):
+    """How one attempt ended."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+
+    def __str__(self) -> str:  # the word itself, in f-strings and tables too
+        return self.value
+
+    @classmethod
+    def parse(cls, value: Any) -> "Outcome":
+        try:
+            return cls(value)
+        except ValueError:
+            return cls.FAILED
+
+    @property
+    def status(self) -> RunStatus:
+        """The run's status when this attempt is its last."""
+        return {Outcome.SUCCEEDED: RunStatus.SUCCEEDED, Outcome.FAILED: RunStatus.FAILED,
+                Outcome.INTERRUPTED: RunStatus.STOPPED}[self]

@@ -1,0 +1,77 @@
+"""Which source a command line (or a ``launch()`` call) names: exactly one of its cluster options.
+
+A cluster file (or, from Python, a mapping in the same form), ``--local N``, ``-H HOSTS`` or
+``--hostfile FILE``; the role options go with all but a cluster, whose roles are in the file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..cluster.spec import ClusterSpec
+from ..errors import ConfigError, LaunchError
+from . import ClusterSource
+
+MAPPING_LABEL = "cluster"  # how a cluster given as a mapping is named in messages and run lists
+
+
+class OptionsError(LaunchError):
+    """Options that do not go together; one line, exit code 2."""
+
+
+@dataclass(frozen=True)
+class ClusterMappingSource:
+    """A cluster given as a mapping in the cluster-file form (``{"worker": ["localhost:auto"] * 2}``)."""
+
+    data: Mapping[str, Any]
+    label: str = MAPPING_LABEL
+
+    def spec(self, local_hosts: frozenset[str]) -> ClusterSpec:
+        import yaml
+
+        from ..cluster.reader import parse_cluster
+
+        try:
+            # The file reader is the one validator: the mapping goes through it as the YAML it stands for.
+            text = yaml.safe_dump(_plain(self.data), sort_keys=False)
+        except yaml.YAMLError as exc:
+            raise ConfigError(self.label, "", f"expected plain values (str, int, float, bool, list, dict): {exc}") \
+                from None
+        return parse_cluster(text, self.label, local_hosts)
+
+
+def _plain(value: Any) -> Any:
+    """Mappings and tuples as the dicts and lists YAML writes; everything else as it is."""
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def choose_source(cluster: str | Mapping[str, Any] | None = None, local: int | None = None, *,
+                  hosts: str | None = None, hostfile: str | None = None, chief: bool = False, ps: int = 0,
+                  evaluator: bool = False, gpus: tuple[int, ...] = (),
+                  role_options: str = "--chief, --ps, --evaluator and --gpus") -> ClusterSource:
+    """The one source the options name; ``role_options`` names the command's role options in messages."""
+    from .file import ClusterFileSource
+    from .local import LocalSource
+
+    given = [value for value in (cluster, local, hosts, hostfile) if value is not None]
+    if len(given) != 1:
+        raise OptionsError("give either a cluster file or --local N, -H HOST:SLOTS,... or --hostfile FILE")
+    if cluster is not None and (chief or ps or gpus or evaluator):
+        raise OptionsError(f"{role_options} only apply to --local, -H and --hostfile; put roles in the cluster file")
+    if isinstance(cluster, Mapping):
+        return ClusterMappingSource(cluster)
+    if cluster is not None:
+        return ClusterFileSource(str(cluster))
+    if local is not None:
+        if evaluator:
+            raise OptionsError("--evaluator applies to -H, --hostfile and --slurm, not to --local")
+        return LocalSource(local, chief=chief, ps=ps, gpus=gpus)
+    from .hosts import HostsSource
+
+    return HostsSource(hosts=hosts, hostfile=hostfile, chief=chief, ps=ps, evaluator=evaluator, gpus=gpus)

@@ -1,0 +1,243 @@
+"""TensorBoard on a run folder: beside a run, or on its own for a run that already exists.
+
+Every task gets ``TFLAUNCH_TENSORBOARD_DIR=<run folder>/tensorboard`` (see :mod:`launcher.cluster.plan`)
+and the built-in trainer writes its per-epoch scalars there; :func:`logdir_of` finds that folder
+again for a run, also when the cluster's ``env`` pointed it elsewhere.
+
+TensorBoard is an optional extra. :func:`require` raises one line naming it when it is missing,
+before anything starts.
+
+A server never outlives the tflaunch that started it:
+
+- it runs in a session of its own, so TensorBoard and the data server it starts are one process
+  group, stopped as one (SIGTERM, a short grace, SIGKILL, then reaped);
+- a few lines run in the server's process before TensorBoard's own code and ask the kernel to
+  send it SIGTERM when its parent goes (``PR_SET_PDEATHSIG``), so a SIGKILLed tflaunch does not
+  leave it behind. The kernel means the parent *thread*, which is the thread that runs the launch,
+  and that thread always stops the server itself before it returns.
+
+It listens on 127.0.0.1 unless told otherwise: TensorBoard has no authentication.
+"""
+
+from __future__ import annotations
+
+import errno
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from .cluster.plan import TENSORBOARD_SUBDIR
+from .errors import LaunchError
+
+DEFAULT_HOST = "127.0.0.1"
+FIRST_PORT = 6006  # TensorBoard's own default; the next free one above it otherwise
+PORTS_TRIED = 100
+LOG_NAME = "tensorboard.log"  # in the run folder, for a server started beside a run
+ENV_NAME = "TFLAUNCH_TENSORBOARD_DIR"
+MISSING = "TensorBoard is not installed; install tflaunch's 'tensorboard' extra: pip install -e '.[tensorboard]'"
+
+# Runs in the server's own process before TensorBoard: die with the parent, then be TensorBoard.
+_BOOT = """\
+import ctypes, os, signal, sys
+ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+if os.getppid() != int(sys.argv[1]):
+    sys.exit(0)  # the parent went before the request took effect
+sys.argv = ["tensorboard", *sys.argv[2:]]
+from tensorboard.main import run_main
+run_main()
+"""
+
+
+class TensorBoardError(LaunchError):
+    """TensorBoard is missing, or could not serve (a busy port, an early exit)."""
+
+
+def available() -> bool:
+    """Whether this interpreter (the one that runs TensorBoard) can import it, without importing it."""
+    try:
+        return importlib.util.find_spec("tensorboard") is not None
+    except (ImportError, ValueError):  # an import hook that refuses it, a broken entry in sys.modules
+        return False
+
+
+def require() -> None:
+    """Raise the one-line error naming the extra when TensorBoard is not installed."""
+    if not available():
+        raise TensorBoardError(MISSING)
+
+
+def logdir_of(run_dir: Path, task_envs: list[dict[str, str]] | None = None) -> Path:
+    """Where a run's tasks were told to write TensorBoard data: their TFLAUNCH_TENSORBOARD_DIR, else the default."""
+    for env in task_envs or []:
+        if env.get(ENV_NAME):
+            return Path(env[ENV_NAME])
+    return Path(run_dir) / TENSORBOARD_SUBDIR
+
+
+def pick_port(host: str, wanted: int | None) -> int:
+    """``wanted`` when it is free on ``host``; without it, the first free port from 6006 up."""
+    if wanted is not None:
+        if not _bindable(host, wanted):
+            raise TensorBoardError(f"--port {wanted}: {host}:{wanted} is already in use; expected a free port")
+        return wanted
+    for port in range(FIRST_PORT, FIRST_PORT + PORTS_TRIED):
+        if _bindable(host, port):
+            return port
+    raise TensorBoardError(f"no free port for TensorBoard on {host} in {FIRST_PORT}-{FIRST_PORT + PORTS_TRIED - 1}; "
+                           "expected one, or give --port")
+
+
+def _bindable(host: str, port: int) -> bool:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as a server binds: TIME_WAIT is no clash
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRNOTAVAIL:
+                raise TensorBoardError(f"--host {host}: not an address of this machine") from None
+            return False
+    return True
+
+
+class TensorBoard:
+    """One TensorBoard server process (and its process group)."""
+
+    def __init__(self, process: subprocess.Popen, host: str, port: int, logdir: Path, log_path: Path | None):
+        self.process = process
+        self.host = host
+        self.port = port
+        self.logdir = logdir
+        self.log_path = log_path  # where its output goes; None: the caller's terminal
+
+    @property
+    def url(self) -> str:
+        shown = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{shown}:{self.port}/"
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @classmethod
+    def start(cls, logdir: Path, *, host: str = DEFAULT_HOST, port: int | None = None,
+              log_path: Path | None = None, python: str = sys.executable) -> "TensorBoard":
+        """Start serving ``logdir``; returns at once (see :meth:`wait_ready`)."""
+        require()
+        port = pick_port(host, port)
+        argv = [python, "-c", _BOOT, str(os.getpid()), "--logdir", str(logdir), "--host", host,
+                "--port", str(port), "--reload_interval", "2"]
+        output = None
+        try:
+            if log_path is not None:
+                output = open(log_path, "ab")
+            process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=output, stderr=output,
+                                       start_new_session=True)
+        except OSError as exc:
+            raise TensorBoardError(f"cannot start TensorBoard ({python}): {exc.strerror or exc}") from None
+        finally:
+            if output is not None:
+                output.close()
+        return cls(process, host, port, Path(logdir), log_path)
+
+    def wait_ready(self, timeout: float = 120.0, wait: Callable[[float], object] = time.sleep) -> None:
+        """Return once the server accepts connections; TensorBoardError if it exits or takes too long.
+
+        ``wait(seconds)`` sleeps between tries; it may return truthy to give up early (a signal).
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            code = self.process.poll()
+            if code is not None:
+                raise TensorBoardError(f"TensorBoard exited with code {code} before serving {self.url}"
+                                       f"{self._last_words()}")
+            if self._accepts():
+                return
+            if time.monotonic() >= deadline:
+                raise TensorBoardError(f"TensorBoard did not serve {self.url} within {timeout:g} s{self._last_words()}")
+            if wait(0.2):
+                raise TensorBoardError("stopped while TensorBoard was starting")
+
+    def _accepts(self) -> bool:
+        try:
+            with socket.create_connection((self.host, self.port), timeout=1.0):
+                return True
+        except OSError:
+            return False
+
+    def _last_words(self) -> str:
+        if self.log_path is None:
+            return ""
+        try:
+            lines = [line for line in self.log_path.read_text(errors="replace").splitlines() if line.strip()]
+        except OSError:
+            return ""
+        return f": {lines[-1].strip()}" if lines else ""
+
+    def stop(self, grace: float = 3.0) -> None:
+        """SIGTERM to the server's group, up to ``grace`` seconds, then SIGKILL; always reaped."""
+        if self.process.poll() is None:
+            self._signal_group(signal.SIGTERM)
+            try:
+                self.process.wait(grace)
+            except subprocess.TimeoutExpired:
+                self._signal_group(signal.SIGKILL)
+                self.process.wait()
+
+    def _signal_group(self, signum: int) -> None:
+        try:
+            os.killpg(self.process.pid, signum)
+        except ProcessLookupError:
+            pass  # already gone
+
+
+class BesideRun:
+    """A TensorBoard started next to a run: it announces its address and goes when the run does.
+
+    Starting returns at once, so the run does not wait for TensorBoard's start-up; a thread waits
+    for the server and says where it is, or why it could not start. A server that cannot start
+    does not touch the run.
+    """
+
+    def __init__(self, say: Callable[[str], None], *, host: str = DEFAULT_HOST, port: int | None = None):
+        self.say = say
+        self.host = host
+        self.port = port
+        self.server: TensorBoard | None = None
+        self._stopping = threading.Event()
+        self._waiter: threading.Thread | None = None
+
+    def start(self, run_dir: Path) -> None:
+        logdir = Path(run_dir) / TENSORBOARD_SUBDIR
+        try:
+            logdir.mkdir(exist_ok=True)
+            self.server = TensorBoard.start(logdir, host=self.host, port=self.port, log_path=Path(run_dir) / LOG_NAME)
+        except (OSError, TensorBoardError) as exc:
+            self.say(f"TensorBoard not started: {exc}")
+            return
+        self._waiter = threading.Thread(target=self._announce, name="tensorboard-ready", daemon=True)
+        self._waiter.start()
+
+    def _announce(self) -> None:
+        server = self.server
+        try:
+            server.wait_ready(wait=self._stopping.wait)
+        except TensorBoardError as exc:
+            if not self._stopping.is_set():
+                self.say(f"TensorBoard not started: {exc} (see {server.log_path})")
+            return
+        self.say(f"TensorBoard at {server.url} (stops with the run)")
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self.server is not None:
+            self.server.stop()
+        if self._waiter is not None:
+            self._waiter.join()

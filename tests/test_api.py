@@ -1,0 +1,192 @@
+"""The Python API (launcher.api): from a script, from a thread, and interrupted with Ctrl-C mid-run."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import uuid
+from pathlib import Path
+
+import pytest
+
+from conftest import HELPERS, ROOT, TASK, descendants_alive, env_lines_of
+from polling import wait_for
+
+import launcher
+from launcher import LaunchResult, launch, run_record, runs
+from launcher.errors import LaunchError
+
+pytestmark = pytest.mark.timeout(120)
+API_RUN = str(HELPERS / "api_run.py")
+
+
+def api_script(log_dir: Path, *actions: str, **popen) -> subprocess.Popen:
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    return subprocess.Popen([sys.executable, API_RUN, str(log_dir), *actions], env=env, cwd=log_dir.parent,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+
+
+def result_of(stdout: str) -> dict:
+    (line,) = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
+    return json.loads(line[len("RESULT "):])
+
+
+def test_importing_launcher_stays_cheap():
+    code = ("import sys, launcher\n"
+            "from launcher import launch, runs, run_record\n"
+            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'click', 'yaml', 'psutil')\n"
+            "               or m in ('launcher.run.session', 'launcher.run.launch', 'launcher.cli'))\n"
+            "print(heavy)")
+    done = subprocess.run([sys.executable, "-c", code], env={"PYTHONPATH": str(ROOT)}, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_api_from_a_script(tmp_path):
+    proc = api_script(tmp_path / "logs", "env", "print:hello-from-the-task")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    result = result_of(out)
+    assert result["ended"] == "returned" and result["exit_code"] == 0
+    assert result["status"] == result["record_status"] == "succeeded"
+    assert result["tasks"] == {"chief-0": "succeeded", "worker-0": "succeeded", "worker-1": "succeeded"}
+    assert result["sigint_restored"]  # the script's own Ctrl-C handling is back
+    # The console lines went to the script's stdout: the tasks' lines and tflaunch's summary.
+    assert "worker-1 | hello-from-the-task" in out
+    assert f"tflaunch: run {Path(result['run_dir']).name} succeeded" in out
+    record = json.loads((Path(result["run_dir"]) / "run.json").read_text())
+    assert record["status"] == "succeeded" and record["source"] == "--local 2 --chief"
+
+
+def test_api_from_a_thread_installs_no_signal_handler(tmp_path):
+    flag = tmp_path / "finish"
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)}
+    lines: list[str] = []
+    outcome: list[object] = []
+
+    def call() -> None:
+        code = f"import os, time\nwhile not os.path.exists({str(flag)!r}):\n    time.sleep(0.05)\nprint('done')"
+        try:
+            outcome.append(launch(local=2, command=[sys.executable, "-c", code], log_dir=tmp_path / "logs",
+                                  on_line=lines.append))
+        except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
+            outcome.append(exc)
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    try:
+        wait_for(lambda: any(" tasks from --local 2; logs in " in line for line in lines), timeout=30,
+                 message="the run to start")
+        # While the run is under way in the thread, the process's handlers are the ones it had.
+        assert {s: signal.getsignal(s) for s in before} == before
+    finally:
+        flag.touch()
+        thread.join(60)
+    (result,) = outcome
+    assert isinstance(result, LaunchResult), result
+    assert result.exit_code == 0 and result.status == "succeeded" and result.ok
+    assert [t.state for t in result.record.tasks] == ["succeeded", "succeeded"]
+    assert "worker-0 | done" in lines and "worker-1 | done" in lines
+    assert {s: signal.getsignal(s) for s in before} == before
+    # runs() and run_record() read the same run back.
+    (listed,) = runs(tmp_path / "logs")
+    assert listed.run_id == result.run_id == result.run_dir.name
+    assert run_record(log_dir=tmp_path / "logs").to_json() == result.record.to_json()
+    assert run_record(result.run_id[:15], log_dir=tmp_path / "logs").status == "succeeded"
+
+
+def test_keyboard_interrupt_mid_run_stops_every_task(tmp_path):
+    marker = f"api-interrupt-{uuid.uuid4().hex}"
+    proc = api_script(tmp_path / "logs", f"print:{marker}", "child", "forever")
+    seen: list[str] = []
+    reader = threading.Thread(target=lambda: seen.extend(proc.stdout), daemon=True)
+    reader.start()
+    try:
+        # Each task prints the marker and then runs with a grandchild of its own.
+        wait_for(lambda: sum(marker in line for line in seen) == 3, timeout=60,
+                 message=lambda: f"three tasks to start:\n{''.join(seen)}")
+        wait_for(lambda: sum("CHILD " in line for line in seen) == 3, timeout=30, message="their grandchildren")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0, proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    reader.join(10)
+    result = result_of("".join(seen))
+    assert result["ended"] == "LaunchInterrupted"
+    assert result["exit_code"] == 130 and result["status"] == "stopped" and result["record_status"] == "stopped"
+    assert set(result["tasks"].values()) == {"stopped"}
+    assert result["sigint_restored"]
+    record = json.loads((Path(result["run_dir"]) / "run.json").read_text())
+    assert record["status"] == "stopped" and record["exit_code"] == 130 and record["ended_at"]
+    # Nothing is left: neither the tasks nor the processes they started.
+    children = [int(line.split("CHILD ")[1].split()[0]) for line in seen if "CHILD " in line]
+    assert descendants_alive(marker) == []
+    assert not [pid for pid in children if Path(f"/proc/{pid}").exists()
+                and "Z" not in Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0]]
+
+
+def test_bad_input_raises_the_line_the_command_line_prints(tflaunch, tmp_path):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("localhost slots=2\nnode2 slots=lots\n")
+    cli = subprocess.run(tflaunch.argv("--hostfile", str(hostfile)), cwd=tmp_path, env=tflaunch.env(),
+                         capture_output=True, text=True, timeout=60)
+    with pytest.raises(LaunchError) as error:
+        launch(hostfile=hostfile, log_dir=tmp_path / "logs")
+    assert cli.returncode == error.value.exit_code == 2
+    assert cli.stderr.splitlines() == [f"tflaunch: error: {error.value}"]
+
+    cluster = tmp_path / "bad.yaml"
+    cluster.write_text("worker:\n  - host: localhost\n    prot: 2222\n")
+    cli = subprocess.run(tflaunch.argv(str(cluster)), cwd=tmp_path, env=tflaunch.env(), capture_output=True,
+                         text=True, timeout=60)
+    with pytest.raises(LaunchError) as error:
+        launch(str(cluster))
+    assert cli.stderr.splitlines() == [f"tflaunch: error: {error.value}"]
+    assert not (tmp_path / "logs").exists()  # nothing started
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({}, "give either a cluster file or --local N, -H HOST:SLOTS,... or --hostfile FILE"),
+    ({"local": 0}, "local: expected a whole number >= 1, got 0"),
+    ({"local": 2, "ps": -1}, "ps: expected a whole number >= 0, got -1"),
+    ({"local": 2, "grace": "soon"}, "grace: expected a number of seconds >= 0, got 'soon'"),
+    ({"local": 2, "threads": 0}, "threads: expected 'auto', 'off' or a thread count >= 1, got 0"),
+    ({"local": 2, "env": {"A-B": "1"}}, "env: expected variable names mapped to strings, got {'A-B': '1'}"),
+    ({"local": 2, "env": {"TF_CONFIG": "{}"}}, "--env: TF_CONFIG: is set by tflaunch for every task and cannot be "
+                                               "overridden"),
+    ({"local": 2, "command": []}, "command: expected a non-empty list of strings, or a string, got []"),
+    ({"local": 2, "tasks": "worker-7"}, "--tasks worker-7: --local 2 has no task 'worker-7'; its tasks are: "
+                                        "worker-0, worker-1"),
+    ({"cluster": {"worker": ["localhost:auto"]}, "chief": True},
+     "chief, ps, evaluator and gpus only apply to --local, -H and --hostfile; put roles in the cluster file"),
+    ({"hosts": {"localhost": 0}}, "-H: localhost:0: expected HOST or HOST:SLOTS with SLOTS a whole number >= 1, "
+                                  "such as node1:4"),
+    ({"cluster": {"worker": [{"host": "localhost", "port": 70000}]}}, "cluster: worker[0].port: expected a port 1-65535, "
+                                                                     "got 70000"),
+])
+def test_bad_arguments_raise_one_line_before_anything_starts(tmp_path, kwargs, message):
+    with pytest.raises(LaunchError) as error:
+        launch(**kwargs, log_dir=tmp_path / "logs")
+    assert str(error.value) == message and error.value.exit_code == 2
+    assert not (tmp_path / "logs").exists()
+
+
+def test_a_cluster_mapping_and_hosts_forms_run(tmp_path):
+    lines: list[str] = []
+    result = launch({"worker": ["localhost:auto", "localhost:auto"], "env": {"USER_GREETING": "hi"}},
+                    command=[sys.executable, TASK, "env"], log_dir=tmp_path / "logs", on_line=lines.append)
+    assert result.exit_code == 0 and result.record.source == "cluster"
+    assert {json.loads(t.env["TF_CONFIG"])["task"]["index"] for t in result.record.tasks} == {0, 1}
+    (seen,) = env_lines_of((result.run_dir / "worker-1.log").read_text())
+    assert seen["USER_GREETING"] == "hi"
+    for hosts in ({"localhost": 2}, ["localhost:2"], "localhost:2"):
+        result = launch(hosts=hosts, command=f"{sys.executable} {TASK} bind", log_dir=tmp_path / "logs",
+                        quiet=True, on_line=lines.append)
+        assert result.exit_code == 0 and result.record.source == "-H localhost:2", hosts
+    assert launcher.runs(tmp_path / "logs")[0].run_id == result.run_id
