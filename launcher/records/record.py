@@ -11,7 +11,8 @@ number that version 1 only kept in each task's environment is recovered from the
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+import enum
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Mapping
 
 from .states import Outcome, RunStatus, TaskState
@@ -132,13 +133,7 @@ class RunRecord:
     error: str | None = None  # what ended the run from outside the tasks (a full disk, a vanished folder)
 
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["status"] = self.status.value
-        for task in data["tasks"]:
-            task["state"] = TaskState(task["state"]).value
-        for attempt in data["attempts"]:
-            attempt["outcome"] = Outcome(attempt["outcome"]).value
-        return data
+        return _plain(self)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "RunRecord":
@@ -169,3 +164,25 @@ class RunRecord:
 
     def task(self, name: str) -> TaskRecord | None:
         return next((t for t in self.tasks if t.name == name), None)
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _plain(value: Any) -> Any:
+    """A record as JSON-ready values: dataclasses to dicts, enums to their values.
+
+    Written out rather than ``dataclasses.asdict``, which deep-copies every value: the live record
+    of a run of a thousand tasks is rewritten while the run goes on, and must stay cheap."""
+    if is_dataclass(value):
+        names = _FIELD_NAMES.get(type(value))
+        if names is None:
+            names = _FIELD_NAMES[type(value)] = tuple(f.name for f in fields(value))
+        return {name: _plain(getattr(value, name)) for name in names}
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    return value

@@ -78,11 +78,22 @@ def lines_of(block: bytes) -> list[bytes]:
     return block[:-1].split(b"\n") if block else []
 
 
+# Descriptors the pump keeps open at once: the files that wrote most recently. Every other file is
+# looked at (one stat) every IDLE_CHECK seconds and reopened once it has grown, so a run of
+# thousands of tasks tails them all within a small, fixed number of descriptors.
+OPEN_FILES = 64
+IDLE_CHECK = 0.25
+
+
 @dataclass
 class _Source:
     name: str
     attempt: int
-    fd: int
+    path: Path
+    offset: int = 0
+    fd: int | None = None
+    last_output: float = 0.0  # monotonic time it last produced bytes
+    next_check: float = 0.0  # when a closed source is looked at again
     splitter: LineSplitter = field(default_factory=LineSplitter)
 
 
@@ -117,7 +128,8 @@ class OutputPump:
         with self._lock:
             if any(s.name == name and s.attempt == attempt for s in self._sources):
                 return
-            self._sources.append(_Source(name, attempt, os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)))
+            os.close(os.open(path, os.O_RDONLY | os.O_CREAT, 0o644))
+            self._sources.append(_Source(name, attempt, Path(path)))
         self.console.register([name])
 
     def finish_all(self) -> None:
@@ -125,11 +137,11 @@ class OutputPump:
         with self._lock:
             for source in self._sources:
                 try:
-                    self._read(source)
+                    self._read(source, force=True)
                     self._emit(source, source.splitter.flush_block())
                 except OSError as exc:
                     self._failed(exc)
-                os.close(source.fd)
+                self._close_source(source)
             self._sources.clear()
             try:
                 self._flush_files()
@@ -190,15 +202,45 @@ class OutputPump:
             except OSError as exc:
                 self._failed(exc)
 
-    def _read(self, source: _Source) -> bool:
+    def _read(self, source: _Source, force: bool = False) -> bool:
+        """Read what ``source`` wrote since last time; a closed source only when it has grown."""
+        now = time.monotonic()
+        if source.fd is None:
+            if not force and now < source.next_check:
+                return False
+            source.next_check = now + IDLE_CHECK
+            try:
+                if os.stat(source.path).st_size <= source.offset:
+                    return False
+            except FileNotFoundError:
+                return False
+            self._open_source(source, now)
         got = False
         while True:
-            chunk = os.read(source.fd, _READ_SIZE)
+            chunk = os.pread(source.fd, _READ_SIZE, source.offset)
             if not chunk:
-                return got
+                break
             got = True
+            source.offset += len(chunk)
+            source.last_output = now
             self.progress.output(self.clock())
             self._emit(source, source.splitter.feed_block(chunk))
+        if force:
+            self._close_source(source)
+        return got
+
+    def _open_source(self, source: _Source, now: float) -> None:
+        open_sources = [s for s in self._sources if s.fd is not None]
+        if len(open_sources) >= OPEN_FILES:
+            self._close_source(min(open_sources, key=lambda s: s.last_output))
+        source.fd = os.open(source.path, os.O_RDONLY)
+        source.last_output = now
+
+    @staticmethod
+    def _close_source(source: _Source) -> None:
+        if source.fd is not None:
+            os.close(source.fd)
+            source.fd = None
 
     def _emit(self, source: _Source, block: bytes) -> None:
         """Route a block of complete lines: merged.log, metrics.jsonl, console."""

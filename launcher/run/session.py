@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from .diagnose import Diagnosis
 
 TAIL_LINES = 20
+LIVE_WRITE_INTERVAL = 0.25  # seconds between live rewrites of run.json at most
 DIAGNOSIS_LINES = 200
 DISK_FULL_EXIT = 1
 
@@ -91,6 +92,8 @@ class RunSession:
         self.transports = transports or TransportSet(options.grace)
         self.lock = threading.Lock()  # the record is written from the supervisor and the pump's failure path
         self.record_failure: str | None = None  # why a live rewrite of run.json failed, the first time
+        self._pending_write: tuple[Plan, list[Task]] | None = None  # states not yet in run.json
+        self._next_write = 0.0  # monotonic time before which a live rewrite waits
         self.record = RunRecord(
             run_id=folder.run_id, source=spec.source, tflaunch_version=__version__,
             max_restarts=options.max_restarts, started_at=iso_time(self.started_at),
@@ -167,7 +170,7 @@ class RunSession:
                 return result, None
             self.message(f"attempt {attempt} failed ({result.reason}); restarting the whole cluster in "
                      f"{self.options.restart_delay:g} s (restart {attempt} of {self.options.max_restarts})")
-            self._write(plan, result.tasks)
+            self._write(plan, result.tasks, now=True)
             # Any signal during the run (also one that came while this attempt was stopping) ends it.
             signum = self.signals.wait(self.options.restart_delay)
             if signum is not None:
@@ -231,7 +234,8 @@ class RunSession:
                                                restart_policy=self.spec.restart_policy,
                                                task_restarts=self.spec.task_restarts)
         supervisor = Supervisor(plan.launches, self.transports.for_launch, open_output, self.message, supervisor_options,
-                                watchdog=lambda tasks: self._check_logging() or (watchdog(tasks) if watchdog else None),
+                                watchdog=lambda tasks: (self._write_if_due() or self._check_logging()
+                                                        or (watchdog(tasks) if watchdog else None)),
                                 listeners=[lambda tasks: self._write(plan, tasks), self._show_states],
                                 signals=self.signals)
         self.transports.prepare(plan.launches)
@@ -302,11 +306,25 @@ class RunSession:
         """Redraw the console's status line with the tasks' current states."""
         self.console.task_states({t.name: t.state for t in tasks}, self.attempt_number, self.attempt_number - 1)
 
-    def _write(self, plan: Plan, tasks: list[Task]) -> None:
+    def _write(self, plan: Plan, tasks: list[Task], now: bool = False) -> None:
         """Rewrite run.json with the tasks' current states (live rewrites are compact).
 
+        At most one live rewrite every ``LIVE_WRITE_INTERVAL``: a change that comes sooner is written
+        by :meth:`_write_if_due`, which the supervisor's loop calls, so the record trails the tasks by
+        at most that long and a run of many tasks does not rewrite a large file for each of them.
         A rewrite that fails is remembered: the watchdog check stops the attempt on it.
         """
+        self._pending_write = (plan, tasks)
+        if now or time.monotonic() >= self._next_write:
+            self._write_if_due(force=True)
+
+    def _write_if_due(self, force: bool = False) -> None:
+        pending = self._pending_write
+        if pending is None or (not force and time.monotonic() < self._next_write):
+            return None
+        self._pending_write = None
+        self._next_write = time.monotonic() + LIVE_WRITE_INTERVAL
+        plan, tasks = pending
         by_name = {t.name: t for t in tasks}
         with self.lock:
             self.record.tasks = [task_record(launch, by_name.get(launch.name)) for launch in plan.launches]
@@ -315,6 +333,7 @@ class RunSession:
             except OSError as exc:
                 if self.record_failure is None:
                     self.record_failure = f"{self.folder.record_path}: {exc.strerror or exc}"
+        return None
 
     def _finish(self, plan: Plan | None, result: AttemptResult | None, status: RunStatus, exit_code: int,
                 tail: list[str], diagnosis: Diagnosis | None, error: str | None) -> None:

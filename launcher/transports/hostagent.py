@@ -60,6 +60,10 @@ SYNC = b"\0TFLAUNCH-AGENT-1\0"
 CHUNK = 1 << 16  # one output frame at most, and what the writer sends of one process per turn
 QUEUE_LIMIT = 1 << 20  # output bytes of one process waiting to be sent before its pipe is left unread
 OWNER_VARIABLE = "TFLAUNCH_AGENT_TASK"
+# posix_spawn with setsid needs Python 3.8; signals the agent ignores or handles go back to their
+# defaults in the task (Python ignores SIGPIPE; the agent catches SIGINT, SIGHUP and SIGTERM).
+SPAWN = hasattr(os, "posix_spawnp") and hasattr(os, "POSIX_SPAWN_DUP2")
+RESET_SIGNALS = (signal.SIGPIPE, signal.SIGINT, signal.SIGHUP, signal.SIGTERM)
 SETTLE = 0.1  # after a TERM to a task's group: its members get this long to end before counting leftovers
 
 
@@ -187,6 +191,7 @@ class Process(object):
         self.status = None  # wait status once reaped
         self.termed = False
         self.hurry = False
+        self.exec_fd = None  # until the exec is known to have worked: the child's error pipe
         self.out_fd = None  # relayed output: the read end of its stdout pipe
         self.in_fd = None  # a helper's stdin pipe
         self.in_pending = b""
@@ -342,8 +347,42 @@ class Agent(object):
                 set_blocking(process.in_fd, False)
             else:
                 in_r = os.open(os.devnull, os.O_RDONLY)
+        except OSError as exc:
+            self.close_pipes(process)
+            self.refuse(process, "cannot start: %s" % (exc.strerror or exc))
+            return
+        if SPAWN and (not cwd or os.path.realpath(cwd) == os.getcwd()):
+            self.spawn(process, argv, env, in_r, out_w)
+        else:
+            self.fork_exec(process, argv, env, cwd, in_r, out_w)
+
+    def spawn(self, process, argv, env, in_r, out_w):
+        """posix_spawn (vfork underneath): a task starts in a fraction of fork's time."""
+        try:
+            pid = os.posix_spawnp(argv[0], argv, env, setsid=True, setsigdef=RESET_SIGNALS,
+                                  file_actions=[(os.POSIX_SPAWN_DUP2, in_r, 0), (os.POSIX_SPAWN_DUP2, out_w, 1),
+                                                (os.POSIX_SPAWN_DUP2, out_w, 2)])
+        except OSError as exc:
+            self.close_pipes(process)
+            reason = "not found" if exc.errno == errno.ENOENT else os.strerror(exc.errno or 0)
+            self.refuse(process, "cannot start: program %r %s" % (argv[0], reason))
+            return
+        finally:
+            os.close(in_r)
+            os.close(out_w)
+        if process.out_fd is not None:
+            set_blocking(process.out_fd, False)
+        process.pid = pid
+        self.by_pid[pid] = process
+        self.say(process, "started %d" % pid)
+
+    def fork_exec(self, process, argv, env, cwd, in_r, out_w):
+        """fork, then chdir and exec in the child (Python before 3.8, or a working directory of its own)."""
+        try:
             errors_r, errors_w = os.pipe()  # close-on-exec: EOF means the exec worked
         except OSError as exc:
+            os.close(in_r)
+            os.close(out_w)
             self.close_pipes(process)
             self.refuse(process, "cannot start: %s" % (exc.strerror or exc))
             return
@@ -371,22 +410,33 @@ class Agent(object):
                 os._exit(127)
         for fd in (out_w, in_r, errors_w):
             os.close(fd)
-        failure = os.read(errors_r, 256).decode()
-        os.close(errors_r)
+        # Whether the exec worked is read when its pipe is ready, not waited for here: the next
+        # task is forked meanwhile, and a thousand tasks start in parallel rather than in a row.
+        set_blocking(errors_r, False)
+        process.exec_fd = errors_r
+        process.pid = pid
+        self.by_pid[pid] = process
+
+    def exec_result(self, process):
+        """The child wrote why its exec failed, or closed the pipe by exec'ing: report which."""
+        try:
+            failure = os.read(process.exec_fd, 256).decode()
+        except (BlockingIOError, InterruptedError):
+            return
+        os.close(process.exec_fd)
+        process.exec_fd = None
         if failure:
-            os.waitpid(pid, 0)
             self.close_pipes(process)
             stage, _, code = failure.partition(":")
             code = int(code or 0)
+            argv, cwd = process.fields["argv"], process.fields.get("cwd")
             what = ("working directory %r" % cwd) if stage == "cwd" else ("program %r" % argv[0])
             reason = "not found" if code == errno.ENOENT else os.strerror(code)
             self.refuse(process, "cannot start: %s %s" % (what, reason))
             return
         if process.out_fd is not None:
             set_blocking(process.out_fd, False)
-        process.pid = pid
-        self.by_pid[pid] = process
-        self.say(process, "started %d" % pid)
+        self.say(process, "started %d" % process.pid)
 
     def refuse(self, process, reason):
         self.say(process, "error " + reason)
@@ -471,6 +521,7 @@ class Agent(object):
         if self.channel_open:
             readers.append(self.read_fd)
         readers += [p.out_fd for p in self.processes.values() if p.out_fd is not None and p.queued < QUEUE_LIMIT]
+        readers += [p.exec_fd for p in self.processes.values() if p.exec_fd is not None]
         writers = [p.in_fd for p in self.processes.values() if p.in_fd is not None and p.in_pending]
         if self.channel_open and (self.outgoing or self.control or any(p.queue for p in self.processes.values())):
             writers.append(self.write_fd)
@@ -487,6 +538,8 @@ class Agent(object):
         if self.channel_open and self.read_fd in readable:
             self.read_commands()
         for process in list(self.processes.values()):
+            if process.exec_fd is not None and process.exec_fd in readable:
+                self.exec_result(process)
             if process.out_fd is not None and process.out_fd in readable:
                 self.relay(process)
             if process.in_fd is not None and process.in_fd in writable:
@@ -531,7 +584,7 @@ class Agent(object):
         """Move every ended process on: its leftovers found and stopped, then its exit reported."""
         now = time.monotonic()
         for process in self.processes.values():
-            if process.status is None or process.reported:
+            if process.status is None or process.reported or process.exec_fd is not None:
                 continue
             if process.settle_until is not None:
                 if now < process.settle_until:
