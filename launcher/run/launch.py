@@ -26,6 +26,7 @@ from ..errors import ConfigError, EnvironmentProblem, PortInUseError, PreflightE
 from ..records.folder import DEFAULT_LOG_DIR, RunFolder
 from ..transports import TransportSet
 from .isolation import NetworkNamespace, isolated_network
+from .limits import check_open_files
 from .session import TAIL_LINES, RunResult, RunSession, SessionOptions
 from .signals import SIGNALS, Signals
 from .watchdog import WatchdogSettings
@@ -153,6 +154,7 @@ def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS,
         local_hosts = local_host_names()
         spec = build_spec(request, local_hosts)
         _warn_if_exposed(spec, console)
+        check_open_files(spec, local_hosts)
         reservation = _reserve_auto_ports(spec)
         # One agent per host for the whole run: the preflight's probes go through the same agents.
         transports = TransportSet(request.grace)

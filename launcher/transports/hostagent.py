@@ -699,17 +699,6 @@ def which(program):
     return None
 
 
-def raise_descriptor_limit():
-    try:
-        import resource
-
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if soft != hard:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    except (ImportError, ValueError, OSError):
-        pass
-
-
 def node_name():
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
@@ -742,7 +731,6 @@ def main():
     signal.signal(signal.SIGINT, lambda *_: None)
     signal.signal(signal.SIGHUP, lambda *_: None)
     become_subreaper()
-    raise_descriptor_limit()
     try:
         read_fd, write_fd = open_channel(spec)
     except OSError as exc:

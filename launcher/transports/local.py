@@ -16,6 +16,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 
+from ..cluster.machine import restore_open_files_limit
 from ..cluster.plan import TaskLaunch
 from .base import ExitStatus, FailedStart
 from .hostlink import AGENT_PATH, HUB, AgentLink, AgentTask, Carrier, LogWriter, encode_fields, kill_group, log_target
@@ -117,6 +118,7 @@ class LocalTransport:
         except OSError:
             stderr.close()
             raise
+        restore_open_files_limit(popen.pid)  # the tasks get the user's limit, not tflaunch's raised one
         read_fd, write_fd = os.dup(popen.stdout.fileno()), os.dup(popen.stdin.fileno())
         popen.stdout.close()
         popen.stdin.close()

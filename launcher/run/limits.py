@@ -1,0 +1,36 @@
+"""Open-file limits: tflaunch raises its own soft limit to the hard one (its tasks keep the user's),
+and refuses a run that would not fit before anything starts.
+
+What a run holds open grows with its hosts, not its tasks: per host a channel to its agent (two
+pipe ends and a file for the carrier's messages, or one connection from a Slurm node); per task
+nothing while it runs, because each task writes its own log, the output pump keeps at most
+``pump.OPEN_FILES`` of those files open and relayed output at most ``hostlink.OPEN_LOGS``.
+"""
+
+from __future__ import annotations
+
+from ..cluster.machine import raise_open_files_limit
+from ..cluster.spec import ClusterSpec, is_local
+from ..errors import EnvironmentProblem
+from ..transports.hostlink import OPEN_LOGS
+from .pump import OPEN_FILES
+
+BASE = 48  # the interpreter, the console, the run's own files, signal and wakeup pipes, the port lock
+PER_HOST = 4
+
+
+def descriptors_needed(tasks: int, hosts: int, remote_tasks: int) -> int:
+    return BASE + PER_HOST * hosts + min(tasks, OPEN_FILES) + min(remote_tasks, OPEN_LOGS)
+
+
+def check_open_files(spec: ClusterSpec, local_hosts: frozenset[str]) -> None:
+    """Raise the limit, then refuse the run in one line if it still cannot hold what it needs."""
+    limit = raise_open_files_limit()
+    local = [is_local(task.host, local_hosts) and spec.transport is None for task in spec.tasks]
+    hosts = len({"localhost" if here else task.host for task, here in zip(spec.tasks, local)})
+    needed = descriptors_needed(len(spec.tasks), hosts, local.count(False))
+    if needed > limit:
+        raise EnvironmentProblem(f"{spec.source}: this run needs about {needed} open files ({len(spec.tasks)} tasks on "
+                                 f"{hosts} host{'s' if hosts != 1 else ''}), but the limit is {limit} and cannot "
+                                 f"be raised further; raise it with 'ulimit -n {needed}' (or in "
+                                 "/etc/security/limits.conf) and run again")
