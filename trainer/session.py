@@ -1,9 +1,11 @@
 """What one training run knows once its strategy exists, and where this task writes.
 
 Only the chief writes into --model-dir, --tensorboard-dir and --checkpoint-dir. The other workers
-still take part in saving (under MultiWorkerMirroredStrategy saving may read
-synchronised variables, which needs every worker), but they write into a
+still take part in saving models and checkpoints (under MultiWorkerMirroredStrategy saving may
+read synchronised variables, which needs every worker), but they write into a
 private temporary directory that is removed when the run ends, even on error.
+TensorBoard scalars are plain eager writes of values every worker already has, so the other
+workers write none.
 Backups follow TensorFlow's layout: the chief writes BACKUP/chief, other workers
 write BACKUP/workertemp_<index> and remove it after each backup.
 """
@@ -46,9 +48,7 @@ class Session:
         return self.args.model_dir if self.is_chief else self.scratch.path("model")
 
     def tensorboard_write_dir(self) -> str | None:
-        if not self.args.tensorboard_dir:
-            return None
-        return self.args.tensorboard_dir if self.is_chief else self.scratch.path("tensorboard")
+        return self.args.tensorboard_dir if self.is_chief else None
 
     def checkpoint_write_dir(self) -> str | None:
         if not self.args.checkpoint_dir:
