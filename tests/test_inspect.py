@@ -93,7 +93,8 @@ def manifest_of(tflaunch) -> dict | None:
 
 def all_tasks_running(tflaunch) -> dict | None:
     manifest = manifest_of(tflaunch)
-    if manifest and all(t["state"] == "running" for t in manifest["tasks"]):
+    # Running, with their pids known (the agent reports each pid just after the start).
+    if manifest and all(t["state"] == "running" and t.get("pid") for t in manifest["tasks"]):
         return manifest
     return None
 
@@ -297,8 +298,38 @@ def test_status_of_a_live_run_shows_states_pids_uptime_metric_and_usage(tflaunch
 # -- resource sampler -------------------------------------------------------------------------
 
 
-def _spawn(code: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", code], start_new_session=True, stdout=subprocess.PIPE, text=True)
+class AgentTasks:
+    """Tasks started the way a run starts them (one agent for this machine); their readings feed a sampler."""
+
+    def __init__(self, tmp_path: Path):
+        from launcher.cluster.plan import TaskLaunch
+        from launcher.transports.local import LocalTransport
+
+        self.make_launch = lambda name, code: TaskLaunch(name, "worker", 0, "localhost", "127.0.0.1:1", True,
+                                                         (sys.executable, "-c", code), {}, str(tmp_path))
+        self.transport = LocalTransport(grace=1.0)
+        self.tmp_path = tmp_path
+        self.tasks: dict = {}
+
+    def start(self, name: str, code: str):
+        log = self.tmp_path / f"{name}.log"
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            self.tasks[name] = self.transport.start(self.make_launch(name, code), fd)
+        finally:
+            os.close(fd)
+        return self.tasks[name]
+
+    def output(self, name: str) -> str:
+        return (self.tmp_path / f"{name}.log").read_text()
+
+    def readings(self) -> dict:
+        return {name: task.reading() for name, task in self.tasks.items() if task.reading() is not None}
+
+    def close(self) -> None:
+        for task in self.tasks.values():
+            task.kill()
+        self.transport.close()
 
 
 def samples_written(folder: Path, tasks: int) -> int:
@@ -321,21 +352,25 @@ def children_of(pid: int) -> list[int]:
 
 
 def test_resource_sampler_measures_busy_idle_and_child_processes(tmp_path):
+    agents = AgentTasks(tmp_path)
     # Each prints "ready" once its interpreter has started and it is in its steady state.
-    busy = _spawn("x = bytearray(20 * 1024 * 1024)\nprint('ready', flush=True)\nwhile True: pass")
-    idle = _spawn("import time; print('ready', flush=True); time.sleep(60)")
+    busy = agents.start("busy", "x = bytearray(20 * 1024 * 1024)\nprint('ready', flush=True)\nwhile True: pass")
+    idle = agents.start("idle", "import time; print('ready', flush=True); time.sleep(60)")
     # The task itself sleeps; its child does the work, and the tree's figures must include it.
-    parent = _spawn("import subprocess, sys, time\n"
-                    "subprocess.Popen([sys.executable, '-c', 'while True: pass'])\n"
-                    "print('ready', flush=True)\n"
-                    "time.sleep(60)")
+    parent = agents.start("parent", "import subprocess, sys, time\n"
+                                    "subprocess.Popen([sys.executable, '-c', 'while True: pass'])\n"
+                                    "print('ready', flush=True)\n"
+                                    "time.sleep(60)")
     procs = {"busy": busy, "idle": idle, "parent": parent}
-    sampler = ResourceSampler(lambda: {name: p.pid for name, p in procs.items()}, tmp_path, interval=0.25,
-                              write_every=0.5)
+    sampler = ResourceSampler(agents.readings, tmp_path, interval=0.25, write_every=0.5)
     try:
-        assert [p.stdout.readline() for p in procs.values()] == ["ready\n"] * 3
+        wait_for(lambda: all(agents.output(name) == "ready\n" for name in procs), timeout=30,
+                 message="every task to be ready")
+        wait_for(lambda: len(children_of(parent.pid)) == 1, timeout=10, message="the parent's child")
         (child,) = children_of(parent.pid)
-        sampler.sample_once()  # the first readings, from which CPU% is measured
+        # The first readings, from which CPU% is measured.
+        wait_for(lambda: len(agents.readings()) == 3, timeout=10, message="a reading of every task")
+        sampler.sample_once()
         spent = {"busy": cpu_seconds(busy.pid), "parent": cpu_seconds(child) + cpu_seconds(parent.pid)}
         began = time.monotonic()
         sampler.start()
@@ -346,9 +381,7 @@ def test_resource_sampler_measures_busy_idle_and_child_processes(tmp_path):
         spent = {"busy": cpu_seconds(busy.pid) - spent["busy"],
                  "parent": cpu_seconds(child) + cpu_seconds(parent.pid) - spent["parent"]}
     finally:
-        for proc in procs.values():
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+        agents.close()
     assert not sampler.is_alive()
     data = json.loads((tmp_path / "resources.json").read_text())
     figures = data["tasks"]
@@ -370,15 +403,16 @@ def test_resource_sampler_measures_busy_idle_and_child_processes(tmp_path):
 
 
 def test_resource_sampler_never_raises(tmp_path):
-    def broken() -> dict[str, int]:
-        raise RuntimeError("no pids today")
+    from launcher.transports.base import Reading
 
-    dead = _spawn("pass")
-    dead.communicate()
-    for live_pids, folder in ((broken, tmp_path), (lambda: {"gone": dead.pid, "bad": "x"}, tmp_path),
-                              (lambda: {"me": os.getpid()}, tmp_path / "missing" / "dir")):
+    def broken() -> dict:
+        raise RuntimeError("no readings today")
+
+    good = Reading(pid=os.getpid(), rss_bytes=1 << 20, cpu_seconds=1.0, processes=1, at=time.time())
+    for readings, folder in ((broken, tmp_path), (lambda: {"bad": "x", "worse": None}, tmp_path),
+                             (lambda: {"me": good}, tmp_path / "missing" / "dir")):
         calls = []
-        sampler = ResourceSampler(lambda: calls.append(1) or live_pids(), folder, interval=0.05, write_every=0.1)
+        sampler = ResourceSampler(lambda: calls.append(1) or readings(), folder, interval=0.05, write_every=0.1)
         sampler.start()
         # Several rounds of failing samples and writes (one write per two samples).
         wait_for(lambda: len(calls) >= 5, timeout=10, message="five sampling rounds")

@@ -351,11 +351,12 @@ def test_probes_end_with_their_ssh_sessions_when_tflaunch_is_killed(tflaunch, te
 
 
 def local_probe_clients(testhosts) -> list[int]:
-    """Pids of ssh clients on this machine running a mesh probe on this session's test hosts."""
+    """Pids of ssh clients on this machine that carry a host agent (and so the probes) to this session's
+    test hosts: one per host."""
     found = []
     for proc in descendants_alive(testhosts.ssh_config):
         try:
-            if "The mesh probe" in " ".join(proc.cmdline()):
+            if "The host agent" in " ".join(proc.cmdline()):
                 found.append(proc.pid)
         except psutil.Error:
             continue  # exited meanwhile

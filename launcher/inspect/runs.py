@@ -307,8 +307,19 @@ def run_status(run: Run, measure_seconds: float = 0.5) -> RunState:
 
 
 def _measure(pids: dict[str, int], seconds: float, run_dir: Path) -> dict[str, dict[str, Any]]:
-    """CPU% over ``seconds`` and RSS now, for each task in ``pids``, measured the way the run samples them."""
-    sampler = ResourceSampler(lambda: pids, run_dir)  # never started or written: two readings only
+    """CPU% over ``seconds`` and RSS now, for each task in ``pids``, measured the way its agent samples it."""
+    from ..transports import hostagent
+    from ..transports.base import Reading
+
+    def readings() -> dict[str, Reading]:
+        now, taken = time.time(), {}
+        for name, pid in pids.items():
+            tree = [pid, *hostagent.descendants(pid)]
+            rss, cpu = hostagent.usage(tree)
+            taken[name] = Reading(pid, rss, cpu, len(tree), now)
+        return taken
+
+    sampler = ResourceSampler(readings, run_dir)  # never started or written: two readings only
     sampler.sample_once()
     time.sleep(seconds)
     sampler.sample_once()

@@ -295,6 +295,8 @@ class _HostProbe:
         if status is not None and status.error:
             return f"mesh probe: {status.error}"
         last = self.other[-1] if self.other else None
+        if status is not None and status.code == 127:  # the shell in front of it found no such program
+            return f"mesh probe on {self.label}: cannot run {self.launch.python}"
         if self.ended:
             code = status.describe() if status is not None else "no exit status"
             return f"mesh probe on {self.label}: {self.launch.python} ended early ({last or code})"

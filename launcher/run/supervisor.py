@@ -52,6 +52,7 @@ class Task:
     ended_at: float | None = None
     stop_requested: bool = False
     restarts: int = 0
+    known_pid: int | None = None  # the process's pid as last shown to listeners (agents report it after the start)
     leftovers: tuple[str, ...] = ()
     history: list[tuple[str, float]] = field(default_factory=list)
 
@@ -187,7 +188,7 @@ class Supervisor:
             interrupted = self._interrupted()
             if interrupted:
                 return interrupted
-            if any([self._poll(t) for t in self.tasks if t.state is TaskState.RUNNING]):
+            if any([self._poll(t) for t in self.tasks if t.state is TaskState.RUNNING]) or self._pids_learned():
                 self._changed()
             failed = [t for t in self.tasks if t.state is TaskState.FAILED]
             if failed:
@@ -269,6 +270,15 @@ class Supervisor:
         else:
             task.to(TaskState.FAILED, self.options.wall())
         return True
+
+    def _pids_learned(self) -> bool:
+        """Whether a running task's agent reported its pid since the listeners last heard."""
+        learned = False
+        for task in self.tasks:
+            if task.state is TaskState.RUNNING and task.process is not None and task.process.pid != task.known_pid:
+                task.known_pid = task.process.pid
+                learned = True
+        return learned
 
     def _restarts_in_place(self, task: Task, status: ExitStatus) -> bool:
         policy = self.options.restart_policy.get(task.role, RestartPolicy.CLUSTER)

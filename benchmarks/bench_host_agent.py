@@ -1,0 +1,199 @@
+"""One agent per host over ssh: what a run costs per host, on namespaced hosts whose sshd keeps
+OpenSSH's stock limits (MaxStartups 10:30:100, MaxSessions 10).
+
+    python benchmarks/bench_host_agent.py [--reps N] [--curve 8,16,32] [--skip-curve]
+
+Needs root. Brings up hosts with ``scripts/testhosts up --stock-limits`` under its own prefix and
+takes them down at the end, whatever happens. Three parts, each printed as a table:
+
+1. **Many tasks on one host**: 16 and 32 ``true`` tasks on one stock-sshd host, 10 runs each;
+   target: 10 of 10 start and succeed (one connection per task used to fail past ~10).
+2. **8 hosts x 8 tasks**: ``tflaunch CLUSTER --no-check -- true`` against 8 plain ``ssh HOST true``
+   started at once (the floor here, where every host shares this machine's 2 cores) and one
+   connection, interleaved; target: tflaunch <= 1.2x the 8 connections.
+3. **Start-time curve**: 8 ``sleep`` tasks per host at 8, 16 and 32 hosts: seconds from launch
+   until every task has printed its first line, and the cost per host (the slope), from which
+   the README's estimate for 256 hosts comes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import _bench
+from _bench import ROOT, TFLAUNCH, median, note, spread, table
+
+PREFIX, SUBNET = "bha", "10.125.7"
+TESTHOSTS = ROOT / "scripts" / "testhosts"
+STOCK_TARGET = 10
+RATIO_TARGET = 1.2
+
+
+def cluster_yaml(path: Path, hosts: list[dict], per_host: int, ssh_config: str, port_base: int = 20000) -> Path:
+    lines = [f"ssh:\n  options: [\"-F\", \"{ssh_config}\"]", "worker:"]
+    for i in range(per_host):
+        for h in hosts:
+            lines.append(f"  - {{host: {h['name']}, address: {h['address']}, port: {port_base + i}}}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def run(argv: list[str], cwd: Path) -> tuple[float, int, str]:
+    started = time.monotonic()
+    done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True)
+    return time.monotonic() - started, done.returncode, done.stderr
+
+
+def at_once(argvs: list[list[str]], cwd: Path) -> tuple[float, int]:
+    started = time.monotonic()
+    procs = [subprocess.Popen(a, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for a in argvs]
+    codes = [p.wait() for p in procs]
+    return time.monotonic() - started, max(codes)
+
+
+def up(count: int) -> dict | None:
+    done = subprocess.run([str(TESTHOSTS), "up", "--no-global", "--stock-limits", "--prefix", PREFIX,
+                           "--subnet", SUBNET, "--hosts", str(count)], capture_output=True, text=True)
+    if done.returncode != 0:
+        print(f"RESULT skipped: testhosts up failed: {done.stderr.strip()}")
+        return None
+    return json.loads(done.stdout)
+
+
+def down() -> None:
+    done = subprocess.run([str(TESTHOSTS), "down", "--prefix", PREFIX], capture_output=True, text=True)
+    note(f"testhosts down: {'ok' if done.returncode == 0 else done.stderr.strip()}")
+
+
+def tflaunch(cluster: Path, work: Path, *command: str) -> list[str]:
+    return [TFLAUNCH, str(cluster), "--quiet", "--no-check", "--log-dir", str(work / "logs"), "--", *command]
+
+
+def many_on_one_host(doc: dict, work: Path) -> None:
+    host = doc["hosts"][:1]
+    rows = []
+    for tasks in (16, 32):
+        cluster = cluster_yaml(work / f"one-{tasks}.yaml", host, tasks, doc["ssh_config"])
+        ok, walls, errors = 0, [], []
+        for _ in range(10):
+            wall, rc, err = run(tflaunch(cluster, work, "true"), work)
+            ok += rc == 0
+            walls.append(wall)
+            if rc:
+                errors.append(err.strip().splitlines()[-1] if err.strip() else f"exit {rc}")
+        rows.append([f"{tasks} tasks on {host[0]['name']}", f"{ok}/10", f"{median(walls):.2f}",
+                     "yes" if ok == STOCK_TARGET else "NO"])
+        for error in errors[:2]:
+            note(f"{tasks} tasks: {error}")
+    print()
+    table(["run", "started and succeeded", "median s", "target 10/10"], rows)
+
+
+def eight_by_eight(doc: dict, work: Path, reps: int) -> None:
+    hosts, cfg = doc["hosts"][:8], doc["ssh_config"]
+    cluster = cluster_yaml(work / "8x8.yaml", hosts, 8, cfg)
+    sides = {
+        "tflaunch": lambda: run(tflaunch(cluster, work, "true"), work)[:2],
+        "8 ssh": lambda: at_once([["ssh", "-F", cfg, h["name"], "true"] for h in hosts], work),
+        "1 ssh": lambda: at_once([["ssh", "-F", cfg, hosts[0]["name"], "true"]], work),
+    }
+    results: dict[str, list[float]] = {side: [] for side in sides}
+    failures = 0
+    for _, side in _bench.interleaved(reps, list(sides)):
+        wall, rc = sides[side]()
+        if rc == 0:
+            results[side].append(wall)
+        else:
+            failures += 1
+    floor, one = median(results["8 ssh"]), median(results["1 ssh"])
+    rows = [["tflaunch, 64 tasks on 8 hosts", len(results["tflaunch"]), *spread(results["tflaunch"]),
+             f"{median(results['tflaunch']) / floor:.2f}x"],
+            ["8 plain ssh HOST true at once", len(results["8 ssh"]), *spread(results["8 ssh"]), "1.00x"],
+            ["one ssh HOST true", len(results["1 ssh"]), *spread(results["1 ssh"]), f"{one / floor:.2f}x"]]
+    print()
+    table(["side", "ok runs", "median s", "min s", "max s", "vs 8 ssh at once"], rows)
+    if failures:
+        note(f"{failures} runs failed")
+    _bench.verdict("64 tasks on 8 hosts / 8 ssh connections at once", median(results["tflaunch"]) / floor,
+                   RATIO_TARGET)
+    note(f"and against one connection: {median(results['tflaunch']) / one:.2f}x")
+
+
+def start_time(doc: dict, hosts: int, work: Path) -> float | None:
+    """Seconds from launch until every task of ``hosts`` x 8 has printed its first line."""
+    chosen = doc["hosts"][:hosts]
+    cluster = cluster_yaml(work / f"curve-{hosts}.yaml", chosen, 8, doc["ssh_config"])
+    logs = work / f"curve-logs-{hosts}"
+    argv = [TFLAUNCH, str(cluster), "--quiet", "--no-check", "--log-dir", str(logs), "--",
+            "sh", "-c", "echo up; exec sleep 3"]
+    started = time.monotonic()
+    proc = _bench.popen(argv, cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    expected = hosts * 8
+    seen_at = None
+
+    def all_up() -> bool:
+        run_dir = _bench.last_run_dir(logs)
+        if run_dir is None or not (run_dir / "merged.log").exists():
+            return False
+        return (run_dir / "merged.log").read_text(errors="replace").count("| up") >= expected
+
+    if _bench.wait_for(all_up, timeout=120, interval=0.01):
+        seen_at = time.monotonic() - started
+    proc.wait()
+    return seen_at
+
+
+def curve(doc: dict, sizes: list[int], work: Path) -> None:
+    points = []
+    for hosts in sizes:
+        values = [v for v in (start_time(doc, hosts, work) for _ in range(3)) if v is not None]
+        points.append((hosts, median(values) if values else None))
+    rows = [[f"{h} hosts x 8 tasks", f"{h * 8}", f"{v:.2f}" if v else "-",
+             f"{v / h * 1000:.0f}" if v else "-"] for h, v in points]
+    print()
+    table(["cluster", "tasks", "start s (median of 3)", "ms per host"], rows)
+    good = [(h, v) for h, v in points if v]
+    if len(good) >= 2:
+        (h0, v0), (h1, v1) = good[0], good[-1]
+        slope = (v1 - v0) / (h1 - h0)
+        note(f"cost per extra host: {slope * 1000:.0f} ms (from {h0} to {h1} hosts, all sharing 2 cores here); "
+             f"256 hosts at that slope: {v0 + slope * (256 - h0):.1f} s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--reps", type=int, default=7, help="repetitions per side of part 2 (default 7)")
+    parser.add_argument("--curve", default="8,16,32", help="host counts of part 3 (default 8,16,32)")
+    parser.add_argument("--skip-curve", action="store_true")
+    args = parser.parse_args()
+    sizes = [int(n) for n in args.curve.split(",") if n]
+    _bench.header("bench_host_agent: one agent and one ssh connection per host, sshd at stock limits")
+    if os.geteuid() != 0:
+        print("RESULT skipped: needs root (network namespaces and sshd); nothing was measured")
+        return
+    missing = [tool for tool in ("ip", "ssh", "nsenter") if not shutil.which(tool)] + \
+              ([] if Path("/usr/sbin/sshd").exists() else ["/usr/sbin/sshd"])
+    if missing:
+        print(f"RESULT skipped: missing {', '.join(missing)}; nothing was measured")
+        return
+    doc = up(max([8, *sizes]))
+    if doc is None:
+        return
+    try:
+        with _bench.workdir("hostagent") as work:
+            many_on_one_host(doc, work)
+            eight_by_eight(doc, work, args.reps)
+            if not args.skip_curve:
+                curve(doc, sizes, work)
+    finally:
+        down()
+
+
+if __name__ == "__main__":
+    _bench.main_guard(main)
