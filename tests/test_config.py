@@ -416,9 +416,9 @@ def test_bad_task_strings(task, key, shown):
     expect_error(f"worker: [{task}]", key, shown)
 
 
-def test_auto_port_on_a_remote_host():
-    expect_error("worker: [localhost:auto, node2:auto]", "worker[1].port",
-                 "'auto' only works on this machine, but host is 'node2'; expected a port 1-65535")
+def test_auto_port_on_a_remote_host_is_left_for_its_agent_to_pick():
+    spec = parse("worker: [localhost:auto, node2:auto, node2:auto]")
+    assert [(t.host, t.port) for t in spec.tasks] == [("localhost", "auto"), ("node2", "auto"), ("node2", "auto")]
 
 
 @pytest.mark.parametrize("gpus, key, expected", [

@@ -22,8 +22,6 @@ def check_cluster(spec: ClusterSpec, local_hosts: frozenset[str]) -> None:
     seen_ports: dict[tuple[str, int], TaskSpec] = {}
     for task in spec.tasks:
         local = is_local(task.host, local_hosts)
-        if task.port == AUTO and not local:
-            raise fail(f"{task.key}.port", f"'auto' only works on this machine, but host is {task.host!r}; expected a port 1-65535")
         if task.port != AUTO:
             where = ("this machine" if local else task.host, int(task.port))
             if where in seen_ports:

@@ -98,12 +98,23 @@ def session_options(request: LaunchRequest, spec: ClusterSpec) -> SessionOptions
 
 
 def dry_run(request: LaunchRequest) -> tuple[ClusterSpec, Plan]:
-    """The plan a run would follow; ``auto`` ports are picked now and released again."""
+    """The plan a run would follow; ``auto`` ports on this machine are picked now and released
+    again; those on other hosts are shown as 0, with a note naming who picks them and when."""
     local_hosts = local_host_names()
     spec = build_spec(request, local_hosts)
-    with _reserve_auto_ports(spec) as reservation:
+    with _reserve_auto_ports(spec, local_hosts) as reservation:
         spec = spec.with_ports(reservation.ports)
-    return spec, _placeholder_plan(spec, local_hosts, request)
+    remote = _remote_auto(spec, local_hosts)
+    plan = _placeholder_plan(spec.with_ports({t.name: 0 for t in remote}), local_hosts, request)
+    if remote:
+        by_host: dict[str, list[str]] = {}
+        for task in remote:
+            by_host.setdefault(task.host, []).append(task.name)
+        where = "; ".join(f"{', '.join(names)} on {host}" for host, names in by_host.items())
+        note = (f"port auto: {where}: each host's agent picks free ports there when the run starts and holds "
+                "them until its tasks start (shown as port 0 here)")
+        plan = replace(plan, notes=(*plan.notes, note))
+    return spec, plan
 
 
 def check(request: LaunchRequest) -> CheckReport:
@@ -112,16 +123,52 @@ def check(request: LaunchRequest) -> CheckReport:
 
     local_hosts = local_host_names()
     spec = build_spec(request, local_hosts)
-    with _reserve_auto_ports(spec) as reservation:
-        # 'auto' ports exist only in this machine's port lock: no mesh probe for them.
-        return check_hosts(_placeholder_plan(spec.with_ports(reservation.ports), local_hosts, request).launches,
-                           with_mesh=not reservation.ports)
-
-
-def _reserve_auto_ports(spec: ClusterSpec) -> PortReservation:
-    """Free, locked ports for the tasks whose port is ``auto``."""
+    transports = TransportSet(request.grace)
     try:
-        return reserve_ports([t.name for t in spec.tasks if t.port == AUTO])
+        with _reserve_auto_ports(spec, local_hosts) as reservation:
+            spec = _agent_ports(spec.with_ports(reservation.ports), local_hosts, request, transports)
+            # 'auto' ports on this machine exist only in its port lock: no mesh probe for them.
+            return check_hosts(_placeholder_plan(spec, local_hosts, request).launches,
+                               with_mesh=not reservation.ports, transports=transports)
+    finally:
+        transports.close()
+
+
+def _remote_auto(spec: ClusterSpec, local_hosts: frozenset[str]) -> list:
+    """Tasks whose port is ``auto`` on another host (their host's agent picks it)."""
+    return [t for t in spec.tasks if t.port == AUTO and not is_local(t.host, local_hosts)]
+
+
+def _agent_ports(spec: ClusterSpec, local_hosts: frozenset[str], request: LaunchRequest,
+                 transports: TransportSet) -> ClusterSpec:
+    """The spec with every remote ``auto`` port filled in by that host's agent, which holds the
+    port until the task that uses it starts: no one can take it in between."""
+    remote = _remote_auto(spec, local_hosts)
+    if not remote:
+        return spec
+    # Plan with stand-in ports only to bring the agents up; TF_CONFIG is written after they answer.
+    launches = {l.name: l for l in _placeholder_plan(spec.with_ports({t.name: 0 for t in remote}), local_hosts,
+                                                     request).launches}
+    transports.prepare(list(launches.values()))
+    by_host: dict[str, list[str]] = {}
+    for task in remote:
+        by_host.setdefault(task.host, []).append(task.name)
+    chosen: dict[str, int] = {}
+    for names in by_host.values():
+        first = launches[names[0]]
+        try:
+            link = transports.for_launch(first).link_for(first)
+            timeout = (first.ssh.connect_timeout if first.ssh and first.ssh.connect_timeout else 10.0) + 20.0
+            chosen.update(zip(names, link.pick_ports(len(names), timeout)))
+        except OSError as exc:
+            raise EnvironmentProblem(f"{spec.source}: port auto: {exc.strerror or exc}") from None
+    return spec.with_ports(chosen)
+
+
+def _reserve_auto_ports(spec: ClusterSpec, local_hosts: frozenset[str]) -> PortReservation:
+    """Free, locked ports for the tasks on this machine whose port is ``auto``."""
+    try:
+        return reserve_ports([t.name for t in spec.tasks if t.port == AUTO and is_local(t.host, local_hosts)])
     except OSError as exc:
         if exc.errno == errno.EMFILE:
             raise EnvironmentProblem(f"{spec.source}: cannot reserve ports for {len(spec.tasks)} tasks: "
@@ -155,11 +202,12 @@ def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS,
         spec = build_spec(request, local_hosts)
         _warn_if_exposed(spec, console)
         check_open_files(spec, local_hosts)
-        reservation = _reserve_auto_ports(spec)
+        reservation = _reserve_auto_ports(spec, local_hosts)
         # One agent per host for the whole run: the preflight's probes go through the same agents.
         transports = TransportSet(request.grace)
         try:
             spec = spec.with_ports(reservation.ports)
+            spec = _agent_ports(spec, local_hosts, request, transports)
             if not spec.isolate_network:  # in a namespace of its own, the machine's ports do not matter
                 check_local_ports(spec, local_hosts, set(reservation.ports))
             if request.preflight and not all(is_local(t.host, local_hosts) for t in spec.tasks):

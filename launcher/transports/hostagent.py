@@ -15,6 +15,10 @@ before everything is stopped; empty: never), ``eof_grace`` (TERM to KILL when tf
   ``argv``, ``env``, ``cwd``, ``grace``, ``name``, ``output`` (a log file the process writes
   to directly; empty: its output is relayed over the channel) and ``stdin`` (``pipe`` or ``null``);
 - ``IN <id> <base64>`` and ``CLOSE <id>``: bytes for a helper's stdin, and its EOF;
+- ``PORTS <id> <n>``: pick n free TCP ports on this host and hold them (bound with SO_REUSEADDR,
+  so a probe or TensorFlow, which set it too, can still listen there, while a plain bind, or
+  another run's agent picking ports, cannot take them); a task whose ``release`` field names one
+  gets it freed just before it starts;
 - ``TERM <id>`` (SIGTERM to the task's process group), ``KILL <id>`` (SIGKILL to its whole tree),
   ``SIG <id> <n>`` (signal n to its main process), ``DUMP <id>`` (its Python stacks, by py-spy).
 
@@ -23,7 +27,8 @@ is stopped (SIGTERM, ``eof_grace``, SIGKILL) and the agent exits.
 
 **Frames** (agent to tflaunch) follow the ``SYNC`` mark (what a login shell or a setup line printed
 comes before it), each ``kind (1 byte), id (4), length (4)`` then the payload:
-``A`` hello (host name, pid, Python version), ``H`` heartbeat, ``O`` output of process ``id``,
+``A`` hello (host name, pid, Python version), ``H`` heartbeat, ``P`` the ports picked for ``PORTS <id>``
+(space-separated; empty with ``error <reason>`` when they could not be had), ``O`` output of process ``id``,
 ``S`` a status line of process ``id`` (``started <pid>``, ``error <reason>``, ``leftover <pid>
 <name>``, ``exit code=<n>`` or ``exit signal=<n>``, always last), ``D`` a stack dump, ``R``
 resource samples of each task's tree (``id rss_bytes cpu_seconds processes`` per line). Status frames of one process follow its
@@ -212,6 +217,7 @@ class Agent(object):
         self.eof_grace = number(spec.get("eof_grace"), 3.0)
         self.sample_every = number(spec.get("sample"), 2.0)
         self.processes = {}  # id -> Process
+        self.held_ports = {}  # port -> the socket that holds it until its task starts
         self.by_pid = {}  # main pid -> Process
         self.control = []  # frames that go before any output
         self.outgoing = b""
@@ -307,7 +313,9 @@ class Agent(object):
         except (IndexError, ValueError):
             return
         process = self.processes.get(ident)
-        if command == "START" and process is None and len(words) > 2:
+        if command == "PORTS" and len(words) > 2 and words[2].isdigit():
+            self.pick_ports(ident, int(words[2]))
+        elif command == "START" and process is None and len(words) > 2:
             self.start(ident, decode_fields(words[2]))
         elif process is None:
             return
@@ -328,6 +336,23 @@ class Agent(object):
         elif command == "DUMP":
             self.dump_stacks(process)
 
+    def pick_ports(self, ident, count):
+        picked = []
+        try:
+            for _ in range(count):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sock.bind(("", 0))  # without SO_REUSEADDR: the kernel hands out a port nobody holds
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                port = sock.getsockname()[1]
+                self.held_ports[port] = sock
+                picked.append(port)
+            answer = " ".join(str(port) for port in picked)
+        except OSError as exc:
+            for port in picked:
+                self.held_ports.pop(port).close()
+            answer = "error %s" % (exc.strerror or exc)
+        self.control.append(frame(b"P", ident, answer.encode()))
+
     # -- starting -------------------------------------------------------------------------
 
     def start(self, ident, fields):
@@ -337,6 +362,9 @@ class Agent(object):
         env = dict(os.environ)
         env.update(fields["env"])
         env[OWNER_VARIABLE] = "%d" % ident
+        for port in (fields.get("release") or "").split(","):
+            if port.isdigit() and int(port) in self.held_ports:
+                self.held_ports.pop(int(port)).close()  # the task is about to bind it
         try:
             if output:
                 out_w = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)

@@ -115,6 +115,7 @@ class AgentLink:
         self._out = bytearray()
         self._in = bytearray()
         self._hello_event = threading.Event()
+        self._ports: dict[int, tuple[threading.Event, list]] = {}  # request id -> (answered, answer)
         hub.add(self)
 
     # -- commands -------------------------------------------------------------------------
@@ -144,6 +145,25 @@ class AgentLink:
             self.read_fd, self.write_fd = read_fd, write_fd
             self.last_heard = time.monotonic()
         self.hub.wake()
+
+    def pick_ports(self, count: int, timeout: float) -> list[int]:
+        """``count`` free ports on the agent's host, held there until the tasks that use them start.
+
+        Raises OSError naming the host when they cannot be had (the host is lost, or said why)."""
+        ident = next(_IDS)
+        answered: tuple[threading.Event, list] = (threading.Event(), [])
+        self._ports[ident] = answered
+        self.send(f"PORTS {ident} {count}\n".encode())
+        deadline = time.monotonic() + timeout
+        while not answered[0].wait(0.05):
+            if self.lost_reason is not None:
+                raise OSError(f"cannot pick ports on {self.host}: {self.lost_reason}")
+            if time.monotonic() > deadline:
+                raise OSError(f"cannot pick ports on {self.host}: no answer from its agent within {timeout:g} s")
+        text = answered[1][0]
+        if text.startswith("error "):
+            raise OSError(f"cannot pick ports on {self.host}: {text[6:]}")
+        return [int(port) for port in text.split()]
 
     def wait_hello(self, timeout: float) -> bool:
         return self._hello_event.wait(timeout)
@@ -240,6 +260,12 @@ class AgentLink:
         if kind == b"A":
             self.hello = tuple(payload.decode("utf-8", "replace").split("\0"))
             self._hello_event.set()
+            return
+        if kind == b"P":
+            waiting = self._ports.pop(ident, None)
+            if waiting is not None:
+                waiting[1].append(payload.decode())
+                waiting[0].set()
             return
         if kind == b"R":
             now = time.time()

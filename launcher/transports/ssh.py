@@ -83,7 +83,8 @@ def task_fields(launch: TaskLaunch, grace: float, host_setup: str | None) -> dic
     if launch.setup and launch.setup != host_setup:
         argv = ["/bin/sh", "-c", f'{launch.setup}\nexec "$0" "$@"', *argv]
     return {"name": launch.name, "argv": argv, "env": dict(launch.env), "cwd": launch.workdir,
-            "grace": repr(float(grace))}
+            "grace": repr(float(grace)),
+            "release": launch.address.rsplit(":", 1)[1]}  # a port the agent picked and holds for it
 
 
 def host_key(launch: TaskLaunch) -> tuple:
