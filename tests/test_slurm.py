@@ -238,3 +238,22 @@ def test_bad_input_is_one_line_with_exit_code_2(slurm, tmp_path):
     errors = [line for line in out.splitlines() if line.strip()]
     assert len(errors) == 1 and errors[0].startswith("tflaunch: error: --slurm --ps 2 (job ")
     assert "need 4 task slots" in errors[0] and "2 task slots on" in errors[0]
+
+
+def test_a_run_is_one_job_step_with_one_agent_per_node(slurm, tmp_path):
+    done, run_dir = submit(slurm, tmp_path, "--nodes", "2", "--ntasks-per-node", "4", "--", "sh", "-c",
+                           "echo up on $SLURMD_NODENAME; exec sleep 60")
+    assert done.returncode == 0, done.stderr
+    wait_for("every task running", lambda: (run_dir / "run.json").exists() and len(record(run_dir)["tasks"]) == 8
+             and all(t["state"] == "running" and t["pid"] for t in record(run_dir)["tasks"]))
+    steps = slurm.run("squeue", "-s", "-h", "-j", job_id_of(run_dir), "-o", "%i %j %N").stdout.split("\n")
+    named = sorted(line.split()[1] for line in steps if line.strip())
+    assert named == ["batch", "tflaunch-agents"], steps  # one step for all 8 tasks, beside the batch step
+    agents = [line for line in steps if "tflaunch-agents" in line]
+    assert len(agents) == 1 and agents[0].split()[2] == f"{slurm.nodes[0].rsplit('-', 1)[0]}-[1-2]", agents
+    # The agents sample their tasks: the run's resource figures cover both nodes' tasks.
+    wait_for("resource figures of all 8 tasks",
+             lambda: len(json.loads((run_dir / "resources.json").read_text()).get("tasks", {})) == 8
+             if (run_dir / "resources.json").exists() else False)
+    slurm.run("scancel", job_id_of(run_dir))
+    slurm.wait_idle(timeout=40)

@@ -608,7 +608,11 @@ class LinkHub:
             if now >= next_beat:
                 next_beat = now + HEARTBEAT_INTERVAL
                 for link in links:
-                    link.heartbeat(now)
+                    try:
+                        link.heartbeat(now)
+                    except Exception as exc:  # one broken link must not stop every other host's heartbeat
+                        self.remove(link)
+                        link.lose(f"its link failed ({exc})")
 
 
 def set_nonblocking(fd: int) -> None:

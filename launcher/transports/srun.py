@@ -135,8 +135,10 @@ class AgentStep:
         connection.settimeout(5.0)
         line = b""
         try:
+            # One byte at a time: what follows the line (the agent's first frames) stays in the
+            # socket for the link to read.
             while not line.endswith(b"\n") and len(line) < 512:
-                chunk = connection.recv(512 - len(line))
+                chunk = connection.recv(1)
                 if not chunk:
                     return None
                 line += chunk
