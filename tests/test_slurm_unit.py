@@ -16,7 +16,6 @@ from launcher.slurm.allocation import (
     thread_count,
 )
 from launcher.slurm.commands import last_line
-from launcher.slurm.ports import window_start
 from launcher.slurm.script import JobRequest, render_script, tflaunch_argv
 from launcher.slurm.section import SlurmSettings, read_slurm_section
 
@@ -117,12 +116,6 @@ def test_gpus_per_node_are_dealt_round_robin_and_ps_stays_on_cpu():
 def test_no_gpus_means_cpu_only():
     alloc = allocation([2])
     assert set(gpus_for(carve_roles(alloc), alloc).values()) == {()}
-
-
-def test_port_windows_differ_between_jobs_and_stay_in_range():
-    starts = {window_start(str(job), 0, 16) for job in range(1, 200)}
-    assert len(starts) > 150 and all(20000 <= s and s + 16 <= 50000 for s in starts)
-    assert window_start("5", 1, 16) != window_start("5", 0, 16)
 
 
 def test_slurm_section_reads_every_key():

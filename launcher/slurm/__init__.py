@@ -2,7 +2,6 @@
 
 - :mod:`.allocation`: SLURM_* variables -> nodes, slots and roles (pure but for hostlist expansion);
 - :mod:`.commands`: ``scontrol``, ``srun``, ``sbatch``, ``squeue`` with timeouts and one-line errors;
-- :mod:`.ports`: free ports checked on each node through ``srun`` and the host probe;
 - :mod:`.script`: the commented sbatch script ``submit`` writes (pure);
 - :mod:`.submit`: writing that script into a new run folder and submitting it;
 - :mod:`.job`: a ``--slurm`` run inside the job: its run folder (also after a requeue), the

@@ -2,10 +2,10 @@
 
 Run inside an allocation (an ``sbatch`` script or ``salloc`` shell). The nodes and task slots
 come from Slurm's variables, the roles from the rule in :mod:`launcher.slurm.allocation` (chief
-on the first node's first slot, ps next, evaluator last, workers the rest), and each node's ports
-from a probe on that node (:mod:`launcher.slurm.ports`). Every task's address is its node name,
-which the other nodes resolve. Every task is started by the ``srun`` transport as a one-task job
-step on its node, so it lives in the job's cgroup, is accounted, and dies with the job.
+on the first node's first slot, ps next, evaluator last, workers the rest). Every port is ``auto``:
+each node's agent picks free ports there once the run's one job step has started it (see
+:mod:`launcher.transports.srun`), and this machine's port lock picks them for the batch node's
+tasks. Every task's address is its node name, which the other nodes resolve.
 
 A cluster file with a ``slurm:`` section and no roles may be given for the cluster-wide settings
 (command, env, restarts, threads, workdir, python, setup); ``--chief``/``--ps``/``--evaluator``
@@ -15,13 +15,12 @@ win over its ``slurm:`` roles.
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from ..cluster.checks import check_cluster
 from ..cluster.reader import load_cluster_file
-from ..cluster.spec import ClusterSpec, TaskSpec
+from ..cluster.spec import AUTO, ClusterSpec, TaskSpec
 from ..errors import ConfigError
 from ..slurm.allocation import (
     Allocation,
@@ -31,7 +30,6 @@ from ..slurm.allocation import (
     thread_count,
 )
 from ..slurm.commands import expand_hostlist
-from ..slurm.ports import free_ports
 from ..slurm.section import read_slurm_section
 
 TRANSPORT = "srun"
@@ -77,16 +75,9 @@ class SlurmSource:
         per_node: dict[str, int] = {}
         for r in roles:
             per_node[r.slot.node] = per_node.get(r.slot.node, 0) + 1
-        python = base.python or sys.executable
-        ports = free_ports(allocation.job_id, per_node, python, base.workdir or os.getcwd())
         gpus = gpus_for(roles, allocation)
-        taken: dict[str, int] = {}
-        tasks = []
-        for r in roles:
-            n = taken.get(r.slot.node, 0)
-            taken[r.slot.node] = n + 1
-            tasks.append(TaskSpec(r.role, r.index, r.slot.node, ports[r.slot.node][n], address=r.slot.node,
-                                  gpus=gpus[r.name], key=f"{r.role}[{r.index}]"))
+        tasks = [TaskSpec(r.role, r.index, r.slot.node, AUTO, address=r.slot.node, gpus=gpus[r.name],
+                          key=f"{r.role}[{r.index}]") for r in roles]
         # Slurm binds GPUs itself, or tflaunch deals a node's GPUs round-robin: either way sharing is intended.
         share = allocation.gpus_per_task is not None or any(
             sum(1 for t in tasks if t.host == node and t.gpus) > (allocation.gpus_per_node or 0) for node in per_node)
