@@ -12,12 +12,15 @@ from the moment submit starts to (a) the job's start (``slurm.json``), (b) the f
 ``metrics.jsonl``; for reference, ``tflaunch --local 2`` with the same command on this machine.
 
 Part 2, start of 8 tasks: inside one allocation (``salloc -N2 --ntasks-per-node=4``), side A is
-``tflaunch --slurm --quiet -- true`` (probe both nodes' ports, 8 srun steps with the agent, supervise
-to the end); side B is one bare ``srun -N1 -n1 hostname``; for information, ``tflaunch --local 8
---quiet -- true`` on this machine. Sides alternate (order flipped every repetition).
-Target: median(A) / median(B) <= 20. Side A is at least tflaunch's own start (side C shows it),
-one probe step per node and then the 8 agent steps, each a Python start through srun, most of it
-in parallel; a bare srun of ``hostname`` takes well under 0.1 s here, so 20 of them is about 1-2 s.
+``tflaunch --slurm --quiet -- true`` (one srun step with an agent per node, ports picked by the
+agents, supervise to the end); side B is one bare ``srun -N1 -n1 hostname``; for information,
+``tflaunch --local 8 --quiet -- true`` on this machine. Sides alternate (order flipped every
+repetition). Target: median(A) / median(B) <= 20.
+
+Part 3, 256 tasks on 8 nodes (a second test cluster of 8 nodes declaring 32 CPUs each, ``salloc -N8
+--ntasks-per-node=32``): side A ``tflaunch --slurm --quiet -- true``, side B one bare ``srun -n 256
+--overlap true``, alternating; while side A runs, ``squeue -s`` is polled and the job steps it
+started are counted. Targets: median(A) / median(B) <= 3, and one job step for the tasks.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import _bench
 from _bench import PYTHON, ROOT, median, note, spread, table
 
 TARGET = 20.0
+TARGET_256 = 3.0
 PREFIX, SUBNET = "bsl", "10.126.250"
 TESTSLURM = ROOT / "scripts" / "testslurm"
 
@@ -61,6 +65,78 @@ def inner(reps: int) -> None:
             else:
                 print(f"   {name} failed: {done.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
     print("TIMES " + json.dumps(times), flush=True)
+
+
+def inner_many(reps: int) -> None:
+    """Inside an allocation of 8 nodes x 32 slots: tflaunch --slurm against one srun -n 256, and the
+    job steps tflaunch's runs started (polled with squeue while they run)."""
+    import threading
+
+    job = os.environ["SLURM_JOB_ID"]
+    sides = {"tflaunch --slurm (256 tasks)": [PYTHON, "-m", "launcher", "--slurm", "--quiet", "--log-dir",
+                                             os.environ["BENCH_LOGS"], "--", "true"],
+             "srun -n 256 true": ["srun", "-n", "256", "--overlap", "true"]}
+    times: dict[str, list[float]] = {name: [] for name in sides}
+    steps: set[str] = set()
+    for rep in range(reps):
+        order = list(sides) if rep % 2 == 0 else list(reversed(list(sides)))
+        for name in order:
+            done_event = threading.Event()
+
+            def poll() -> None:
+                while not done_event.is_set():
+                    out = subprocess.run(["squeue", "-s", "-h", "-j", job, "-o", "%i %j"], capture_output=True,
+                                         text=True).stdout
+                    steps.update(line.split()[0] for line in out.splitlines()
+                                 if line.strip() and not line.split()[0].endswith(".batch")
+                                 and "tflaunch" in line)
+                    done_event.wait(0.05)
+
+            watcher = threading.Thread(target=poll, daemon=True)
+            if name.startswith("tflaunch"):
+                watcher.start()
+            start = time.perf_counter()
+            done = subprocess.run(sides[name], capture_output=True, text=True, timeout=300, cwd=ROOT)
+            elapsed = time.perf_counter() - start
+            done_event.set()
+            if done.returncode == 0:
+                times[name].append(elapsed)
+            else:
+                print(f"   {name} failed: {done.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
+    print("TIMES " + json.dumps(times), flush=True)
+    print("STEPS " + json.dumps({"runs": reps, "steps": sorted(steps)}), flush=True)
+
+
+def many_nodes(reps: int, state: Path) -> None:
+    port = random.randint(18000, 19900)
+    up = subprocess.run([str(TESTSLURM), "up", "--prefix", "bsm", "--subnet", "10.126.249", "--port", str(port),
+                         "--nodes", "8", "--cpus", "32", "--state-dir", str(state / "cluster8")],
+                        capture_output=True, text=True, timeout=180)
+    if up.returncode != 0:
+        note(f"testslurm up (8 nodes) failed: {up.stderr.strip()}")
+        return
+    try:
+        env = {**os.environ, "SLURM_CONF": json.loads(up.stdout)["slurm_conf"], "PYTHONPATH": str(ROOT)}
+        run = subprocess.run(["salloc", "-N8", "--ntasks-per-node=32", "--", PYTHON, __file__, "--inner-many",
+                              "--reps", str(reps)], capture_output=True, text=True, timeout=1800,
+                             env={**env, "BENCH_LOGS": str(state / "many-logs")}, cwd=ROOT)
+        times_line = next((l for l in run.stdout.splitlines() if l.startswith("TIMES ")), None)
+        steps_line = next((l for l in run.stdout.splitlines() if l.startswith("STEPS ")), None)
+        if times_line is None or steps_line is None:
+            note(f"8-node allocation run failed: {run.stderr.strip()[-500:]}")
+            return
+        times = json.loads(times_line[len("TIMES "):])
+        steps = json.loads(steps_line[len("STEPS "):])
+        print()
+        table(["side (8 nodes x 32 tasks)", "median s", "min s", "max s"],
+              [[name, *spread(values)] for name, values in times.items()])
+        note(f"job steps tflaunch started over {steps['runs']} runs: {len(steps['steps'])} "
+             f"({', '.join(steps['steps'])}); one per run is the target")
+        a, b = (median(v) for v in times.values())
+        _bench.verdict("256 tasks via tflaunch --slurm / one srun -n 256 true", a / b, TARGET_256)
+    finally:
+        subprocess.run([str(TESTSLURM), "down", "--prefix", "bsm", "--state-dir", str(state / "cluster8")],
+                       capture_output=True, timeout=120)
 
 
 def first_step(env: dict, logs: Path) -> tuple[float, float] | None:
@@ -103,9 +179,21 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--inner-many", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--only-many", action="store_true", help="run part 3 alone")
     args = parser.parse_args()
     if args.inner:
         inner(args.reps)
+        return
+    if args.inner_many:
+        inner_many(args.reps)
+        return
+    if args.only_many:
+        state = Path(tempfile.mkdtemp(prefix="bench-slurm-"))
+        try:
+            many_nodes(args.reps, state)
+        finally:
+            shutil.rmtree(state, ignore_errors=True)
         return
     _bench.header("Slurm: submit to first training step; 8 tasks on 2 nodes through srun vs one srun",
                   [f"test cluster: scripts/testslurm up --prefix {PREFIX} --subnet {SUBNET}, {args.reps} reps"])
@@ -141,6 +229,7 @@ def main() -> None:
         table(["side", "median s", "min s", "max s"], [[name, *spread(values)] for name, values in times.items()])
         a, b = (median(v) for v in list(times.values())[:2])
         _bench.verdict("8 tasks via tflaunch --slurm / one bare srun", a / b, TARGET)
+        many_nodes(args.reps, state)
     finally:
         subprocess.run([str(TESTSLURM), "down", "--prefix", PREFIX, "--state-dir", str(state / "cluster")],
                        capture_output=True, timeout=120)

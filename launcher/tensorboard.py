@@ -206,8 +206,8 @@ class BesideRun:
     does not touch the run.
     """
 
-    def __init__(self, say: Callable[[str], None], *, host: str = DEFAULT_HOST, port: int | None = None):
-        self.say = say
+    def __init__(self, message: Callable[[str], None], *, host: str = DEFAULT_HOST, port: int | None = None):
+        self.message = message
         self.host = host
         self.port = port
         self.server: TensorBoard | None = None
@@ -220,7 +220,7 @@ class BesideRun:
             logdir.mkdir(exist_ok=True)
             self.server = TensorBoard.start(logdir, host=self.host, port=self.port, log_path=Path(run_dir) / LOG_NAME)
         except (OSError, TensorBoardError) as exc:
-            self.say(f"TensorBoard not started: {exc}")
+            self.message(f"TensorBoard not started: {exc}")
             return
         self._waiter = threading.Thread(target=self._announce, name="tensorboard-ready", daemon=True)
         self._waiter.start()
@@ -231,9 +231,9 @@ class BesideRun:
             server.wait_ready(wait=self._stopping.wait)
         except TensorBoardError as exc:
             if not self._stopping.is_set():
-                self.say(f"TensorBoard not started: {exc} (see {server.log_path})")
+                self.message(f"TensorBoard not started: {exc} (see {server.log_path})")
             return
-        self.say(f"TensorBoard at {server.url} (stops with the run)")
+        self.message(f"TensorBoard at {server.url} (stops with the run)")
 
     def stop(self) -> None:
         self._stopping.set()

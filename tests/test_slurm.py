@@ -185,10 +185,10 @@ def test_a_node_that_dies_is_reported_as_such(slurm, tmp_path):
     assert rec["status"] in ("failed", "stopped") and rec["ended_at"]
     worker = {t["name"]: t for t in rec["tasks"]}["worker-1"]
     assert worker["host"] == lost and (worker["error"] or "").startswith(f"lost node {lost} ("), worker
-    # Whoever noticed first speaks: the node's silent agent (tflaunch's own keep-alive), srun's report of
-    # the node failure, or the job's cancellation for it.
-    assert any(words in worker["error"] for words in ("keep-alive timeout", "Node failure", "Job step aborted")), \
-        worker["error"]
+    # Whoever noticed first speaks: the node's agent gone (its connection closed) or silent (tflaunch's own
+    # keep-alive), srun's report of the node failure, or the job's cancellation for it.
+    assert any(words in worker["error"] for words in (f"connection to {lost} closed", "keep-alive timeout",
+                                                      "Node failure", "Job step aborted")), worker["error"]
     if rec["status"] == "failed":
         assert rec["root_cause"]["task"] == "worker-1" and rec["root_cause"]["error"] == worker["error"]
 

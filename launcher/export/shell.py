@@ -15,9 +15,9 @@ from typing import Mapping
 from ..cluster.plan import RunContext, plan_cluster
 from ..cluster.spec import AUTO, ClusterSpec, SshSettings, is_local
 from .pods import NO_RUN_FOLDER_ENV
+from ..records.folder import DEFAULT_LOG_DIR
 
 FIRST_PORT = 2222
-DEFAULT_LOG_DIR = "logs"  # as for tflaunch run
 
 
 @dataclass(frozen=True)
