@@ -145,3 +145,18 @@ class ClusterSpec:
 def is_local(host: str, local_hosts: frozenset[str]) -> bool:
     """Whether ``host`` names this machine (any loopback address counts)."""
     return host in local_hosts or host == "localhost" or host.startswith("127.") or host == "::1"
+
+
+def restarts_possible(max_restarts: int, restart_policy: Mapping[str, "RestartPolicy"]) -> bool:
+    """Whether a task may start again mid-training, so that a backup has something to resume:
+    whole-cluster restarts, or a role whose tasks restart alone (ParameterServer workers by default)."""
+    return int(max_restarts) > 0 or RestartPolicy.TASK in restart_policy.values()
+
+
+def check_override_env(env: Mapping[str, str]) -> None:
+    """``--env`` may set anything but the variables tflaunch writes for every task."""
+    from ..errors import ConfigError
+
+    for key in env:
+        if key in RESERVED_ENV:
+            raise ConfigError("--env", key, "is set by tflaunch for every task and cannot be overridden")

@@ -19,7 +19,8 @@ from dataclasses import dataclass, replace
 from typing import Callable, Mapping
 
 from ..cluster.plan import DEFAULT_SOURCE, RunContext, TaskLaunch, plan_cluster
-from ..cluster.spec import RESERVED_ENV, ROLES, ClusterSpec, RestartPolicy, SshSettings, TaskSpec, is_local
+from ..cluster.spec import ROLES, ClusterSpec, RestartPolicy, SshSettings, TaskSpec, check_override_env, is_local
+from ..cluster.spec import restarts_possible as spec_restarts_possible
 from ..errors import ConfigError
 from .settings import SECTION, KubernetesSettings, Storage
 
@@ -97,18 +98,8 @@ def pod_run_dir(storage: Storage | None, name: str) -> str:
 
 
 def restarts_possible(spec: ClusterSpec) -> bool:
-    """Whether a pod may start again mid-training, so that a backup has something to resume.
-
-    The rule ``tflaunch run`` follows for its backup folder: whole-cluster restarts, or a role
-    whose tasks restart alone (ParameterServer workers by default).
-    """
-    return int(spec.max_restarts) > 0 or RestartPolicy.TASK in spec.restart_policy.values()
-
-
-def check_override_env(env: Mapping[str, str]) -> None:
-    for key in env:
-        if key in RESERVED_ENV:
-            raise ConfigError("--env", key, "is set by tflaunch for every task and cannot be overridden")
+    """Whether a pod may start again mid-training (the rule ``tflaunch run`` follows for its backup folder)."""
+    return spec_restarts_possible(spec.max_restarts, spec.restart_policy)
 
 
 def _pod_cluster(spec: ClusterSpec, settings: KubernetesSettings, pod_host: Callable[[str, int], str]) -> ClusterSpec:

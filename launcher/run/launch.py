@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Callable, Mapping
 from ..cluster.machine import cpu_count, local_host_names
 from ..cluster.plan import Plan, RunContext, plan_cluster
 from ..cluster.ports import PortReservation, port_is_free, reserve_ports
-from ..cluster.spec import AUTO, RESERVED_ENV, ClusterSpec, is_local
-from ..errors import ConfigError, EnvironmentProblem, PortInUseError, PreflightError, UnknownTaskError
+from ..cluster.spec import AUTO, ClusterSpec, check_override_env, is_local
+from ..errors import EnvironmentProblem, PortInUseError, PreflightError, UnknownTaskError
 from ..records.folder import DEFAULT_LOG_DIR, RunFolder
 from ..transports import TransportSet
 from .isolation import NetworkNamespace, isolated_network
@@ -60,9 +60,7 @@ class LaunchRequest:
 def build_spec(request: LaunchRequest, local_hosts: frozenset[str]) -> ClusterSpec:
     """The validated cluster the request describes, with command-line overrides applied."""
     spec = request.cluster(local_hosts)
-    for key in request.env:
-        if key in RESERVED_ENV:
-            raise ConfigError("--env", key, "is set by tflaunch for every task and cannot be overridden")
+    check_override_env(request.env)
     if request.command:
         spec = replace(spec, command=request.command)
     if request.log_dir:

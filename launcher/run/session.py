@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Callable
 
 from .. import __version__
 from ..cluster.plan import Plan, RunContext, TaskLaunch, tf_cluster
-from ..cluster.spec import ClusterSpec, RestartPolicy
+from ..cluster.spec import ClusterSpec, restarts_possible
 from ..errors import EnvironmentProblem
 from ..records.folder import RunFolder, iso_time
 from ..records.record import AttemptRecord, LauncherRecord, RootCause, RunRecord, TaskRecord
@@ -210,8 +210,7 @@ class RunSession:
         run_dir = self.folder.path.resolve()
         # With restarts, the trainer backs up into the run folder so a restarted cluster resumes;
         # in-place restarts of ParameterServer workers resume from it too.
-        restarts = (self.options.backup or self.options.max_restarts > 0
-                    or RestartPolicy.TASK in self.spec.restart_policy.values())
+        restarts = self.options.backup or restarts_possible(self.options.max_restarts, self.spec.restart_policy)
         backup = str(run_dir / "backup") if restarts else None
         return self.plan_attempt(RunContext(self.folder.run_id, str(run_dir), attempt, backup_dir=backup))
 
