@@ -229,6 +229,15 @@ def wait4(proc: subprocess.Popen) -> tuple[int, float, "os.struct_rusage"]:
     return proc.returncode, ended, usage
 
 
+def testhosts_missing() -> str | None:
+    """Why namespaced test hosts cannot be brought up here (root, ip, ssh, nsenter, sshd), or None."""
+    if os.geteuid() != 0:
+        return "needs root (network namespaces and sshd)"
+    missing = [tool for tool in ("ip", "ssh", "nsenter") if not shutil.which(tool)] + \
+              ([] if Path("/usr/sbin/sshd").exists() else ["/usr/sbin/sshd"])
+    return f"missing {', '.join(missing)}" if missing else None
+
+
 def last_run_dir(log_dir: Path) -> Path | None:
     runs = sorted(p for p in Path(log_dir).glob("*") if p.is_dir())
     return runs[-1] if runs else None

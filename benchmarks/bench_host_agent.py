@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -174,13 +172,9 @@ def main() -> None:
     args = parser.parse_args()
     sizes = [int(n) for n in args.curve.split(",") if n]
     _bench.header("bench_host_agent: one agent and one ssh connection per host, sshd at stock limits")
-    if os.geteuid() != 0:
-        print("RESULT skipped: needs root (network namespaces and sshd); nothing was measured")
-        return
-    missing = [tool for tool in ("ip", "ssh", "nsenter") if not shutil.which(tool)] + \
-              ([] if Path("/usr/sbin/sshd").exists() else ["/usr/sbin/sshd"])
+    missing = _bench.testhosts_missing()
     if missing:
-        print(f"RESULT skipped: missing {', '.join(missing)}; nothing was measured")
+        print(f"RESULT skipped: {missing}; nothing was measured")
         return
     doc = up(max([8, *sizes]))
     if doc is None:

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -69,13 +67,9 @@ def main() -> None:
     _bench.header(f"bench_ssh_parallel_start: {args.tasks} tasks on {args.hosts} namespaced hosts "
                   "vs one ssh connection",
                   [f"{args.reps} interleaved repetitions per side; every task runs `true`"])
-    if os.geteuid() != 0:
-        print("RESULT skipped: needs root (network namespaces and sshd); nothing was measured")
-        return
-    missing = [tool for tool in ("ip", "ssh", "nsenter") if not shutil.which(tool)] + \
-              ([] if Path("/usr/sbin/sshd").exists() else ["/usr/sbin/sshd"])
+    missing = _bench.testhosts_missing()
     if missing:
-        print(f"RESULT skipped: missing {', '.join(missing)}; nothing was measured")
+        print(f"RESULT skipped: {missing}; nothing was measured")
         return
     up = subprocess.run([str(TESTHOSTS), "up", "--no-global", "--prefix", PREFIX, "--subnet", SUBNET,
                          "--hosts", str(args.hosts)], capture_output=True, text=True)

@@ -19,6 +19,7 @@ import os
 import select
 import signal
 import struct
+import subprocess
 import threading
 import time
 from collections import OrderedDict
@@ -86,6 +87,32 @@ class Carrier:
 
     def extra_backstop(self, pid: int | None) -> None:
         """A task ignored KILL: what tflaunch itself can still do about it."""
+
+
+class ProcessCarrier(Carrier):
+    """A carrier that is a child process of tflaunch (the local agent, an ssh client) with its own
+    messages in a file."""
+
+    def __init__(self, host: str, popen, stderr):
+        super().__init__(host)
+        self.popen = popen
+        self.stderr = stderr
+
+    def ended(self) -> int | None:
+        return self.popen.poll()
+
+    def detail(self) -> str | None:
+        self.stderr.seek(0)
+        lines = [line for line in self.stderr.read().decode("utf-8", "replace").splitlines() if line.strip()]
+        return lines[-1].strip() if lines else None
+
+    def close(self, wait: float) -> None:
+        """Wait for the process to end (its channel is closed already); kill it if it does not."""
+        try:
+            self.popen.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()  # an ssh client: the connection closes and the agent sees EOF
+            self.popen.wait()
 
 
 class AgentLink:

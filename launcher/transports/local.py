@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from ..cluster.machine import restore_open_files_limit
 from ..cluster.plan import TaskLaunch
 from .base import ExitStatus, FailedStart
-from .hostlink import AGENT_PATH, HUB, AgentLink, AgentTask, Carrier, LogWriter, encode_fields, kill_group, log_target
+from .hostlink import AGENT_PATH, HUB, AgentLink, AgentTask, LogWriter, ProcessCarrier, encode_fields, kill_group, log_target
 
 EOF_GRACE = 1.0  # tflaunch is gone: the tasks' trees are gone within about this long (target: 2 s)
 HEARTBEAT_TIMEOUT = 30.0  # a tflaunch that is alive but stopped answering (wedged, suspended)
@@ -29,33 +29,22 @@ AGENT_BOOT = (f"import sys; sys.path.append({str(AGENT_PATH.parent)!r}); "
               f"import {AGENT_PATH.stem}; {AGENT_PATH.stem}.main()")
 
 
-class LocalCarrier(Carrier):
+class LocalCarrier(ProcessCarrier):
     """The agent as a child process of tflaunch."""
 
     kind = "agent"
 
     def __init__(self, popen: subprocess.Popen[bytes], stderr):
-        super().__init__("this machine")
-        self.popen = popen
-        self.stderr = stderr
-
-    def ended(self) -> int | None:
-        return self.popen.poll()
+        super().__init__("this machine", popen, stderr)
 
     def detail(self) -> str | None:
         code = self.popen.poll()
         if code is not None and code < 0:
             return f"the agent was killed by signal {-code}"
-        self.stderr.seek(0)
-        lines = [line for line in self.stderr.read().decode("utf-8", "replace").splitlines() if line.strip()]
-        return lines[-1].strip() if lines else None
+        return super().detail()
 
     def close(self, wait: float) -> None:
-        try:
-            self.popen.wait(timeout=wait)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            self.popen.wait()
+        super().close(wait)
         self.stderr.close()
 
     def where(self, reason: str) -> str:

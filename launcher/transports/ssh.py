@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from ..cluster.plan import TaskLaunch
 from ..cluster.spec import SshSettings
 from .base import ExitStatus, FailedStart
-from .hostlink import AGENT_SOURCE, HUB, AgentLink, AgentTask, Carrier, LogWriter, encode_fields, log_target
+from .hostlink import AGENT_SOURCE, HUB, AgentLink, AgentTask, LogWriter, ProcessCarrier, encode_fields, log_target
 
 DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_KEEPALIVE_TIMEOUT = 15.0
@@ -93,31 +93,10 @@ def host_key(launch: TaskLaunch) -> tuple:
     return (launch.host, ssh.user, ssh.port, ssh.identity_file, tuple(ssh.options))
 
 
-class SshCarrier(Carrier):
+class SshCarrier(ProcessCarrier):
     """The agent on the far end of one ssh connection."""
 
     kind = "ssh"
-
-    def __init__(self, host: str, popen: subprocess.Popen[bytes], stderr, keepalive: float):
-        super().__init__(host)
-        self.popen = popen
-        self.stderr = stderr
-        self.keepalive = keepalive
-
-    def ended(self) -> int | None:
-        return self.popen.poll()
-
-    def detail(self) -> str | None:
-        self.stderr.seek(0)
-        lines = [line for line in self.stderr.read().decode("utf-8", "replace").splitlines() if line.strip()]
-        return lines[-1].strip() if lines else None
-
-    def close(self, wait: float) -> None:
-        try:
-            self.popen.wait(timeout=wait)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()  # the connection closes; the agent sees EOF and stops what is left
-            self.popen.wait()
 
     def not_started(self, detail: str) -> ExitStatus:
         if self.popen.poll() == 255:
@@ -164,7 +143,7 @@ class SshTransport:
         popen.stdin.close()
         os.set_blocking(read_fd, False)
         os.set_blocking(write_fd, False)
-        return AgentLink(launch.host, SshCarrier(launch.host, popen, stderr, keepalive), read_fd, write_fd,
+        return AgentLink(launch.host, SshCarrier(launch.host, popen, stderr), read_fd, write_fd,
                          keepalive=keepalive, hub=HUB)
 
     def start(self, launch: TaskLaunch, output_fd: int) -> AgentTask | FailedStart:
