@@ -36,7 +36,7 @@ class Finished:
     run_dir: Path | None
 
     @property
-    def manifest(self) -> dict:
+    def record(self) -> dict:
         return json.loads((self.run_dir / "run.json").read_text())
 
     def task_output(self, name: str) -> str:

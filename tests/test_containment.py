@@ -58,8 +58,8 @@ def test_escaped_processes_end_with_the_run_and_are_named(tflaunch, ending, code
     done = tflaunch.run("--local", "2", "--", "python", ESCAPE, marker, "escape", ending)
     assert done.returncode == code, done.stderr
     assert marked(marker) == []
-    assert_leftovers_named(done.manifest)
-    for task in done.manifest["tasks"]:
+    assert_leftovers_named(done.record)
+    for task in done.record["tasks"]:
         if task["leftovers"]:
             count = len(task["leftovers"])
             assert (f"{task['name']} left {count} process{'es' if count > 1 else ''} behind: "
@@ -91,7 +91,7 @@ def test_a_detached_port_holder_is_gone_before_the_restart(tflaunch):
     done = tflaunch.run("--local", "1", "--max-restarts", "1", "--restart-delay", "0", "--",
                         "python", ESCAPE, marker, f"hold-port:{port}", "fail-first:4", f"bind:{port}", "exit:0")
     assert done.returncode == 0, done.stderr
-    assert [a["outcome"] for a in done.manifest["attempts"]] == ["failed", "succeeded"]
+    assert [a["outcome"] for a in done.record["attempts"]] == ["failed", "succeeded"]
     second = (done.run_dir / "attempt-2" / "worker-0.log").read_text()
     assert f"BOUND {port}" in second
     assert re.search(r"worker-0 left 1 process behind in attempt 1: python[\d.]* \(pid \d+\), stopped",
@@ -184,7 +184,7 @@ def test_escaped_processes_end_on_remote_hosts(tflaunch, testhosts, tmp_path, en
     if ending.startswith("exit"):
         done = tflaunch.run(str(cluster), "--", "python", ESCAPE, marker, "escape", ending, timeout=90)
         assert done.returncode == int(ending[5:]), done.stderr
-        manifest = done.manifest
+        manifest = done.record
     else:
         proc = tflaunch.start(str(cluster), "--", "python", ESCAPE, marker, "escape", "ready", "forever")
         try:

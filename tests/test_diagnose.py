@@ -210,7 +210,7 @@ def test_the_module_does_not_import_tensorflow():
 def test_a_live_strategy_after_op_failure_is_diagnosed(tflaunch):
     run = tflaunch.run("--local", "2", "--", "python", str(ROOT / "tests/helpers/errors/op_before_strategy.py"))
     assert run.returncode == 1
-    root = run.manifest["root_cause"]["task"]
+    root = run.record["root_cause"]["task"]
     tail = run.task_output(root).splitlines()[-200:]
     found = diagnose(tail, signal=None, exit_code=1, task_names=WORKERS)
     assert found is not None and found.rule == "strategy-after-op", tail[-5:]

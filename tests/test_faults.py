@@ -98,7 +98,7 @@ def test_a_program_that_is_not_executable_code_is_one_line_and_a_final_record(tf
     done = tflaunch.run("--local", "2", "--", str(program))
     assert done.returncode == 127 and "Traceback" not in done.stderr
     assert "Exec format error" in done.stderr
-    record = done.manifest
+    record = done.record
     assert record["status"] == "failed" and record["root_cause"]["error"].endswith("Exec format error")
 
 
@@ -218,7 +218,7 @@ def test_the_users_own_environment_wins_over_tflaunchs_defaults_and_env_sets_tas
     assert all(e["USER_COLOUR"] == "blue" and e["TF_NUM_INTRAOP_THREADS"] == "7" for e in envs)
     assert all(e["PYTHONUNBUFFERED"] == "" for e in envs)  # the user's empty value, not tflaunch's 1
     assert "TF_USE_LEGACY_KERAS=1 set" not in done.stderr  # the user chose; no note about tflaunch's choice
-    assert done.manifest["tasks"][0]["env"]["TF_USE_LEGACY_KERAS"] == "0"
+    assert done.record["tasks"][0]["env"]["TF_USE_LEGACY_KERAS"] == "0"
 
 
 def test_dry_run_names_the_layer_each_value_came_from(tflaunch):
@@ -239,7 +239,7 @@ def test_runs_are_labelled_with_what_was_asked(tflaunch):
     done = tflaunch.run("--local", "2", "--chief", "--ps", "1", "--", "python", TASK, "exit:0")
     assert done.returncode == 0, done.stderr
     assert "4 tasks from --local 2 --chief --ps 1;" in done.stderr
-    assert done.manifest["source"] == "--local 2 --chief --ps 1"
+    assert done.record["source"] == "--local 2 --chief --ps 1"
     listing = tflaunch.run("runs").stdout
     assert "--local 2 --chief --ps 1" in listing
 
@@ -262,7 +262,7 @@ def test_an_evaluator_gets_time_to_finish_after_training(tflaunch, tmp_path, tim
     done = tflaunch.run(str(cluster), "--evaluator-timeout", timeout, "--", "python", TASK,
                         "sleep-if:evaluator-0:4", "print:evaluated")
     assert done.returncode == 0, done.stderr
-    evaluator = next(t for t in done.manifest["tasks"] if t["name"] == "evaluator-0")
+    evaluator = next(t for t in done.record["tasks"] if t["name"] == "evaluator-0")
     assert evaluator["state"] == state
     if state == "succeeded":
         assert evaluator["exit_code"] == 0 and "evaluated" in done.task_output("evaluator-0")

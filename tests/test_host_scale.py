@@ -54,8 +54,8 @@ def test_many_tasks_start_on_one_host_whose_sshd_keeps_stock_limits(tflaunch, te
     cluster = cluster_file(tmp_path, testhosts, workers(testhosts, tasks, hosts=1))
     done = tflaunch.run(str(cluster), "--", "sh", "-c", 'echo "$TFLAUNCH_TASK on $(hostname)"')
     assert done.returncode == 0, done.stderr[-2000:]
-    assert [t["state"] for t in done.manifest["tasks"]] == ["succeeded"] * tasks
-    for task in done.manifest["tasks"]:
+    assert [t["state"] for t in done.record["tasks"]] == ["succeeded"] * tasks
+    for task in done.record["tasks"]:
         assert done.task_output(task["name"]) == f"{task['name']} on node1\n"
 
 
@@ -124,7 +124,7 @@ def test_a_failure_beside_a_flooding_task_stops_the_cluster_within_a_second(tfla
     done = tflaunch.run(str(cluster), "--", "sh", "-c", script, timeout=120)
     assert done.returncode == 7, done.stderr[-2000:]
     assert "worker-1 on node1 failed (exit code 7)" in done.stderr
-    record = done.manifest
+    record = done.record
     failed_at = next(t["ended_at"] for t in record["tasks"] if t["name"] == "worker-1")
     from datetime import datetime
 

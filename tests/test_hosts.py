@@ -159,7 +159,7 @@ def test_plan_of_a_two_host_cluster_names_each_host():
 def test_hosts_option_runs_tasks_on_this_machine(tflaunch):
     done = tflaunch.run("-H", "localhost:3", "--chief", "--", "python", TASK, "bind", "env")
     assert done.returncode == 0, done.stderr
-    record = done.manifest
+    record = done.record
     assert record["source"] == "-H localhost:3 --chief"
     assert [t["name"] for t in record["tasks"]] == ["chief-0", "worker-0", "worker-1"]
     for task in record["tasks"]:
@@ -174,7 +174,7 @@ def test_hostfile_runs_tasks_on_this_machine(tflaunch, tmp_path):
     path.write_text("# this machine only\nlocalhost slots=2\n")
     done = tflaunch.run("--hostfile", str(path), "--", "python", TASK, "bind", "env")
     assert done.returncode == 0, done.stderr
-    assert [t["name"] for t in done.manifest["tasks"]] == ["worker-0", "worker-1"]
+    assert [t["name"] for t in done.record["tasks"]] == ["worker-0", "worker-1"]
 
 
 def test_two_runs_at_once_on_the_same_host_never_collide(tflaunch):

@@ -83,7 +83,7 @@ def newest_run(tflaunch) -> Path | None:
     return max(manifests, key=manifests.get) if manifests else None
 
 
-def manifest_of(tflaunch) -> dict | None:
+def record_of(tflaunch) -> dict | None:
     run = newest_run(tflaunch)
     try:
         return json.loads((run / "run.json").read_text()) if run else None
@@ -92,7 +92,7 @@ def manifest_of(tflaunch) -> dict | None:
 
 
 def all_tasks_running(tflaunch) -> dict | None:
-    manifest = manifest_of(tflaunch)
+    manifest = record_of(tflaunch)
     # Running, with their pids known (the agent reports each pid just after the start).
     if manifest and all(t["state"] == "running" and t.get("pid") for t in manifest["tasks"]):
         return manifest
@@ -100,7 +100,7 @@ def all_tasks_running(tflaunch) -> dict | None:
 
 
 def started(tflaunch) -> dict:
-    """The newest run's manifest once all its tasks run."""
+    """The newest run's record once all its tasks run."""
     return wait_for(lambda: all_tasks_running(tflaunch), message="the run's tasks to start")
 
 
@@ -158,7 +158,7 @@ def test_runs_lists_newest_first_with_status_exit_code_and_accuracy(tflaunch):
     assert rows[failed.run_dir.name]["test_accuracy"] is None
     good_row = rows[good.run_dir.name]
     assert (good_row["tasks"], good_row["attempts"], good_row["test_accuracy"]) == (2, 1, 0.875)
-    assert good_row["source"] == "--local 2" and good_row["duration_seconds"] == good.manifest["duration_seconds"]
+    assert good_row["source"] == "--local 2" and good_row["duration_seconds"] == good.record["duration_seconds"]
     assert inspect(tflaunch, "runs", "--last", "1").stdout.count("\n") == 2
 
 
@@ -249,7 +249,7 @@ def test_launcher_gone_shows_launcher_lost_and_ends_follow(tflaunch):
         text = inspect(tflaunch, "status").stdout
         assert f"launcher lost: run.json says running but the launcher pid {manifest['launcher']['pid']}" in text
     finally:
-        kill_task_groups(manifest_of(tflaunch) or manifest)
+        kill_task_groups(record_of(tflaunch) or manifest)
         stop_launcher(run)
 
 

@@ -92,7 +92,7 @@ def test_isolate_network_key_in_an_all_local_cluster_file(tflaunch, tmp_path):
     done = tflaunch.run(str(cluster), "--", "python", str(script), "0")
     assert done.returncode == 0, done.stderr
     assert "REACHED" in done.task_output("worker-0") and "REACHED" in done.task_output("worker-1")
-    argv = done.manifest["tasks"][0]["argv"]
+    argv = done.record["tasks"][0]["argv"]
     assert argv[0] == "nsenter" and argv[argv.index("--") + 1:][-2:] == [str(script), "0"]
 
 

@@ -315,7 +315,7 @@ def test_stalled_start_names_the_broken_pair(tflaunch, testhosts, tmp_path):
     failed = named[-1]
     assert f"node1 -> {node2.address}:2222 (worker-1): no route to host" in failed
     assert f"node2 -> {node1.address}:2222 (worker-0): timed out after 3 s" in failed
-    assert "the mesh is broken" in done.manifest["attempts"][0]["reason"]
+    assert "the mesh is broken" in done.record["attempts"][0]["reason"]
     nothing_left(testhosts)
 
 

@@ -63,7 +63,7 @@ def test_attempt_number_reaches_tasks_and_logs(tflaunch):
     assert [s["TFLAUNCH_ATTEMPT"] for s in seen] == ["1", "2"]
     assert all(s["TFLAUNCH_BACKUP_DIR"] == str(done.run_dir.resolve() / "backup") for s in seen)
     assert [m["attempt"] for m in metrics_of(done.run_dir)] == [1, 2]
-    assert len(done.manifest["attempts"]) == 2 and done.manifest["max_restarts"] == 1
+    assert len(done.record["attempts"]) == 2 and done.record["max_restarts"] == 1
     assert (done.run_dir / "worker-0.log").resolve() == (done.run_dir / "attempt-2" / "worker-0.log").resolve()
 
 
@@ -71,7 +71,7 @@ def test_failure_with_progress_exhausts_every_restart(tflaunch):
     done = tflaunch.run("--local", "2", "--max-restarts", "2", "--restart-delay", "0", "--", "python", TASK,
                         'print:TFLAUNCH_METRIC {"kind":"progress"}', "exit-if:worker-0:7", "forever")
     assert done.returncode == 7
-    assert [a["outcome"] for a in done.manifest["attempts"]] == ["failed"] * 3
+    assert [a["outcome"] for a in done.record["attempts"]] == ["failed"] * 3
     assert "after 3 attempts" in done.stderr
 
 
@@ -79,7 +79,7 @@ def test_identical_failure_before_progress_stops_early(tflaunch):
     done = tflaunch.run("--local", "2", "--max-restarts", "5", "--restart-delay", "0", "--", "python", TASK,
                         "stderr:ModuleNotFoundError: No module named 'missing'", "exit-if:worker-1:3", "forever")
     assert done.returncode == 3
-    assert len(done.manifest["attempts"]) == 2
+    assert len(done.record["attempts"]) == 2
     assert "failed exactly like attempt 1" in done.stderr
     assert "No module named 'missing'" in done.stderr
 
@@ -92,14 +92,14 @@ def test_hang_watchdog_collects_stacks_of_every_task(tflaunch):
     for name in ("worker-0", "worker-1"):
         text = (stacks / f"{name}.txt").read_text()
         assert "task.py" in text and "main" in text, text
-    assert done.manifest["attempts"][0]["reason"].startswith("hang timeout")
+    assert done.record["attempts"][0]["reason"].startswith("hang timeout")
 
 
 def test_hang_then_restart_per_policy(tflaunch):
     done = tflaunch.run("--local", "1", "--hang-timeout", "1.5", "--max-restarts", "1", "--restart-delay", "0",
                         "--", "python", TASK, "print:started", "forever")
     assert done.returncode == 124
-    assert [a["outcome"] for a in done.manifest["attempts"]] == ["failed", "failed"]
+    assert [a["outcome"] for a in done.record["attempts"]] == ["failed", "failed"]
     assert (done.run_dir / "attempt-2" / "stacks" / "worker-0.txt").exists()
 
 
@@ -111,4 +111,4 @@ def test_start_timeout_names_the_task_that_never_joined(tflaunch):
     verdict = next(line for line in first if "start timeout" in line and "failed" in line)
     assert "worker-1" in verdict and "worker-0" not in verdict.split("start timeout", 1)[1]
     assert any(line.startswith("tflaunch: worker-1 (host localhost): last") for line in first)
-    assert done.manifest["attempts"][0]["blamed_tasks"] == ["worker-1"]
+    assert done.record["attempts"][0]["blamed_tasks"] == ["worker-1"]

@@ -68,7 +68,7 @@ def test_a_sidecar_evaluator_finishes_its_last_evaluation_after_training(tflaunc
     done = tflaunch.run(str(cluster), "--", "python", str(HELPERS / "sidecar_evaluator.py"), "--epochs", "3",
                         "--eval-seconds", "3", timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
-    evaluator = next(t for t in done.manifest["tasks"] if t["name"] == "evaluator-0")
+    evaluator = next(t for t in done.record["tasks"] if t["name"] == "evaluator-0")
     assert evaluator["state"] == "succeeded" and evaluator["exit_code"] == 0
     assert "sidecar evaluator: done after ckpt-3" in done.task_output("evaluator-0")
     assert "evaluator-0 finished on its own (exit code 0)" in done.stderr

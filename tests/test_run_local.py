@@ -23,7 +23,7 @@ pytestmark = pytest.mark.timeout(120)
 def test_tf_config_arrives_intact_in_every_task(tflaunch):
     done = tflaunch.run("--local", "3", "--chief", "--", "python", TASK, "env")
     assert done.returncode == 0, done.stderr
-    manifest = done.manifest
+    manifest = done.record
     names = [t["name"] for t in manifest["tasks"]]
     assert names == ["chief-0", "worker-0", "worker-1", "worker-2"]
     clusters = []
@@ -67,7 +67,7 @@ def test_first_failure_stops_everyone_and_sets_exit_code(tflaunch):
     assert "worker-1" in lines[root] and "localhost" in lines[root] and "exit code 3" in lines[root]
     assert "about to fail" in "\n".join(lines[root:root + 4])
     assert lines.index(next(line for line in lines if "other tasks" in line)) > root
-    manifest = done.manifest
+    manifest = done.record
     states = {t["name"]: t["state"] for t in manifest["tasks"]}
     assert states == {"worker-0": "stopped", "worker-1": "failed", "worker-2": "stopped"}
     assert manifest["root_cause"]["task"] == "worker-1"
@@ -80,8 +80,8 @@ def test_signal_death_exits_128_plus_n(tflaunch):
     assert done.returncode == 128 + signal.SIGKILL
     assert "killed by SIGKILL" in done.stderr
     assert "diagnosis (killed): killed by SIGKILL with no Python error" in done.stderr
-    assert done.manifest["root_cause"]["diagnosis"]["rule"] == "killed"
-    assert done.manifest["attempts"][0]["diagnosis"] == "killed"
+    assert done.record["root_cause"]["diagnosis"]["rule"] == "killed"
+    assert done.record["attempts"][0]["diagnosis"] == "killed"
 
 
 def test_task_ignoring_sigterm_is_killed_after_grace(tflaunch):
@@ -90,7 +90,7 @@ def test_task_ignoring_sigterm_is_killed_after_grace(tflaunch):
                         "sleep-if:worker-0:1", "exit-if:worker-0:4", "forever")
     assert done.returncode == 4
     assert time.monotonic() - start < 30
-    worker1 = next(t for t in done.manifest["tasks"] if t["name"] == "worker-1")
+    worker1 = next(t for t in done.record["tasks"] if t["name"] == "worker-1")
     assert worker1["state"] == "stopped" and worker1["signal"] == signal.SIGKILL
 
 
@@ -100,7 +100,7 @@ def test_failure_stop_does_not_wait_the_full_grace(tflaunch):
                         "sleep-if:worker-0:1", "exit-if:worker-0:4", "forever")
     elapsed = time.monotonic() - start
     assert done.returncode == 4
-    worker1 = next(t for t in done.manifest["tasks"] if t["name"] == "worker-1")
+    worker1 = next(t for t in done.record["tasks"] if t["name"] == "worker-1")
     assert worker1["state"] == "stopped" and worker1["signal"] == signal.SIGKILL
     assert elapsed < 10  # 1 s of grace after the failure, not 20
 
@@ -157,7 +157,7 @@ def test_ps_cluster_succeeds_when_chief_exits_zero(tflaunch):
     done = tflaunch.run("--local", "2", "--ps", "1", "--", "python", TASK, "sleep-if:chief-0:1",
                         "exit-if:chief-0:0", "forever")
     assert done.returncode == 0, done.stderr
-    states = {t["name"]: t["state"] for t in done.manifest["tasks"]}
+    states = {t["name"]: t["state"] for t in done.record["tasks"]}
     assert states == {"chief-0": "succeeded", "worker-0": "stopped", "worker-1": "stopped", "ps-0": "stopped"}
 
 
@@ -258,7 +258,7 @@ def test_crash_mid_line_keeps_the_partial_line(tflaunch):
     done = tflaunch.run("--local", "1", "--", "python", TASK, "partial:half a li", "signal-if:worker-0:SIGKILL")
     assert done.returncode == 137
     assert b"[1] worker-0 | half a li\n" in done.merged
-    assert "half a li" in done.manifest["root_cause"]["tail"]
+    assert "half a li" in done.record["root_cause"]["tail"]
 
 
 def test_python_dash_m_launcher_and_version():
@@ -275,7 +275,7 @@ def test_the_closing_summary_of_forty_tasks_folds_alike_tasks_while_status_and_r
         ["worker-0", "...", "worker-6", "(7"], ["worker-8", "...", "worker-19", "(12"], ["worker-20"],
         ["worker-21", "...", "worker-39", "(19"]]
     assert all(row[-6:-3] == ["localhost", "stopped", "SIGTERM"] for row in rows if "..." in row)
-    record = done.manifest
+    record = done.record
     assert len(record["tasks"]) == 40 and record["root_cause"]["task"] == "worker-7"
     status = subprocess.run(tflaunch.argv("status", "--log-dir", str(tflaunch.log_dir)), cwd=tflaunch.cwd,
                             env=tflaunch.env(), capture_output=True, text=True, timeout=60)

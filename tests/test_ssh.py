@@ -71,7 +71,7 @@ def test_two_host_mwms_training_through_ssh(tflaunch, testhosts, tmp_path):
     assert all(epochs[("worker-0", e)] == epochs[("worker-1", e)] for e in (1, 2, 3))
     for name in ("worker-0", "worker-1"):
         assert (done.run_dir / "attempt-1" / f"{name}.log").stat().st_size > 0
-    assert {t["host"] for t in done.manifest["tasks"]} == {"node1", "node2"}
+    assert {t["host"] for t in done.record["tasks"]} == {"node1", "node2"}
     assert wait_until_empty(testhosts, 5) == {"node1": [], "node2": []}
 
 
@@ -86,7 +86,7 @@ def test_awkward_env_and_arguments_arrive_intact(tflaunch, testhosts, tmp_path):
     cluster = cluster_file(tmp_path, testhosts, body)
     done = tflaunch.run(str(cluster), "--", "python", TASK, "env", f"print:{value}")
     assert done.returncode == 0, done.stderr
-    for task in done.manifest["tasks"]:
+    for task in done.record["tasks"]:
         output = done.task_output(task["name"])
         (seen,) = env_lines_of(output)
         assert seen["USER_AWKWARD"] == value
@@ -116,7 +116,7 @@ def test_remote_exit_code_propagates_and_summary_names_host(tflaunch, testhosts,
     root = next(line for line in done.stderr.splitlines() if "root cause" in line)
     assert "worker-1" in root and "node2" in root and "exit code 3" in root
     assert "remote says bye" in done.stderr
-    states = {t["name"]: t["state"] for t in done.manifest["tasks"]}
+    states = {t["name"]: t["state"] for t in done.record["tasks"]}
     assert states == {"worker-0": "stopped", "worker-1": "failed"}
     assert wait_until_empty(testhosts, 5) == {"node1": [], "node2": []}
 
@@ -237,5 +237,5 @@ def test_ssh_settings_and_setup_line_without_an_ssh_config(tflaunch, testhosts, 
     (second,) = env_lines_of(done.task_output("worker-1"))
     assert first["USER_FROM_SETUP"] == "node1-setup" and "USER_FROM_HOST" not in first
     assert second["USER_FROM_HOST"] == "node2-env" and "USER_FROM_SETUP" not in second
-    launches = {t["name"]: t for t in done.manifest["tasks"]}
+    launches = {t["name"]: t for t in done.record["tasks"]}
     assert launches["worker-0"]["argv"][0] == "python3" and launches["worker-0"]["workdir"] == str(tmp_path)

@@ -37,15 +37,15 @@ def test_local_two_workers_train_in_lock_step(tflaunch):
     assert [r["loss"] for r in by_task["worker-0"]] == [r["loss"] for r in by_task["worker-1"]]
     assert all(r["global_batch"] == 48 and r["replicas"] == 2 for r in epochs)
     assert all(r["attempt"] == 1 for r in records)
-    assert done.manifest["status"] == "succeeded"
+    assert done.record["status"] == "succeeded"
 
 
 def test_parameter_server_cluster_trains_and_every_task_exits(tflaunch):
     done = tflaunch.run("--local", "2", "--chief", "--ps", "1", "--", "python", "-m", "trainer", "--epochs", "2",
                         timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
-    states = {t["name"]: t["state"] for t in done.manifest["tasks"]}
+    states = {t["name"]: t["state"] for t in done.record["tasks"]}
     assert states == {"chief-0": "succeeded", "worker-0": "stopped", "worker-1": "stopped", "ps-0": "stopped"}
     final = [r for r in metrics_of(done) if r["kind"] == "final"]
     assert final and final[0]["task"] == "chief-0" and final[0]["test_accuracy"] > 0.5
-    assert all(t["pid"] for t in done.manifest["tasks"])
+    assert all(t["pid"] for t in done.record["tasks"])

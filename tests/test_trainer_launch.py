@@ -48,7 +48,7 @@ def test_training_finishes_beside_an_evaluator(tflaunch, tmp_path, strategy, eva
     records = metrics_of(done.run_dir)
     final = [r for r in records if r["kind"] == "final" and r["task"] == chief]
     assert final and final[0]["test_accuracy"] >= 0.80, final
-    tasks = {t["name"]: t for t in done.manifest["tasks"]}
+    tasks = {t["name"]: t for t in done.record["tasks"]}
     configs = {name: json.loads(t["env"]["TF_CONFIG"]) for name, t in tasks.items()}
     assert "evaluator" in configs["evaluator-0"]["cluster"]
     assert all("evaluator" not in c["cluster"] for name, c in configs.items() if name != "evaluator-0")
