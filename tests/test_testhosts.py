@@ -117,9 +117,9 @@ def running(pid):
 
 @pytest.mark.slow
 @pytest.mark.ssh
-def test_two_hosts_have_their_own_hostnames(testhosts):
-    assert [h.name for h in testhosts.hosts] == ["node1", "node2"]
-    assert len({h.address for h in testhosts.hosts}) == 2
+def test_the_hosts_have_their_own_hostnames(testhosts):
+    assert [h.name for h in testhosts.hosts] == ["node1", "node2", "node3", "node4"]
+    assert len({h.address for h in testhosts.hosts}) == 4
     for h in testhosts.hosts:
         for target in (h.name, h.address):  # the ssh_config matches both
             done = testhosts.run(target, "hostname")
@@ -129,7 +129,7 @@ def test_two_hosts_have_their_own_hostnames(testhosts):
 @pytest.mark.slow
 @pytest.mark.ssh
 def test_each_host_reaches_the_other(testhosts):
-    node1, node2 = testhosts.hosts
+    node1, node2 = testhosts.hosts[:2]
     for src, dst in ((node1, node2), (node2, node1)):
         done = testhosts.run(src.name, f'timeout 5 bash -c "echo > /dev/tcp/{dst.address}/22" && echo ok')
         assert done.stdout.strip() == "ok", done.stderr
@@ -166,18 +166,33 @@ def test_cut_fails_new_connections_and_restore_brings_them_back(testhosts):
 
 @pytest.mark.slow
 @pytest.mark.ssh
-def test_many_parallel_connections_are_accepted(testhosts):
-    with ThreadPoolExecutor(24) as pool:
-        results = list(pool.map(lambda _: testhosts.run("node1", "echo hi").returncode, range(24)))
-    assert results == [0] * 24
+def test_shared_hosts_keep_sshds_stock_limits(testhosts):
+    for host in testhosts.hosts:
+        config = (Path(testhosts.state_dir) / host.name / "sshd_config").read_text()
+        assert "MaxStartups" not in config and "MaxSessions" not in config  # OpenSSH's defaults: 10:30:100, 10
+
+
+@pytest.mark.slow
+@pytest.mark.ssh
+def test_raised_limits_accept_many_parallel_connections(tmp_path):
+    require_testhosts()
+    hosts = start_testhosts(tmp_path / "state", count=1, stock_limits=False)
+    try:
+        config = (Path(hosts.state_dir) / "node1" / "sshd_config").read_text()
+        assert "MaxStartups 100:30:200" in config and "MaxSessions 100" in config
+        with ThreadPoolExecutor(24) as pool:
+            results = list(pool.map(lambda _: hosts.run("node1", "echo hi").returncode, range(24)))
+        assert results == [0] * 24
+    finally:
+        hosts.down(keep_state=False)
 
 
 @pytest.mark.slow
 @pytest.mark.ssh
 def test_up_again_is_a_no_op_and_status_reports_alive(testhosts):
     subnet = testhosts.doc["subnet"].rsplit(".", 1)[0]
-    done = run_script("up", "--no-global", "--prefix", testhosts.prefix, "--subnet", subnet,
-                      "--state-dir", testhosts.state_dir)
+    done = run_script("up", "--no-global", "--stock-limits", "--hosts", str(len(testhosts.hosts)),
+                      "--prefix", testhosts.prefix, "--subnet", subnet, "--state-dir", testhosts.state_dir)
     assert done.returncode == 0 and "already up" in done.stderr
     assert json.loads(done.stdout) == testhosts.doc
     other = run_script("up", "--no-global", "--prefix", testhosts.prefix, "--hosts", "3", "--subnet", subnet,
@@ -185,7 +200,7 @@ def test_up_again_is_a_no_op_and_status_reports_alive(testhosts):
     assert other.returncode == 1 and "already up" in other.stderr and len(other.stderr.splitlines()) == 1
     status = run_script("status", "--prefix", testhosts.prefix, "--state-dir", testhosts.state_dir)
     assert status.returncode == 0
-    assert [h["sshd_alive"] for h in json.loads(status.stdout)["hosts"]] == [True, True]
+    assert [h["sshd_alive"] for h in json.loads(status.stdout)["hosts"]] == [True] * len(testhosts.hosts)
 
 
 @pytest.mark.slow
