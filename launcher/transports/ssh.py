@@ -23,6 +23,7 @@ import os
 import shlex
 import subprocess
 import tempfile
+import time
 from collections.abc import Sequence
 
 from ..cluster.plan import TaskLaunch
@@ -168,8 +169,9 @@ class SshTransport:
         links, self.links = list(self.links.values()), {}
         for link in links:
             link.close_channel()
+        deadline = time.monotonic() + EOF_GRACE + 2.0  # one deadline for every host, not one each
         for link in links:
-            link.carrier.close(EOF_GRACE + 2.0)
+            link.carrier.close(max(0.0, deadline - time.monotonic()))
         self.logs.close()
 
 
