@@ -123,11 +123,11 @@ def eight_by_eight(doc: dict, work: Path, reps: int) -> None:
     note(f"and against one connection: {median(results['tflaunch']) / one:.2f}x")
 
 
-def start_time(doc: dict, hosts: int, work: Path) -> float | None:
+def start_time(doc: dict, hosts: int, work: Path, rep: int) -> float | None:
     """Seconds from launch until every task of ``hosts`` x 8 has printed its first line."""
     chosen = doc["hosts"][:hosts]
     cluster = cluster_yaml(work / f"curve-{hosts}.yaml", chosen, 8, doc["ssh_config"])
-    logs = work / f"curve-logs-{hosts}"
+    logs = work / f"curve-logs-{hosts}-{rep}"  # a folder per run: the newest run folder is this run's
     argv = [TFLAUNCH, str(cluster), "--quiet", "--no-check", "--log-dir", str(logs), "--",
             "sh", "-c", "echo up; exec sleep 3"]
     started = time.monotonic()
@@ -150,7 +150,7 @@ def start_time(doc: dict, hosts: int, work: Path) -> float | None:
 def curve(doc: dict, sizes: list[int], work: Path) -> None:
     points = []
     for hosts in sizes:
-        values = [v for v in (start_time(doc, hosts, work) for _ in range(3)) if v is not None]
+        values = [v for v in (start_time(doc, hosts, work, rep) for rep in range(3)) if v is not None]
         points.append((hosts, median(values) if values else None))
     rows = [[f"{h} hosts x 8 tasks", f"{h * 8}", f"{v:.2f}" if v else "-",
              f"{v / h * 1000:.0f}" if v else "-"] for h, v in points]

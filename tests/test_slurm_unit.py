@@ -205,7 +205,7 @@ def test_a_run_is_one_step_with_one_agent_per_node():
     argv = srun_argv(["gpu01", "gpu02", "gpu03"], launch, grace=5, port=4711)
     assert argv[:5] == ["srun", "--nodes=3", "--ntasks=3", "--ntasks-per-node=1", "--nodelist=gpu01,gpu02,gpu03"]
     assert {"--overlap", "--chdir=/shared/w", "--input=none", "--kill-on-bad-exit=0"} <= set(argv)
-    assert argv[-4:-1] == ["/venv/bin/python", "-c", AGENT_SOURCE]
+    assert argv[-6:-1] == ["/venv/bin/python", "-I", "-S", "-c", AGENT_SOURCE]
     with_setup = srun_argv(["gpu02"], replace(launch, setup="source /opt/env.sh"), grace=5, port=4711)
-    assert with_setup[-7:-4] == ["/bin/sh", "-c", 'source /opt/env.sh\nexec "$0" "$@"']
-    assert with_setup[-3:-1] == argv[-3:-1]  # the agent's argv passes through "$@" untouched
+    assert with_setup[-9:-6] == ["/bin/sh", "-c", 'source /opt/env.sh\nexec "$0" "$@"']
+    assert with_setup[-6:-1] == argv[-6:-1]  # the agent's argv passes through "$@" untouched

@@ -38,7 +38,7 @@ TOKEN_VARIABLE = "TFLAUNCH_AGENT_TOKEN"
 
 def srun_argv(nodes: Sequence[str], first: TaskLaunch, grace: float, port: int) -> list[str]:
     """The one srun step that runs an agent on each of ``nodes``."""
-    agent = [first.python, "-c", AGENT_SOURCE,
+    agent = [first.python, "-I", "-S", "-c", AGENT_SOURCE,
              agent_spec(grace, DEFAULT_KEEPALIVE_TIMEOUT, connect=f"- {port}")]
     if first.setup:
         # The setup line is shell by design; the agent's argv then passes through "$@" unchanged.

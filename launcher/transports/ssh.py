@@ -71,10 +71,10 @@ def agent_command(first: TaskLaunch, grace: float) -> str:
     spec = agent_spec(grace, ssh.keepalive_timeout or DEFAULT_KEEPALIVE_TIMEOUT)
     # cd may fail (each task's own workdir is checked when it starts): the agent runs regardless.
     parts = [f"cd -- {shlex.quote(first.workdir)} 2>/dev/null"]
-    if first.setup:
-        parts.append(f"{{ {first.setup}\n}} && exec {shlex.quote(first.python)} -c {shlex.quote(AGENT_SOURCE)} {spec}")
-    else:
-        parts.append(f"exec {shlex.quote(first.python)} -c {shlex.quote(AGENT_SOURCE)} {spec}")
+    # -I -S: the agent needs only the standard library; skipping site and the user's paths saves start-up
+    # on every host, and keeps a PYTHONPATH meant for the tasks from shadowing a module the agent uses.
+    agent = f"exec {shlex.quote(first.python)} -I -S -c {shlex.quote(AGENT_SOURCE)} {spec}"
+    parts.append(f"{{ {first.setup}\n}} && {agent}" if first.setup else agent)
     return "; ".join(parts)
 
 
