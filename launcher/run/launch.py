@@ -208,8 +208,12 @@ def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS,
             spec = _agent_ports(spec, local_hosts, request, transports)
             if not spec.isolate_network:  # in a namespace of its own, the machine's ports do not matter
                 check_local_ports(spec, local_hosts, set(reservation.ports))
-            if request.preflight and not all(is_local(t.host, local_hosts) for t in spec.tasks):
+            remote = spec.transport is not None or not all(is_local(t.host, local_hosts) for t in spec.tasks)
+            if request.preflight and remote:
                 _preflight(spec, local_hosts, request, with_mesh=not reservation.ports, transports=transports)
+            elif remote:
+                # Open every host's connection now, while the run folder and the session are set up.
+                transports.prepare(_placeholder_plan(spec, local_hosts, request).launches)
             _stop_if_signalled(signals)
             # The namespace comes before the run folder: where it cannot be made, nothing is left.
             with isolated_network(spec) as network:  # None unless the run asked for one
