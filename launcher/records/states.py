@@ -20,7 +20,21 @@ import enum
 from typing import Any
 
 
-class RunStatus(str, enum.Enum):
+class _Word(str, enum.Enum):
+    """A record's word: shown as itself, and read back leniently (an unknown word means it did not succeed)."""
+
+    def __str__(self) -> str:  # the word itself, in f-strings and tables too
+        return self.value
+
+    @classmethod
+    def parse(cls, value: Any):
+        try:
+            return cls(value)
+        except ValueError:
+            return cls("failed")  # an unknown word is no reason to hide the run; it did not succeed
+
+
+class RunStatus(_Word):
     """A run's status. ``LAUNCHER_LOST`` is never written: readers infer it (see ``RunRecord.status_now``)."""
 
     RUNNING = "running"
@@ -29,17 +43,11 @@ class RunStatus(str, enum.Enum):
     STOPPED = "stopped"
     LAUNCHER_LOST = "launcher-lost"  # run.json says running, but its launcher is gone
 
-    def __str__(self) -> str:  # the word itself, in f-strings and tables too
-        return self.value
-
     @classmethod
     def parse(cls, value: Any) -> "RunStatus":
         if value == "died":  # how earlier readers spelled a lost launcher
             return cls.LAUNCHER_LOST
-        try:
-            return cls(value)
-        except ValueError:
-            return cls.FAILED  # an unknown word is no reason to hide the run; it did not succeed
+        return super().parse(value)
 
     @property
     def ended(self) -> bool:
@@ -49,7 +57,7 @@ class RunStatus(str, enum.Enum):
         return "launcher lost" if self is RunStatus.LAUNCHER_LOST else self.value
 
 
-class TaskState(str, enum.Enum):
+class TaskState(_Word):
     """One task's state within an attempt (transitions in the module docstring)."""
 
     PENDING = "pending"
@@ -58,16 +66,6 @@ class TaskState(str, enum.Enum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     STOPPED = "stopped"
-
-    def __str__(self) -> str:  # the word itself, in f-strings and tables too
-        return self.value
-
-    @classmethod
-    def parse(cls, value: Any) -> "TaskState":
-        try:
-            return cls(value)
-        except ValueError:
-            return cls.FAILED  # a word this version does not know: the task did not succeed
 
     @property
     def ended(self) -> bool:
@@ -84,22 +82,12 @@ _NEXT = {
 }
 
 
-class Outcome(str, enum.Enum):
+class Outcome(_Word):
     """How one attempt ended."""
 
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     INTERRUPTED = "interrupted"
-
-    def __str__(self) -> str:  # the word itself, in f-strings and tables too
-        return self.value
-
-    @classmethod
-    def parse(cls, value: Any) -> "Outcome":
-        try:
-            return cls(value)
-        except ValueError:
-            return cls.FAILED
 
     @property
     def status(self) -> RunStatus:

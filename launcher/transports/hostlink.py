@@ -128,7 +128,6 @@ class AgentLink:
         self.write_fd = write_fd
         self.keepalive = keepalive
         self.hub = hub
-        self.hello: tuple[str, ...] | None = None  # host name, agent pid, Python version, interpreter
         self.preamble = b""  # what the remote shell and the host's setup printed before the agent ran
         self._synced = False
         self.lost_reason: str | None = None
@@ -141,7 +140,6 @@ class AgentLink:
         self._lock = threading.Lock()
         self._out = bytearray()
         self._in = bytearray()
-        self._hello_event = threading.Event()
         self._ports: dict[int, tuple[threading.Event, list]] = {}  # request id -> (answered, answer)
         hub.add(self)
 
@@ -191,9 +189,6 @@ class AgentLink:
         if text.startswith("error "):
             raise OSError(f"cannot pick ports on {self.host}: {text[6:]}")
         return [int(port) for port in text.split()]
-
-    def wait_hello(self, timeout: float) -> bool:
-        return self._hello_event.wait(timeout)
 
     def close(self, wait: float = 5.0) -> None:
         """End of the run: EOF to the agent (it stops whatever is left), then the carrier ends."""
@@ -284,9 +279,7 @@ class AgentLink:
     def _dispatch(self, kind: bytes, ident: int, payload: bytes) -> None:
         if kind == b"H":
             return
-        if kind == b"A":
-            self.hello = tuple(payload.decode("utf-8", "replace").split("\0"))
-            self._hello_event.set()
+        if kind == b"A":  # the agent's hello: what matters is that frames now come, which last_heard notes
             return
         if kind == b"P":
             waiting = self._ports.pop(ident, None)
@@ -337,7 +330,6 @@ class AgentLink:
             return
         detail = detail or self.carrier.detail() or self._ended_text()
         self.lost_reason = detail
-        self._hello_event.set()
         with self._lock:
             processes = list(self._processes.values())
             self._processes.clear()
