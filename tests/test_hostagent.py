@@ -78,13 +78,34 @@ def host(tmp_path):
         h.close()
 
 
+def state_of(task: AgentTask) -> str:
+    """What the link, the agent and the task looked like when a wait ran out."""
+    link = task.link
+    agent, said = link.carrier.popen, ""
+    try:
+        link.carrier.stderr.seek(0)
+        said = link.carrier.stderr.read().decode(errors="replace")[-500:]
+    except (OSError, ValueError):
+        pass
+    under_agent = subprocess.run(["ps", "-o", "pid,stat,args", "--ppid", str(agent.pid)], capture_output=True,
+                                 text=True).stdout.strip().replace("\n", "; ")
+    return (f"(synced {link._synced}, lost {link.lost_reason!r}, agent exit {agent.poll()}, task pid {task.pid}, "
+            f"status {task.poll()}, under the agent: {under_agent!r}, agent stderr: {said!r})")
+
+
 def ended(task: AgentTask, timeout: float = 15) -> ExitStatus:
-    wait_for(lambda: task.poll() is not None, timeout=timeout, message=f"{task.name} to end")
+    wait_for(lambda: task.poll() is not None, timeout=timeout, message=lambda: f"{task.name} to end {state_of(task)}")
     return task.poll()
 
 
+def ready(task: AgentTask, timeout: float = 10) -> None:
+    wait_for(lambda: "ready" in log_text(task), timeout=timeout,
+             message=lambda: f"{task.name} to be ready {state_of(task)}")
+
+
 def running(task: AgentTask, timeout: float = 10) -> int:
-    wait_for(lambda: task.pid is not None or task.poll() is not None, timeout=timeout, message=f"{task.name} to start")
+    wait_for(lambda: task.pid is not None or task.poll() is not None, timeout=timeout,
+             message=lambda: f"{task.name} to start {state_of(task)}")
     assert task.pid is not None, task.poll()
     return task.pid
 
@@ -123,6 +144,19 @@ def test_one_agent_runs_many_tasks_each_with_its_own_env_log_and_exit(host):
     assert h.proc.poll() is None  # one agent, still serving
 
 
+def test_links_closed_and_opened_in_quick_succession_keep_to_their_own_agents(tmp_path):
+    # A closed link's descriptor numbers are soon handed to the next link's pipes: whatever the hub
+    # still had registered for the old link must never read or write the new one's channel.
+    for round_ in range(25):
+        hosts = [Host(tmp_path) for _ in range(2)]
+        tasks = [h.start(["sh", "-c", f"echo {round_}; exit 3"]) for h in hosts for _ in range(3)]
+        assert [ended(t) for t in tasks] == [ExitStatus(code=3)] * 6
+        assert [log_text(t) for t in tasks] == [f"{round_}\n"] * 6
+        for h in hosts:
+            h.close()
+            assert h.proc.poll() is not None  # it saw EOF and ended
+
+
 def test_missing_program_and_workdir_are_reported(host, tmp_path):
     h = host()
     missing = h.start(["no-such-program-xyz"])
@@ -149,7 +183,7 @@ def test_sig_reaches_the_main_process_only(host):
             "signal.signal(signal.SIGUSR1, lambda *_: (print('usr1', child.poll() is None, flush=True), child.kill(), sys.exit(5)))\n"
             "print('ready', flush=True)\ntime.sleep(60)")
     task = h.start([sys.executable, "-c", code])
-    wait_for(lambda: "ready" in log_text(task), timeout=10, message="the task to be ready")
+    ready(task)
     task.send_signal(signal.SIGUSR1)
     assert ended(task) == ExitStatus(code=5)
     assert "usr1 True" in log_text(task)
@@ -159,7 +193,7 @@ def test_kill_ends_a_task_that_ignores_term(host):
     h = host()
     code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"
     task = h.start([sys.executable, "-c", code])
-    wait_for(lambda: "ready" in log_text(task), timeout=10, message="the task to be ready")
+    ready(task)
     task.terminate()
     time.sleep(0.3)  # a TERM it ignores: still running afterwards
     assert task.poll() is None
@@ -199,7 +233,7 @@ def test_dump_returns_the_tasks_python_stacks(host):
     code = "import time\ndef waiting_here():\n    time.sleep(60)\nprint('ready', flush=True)\nwaiting_here()"
     h = host()
     task = h.start([sys.executable, "-c", code])
-    wait_for(lambda: "ready" in log_text(task), timeout=10, message="the task to be ready")
+    ready(task)
     assert "waiting_here" in task.dump_stacks(timeout=30)
     task.terminate()
     ended(task)

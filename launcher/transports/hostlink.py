@@ -201,24 +201,23 @@ class AgentLink:
             if self.closed:
                 return
             self.closed = True
-            fds = {self.write_fd}
-        self.hub.remove(self)
-        for fd in fds:
-            if fd is not None:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-        if self.read_fd is not None and self.read_fd != self.write_fd:
-            try:
-                os.close(self.read_fd)
-            except OSError:
-                pass
+        # The hub's thread closes the descriptors, between two polls: closed here, their numbers
+        # could be handed to a new link's pipes while the hub still polls them for this link.
+        self.hub.retire(self)
         for process in list(self._processes.values()):
             if process.status is None:
                 process.lose(self.carrier, "tflaunch closed the channel", started=process.started)
 
     # -- the hub's side ---------------------------------------------------------------------
+
+    def release_descriptors(self) -> None:
+        """Close the channel's descriptors (the hub's thread only, once nothing polls them)."""
+        for fd in {self.read_fd, self.write_fd}:
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
 
     def wants_write(self) -> bool:
         return bool(self._out) and self.write_fd is not None and not self.closed
@@ -228,7 +227,7 @@ class AgentLink:
             self._write_locked()
 
     def _write_locked(self) -> None:
-        while self._out and self.write_fd is not None:
+        while self._out and self.write_fd is not None and not self.closed:
             try:
                 sent = os.write(self.write_fd, self._out)
             except (BlockingIOError, InterruptedError):
@@ -239,6 +238,8 @@ class AgentLink:
             del self._out[:sent]
 
     def read_ready(self) -> None:
+        if self.closed:
+            return
         try:
             chunk = os.read(self.read_fd, 1 << 20)
         except (BlockingIOError, InterruptedError):
@@ -546,6 +547,7 @@ class LinkHub:
     def __init__(self) -> None:
         self._links: list[AgentLink] = []
         self._ending: list[tuple[AgentLink, float]] = []  # links whose channel closed: waiting for the carrier
+        self._retired: list[AgentLink] = []  # closed links whose descriptors this thread closes
         self._lock = threading.Lock()
         self._wake_r, self._wake_w = os.pipe()
         set_nonblocking(self._wake_r)
@@ -565,6 +567,19 @@ class LinkHub:
             if link in self._links:
                 self._links.remove(link)
 
+    def retire(self, link: AgentLink) -> None:
+        """``link`` is closed: its descriptors are closed by this hub's thread, before its next poll."""
+        with self._lock:
+            if link in self._links:
+                self._links.remove(link)
+            self._retired.append(link)
+        self.wake()
+
+    def _release_retired(self) -> None:
+        retired, self._retired = self._retired, []
+        for link in retired:
+            link.release_descriptors()
+
     def watch_end(self, link: AgentLink) -> None:
         """The channel closed: give the carrier a moment to exit so its message can be read."""
         with self._lock:
@@ -580,6 +595,7 @@ class LinkHub:
         next_beat = time.monotonic() + HEARTBEAT_INTERVAL
         while True:
             with self._lock:
+                self._release_retired()
                 links = list(self._links)
                 ending = list(self._ending)
             poller = select.poll()
