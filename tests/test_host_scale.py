@@ -65,8 +65,7 @@ def test_a_remote_host_costs_one_connection_for_the_checks_and_the_run(tflaunch,
     cluster = cluster_file(tmp_path, testhosts, workers(testhosts, 8, hosts=2))
     proc = tflaunch.start(str(cluster), "--", "sh", "-c", "echo up; exec sleep 30")
     try:
-        wait_for(lambda: tflaunch.latest_run() is not None
-                 and (tflaunch.latest_run() / "merged.log").read_text().count("| up") == 16,
+        wait_for(lambda: tflaunch.merged_text().count("| up") == 16,
                  timeout=60, message="all 16 tasks to be up")
         assert {h: ssh_sessions(testhosts, h) for h in ("node1", "node2")} == {"node1": 1, "node2": 1}
     finally:
@@ -80,8 +79,7 @@ def test_a_host_lost_under_8_tasks_fails_them_naming_the_host_once(tflaunch, tes
     cluster = cluster_file(tmp_path, testhosts, workers(testhosts, 8, hosts=2), keepalive=3)
     proc = tflaunch.start(str(cluster), "--", "sh", "-c", "echo up; exec sleep 120")
     try:
-        wait_for(lambda: tflaunch.latest_run() is not None
-                 and (tflaunch.latest_run() / "merged.log").read_text().count("| up") == 16,
+        wait_for(lambda: tflaunch.merged_text().count("| up") == 16,
                  timeout=60, message="all 16 tasks to be up")
         testhosts.cut("node2")
         cut_at = time.monotonic()
@@ -141,14 +139,13 @@ def test_one_task_restarted_in_place_leaves_its_neighbours_on_the_host_running(t
     cluster = cluster_file(tmp_path, testhosts, body)
     proc = tflaunch.start(str(cluster), "--", "sh", "-c", "echo up $$; exec sleep 120")
     try:
-        wait_for(lambda: tflaunch.latest_run() is not None
-                 and (tflaunch.latest_run() / "merged.log").read_text().count("| up") == 4,
+        wait_for(lambda: tflaunch.merged_text().count("| up") == 4,
                  timeout=60, message="all 4 tasks to be up")
         log = (tflaunch.latest_run() / "merged.log").read_text()
         pids = {m.group(1): int(m.group(2)) for m in re.finditer(r"(worker-\d) \| up (\d+)", log)}
         subprocess.run(["ip", "netns", "exec", testhosts.host("node1").netns, "kill", "-9", str(pids["worker-2"])],
                        check=True)
-        wait_for(lambda: (tflaunch.latest_run() / "merged.log").read_text().count("| up") == 5, timeout=30,
+        wait_for(lambda: tflaunch.merged_text().count("| up") == 5, timeout=30,
                  message="worker-2 to come back")
         still = set(testhosts.pids("node1"))
         assert all(pids[name] in still for name in ("worker-0", "worker-1", "worker-3"))
@@ -167,8 +164,7 @@ def test_sigkill_of_tflaunch_with_64_tasks_on_4_hosts_leaves_nothing_after_2_s(t
     cluster = cluster_file(tmp_path, testhosts, workers(testhosts, 16, hosts=4, port_base=21300))
     proc = tflaunch.start(str(cluster), "--", "sh", "-c", "echo up; exec sleep 120")
     try:
-        wait_for(lambda: tflaunch.latest_run() is not None
-                 and (tflaunch.latest_run() / "merged.log").read_text().count("| up") == 64,
+        wait_for(lambda: tflaunch.merged_text().count("| up") == 64,
                  timeout=90, message="all 64 tasks to be up")
         assert all(len(run_processes(testhosts, h.name)) >= 16 for h in testhosts.hosts[:4])
         proc.kill()

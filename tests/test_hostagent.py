@@ -18,7 +18,8 @@ import pytest
 
 from conftest import marked
 from launcher.transports.base import ExitStatus
-from launcher.transports.hostlink import AGENT_PATH, AGENT_SOURCE, HUB, AgentLink, AgentTask, LogWriter, encode_fields
+from launcher.transports.hostlink import (AGENT_PATH, AGENT_SOURCE, HUB, AgentLink, AgentTask, LogWriter, encode_fields,
+                                         remote_agent_argv)
 from launcher.transports.local import AGENT_BOOT, LocalCarrier
 from polling import wait_for
 
@@ -35,11 +36,14 @@ def load_agent_module():
 class Host:
     """A real host agent (a child of the test) and tflaunch's link to it."""
 
-    def __init__(self, tmp_path: Path, *, eof_grace: float = 1.0, timeout: float | None = None, sample: float = 0.5):
+    def __init__(self, tmp_path: Path, *, eof_grace: float = 1.0, timeout: float | None = None, sample: float = 0.5,
+                 boot: list[str] | None = None):
+        """``boot``: the agent's command line without its spec (by default, the local transport's)."""
         self.tmp_path = tmp_path
         spec = encode_fields({"timeout": timeout, "eof_grace": eof_grace, "sample": sample})
         self.stderr = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", AGENT_BOOT, spec], stdin=subprocess.PIPE,
+        boot = boot or [sys.executable, "-I", "-S", "-c", AGENT_BOOT]
+        self.proc = subprocess.Popen([*boot, spec], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self.stderr, start_new_session=True)
         read_fd, write_fd = os.dup(self.proc.stdout.fileno()), os.dup(self.proc.stdin.fileno())
         self.proc.stdout.close()
@@ -131,6 +135,27 @@ def test_fields_refuse_a_nul_character():
 
 def test_agent_source_is_python_3_6_syntax():
     ast.parse(AGENT_SOURCE, feature_version=(3, 6))
+
+
+# -- the agent on another host ----------------------------------------------------------------
+
+@pytest.mark.parametrize("which", ["bytecode", "source"])
+def test_the_shipped_agent_runs_from_its_bytecode_or_else_its_source(host, which):
+    # Each half of what is shipped is spoiled in turn: the agent still runs, so the other half ran.
+    argv = remote_agent_argv(sys.executable)
+    if which == "bytecode":  # this Python reads the bytecode: the source is never looked at
+        argv[-1] = "spoiled"
+    else:  # a Python of another bytecode version compiles the source; the bytecode is never read
+        argv = remote_agent_argv(sys.executable, magic=b"\x00\x00\r\n")
+        argv[-2] = "spoiled"
+    h = host(boot=argv)
+    task = h.start(["sh", "-c", "echo shipped; exit 4"])
+    assert ended(task) == ExitStatus(code=4) and log_text(task) == "shipped\n"
+
+
+def test_the_shipped_agent_fits_one_command_line_argument():
+    # Linux refuses a single argument over 128 KiB (MAX_ARG_STRLEN); the remote shell gets all in one.
+    assert len(" ".join(remote_agent_argv("/usr/bin/python3"))) < 96 * 1024
 
 
 # -- many tasks under one agent ------------------------------------------------------------------

@@ -356,7 +356,7 @@ def local_probe_clients(testhosts) -> list[int]:
     found = []
     for proc in descendants_alive(testhosts.ssh_config):
         try:
-            if "The host agent" in " ".join(proc.cmdline()):
+            if "tflaunch-agent" in " ".join(proc.cmdline()):  # the agent's boot line
                 found.append(proc.pid)
         except psutil.Error:
             continue  # exited meanwhile

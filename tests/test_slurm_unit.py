@@ -196,7 +196,7 @@ def test_the_repository_slurm_template_reads_and_fits_its_allocation():
 
 def test_a_run_is_one_step_with_one_agent_per_node():
     from launcher.cluster.plan import TaskLaunch
-    from launcher.transports.hostlink import AGENT_SOURCE
+    from launcher.transports.hostlink import remote_agent_argv
     from launcher.transports.srun import srun_argv
 
     launch = TaskLaunch(name="worker-1", role="worker", index=1, host="gpu02", address="gpu02:20001", local=False,
@@ -205,7 +205,8 @@ def test_a_run_is_one_step_with_one_agent_per_node():
     argv = srun_argv(["gpu01", "gpu02", "gpu03"], launch, grace=5, port=4711)
     assert argv[:5] == ["srun", "--nodes=3", "--ntasks=3", "--ntasks-per-node=1", "--nodelist=gpu01,gpu02,gpu03"]
     assert {"--overlap", "--chdir=/shared/w", "--input=none", "--kill-on-bad-exit=0"} <= set(argv)
-    assert argv[-6:-1] == ["/venv/bin/python", "-I", "-S", "-c", AGENT_SOURCE]
+    agent = remote_agent_argv("/venv/bin/python")
+    assert argv[-len(agent) - 1:-1] == agent
     with_setup = srun_argv(["gpu02"], replace(launch, setup="source /opt/env.sh"), grace=5, port=4711)
-    assert with_setup[-9:-6] == ["/bin/sh", "-c", 'source /opt/env.sh\nexec "$0" "$@"']
-    assert with_setup[-6:-1] == argv[-6:-1]  # the agent's argv passes through "$@" untouched
+    assert with_setup[-len(agent) - 4:-len(agent) - 1] == ["/bin/sh", "-c", 'source /opt/env.sh\nexec "$0" "$@"']
+    assert with_setup[-len(agent) - 1:-1] == agent  # the agent's argv passes through "$@" untouched

@@ -13,8 +13,7 @@ import click
 
 from ..errors import LaunchError
 from ..run.signals import Interrupted
-from . import export, inspect, run, submit, tensorboard  # noqa: F401  (each module registers its commands on the group)
-from .group import cli
+from .group import cli  # each command's module registers it on the group when it is first used
 
 __all__ = ["cli", "main"]
 

@@ -2,17 +2,37 @@
 
 from __future__ import annotations
 
+import importlib
+
 import click
 
 from .. import __version__
 
+# The module of this package that defines each command. A command's module is imported when that
+# command is used (or listed by --help), so a run does not pay for loading every other command.
+COMMAND_MODULES = {
+    "run": "run", "check": "run",
+    "runs": "inspect", "logs": "inspect", "status": "inspect", "report": "inspect", "compare": "inspect",
+    "export": "export", "submit": "submit", "tensorboard": "tensorboard",
+}
+
 
 class _DefaultRunGroup(click.Group):
-    """A group whose default command is ``run``, with ``--`` marking the task command."""
+    """A group whose default command is ``run``, with ``--`` marking the task command; each
+    command's module is loaded on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(self.commands) | COMMAND_MODULES.keys())
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMAND_MODULES:
+            importlib.import_module(f"{__package__}.{COMMAND_MODULES[cmd_name]}")  # registers it on the group
+        return self.commands.get(cmd_name)
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         first = args[0] if args else None
-        if first is not None and first not in self.commands and first not in ("--help", "-h", "--version"):
+        if (first is not None and first not in COMMAND_MODULES and first not in self.commands
+                and first not in ("--help", "-h", "--version")):
             args = ["run", *args]
         if args and args[0] in ("run", "submit") and "--" in args:  # both take a task command
             cut = args.index("--")

@@ -52,6 +52,9 @@ def public_addresses(names: Iterable[str], resolver: Resolver = resolve,
     # hold up tflaunch's exit either.
     threads = []
     for name in names:
+        if _is_address(name):  # nothing to resolve: no thread to start
+            found[name] = [name]
+            continue
         thread = threading.Thread(target=lambda n=name: found.__setitem__(n, resolver(n)), daemon=True)
         thread.start()
         threads.append(thread)
@@ -70,6 +73,16 @@ def public_addresses(names: Iterable[str], resolver: Resolver = resolve,
         if addresses:
             public[name] = addresses
     return public
+
+
+def _is_address(name: str) -> bool:
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(name.split("%", 1)[0])
+    except ValueError:
+        return False
+    return True
 
 
 def exposure_warning(spec: ClusterSpec, resolver: Resolver = resolve) -> str | None:

@@ -46,7 +46,6 @@ import binascii
 import errno
 import os
 import select
-import socket
 import struct
 import sys
 import time
@@ -337,6 +336,8 @@ class Agent(object):
             self.dump_stacks(process)
 
     def pick_ports(self, ident, count):
+        import socket  # here, not at the top: importing it is a third of the agent's start-up
+
         picked = []
         try:
             for _ in range(count):
@@ -728,7 +729,7 @@ def which(program):
 
 
 def node_name():
-    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    return os.environ.get("SLURMD_NODENAME") or os.uname()[1]
 
 
 def open_channel(spec):
@@ -740,6 +741,7 @@ def open_channel(spec):
     target = spec.get("connect")
     if not target:
         return 0, 1
+    import socket
     host, port = target.split(" ")
     if host == "-":
         host = os.environ.get("SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1")

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 from ..cluster.plan import TaskLaunch
 from .base import CANNOT_START, ExitStatus, FailedStart
-from .hostlink import AGENT_SOURCE, HUB, AgentLink, AgentTask, Carrier, LogWriter, encode_fields, log_target
+from .hostlink import HUB, AgentLink, AgentTask, Carrier, LogWriter, encode_fields, log_target, remote_agent_argv
 from .ssh import DEFAULT_KEEPALIVE_TIMEOUT, EOF_GRACE, agent_spec, task_fields
 
 NODE_FAILURE = "Node failure on"  # how srun reports that slurmctld declared a node dead
@@ -38,8 +38,7 @@ TOKEN_VARIABLE = "TFLAUNCH_AGENT_TOKEN"
 
 def srun_argv(nodes: Sequence[str], first: TaskLaunch, grace: float, port: int) -> list[str]:
     """The one srun step that runs an agent on each of ``nodes``."""
-    agent = [first.python, "-I", "-S", "-c", AGENT_SOURCE,
-             agent_spec(grace, DEFAULT_KEEPALIVE_TIMEOUT, connect=f"- {port}")]
+    agent = [*remote_agent_argv(first.python), agent_spec(grace, DEFAULT_KEEPALIVE_TIMEOUT, connect=f"- {port}")]
     if first.setup:
         # The setup line is shell by design; the agent's argv then passes through "$@" unchanged.
         agent = ["/bin/sh", "-c", f'{first.setup}\nexec "$0" "$@"', *agent]

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from ..cluster.plan import TaskLaunch
 from ..cluster.spec import SshSettings
 from .base import ExitStatus, FailedStart
-from .hostlink import AGENT_SOURCE, HUB, AgentLink, AgentTask, LogWriter, ProcessCarrier, encode_fields, log_target
+from .hostlink import HUB, AgentLink, AgentTask, LogWriter, ProcessCarrier, encode_fields, log_target, remote_agent_argv
 
 DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_KEEPALIVE_TIMEOUT = 15.0
@@ -71,9 +71,7 @@ def agent_command(first: TaskLaunch, grace: float) -> str:
     spec = agent_spec(grace, ssh.keepalive_timeout or DEFAULT_KEEPALIVE_TIMEOUT)
     # cd may fail (each task's own workdir is checked when it starts): the agent runs regardless.
     parts = [f"cd -- {shlex.quote(first.workdir)} 2>/dev/null"]
-    # -I -S: the agent needs only the standard library; skipping site and the user's paths saves start-up
-    # on every host, and keeps a PYTHONPATH meant for the tasks from shadowing a module the agent uses.
-    agent = f"exec {shlex.quote(first.python)} -I -S -c {shlex.quote(AGENT_SOURCE)} {spec}"
+    agent = "exec " + shlex.join([*remote_agent_argv(first.python), spec])
     parts.append(f"{{ {first.setup}\n}} && {agent}" if first.setup else agent)
     return "; ".join(parts)
 
