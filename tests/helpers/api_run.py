@@ -18,6 +18,9 @@ TASK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "task.py")
 
 
 def main(log_dir, actions):
+    # Python's own handler, as in a script started from a terminal: a harness that started this one
+    # in the background (nohup, "&" in a script) hands it SIGINT ignored instead.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         result, ended = launch(local=2, chief=True, command=[sys.executable, TASK, *actions], log_dir=log_dir), "returned"
     except LaunchInterrupted as interrupted:
