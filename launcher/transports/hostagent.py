@@ -27,13 +27,13 @@ is stopped (SIGTERM, ``eof_grace``, SIGKILL) and the agent exits.
 
 **Frames** (agent to tflaunch) follow the ``SYNC`` mark (what a login shell or a setup line printed
 comes before it), each ``kind (1 byte), id (4), length (4)`` then the payload:
-``A`` hello (host name, pid, Python version), ``H`` heartbeat, ``P`` the ports picked for ``PORTS <id>``
+``H`` heartbeat, ``P`` the ports picked for ``PORTS <id>``
 (space-separated; empty with ``error <reason>`` when they could not be had), ``O`` output of process ``id``,
 ``S`` a status line of process ``id`` (``started <pid>``, ``error <reason>``, ``leftover <pid>
 <name>``, ``exit code=<n>`` or ``exit signal=<n>``, always last), ``D`` a stack dump, ``R``
 resource samples of each task's tree (``id rss_bytes cpu_seconds processes`` per line). Status frames of one process follow its
 output; the writer takes turns between processes, so one that floods its output cannot delay
-another's status, and heartbeats and hellos go first of all. A process's output pipe is not read
+another's status, and heartbeats go first of all. A process's output pipe is not read
 while much of its output waits to be sent, so a slow channel slows that process, never loses bytes.
 
 The agent is a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``): whatever a task starts in a
@@ -768,9 +768,6 @@ def main():
         os._exit(2)
     agent = Agent(spec, read_fd, write_fd)
     agent.outgoing = SYNC
-    hello = "\0".join([node_name(), str(os.getpid()),
-                       "%d.%d.%d" % sys.version_info[:3], sys.executable])
-    agent.control.append(frame(b"A", 0, hello.encode("utf-8", "replace")))
     agent.serve()
     os._exit(0)
 

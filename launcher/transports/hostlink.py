@@ -325,8 +325,6 @@ class AgentLink:
     def _dispatch(self, kind: bytes, ident: int, payload: bytes) -> None:
         if kind == b"H":
             return
-        if kind == b"A":  # the agent's hello: what matters is that frames now come, which last_heard notes
-            return
         if kind == b"P":
             waiting = self._ports.pop(ident, None)
             if waiting is not None:
@@ -614,9 +612,8 @@ class LinkHub:
 
     def retire(self, link: AgentLink) -> None:
         """``link`` is closed: its descriptors are closed by this hub's thread, before its next poll."""
+        self.remove(link)
         with self._lock:
-            if link in self._links:
-                self._links.remove(link)
             self._retired.append(link)
         self.wake()
 
