@@ -68,9 +68,12 @@ def run_by_hand(work: Path, planned: list[_bench.PlannedTask], rep: int) -> dict
     cluster = {"worker": [f"localhost:{p}" for p in ports]}
     run_dir = work / f"hand-{rep}"
     run_dir.mkdir()
+    planned_dir = planned[0].env.get("TFLAUNCH_RUN_DIR", str(work / "logs" / "<run-id>"))
     envs = []
     for index, task in enumerate(planned):
-        env = {**os.environ, **task.env}
+        # --dry-run names the run folder '<run-id>' (no folder exists yet): point every such value,
+        # TFLAUNCH_TENSORBOARD_DIR among them, at this side's own folder, as a real run would.
+        env = {**os.environ, **{k: v.replace(planned_dir, str(run_dir)) for k, v in task.env.items()}}
         env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}},
                                       separators=(",", ":"))
         env["TFLAUNCH_RUN_ID"] = run_dir.name
