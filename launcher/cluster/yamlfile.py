@@ -36,6 +36,13 @@ class ClusterLoader(_SafeLoader):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen = set()
         for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                # A complex key ('? [a, b]'): a list or mapping cannot be a dict key, and no key of a
+                # cluster file is one; refused here, where the line of the key is known.
+                kind = "list" if isinstance(key_node, yaml.SequenceNode) else "mapping"
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"a {kind} used as a key; expected a plain key such as 'worker'",
+                    key_node.start_mark)
             key = self.construct_object(key_node, deep=deep)
             if isinstance(key, (str, int, float)) and key in seen:
                 raise DuplicateKey(str(key), key_node.start_mark.line + 1)

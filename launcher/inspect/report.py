@@ -7,6 +7,7 @@ curves, and its absence costs the plot alone.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
@@ -47,18 +48,25 @@ def _cell(value: Any) -> str:
 
 
 def num(value: float | None, digits: int) -> str:
-    """A figure with ``digits`` decimals, or "-" when it was not reported."""
-    return "-" if value is None else f"{value:.{digits}f}"
+    """A figure with ``digits`` decimals, or "-" when it was not reported (anything else a task
+    reported shows as it is: a figure of the wrong type is the task's to fix, not a reason to fail)."""
+    if not _is_number(value):
+        return "-" if value is None else str(value)
+    return f"{value:.{digits}f}"
 
 
 def duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
+    if not _is_number(seconds) or not math.isfinite(seconds):
+        return "-" if seconds is None else str(seconds)
     if seconds < 60:
         return f"{seconds:.1f} s"
     if seconds < 3600:
         return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
     return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def clock_time(iso: str | None) -> str:
@@ -90,8 +98,9 @@ def _mean(values: list[float]) -> float | None:
 def runs_lines(summaries: list[RunSummary]) -> list[str]:
     rows = [[s.run_id, clock_time(s.started_at), s.source, s.tasks, s.attempts, status_text(s.status, s.exit_code),
              duration(s.duration_seconds), s.test_accuracy] for s in summaries]
-    return table(["RUN", "STARTED", "CLUSTER", "TASKS", "ATTEMPTS", "STATUS", "DURATION", "TEST ACC"], rows,
-                 "lllrrlrr")
+    lines = table(["RUN", "STARTED", "CLUSTER", "TASKS", "ATTEMPTS", "STATUS", "DURATION", "TEST ACC"], rows,
+                  "lllrrlrr")
+    return lines + [s.problem for s in summaries if s.problem]
 
 
 # -- tflaunch status --------------------------------------------------------------------------

@@ -6,7 +6,9 @@ of it, or ``latest``. Everything here reads files (and, for a live run on this m
 processes); nothing changes a run.
 
 A run whose record still says ``running`` while its launcher process is gone from this host
-(SIGKILL, a crash, a reboot) has the status ``launcher-lost``.
+(SIGKILL, a crash, a reboot) has the status ``launcher-lost``. A run whose ``run.json`` is not a run
+record (damaged, or a value of the wrong type) is listed with the status ``unreadable`` and what is
+wrong with the file; naming it in ``status``, ``logs``, ``report`` or ``compare`` is a one-line error.
 """
 
 from __future__ import annotations
@@ -38,10 +40,14 @@ class NoMetricsError(LaunchError):
 
 @dataclass
 class Run:
-    """One run folder and its record, as read now."""
+    """One run folder and its record, as read now.
+
+    ``problem`` says why run.json could not be read (naming the file); ``record`` is then a stand-in
+    with the status ``unreadable`` and nothing else."""
 
     path: Path
     record: RunRecord
+    problem: str | None = None
 
     @property
     def run_id(self) -> str:
@@ -130,37 +136,63 @@ def pid_alive(pid: int, not_after: float | None = None) -> bool:
 
 
 def load_run(path: Path) -> Run:
+    """The run in ``path``; RunNotFoundError (one line naming the file) when its record cannot be read."""
+    run = read_run(path)
+    if run.problem:
+        raise RunNotFoundError(run.problem)
+    return run
+
+
+def read_run(path: Path) -> Run:
+    """The run in ``path``, or a stand-in whose ``problem`` names the file and what is wrong with it."""
     folder = RunFolder(path)
     try:
-        record = folder.read_record()
+        return Run(path, folder.read_record())
     except FileNotFoundError:
-        raise RunNotFoundError(f"{path}: no {RECORD}; not a tflaunch run folder") from None
-    except (ValueError, TypeError) as exc:
-        raise RunNotFoundError(f"{folder.record_path}: not a run record ({exc})") from None
+        problem = f"{path}: no {RECORD}; not a tflaunch run folder"
+    except UnicodeDecodeError:
+        problem = f"{folder.record_path}: not a run record (not UTF-8 text)"
+    except ValueError as exc:
+        problem = f"{folder.record_path}: not a run record ({exc})"
+    except RecursionError:  # json.loads of a deeply nested file
+        problem = f"{folder.record_path}: not a run record (nested too deeply)"
     except OSError as exc:
-        raise RunNotFoundError(f"{folder.record_path}: cannot read it ({exc.strerror or exc})") from None
-    return Run(path, record)
+        problem = f"{folder.record_path}: cannot read it ({exc.strerror or exc})"
+    return Run(path, RunRecord(run_id=Path(path).name, source="?", status=RunStatus.UNREADABLE), problem)
 
 
 def find_runs(log_dir: Path | str) -> list[Run]:
-    """Every run in ``log_dir``, newest first. A missing directory is an error; an empty one is not."""
+    """Every run in ``log_dir``, newest first, unreadable ones among them (a damaged run.json is no
+    reason to hide the others). A missing directory is an error; an empty one is not."""
     log_dir = Path(log_dir)
     if not log_dir.is_dir():
         raise RunNotFoundError(f"log directory {_shown(log_dir)} does not exist (choose another with --log-dir DIR)")
     runs = []
     for path in log_dir.iterdir():
         if path.is_dir() and RunFolder(path).record_path.is_file():
-            try:
-                runs.append(load_run(path))
-            except RunNotFoundError:
-                continue  # a damaged folder is no reason to hide the others
+            runs.append(read_run(path))
         elif path.is_dir() and (path / SLURM_RECORD).is_file() and (pending := pending_record(path)):
             runs.append(Run(path, pending))  # submitted to Slurm; its run has not started yet
-    return sorted(runs, key=lambda r: (r.started or 0.0, r.run_id), reverse=True)
+    return sorted(runs, key=lambda r: (r.started or _id_time(r.run_id), r.run_id), reverse=True)
+
+
+def _id_time(run_id: str) -> float:
+    """When a run started, as its id says (ids begin with the local time), for runs that cannot say."""
+    try:
+        return time.mktime(time.strptime(run_id[:15], "%Y%m%d-%H%M%S"))
+    except ValueError:
+        return 0.0
 
 
 def resolve_run(log_dir: Path | str, ref: str | None = None) -> Run:
     """The run ``ref`` names: a full id, a unique prefix, or ``latest`` (the default)."""
+    run = _resolve(log_dir, ref)
+    if run.problem:
+        raise RunNotFoundError(run.problem)
+    return run
+
+
+def _resolve(log_dir: Path | str, ref: str | None) -> Run:
     runs = find_runs(log_dir)
     if not runs:
         raise RunNotFoundError(f"no runs in {_shown(log_dir)} yet (start one with 'tflaunch --local 2')")
@@ -199,9 +231,12 @@ class RunSummary:
     exit_code: int | None
     duration_seconds: float | None
     test_accuracy: float | None
+    problem: str | None = None  # why run.json cannot be read (the status is then "unreadable")
 
 
 def summarize(run: Run, now: float | None = None) -> RunSummary:
+    if run.problem:
+        return RunSummary(run.run_id, None, "?", 0, 0, run.status.value, None, None, None, run.problem)
     status = run.status
     duration = run.record.duration_seconds
     if status is RunStatus.RUNNING and run.started is not None:

@@ -145,7 +145,9 @@ class RunFolder:
             tasks = json.loads((self.path / RESOURCES).read_text()).get("tasks")
         except (OSError, ValueError, AttributeError):
             return {}
-        return tasks if isinstance(tasks, dict) else {}
+        if not isinstance(tasks, dict):
+            return {}
+        return {name: figures for name, figures in tasks.items() if isinstance(figures, dict)}
 
     def write_record(self, record: "RunRecord", final: bool = False) -> None:
         """Replace run.json with the run's typed record (see :mod:`launcher.records.record`), atomically.

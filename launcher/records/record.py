@@ -2,7 +2,9 @@
 
 A run writes its :class:`RunRecord` when it starts, whenever a task changes state, and once more
 when it ends (on every path: normal end, failure, signal, environment error). ``runs``,
-``status``, ``logs``, ``report`` and ``compare`` read it back through :func:`RunRecord.from_json`.
+``status``, ``logs``, ``report`` and ``compare`` read it back through :func:`RunRecord.from_json`,
+which checks every value against its field's type: a file that is JSON but holds, say, a string
+where a number belongs raises :class:`RecordError` naming the key path (``tasks[1].exit_code``).
 
 ``format_version`` 2 is written now. Version 1 files (no ``format_version``; written before the
 record was typed) read the same way: every field they lack takes its default, and the attempt
@@ -12,7 +14,10 @@ number that version 1 only kept in each task's environment is recovered from the
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field, fields, is_dataclass
+import math
+import types
+import typing
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any, Mapping
 
 from .states import Outcome, RunStatus, TaskState
@@ -20,10 +25,92 @@ from .states import Outcome, RunStatus, TaskState
 FORMAT_VERSION = 2
 
 
-def _known(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
-    """The entries of ``data`` that are fields of ``cls`` (newer or older files may have others)."""
-    names = {f.name for f in fields(cls)}
-    return {k: v for k, v in data.items() if k in names}
+class RecordError(ValueError):
+    """run.json is JSON but not a run record: the key path of the first bad value, and what it is."""
+
+
+def _read(cls: type, data: Any, key: str, defaults: Mapping[str, Any] | None = None) -> Any:
+    """An instance of the record dataclass ``cls`` from ``data``, every value checked against its field's type.
+
+    Keys ``cls`` does not have are left out (a newer or older file may have others); fields ``data``
+    lacks take ``defaults``, else the field's own default. RecordError names the first bad value.
+    """
+    if not isinstance(data, Mapping):
+        raise RecordError(f"{key or 'run.json'}: expected an object, got {_shown(data)}")
+    values = dict(defaults or {})
+    for name, hint in _hints(cls).items():
+        if name in data:
+            values[name] = _value(data[name], hint, f"{key}.{name}" if key else name)
+    missing = [f.name for f in fields(cls) if f.name not in values and f.default is MISSING
+               and f.default_factory is MISSING]
+    if missing:
+        raise RecordError(f"{key}.{missing[0]}: missing" if key else f"{missing[0]}: missing")
+    record = cls(**values)
+    if getattr(record, "pid", None) is not None and not 0 < record.pid < 2**31:
+        raise RecordError(f"{key}.pid: expected a process id, got {record.pid}")  # status asks the system about it
+    return record
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    """The resolved field types of a record dataclass (its annotations are strings in this module)."""
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls)
+    return _HINTS[cls]
+
+
+def _value(value: Any, hint: Any, key: str) -> Any:
+    """``value`` when it has the type ``hint`` says (enums parsed, nested records read); else RecordError."""
+    args = typing.get_args(hint)
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:  # "X | None" only
+        if value is None:
+            return None
+        hint = next(a for a in args if a is not type(None))
+        args = typing.get_args(hint)
+    origin = typing.get_origin(hint)
+    if hint is Any:
+        return value
+    if is_dataclass(hint):
+        return hint.from_json(value, key)
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        if value is not None and not isinstance(value, str):  # an unknown word reads as failed, a number does not
+            raise RecordError(f"{key}: expected a word such as 'failed', got {_shown(value)}")
+        return hint.parse(value)
+    if origin is list:
+        if not isinstance(value, list):
+            raise RecordError(f"{key}: expected a list, got {_shown(value)}")
+        return [_value(item, args[0], f"{key}[{i}]") for i, item in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise RecordError(f"{key}: expected an object, got {_shown(value)}")
+        return {name: _value(item, args[1], f"{key}.{name}") for name, item in value.items()}
+    if not _SCALARS[hint](value):
+        raise RecordError(f"{key}: expected {_SCALAR_WORDS[hint]}, got {_shown(value)}")
+    return value
+
+
+# bool is an int to Python and NaN a float to json.loads; neither is what these fields hold.
+_SCALARS = {
+    str: lambda v: isinstance(v, str),
+    bool: lambda v: isinstance(v, bool),
+    int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+    float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
+}
+_SCALAR_WORDS = {str: "a string", bool: "true or false", int: "an integer", float: "a finite number"}
+
+
+def _shown(value: Any) -> str:
+    """A bad value in a one-line message: its JSON kind for containers, else its short repr."""
+    if isinstance(value, Mapping):
+        return "an object"
+    if isinstance(value, list):
+        return "a list"
+    if value is None:
+        return "null"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 @dataclass
@@ -52,9 +139,8 @@ class TaskRecord:
     leftovers: list[str] = field(default_factory=list)  # processes it left behind that had to be stopped
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "TaskRecord":
-        record = cls(**_known(cls, {"role": "?", "index": 0, "host": "?", **data}))
-        record.state = TaskState.parse(data.get("state", "pending"))
+    def from_json(cls, data: Any, key: str = "task") -> "TaskRecord":
+        record = _read(cls, data, key, {"role": "?", "index": 0, "host": "?"})
         if "attempt" not in data:  # format 1 kept it in the environment only
             try:
                 record.attempt = int(record.env.get("TFLAUNCH_ATTEMPT", 1))
@@ -76,10 +162,8 @@ class AttemptRecord:
     diagnosis: str | None = None  # the rule name of the matching diagnosis
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "AttemptRecord":
-        record = cls(**_known(cls, {"attempt": 0, **data}))
-        record.outcome = Outcome.parse(data.get("outcome"))
-        return record
+    def from_json(cls, data: Any, key: str = "attempt") -> "AttemptRecord":
+        return _read(cls, data, key, {"attempt": 0})
 
 
 @dataclass
@@ -93,8 +177,8 @@ class RootCause:
     diagnosis: dict[str, Any] | None = None
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "RootCause":
-        return cls(**_known(cls, {"task": "?", "host": "?", **data}))
+    def from_json(cls, data: Any, key: str = "root_cause") -> "RootCause":
+        return _read(cls, data, key, {"task": "?", "host": "?"})
 
 
 @dataclass
@@ -105,8 +189,8 @@ class LauncherRecord:
     argv: list[str] = field(default_factory=list)
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any] | None) -> "LauncherRecord":
-        return cls(**_known(cls, data or {}))
+    def from_json(cls, data: Any, key: str = "launcher") -> "LauncherRecord":
+        return _read(cls, data, key)
 
 
 @dataclass
@@ -136,25 +220,11 @@ class RunRecord:
         return _plain(self)
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "RunRecord":
-        if not isinstance(data, Mapping):
-            raise ValueError("expected a JSON object")
-        values = _known(cls, data)
-        values.setdefault("run_id", "?")
-        values.setdefault("source", "?")
-        values["format_version"] = int(data.get("format_version", 1))
-        values["status"] = RunStatus.parse(data.get("status"))
-        values["launcher"] = LauncherRecord.from_json(data.get("launcher"))
-        values["tasks"] = [TaskRecord.from_json(t) for t in data.get("tasks") or [] if isinstance(t, Mapping)]
-        values["attempts"] = [AttemptRecord.from_json(a) for a in data.get("attempts") or [] if isinstance(a, Mapping)]
-        root = data.get("root_cause")
-        values["root_cause"] = RootCause.from_json(root) if isinstance(root, Mapping) else None
-        if not isinstance(values.get("cluster"), Mapping):
-            values.pop("cluster", None)
-        for name in ("notes",):
-            if not isinstance(values.get(name), list):
-                values.pop(name, None)
-        return cls(**values)
+    def from_json(cls, data: Any) -> "RunRecord":
+        """The record run.json holds; RecordError (a ValueError) names the first value of the wrong type."""
+        # Format 1 had no format_version, and a record without a status did not succeed.
+        return _read(cls, data, "", {"run_id": "?", "source": "?", "format_version": 1,
+                                     "status": RunStatus.parse(None)})
 
     @property
     def attempt(self) -> int:

@@ -35,18 +35,22 @@ class _Word(str, enum.Enum):
 
 
 class RunStatus(_Word):
-    """A run's status. ``LAUNCHER_LOST`` is never written: readers infer it (see ``RunRecord.status_now``)."""
+    """A run's status. ``LAUNCHER_LOST`` and ``UNREADABLE`` are never written: readers infer them
+    (see ``Run.status`` in :mod:`launcher.inspect.runs`)."""
 
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     STOPPED = "stopped"
     LAUNCHER_LOST = "launcher-lost"  # run.json says running, but its launcher is gone
+    UNREADABLE = "unreadable"  # run.json is not a run record (damaged, or edited by hand)
 
     @classmethod
     def parse(cls, value: Any) -> "RunStatus":
         if value == "died":  # how earlier readers spelled a lost launcher
             return cls.LAUNCHER_LOST
+        if value == cls.UNREADABLE.value:  # a file that says so is readable; it did not succeed
+            return cls.FAILED
         return super().parse(value)
 
     @property

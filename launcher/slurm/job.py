@@ -47,10 +47,12 @@ WARNING_SIGNAL = signal.SIGUSR1
 
 
 def read_slurm_record(folder: Path) -> dict:
+    """slurm.json's object; empty when it is missing or holds anything else (a damaged file hides no run)."""
     try:
-        return json.loads((Path(folder) / SLURM_RECORD).read_text())
-    except (OSError, ValueError):
+        record = json.loads((Path(folder) / SLURM_RECORD).read_text())
+    except (OSError, ValueError, RecursionError):
         return {}
+    return record if isinstance(record, dict) else {}
 
 
 def write_slurm_record(folder: Path, record: Mapping) -> None:
@@ -144,10 +146,11 @@ def pending_record(folder: Path) -> RunRecord | None:
     from ..records.record import RunRecord, RunStatus
 
     slurm = read_slurm_record(folder)
-    if not slurm.get("job_id"):
+    job_id, submitted = slurm.get("job_id"), slurm.get("submitted_at")
+    if not isinstance(job_id, (str, int)) or isinstance(job_id, bool) or not str(job_id):
         return None
-    return RunRecord(run_id=Path(folder).name, source=f"submit (job {slurm['job_id']})", status=RunStatus.RUNNING,
-                     started_at=slurm.get("submitted_at"))
+    return RunRecord(run_id=Path(folder).name, source=f"submit (job {job_id})", status=RunStatus.RUNNING,
+                     started_at=submitted if isinstance(submitted, str) else None)
 
 
 def job_status(folder: Path, recorded: str) -> str | None:

@@ -20,6 +20,7 @@ Every key has a command-line twin on ``tflaunch submit``; the command line wins:
 from __future__ import annotations
 
 import shlex
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,9 @@ from ..cluster.fields import FieldReader, show
 SLURM_KEYS = ("nodes", "ntasks_per_node", "chief", "ps", "evaluator", "partition", "time", "gpus_per_task", "account",
               "sbatch_options", "requeue", "warning_seconds")
 DEFAULT_WARNING_SECONDS = 120
+# The settings written as text into job.sbatch, each with its option on 'tflaunch submit'.
+SCRIPT_TEXT_OPTIONS = {"partition": "--partition", "time": "--time", "account": "--account",
+                       "sbatch_options": "--sbatch-option"}
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,23 @@ class SlurmSettings:
     sbatch_options: tuple[str, ...] = ()  # extra sbatch arguments, e.g. ("--qos=high",)
     requeue: bool = False  # warn with USR1 before the end, save, and requeue the job
     warning_seconds: int = DEFAULT_WARNING_SECONDS
+
+
+def has_control_character(text: str) -> bool:
+    """Whether ``text`` holds a newline, tab, escape or other control character.
+
+    Each such value lands on one ``#SBATCH`` line of job.sbatch; a newline would end that line and
+    start another one, i.e. add a directive or a shell command nobody wrote on purpose.
+    """
+    return any(unicodedata.category(c) == "Cc" for c in text)
+
+
+def script_text_problem(value: Any) -> str | None:
+    """Why a setting cannot be written into job.sbatch (None: it can), naming the bad value."""
+    for text in (value if isinstance(value, (list, tuple)) else [value]):
+        if isinstance(text, str) and has_control_character(text):
+            return f"expected text without control characters (it is written into job.sbatch), got {show(text)}"
+    return None
 
 
 def read_slurm_section(source: str, value: Mapping[str, Any] | None) -> SlurmSettings:
@@ -77,6 +98,10 @@ def read_slurm_section(source: str, value: Mapping[str, Any] | None) -> SlurmSet
     time = mapping.get("time")
     if time is not None and not isinstance(time, (str, int)) or isinstance(time, bool):
         raise reader.fail("slurm.time", f"expected a Slurm time such as '1:00:00' or minutes, got {show(time)}")
+    for name in SCRIPT_TEXT_OPTIONS:
+        problem = script_text_problem(options if name == "sbatch_options" else mapping.get(name))
+        if problem:
+            raise reader.fail(f"slurm.{name}", problem)
     return SlurmSettings(
         nodes=positive("nodes"),
         ntasks_per_node=positive("ntasks_per_node"),

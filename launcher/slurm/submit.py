@@ -23,7 +23,7 @@ from .allocation import Allocation, carve_roles
 from .commands import SlurmError, is_user_mistake, last_line
 from .job import write_slurm_record
 from .script import JobRequest, render_script
-from .section import SlurmSettings, read_slurm_section
+from .section import SCRIPT_TEXT_OPTIONS, SlurmSettings, read_slurm_section, script_text_problem
 
 SCRIPT_NAME = "job.sbatch"
 
@@ -59,6 +59,10 @@ def job_request(options: SubmitOptions, run_dir: str) -> tuple[JobRequest, str]:
         settings = read_slurm_section(options.cluster_file, spec.slurm)
         log_dir = log_dir or spec.log_dir
     given = {k: v for k, v in (options.overrides or {}).items() if v not in (None, (), False)}
+    for name, option in SCRIPT_TEXT_OPTIONS.items():
+        problem = script_text_problem(given.get(name))
+        if problem:
+            raise ConfigError("submit", option, problem)
     settings = replace(settings, **given)
     source = options.cluster_file or "submit"
     if settings.nodes is None:
@@ -68,7 +72,14 @@ def job_request(options: SubmitOptions, run_dir: str) -> tuple[JobRequest, str]:
     planned = Allocation("(to be submitted)", tuple(f"node{i}" for i in range(settings.nodes)),
                          (settings.ntasks_per_node or 1,) * settings.nodes, nodelist=f"{settings.nodes} nodes")
     carve_roles(planned, chief=settings.chief, ps=settings.ps, evaluator=settings.evaluator, source=source)
-    request = JobRequest(run_dir=run_dir, workdir=os.getcwd(), python=sys.executable, settings=settings,
+    workdir = os.getcwd()
+    log_dir_key = ("submit", "--log-dir") if options.log_dir else (source, "log_dir")
+    for where, what, path in (("submit", "the working directory", workdir), (*log_dir_key, log_dir),
+                              ("submit", "the run folder", run_dir)):
+        problem = script_text_problem(path)
+        if problem:
+            raise ConfigError(where, what, problem)
+    request = JobRequest(run_dir=run_dir, workdir=workdir, python=sys.executable, settings=settings,
                          cluster_file=cluster_file, command=options.command, run_options=options.run_options,
                          submitted_argv=options.argv)
     return request, log_dir or DEFAULT_LOG_DIR
