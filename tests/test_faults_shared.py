@@ -9,6 +9,8 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -282,3 +284,49 @@ def test_a_damaged_slurm_json_of_a_pending_job_hides_no_other_run(tmp_path, text
     listed = tflaunch("runs", "--log-dir", str(logs), cwd=tmp_path)
     assert listed.returncode == 0 and "succeeded" in listed.stdout, listed.stderr
     assert "Traceback" not in listed.stderr
+
+
+# -- 4. run.json reaches the disk before it replaces the last copy ----------------------------
+
+
+def syscalls(trace: Path) -> list[tuple[str, str, str]]:
+    """(call, path, second path) of each openat/fsync/rename in an ``strace -f -y`` trace, in order."""
+    events = []
+    for line in trace.read_text().splitlines():
+        if "resumed>" in line:
+            continue  # the second half of a call already counted when it began
+        if m := re.search(r'\bopenat\(\S+, "([^"]+)"', line):
+            events.append(("open", os.path.abspath(m.group(1)), ""))
+        elif m := re.search(r"\bfsync\(\d+<([^>]+)>", line):
+            events.append(("fsync", m.group(1), ""))
+        elif m := re.search(r'\brename\("([^"]+)", "([^"]+)"', line):
+            events.append(("rename", os.path.abspath(m.group(1)), os.path.abspath(m.group(2))))
+    return events
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed (apt-get install strace)")
+def test_each_run_json_copy_is_fsynced_before_its_rename_and_the_folder_at_milestones(tmp_path):
+    trace = tmp_path / "trace"
+    # worker-1 ends well before worker-0: its end is a milestone between the tasks starting and the end.
+    done = subprocess.run(["strace", "-f", "-qq", "-y", "-e", "trace=openat,fsync,rename", "-o", str(trace),
+                           sys.executable, "-m", "launcher", "--local", "2", "--log-dir", str(tmp_path / "logs"),
+                           "--", sys.executable, TASK, "sleep:1.5", "exit-if:worker-1:0", "sleep:2.5"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    (run_dir,) = (tmp_path / "logs").iterdir()
+    record, synced, renames, folder_syncs, after_rename = str(run_dir / "run.json"), {}, 0, [], False
+    for call, path, target in syscalls(trace):
+        if call == "open" and ".run.json." in path:
+            synced[path] = False
+        elif call == "fsync" and path in synced:
+            synced[path] = True
+        elif call == "rename" and target == record:
+            assert synced.get(path), f"{path} renamed over run.json before it was fsynced"
+            renames, after_rename = renames + 1, True
+        elif call == "fsync" and path == str(run_dir):
+            folder_syncs.append(after_rename)
+            after_rename = False
+    # The first record, worker-1's end and the final record; the tasks starting are not a milestone.
+    assert renames >= 4 and 3 <= len(folder_syncs) < renames and all(folder_syncs), (renames, folder_syncs)
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "succeeded"
