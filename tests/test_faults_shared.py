@@ -330,3 +330,38 @@ def test_each_run_json_copy_is_fsynced_before_its_rename_and_the_folder_at_miles
     # The first record, worker-1's end and the final record; the tasks starting are not a milestone.
     assert renames >= 4 and 3 <= len(folder_syncs) < renames and all(folder_syncs), (renames, folder_syncs)
     assert json.loads((run_dir / "run.json").read_text())["status"] == "succeeded"
+
+
+# -- 5. run ids drawn in the same second ------------------------------------------------------
+
+
+def test_thousands_of_runs_created_in_one_second_each_get_their_own_folder(tmp_path):
+    import threading
+    import time
+
+    # 16 threads x 150 folders in one second: with 65,536 ids a second, about 40 draws collide.
+    threads, each, made, errors = 16, 150, [], []
+    barrier = threading.Barrier(threads)
+
+    def create() -> None:
+        barrier.wait()
+        for _ in range(each):
+            try:
+                made.append(RunFolder.create(tmp_path / "logs", "test").path.name)
+            except ConfigError as exc:
+                errors.append(str(exc))
+
+    time.sleep(1 - time.time() % 1)  # start at the top of a second, so that most draws share it
+    workers = [threading.Thread(target=create) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert errors == []
+    assert len(made) == len(set(made)) == threads * each == len(list((tmp_path / "logs").iterdir()))
+
+
+def test_a_log_dir_that_is_a_dangling_link_is_still_one_line(tmp_path):
+    (tmp_path / "logs").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(ConfigError, match=r"cannot create a run folder in .*: File exists$"):
+        RunFolder.create(tmp_path / "logs", "test")

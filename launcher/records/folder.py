@@ -35,6 +35,7 @@ RECORD = "run.json"
 MERGED = "merged.log"
 METRICS = "metrics.jsonl"
 RESOURCES = "resources.json"
+RUN_ID_DRAWS = 1000  # new ids a run draws when the one it drew is taken (a second holds 65,536)
 
 
 def iso_time(when: float) -> str:
@@ -97,14 +98,21 @@ class RunFolder:
         else the default) and the system's reason, when the folder cannot be made.
         """
         base = Path(log_dir or DEFAULT_LOG_DIR)
-        path = base / new_run_id()
-        try:
-            path.mkdir(parents=True, exist_ok=False)
-        except OSError as exc:
-            where = option if log_dir else "the default log directory"
-            raise ConfigError(source, "log_dir", f"cannot create a run folder in {str(base)!r} ({where}): "
-                                                 f"{exc.strerror or exc}") from None
-        return cls(path)
+        # The folder is made with an exclusive mkdir: a run started in the same second that drew
+        # the same id got there first, and this one draws another (16 bits each: rare, not never).
+        for _ in range(RUN_ID_DRAWS):
+            path = base / new_run_id()
+            try:
+                path.mkdir(parents=True, exist_ok=False)
+                return cls(path)
+            except OSError as exc:
+                if isinstance(exc, FileExistsError) and os.path.lexists(path):
+                    continue
+                where = option if log_dir else "the default log directory"
+                raise ConfigError(source, "log_dir", f"cannot create a run folder in {str(base)!r} ({where}): "
+                                                     f"{exc.strerror or exc}") from None
+        raise ConfigError(source, "log_dir", f"cannot create a run folder in {str(base)!r}: {RUN_ID_DRAWS} run ids "
+                                             f"drawn in a row were taken")
 
     def discard_if_empty(self) -> None:
         """Remove the folder when nothing was written into it (a run refused before it started)."""
