@@ -365,3 +365,39 @@ def test_a_log_dir_that_is_a_dangling_link_is_still_one_line(tmp_path):
     (tmp_path / "logs").symlink_to(tmp_path / "nowhere")
     with pytest.raises(ConfigError, match=r"cannot create a run folder in .*: File exists$"):
         RunFolder.create(tmp_path / "logs", "test")
+
+
+# -- 6. only loopback addresses are this machine by their look --------------------------------
+
+
+@pytest.mark.parametrize("host, local", [
+    ("127.0.0.1", True), ("127.0.0.3", True), ("127.255.255.254", True), ("::1", True), ("[::1]", True),
+    ("::ffff:127.0.0.2", True), ("127.foo.example", False), ("127.0.0.1.example", False), ("1270.0.0.1", False),
+    ("127.", False), ("10.0.0.1", False),
+])
+def test_a_name_that_starts_with_127_is_not_this_machine(host, local):
+    from launcher.cluster.spec import is_local
+
+    assert is_local(host, frozenset()) is local
+
+
+def test_a_name_that_starts_with_127_gets_the_exposure_check_of_any_name():
+    from launcher.cluster.exposure import public_addresses
+
+    resolver = {"127.foo.example": ["93.184.216.34"], "127.0.0.2": ["127.0.0.2"]}.get
+    assert public_addresses(["127.foo.example", "127.0.0.2"], resolver=resolver) == {
+        "127.foo.example": ["93.184.216.34"]}
+
+
+def test_a_task_on_a_host_named_127_something_goes_over_ssh_not_here(tmp_path):
+    (tmp_path / "c.yaml").write_text("worker:\n  - host: 127.foo.example\n    port: auto\n"
+                                     "  - host: 127.0.0.2\n    port: auto\n")
+    plan = tflaunch("run", "c.yaml", "--dry-run", "--", "true", cwd=tmp_path)
+    assert plan.returncode == 0, plan.stderr
+    assert "worker-0: host 127.foo.example (ssh)" in plan.stdout
+    assert "worker-1: host 127.0.0.2 (this machine)" in plan.stdout
+    done = tflaunch("run", "c.yaml", "--log-dir", str(tmp_path / "logs"), "--", sys.executable, TASK, "print:RAN",
+                    cwd=tmp_path)
+    assert done.returncode != 0 and "127.foo.example" in done.stderr and "ssh" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    assert not any(p.read_text().count("RAN") for p in tmp_path.glob("logs/*/*.log"))

@@ -14,6 +14,7 @@ import threading
 import time
 from typing import Callable, Iterable
 
+from .machine import is_loopback
 from .spec import ClusterSpec
 
 RESOLVE_TIMEOUT = 2.0  # all names together; a slow resolver must not hold a launch up
@@ -46,7 +47,7 @@ def public_addresses(names: Iterable[str], resolver: Resolver = resolve,
     """The names with at least one globally routable address, with those addresses."""
     import ipaddress
 
-    names = [n for n in names if n not in LOOPBACK_NAMES and not n.startswith("127.")]
+    names = [n for n in names if n not in LOOPBACK_NAMES and not is_loopback(n)]
     found: dict[str, list[str]] = {}
     # Daemon threads, not an executor: a resolver stuck on an unreachable DNS server must not
     # hold up tflaunch's exit either.

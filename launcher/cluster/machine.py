@@ -19,6 +19,21 @@ def local_host_names() -> frozenset[str]:
     return frozenset(names)
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address (127.0.0.0/8, ::1, [::1], ::ffff:127.x.y.z).
+
+    Parsed as an address: ``127.foo.example`` is a name like any other, which DNS may point anywhere.
+    """
+    import ipaddress
+
+    try:
+        address = ipaddress.ip_address(host.strip("[]").split("%", 1)[0])
+    except ValueError:
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)
+    return address.is_loopback or bool(mapped and mapped.is_loopback)
+
+
 def cpu_count() -> int:
     """Cores this process may use (respects affinity masks and cgroups' cpusets)."""
     try:

@@ -144,7 +144,9 @@ class ClusterSpec:
 
 def is_local(host: str, local_hosts: frozenset[str]) -> bool:
     """Whether ``host`` names this machine (any loopback address counts)."""
-    return host in local_hosts or host == "localhost" or host.startswith("127.") or host == "::1"
+    from .machine import is_loopback
+
+    return host in local_hosts or host == "localhost" or is_loopback(host)
 
 
 def restarts_possible(max_restarts: int, restart_policy: Mapping[str, "RestartPolicy"]) -> bool:
