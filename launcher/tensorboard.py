@@ -16,13 +16,18 @@ A server never outlives the tflaunch that started it:
   leave it behind. The kernel means the parent *thread*, which is the thread that runs the launch,
   and that thread always stops the server itself before it returns.
 
-It listens on 127.0.0.1 unless told otherwise: TensorBoard has no authentication.
+It listens on 127.0.0.1 unless told otherwise: TensorBoard has no authentication. It is ready
+when the port's listener is the process tflaunch started and its ``/data/logdir`` answers with the
+folder tflaunch gave it: between the port check and TensorBoard's bind, anyone on the machine may
+take the port, and a URL tflaunch prints must lead to its own server.
 """
 
 from __future__ import annotations
 
 import errno
+import http.client
 import importlib.util
+import json
 import os
 import signal
 import socket
@@ -39,6 +44,7 @@ from .errors import LaunchError
 DEFAULT_HOST = "127.0.0.1"
 FIRST_PORT = 6006  # TensorBoard's own default; the next free one above it otherwise
 PORTS_TRIED = 100
+ANSWER_LIMIT = 64 * 1024  # bytes of /data/logdir read at most: a stranger's endless answer costs no memory
 LOG_NAME = "tensorboard.log"  # in the run folder, for a server started beside a run
 ENV_NAME = "TFLAUNCH_TENSORBOARD_DIR"
 MISSING = "TensorBoard is not installed; install tflaunch's 'tensorboard' extra: pip install -e '.[tensorboard]'"
@@ -148,7 +154,7 @@ class TensorBoard:
         return cls(process, host, port, Path(logdir), log_path)
 
     def wait_ready(self, timeout: float = 120.0, wait: Callable[[float], object] = time.sleep) -> None:
-        """Return once the server accepts connections; TensorBoardError if it exits or takes too long.
+        """Return once this server serves its logdir; TensorBoardError if it exits or takes too long.
 
         ``wait(seconds)`` sleeps between tries; it may return truthy to give up early (a signal).
         """
@@ -158,19 +164,41 @@ class TensorBoard:
             if code is not None:
                 raise TensorBoardError(f"TensorBoard exited with code {code} before serving {self.url}"
                                        f"{self._last_words()}")
-            if self._accepts():
+            if self._serving():
                 return
             if time.monotonic() >= deadline:
                 raise TensorBoardError(f"TensorBoard did not serve {self.url} within {timeout:g} s{self._last_words()}")
             if wait(0.2):
                 raise TensorBoardError("stopped while TensorBoard was starting")
 
-    def _accepts(self) -> bool:
+    def _serving(self) -> bool:
+        """Whether this server, and no other, answers on the port (see the module docstring)."""
+        return self._listening() and self._logdir_answered() == str(self.logdir)
+
+    def _listening(self) -> bool:
+        """Whether the process tflaunch started holds the listening socket of ``port``."""
+        import psutil  # imported here: "tflaunch --help" loads nothing it does not need
+
         try:
-            with socket.create_connection((self.host, self.port), timeout=1.0):
-                return True
-        except OSError:
+            sockets = psutil.Process(self.process.pid).net_connections(kind="inet")
+        except psutil.Error:
             return False
+        return any(s.status == psutil.CONN_LISTEN and s.laddr and s.laddr.port == self.port for s in sockets)
+
+    def _logdir_answered(self) -> str | None:
+        """The logdir the server on the port names at /data/logdir (TensorBoard's own route), or None."""
+        connection = http.client.HTTPConnection(self.host, self.port, timeout=2.0)
+        try:
+            connection.request("GET", "/data/logdir")
+            response = connection.getresponse()
+            body = response.read(ANSWER_LIMIT) if response.status == 200 else b""
+            answer = json.loads(body) if body else None
+        except (OSError, http.client.HTTPException, ValueError):
+            return None
+        finally:
+            connection.close()
+        logdir = answer.get("logdir") if isinstance(answer, dict) else None
+        return logdir if isinstance(logdir, str) else None
 
     def _last_words(self) -> str:
         if self.log_path is None:

@@ -401,3 +401,77 @@ def test_a_task_on_a_host_named_127_something_goes_over_ssh_not_here(tmp_path):
     assert done.returncode != 0 and "127.foo.example" in done.stderr and "ssh" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
     assert not any(p.read_text().count("RAN") for p in tmp_path.glob("logs/*/*.log"))
+
+
+# -- 7. TensorBoard is ready when tflaunch's own server serves its logdir ---------------------
+
+FAKE_TENSORBOARD = """\
+import http.server, json, sys
+class Answer(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"logdir": sys.argv[1]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+server = http.server.HTTPServer(("127.0.0.1", 0), Answer)
+print(server.server_address[1], flush=True)
+server.serve_forever()
+"""
+SYSTEM_PYTHON = "/usr/bin/python3"  # runs as nobody (the venv's interpreter lives under /root)
+NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+
+def fake_tensorboard(logdir: str, as_nobody: bool = False) -> tuple[subprocess.Popen, int]:
+    """An HTTP server that answers every GET with ``{"logdir": logdir}``, and its port."""
+    argv = [*NOBODY, SYSTEM_PYTHON] if as_nobody else [sys.executable]
+    proc = subprocess.Popen([*argv, "-c", FAKE_TENSORBOARD, logdir], stdout=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL)
+    return proc, int(proc.stdout.readline())
+
+
+def stopped(*procs: subprocess.Popen) -> None:
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.skipif(not (Path(SYSTEM_PYTHON).exists() and shutil.which("setpriv") and os.geteuid() == 0),
+                    reason="needs root, setpriv and /usr/bin/python3 for a second user")
+def test_a_strangers_server_on_the_port_is_not_tflaunchs_tensorboard(tmp_path):
+    from launcher.tensorboard import TensorBoard, TensorBoardError
+
+    logdir = tmp_path / "tensorboard"
+    # Another user took the port between tflaunch's check and TensorBoard's bind, and even answers
+    # with the right logdir; the process tflaunch started (here one that never listens) is not it.
+    stranger, port = fake_tensorboard(str(logdir), as_nobody=True)
+    ours = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        assert psutil_user(stranger.pid) == "nobody"
+        with pytest.raises(TensorBoardError, match=r"did not serve http://127\.0\.0\.1:\d+/ within 6 s"):
+            TensorBoard(ours, "127.0.0.1", port, logdir, None).wait_ready(timeout=6)
+    finally:
+        stopped(stranger, ours)
+
+
+def test_tensorboard_is_ready_only_when_its_own_process_names_its_logdir(tmp_path):
+    from launcher.tensorboard import TensorBoard, TensorBoardError
+
+    logdir = tmp_path / "tensorboard"
+    other, other_port = fake_tensorboard(str(tmp_path / "elsewhere"))
+    right, right_port = fake_tensorboard(str(logdir))
+    try:
+        with pytest.raises(TensorBoardError, match="did not serve"):
+            TensorBoard(other, "127.0.0.1", other_port, logdir, None).wait_ready(timeout=6)
+        TensorBoard(right, "127.0.0.1", right_port, logdir, None).wait_ready(timeout=60)
+    finally:
+        stopped(other, right)
+
+
+def psutil_user(pid: int) -> str:
+    import psutil
+
+    return psutil.Process(pid).username()
