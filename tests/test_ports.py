@@ -7,11 +7,12 @@ import os
 import socket
 import stat
 from contextlib import closing
+from pathlib import Path
 
 import pytest
 
 from launcher.cluster import ports as ports_module
-from launcher.cluster.ports import PortReservation, port_is_free, reserve_ports
+from launcher.cluster.ports import PortReservation, lock_folders, port_is_free, reserve_ports
 
 
 def listening(family: int = socket.AF_INET, address: str = "127.0.0.1", port: int = 0,
@@ -36,36 +37,53 @@ def ipv6_works() -> bool:
 needs_ipv6 = pytest.mark.skipif(not ipv6_works(), reason="no IPv6 loopback on this machine")
 
 
-def hold(lock_dir, port: int) -> int | None:
-    """Lock ``port`` as another tflaunch would: a descriptor of its own on the shared lock file."""
-    lock_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock_dir / "ports.lock", os.O_RDWR | os.O_CREAT, 0o666)
+def lock_file(folder) -> str:
+    return os.path.join(folder, f"ports-{os.uname().nodename}.lock")
+
+
+def hold(folder, port: int) -> int | None:
+    """Lock ``port`` as another run of this user's would: a descriptor of its own on the lock file."""
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    fd = os.open(lock_file(folder), os.O_RDWR | os.O_CREAT, 0o600)
     if ports_module._lock_byte(fd, port):
         return fd
     os.close(fd)
     return None
 
 
-def lock_is_held(lock_dir, port: int) -> bool:
-    fd = hold(lock_dir, port)
+def lock_is_held(folder, port: int) -> bool:
+    fd = hold(folder, port)
     if fd is None:
         return True
     os.close(fd)
     return False
 
 
+def bound_by_someone(port: int) -> bool:
+    """Whether a plain server socket of this user's (SO_REUSEADDR, as TensorFlow's) cannot bind ``port``."""
+    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("0.0.0.0", port))
+        except OSError as exc:
+            assert exc.errno == errno.EADDRINUSE
+            return True
+    return False
+
+
 def offer(monkeypatch, *candidates: int) -> list[int]:
-    """Make the port picker offer ``candidates`` in order (then pick freely); returns what it offered."""
+    """Make the port picker try ``candidates`` in order (then let the kernel pick); returns what it tried."""
     offered: list[int] = []
     queue = list(candidates)
-    real = ports_module._ephemeral_port
+    real = ports_module._hold
 
-    def pick() -> int:
-        port = queue.pop(0) if queue else real()
-        offered.append(port)
-        return port
+    def pick(port: int = 0):
+        port = queue.pop(0) if queue else 0
+        holder = real(port)
+        offered.append(port or (holder.getsockname()[1] if holder else 0))
+        return holder
 
-    monkeypatch.setattr(ports_module, "_ephemeral_port", pick)
+    monkeypatch.setattr(ports_module, "_hold", pick)
     return offered
 
 
@@ -135,39 +153,149 @@ def test_port_is_free_leaves_the_port_free():
         pass
 
 
+
+def held_the_tflaunch_way(port: int = 0) -> socket.socket:
+    """Bound on every address without SO_REUSEADDR, SO_REUSEPORT set after the bind."""
+    sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    sock.bind(("::", port))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    return sock
+
+
+@needs_ipv6
+def test_a_port_this_user_holds_the_tflaunch_way_is_free_for_its_task():
+    with closing(held_the_tflaunch_way()) as holder:
+        port = holder.getsockname()[1]
+        assert bound_by_someone(port)  # the task could not bind it yet ...
+        assert port_is_free(port) is True  # ... but will once the hold ends, just before it starts
+
+
+@needs_ipv6
+def test_a_listener_beside_a_hold_makes_the_port_busy():
+    with closing(held_the_tflaunch_way()) as holder:
+        port = holder.getsockname()[1]
+        beside = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        beside.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        beside.bind(("127.0.0.1", port))
+        beside.listen()
+        with closing(beside):
+            assert port_is_free(port) is False
+
+
+def test_a_reuseport_socket_bound_before_it_listens_is_busy_when_it_does():
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind(("0.0.0.0", 0))
+    port = sock.getsockname()[1]
+    with closing(sock):
+        assert port_is_free(port) is True  # only bound: the tflaunch way of holding
+        sock.listen()
+        assert port_is_free(port) is False
+
+
 # ---------------------------------------------------------------------------------------------
 # reserve_ports
 
 
-def test_reserve_gives_distinct_free_locked_ports(tmp_path):
+@pytest.fixture
+def folder(tmp_path) -> Path:
+    return tmp_path / "locks"
+
+
+def test_reserve_gives_distinct_free_held_locked_ports(folder):
     names = [f"worker-{i}" for i in range(6)]
-    with reserve_ports(names, lock_dir=tmp_path) as reservation:
+    with reserve_ports(names, folders=[folder]) as reservation:
         assert isinstance(reservation, PortReservation)
         assert list(reservation.ports) == names
         ports = list(reservation.ports.values())
         assert len(set(ports)) == len(ports)
         for port in ports:
             assert 1 <= port <= 65535
-            assert port_is_free(port)
-            assert lock_is_held(tmp_path, port)
+            assert bound_by_someone(port)  # held: no server can bind it yet
+            assert port_is_free(port)  # free for the task it is meant for
+            assert lock_is_held(folder, port)
 
 
-def test_reserve_nothing(tmp_path):
-    with reserve_ports([], lock_dir=tmp_path) as reservation:
+def test_reserve_nothing_makes_no_lock(folder):
+    with reserve_ports([], folders=[folder]) as reservation:
         assert reservation.ports == {}
+    assert not folder.exists()
 
 
-def test_reserve_creates_the_lock_dir(tmp_path):
-    lock_dir = tmp_path / "a" / "b"
-    with reserve_ports(["w"], lock_dir=lock_dir) as reservation:
-        assert (lock_dir / "ports.lock").exists() and lock_is_held(lock_dir, reservation.ports["w"])
+def test_the_lock_folder_and_file_are_the_users_alone_whatever_the_umask(folder):
+    old = os.umask(0)
+    try:
+        reserve_ports(["w"], folders=[folder / "deeper"]).release()
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((folder / "deeper").stat().st_mode) == 0o700
+    info = os.lstat(lock_file(folder / "deeper"))
+    assert stat.S_ISREG(info.st_mode) and stat.S_IMODE(info.st_mode) == 0o600
 
 
-def test_two_held_reservations_never_overlap(tmp_path):
+def test_a_lock_folder_of_the_users_own_left_open_is_closed(folder):
+    folder.mkdir()
+    folder.chmod(0o777)
+    fd = os.open(lock_file(folder), os.O_RDWR | os.O_CREAT, 0o666)
+    os.fchmod(fd, 0o666)
+    os.close(fd)
+    reserve_ports(["w"], folders=[folder]).release()
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(lock_file(folder)).st_mode) == 0o600
+
+
+@pytest.mark.parametrize("kind", ["symlink", "hardlink"])
+def test_a_linked_lock_file_is_replaced_and_what_it_named_is_untouched(folder, tmp_path, kind):
+    target = tmp_path / "precious"
+    target.write_text("keep me\n")
+    target.chmod(0o600)
+    folder.mkdir(mode=0o700)
+    if kind == "symlink":
+        os.symlink(target, lock_file(folder))
+    else:
+        os.link(target, lock_file(folder))
+    with reserve_ports(["w"], folders=[folder]) as reservation:
+        assert lock_is_held(folder, reservation.ports["w"])
+        # The target carries no lock: the lock file is a new file of its own.
+        fd = os.open(target, os.O_RDWR)
+        try:
+            assert ports_module._lock_byte(fd, reservation.ports["w"])
+        finally:
+            os.close(fd)
+    info = os.lstat(lock_file(folder))
+    assert stat.S_ISREG(info.st_mode) and info.st_nlink == 1 and info.st_ino != target.stat().st_ino
+    assert target.read_text() == "keep me\n" and stat.S_IMODE(target.stat().st_mode) == 0o600
+
+
+def test_a_lock_folder_that_is_a_link_is_passed_over(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.symlink_to(elsewhere)
+    with reserve_ports(["w"], folders=[first, second]) as reservation:
+        assert lock_is_held(second, reservation.ports["w"])
+    assert list(elsewhere.iterdir()) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a folder to another user")
+def test_with_no_folder_of_the_users_own_the_error_names_each(tmp_path):
+    theirs, link = tmp_path / "theirs", tmp_path / "link"
+    theirs.mkdir()
+    os.chown(theirs, 65534, 65534)
+    link.symlink_to(tmp_path)
+    with pytest.raises(OSError) as info:
+        reserve_ports(["w"], folders=[theirs, link])
+    assert info.value.strerror == (f"no folder of this user's alone for the port lock: {theirs} belongs to user "
+                                   f"65534; {link} is a link or not a folder")
+    assert list(theirs.iterdir()) == []
+
+
+def test_two_held_reservations_never_overlap(folder):
     held = []
     try:
         for _ in range(4):
-            held.append(reserve_ports([f"t{i}" for i in range(8)], lock_dir=tmp_path))
+            held.append(reserve_ports([f"t{i}" for i in range(8)], folders=[folder]))
         every = [port for reservation in held for port in reservation.ports.values()]
         assert len(every) == len(set(every)) == 32
     finally:
@@ -175,81 +303,88 @@ def test_two_held_reservations_never_overlap(tmp_path):
             reservation.release()
 
 
-def test_a_held_port_is_skipped_even_when_offered_again(tmp_path, monkeypatch):
-    port = free_port()
-    offered = offer(monkeypatch, port, port, port)
-    with reserve_ports(["first"], lock_dir=tmp_path) as first:
-        assert first.ports == {"first": port}
-        with reserve_ports(["second"], lock_dir=tmp_path) as second:
+def test_a_port_another_run_locked_is_skipped_after_its_hold_ends(folder, monkeypatch):
+    with reserve_ports(["first"], folders=[folder]) as first:
+        port = first.ports["first"]
+        first.unhold()  # its task is starting: the port is not bound by anyone for a moment
+        assert not bound_by_someone(port)
+        offered = offer(monkeypatch, port, port)
+        with reserve_ports(["second"], folders=[folder]) as second:
             assert second.ports["second"] != port
-        assert offered[:3] == [port, port, port]
+        assert offered[:2] == [port, port]
 
 
-def test_one_reservation_never_gives_the_same_port_twice(tmp_path, monkeypatch):
+def test_one_reservation_never_gives_the_same_port_twice(folder, monkeypatch):
     port = free_port()
     offer(monkeypatch, port, port, port)
-    with reserve_ports(["a", "b"], lock_dir=tmp_path) as reservation:
+    with reserve_ports(["a", "b"], folders=[folder]) as reservation:
         assert reservation.ports["a"] == port
         assert reservation.ports["b"] != port
 
 
-def test_a_busy_port_is_skipped_and_its_lock_let_go(tmp_path, monkeypatch):
-    with closing(listening()) as busy:
-        busy_port = busy.getsockname()[1]
-        offer(monkeypatch, busy_port)
-        with reserve_ports(["w"], lock_dir=tmp_path) as reservation:
-            assert reservation.ports["w"] != busy_port
-            assert not lock_is_held(tmp_path, busy_port)
+def test_unhold_lets_the_task_bind_and_keeps_the_lock(folder):
+    with reserve_ports(["a"], folders=[folder]) as reservation:
+        port = reservation.ports["a"]
+        reservation.unhold()
+        with closing(listening(address="0.0.0.0", port=port)):  # what the task does
+            assert lock_is_held(folder, port)
+        reservation.unhold()  # twice is harmless
+    assert not lock_is_held(folder, port)
 
 
-def test_released_locks_can_be_reacquired(tmp_path, monkeypatch):
-    reservation = reserve_ports(["a", "b"], lock_dir=tmp_path)
+def test_released_locks_can_be_reacquired(folder, monkeypatch):
+    reservation = reserve_ports(["a", "b"], folders=[folder])
     ports = list(reservation.ports.values())
-    assert all(lock_is_held(tmp_path, port) for port in ports)
+    assert all(lock_is_held(folder, port) for port in ports)
     reservation.release()
-    assert not any(lock_is_held(tmp_path, port) for port in ports)
+    assert not any(lock_is_held(folder, port) or bound_by_someone(port) for port in ports)
     reservation.release()  # twice is harmless
     offer(monkeypatch, *ports)
-    with reserve_ports(["c", "d"], lock_dir=tmp_path) as again:
+    with reserve_ports(["c", "d"], folders=[folder]) as again:
         assert list(again.ports.values()) == ports
 
 
-def test_context_manager_releases(tmp_path):
-    with reserve_ports(["a"], lock_dir=tmp_path) as reservation:
+def test_context_manager_releases(folder):
+    with reserve_ports(["a"], folders=[folder]) as reservation:
         port = reservation.ports["a"]
-        assert lock_is_held(tmp_path, port)
-    assert not lock_is_held(tmp_path, port)
+        assert lock_is_held(folder, port) and bound_by_someone(port)
+    assert not lock_is_held(folder, port) and not bound_by_someone(port)
 
 
-def test_giving_up_names_the_task_and_releases_what_it_held(tmp_path, monkeypatch):
+def test_giving_up_names_the_task_and_releases_what_it_held(folder, monkeypatch):
     taken = free_port()
-    blocker = hold(tmp_path, taken)  # as another tflaunch would
+    blocker = hold(folder, taken)  # as another run of this user's would
     try:
         first = free_port()
         offer(monkeypatch, first, taken, taken, taken)
         with pytest.raises(OSError) as info:
-            reserve_ports(["ok", "stuck"], lock_dir=tmp_path, attempts=3)
+            reserve_ports(["ok", "stuck"], folders=[folder], attempts=3)
         assert info.value.errno == errno.EADDRINUSE
         assert "no free port found for stuck after 3 tries" in str(info.value)
-        assert not lock_is_held(tmp_path, first)
+        assert not lock_is_held(folder, first) and not bound_by_someone(first)
     finally:
         os.close(blocker)
 
 
-def test_a_reservation_of_many_ports_holds_one_descriptor(tmp_path):
+def test_a_reservation_holds_one_lock_descriptor_and_a_socket_per_port_until_unheld(folder):
     before = len(os.listdir("/proc/self/fd"))
-    with reserve_ports([f"t{i}" for i in range(300)], lock_dir=tmp_path) as reservation:
+    with reserve_ports([f"t{i}" for i in range(300)], folders=[folder]) as reservation:
         assert len(set(reservation.ports.values())) == 300
+        assert len(os.listdir("/proc/self/fd")) == before + 301
+        reservation.unhold()
         assert len(os.listdir("/proc/self/fd")) == before + 1
-        assert all(lock_is_held(tmp_path, port) for port in reservation.ports.values())
+        assert all(lock_is_held(folder, port) for port in reservation.ports.values())
     assert len(os.listdir("/proc/self/fd")) == before
 
 
-def test_shared_lock_dir_is_writable_by_everyone(tmp_path):
-    old = os.umask(0o022)
-    try:
-        lock_dir = tmp_path / "tflaunch-ports"
-        reserve_ports(["w"], lock_dir=lock_dir).release()
-    finally:
-        os.umask(old)
-    assert stat.S_IMODE(lock_dir.stat().st_mode) == 0o1777
+def test_the_default_folders_are_the_users_own_in_the_temp_dir_then_the_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(ports_module.tempfile, "tempdir", None)  # gettempdir reads TMPDIR again
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    assert lock_folders() == [tmp_path / "tmp" / f"tflaunch-{os.geteuid()}", tmp_path / "home" / ".cache" / "tflaunch"]
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert lock_folders()[1] == tmp_path / "cache" / "tflaunch"
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative")
+    assert lock_folders()[1] == tmp_path / "home" / ".cache" / "tflaunch"

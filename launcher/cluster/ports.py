@@ -1,11 +1,26 @@
 """Ports on this machine: free ports reserved for ``auto`` tasks, and clash checks.
 
-A port found free with ``bind(0)`` is free only until someone else takes it. Two tflaunch runs
-started at the same moment must not pick the same one, so each picked port is also claimed with
-an exclusive lock on byte ``port`` of one lock file shared by every tflaunch on the machine (an
-open-file-description lock, so one descriptor holds all of a run's ports, and two runs in one
-process exclude each other too); the locks live as long as the run (the kernel drops them when
-tflaunch exits, even on SIGKILL).
+A port found free is free only until someone else takes it, so each port picked for a run is
+held twice:
+
+- by a socket bound to it on every address (one dual-stack IPv6 socket where the machine has
+  IPv6), made without SO_REUSEADDR so that the kernel hands out a port no socket has, and no
+  other user's program can bind it, whatever options it sets. SO_REUSEPORT, set after the bind,
+  lets this user's own probes listen there meanwhile (see :func:`~.probe.port_is_free`).
+  TensorFlow's server does not set it, so the socket is closed just before the run's tasks start
+  (:meth:`PortReservation.unhold`); from then until the task has bound the port (TensorFlow's
+  start-up, some seconds) any program could take it, and the task would fail to start.
+- by an exclusive lock on byte ``port`` of a lock file of the user's own, for the whole run: two
+  tflaunch runs of one user never pick the same port, also while one's task is still starting or
+  restarting on it and the kernel does not know the port is spoken for. It is an
+  open-file-description lock, so one descriptor holds all of a run's ports, two runs in one
+  process exclude each other too, and the kernel drops the locks when tflaunch exits.
+
+The lock file is ``ports-<host>.lock`` in ``$TMPDIR/tflaunch-<uid>``; when another user made
+that folder first, in ``~/.cache/tflaunch`` (``$XDG_CACHE_HOME``). A folder is used only when it
+is this user's and no one else may write it; neither the folder nor the file is followed when it
+is a link, and a file that is not the user's own plain file is replaced. Other users can thus
+neither read, lock, redirect nor corrupt it.
 """
 
 from __future__ import annotations
@@ -14,25 +29,34 @@ import errno
 import fcntl
 import os
 import socket
+import stat
 import struct
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from .probe import port_is_free
 
-__all__ = ["PortReservation", "port_is_free", "reserve_ports"]
-
-LOCK_DIR = Path(tempfile.gettempdir()) / "tflaunch-ports"
+__all__ = ["PortReservation", "lock_folders", "port_is_free", "reserve_ports"]
 
 
 class PortReservation:
-    """Ports held for one run; ``release`` (or process exit) frees them."""
+    """Ports picked for one run, each held by a socket until :meth:`unhold` and locked against the
+    user's other runs until :meth:`release` (or process exit)."""
 
     def __init__(self) -> None:
         self.ports: dict[str, int] = {}
+        self._holders: list[socket.socket] = []
         self._lock_fd: int | None = None
 
+    def unhold(self) -> None:
+        """Let go of the sockets (the tasks bind their ports next); the locks stay."""
+        for holder in self._holders:
+            holder.close()
+        self._holders.clear()
+
     def release(self) -> None:
+        self.unhold()
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # drops every byte lock of this reservation at once
             self._lock_fd = None
@@ -44,43 +68,141 @@ class PortReservation:
         self.release()
 
 
-def reserve_ports(names: list[str], lock_dir: Path = LOCK_DIR, attempts: int = 200) -> PortReservation:
-    """A free, locked port for each task name."""
+def lock_folders() -> list[Path]:
+    """Where this user's port lock may live, in the order tried."""
+    folders = [Path(tempfile.gettempdir()) / f"tflaunch-{os.geteuid()}"]
+    cache = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(cache):  # the XDG rule: a relative path is ignored
+        try:
+            cache = str(Path.home() / ".cache")
+        except (KeyError, RuntimeError):  # no HOME and no password entry
+            return folders
+    return folders + [Path(cache) / "tflaunch"]
+
+
+def reserve_ports(names: list[str], folders: Sequence[Path] | None = None, attempts: int = 200) -> PortReservation:
+    """A free port for each task name, held and locked (see the module docstring).
+
+    OSError when the lock has no folder of the user's own, or when ``attempts`` picks in a row
+    were all ports that another run of the user's has locked."""
     reservation = PortReservation()
     if not names:
         return reservation
-    lock_dir.mkdir(mode=0o1777, parents=True, exist_ok=True)
+    reservation._lock_fd = fd = open_port_lock(lock_folders() if folders is None else folders)
     try:
-        os.chmod(lock_dir, 0o1777)  # shared by every user's tflaunch; mkdir's mode is cut by the umask
-    except PermissionError:
-        pass  # someone else's folder, already set up
-    path = lock_dir / "ports.lock"
-    reservation._lock_fd = fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    try:
-        os.fchmod(fd, 0o666)  # every user's tflaunch locks bytes of the same file
-    except PermissionError:
-        pass
-    taken: set[int] = set()
-    for name in names:
-        for _ in range(attempts):
-            port = _ephemeral_port()
-            if port in taken or not _lock_byte(fd, port):
-                continue  # ours already, or another tflaunch holds it
-            if port_is_free(port):
-                taken.add(port)
-                reservation.ports[name] = port
-                break
-            _unlock_byte(fd, port)
-        else:
-            reservation.release()
-            raise OSError(errno.EADDRINUSE, f"no free port found for {name} after {attempts} tries")
+        for name in names:
+            for _ in range(attempts):
+                holder = _hold()
+                if holder is None:
+                    continue
+                port = holder.getsockname()[1]
+                if _lock_byte(fd, port):
+                    reservation._holders.append(holder)
+                    reservation.ports[name] = port
+                    break
+                holder.close()  # another run of this user's has it: its task may still be starting
+            else:
+                raise OSError(errno.EADDRINUSE, f"no free port found for {name} after {attempts} tries")
+    except BaseException:
+        reservation.release()
+        raise
     return reservation
 
 
-def _ephemeral_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
+def _hold(port: int = 0) -> socket.socket | None:
+    """A socket bound to ``port`` (0: one the kernel picks) on every address; None when taken."""
+    for family, address in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
+        try:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:
+            continue  # no IPv6 on this machine
+        try:
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # IPv4 too
+            sock.bind((address, port))
+        except OSError as exc:
+            sock.close()
+            if exc.errno == errno.EADDRINUSE:
+                return None
+            if family == socket.AF_INET6 and exc.errno == errno.EADDRNOTAVAIL:
+                continue  # IPv6 switched off on this machine
+            raise
+        if hasattr(socket, "SO_REUSEPORT"):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        return sock
+    raise OSError(errno.EAFNOSUPPORT, "no TCP socket can be made on this machine")
+
+
+# -- the lock file -------------------------------------------------------------------------
+
+
+def open_port_lock(folders: Sequence[Path]) -> int:
+    """A read-write descriptor of the lock file in the first folder that is the user's alone.
+
+    OSError naming every folder tried and why it was passed over, when none is."""
+    passed: list[str] = []
+    for folder in folders:
+        try:
+            return _open_in(Path(folder))
+        except _NotPrivate as exc:
+            passed.append(f"{folder} {exc}")
+        except OSError as exc:
+            passed.append(f"{folder}: {exc.strerror or exc}")
+    raise OSError(errno.EACCES, "no folder of this user's alone for the port lock: " + "; ".join(passed))
+
+
+class _NotPrivate(Exception):
+    """A folder someone else could write to, or a link: never used."""
+
+
+def _open_in(folder: Path) -> int:
+    try:
+        folder.mkdir(mode=0o700, parents=True)
+    except FileExistsError:
+        pass
+    try:
+        dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise _NotPrivate("is a link or not a folder") from None
+        raise
+    try:
+        info = os.fstat(dir_fd)
+        if info.st_uid != os.geteuid():
+            raise _NotPrivate(f"belongs to user {info.st_uid}")
+        if stat.S_IMODE(info.st_mode) & 0o077:
+            os.fchmod(dir_fd, 0o700)  # the user's own: from now on no one else can add a file to it
+        name = f"ports-{os.uname().nodename}.lock"  # one per machine: a home folder may be shared by several
+        fd = _open_file(name, dir_fd)
+        if fd is None:
+            # Not the user's own plain file (put there while the folder was open to others): only
+            # its name goes, whatever it points to is not touched.
+            os.unlink(name, dir_fd=dir_fd)
+            fd = _open_file(name, dir_fd)
+            if fd is None:
+                raise _NotPrivate(f"holds a {name} that is not this user's plain file")
+        return fd
+    finally:
+        os.close(dir_fd)
+
+
+def _open_file(name: str, dir_fd: int) -> int | None:
+    """The lock file, made if missing; None when what is there is not the user's own plain file."""
+    try:
+        fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600,
+                     dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+            return None
+        raise
+    info = os.fstat(fd)
+    # One link only: a hard link to another file of the user's is not a lock file.
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() or info.st_nlink != 1:
+        os.close(fd)
+        return None
+    if stat.S_IMODE(info.st_mode) & 0o077:
+        os.fchmod(fd, 0o600)
+    return fd
 
 
 def _flock(kind: int, port: int) -> bytes:
@@ -96,7 +218,3 @@ def _lock_byte(fd: int, port: int) -> bool:
             return False
         raise
     return True
-
-
-def _unlock_byte(fd: int, port: int) -> None:
-    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _flock(fcntl.F_UNLCK, port))

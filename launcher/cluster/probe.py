@@ -17,26 +17,63 @@ import sys
 
 
 def port_is_free(port):
-    """Whether a server could listen on ``port`` on every address of this host now.
+    """Whether a task could listen on ``port`` on every address of this host when it starts.
 
     SO_REUSEADDR ignores connections lingering in TIME_WAIT (as TensorFlow's gRPC server does)
-    while still refusing a port that another socket listens on.
+    while still refusing a port that another socket is bound to or listens on. One kind of socket
+    counts as free: one of this user's that holds the port the way tflaunch and its agents hold
+    the ports they picked (bound with SO_REUSEPORT, nothing listening or connected on the port),
+    because that hold ends just before the task starts.
     """
     for family, address in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
-        try:
-            sock = socket.socket(family, socket.SOCK_STREAM)
-        except OSError:
-            continue  # no IPv6 here
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            sock.bind((address, port))
-        except OSError:
+        free = _can_bind(family, address, port, reuse_port=False)
+        if free is False and _can_bind(family, address, port, reuse_port=True):
+            free = not _in_use(port)
+        if free is False:
             return False
-        finally:
-            sock.close()
     return True
+
+
+def _can_bind(family, address, port, reuse_port):
+    """True or False; None when this host has no such family."""
+    try:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError:
+        return None  # no IPv6 here
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            if not hasattr(socket, "SO_REUSEPORT"):
+                return False
+            # Another user's socket still refuses this bind, as does one of this user's without it.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind((address, port))
+    except OSError:
+        return False
+    finally:
+        sock.close()
+    return True
+
+
+def _in_use(port):
+    """Whether a socket listens or is connected on ``port`` here (Linux's socket tables, which do
+    not list a socket that is only bound); True when the tables cannot be read."""
+    read = False
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(name) as table:
+                rows = table.read().splitlines()[1:]
+        except OSError:
+            continue
+        read = True
+        for row in rows:
+            fields = row.split()
+            # local address "HEX:PORT" and state; 06 is TIME_WAIT, which does not hold a port
+            if len(fields) > 3 and int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] != "06":
+                return True
+    return not read
 
 
 def tensorflow_version():

@@ -96,23 +96,26 @@ def session_options(request: LaunchRequest, spec: ClusterSpec) -> SessionOptions
 
 
 def dry_run(request: LaunchRequest) -> tuple[ClusterSpec, Plan]:
-    """The plan a run would follow; ``auto`` ports on this machine are picked now and released
-    again; those on other hosts are shown as 0, with a note naming who picks them and when."""
+    """The plan a run would follow. No port is picked, held or locked: every ``auto`` port is shown
+    as 0, with a note naming who picks it and when."""
     local_hosts = local_host_names()
     spec = build_spec(request, local_hosts)
-    with _reserve_auto_ports(spec, local_hosts) as reservation:
-        spec = spec.with_ports(reservation.ports)
+    auto = [t for t in spec.tasks if t.port == AUTO]
+    plan = _placeholder_plan(spec.with_ports({t.name: 0 for t in auto}), local_hosts, request)
+    notes = []
+    here = [t.name for t in auto if is_local(t.host, local_hosts)]
+    if here:
+        notes.append(f"port auto: {', '.join(here)} on this machine: tflaunch picks free ports when the run "
+                     "starts and holds them until the tasks start (shown as port 0 here)")
     remote = _remote_auto(spec, local_hosts)
-    plan = _placeholder_plan(spec.with_ports({t.name: 0 for t in remote}), local_hosts, request)
     if remote:
         by_host: dict[str, list[str]] = {}
         for task in remote:
             by_host.setdefault(task.host, []).append(task.name)
         where = "; ".join(f"{', '.join(names)} on {host}" for host, names in by_host.items())
-        note = (f"port auto: {where}: each host's agent picks free ports there when the run starts and holds "
-                "them until its tasks start (shown as port 0 here)")
-        plan = replace(plan, notes=(*plan.notes, note))
-    return spec, plan
+        notes.append(f"port auto: {where}: each host's agent picks free ports there when the run starts and "
+                     "holds them until its tasks start (shown as port 0 here)")
+    return spec, replace(plan, notes=(*plan.notes, *notes))
 
 
 def check(request: LaunchRequest) -> CheckReport:
@@ -125,7 +128,7 @@ def check(request: LaunchRequest) -> CheckReport:
     try:
         with _reserve_auto_ports(spec, local_hosts) as reservation:
             spec = _agent_ports(spec.with_ports(reservation.ports), local_hosts, request, transports)
-            # 'auto' ports on this machine exist only in its port lock: no mesh probe for them.
+            # No mesh probe with 'auto' ports on this machine, as in a run (see check_hosts).
             return check_hosts(_placeholder_plan(spec, local_hosts, request).launches,
                                with_mesh=not reservation.ports, transports=transports)
     finally:
@@ -140,7 +143,7 @@ def _remote_auto(spec: ClusterSpec, local_hosts: frozenset[str]) -> list:
 def _agent_ports(spec: ClusterSpec, local_hosts: frozenset[str], request: LaunchRequest,
                  transports: TransportSet) -> ClusterSpec:
     """The spec with every remote ``auto`` port filled in by that host's agent, which holds the
-    port until the task that uses it starts: no one can take it in between."""
+    port until the task that uses it starts (see :mod:`launcher.transports.hostagent`)."""
     remote = _remote_auto(spec, local_hosts)
     if not remote:
         return spec
@@ -164,7 +167,7 @@ def _agent_ports(spec: ClusterSpec, local_hosts: frozenset[str], request: Launch
 
 
 def _reserve_auto_ports(spec: ClusterSpec, local_hosts: frozenset[str]) -> PortReservation:
-    """Free, locked ports for the tasks on this machine whose port is ``auto``."""
+    """Free ports, held and locked, for the tasks on this machine whose port is ``auto``."""
     try:
         return reserve_ports([t.name for t in spec.tasks if t.port == AUTO and is_local(t.host, local_hosts)])
     except OSError as exc:
@@ -220,8 +223,14 @@ def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS,
                 folder = (folder_for or _new_folder)(spec)
                 if on_folder is not None:
                     on_folder(folder)
-                session = RunSession(spec, session_options(request, spec), folder, console,
-                                     lambda context: _entered(network, plan_for(spec, context, local_hosts, request)),
+
+                def plan_attempt(context: RunContext) -> Plan:
+                    # The first attempt's tasks start right after it is planned and bind their ports
+                    # themselves: the sockets that held them go now (the locks stay for the run).
+                    reservation.unhold()
+                    return _entered(network, plan_for(spec, context, local_hosts, request))
+
+                session = RunSession(spec, session_options(request, spec), folder, console, plan_attempt,
                                      signals, transports)
                 return session.execute()
         finally:

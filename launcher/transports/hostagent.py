@@ -15,10 +15,11 @@ before everything is stopped; empty: never), ``eof_grace`` (TERM to KILL when tf
   ``argv``, ``env``, ``cwd``, ``grace``, ``name``, ``output`` (a log file the process writes
   to directly; empty: its output is relayed over the channel) and ``stdin`` (``pipe`` or ``null``);
 - ``IN <id> <base64>`` and ``CLOSE <id>``: bytes for a helper's stdin, and its EOF;
-- ``PORTS <id> <n>``: pick n free TCP ports on this host and hold them (bound with SO_REUSEADDR,
-  so a probe or TensorFlow, which set it too, can still listen there, while a plain bind, or
-  another run's agent picking ports, cannot take them); a task whose ``release`` field names one
-  gets it freed just before it starts;
+- ``PORTS <id> <n>``: pick n free TCP ports on this host and hold them, each bound on every
+  address without SO_REUSEADDR (no other user's program can bind it, whatever options it sets,
+  nor get it from the kernel) and with SO_REUSEPORT set after the bind (this user's probes, which
+  set it too, can still listen there); a task whose ``release`` field names one gets it freed
+  just before it starts, since TensorFlow does not set SO_REUSEPORT;
 - ``TERM <id>`` (SIGTERM to the task's process group), ``KILL <id>`` (SIGKILL to its whole tree),
   ``SIG <id> <n>`` (signal n to its main process), ``DUMP <id>`` (its Python stacks, by py-spy).
 
@@ -341,9 +342,25 @@ class Agent(object):
         picked = []
         try:
             for _ in range(count):
-                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                sock.bind(("", 0))  # without SO_REUSEADDR: the kernel hands out a port nobody holds
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                # Without SO_REUSEADDR: the kernel hands out a port nobody holds, and a socket
+                # that set SO_REUSEADDR could otherwise bind it beside this one. Dual-stack where
+                # the host has IPv6, so that no IPv6-only socket can take the port either.
+                try:
+                    sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+                except OSError:
+                    sock = None
+                if sock is not None:
+                    try:
+                        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+                        sock.bind(("::", 0))
+                    except OSError:
+                        sock.close()  # IPv6 switched off here
+                        sock = None
+                if sock is None:
+                    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                    sock.bind(("0.0.0.0", 0))
+                if hasattr(socket, "SO_REUSEPORT"):  # only this user's sockets may join it
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
                 port = sock.getsockname()[1]
                 self.held_ports[port] = sock
                 picked.append(port)
