@@ -79,7 +79,7 @@ class LaunchInterrupted(KeyboardInterrupt):
 def launch(cluster: str | Path | Mapping[str, Any] | None = None, *, local: int | None = None,
            hosts: str | Mapping[str, int] | Sequence[str] | None = None, hostfile: str | Path | None = None,
            command: Sequence[str] | str | None = None, chief: bool = False, ps: int = 0, evaluator: bool = False,
-           gpus: Sequence[int] | str | None = None, env: Mapping[str, str] | None = None,
+           gpus: Sequence[int] | str | None = None, env: Mapping[str, str | None] | None = None,
            log_dir: str | Path | None = None, threads: int | str | None = None, grace: float = 5.0,
            max_restarts: int | None = None, restart_delay: float | None = None, start_timeout: float | None = None,
            hang_timeout: float | None = None, evaluator_timeout: float = 300.0, isolate_network: bool = False,
@@ -92,6 +92,8 @@ def launch(cluster: str | Path | Mapping[str, Any] | None = None, *, local: int 
     ``local=N``, ``hosts`` (``"node1:4,node2:4"``, ``{"node1": 4}`` or ``["node1:4", ...]``) or
     ``hostfile``. ``command`` is the task command (a list, or a string split as a shell would);
     the default is the built-in trainer. Every other argument is the run option of the same name.
+    ``env`` maps names to values; a name mapped to None passes this process's own value by name
+    (``--env KEY``): the value reaches the tasks but no file, message or command line.
     """
     from .run.signals import Interrupted
     from .sources.choose import choose_source
@@ -165,7 +167,7 @@ def run_record(run: str | None = None, log_dir: str | Path = DEFAULT_LOG_DIR) ->
 
 # -- options as the command line checks them ------------------------------------------------
 
-def _request(source: Any, *, command: Sequence[str] | str | None, env: Mapping[str, str] | None,
+def _request(source: Any, *, command: Sequence[str] | str | None, env: Mapping[str, str | None] | None,
              log_dir: str | Path | None, threads: int | str | None, grace: float, max_restarts: int | None,
              restart_delay: float | None, start_timeout: float | None, hang_timeout: float | None,
              evaluator_timeout: float, isolate_network: bool, no_check: bool, tasks: Iterable[str] | str | None) -> Any:
@@ -244,11 +246,15 @@ def _command(value: Sequence[str] | str | None) -> tuple[str, ...] | None:
     return tuple(value)
 
 
-def _env(value: Mapping[str, str] | None) -> dict[str, str]:
+def _env(value: Mapping[str, str | None] | None) -> dict[str, str | None]:
     env = dict(value or {})
     for key, item in env.items():
-        if not isinstance(key, str) or not _ENV_NAME.fullmatch(key) or not isinstance(item, str):
-            raise _bad("env", "variable names mapped to strings", {key: item})
+        # The value is never shown: it may be a secret.
+        if not isinstance(key, str) or not _ENV_NAME.fullmatch(key):
+            raise _bad("env", "variable names mapped to strings, or to None (passed by name)", key)
+        if not (item is None or isinstance(item, str)):
+            raise _bad(f"env[{key!r}]", "a string, or None to pass this process's own value by name",
+                       type(item).__name__)
     return env
 
 

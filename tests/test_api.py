@@ -157,7 +157,10 @@ def test_bad_input_raises_the_line_the_command_line_prints(tflaunch, tmp_path):
     ({"local": 2, "ps": -1}, "ps: expected a whole number >= 0, got -1"),
     ({"local": 2, "grace": "soon"}, "grace: expected a number of seconds >= 0, got 'soon'"),
     ({"local": 2, "threads": 0}, "threads: expected 'auto', 'off' or a thread count >= 1, got 0"),
-    ({"local": 2, "env": {"A-B": "1"}}, "env: expected variable names mapped to strings, got {'A-B': '1'}"),
+    ({"local": 2, "env": {"A-B": "1"}}, "env: expected variable names mapped to strings, or to None (passed by "
+                                        "name), got 'A-B'"),
+    ({"local": 2, "env": {"A": 1}}, "env['A']: expected a string, or None to pass this process's own value by name, "
+                                    "got 'int'"),
     ({"local": 2, "env": {"TF_CONFIG": "{}"}}, "--env: TF_CONFIG: is set by tflaunch for every task and cannot be "
                                                "overridden"),
     ({"local": 2, "command": []}, "command: expected a non-empty list of strings, or a string, got []"),

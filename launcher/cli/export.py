@@ -53,8 +53,10 @@ class _ExportCommand(click.Command):
 @click.option("--namespace", metavar="NS", help="Namespace of the job (default: kubernetes.namespace, else kubectl's).")
 @click.option("--max-restarts", type=click.IntRange(min=0), metavar="N",
               help="Whole-cluster restarts on failure (default: the file's max_restarts, else 0).")
-@click.option("--env", "env", multiple=True, callback=_parse_env, metavar="KEY=VALUE",
-              help="Set a variable in every task (repeatable); wins over every 'env' of the cluster file.")
+@click.option("-e", "--env", "env", multiple=True, callback=_parse_env, metavar="KEY[=VALUE]",
+              help="Set a variable in every task (repeatable); wins over every 'env' of the cluster file. KEY "
+                   "alone, or a KEY whose name marks a secret (TOKEN, SECRET, PASSWORD, API_KEY, ...), is written "
+                   "as a reference: a Kubernetes Secret's key (secretKeyRef), or \"$KEY\" in --format sh.")
 @click.option("--cluster-runtime", is_flag=True,
               help="With --format trainjob: a cluster-wide ClusterTrainingRuntime instead of a TrainingRuntime.")
 @click.option("-o", "--output", metavar="FILE", help="Write to FILE instead of standard output.")
@@ -62,7 +64,7 @@ class _ExportCommand(click.Command):
 def export_command(ctx: click.Context, cluster: str | None, local: int | None, hosts: str | None,
                    hostfile: str | None, chief: bool, ps: int, evaluator: bool, fmt: str,
                    image: str | None, name: str | None, namespace: str | None, max_restarts: int | None,
-                   env: dict[str, str], cluster_runtime: bool, output: str | None) -> None:
+                   env: dict[str, str | None], cluster_runtime: bool, output: str | None) -> None:
     from ..export import ExportRequest, export  # imported here so "tflaunch --help" stays light
 
     source = file_or_local_source(cluster, local, chief, ps, local_options="--chief, --ps and --evaluator",

@@ -24,6 +24,7 @@ Examples:
   tflaunch -H node1:4,node2:4 --chief
   tflaunch --local 2 -- python my_train.py --lr 0.1
   tflaunch --local 2 --chief --ps 1 --dry-run
+  tflaunch --local 2 --env WANDB_API_KEY -- python my_train.py
 """
 
 
@@ -36,14 +37,24 @@ def _parse_gpus(ctx: click.Context, param: click.Parameter, value: str | None) -
         raise click.BadParameter(f"expected comma-separated GPU indices such as 0,1, got {value!r}") from None
 
 
-def _parse_env(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
-    env: dict[str, str] = {}
+def _parse_env(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str | None]:
+    """KEY=VALUE, or KEY alone: passed by name, its value read from tflaunch's environment when the run
+    is planned (None here; see launcher.cluster.spec)."""
+    env: dict[str, str | None] = {}
     for item in values:
         key, sep, value = item.partition("=")
-        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-            raise click.BadParameter(f"expected KEY=VALUE with a variable name for KEY, got {item!r}")
-        env[key] = value
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            # Only the name is shown: the value may be a secret.
+            raise click.BadParameter(f"expected KEY=VALUE or KEY with a variable name for KEY, got {key!r}"
+                                     + (" before '='" if sep else ""))
+        env[key] = value if sep else None
     return env
+
+
+ENV_HELP = ("Set a variable in every task (repeatable): KEY=VALUE, or KEY alone to pass tflaunch's own KEY by "
+            "name, its value on no command line and in no file. Wins over every 'env' of the cluster file. "
+            "Values of variables passed by name, or whose name contains TOKEN, SECRET, PASSWORD, API_KEY and "
+            "the like, are shown and recorded as <hidden>.")
 
 
 def _parse_names(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[str, ...]:
@@ -96,8 +107,7 @@ def _parse_threads(ctx: click.Context, param: click.Parameter, value: str | None
               help="Fail the attempt when some training task reports no progress (metric line) within S seconds.")
 @click.option("--hang-timeout", type=click.FloatRange(min=0, min_open=True), metavar="S",
               help="When no task writes any output for S seconds: dump every task's stacks, then fail the attempt.")
-@click.option("--env", "env", multiple=True, callback=_parse_env, metavar="KEY=VALUE",
-              help="Set a variable in every task (repeatable); wins over every 'env' of the cluster file.")
+@click.option("-e", "--env", "env", multiple=True, callback=_parse_env, metavar="KEY[=VALUE]", help=ENV_HELP)
 @click.option("--evaluator-timeout", type=click.FloatRange(min=0), default=300.0, show_default=True, metavar="S",
               help="After training succeeds, seconds a running evaluator may take to finish its last "
                    "evaluation before it is stopped.")

@@ -78,17 +78,21 @@ class FieldReader:
             raise self.fail(key, "expected a command, got an empty one")
         return tuple(argv)
 
-    def read_env(self, value: Any, key: str) -> dict[str, str]:
+    def read_env(self, value: Any, key: str) -> dict[str, str | None]:
+        """A mapping of variables; one with no value (``KEY:``) is passed by name (see spec.EnvLayer)."""
         if value is None:
             return {}
         mapping = self.expect_mapping(value, key, "a mapping of environment variables")
-        env: dict[str, str] = {}
+        env: dict[str, str | None] = {}
         for name, raw in mapping.items():
             if not isinstance(name, str) or not _ENV_NAME.match(name):
                 raise self.fail(f"{key}", f"expected environment variable names, got {show(name)}")
             if name in RESERVED_ENV:
                 hint = " (use 'gpus')" if name.startswith("CUDA_") else ""
                 raise self.fail(f"{key}.{name}", f"is set by tflaunch for every task and cannot be overridden{hint}")
+            if raw is None:
+                env[name] = None  # by name: tflaunch's own value when the run is planned
+                continue
             if isinstance(raw, bool):
                 raw = "true" if raw else "false"
             if not isinstance(raw, (str, int, float)):

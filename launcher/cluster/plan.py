@@ -15,6 +15,9 @@ environment each task gets is layered, later layers winning:
    for every task (remote ones get it passed along);
 3. the cluster's ``env``; 4. the host's ``env`` (``hosts:`` section); 5. the task's ``env``;
 6. ``--env KEY=VALUE`` from the command line;
+   a variable of layers 3-6 given by name (no value) takes its value from tflaunch's own
+   environment, and is hidden with every variable whose name marks a secret: the launch keeps
+   the value for the task and the names in ``hidden`` (see :mod:`.spec` for the rule);
 7. what tflaunch owns and nobody overrides: ``TF_CONFIG`` (the evaluator is in its own only, see
    ``task_cluster``), ``CUDA_VISIBLE_DEVICES``
    (and ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` with it), ``TFLAUNCH_TASK``, ``TFLAUNCH_RUN_ID``,
@@ -30,10 +33,12 @@ any of these variables in a user ``env`` wins.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Mapping
 
 from .reader import AUTO, ROLES, ClusterSpec, SshSettings, TaskSpec, is_local
+from .spec import EnvLayer, hidden_names, masked_env, value_by_name
 
 DEFAULT_COMMAND = ("python", "-m", "trainer")
 PYTHON_NAMES = ("python", "python3")
@@ -65,6 +70,11 @@ class TaskLaunch:
     python: str = "python3"  # the task's interpreter (also runs tflaunch's remote agent)
     transport: str = "local"  # which launcher.transports module starts it
     env_sources: Mapping[str, str] = field(default_factory=dict)  # variable -> the layer that set it
+    hidden: frozenset[str] = frozenset()  # variables whose values are never written or shown (spec.hidden_names)
+
+    def shown_env(self) -> dict[str, str]:
+        """``env`` as run.json, ``--dry-run`` and messages may show it: hidden values masked."""
+        return masked_env(self.env, self.hidden)
 
 
 @dataclass(frozen=True)
@@ -93,13 +103,16 @@ def plan_cluster(
     default_workdir: str,
     command: tuple[str, ...] | None = None,
     inherited_env: Mapping[str, str] | None = None,
-    override_env: Mapping[str, str] | None = None,
+    override_env: EnvLayer | None = None,
+    pass_values: bool = True,
 ) -> Plan:
     """One launch record per task, in the order roles appear in TF_CONFIG.
 
     ``inherited_env`` is the environment tflaunch runs with: a variable set there wins over
     tflaunch's defaults (as torchrun leaves a user's OMP_NUM_THREADS alone) and is passed to every
-    task, remote ones too. ``override_env`` (``--env KEY=VALUE``) wins over every ``env`` layer.
+    task, remote ones too; a variable passed by name takes its value from there. ``override_env``
+    (``--env KEY=VALUE``) wins over every ``env`` layer. ``pass_values=False`` (an export, whose
+    manifest refers to such a variable instead) leaves a by-name variable's value empty.
     """
     inherited_env = inherited_env or {}
     override_env = override_env or {}
@@ -140,6 +153,11 @@ def plan_cluster(
             ("--env", override_env),
             (OWNED_SOURCE, owned_env(task, cluster, context)),
         ])
+        by_name = [name for name, value in env.items() if value is None]
+        for name in by_name:
+            source, key = (("--env", name) if sources[name] == "--env"
+                           else (spec.source, f"{sources[name]}.{name}"))
+            env[name] = value_by_name(name, inherited_env, source, key) if pass_values else ""
         local = host_of[task.name] == THIS_MACHINE
         python = _first(task.python, host_settings and host_settings.python, spec.python) or default_python
         argv = tuple([python, *argv_template[1:]] if argv_template[0] in PYTHON_NAMES else argv_template)
@@ -159,10 +177,12 @@ def plan_cluster(
             python=python,
             transport=spec.transport or ("local" if local else "ssh"),
             env_sources=sources,
+            hidden=hidden_names(env, by_name),
         ))
     notes = []
     # The note applies where tflaunch chose legacy Keras for a Python program, not where the user did.
-    if any(l.env_sources.get("TF_USE_LEGACY_KERAS") == DEFAULT_SOURCE and _runs_python(l.argv) for l in launches):
+    if any(l.env_sources.get("TF_USE_LEGACY_KERAS") == DEFAULT_SOURCE and runs_python(l.argv, l.python)
+           for l in launches):
         notes.append(LEGACY_KERAS_NOTE)
     return Plan(tuple(launches), tuple(notes))
 
@@ -172,9 +192,9 @@ INHERITED_SOURCE = "tflaunch's environment"
 OWNED_SOURCE = "tflaunch"
 
 
-def layer_env(layers: list[tuple[str, Mapping[str, str]]]) -> tuple[dict[str, str], dict[str, str]]:
+def layer_env(layers: list[tuple[str, EnvLayer]]) -> tuple[dict[str, str | None], dict[str, str]]:
     """Merge ``(source, env)`` layers, later winning; also say which layer set each variable."""
-    env: dict[str, str] = {}
+    env: dict[str, str | None] = {}
     sources: dict[str, str] = {}
     for source, values in layers:
         for key, value in values.items():
@@ -183,8 +203,30 @@ def layer_env(layers: list[tuple[str, Mapping[str, str]]]) -> tuple[dict[str, st
     return env, sources
 
 
-def _runs_python(argv: tuple[str, ...]) -> bool:
-    return bool(argv) and argv[0].rsplit("/", 1)[-1].startswith("python")
+_SHELLS = ("sh", "bash", "dash", "zsh")
+_PYTHON_WORD = re.compile(r"(?:^|[\s/;&|(])python[\w.]*(?:\s|$)|\.py(?:\s|$)")
+
+
+def runs_python(argv: tuple[str, ...], python: str = "") -> bool:
+    """Whether a task's command can run TensorFlow, so the Keras note concerns it.
+
+    Yes for the task's interpreter or any ``python*`` (``-m module``, ``-c code``, the default
+    trainer), a Python script (``train.py``), either behind ``env [NAME=VALUE ...]``, and a shell's
+    ``-c`` line that names one; no for other programs (``sleep``, ``true``, a binary).
+    """
+    words = list(argv)
+    if words and words[0].rsplit("/", 1)[-1] == "env":
+        words = words[1:]
+        while words and (words[0].startswith("-") or "=" in words[0]):
+            words = words[1:]
+    if not words:
+        return False
+    program = words[0].rsplit("/", 1)[-1]
+    if words[0] == python or program.startswith("python") or program.endswith(".py"):
+        return True
+    if program in _SHELLS and "-c" in words[1:-1]:
+        return _PYTHON_WORD.search(words[words.index("-c", 1) + 1]) is not None
+    return False
 
 
 def tf_cluster(spec: ClusterSpec) -> dict[str, list[str]]:

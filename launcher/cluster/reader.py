@@ -17,7 +17,7 @@ import yaml
 from ..errors import ConfigError
 from .yamlfile import ClusterLoader, DuplicateKey
 from .checks import check_cluster
-from .fields import FieldReader, show
+from .fields import FieldReader, join_key, show
 from .spec import (  # noqa: F401  (re-exported: the spec is part of this module's interface)
     ALL_GPUS,
     AUTO,
@@ -28,6 +28,7 @@ from .spec import (  # noqa: F401  (re-exported: the spec is part of this module
     HostSettings,
     SshSettings,
     TaskSpec,
+    check_text,
     is_local,
 )
 
@@ -98,6 +99,7 @@ class _ClusterReader(FieldReader):
             raise self.fail("", "the cluster file is empty; expected roles such as 'worker:'")
         if isinstance(data, list):  # short form: a list of host:port workers
             data = {"worker": data}
+        self._check_strings(data, "")
         mapping = self.expect_mapping(data, "", "a mapping of cluster keys or a list of host:port workers")
         self.check_keys(mapping, CLUSTER_KEYS, "")
         tasks: list[TaskSpec] = []
@@ -140,6 +142,20 @@ class _ClusterReader(FieldReader):
                 hint = f"did you mean '{close[0]}'?" if close else f"expected one of the tasks' hosts: {', '.join(task_hosts)}"
                 raise self.fail(f"hosts.{name}", f"no task runs on this host; {hint}")
         return spec
+
+    def _check_strings(self, value: Any, key: str) -> None:
+        """Every string of the document can reach a process (no NUL, UTF-8 only): YAML's "\\0" and
+        "\\udcff" escapes make either, which would otherwise fail only when a task starts."""
+        if isinstance(value, str):
+            check_text(value, self.source, key or "top level")
+        elif isinstance(value, dict):
+            for name, item in value.items():
+                if isinstance(name, str):
+                    check_text(name, self.source, f"{key or 'top level'} key {show(name[:20])}")
+                self._check_strings(item, join_key(key, str(name)))
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                self._check_strings(item, f"{key}[{i}]")
 
     def _read_restart_policy(self, value: Any) -> dict[str, RestartPolicy]:
         if value is None:

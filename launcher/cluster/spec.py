@@ -1,6 +1,8 @@
-"""The cluster as tflaunch understands it: frozen dataclasses for tasks, hosts and ssh settings.
+"""The cluster as tflaunch understands it: frozen dataclasses for tasks, hosts and ssh settings,
+and the rules every ``env`` follows: names tflaunch reserves, variables passed by name, secrets'
+names and how their values are masked, and the text an argument or a value may hold.
 
-Built by :mod:`config` (from a cluster file or ``--local`` options) and read by :mod:`plan`.
+Built by :mod:`reader` (from a cluster file or ``--local`` options) and read by :mod:`plan`.
 """
 
 from __future__ import annotations
@@ -8,7 +10,7 @@ from __future__ import annotations
 import enum
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 ROLES = ("chief", "worker", "ps", "evaluator")
 AUTO = "auto"
@@ -17,6 +19,11 @@ ALL_GPUS = "all"
 RESERVED_ENV = frozenset(
     {"TF_CONFIG", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "TFLAUNCH_TASK", "TFLAUNCH_RUN_ID", "TFLAUNCH_RUN_DIR", "TFLAUNCH_ATTEMPT"}
 )
+
+
+# One ``env`` layer (the cluster's, a host's, a task's, ``--env``). A value of None passes the
+# variable by name: its value is the one in tflaunch's own environment (see value_by_name).
+EnvLayer = Mapping[str, str | None]
 
 
 class RestartPolicy(str, enum.Enum):
@@ -57,7 +64,7 @@ class HostSettings:
     workdir: str | None = None
     python: str | None = None
     setup: str | None = None
-    env: Mapping[str, str] = field(default_factory=dict)
+    env: EnvLayer = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -70,7 +77,7 @@ class TaskSpec:
     port: int | str  # an int, or AUTO until ports are reserved
     address: str | None = None  # the name other tasks use to reach it; defaults to host
     gpus: tuple[int, ...] | None = ()  # () = CPU only, None = all GPUs visible
-    env: Mapping[str, str] = field(default_factory=dict)
+    env: EnvLayer = field(default_factory=dict)
     workdir: str | None = None
     python: str | None = None
     setup: str | None = None
@@ -95,7 +102,7 @@ class ClusterSpec:
     source: str
     tasks: tuple[TaskSpec, ...]
     command: tuple[str, ...] | None = None  # None = the built-in trainer
-    env: Mapping[str, str] = field(default_factory=dict)
+    env: EnvLayer = field(default_factory=dict)
     log_dir: str | None = None
     share_gpus: bool = False
     threads: int | str = AUTO  # AUTO, "off", or a thread count per task
@@ -155,10 +162,146 @@ def restarts_possible(max_restarts: int, restart_policy: Mapping[str, "RestartPo
     return int(max_restarts) > 0 or RestartPolicy.TASK in restart_policy.values()
 
 
-def check_override_env(env: Mapping[str, str]) -> None:
-    """``--env`` may set anything but the variables tflaunch writes for every task."""
+def check_override_env(env: EnvLayer) -> None:
+    """``--env`` may set anything but the variables tflaunch writes for every task, to UTF-8 text."""
     from ..errors import ConfigError
 
-    for key in env:
+    for key, value in env.items():
         if key in RESERVED_ENV:
             raise ConfigError("--env", key, "is set by tflaunch for every task and cannot be overridden")
+        if value is not None:
+            check_text(value, "--env", key)
+
+
+# -- secrets: passed by name, masked where shown ------------------------------------------------
+#
+# A variable given without a value (``--env KEY``, ``KEY:`` in a file's env, ``None`` in the Python
+# API) takes the value of the same variable in tflaunch's own environment when the run is planned,
+# as ``docker run -e KEY`` and ``sbatch --export=KEY`` do, so the value is on no command line and
+# in no file. Such a variable, and one whose name marks a secret, reaches the task through the
+# agent's channel and is masked wherever tflaunch writes or prints it.
+
+# A name containing one of these, in any case, marks a secret (WANDB_API_KEY, HF_TOKEN, DB_PASSWORD).
+SECRET_NAME_PARTS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "API_KEY", "APIKEY", "ACCESS_KEY", "PRIVATE_KEY",
+                     "CREDENTIAL")
+MASK = "<hidden>"  # what is written and shown instead of a hidden value
+ENV_OPTIONS = ("--env", "-e")  # the command-line options that set a variable in every task
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether ``name`` marks its value as a secret (see SECRET_NAME_PARTS)."""
+    upper = name.upper()
+    return any(part in upper for part in SECRET_NAME_PARTS)
+
+
+def hidden_names(env: Mapping[str, str | None], by_name: Iterable[str] = ()) -> frozenset[str]:
+    """The variables of ``env`` whose values are never shown: those passed by name and secrets' names."""
+    return frozenset(by_name) | {key for key in env if is_secret_name(key)}
+
+
+def masked_env(env: Mapping[str, str], hidden: Iterable[str]) -> dict[str, str]:
+    """``env`` as it may be written or shown: every hidden variable's value replaced by MASK."""
+    hidden = frozenset(hidden)
+    return {key: MASK if key in hidden or is_secret_name(key) else value for key, value in env.items()}
+
+
+def masked_argv(argv: Sequence[str]) -> list[str]:
+    """tflaunch's own command line as it may be written or shown: the value of every ``--env NAME=VALUE``
+    (also ``--env=NAME=VALUE``, ``-e NAME=VALUE``, ``-eNAME=VALUE``) whose NAME marks a secret is MASK.
+
+    Words after ``--`` are the task command, which tflaunch does not read, and stay as they are.
+    """
+    out: list[str] = []
+    takes_value = False
+    for i, word in enumerate(argv):
+        if word == "--":
+            return out + list(argv[i:])
+        if takes_value:
+            out.append(_masked_assignment(word))
+            takes_value = False
+        elif word in ENV_OPTIONS:
+            out.append(word)
+            takes_value = True
+        elif word.startswith("--env="):
+            out.append("--env=" + _masked_assignment(word[len("--env="):]))
+        elif word.startswith("-e") and not word.startswith("--"):
+            out.append("-e" + _masked_assignment(word[2:]))
+        else:
+            out.append(word)
+    return out
+
+
+def _masked_assignment(word: str) -> str:
+    name, sep, _ = word.partition("=")
+    return f"{name}={MASK}" if sep and is_secret_name(name) else word
+
+
+# -- text that can reach a process ------------------------------------------------------------
+
+
+def text_problem(value: str) -> str | None:
+    """Why ``value`` cannot be an argument or an environment value, or None.
+
+    A NUL ends a C string (execve would cut the value short); a byte that is not UTF-8 reaches
+    Python as a lone surrogate (PEP 383) that the agents' channel, run.json and the logs cannot
+    carry. The value itself is never quoted: it may be a secret.
+    """
+    nul = value.find("\0")
+    if nul >= 0:
+        return f"contains a NUL byte at position {nul}"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        char = ord(value[exc.start])
+        what = f"byte 0x{char - 0xDC00:02x}" if 0xDC80 <= char <= 0xDCFF else f"character U+{char:04X}"
+        return f"is not valid UTF-8 ({what} at position {exc.start})"
+    return None
+
+
+def check_text(value: str, source: str, key: str) -> None:
+    """Raise ConfigError naming ``source`` and ``key`` when ``value`` cannot reach a process (see text_problem)."""
+    from ..errors import ConfigError
+
+    problem = text_problem(value)
+    if problem:
+        raise ConfigError(source, key, f"{problem}; expected UTF-8 text without NUL bytes")
+
+
+def value_by_name(name: str, environ: Mapping[str, str], source: str, key: str) -> str:
+    """The value of a variable passed by name: tflaunch's own ``environ[name]``, checked."""
+    from ..errors import ConfigError
+
+    if name not in environ:
+        raise ConfigError(source, key, f"is passed by name (no value given), but tflaunch's environment has no "
+                                       f"{name}; set it there (export {name}=...) or give a value")
+    value = environ[name]
+    problem = text_problem(value)
+    if problem:
+        raise ConfigError(source, key, f"its value in tflaunch's environment {problem}; expected UTF-8 text "
+                                       "without NUL bytes")
+    return value
+
+
+def env_layers(spec: ClusterSpec) -> list[tuple[str, str, EnvLayer]]:
+    """Every ``env`` of the cluster as (source, key prefix, variables), in the order the plan layers them."""
+    layers: list[tuple[str, str, EnvLayer]] = [(spec.source, "env", spec.env)]
+    layers += [(spec.source, f"hosts.{host}.env", settings.env) for host, settings in spec.hosts.items()]
+    layers += [(spec.source, f"{task.key}.env", task.env) for task in spec.tasks]
+    return layers
+
+
+def check_launch_input(spec: ClusterSpec, override_env: EnvLayer, command: Sequence[str] | None,
+                       environ: Mapping[str, str] | None) -> None:
+    """Before anything starts: ``--env`` (see check_override_env), the command's words, and every
+    variable passed by name, which must be set in ``environ`` (None: not looked up, as for an export,
+    where the value comes from the target's own environment or a Kubernetes Secret)."""
+    check_override_env(override_env)
+    for i, word in enumerate(command or ()):
+        check_text(word, "command", f"argument {i + 1}")
+    if environ is None:
+        return
+    given = {key for key, value in override_env.items() if value is not None}  # --env NAME=VALUE wins
+    for source, prefix, env in [*env_layers(spec), ("--env", "", override_env)]:
+        for name, value in env.items():
+            if value is None and (source == "--env" or name not in given):
+                value_by_name(name, environ, source, f"{prefix}.{name}" if prefix else name)

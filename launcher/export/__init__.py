@@ -9,8 +9,9 @@ Four formats, all built from the same plan ``tflaunch run`` uses (:mod:`launcher
 
 The manifests' settings come from the file's ``kubernetes:`` section (:mod:`.settings`), with
 ``--image``, ``--name`` and ``--namespace`` winning; ``--env`` wins over every ``env`` layer, as
-in a run. What the file says that pods cannot honour comes back as notes, one line each, for the
-command line to show.
+in a run. A variable passed by name, or whose name marks a secret, is written as a reference (a
+Kubernetes Secret's key, or the shell's ``"$KEY"``), never as its value. What the file says that
+pods cannot honour comes back as notes, one line each, for the command line to show.
 """
 
 from __future__ import annotations
@@ -20,17 +21,17 @@ import re
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from ..cluster.machine import cpu_count, local_host_names
-from ..cluster.spec import ClusterSpec
+from ..cluster.spec import ClusterSpec, EnvLayer, check_launch_input
 from ..errors import ConfigError
 from ..sources import ClusterSource
 from . import jobset as jobset_format
 from . import tfjob as tfjob_format
 from . import trainjob as trainjob_format
 from .manifest import dump_documents
-from .pods import check_override_env, plan_pods
+from .pods import plan_pods, secret_note
 from .settings import KubernetesSettings, read_settings, with_overrides
 from .shell import shell_commands
 
@@ -49,7 +50,7 @@ class ExportRequest:
     namespace: str | None = None
     command: tuple[str, ...] | None = None  # ``-- CMD``; None: the file's command, else the trainer
     max_restarts: int | None = None  # None: the file's max_restarts
-    env: Mapping[str, str] = field(default_factory=dict)  # --env KEY=VALUE, over every env layer
+    env: EnvLayer = field(default_factory=dict)  # --env KEY=VALUE (None: by name), over every env layer
     cluster_runtime: bool = False  # trainjob: a ClusterTrainingRuntime instead of a namespaced TrainingRuntime
 
 
@@ -68,6 +69,8 @@ def export(request: ExportRequest) -> Export:
         raise ConfigError("--cluster-runtime", "", f"only applies to --format trainjob, got --format {request.format}")
     local_hosts = local_host_names()
     spec = request.source.spec(local_hosts)
+    # Values passed by name are not looked up: the target's shell or a Kubernetes Secret holds them.
+    check_launch_input(spec, request.env, request.command, environ=None)
     if request.max_restarts is not None:
         spec = replace(spec, max_restarts=request.max_restarts)
     spec = replace(spec, max_restarts=int(spec.max_restarts))  # a plain int: YAML numbers carry their text
@@ -76,7 +79,6 @@ def export(request: ExportRequest) -> Export:
     name = settings.name or default_name(request.source.label)
     header = f"# tflaunch export --format {request.format} {request.source.label}"
     if request.format == "sh":
-        check_override_env(request.env)
         result = shell_commands(spec, name, local_hosts=local_hosts, cores_by_host={"localhost": cpu_count()},
                                 default_python=sys.executable, default_workdir=os.getcwd(), command=request.command,
                                 override_env=request.env)
@@ -99,6 +101,8 @@ def export(request: ExportRequest) -> Export:
         plan = replace(plan, notes=plan.notes + tuple(trainjob_format.trainjob_notes(plan, request.cluster_runtime)))
     else:
         documents, kind = [jobset_format.jobset(plan)], "JobSet"
+    if plan.hidden:  # the Secret goes with the manifests, also into a file written with -o
+        header += "\n# " + secret_note(plan)
     return Export(dump_documents(documents, header), plan.notes, f"{kind} {name}: {_role_counts(spec)}")
 
 

@@ -19,7 +19,8 @@ from dataclasses import dataclass, replace
 from typing import Callable, Mapping
 
 from ..cluster.plan import DEFAULT_SOURCE, RunContext, TaskLaunch, plan_cluster
-from ..cluster.spec import ROLES, ClusterSpec, RestartPolicy, SshSettings, TaskSpec, check_override_env, is_local
+from ..cluster.spec import (ROLES, ClusterSpec, EnvLayer, RestartPolicy, SshSettings, TaskSpec, check_override_env,
+                            is_local)
 from ..cluster.spec import restarts_possible as spec_restarts_possible
 from ..errors import ConfigError
 from .settings import SECTION, KubernetesSettings, Storage
@@ -35,6 +36,7 @@ CHECKPOINT_ENV = "TFLAUNCH_CHECKPOINT_DIR"
 BACKUP_ENV = "TFLAUNCH_BACKUP_DIR"
 # The roles that read or write checkpoints and backups; ps tasks only hold variables in memory.
 STORAGE_ROLES = ("chief", "worker", "evaluator")
+SECRET_SUFFIX = "env"  # the Secret of job NAME is NAME-env: one key per hidden variable
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,7 @@ class RolePods:
     launches: tuple[TaskLaunch, ...]  # by index
     env: dict[str, str]  # the plan's env every pod of the role shares (per-pod variables left out)
     gpus: int  # nvidia.com/gpu limit per pod
+    hidden: frozenset[str] = frozenset()  # variables read from the plan's Secret (see PodPlan.secret_name)
     restart: RestartPolicy = RestartPolicy.CLUSTER  # what a failed pod of the role does (the file's restart_policy)
 
     @property
@@ -68,12 +71,23 @@ class PodPlan:
     def role(self, role: str) -> RolePods | None:
         return next((r for r in self.roles if r.role == role), None)
 
+    @property
+    def secret_name(self) -> str:
+        """The Secret the pods read hidden variables from (passed by name, or a secret's name)."""
+        return f"{self.name}-{SECRET_SUFFIX}"
+
+    @property
+    def hidden(self) -> list[str]:
+        return sorted({name for role in self.roles for name in role.hidden})
+
 
 def plan_pods(spec: ClusterSpec, settings: KubernetesSettings, name: str, command: tuple[str, ...] | None,
-              pod_host: Callable[[str, int], str], override_env: Mapping[str, str] | None = None) -> PodPlan:
+              pod_host: Callable[[str, int], str], override_env: EnvLayer | None = None) -> PodPlan:
     """Plan ``spec`` with task ``role``/``index`` on host ``pod_host(role, index)`` and group it by role.
 
-    ``override_env`` is ``--env KEY=VALUE``: it wins over every ``env`` layer, as in a run.
+    ``override_env`` is ``--env KEY=VALUE``: it wins over every ``env`` layer, as in a run. A
+    variable passed by name, or whose name marks a secret, is never read: the pods take it from the
+    plan's Secret (see :func:`secret_note`).
     """
     check_override_env(override_env or {})
     pod_spec = _pod_cluster(spec, settings, pod_host)
@@ -81,15 +95,26 @@ def plan_pods(spec: ClusterSpec, settings: KubernetesSettings, name: str, comman
     backup_dir = f"{run_dir}/backup" if settings.storage and restarts_possible(spec) else None
     plan = plan_cluster(pod_spec, RunContext(run_id=name, run_dir=run_dir, backup_dir=backup_dir),
                         local_hosts=frozenset(), cores_by_host={}, default_python=settings.python,
-                        default_workdir=settings.workdir or "", command=command, override_env=override_env)
+                        default_workdir=settings.workdir or "", command=command, override_env=override_env,
+                        pass_values=False)
     roles = []
     for role in ROLES:
         launches = tuple(sorted((l for l in plan.launches if l.role == role), key=lambda l: l.index))
         if launches:
             roles.append(replace(_role_pods(spec, role, launches), restart=spec.restart_policy[role]))
     notes = carry_over_notes(spec, settings) + storage_notes(spec, settings.storage, plan.launches) + list(plan.notes)
-    return PodPlan(name, settings, tuple(roles), plan.launches[0].argv, tuple(notes),
+    pods = PodPlan(name, settings, tuple(roles), plan.launches[0].argv, tuple(notes),
                    max_restarts=int(spec.max_restarts), task_restarts=int(spec.task_restarts))
+    return replace(pods, notes=pods.notes + ((secret_note(pods),) if pods.hidden else ()))
+
+
+def secret_note(plan: PodPlan) -> str:
+    """The Secret to create before applying the manifests, as a kubectl command with the values left out."""
+    namespace = f" --namespace {plan.settings.namespace}" if plan.settings.namespace else ""
+    literals = " ".join(f"--from-literal={name}=..." for name in plan.hidden)
+    return (f"secret: {', '.join(plan.hidden)} come from the Secret {plan.secret_name} (their values are not "
+            f"written here); create it before applying: kubectl create secret generic {plan.secret_name}"
+            f"{namespace} {literals}")
 
 
 def pod_run_dir(storage: Storage | None, name: str) -> str:
@@ -116,6 +141,7 @@ def _role_pods(spec: ClusterSpec, role: str, launches: tuple[TaskLaunch, ...]) -
     tasks = {t.index: t for t in spec.role_tasks(role)}
     first, first_task = launches[0], tasks[launches[0].index]
     shared = pod_env(first)
+    hidden = frozenset(first.hidden) & shared.keys()
     for launch in launches[1:]:
         task = tasks[launch.index]
         # GPUs first: a different count also shows as a different CUDA_VISIBLE_DEVICES below.
@@ -126,12 +152,12 @@ def _role_pods(spec: ClusterSpec, role: str, launches: tuple[TaskLaunch, ...]) -
                               "from one template")
         env = pod_env(launch)
         for var in sorted(set(shared) | set(env)):
-            if shared.get(var) != env.get(var):
+            if shared.get(var) != env.get(var) or (var in hidden) != (var in launch.hidden):
                 raise ConfigError(spec.source, f"{task.key}.env",
-                                  f"{var} is {_shown(env.get(var))} here but {_shown(shared.get(var))} in "
-                                  f"{first_task.key}; expected the same env for every {role} task, because "
-                                  "Kubernetes starts a role's pods from one template")
-    return RolePods(role, launches, shared, gpu_count(first_task))
+                                  f"{var} is {_shown(env, var, launch.hidden)} here but "
+                                  f"{_shown(shared, var, hidden)} in {first_task.key}; expected the same env "
+                                  f"for every {role} task, because Kubernetes starts a role's pods from one template")
+    return RolePods(role, launches, shared, gpu_count(first_task), hidden=hidden)
 
 
 def storage_notes(spec: ClusterSpec, storage: Storage | None, launches: tuple[TaskLaunch, ...]) -> list[str]:
@@ -172,8 +198,10 @@ def gpu_count(task: TaskSpec) -> int:
     return 0 if task.gpus is None else len(task.gpus)
 
 
-def _shown(value: str | None) -> str:
-    return "unset" if value is None else repr(value)
+def _shown(env: Mapping[str, str], var: str, hidden: frozenset[str]) -> str:
+    if var not in env:
+        return "unset"
+    return "hidden (passed by name, or a secret's name)" if var in hidden else repr(env[var])
 
 
 def carry_over_notes(spec: ClusterSpec, settings: KubernetesSettings) -> list[str]:

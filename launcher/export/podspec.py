@@ -1,7 +1,8 @@
 """The pod template every format shares: the training container and the pod-level settings.
 
 With ``kubernetes.storage``, the pods of the chief, the workers and the evaluator mount one volume
-at the same path (:data:`STORAGE_VOLUME`), where the plan puts checkpoints and backups.
+at the same path (:data:`STORAGE_VOLUME`), where the plan puts checkpoints and backups. Hidden
+variables (passed by name, or a secret's name) come from the plan's Secret, never as values.
 
 Kubernetes expands ``$(NAME)`` in a container's command, args and env values, so every string
 that goes there is escaped (:func:`escape`) and reaches the process exactly as the plan wrote it.
@@ -40,7 +41,7 @@ def container(plan: PodPlan, role: RolePods, *, command: list[str], args: list[s
         spec["args"] = [escape(a) for a in args]
     if settings.workdir:
         spec["workingDir"] = settings.workdir
-    env = [{"name": k, "value": escape(v)} for k, v in sorted(role.env.items())]
+    env = [_env_var(plan, k, v, k in role.hidden) for k, v in sorted(role.env.items())]
     spec["env"] = list(extra_env or []) + env
     spec["ports"] = [{"name": PORT_NAME, "containerPort": settings.port, "protocol": "TCP"}]
     resources = _resources(plan, role)
@@ -49,6 +50,14 @@ def container(plan: PodPlan, role: RolePods, *, command: list[str], args: list[s
     if mounts_storage(plan, role):
         spec["volumeMounts"] = [{"name": STORAGE_VOLUME, "mountPath": plan.settings.storage.path}]
     return spec
+
+
+def _env_var(plan: PodPlan, name: str, value: str, hidden: bool) -> dict[str, Any]:
+    """One container variable; a hidden one (passed by name, or a secret's name) is the key of the
+    same name in the plan's Secret, so its value is in no manifest."""
+    if hidden:
+        return {"name": name, "valueFrom": {"secretKeyRef": {"name": plan.secret_name, "key": name}}}
+    return {"name": name, "value": escape(value)}
 
 
 def mounts_storage(plan: PodPlan, role: RolePods) -> bool:

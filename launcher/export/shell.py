@@ -3,6 +3,8 @@
 For machines where nothing can be installed: each line is ``cd WORKDIR && [setup &&] env VAR=...
 COMMAND``, with the env the plan gives that task, exactly what ``tflaunch run`` would start but
 without supervision. Every value is quoted with ``shlex.quote``; only ``setup`` is shell, as in a run.
+A variable passed by name, or whose name marks a secret, is written as ``KEY="$KEY"``: the value
+comes from the shell that runs the line, never from this text.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from pathlib import Path
 from typing import Mapping
 
 from ..cluster.plan import RunContext, plan_cluster
-from ..cluster.spec import AUTO, ClusterSpec, SshSettings, is_local
+from ..cluster.spec import AUTO, ClusterSpec, EnvLayer, SshSettings, is_local
 from .pods import NO_RUN_FOLDER_ENV
 from ..records.folder import DEFAULT_LOG_DIR
 
@@ -28,7 +30,7 @@ class ShellExport:
 
 def shell_commands(spec: ClusterSpec, name: str, *, local_hosts: frozenset[str], cores_by_host: Mapping[str, int],
                    default_python: str, default_workdir: str, command: tuple[str, ...] | None,
-                   override_env: Mapping[str, str] | None = None) -> ShellExport:
+                   override_env: EnvLayer | None = None) -> ShellExport:
     """One commented shell line per task, in TF_CONFIG's order."""
     spec, notes = _fixed_ports(spec, local_hosts)
     # Run-folder paths (TFLAUNCH_CHECKPOINT_DIR) go where a run's folder would, which a run
@@ -36,20 +38,29 @@ def shell_commands(spec: ClusterSpec, name: str, *, local_hosts: frozenset[str],
     run_dir = str(Path(default_workdir, spec.log_dir or DEFAULT_LOG_DIR, name))
     plan = plan_cluster(spec, RunContext(run_id=name, run_dir=run_dir), local_hosts=local_hosts,
                         cores_by_host=cores_by_host, default_python=default_python,
-                        default_workdir=default_workdir, command=command, override_env=override_env)
+                        default_workdir=default_workdir, command=command, override_env=override_env,
+                        pass_values=False)
     lines = [f"# {len(plan.launches)} tasks; run each command on the machine named above it, all at about the same time."]
+    hidden: set[str] = set()
     for launch in plan.launches:
         env = {k: v for k, v in launch.env.items() if k not in NO_RUN_FOLDER_ENV}
         steps = [f"cd -- {shlex.quote(launch.workdir)}"]
         if launch.setup and not launch.local:
             steps.append(launch.setup)
-        steps.append(shlex.join(["env", *(f"{k}={v}" for k, v in env.items()), *launch.argv]))
+        # A hidden variable is the shell's own "$KEY" on that machine: its value is written nowhere.
+        assignments = [f'{k}="${k}"' if k in launch.hidden else shlex.quote(f"{k}={v}") for k, v in env.items()]
+        steps.append(" ".join(["env", *assignments, shlex.join(launch.argv)]))
+        hidden.update(k for k in env if k in launch.hidden)
         where = "this machine" if launch.local else launch.host
         lines += ["", f"# {launch.name} on {where} (listens on {launch.address})", " && ".join(steps)]
     if spec.ssh != SshSettings() or any(h.ssh != SshSettings() for h in spec.hosts.values()):
         notes.append("ssh: not used; you start each command on its machine yourself")
     if spec.max_restarts:
         notes.append("max_restarts: not used; nothing supervises or restarts these commands")
+    if hidden:
+        names = sorted(hidden)
+        notes.append(f"secret: {', '.join(names)}: written as \"$NAME\" (the values are not written here); set "
+                     "them in the shell of each machine before running its command")
     return ShellExport("\n".join(lines) + "\n", tuple(notes) + plan.notes)
 
 

@@ -16,12 +16,12 @@ import os
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING, Callable
 
 from ..cluster.machine import cpu_count, local_host_names
 from ..cluster.plan import Plan, RunContext, plan_cluster
 from ..cluster.ports import PortReservation, port_is_free, reserve_ports
-from ..cluster.spec import AUTO, ClusterSpec, check_override_env, is_local
+from ..cluster.spec import AUTO, ClusterSpec, EnvLayer, check_launch_input, is_local
 from ..errors import EnvironmentProblem, PortInUseError, PreflightError, UnknownTaskError
 from ..records.folder import DEFAULT_LOG_DIR, RunFolder
 from ..transports import TransportSet
@@ -49,7 +49,7 @@ class LaunchRequest:
     max_restarts: int | None = None  # None: the cluster file's max_restarts
     restart_delay: float | None = None
     evaluator_timeout: float = 300.0
-    env: Mapping[str, str] = field(default_factory=dict)  # --env KEY=VALUE, over every env layer
+    env: EnvLayer = field(default_factory=dict)  # --env KEY=VALUE (None: by name), over every env layer
     watchdog: WatchdogSettings = WatchdogSettings()
     preflight: bool = True  # run the host checks first when the cluster has remote hosts
     show_tasks: tuple[str, ...] = ()  # --tasks: checked against the plan
@@ -60,7 +60,7 @@ class LaunchRequest:
 def build_spec(request: LaunchRequest, local_hosts: frozenset[str]) -> ClusterSpec:
     """The validated cluster the request describes, with command-line overrides applied."""
     spec = request.cluster(local_hosts)
-    check_override_env(request.env)
+    check_launch_input(spec, request.env, request.command, os.environ)  # by-name values exist, text is clean
     if request.command:
         spec = replace(spec, command=request.command)
     if request.log_dir:

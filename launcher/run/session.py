@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Callable
 
 from .. import __version__
 from ..cluster.plan import Plan, RunContext, TaskLaunch, tf_cluster
-from ..cluster.spec import ClusterSpec, restarts_possible
+from ..cluster.spec import ClusterSpec, masked_argv, restarts_possible
 from ..errors import EnvironmentProblem
 from ..records.folder import RunFolder, iso_time
 from ..records.record import AttemptRecord, LauncherRecord, RootCause, RunRecord, TaskRecord
@@ -98,7 +98,7 @@ class RunSession:
             run_id=folder.run_id, source=spec.source, tflaunch_version=__version__,
             max_restarts=options.max_restarts, started_at=iso_time(self.started_at),
             launcher=LauncherRecord(pid=os.getpid(), host=os.uname().nodename, cwd=os.getcwd(),
-                                    argv=[os.path.basename(sys.argv[0]), *sys.argv[1:]]),
+                                    argv=masked_argv([os.path.basename(sys.argv[0]), *sys.argv[1:]])),
             cluster=tf_cluster(spec))
 
     # -- the run --------------------------------------------------------------------------
@@ -359,7 +359,7 @@ class RunSession:
 def task_record(launch: TaskLaunch, task: Task | None) -> TaskRecord:
     record = TaskRecord(name=launch.name, role=launch.role, index=launch.index, host=launch.host,
                         address=launch.address, local=launch.local, argv=list(launch.argv), workdir=launch.workdir,
-                        gpus=None if launch.gpus is None else list(launch.gpus), env=dict(launch.env),
+                        gpus=None if launch.gpus is None else list(launch.gpus), env=launch.shown_env(),
                         attempt=int(launch.env.get("TFLAUNCH_ATTEMPT", 1)))
     if task is not None:
         record.state = task.state

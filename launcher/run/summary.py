@@ -24,7 +24,8 @@ from .supervisor import Task
 
 
 def describe_plan(spec: ClusterSpec, plan: Plan) -> list[str]:
-    """What ``--dry-run`` shows: per task, host, workdir, command and the env tflaunch adds."""
+    """What ``--dry-run`` shows: per task, host, workdir, command and the env tflaunch adds (hidden
+    values masked: variables passed by name and secrets' names, see launcher.cluster.spec)."""
     lines = [f"{len(plan.launches)} tasks from {spec.source} (nothing started)"]
     if spec.isolate_network:
         lines.append("network: isolated (every task in one network namespace of the run's own; "
@@ -36,7 +37,7 @@ def describe_plan(spec: ClusterSpec, plan: Plan) -> list[str]:
         if launch.setup:
             lines.append(f"  setup:   {launch.setup}")
         lines.append(f"  command: {shlex.join(launch.argv)}")
-        for key, value in launch.env.items():
+        for key, value in launch.shown_env().items():
             source = launch.env_sources.get(key)
             lines.append(f"  env: {key}={shlex.quote(value)}" + (f"  ({source})" if source else ""))
     lines += [f"note: {note}" for note in plan.notes]
