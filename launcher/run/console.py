@@ -12,7 +12,9 @@ What a task line becomes on the console (the files are untouched by any of this)
 - a metric line (see :mod:`launcher.records.metrics`), which arrives already parsed by the output
   pump, is rendered for people (:mod:`.metricview`), lock-step duplicates once;
 - TensorFlow's routine C++ start-up chatter is hidden (:class:`.render.Chatter`);
-- with ``verbose`` every line is shown as the task wrote it.
+- the same line from several tasks within half a second prints once under all their names,
+  ``worker-[0-15] | ...`` (:mod:`.twins`);
+- with ``verbose`` every line is shown as the task wrote it, under its own task's name.
 
 On a terminal a status line (elapsed time, epoch, each task's state, restarts) stays under the
 scrolling output; it is never written to a pipe or a file. Colour only on a terminal, and never
@@ -35,6 +37,7 @@ from ..records.metrics import PREFIX, Record
 from ..records.states import TaskState
 from .metricview import Line, MetricBoard
 from .render import Chatter, may_hold_chatter
+from .twins import TwinFolder, names_text
 
 _COLOURS = ("cyan", "yellow", "green", "magenta", "blue", "red",
             "bright_cyan", "bright_yellow", "bright_green", "bright_magenta", "bright_blue", "bright_red")
@@ -129,6 +132,8 @@ class Console:
         self.hidden_lines = 0  # TensorFlow chatter kept off the console
         self.dropped_lines = 0  # task lines left out because the console fell behind
         self._colour_of: dict[str, str] = {}
+        self._rank: dict[str, int] = {}  # the order tasks were registered in: folded names follow it
+        self._twins = TwinFolder()  # only the writer thread touches it
         self._out = _Sink(self.stream)
         self._err = self._out if self.messages is self.stream else _Sink(self.messages)
         term = os.environ.get("TERM", "")
@@ -150,6 +155,7 @@ class Console:
     def register(self, names: Iterable[str]) -> None:
         for name in names:
             self._colour_of.setdefault(name, _COLOURS[len(self._colour_of) % len(_COLOURS)])
+            self._rank.setdefault(name, len(self._rank))
             self.width = max(self.width, len(name))
             self._board.register([name])
 
@@ -220,13 +226,19 @@ class Console:
         while True:
             with self._cond:
                 if not self._queue and not self._stopping:
-                    self._cond.wait(self.refresh if self.status else None)
+                    self._cond.wait(self._wait_time())
                 items = list(self._queue)
                 self._queue.clear()
                 self._queued = 0
                 dropped, self._dropped = self._dropped, 0
                 stopping = self._stopping
-            pieces = [piece for item in items for piece in self._render(item)]
+            pieces = []
+            for item in items:
+                pieces += self._render(item)
+                if len(self._twins) > self._twins.max_waiting:  # a flood: the oldest lines print early
+                    pieces.append((self._out, self._twin_text(self._twins.due(time.monotonic()))))
+            if self._twins:
+                pieces.append((self._out, self._twin_text(self._twins.due(time.monotonic()))))
             if dropped:
                 self.dropped_lines += dropped
                 pieces.append((self._err, self._message_text(
@@ -235,17 +247,27 @@ class Console:
             if stopping:
                 return
 
+    def _wait_time(self) -> float | None:
+        """Until the status line is due for a redraw or a waiting line must print, whichever is first."""
+        due = self._twins.next_due()
+        if due is None:
+            return self.refresh if self.status else None
+        wait = max(0.0, due - time.monotonic())
+        return min(wait, self.refresh) if self.status else wait
+
     def _render(self, item: tuple) -> list[tuple[_Sink, str | bytes]]:
         kind = item[0]
         if kind == "task":
             return [(self._out, self._task_text(*item[1:]))]
         if kind == "message":
-            return [(self._err, self._message_text(item[1]))]
+            # Task lines still waiting for twins came first: they print before the message.
+            return [(self._out, self._twin_text(self._twins.flush())), (self._err, self._message_text(item[1]))]
         if kind == "states":
             self._states, self._restarts = item[1], item[3]
             ended = [name for name, state in self._states.items() if TaskState(state).ended]
-            return [(self._out, self._metric_lines(self._board.release(ended)))]
-        return [(self._out, self._metric_lines(self._board.release_all()))]
+            return [(self._out, self._lines_text(self._board.release(ended)))]
+        text = self._lines_text(self._board.release_all())
+        return [(self._out, self._twin_text(self._twins.flush()) + text.encode())]
 
     def _write(self, pieces: list[tuple[_Sink, str | bytes]], final: bool) -> None:
         pieces = [(sink, text) for sink, text in pieces if text and not sink.closed]
@@ -270,18 +292,40 @@ class Console:
 
     # -- text --------------------------------------------------------------------------------------
 
-    def _label(self, name: str) -> str:
+    def _label(self, name: str, group: bool = False) -> str:
         label = name.ljust(self.width)
-        if self.colour:
-            label = click.style(label, fg=self._colour_of.get(name, "white"))
+        if self.colour:  # several tasks' line: bold, in no task's colour
+            label = click.style(label, bold=True) if group else click.style(label, fg=self._colour_of.get(name, "white"))
         return f"{label} | "
 
     def _message_text(self, text: str) -> str:
         prefix = click.style("tflaunch:", bold=True) if self.message_colour else "tflaunch:"
         return "".join(f"{prefix} {line}\n" for line in text.splitlines() or [""])
 
-    def _metric_lines(self, lines: list[Line]) -> str:
+    def _folding(self) -> bool:
+        return not self.verbose and len(self._rank) > 1 and (self.only is None or len(self.only) > 1)
+
+    def _lines_text(self, lines: list[Line]) -> str:
+        """Lines of tasks: shown now, or handed to the twin folder (which shows them later)."""
+        if self._folding():
+            now = time.monotonic()
+            for task, text in lines:
+                self._twins.add(task, text.encode("utf-8", "replace"), now)
+            return ""
         return "".join(f"{self._label(task)}{text}\n" for task, text in lines)
+
+    def _twin_text(self, lines: list[tuple[list[str], bytes]]) -> bytes:
+        """Lines out of the twin folder, each under the name of its task or the names of its tasks."""
+        out = []
+        labels: dict[str, bytes] = {}
+        for tasks, line in lines:
+            if len(tasks) == 1:
+                label = labels.get(tasks[0]) or labels.setdefault(tasks[0], self._label(tasks[0]).encode())
+            else:
+                names = names_text(sorted(tasks, key=lambda name: self._rank.get(name, 1 << 30)))
+                label = self._label(names, group=True).encode()
+            out += (label, line, b"\n")
+        return b"".join(out)
 
     def _task_text(self, name: str, attempt: int, block: bytes, shown: bool, metrics: list[Record | None]) -> str | bytes:
         if self.verbose or not (metrics or may_hold_chatter(block)):
@@ -290,18 +334,20 @@ class Console:
                     self._board.add(name, attempt, record)
             if not shown:
                 return ""
-            prefix = self._label(name).encode()
             if not block.isascii():  # bytes that are not UTF-8 are shown as U+FFFD
                 block = block.decode("utf-8", "replace").encode()
+            if self._folding():
+                self._twins.add_block(name, block, time.monotonic())
+                return ""
+            prefix = self._label(name).encode()
             # The common case stays in bytes, one C-level replace: floods of output are cheap.
             return prefix + block[:-1].replace(b"\n", b"\n" + prefix) + b"\n"
-        out: list[str] = []
-        prefix = self._label(name)
+        lines: list[Line] = []
         records = iter(metrics)
         for raw in block[:-1].split(b"\n"):
             record = next(records, None) if PREFIX in raw else None
             if record is not None:
-                out.append(self._metric_lines(self._board.add(name, attempt, record)))
+                lines += self._board.add(name, attempt, record)
                 continue
             if not shown:
                 continue
@@ -309,8 +355,8 @@ class Console:
             if self._chatter.hides(name, line):
                 self.hidden_lines += 1
             else:
-                out.append(f"{prefix}{line}\n")
-        return "".join(out)
+                lines.append((name, line))
+        return self._lines_text(lines)
 
     def _status_text(self) -> str:
         elapsed = int(self.clock() - self.started)

@@ -9,6 +9,8 @@ Two pure pieces of the output path:
 - :class:`Chatter` recognises what TensorFlow's C++ runtime prints at start-up on every task
   (INFO lines, the oneDNN notice, the absl pre-init warning, "no cuda drivers" and the cuInit
   error that follows it on a CPU-only machine). The console hides these unless ``--verbose``.
+  :func:`twin_key` says which lines of different tasks are the same line for the console's
+  folding (:mod:`.twins`): the same bytes, but for the stamp of a TensorFlow log line.
 
 Cells are code points: wide characters and colour codes inside an overwritten line are not
 measured the way a terminal would, which progress bars (ASCII) never need.
@@ -146,8 +148,14 @@ def _emulate(line: str) -> tuple[list[str], int]:
 #   I0000 00:00:1795426522.929680    8464 port.cc:153] oneDNN custom operations are on...
 # and the older format:
 #   2024-01-01 12:00:00.123456: I tensorflow/core/platform/cpu_feature_guard.cc:182] This TensorFlow...
-_NATIVE = re.compile(r"^(?:([IWEF])\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ ([\w./-]+):\d+\] "
-                     r"|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: ([IWEF]) ([\w./-]+):\d+\] )")
+# The stamp is what differs between tasks that log the same message: the time and the thread id
+# (glog), or the date and time (the older format). The level letter and the source stay.
+_GLOG_STAMP = r"\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ "
+_OLD_STAMP = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: "
+_SOURCE = r"([\w./-]+):\d+\] "
+_NATIVE = re.compile(rf"^(?:([IWEF]){_GLOG_STAMP}{_SOURCE}|{_OLD_STAMP}([IWEF]) {_SOURCE})")
+_STAMPED = re.compile(rf"^(?:([IWEF]){_GLOG_STAMP}(?={_SOURCE})|{_OLD_STAMP}(?=[IWEF] {_SOURCE}))".encode())
+_MAYBE_STAMPED = re.compile(rb"^(?:[IWEF]\d{4} |\d{4}-\d\d-\d\d )", re.MULTILINE)
 _SOURCE_LINE = re.compile(rb"\.(?:cc|h):\d+\] ")
 _ABSL_PREINIT = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
 _NO_DRIVER = "Could not find cuda drivers on your machine, GPU will not be used."
@@ -166,6 +174,24 @@ _ROUTINE_WARNINGS = (
 def may_hold_chatter(block: bytes) -> bool:
     """A cheap test over a whole block before any of its lines is looked at one by one."""
     return _SOURCE_LINE.search(block) is not None or _ABSL_PREINIT.encode() in block
+
+
+def may_be_stamped(block: bytes) -> bool:
+    """Whether any line of ``block`` may start with a log stamp (see :func:`twin_key`); cheap."""
+    return _MAYBE_STAMPED.search(block) is not None
+
+
+def twin_key(line: bytes) -> bytes | tuple[bytes, bytes]:
+    """What two tasks' lines must share to be printed once for both.
+
+    The line itself, except for a TensorFlow C++ or absl log line: its time and thread id (or
+    date and time) are left out, since they differ on every task that logs the same message;
+    the level and the source file and line stay. The two kinds of key never compare equal.
+    """
+    match = _STAMPED.match(line)
+    if match is None:
+        return line
+    return (match.group(1) or b""), line[match.end():]
 
 
 class Chatter:

@@ -21,6 +21,7 @@ from .launch import TAIL_LINES, RunResult
 from .metricview import number as figure
 from .pump import tail_lines
 from .supervisor import Task
+from .twins import names_text
 
 
 def describe_plan(spec: ClusterSpec, plan: Plan) -> list[str]:
@@ -80,7 +81,7 @@ def describe_result(result: RunResult) -> list[str]:
     others = [t for t in final.tasks if t is not root]
     if others:
         lines.append("other tasks:" if root is not None else "tasks:")
-        lines += task_table(others, usage)
+        lines += task_table(others, usage, fold=len(final.tasks) >= FOLD_FROM)
     lines += leftover_lines(result)
     lines += training_lines(RunFolder(Path(result.run_dir)).read_metrics(), len(result.attempts))
     lines.append(f"logs in {result.run_dir}; tflaunch exits with {result.exit_code}")
@@ -100,19 +101,22 @@ def leftover_lines(result: RunResult) -> list[str]:
     return lines
 
 
-FOLD_ABOVE = 20  # a table of more tasks than this folds runs of alike tasks into one row
-FOLD_RUN = 3  # the shortest run of alike tasks that becomes one row
+FOLD_FROM = 8  # a table of this many tasks or more folds alike tasks into one row
+# Figures alike enough to share a row: peak RSS within a quarter (or 32 MB), mean CPU within 20 points.
+RSS_SPREAD, RSS_SLACK_MB, CPU_SPREAD = 0.25, 32.0, 20.0
 
 
-def task_table(tasks: list[Task], usage: dict[str, dict[str, Any]]) -> list[str]:
+def task_table(tasks: list[Task], usage: dict[str, dict[str, Any]], fold: bool | None = None) -> list[str]:
     """Each task's host, state, exit status, peak RSS and CPU (mean and peak; 100 % is one core).
 
-    Beyond :data:`FOLD_ABOVE` tasks, consecutive tasks of one role that ended alike (same state and
-    exit) share a row, ``worker-137 ... worker-599 (463 tasks)``, with their highest peaks and the
-    mean of their CPU means; run.json and ``tflaunch status`` still list every task.
+    Folded (by default from :data:`FOLD_FROM` tasks on), tasks that ended alike (same state and
+    exit) with similar figures share a row named by their range, ``worker-[0-6,8] (8 tasks)``,
+    with their highest peaks and the mean of their CPU means, so a task that differs keeps a row
+    of its own; run.json and ``tflaunch status`` still list every task.
     """
     rows = [("task", "host", "state", "exit", "peak RSS", "CPU mean", "CPU peak")]
-    groups = _alike_runs(tasks) if len(tasks) > FOLD_ABOVE else [[task] for task in tasks]
+    fold = len(tasks) >= FOLD_FROM if fold is None else fold
+    groups = alike_groups(tasks, usage) if fold else [[task] for task in tasks]
     for group in groups:
         first = group[0]
         figures = [usage.get(task.name, {}) for task in group]
@@ -121,7 +125,7 @@ def task_table(tasks: list[Task], usage: dict[str, dict[str, Any]]) -> list[str]
         means = [m for f in figures if figure(m := f.get("cpu_percent_mean"))]
         mean = sum(means) / len(means) if means else None
         hosts = sorted({task.launch.host for task in group})
-        name = first.name if len(group) == 1 else f"{first.name} ... {group[-1].name} ({len(group)} tasks)"
+        name = first.name if len(group) == 1 else f"{names_text(t.name for t in group)} ({len(group)} tasks)"
         rows.append((name, hosts[0] if len(hosts) == 1 else f"{len(hosts)} hosts", _state(first), _exit(first),
                      f"{rss:,.0f} MB" if figure(rss) else "-", f"{mean:.0f} %" if figure(mean) else "-",
                      f"{peak:.0f} %" if figure(peak) else "-"))
@@ -130,18 +134,45 @@ def task_table(tasks: list[Task], usage: dict[str, dict[str, Any]]) -> list[str]
                              for i, (cell, w) in enumerate(zip(row, widths))).rstrip() for row in rows]
 
 
-def _alike_runs(tasks: list[Task]) -> list[list[Task]]:
-    """The tasks in order, cut into runs of consecutive tasks of one role with the same state and exit;
-    short runs stay single rows."""
-    runs: list[list[Task]] = []
+def alike_groups(tasks: list[Task], usage: dict[str, dict[str, Any]]) -> list[list[Task]]:
+    """The tasks cut into groups that ended alike (state and exit) with similar figures, in the
+    order of each group's first task; a task joins the first group it fits.
+
+    Similar: every measured peak RSS of a group within :data:`RSS_SPREAD` (or :data:`RSS_SLACK_MB`)
+    of each other, every mean CPU within :data:`CPU_SPREAD` points. A figure that was not measured
+    (a task too short to sample) differs from none.
+    """
+    groups: list[tuple[tuple[str, str], list[Task], list[_Span]]] = []
     for task in tasks:
-        last = runs[-1][-1] if runs else None
-        if (last is not None and task.launch.index == last.launch.index + 1
-                and (last.role, _state(last), _exit(last)) == (task.role, _state(task), _exit(task))):
-            runs[-1].append(task)
+        ended = (_state(task), _exit(task))
+        mine = usage.get(task.name, {})
+        figures = (mine.get("rss_mb_peak"), mine.get("cpu_percent_mean"))
+        for alike, group, spans in groups:
+            wider = [_widen(span, value) for span, value in zip(spans, figures)]
+            if alike == ended and _close_rss(wider[0]) and _close_cpu(wider[1]):
+                group.append(task)
+                spans[:] = wider
+                break
         else:
-            runs.append([task])
-    return [group for run in runs for group in ([run] if len(run) >= FOLD_RUN else [[t] for t in run])]
+            groups.append((ended, [task], [_widen(None, value) for value in figures]))
+    return [group for _, group, _ in groups]
+
+
+_Span = tuple[float, float] | None  # the lowest and highest of a figure in a group, None if never measured
+
+
+def _widen(span: _Span, value: Any) -> _Span:
+    if not figure(value):
+        return span
+    return (value, value) if span is None else (min(span[0], value), max(span[1], value))
+
+
+def _close_rss(span: _Span) -> bool:
+    return span is None or span[1] - span[0] <= max(RSS_SPREAD * span[1], RSS_SLACK_MB)
+
+
+def _close_cpu(span: _Span) -> bool:
+    return span is None or span[1] - span[0] <= CPU_SPREAD
 
 
 def _highest(values) -> float | None:
