@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, TASK
+from polling import wait_for
 from launcher.cluster.reader import parse_cluster
 from launcher.errors import ConfigError, LaunchError
 from launcher.inspect.report import build_report, compare_runs, report_lines, runs_lines, status_lines
@@ -475,3 +476,135 @@ def psutil_user(pid: int) -> str:
     import psutil
 
     return psutil.Process(pid).username()
+
+
+# -- 8. the mesh probe's listeners and a stranger's connections -------------------------------
+
+STRANGER = """\
+import socket, sys, time
+port, count = int(sys.argv[1]), int(sys.argv[2])
+socks, failed = [], 0
+for _ in range(count):
+    sock = socket.socket()
+    sock.settimeout(10)
+    try:
+        sock.connect(("127.0.0.1", port))
+    except OSError:
+        failed += 1
+        continue
+    sock.setblocking(False)
+    try:
+        sock.send(b"x" * 65536)  # read and dropped by the probe, never kept
+    except OSError:
+        pass
+    socks.append(sock)
+print("OPEN %d %d" % (len(socks), failed), flush=True)
+closed, shown = set(), -1
+while True:  # say how many the probe has closed, until the test closes stdin... or forever
+    for i, sock in enumerate(socks):
+        if i not in closed:
+            try:
+                if sock.recv(65536) == b"":
+                    closed.add(i)
+            except BlockingIOError:
+                pass
+            except OSError:
+                closed.add(i)
+    if len(closed) != shown:
+        shown = len(closed)
+        print("CLOSED %d" % shown, flush=True)
+    time.sleep(0.1)
+"""
+needs_nobody = pytest.mark.skipif(not (Path(SYSTEM_PYTHON).exists() and shutil.which("setpriv") and
+                                       os.geteuid() == 0), reason="needs root, setpriv and /usr/bin/python3")
+
+
+def mesh_probe(targets: int, timeout: float) -> tuple[subprocess.Popen, int]:
+    """The real probe, started as tflaunch starts it on a host, and the port it listens on."""
+    import base64
+
+    from launcher.run.mesh import MESH_SOURCE
+
+    for _ in range(20):  # a port found free may be taken before the probe binds it (a busy machine)
+        port = free_local_port()
+        request = {"listen": [port], "timeout": timeout, "lifetime": 120,
+                   "targets": [{"id": i, "host": "127.0.0.1", "port": port} for i in range(targets)]}
+        encoded = base64.b64encode(json.dumps(request).encode()).decode()
+        proc = subprocess.Popen([sys.executable, "-c", MESH_SOURCE, encoded], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)
+        listening = proc.stdout.readline().strip()
+        if listening == 'TFLAUNCH_MESH_LISTENING {"%d": null}' % port:
+            return proc, port
+        assert "address already in use" in listening, listening
+        stopped(proc)
+    pytest.fail("no port the mesh probe could listen on")
+
+
+def free_local_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def backlog(port: int) -> int:
+    """Connections waiting in the kernel to be accepted on ``port`` (the listener's Recv-Q)."""
+    listener = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True).stdout
+    return int(listener.split()[1])
+
+
+def stranger(port: int, count: int) -> tuple[subprocess.Popen, list[str]]:
+    proc = subprocess.Popen([*NOBODY, SYSTEM_PYTHON, "-c", STRANGER, str(port), str(count)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    return proc, proc.stdout.readline().split()
+
+
+@needs_nobody
+def test_a_strangers_connections_to_the_mesh_probe_are_bounded_and_each_has_a_deadline(tmp_path):
+    import socket
+
+    probe, port = mesh_probe(targets=200, timeout=3)
+    visitor, opened = stranger(port, 100)
+    try:
+        assert opened == ["OPEN", "100", "0"]
+        wait_for(lambda: backlog(port) == 0, message="the probe to accept every connection")
+        # Held at once: MAX_HELD of the stranger's 100, not all of them.
+        assert len(os.listdir(f"/proc/{probe.pid}/fd")) <= 64 + 10
+        with socket.create_connection(("127.0.0.1", port), timeout=10):
+            pass  # a prober still gets in
+        closed = None
+        while closed != "CLOSED 100":  # every one reset by its deadline (3 s), whatever the stranger does
+            closed = visitor.stdout.readline().strip()
+            assert closed.startswith("CLOSED"), closed
+        probe.stdin.write("go\n")
+        probe.stdin.flush()
+        results = json.loads(probe.stdout.readline().split(" ", 1)[1])
+        assert len(results) == 200 and all(r["ok"] for r in results), results[:3]
+        probe.stdin.close()
+        assert probe.wait(timeout=30) == 0
+    finally:
+        stopped(visitor)
+        if probe.poll() is None:
+            stopped(probe)
+
+
+@needs_nobody
+def test_the_mesh_probe_accepts_no_more_than_its_total_and_still_ends_on_eof(tmp_path):
+    probe, port = mesh_probe(targets=0, timeout=30)  # a total of 64 + 2 x 1 port x 1 = 66 connections
+    visitor, opened = stranger(port, 100)
+    try:
+        assert opened == ["OPEN", "100", "0"]
+        # The 34 past the total wait in the kernel's backlog: the probe no longer accepts them.
+        wait_for(lambda: backlog(port) == 100 - 66, message=lambda: f"34 connections in the backlog, not "
+                                                                     f"{backlog(port)}")
+        try:
+            probe.stdin.write("x" * 100_000)  # no line is that long: the probe reads it as the end
+            probe.stdin.flush()
+        except BrokenPipeError:
+            pass  # it stopped reading before the rest came
+        assert probe.wait(timeout=30) == 0
+    finally:
+        stopped(visitor)
+        if probe.poll() is None:
+            stopped(probe)

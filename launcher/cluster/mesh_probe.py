@@ -18,13 +18,21 @@ Protocol on stdout/stdin, one line each, so that every host listens before any h
 
 EOF at any point ends it: when the launcher or its ssh client dies, nothing stays behind.
 Python 3.6+ compatible on purpose: it runs on whatever interpreter a host has.
+
+The listeners are on the task ports of a shared host, open to anyone who can reach it. A prober
+only needs the handshake (it resets the connection at once), so what a stranger can do is bounded:
+at most MAX_HELD connections are held at once (the oldest goes when another arrives), each for at
+most the connect timeout, whatever is sent on them is read and dropped, and after a total of
+accepted connections that every other host's probe could not need, the listeners accept no more.
 """
 
 import base64
+import collections
 import errno
 import json
 import os
 import select
+import selectors
 import socket
 import struct
 import sys
@@ -32,6 +40,8 @@ import threading
 import time
 
 MAX_PARALLEL = 64
+MAX_HELD = 64  # accepted connections held open at once
+MAX_LINE = 4096  # bytes of one line on stdin (the launcher writes "go")
 
 # Why a connect failed, by errno. Linux answers a connect through a blackhole route with EINVAL.
 CAUSES = {
@@ -81,29 +91,65 @@ def abort(sock):
     sock.close()
 
 
-def accept_forever(listeners):
-    """Accept every connection and keep it until the peer closes it.
+def accept_connections(listeners, hold, total):
+    """Accept connections and keep each until its peer closes it, ``hold`` seconds at most.
 
     Accepting keeps a full backlog from turning a peer's connect into a timeout. Leaving the close
     to the peer (which resets) leaves no TIME_WAIT on the task's port here, and no reset that could
-    race the peer's own connect.
+    race the peer's own connect; a connection still open at its deadline, or the oldest one when
+    MAX_HELD are open, is reset from here. After ``total`` connections the listeners stay bound
+    (the ports stay held) but nothing more is accepted.
     """
-    accepted = []
+    chooser = selectors.DefaultSelector()  # epoll where there is one: no limit on descriptor numbers
+    for sock in listeners:
+        sock.setblocking(False)
+        chooser.register(sock, selectors.EVENT_READ, "listener")
+    held = collections.OrderedDict()  # connection -> deadline, oldest first
+
+    def drop(conn):
+        chooser.unregister(conn)
+        del held[conn]
+        abort(conn)
+
+    accepted = 0
     while True:
+        now = time.time()
+        while held and next(iter(held.values())) <= now:
+            drop(next(iter(held)))
         try:
-            ready, _, _ = select.select(listeners + accepted, [], [])
+            events = chooser.select(next(iter(held.values())) - now if held else None)
         except (OSError, ValueError):
             return  # a listener was closed: the probe is ending
-        for sock in ready:
-            try:
-                if sock in listeners:
-                    accepted.append(sock.accept()[0])
-                elif not sock.recv(1):
-                    raise OSError("closed")
-            except OSError:
-                if sock in accepted:
-                    accepted.remove(sock)
-                    sock.close()
+        for key, _ in events:
+            sock = key.fileobj
+            if key.data == "listener":
+                if accepted >= total:
+                    continue
+                try:
+                    conn = sock.accept()[0]
+                except (BlockingIOError, InterruptedError):
+                    continue
+                except OSError:  # out of descriptors, say: wait rather than spin on a ready listener
+                    time.sleep(0.05)
+                    continue
+                accepted += 1
+                if accepted >= total:
+                    for listener in listeners:
+                        chooser.unregister(listener)
+                if len(held) >= MAX_HELD:
+                    drop(next(iter(held)))
+                conn.setblocking(False)
+                held[conn] = time.time() + hold
+                chooser.register(conn, selectors.EVENT_READ, "held")
+            elif sock in held:
+                try:
+                    data = sock.recv(4096)  # nothing is expected; what comes is dropped
+                except (BlockingIOError, InterruptedError):
+                    continue
+                except OSError:
+                    data = b""
+                if not data:
+                    drop(sock)
 
 
 def describe(exc, timeout):
@@ -186,7 +232,8 @@ class LineReader:
         self.eof = False
 
     def line(self, deadline):
-        """The next line, or None on EOF or when ``deadline`` passes."""
+        """The next line (bytes), or None on EOF, when ``deadline`` passes, or after MAX_LINE bytes
+        without a newline (then nothing more is read: no line of this protocol is that long)."""
         while b"\n" not in self.buffer and not self.eof:
             remaining = deadline - time.time()
             if remaining <= 0:
@@ -196,10 +243,12 @@ class LineReader:
                 chunk = os.read(self.fd, 4096)
                 self.eof = not chunk
                 self.buffer += chunk
+                if b"\n" not in self.buffer and len(self.buffer) > MAX_LINE:
+                    self.eof, self.buffer = True, b""
         if b"\n" not in self.buffer:
             return None
         line, self.buffer = self.buffer.split(b"\n", 1)
-        return line.decode("utf-8", "replace")
+        return line
 
 
 def say(mark, payload):
@@ -218,13 +267,15 @@ def main():
             status[str(port)] = None
         except OSError as exc:
             status[str(port)] = describe(exc, timeout)
+    targets = request.get("targets", [])
     if listeners:
-        threading.Thread(target=accept_forever, args=(listeners,), daemon=True).start()
+        # Every other host's probe dials each of these ports once; its targets include every other host.
+        total = MAX_HELD + 2 * len(listeners) * (len(targets) + 1)
+        threading.Thread(target=accept_connections, args=(listeners, timeout, total), daemon=True).start()
     say("TFLAUNCH_MESH_LISTENING", status)
     stdin = LineReader()
     line = stdin.line(deadline)
-    if line is not None and line.strip() == "go":
-        targets = request.get("targets", [])
+    if line is not None and line.strip() == b"go":
         say("TFLAUNCH_MESH_RESULT", connect_all(targets, timeout, min(deadline, time.time() + timeout + 2)))
         while stdin.line(deadline) is not None:  # hold the listeners until the launcher closes stdin
             pass
