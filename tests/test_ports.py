@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from launcher.cluster import ports as ports_module
-from launcher.cluster.ports import PortReservation, lock_folders, port_is_free, reserve_ports
+from launcher.cluster.ports import HELD_AT_MOST, PortReservation, lock_folders, port_is_free, reserve_ports
 
 
 def listening(family: int = socket.AF_INET, address: str = "127.0.0.1", port: int = 0,
@@ -366,15 +366,25 @@ def test_giving_up_names_the_task_and_releases_what_it_held(folder, monkeypatch)
         os.close(blocker)
 
 
-def test_a_reservation_holds_one_lock_descriptor_and_a_socket_per_port_until_unheld(folder):
+def test_a_reservation_holds_one_lock_descriptor_and_a_socket_per_held_port_until_unheld(folder):
     before = len(os.listdir("/proc/self/fd"))
     with reserve_ports([f"t{i}" for i in range(300)], folders=[folder]) as reservation:
         assert len(set(reservation.ports.values())) == 300
-        assert len(os.listdir("/proc/self/fd")) == before + 301
+        assert len(os.listdir("/proc/self/fd")) == before + 1 + HELD_AT_MOST
         reservation.unhold()
         assert len(os.listdir("/proc/self/fd")) == before + 1
         assert all(lock_is_held(folder, port) for port in reservation.ports.values())
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_past_what_it_may_hold_a_reservation_locks_distinct_ports_only(folder, monkeypatch):
+    port = free_port()
+    offer(monkeypatch, 0, 0, port, port, port)  # an unheld port offered again is still not given twice
+    with reserve_ports([f"t{i}" for i in range(5)], folders=[folder], hold=2) as reservation:
+        ports = list(reservation.ports.values())
+        assert len(set(ports)) == 5 and ports[2] == port
+        assert [bound_by_someone(p) for p in ports] == [True, True, False, False, False]
+        assert all(lock_is_held(folder, p) for p in ports)
 
 
 def test_the_default_folders_are_the_users_own_in_the_temp_dir_then_the_cache(monkeypatch, tmp_path):

@@ -1,15 +1,17 @@
 """Ports on this machine: free ports reserved for ``auto`` tasks, and clash checks.
 
 A port found free is free only until someone else takes it, so each port picked for a run is
-held twice:
+kept two ways:
 
-- by a socket bound to it on every address (one dual-stack IPv6 socket where the machine has
-  IPv6), made without SO_REUSEADDR so that the kernel hands out a port no socket has, and no
+- held by a socket bound to it on every address (one dual-stack IPv6 socket where the machine
+  has IPv6), made without SO_REUSEADDR so that the kernel hands out a port no socket has, and no
   other user's program can bind it, whatever options it sets. SO_REUSEPORT, set after the bind,
   lets this user's own probes listen there meanwhile (see :func:`~.probe.port_is_free`).
   TensorFlow's server does not set it, so the socket is closed just before the run's tasks start
   (:meth:`PortReservation.unhold`); from then until the task has bound the port (TensorFlow's
-  start-up, some seconds) any program could take it, and the task would fail to start.
+  start-up, some seconds) any program could take it, and the task would fail to start. At most
+  :data:`HELD_AT_MOST` ports of a run are held (fewer when the open-files limit has no room);
+  the others were free when picked and are only locked.
 - by an exclusive lock on byte ``port`` of a lock file of the user's own, for the whole run: two
   tflaunch runs of one user never pick the same port, also while one's task is still starting or
   restarting on it and the kernel does not know the port is spoken for. It is an
@@ -37,7 +39,11 @@ from pathlib import Path
 
 from .probe import port_is_free
 
-__all__ = ["PortReservation", "lock_folders", "port_is_free", "reserve_ports"]
+__all__ = ["HELD_AT_MOST", "PortReservation", "lock_folders", "port_is_free", "reserve_ports"]
+
+# Ports of one run held as sockets; the rest are locked only. Each held port is a descriptor until
+# the tasks start, and the kernel's search for a free port slows as more of them are bound.
+HELD_AT_MOST = 256
 
 
 class PortReservation:
@@ -80,15 +86,18 @@ def lock_folders() -> list[Path]:
     return folders + [Path(cache) / "tflaunch"]
 
 
-def reserve_ports(names: list[str], folders: Sequence[Path] | None = None, attempts: int = 200) -> PortReservation:
-    """A free port for each task name, held and locked (see the module docstring).
+def reserve_ports(names: list[str], folders: Sequence[Path] | None = None, attempts: int = 200,
+                  hold: int = HELD_AT_MOST) -> PortReservation:
+    """A free port for each task name, locked, and the first ``hold`` of them held (see the
+    module docstring); the others were free when picked.
 
     OSError when the lock has no folder of the user's own, or when ``attempts`` picks in a row
-    were all ports that another run of the user's has locked."""
+    were all ports that this run or another of the user's has locked."""
     reservation = PortReservation()
     if not names:
         return reservation
     reservation._lock_fd = fd = open_port_lock(lock_folders() if folders is None else folders)
+    taken: set[int] = set()
     try:
         for name in names:
             for _ in range(attempts):
@@ -96,11 +105,18 @@ def reserve_ports(names: list[str], folders: Sequence[Path] | None = None, attem
                 if holder is None:
                     continue
                 port = holder.getsockname()[1]
-                if _lock_byte(fd, port):
+                # Taken: an earlier port of this run that is locked only (its own lock does not stop
+                # it), or locked by another run of this user's, whose task may still be starting.
+                if port in taken or not _lock_byte(fd, port):
+                    holder.close()
+                    continue
+                taken.add(port)
+                reservation.ports[name] = port
+                if len(reservation._holders) < min(hold, HELD_AT_MOST):
                     reservation._holders.append(holder)
-                    reservation.ports[name] = port
-                    break
-                holder.close()  # another run of this user's has it: its task may still be starting
+                else:
+                    holder.close()
+                break
             else:
                 raise OSError(errno.EADDRINUSE, f"no free port found for {name} after {attempts} tries")
     except BaseException:
@@ -110,19 +126,24 @@ def reserve_ports(names: list[str], folders: Sequence[Path] | None = None, attem
 
 
 def _hold(port: int = 0) -> socket.socket | None:
-    """A socket bound to ``port`` (0: one the kernel picks) on every address; None when taken."""
+    """A socket bound to ``port`` (0: one the kernel picks) on every address; None when taken.
+
+    Without SO_REUSEADDR: the kernel hands out a port no socket has, and no socket that sets it
+    can bind the port beside this one."""
     for family, address in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
         try:
             sock = socket.socket(family, socket.SOCK_STREAM)
-        except OSError:
-            continue  # no IPv6 on this machine
+        except OSError as exc:
+            if family == socket.AF_INET6 and exc.errno == errno.EAFNOSUPPORT:
+                continue  # no IPv6 on this machine
+            raise
         try:
             if family == socket.AF_INET6:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # IPv4 too
             sock.bind((address, port))
         except OSError as exc:
             sock.close()
-            if exc.errno == errno.EADDRINUSE:
+            if exc.errno == errno.EADDRINUSE:  # taken, or (port 0) none left to hand out
                 return None
             if family == socket.AF_INET6 and exc.errno == errno.EADDRNOTAVAIL:
                 continue  # IPv6 switched off on this machine

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Callable
 
 from ..cluster.machine import cpu_count, local_host_names
 from ..cluster.plan import Plan, RunContext, plan_cluster
-from ..cluster.ports import PortReservation, port_is_free, reserve_ports
+from ..cluster.ports import HELD_AT_MOST, PortReservation, port_is_free, reserve_ports
 from ..cluster.spec import AUTO, ClusterSpec, EnvLayer, check_launch_input, is_local
 from ..errors import EnvironmentProblem, PortInUseError, PreflightError, UnknownTaskError
 from ..records.folder import DEFAULT_LOG_DIR, RunFolder
@@ -166,10 +166,12 @@ def _agent_ports(spec: ClusterSpec, local_hosts: frozenset[str], request: Launch
     return spec.with_ports(chosen)
 
 
-def _reserve_auto_ports(spec: ClusterSpec, local_hosts: frozenset[str]) -> PortReservation:
-    """Free ports, held and locked, for the tasks on this machine whose port is ``auto``."""
+def _reserve_auto_ports(spec: ClusterSpec, local_hosts: frozenset[str], hold: int = HELD_AT_MOST) -> PortReservation:
+    """Free, locked ports for the tasks on this machine whose port is ``auto``; at most ``hold``
+    of them held as sockets (the descriptors the run can spare)."""
     try:
-        return reserve_ports([t.name for t in spec.tasks if t.port == AUTO and is_local(t.host, local_hosts)])
+        return reserve_ports([t.name for t in spec.tasks if t.port == AUTO and is_local(t.host, local_hosts)],
+                             hold=hold)
     except OSError as exc:
         if exc.errno == errno.EMFILE:
             raise EnvironmentProblem(f"{spec.source}: cannot reserve ports for {len(spec.tasks)} tasks: "
@@ -202,8 +204,8 @@ def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS,
         local_hosts = local_host_names()
         spec = build_spec(request, local_hosts)
         _warn_if_exposed(spec, console)
-        check_open_files(spec, local_hosts)
-        reservation = _reserve_auto_ports(spec, local_hosts)
+        spare = check_open_files(spec, local_hosts)
+        reservation = _reserve_auto_ports(spec, local_hosts, hold=spare)
         # One agent per host for the whole run: the preflight's probes go through the same agents.
         transports = TransportSet(request.grace)
         try:

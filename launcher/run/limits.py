@@ -23,8 +23,9 @@ def descriptors_needed(tasks: int, hosts: int, remote_tasks: int) -> int:
     return BASE + PER_HOST * hosts + min(tasks, OPEN_FILES) + min(remote_tasks, OPEN_LOGS)
 
 
-def check_open_files(spec: ClusterSpec, local_hosts: frozenset[str]) -> None:
-    """Raise the limit, then refuse the run in one line if it still cannot hold what it needs."""
+def check_open_files(spec: ClusterSpec, local_hosts: frozenset[str]) -> int:
+    """Raise the limit, then refuse the run in one line if it still cannot hold what it needs;
+    returns how many descriptors the limit leaves to spare beyond that."""
     limit = raise_open_files_limit()
     local = [is_local(task.host, local_hosts) and spec.transport is None for task in spec.tasks]
     hosts = len({"localhost" if here else task.host for task, here in zip(spec.tasks, local)})
@@ -34,3 +35,4 @@ def check_open_files(spec: ClusterSpec, local_hosts: frozenset[str]) -> None:
                                  f"{hosts} host{'s' if hosts != 1 else ''}), but the limit is {limit} and cannot "
                                  f"be raised further; raise it with 'ulimit -n {needed}' (or in "
                                  "/etc/security/limits.conf) and run again")
+    return limit - needed
