@@ -47,8 +47,8 @@ HELD_AT_MOST = 256
 
 
 class PortReservation:
-    """Ports picked for one run, each held by a socket until :meth:`unhold` and locked against the
-    user's other runs until :meth:`release` (or process exit)."""
+    """Ports picked for one run: locked against the user's other runs until :meth:`release` (or
+    process exit), and the held ones held by a socket until :meth:`unhold`."""
 
     def __init__(self) -> None:
         self.ports: dict[str, int] = {}
