@@ -335,7 +335,6 @@ def test_pump_writes_task_lines_to_merged_log_with_prefix(tmp_path):
     ]
     assert run.out.getvalue() == (
         "worker-0 | hello\nworker-0 | world\nworker-0 | partial, no newline\nworker-1 | from one\n")
-    assert run.pump.progress.last_output == NOW
 
 
 def test_pump_keeps_raw_bytes_in_merged_log(tmp_path):
@@ -357,20 +356,6 @@ def test_pump_folds_progress_bars_in_merged_log_and_on_the_console(tmp_path):
     assert b"\x08" not in (tmp_path / "merged.log").read_bytes()
     assert run.out.getvalue() == f"worker-0 | Epoch 1/2\nworker-0 | {bar.decode()}\nworker-0 | done\n"
     assert path.read_bytes() == KERAS_EPOCH + b"done\n"  # the task's own file is never touched
-
-
-def test_an_unfinished_progress_line_counts_as_activity(tmp_path):
-    now = [NOW]
-    console, _, _ = make_console()
-    pump = OutputPump(tmp_path / "merged.log", tmp_path / "metrics.jsonl", console, clock=lambda: now[0])
-    path = tmp_path / "worker-0.log"
-    pump.follow("worker-0", path)
-    now[0] += 100
-    append(path, b"\r 3/16 [=====>....]")  # no newline yet: no line, but the task is alive
-    pump.finish_all()
-    assert pump.progress.last_output == NOW + 100
-    pump.close()
-    console.close()
 
 
 def test_pump_records_its_own_messages(tmp_path):

@@ -13,6 +13,7 @@ from .. import __version__
 COMMAND_MODULES = {
     "run": "run", "check": "run",
     "runs": "inspect", "logs": "inspect", "status": "inspect", "report": "inspect", "compare": "inspect",
+    "stacks": "inspect",
     "export": "export", "submit": "submit", "tensorboard": "tensorboard",
 }
 

@@ -1,4 +1,4 @@
-"""Command line of the inspection commands: ``runs``, ``logs``, ``status``, ``report``, ``compare``.
+"""Command line of the inspection commands: ``runs``, ``logs``, ``status``, ``report``, ``compare``, ``stacks``.
 
 They read run folders that ``tflaunch`` runs left in the log directory (see :mod:`launcher.inspect.runs`)
 and print what :mod:`launcher.inspect.report` makes of them. The library is imported inside each command
@@ -144,3 +144,21 @@ def compare_command(run_refs: tuple[str, ...], log_dir: str, as_json: bool) -> N
         _echo_json(compare_json(rows))
     else:
         _echo_lines(compare_lines(rows))
+
+
+@cli.command("stacks", epilog=RUN_ARG_HELP[:-1] + ", or the path of a run folder.")
+@click.argument("run_ref", required=False, metavar="[RUN]")
+@log_dir_option
+@json_option
+def stacks_command(run_ref: str | None, log_dir: str, as_json: bool) -> None:
+    """Every task's Python stacks of a running run, now, and which task differs from the rest.
+
+    Asks the run's tflaunch (on this machine, as the user who started it); the run goes on.
+    """
+    from ..inspect.stacks import find_run, live_stacks, stacks_lines
+
+    answer = live_stacks(find_run(log_dir, run_ref))
+    if as_json:
+        _echo_json(answer)
+    else:
+        _echo_lines(stacks_lines(answer))

@@ -106,7 +106,8 @@ def _parse_threads(ctx: click.Context, param: click.Parameter, value: str | None
 @click.option("--start-timeout", type=click.FloatRange(min=0, min_open=True), metavar="S",
               help="Fail the attempt when some training task reports no progress (metric line) within S seconds.")
 @click.option("--hang-timeout", type=click.FloatRange(min=0, min_open=True), metavar="S",
-              help="When no task writes any output for S seconds: dump every task's stacks, then fail the attempt.")
+              help="When no chief or worker makes progress for S seconds (no new metric line, under 10% of a core; "
+                   "output does not count): sample every task's stacks, name the task that differs, fail the attempt.")
 @click.option("-e", "--env", "env", multiple=True, callback=_parse_env, metavar="KEY[=VALUE]", help=ENV_HELP)
 @click.option("--evaluator-timeout", type=click.FloatRange(min=0), default=300.0, show_default=True, metavar="S",
               help="After training succeeds, seconds a running evaluator may take to finish its last "

@@ -185,6 +185,7 @@ class Report:
     plot: str | None = None  # the PNG's path, when one was asked for and drawn
     plot_note: str | None = None  # why there is none, when one was asked for
     notes: list[str] = field(default_factory=list)
+    root_cause: str | None = None  # one line on what ended a failed run (a hang's culprit and where it stopped)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -213,7 +214,7 @@ def build_report(run: Run, task: str | None = None, all_tasks: bool = False, plo
                                  f"watch it with 'tflaunch logs --follow {run.run_id}'")
         raise NoMetricsError(f"run {run.run_id} has no epoch metrics: {whose} printed no TFLAUNCH_METRIC lines")
     report = Report(run.run_id, str(run.record.source), status, run.record.exit_code,
-                    chief, epochs, final_record(run, metrics), run.resources())
+                    chief, epochs, final_record(run, metrics), run.resources(), root_cause=cause_line(run))
     if status == "running":
         report.notes.append(f"run {run.run_id} is still running: figures up to epoch "
                             f"{max(r['epoch'] for rows in epochs.values() for r in rows)} so far")
@@ -223,6 +224,16 @@ def build_report(run: Run, task: str | None = None, all_tasks: bool = False, plo
         except ImportError:
             report.plot_note = PLOT_MISSING
     return report
+
+
+def cause_line(run: Run) -> str | None:
+    """The run's root cause in one line: the task, and what its diagnosis (a hang's verdict) says."""
+    root = run.record.root_cause
+    if root is None:
+        return None
+    said = (root.diagnosis or {}).get("summary") or root.error or (
+        f"exit code {root.exit_code}" if root.exit_code is not None else None)
+    return f"{root.task} on {root.host}" + (f": {said}" if said else "")
 
 
 def _epoch_row(record: dict[str, Any]) -> dict[str, Any]:
@@ -235,6 +246,7 @@ def report_lines(report: Report) -> list[str]:
     epochs_total = max(len(rows) for rows in report.epochs.values())
     lines = [f"run {report.run_id} ({report.source}): {status_text(report.status, report.exit_code)}, "
              f"{epochs_total} epoch(s)"]
+    lines += [f"root cause: {report.root_cause}"] if report.root_cause else []
     lines += [f"note: {n}" for n in report.notes]
     for name, rows in report.epochs.items():
         role = " (chief)" if name == report.chief else ""

@@ -1,4 +1,4 @@
-"""What the tasks' output says about progress, shared between the output pump and its readers.
+"""What the tasks' metric lines say about progress, shared between the output pump and its readers.
 
 The pump's thread writes it as lines arrive; the watchdog (on the supervisor's thread) and the
 session read it. The object owns its lock, so no reader ever looks at another thread's
@@ -12,31 +12,27 @@ from typing import Iterable
 
 
 class Progress:
-    """When any task last wrote anything, and when each task of each attempt first reported a metric."""
+    """When each task of each attempt first and last reported a metric (plain output is no progress)."""
 
-    def __init__(self, now: float):
+    def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._last_output = now
         self._first_metric: dict[tuple[int, str], float] = {}
+        self._last_metric: dict[tuple[int, str], float] = {}
 
     # -- written by the pump ----------------------------------------------------------------------
-
-    def output(self, when: float) -> None:
-        """A task wrote something (any byte, also a progress bar that has not finished its line)."""
-        with self._lock:
-            self._last_output = when
 
     def metric(self, attempt: int, task: str, when: float) -> None:
         """A task reported a metric record."""
         with self._lock:
             self._first_metric.setdefault((attempt, task), when)
+            self._last_metric[(attempt, task)] = when
 
     # -- read by the watchdog and the session -------------------------------------------------------
 
-    @property
-    def last_output(self) -> float:
+    def last_metric(self, attempt: int, task: str) -> float | None:
+        """When ``task`` last reported a metric in ``attempt`` (None: not yet)."""
         with self._lock:
-            return self._last_output
+            return self._last_metric.get((attempt, task))
 
     def silent(self, attempt: int, tasks: Iterable[str]) -> list[str]:
         """Those of ``tasks`` that have reported no metric in ``attempt`` yet."""

@@ -111,7 +111,7 @@ class OutputPump:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.progress = Progress(clock())  # read by the watchdog and the session
+        self.progress = Progress()  # read by the watchdog and the session
         self.attempt = 1  # the attempt tflaunch's own messages belong to
         # Why the run's own files could not be written (a full disk, a removed folder): the run
         # stops its tasks and reports it. Set once; the pump then only drains the task files.
@@ -223,7 +223,6 @@ class OutputPump:
             got = True
             source.offset += len(chunk)
             source.last_output = now
-            self.progress.output(self.clock())
             self._emit(source, source.splitter.feed_block(chunk))
         if force:
             self._close_source(source)

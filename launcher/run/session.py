@@ -31,6 +31,7 @@ from ..transports.base import Reading, signal_name
 from .pump import OutputPump, tail_lines
 from .resources import ResourceSampler
 from .signals import Signals
+from .control import ControlServer
 from .supervisor import AttemptResult, Supervisor, SupervisorOptions, Task, Trip
 from .watchdog import Watchdog, WatchdogSettings, training_tasks
 
@@ -109,6 +110,7 @@ class RunSession:
         self.attempt_number = 1
         plan: Plan | None = self._begin()
         self.pump = OutputPump(self.folder.merged_path, self.folder.metrics_path, self.console).start()
+        control = ControlServer(self.folder, lambda: self.supervisor).start()  # serves 'tflaunch stacks'
         sampler = ResourceSampler(self._live_readings, self.folder.path, attempt=lambda: self.attempt_number)
         sampler.start()
         result: AttemptResult | None = None
@@ -123,8 +125,9 @@ class RunSession:
         except OSError as exc:  # the run folder itself failed us (full disk, removed, read-only)
             error = _describe_os_error(exc)
         finally:
+            control.close()
             sampler.stop()
-            self._close_transports()
+            self.transports.close()
             self.pump.close()
             error = error or self._storage_failure()
             exit_code, status = self._outcome(result, interrupted, error)
@@ -241,6 +244,7 @@ class RunSession:
         started = time.time()
         self.supervisor, self.attempt_number = supervisor, attempt
         result = supervisor.run()
+        self.record.root_cause = watchdog.root_cause if watchdog else None  # a hang's culprit; a failure's comes last
         # Every task of the attempt has ended: read their files to the end, so that a run folder
         # that could not take their last bytes is known before the attempt is judged.
         self.pump.finish_all()
@@ -275,9 +279,6 @@ class RunSession:
         from .mesh import stall_problems  # imported here: a local run never needs it
 
         return stall_problems(launches, self.transports)
-
-    def _close_transports(self) -> None:
-        self.transports.close()
 
     def _failure_signature(self, result: AttemptResult, attempt: int) -> tuple:
         """What makes two failures "the same": who, how, which error, and whether training progressed."""
@@ -391,8 +392,7 @@ _EXCEPTION = re.compile(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception|Exit|Interrupt))\
 def error_class(tail: list[str]) -> str | None:
     """The last Python exception named at the start of a line of output, if any."""
     for line in reversed(tail):
-        match = _EXCEPTION.match(line.strip())
-        if match:
+        if match := _EXCEPTION.match(line.strip()):
             return match.group(1)
     return None
 

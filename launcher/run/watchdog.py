@@ -6,25 +6,99 @@
   When it trips on a cluster that spans hosts, the mesh probe (:mod:`launcher.run.mesh`) checks,
   while the tasks still hold their ports, that every host reaches every task, and the reason
   names the pairs that cannot connect;
-- hang timeout: some task must write some output within every S seconds. When it trips, the
-  Python stacks of every running task are collected (py-spy, no change to the task needed)
-  into ``attempt-<k>/stacks/<task>.txt`` before the attempt is stopped.
+- hang timeout: the attempt hangs when no chief or worker made progress for S seconds
+  (:func:`stalled`). A task made progress when it printed a new metric line (any kind: a step,
+  an epoch) or when its process tree used more than :data:`CPU_SHARE` of one core over those
+  S seconds. Output never counts: a stuck task that keeps logging must not hide the hang, and
+  tasks blocked in a collective print nothing and use almost no CPU. ``ps`` tasks and
+  evaluators are idle by design and not watched. When it trips, every running task's stacks
+  are sampled at once (py-spy through the agents) into ``attempt-<k>/stacks/<task>.txt``, and
+  the verdict (:mod:`launcher.run.culprit`: which task differs from the rest, and where) goes
+  into the reason, into ``stacks/verdict.json`` and, when a task is to blame, into the run
+  record's root cause, before the attempt is stopped.
 
 The supervisor calls the watchdog on every poll; it returns a :class:`Trip` to stop the attempt.
-It reads what the output pump saw through the shared :class:`~.progress.Progress`.
+It reads what the output pump saw through the shared :class:`~.progress.Progress` and each
+task's CPU through its agent's readings (:meth:`TaskProcess.reading`).
 """
 
 from __future__ import annotations
 
+import json
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from ..cluster.plan import TaskLaunch
+from ..records.folder import iso_time
+from ..records.record import RootCause
 from ..records.states import TaskState
+from .culprit import Verdict, sample_stacks, verdict
 from .progress import Progress
+from .pump import tail_lines
+from .pyspy import parse_dump
 from .supervisor import Task, Trip
+
+CPU_SHARE = 0.10  # of one core, over the window: below it a task waits rather than works
+WATCHED_ROLES = ("chief", "worker")  # ps tasks and evaluators wait by design
+UNSAMPLED_GRACE = 10.0  # seconds past the window after which a task never sampled is judged by metrics alone
+DUMP_TIMEOUT = 15.0  # seconds to wait for every task's stacks once a hang is declared
+
+
+@dataclass(frozen=True)
+class Activity:
+    """What one running task showed: its newest metric line and its CPU readings."""
+
+    role: str
+    last_metric: float | None = None  # when its newest metric line of this attempt came
+    cpu: tuple[tuple[float, float], ...] = ()  # (when, CPU seconds its process tree used so far), oldest first
+
+
+@dataclass(frozen=True)
+class Stall:
+    """No watched task progressed over the window: each one's CPU over it, in cores (None: never sampled)."""
+
+    cpu: Mapping[str, float | None]
+
+
+def stalled(tasks: Mapping[str, Activity], now: float, since: float, window: float,
+            share: float = CPU_SHARE) -> Stall | None:
+    """The hang rule: a :class:`Stall` when, over the last ``window`` seconds, no chief or worker
+    printed a metric line or used more than ``share`` of a core; None while any did (or cannot
+    be judged yet). ``since`` is when the attempt started: it cannot hang in its first window.
+    """
+    if now - since <= window:
+        return None
+    start = now - window
+    watched = {name: activity for name, activity in tasks.items() if activity.role in WATCHED_ROLES}
+    if not watched:
+        return None
+    cpu: dict[str, float | None] = {}
+    for name, activity in watched.items():
+        if activity.last_metric is not None and activity.last_metric >= start:
+            return None
+        used = cpu_over(activity.cpu, start, window)
+        if used is None and (activity.cpu or now - since <= window + UNSAMPLED_GRACE):
+            return None  # not sampled over enough of the window yet: cannot tell
+        if used is not None and used > share:
+            return None
+        cpu[name] = used
+    return Stall(cpu)
+
+
+def cpu_over(readings: Sequence[tuple[float, float]], start: float, window: float) -> float | None:
+    """Cores used from ``start`` (or the first reading after it) to the newest reading; None when
+    the readings cover less than half the window."""
+    if not readings:
+        return None
+    base = next((r for r in reversed(readings) if r[0] <= start), readings[0])
+    last = readings[-1]
+    span = last[0] - base[0]
+    if span < window / 2:
+        return None
+    return max(0.0, last[1] - base[1]) / span
 
 
 @dataclass(frozen=True)
@@ -47,10 +121,14 @@ class Watchdog:
         self.trainers = list(trainers)
         self.stacks_dir = stacks_dir
         self.message = message
-        self.clock = clock
+        self.clock = clock  # the same clock as the readings' and metric records' times (time.time)
         self.started = clock()
         self.formed = not settings.start_timeout
         self.mesh_problems = mesh_problems or _mesh_problems  # the broken pairs of a live cluster
+        self.verdict: Verdict | None = None  # once a hang was declared
+        self.root_cause: RootCause | None = None  # the hang's culprit, when one task is to blame
+        self._cpu: dict[str, deque[tuple[float, float]]] = {}
+        self._pids: dict[str, int | None] = {}
 
     def __call__(self, tasks: list[Task]) -> Trip | None:
         now = self.clock()
@@ -63,13 +141,67 @@ class Watchdog:
                           f"{self.settings.start_timeout:g} s (the cluster never formed)")
                 return Trip(reason + self.explain_stall(tasks), tuple(missing))
         hang = self.settings.hang_timeout
-        if hang and now - max(self.progress.last_output, self.started) > hang:
-            running = [t for t in tasks if t.state is TaskState.RUNNING]
-            self.message(f"no output from any task for {hang:g} s: collecting stack traces")
-            written = self.collect_stacks(running)
-            return Trip(f"hang timeout: no output from any task for {hang:g} s; "
-                        f"stack traces of {len(written)} tasks in {self.stacks_dir}", tuple(t.name for t in running))
-        return None
+        if not hang:
+            return None
+        running = [t for t in tasks if t.state is TaskState.RUNNING and t.process is not None]
+        activity = {t.name: Activity(t.role, self.progress.last_metric(self.attempt, t.name),
+                                     self._readings(t, now - hang)) for t in running}
+        stall = stalled(activity, now, self.started, hang)
+        return self.declare(running, stall, hang) if stall else None
+
+    def _readings(self, task: Task, start: float) -> tuple[tuple[float, float], ...]:
+        """The task's CPU readings that the window needs (the newest one before it, and those after)."""
+        history = self._cpu.setdefault(task.name, deque())
+        reading = task.process.reading()
+        if reading is not None:
+            if self._pids.get(task.name, reading.pid) != reading.pid:
+                history.clear()  # restarted in place: its CPU counts from zero again
+            self._pids[task.name] = reading.pid
+            if not history or reading.at > history[-1][0]:
+                history.append((reading.at, reading.cpu_seconds))
+        while len(history) > 1 and history[1][0] <= start:
+            history.popleft()
+        return tuple(history)
+
+    def declare(self, running: list[Task], stall: Stall, hang: float) -> Trip:
+        """A hang: sample every task's stacks at once, compare them, file them, and blame the odd ones out."""
+        self.message(f"no training progress from any task for {hang:g} s (no new metric line, CPU under "
+                     f"{CPU_SHARE:.0%} of a core): sampling every task's stacks")
+        texts = sample_stacks({t.name: t.process for t in running}, DUMP_TIMEOUT) or {}
+        found = verdict({name: parse_dump(text) for name, text in texts.items()}, {t.name: t.role for t in running})
+        self.verdict = found
+        self.file(texts, found, stall, hang)
+        by_name = {t.name: t for t in running}
+        if found.culprits:
+            self.root_cause = self.blame(by_name[found.culprits[0].task], found)
+        return Trip(f"hang timeout: no training progress for {hang:g} s; {found.summary()}; stack traces of "
+                    f"{len(texts)} tasks in {self.stacks_dir}", found.tasks)
+
+    def file(self, texts: Mapping[str, str], found: Verdict, stall: Stall, hang: float) -> None:
+        """Each task's stacks in ``<task>.txt`` and the verdict in ``verdict.json``; a failed write costs only itself."""
+        try:
+            self.stacks_dir.mkdir(parents=True, exist_ok=True)
+            for name, text in texts.items():
+                (self.stacks_dir / f"{name}.txt").write_text(text)
+            detail = {"declared_at": iso_time(self.clock()), "hang_timeout": hang, "cpu_share_limit": CPU_SHARE,
+                      "cpu_share": {n: None if v is None else round(v, 4) for n, v in stall.cpu.items()},
+                      **found.to_json()}
+            (self.stacks_dir / "verdict.json").write_text(json.dumps(detail, indent=2) + "\n")
+        except OSError as exc:
+            self.message(f"could not file the stacks in {self.stacks_dir}: {exc.strerror or exc}")
+
+    def blame(self, task: Task, found: Verdict) -> RootCause:
+        """The run record's root cause for a hang: the first culprit, with the verdict as its evidence."""
+        from .session import TAIL_LINES  # imported here: the session imports this module
+
+        place = found.culprits[0].places[0]
+        where = place.user or place.owner
+        diagnosis = {"rule": "hang", "summary": found.summary(),
+                     "fix": f"look at {where} in {task.name} ({place.thread}): the task stopped there while the "
+                            f"others waited for it; every task's stacks are in {self.stacks_dir}",
+                     "peer": None, "evidence": found.to_json(), "stacks": str(self.stacks_dir)}
+        tail = tail_lines(Path(task.log_path), TAIL_LINES) if task.log_path else []
+        return RootCause(task=task.name, host=task.launch.host, tail=tail, diagnosis=diagnosis)
 
     def explain_stall(self, tasks: list[Task]) -> str:
         """What the mesh probe finds while the tasks hold their ports, as a reason's tail ('' if not run)."""
@@ -86,20 +218,6 @@ class Watchdog:
         if not problems:
             return "; every host reaches every task's address"
         return f"; the mesh is broken: {'; '.join(problems)}"
-
-    def collect_stacks(self, tasks: list[Task]) -> list[Path]:
-        """Dump every task's stacks in parallel into the stacks folder."""
-        self.stacks_dir.mkdir(parents=True, exist_ok=True)
-
-        def dump(task: Task) -> Path:
-            path = self.stacks_dir / f"{task.name}.txt"
-            path.write_text(task.process.dump_stacks() if task.process else "")
-            return path
-
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(max_workers=max(1, min(16, len(tasks)))) as pool:
-            return list(pool.map(dump, tasks))
 
 
 def _mesh_problems(launches: list[TaskLaunch]) -> list[str]:

@@ -1,0 +1,49 @@
+"""``tflaunch stacks``: every task's Python stacks of a running run, now, and which task differs.
+
+The run's own tflaunch samples the stacks through its agents and compares them
+(:mod:`launcher.run.control`, :mod:`launcher.run.culprit`); this module finds the run, asks, and
+lays the answer out. The run goes on untouched.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..records.states import RunStatus
+from ..run.control import ControlError, ask
+from .runs import Run, load_run, resolve_run
+
+
+def find_run(log_dir: Path | str, ref: str | None) -> Run:
+    """RUN as the inspection commands take it, or a run folder's path."""
+    if ref is not None and ("/" in ref or ref in (".", "..")) and Path(ref).is_dir():
+        return load_run(Path(ref))
+    return resolve_run(log_dir, ref)
+
+
+def live_stacks(run: Run) -> dict[str, Any]:
+    """The answer of the run's tflaunch (see :mod:`launcher.run.control`); ControlError when it cannot give one."""
+    status = run.status
+    if status is not RunStatus.RUNNING:
+        where = [p for p in sorted(run.path.glob("attempt-*/stacks")) if p.is_dir()]
+        kept = f"; the stacks of its last hang are in {where[-1]}" if where else ""
+        raise ControlError(f"run {run.run_id} is not running ({status.describe()}): 'tflaunch stacks' asks a "
+                           f"running run's tflaunch{kept}")
+    if run.launcher_alive() is None:
+        raise ControlError(f"run {run.run_id} is run by tflaunch on {run.record.launcher.host}: "
+                           "ask there (tflaunch stacks works on the machine tflaunch runs on)")
+    return ask(run.path, run.run_id, {"op": "stacks"})
+
+
+def stacks_lines(answer: dict[str, Any]) -> list[str]:
+    """The verdict first, then each task's stacks as py-spy printed them."""
+    tasks = answer.get("tasks") or []
+    verdict = answer.get("verdict") or {}
+    lines = [f"run {answer.get('run_id')}, attempt {answer.get('attempt')}: stacks of {len(tasks)} running tasks, "
+             f"sampled at {answer.get('sampled_at')} in {answer.get('seconds')} s",
+             f"verdict: {verdict.get('summary', '-')}"]
+    for task in tasks:
+        lines += ["", f"== {task.get('name')} ({task.get('role')} on {task.get('host')}, pid {task.get('pid')})"]
+        lines += str(task.get("stacks") or "").rstrip("\n").splitlines()
+    return lines

@@ -1,0 +1,259 @@
+"""The running tflaunch's control socket: ``tflaunch stacks`` asks it for every task's stacks, now.
+
+The server listens on ``<run folder>/control.sock`` (:data:`SOCKET`) for as long as the run lasts.
+Only the user who runs tflaunch may use it: the socket is mode 0600 from the moment it has its
+name (it is bound in a private folder and then renamed into place), and every peer's uid is
+checked with ``SO_PEERCRED`` before a byte is read. A request is one JSON line of at most
+:data:`MAX_REQUEST` bytes; reading it, answering it and sending the answer share one deadline
+(:data:`REQUEST_SECONDS`); at most :data:`MAX_CLIENTS` requests are served at once, so a client
+that connects and says nothing costs one slot for one deadline and holds nothing else up.
+
+Requests and answers::
+
+    {"op": "stacks"}
+    {"ok": true, "run_id": "...", "attempt": 1, "sampled_at": "...", "seconds": 0.21,
+     "tasks": [{"name": "worker-0", "role": "worker", "host": "localhost", "pid": 4711, "stacks": "..."}],
+     "verdict": {...}}                          (see :meth:`launcher.run.culprit.Verdict.to_json`)
+    {"ok": false, "error": "one line"}
+
+Unix socket paths are limited to about 107 bytes; a longer one is reached through the folder's
+descriptor (``/proc/self/fd/N/control.sock``), on both sides.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import socket
+import struct
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from ..errors import LaunchError
+from ..records.folder import RunFolder, iso_time
+from ..records.states import TaskState
+from .culprit import sample_stacks, verdict
+from .pyspy import parse_dump
+
+SOCKET = "control.sock"
+MAX_REQUEST = 4096  # bytes of one request line
+MAX_ANSWER = 64 << 20  # bytes a client accepts
+MAX_CLIENTS = 8  # requests served at once
+REQUEST_SECONDS = 30.0  # one deadline per request: read, sample, answer
+DUMP_SECONDS = 10.0  # of that, at most this long for the stacks themselves
+_PATH_MAX = 100  # longer socket paths go through the folder's descriptor
+
+
+class ControlError(LaunchError):
+    """The control socket of a run cannot be used (not running, another user's, no answer)."""
+
+
+@contextmanager
+def _short_path(folder: Path, name: str) -> Iterator[str]:
+    """A path to ``folder/name`` that fits a Unix socket address."""
+    path = str(folder / name)
+    if len(path) <= _PATH_MAX:
+        yield path
+        return
+    fd = os.open(folder, os.O_PATH | os.O_DIRECTORY)
+    try:
+        yield f"/proc/self/fd/{fd}/{name}"
+    finally:
+        os.close(fd)
+
+
+class ControlServer:
+    """Serves requests about a live run on its control socket, on a thread of its own."""
+
+    def __init__(self, folder: RunFolder, supervisor: Callable[[], Any]):
+        self.run_dir = folder.path
+        self.path = self.run_dir / SOCKET
+        self.run_id = folder.run_id
+        self.supervisor = supervisor  # the current attempt's Supervisor (None between attempts)
+        self.problem: str | None = None  # why there is no socket, if there is none
+        self._listener: socket.socket | None = None
+        self._inode: int | None = None
+        self._wake_r, self._wake_w = -1, -1
+        self._thread: threading.Thread | None = None
+        self._slots = threading.BoundedSemaphore(MAX_CLIENTS)
+
+    def start(self) -> "ControlServer":
+        """Listen; a socket that cannot be made costs the run nothing but ``tflaunch stacks``."""
+        private = None
+        try:
+            private = Path(tempfile.mkdtemp(prefix=".control-", dir=self.run_dir))  # mode 0700
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                with _short_path(private, SOCKET) as address:
+                    listener.bind(address)
+                os.chmod(private / SOCKET, 0o600)
+                os.rename(private / SOCKET, self.path)
+                listener.listen(MAX_CLIENTS)
+            except OSError:
+                listener.close()
+                raise
+        except OSError as exc:
+            self.problem = f"{self.path}: {exc.strerror or exc}"
+            return self
+        finally:
+            if private is not None:
+                shutil.rmtree(private, ignore_errors=True)
+        self._listener, self._inode = listener, os.stat(self.path).st_ino
+        self._wake_r, self._wake_w = os.pipe()
+        self._thread = threading.Thread(target=self._serve, name="tflaunch-control", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop listening and remove the socket (only ours: a later run may have made its own)."""
+        if self._listener is None:
+            return
+        os.write(self._wake_w, b"x")
+        if self._thread is not None:
+            self._thread.join(5.0)
+        self._listener.close()
+        self._listener = None
+        for fd in (self._wake_r, self._wake_w):
+            os.close(fd)
+        try:
+            if os.stat(self.path).st_ino == self._inode:
+                os.unlink(self.path)
+        except OSError:
+            pass
+
+    # -- serving --------------------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        while True:
+            ready, _, _ = select.select([self._listener, self._wake_r], [], [])
+            if self._wake_r in ready:
+                return
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                continue
+            if not self._same_user(conn) or not self._slots.acquire(blocking=False):
+                conn.close()  # a stranger learns nothing; a crowd waits for nobody
+                continue
+            threading.Thread(target=self._handle, args=(conn,), name="tflaunch-control-request", daemon=True).start()
+
+    @staticmethod
+    def _same_user(conn: socket.socket) -> bool:
+        try:
+            _, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                            struct.calcsize("3i")))
+        except OSError:
+            return False
+        return uid == os.geteuid()
+
+    def _handle(self, conn: socket.socket) -> None:
+        deadline = time.monotonic() + REQUEST_SECONDS
+        try:
+            try:
+                answer = self.answer(_read_line(conn, deadline), deadline)
+            except ControlError as exc:
+                answer = {"ok": False, "error": str(exc)}
+            conn.settimeout(max(0.1, deadline - time.monotonic()))
+            conn.sendall(json.dumps(answer).encode() + b"\n")
+        except OSError:
+            pass  # the client went away or ran out of time: its loss alone
+        finally:
+            conn.close()
+            self._slots.release()
+
+    def answer(self, request: bytes, deadline: float) -> dict[str, Any]:
+        try:
+            op = json.loads(request).get("op")
+        except (ValueError, AttributeError):
+            raise ControlError("not a request (expected one JSON object on one line)") from None
+        if op != "stacks":
+            raise ControlError(f"unknown request {op!r} (known: 'stacks')")
+        supervisor = self.supervisor()
+        tasks = list(supervisor.tasks) if supervisor is not None else []
+        running = [t for t in tasks if t.state is TaskState.RUNNING and t.process is not None]
+        if not running:
+            raise ControlError(f"run {self.run_id} has no running task right now (starting, restarting or ending)")
+        began = time.monotonic()
+        texts = sample_stacks({t.name: t.process for t in running},
+                              max(0.5, min(DUMP_SECONDS, deadline - began - 1.0)))
+        if texts is None:
+            raise ControlError("another stack sample of this run is still running; ask again in a moment")
+        seconds = time.monotonic() - began
+        found = verdict({name: parse_dump(text) for name, text in texts.items()}, {t.name: t.role for t in running})
+        attempt = int(running[0].launch.env.get("TFLAUNCH_ATTEMPT", 1))
+        return {"ok": True, "run_id": self.run_id, "attempt": attempt, "sampled_at": iso_time(time.time()),
+                "seconds": round(seconds, 3),
+                "tasks": [{"name": t.name, "role": t.role, "host": t.launch.host, "pid": t.process.pid,
+                           "stacks": texts[t.name]} for t in running],
+                "verdict": found.to_json()}
+
+
+def _read_line(conn: socket.socket, deadline: float) -> bytes:
+    data = b""
+    while b"\n" not in data:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise ControlError("the request did not arrive in time")
+        conn.settimeout(left)
+        try:
+            chunk = conn.recv(MAX_REQUEST + 1 - len(data))
+        except socket.timeout:
+            raise ControlError("the request did not arrive in time") from None
+        if not chunk:
+            break
+        data += chunk
+        if len(data) > MAX_REQUEST:
+            raise ControlError(f"request longer than {MAX_REQUEST} bytes")
+    return data.split(b"\n", 1)[0]
+
+
+# -- the client side --------------------------------------------------------------------------------
+
+
+def ask(run_dir: Path, run_id: str, request: dict[str, Any], timeout: float = REQUEST_SECONDS + 5) -> dict[str, Any]:
+    """Send one request to a live run's tflaunch and return its answer; ControlError says why not."""
+    run_dir = Path(run_dir)
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        client.settimeout(timeout)
+        try:
+            with _short_path(run_dir, SOCKET) as address:
+                client.connect(address)
+        except FileNotFoundError:
+            raise ControlError(f"run {run_id} has no control socket ({run_dir / SOCKET}): it is not running, "
+                               "or it was started by a tflaunch without one") from None
+        except ConnectionRefusedError:
+            raise ControlError(f"run {run_id} is not running: nothing listens on {run_dir / SOCKET}") from None
+        except PermissionError:
+            raise ControlError(f"run {run_id} belongs to another user: only the user who started it may ask "
+                               f"for its stacks ({run_dir / SOCKET})") from None
+        data = b""
+        try:
+            client.sendall(json.dumps(request).encode() + b"\n")
+            while len(data) <= MAX_ANSWER:
+                chunk = client.recv(1 << 16)
+                if not chunk:
+                    break
+                data += chunk
+        except socket.timeout:
+            raise ControlError(f"run {run_id}: no answer from its tflaunch within {timeout:g} s") from None
+        except OSError:
+            data = b""  # closed on us while we spoke: the same as no answer
+    finally:
+        client.close()
+    if not data:
+        raise ControlError(f"run {run_id}: its tflaunch closed the connection without an answer (it serves only "
+                           f"the user who started the run, and {MAX_CLIENTS} requests at a time)")
+    try:
+        answer = json.loads(data)
+    except ValueError:
+        raise ControlError(f"run {run_id}: the answer is not JSON ({len(data)} bytes)") from None
+    if not isinstance(answer, dict) or not answer.get("ok"):
+        raise ControlError(f"run {run_id}: {answer.get('error') if isinstance(answer, dict) else 'a bad answer'}")
+    return answer
