@@ -14,6 +14,8 @@ import pytest
 from launcher.cluster import ports as ports_module
 from launcher.cluster.ports import HELD_AT_MOST, PortReservation, lock_folders, port_is_free, reserve_ports
 
+pytestmark = pytest.mark.unit
+
 
 def listening(family: int = socket.AF_INET, address: str = "127.0.0.1", port: int = 0,
               v6only: bool | None = None) -> socket.socket:
@@ -71,16 +73,25 @@ def bound_by_someone(port: int) -> bool:
     return False
 
 
+def open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+AGAIN = -1  # an offer of the port offered just before
+
+
 def offer(monkeypatch, *candidates: int) -> list[int]:
-    """Make the port picker try ``candidates`` in order (then let the kernel pick); returns what it tried."""
+    """Make the port picker try ``candidates`` in order (0: let the kernel pick, as it does after
+    them); returns the ports it tried. Ports the kernel picks cannot be taken by a test running
+    beside this one in the moment between a test choosing a port and tflaunch binding it."""
     offered: list[int] = []
     queue = list(candidates)
     real = ports_module._hold
 
     def pick(port: int = 0):
         port = queue.pop(0) if queue else 0
-        holder = real(port)
-        offered.append(port or (holder.getsockname()[1] if holder else 0))
+        holder = real(offered[-1] if port == AGAIN else port)
+        offered.append(offered[-1] if port == AGAIN else port or (holder.getsockname()[1] if holder else 0))
         return holder
 
     monkeypatch.setattr(ports_module, "_hold", pick)
@@ -307,83 +318,85 @@ def test_a_port_another_run_locked_is_skipped_after_its_hold_ends(folder, monkey
     with reserve_ports(["first"], folders=[folder]) as first:
         port = first.ports["first"]
         first.unhold()  # its task is starting: the port is not bound by anyone for a moment
-        assert not bound_by_someone(port)
         offered = offer(monkeypatch, port, port)
         with reserve_ports(["second"], folders=[folder]) as second:
             assert second.ports["second"] != port
         assert offered[:2] == [port, port]
 
 
-def test_one_reservation_never_gives_the_same_port_twice(folder, monkeypatch):
-    port = free_port()
-    offer(monkeypatch, port, port, port)
+@pytest.mark.parametrize("hold", [2, 0])
+def test_one_reservation_never_gives_the_same_port_twice(folder, monkeypatch, hold):
+    offered = offer(monkeypatch, 0, AGAIN, AGAIN)
+    with reserve_ports(["a", "b"], folders=[folder], hold=hold) as reservation:
+        assert reservation.ports["a"] == offered[0] == offered[1] == offered[2]
+        assert reservation.ports["b"] != offered[0]
+
+
+def test_unhold_closes_the_sockets_and_keeps_the_locks(folder):
+    # (That the tasks then bind their ports is checked on a real run: test_shared_machine.py.)
+    before = open_descriptors()
     with reserve_ports(["a", "b"], folders=[folder]) as reservation:
-        assert reservation.ports["a"] == port
-        assert reservation.ports["b"] != port
-
-
-def test_unhold_lets_the_task_bind_and_keeps_the_lock(folder):
-    with reserve_ports(["a"], folders=[folder]) as reservation:
-        port = reservation.ports["a"]
+        assert open_descriptors() == before + 3
         reservation.unhold()
-        with closing(listening(address="0.0.0.0", port=port)):  # what the task does
-            assert lock_is_held(folder, port)
+        assert open_descriptors() == before + 1
+        assert all(lock_is_held(folder, port) for port in reservation.ports.values())
         reservation.unhold()  # twice is harmless
-    assert not lock_is_held(folder, port)
+    assert not any(lock_is_held(folder, port) for port in reservation.ports.values())
 
 
-def test_released_locks_can_be_reacquired(folder, monkeypatch):
+def test_released_locks_can_be_reacquired(folder):
+    before = open_descriptors()
     reservation = reserve_ports(["a", "b"], folders=[folder])
     ports = list(reservation.ports.values())
     assert all(lock_is_held(folder, port) for port in ports)
     reservation.release()
-    assert not any(lock_is_held(folder, port) or bound_by_someone(port) for port in ports)
+    assert not any(lock_is_held(folder, port) for port in ports)
+    assert open_descriptors() == before  # the sockets that held them are closed too
     reservation.release()  # twice is harmless
-    offer(monkeypatch, *ports)
-    with reserve_ports(["c", "d"], folders=[folder]) as again:
-        assert list(again.ports.values()) == ports
 
 
 def test_context_manager_releases(folder):
+    before = open_descriptors()
     with reserve_ports(["a"], folders=[folder]) as reservation:
         port = reservation.ports["a"]
         assert lock_is_held(folder, port) and bound_by_someone(port)
-    assert not lock_is_held(folder, port) and not bound_by_someone(port)
+    assert not lock_is_held(folder, port) and open_descriptors() == before
 
 
 def test_giving_up_names_the_task_and_releases_what_it_held(folder, monkeypatch):
     taken = free_port()
     blocker = hold(folder, taken)  # as another run of this user's would
     try:
-        first = free_port()
-        offer(monkeypatch, first, taken, taken, taken)
+        before = open_descriptors()
+        offered = offer(monkeypatch, 0, taken, taken, taken)
         with pytest.raises(OSError) as info:
             reserve_ports(["ok", "stuck"], folders=[folder], attempts=3)
         assert info.value.errno == errno.EADDRINUSE
         assert "no free port found for stuck after 3 tries" in str(info.value)
-        assert not lock_is_held(folder, first) and not bound_by_someone(first)
+        assert not lock_is_held(folder, offered[0]) and open_descriptors() == before
     finally:
         os.close(blocker)
 
 
 def test_a_reservation_holds_one_lock_descriptor_and_a_socket_per_held_port_until_unheld(folder):
-    before = len(os.listdir("/proc/self/fd"))
+    before = open_descriptors()
     with reserve_ports([f"t{i}" for i in range(300)], folders=[folder]) as reservation:
         assert len(set(reservation.ports.values())) == 300
-        assert len(os.listdir("/proc/self/fd")) == before + 1 + HELD_AT_MOST
+        assert open_descriptors() == before + 1 + HELD_AT_MOST
         reservation.unhold()
-        assert len(os.listdir("/proc/self/fd")) == before + 1
+        assert open_descriptors() == before + 1
         assert all(lock_is_held(folder, port) for port in reservation.ports.values())
-    assert len(os.listdir("/proc/self/fd")) == before
+    assert open_descriptors() == before
 
 
 def test_past_what_it_may_hold_a_reservation_locks_distinct_ports_only(folder, monkeypatch):
-    port = free_port()
-    offer(monkeypatch, 0, 0, port, port, port)  # an unheld port offered again is still not given twice
+    before = open_descriptors()
+    offered = offer(monkeypatch, 0, 0, 0, AGAIN, AGAIN)  # an unheld port offered again is not given twice
     with reserve_ports([f"t{i}" for i in range(5)], folders=[folder], hold=2) as reservation:
         ports = list(reservation.ports.values())
-        assert len(set(ports)) == 5 and ports[2] == port
-        assert [bound_by_someone(p) for p in ports] == [True, True, False, False, False]
+        assert len(set(ports)) == 5 and ports[2] == offered[2] == offered[4]
+        assert bound_by_someone(ports[0]) and bound_by_someone(ports[1])
+        assert open_descriptors() == before + 1 + 2
         assert all(lock_is_held(folder, p) for p in ports)
 
 

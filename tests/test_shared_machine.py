@@ -214,8 +214,14 @@ def test_ports_reserved_on_this_machine_cannot_be_taken_by_another_user(tmp_path
         for port in reservation.ports.values():
             assert taken_by_nobody(port) == []
             assert port_is_free(port)  # held by tflaunch itself: free for the task it is meant for
-        reservation.unhold()  # the tasks are about to start: the port is theirs to bind
-        assert taken_by_nobody(reservation.ports["worker-0"]) != []
+
+
+def test_the_tasks_bind_the_ports_that_were_held_for_them(tmp_path, shared_tmp, home):
+    # The holds end just before the tasks start: each task binds its own port (exit 5 if it cannot).
+    done = run_tflaunch(tmp_path, shared_tmp, home, "--local", "3", "--", "python", TASK, "bind")
+    assert done.returncode == 0, done.stderr
+    (run_dir,) = (tmp_path / "logs").iterdir()
+    assert all((run_dir / f"worker-{i}.log").read_text().startswith("BOUND ") for i in range(3))
 
 
 def test_ports_an_agent_holds_cannot_be_taken_by_another_user_but_this_users_probes_can_listen():
