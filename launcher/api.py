@@ -20,15 +20,20 @@ and from a Jupyter kernel:
   line but without colour or status line) go to ``sys.stdout`` as it is at each write, so
   ``contextlib.redirect_stdout`` and a notebook's cell output catch them; or to ``output`` (a text
   stream), or to ``on_line(text)``, called once per line from tflaunch's console thread.
-- **Errors.** Bad input raises the same :class:`~launcher.errors.LaunchError` the command line turns
-  into its one-line message (``str(error)`` is that line, ``error.exit_code`` its exit code); nothing
-  has started then.
+- **Errors.** Bad input raises the :class:`~launcher.errors.LaunchError` the command line turns
+  into its one-line message (``str(error)`` is that line, ``error.exit_code`` its exit code), worded
+  for a Python caller: it names keyword arguments (``tasks='worker-7'``, ``no_check=True``) where the
+  command line names its options (``--tasks worker-7``, ``--no-check``). Nothing has started then.
+- **Failure.** A run that fails is a result (``result.ok`` is False), as ``subprocess.run`` returns
+  one; with ``check=True`` it raises :class:`LaunchFailed` instead, which carries the result.
+- **Records.** ``tflaunch runs`` lists a run started here by its call: ``launch(local=2, chief=True)``.
 
 Importing this module is cheap; the run machinery is imported on the first call.
 """
 
 from __future__ import annotations
 
+import operator
 import re
 import shlex
 import signal
@@ -39,17 +44,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from .errors import LaunchError
+from .options import python_words
 from .records.folder import DEFAULT_LOG_DIR
 from .run.signals import Signals  # standard library only underneath: importing it stays cheap
 
 if TYPE_CHECKING:
     from .inspect.runs import Run
-    from .records.record import RunRecord
+    from .records.record import RootCause, RunRecord, TaskRecord
     from .records.states import RunStatus
 
-__all__ = ["LaunchInterrupted", "LaunchResult", "launch", "run_record", "runs"]
+__all__ = ["LaunchFailed", "LaunchInterrupted", "LaunchResult", "launch", "run_record", "runs"]
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+GPU_FORM = "GPU indices (whole numbers) such as [0, 1] or '0,1'"
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,27 @@ class LaunchResult:
     def ok(self) -> bool:
         return self.exit_code == 0
 
+    @property
+    def tasks(self) -> list[TaskRecord]:
+        """Each task of the last attempt: its ``state``, ``exit_code`` or ``signal``, host and log."""
+        return list(self.record.tasks)
+
+    @property
+    def root_cause(self) -> RootCause | None:
+        """The task whose failure ended the run (its exit, host and last lines), or None."""
+        return self.record.root_cause
+
+
+class LaunchFailed(LaunchError):
+    """``launch(check=True)``: the run ended without succeeding (a task failed, a watchdog or the
+    environment ended it). ``result`` is how it ended; ``str(error)`` is the summary's first line
+    (``run ... failed: worker-1 on localhost: exited with code 3``); ``exit_code`` is the run's."""
+
+    def __init__(self, result: LaunchResult, summary: str):
+        super().__init__(summary)
+        self.result = result
+        self.exit_code = result.exit_code
+
 
 class LaunchInterrupted(KeyboardInterrupt):
     """A Ctrl-C (SIGINT) stopped the run; every task was stopped first. ``result`` is the stopped run."""
@@ -76,6 +105,7 @@ class LaunchInterrupted(KeyboardInterrupt):
         self.result = result
 
 
+@python_words()  # for the length of each call, messages name keyword arguments, not the command line's options
 def launch(cluster: str | Path | Mapping[str, Any] | None = None, *, local: int | None = None,
            hosts: str | Mapping[str, int] | Sequence[str] | None = None, hostfile: str | Path | None = None,
            command: Sequence[str] | str | None = None, chief: bool = False, ps: int = 0, evaluator: bool = False,
@@ -85,7 +115,7 @@ def launch(cluster: str | Path | Mapping[str, Any] | None = None, *, local: int 
            hang_timeout: float | None = None, evaluator_timeout: float = 300.0, isolate_network: bool = False,
            no_check: bool = False, tasks: Iterable[str] | str | None = None, quiet: bool = False,
            verbose: bool = False, tensorboard: bool = False, output: IO[str] | None = None,
-           on_line: Callable[[str], None] | None = None) -> LaunchResult:
+           on_line: Callable[[str], None] | None = None, check: bool = False) -> LaunchResult:
     """Run a cluster to its end, as ``tflaunch run`` does, and return how it ended.
 
     The cluster is one of: ``cluster`` (a cluster file's path, or a mapping in the same form),
@@ -94,23 +124,28 @@ def launch(cluster: str | Path | Mapping[str, Any] | None = None, *, local: int 
     the default is the built-in trainer. Every other argument is the run option of the same name.
     ``env`` maps names to values; a name mapped to None passes this process's own value by name
     (``--env KEY``): the value reaches the tasks but no file, message or command line.
+
+    ``check=True`` raises :class:`LaunchFailed` (carrying the result) when the run does not
+    succeed, as ``subprocess.run(check=True)`` does. The default is False, as for
+    ``subprocess.run``: a failed run is an answer to look at (``result.ok``, ``result.root_cause``),
+    and callers written before ``check`` existed keep getting a result, never a new exception.
+    A Ctrl-C raises :class:`LaunchInterrupted` either way.
     """
     from .run.signals import Interrupted
-    from .sources.choose import choose_source
+    from .sources.choose import OptionsError, choose_source
 
     source = choose_source(None if cluster is None else (cluster if isinstance(cluster, Mapping) else str(cluster)),
                            _count("local", local, 1, optional=True), hosts=_hosts(hosts),
                            hostfile=None if hostfile is None else str(hostfile), chief=bool(chief),
-                           ps=_count("ps", ps, 0), evaluator=bool(evaluator), gpus=_gpus(gpus),
-                           role_options="chief, ps, evaluator and gpus")
+                           ps=_count("ps", ps, 0), evaluator=bool(evaluator), gpus=_gpus(gpus))
     request = _request(source, command=command, env=env, log_dir=log_dir, threads=threads, grace=grace,
                        max_restarts=max_restarts, restart_delay=restart_delay, start_timeout=start_timeout,
                        hang_timeout=hang_timeout, evaluator_timeout=evaluator_timeout,
                        isolate_network=isolate_network, no_check=no_check, tasks=tasks)
     if output is not None and on_line is not None:
-        from .sources.choose import OptionsError
-
-        raise OptionsError("give either output or on_line, not both")
+        raise OptionsError("launch(): output and on_line cannot be combined; give one of them")
+    if quiet and verbose:
+        raise OptionsError("launch(): quiet=True and verbose=True cannot be combined")
     if tensorboard:
         from .tensorboard import require
 
@@ -138,7 +173,8 @@ def launch(cluster: str | Path | Mapping[str, Any] | None = None, *, local: int 
         finally:
             if board is not None:
                 board.stop()
-        console.message("\n".join(describe_result(result)))
+        summary = describe_result(result)
+        console.message("\n".join(summary))
     finally:
         console.close()
         _restore_sigint(previous)
@@ -147,9 +183,12 @@ def launch(cluster: str | Path | Mapping[str, Any] | None = None, *, local: int 
                            run_dir=Path(result.run_dir), record=result.record, error=result.error)
     if signals.first == signal.SIGINT:
         raise LaunchInterrupted(outcome)
+    if check and not outcome.ok:
+        raise LaunchFailed(outcome, summary[0])
     return outcome
 
 
+@python_words()
 def runs(log_dir: str | Path = DEFAULT_LOG_DIR) -> list[Run]:
     """The runs in ``log_dir``, newest first (``tflaunch runs``); each has ``run_id``, ``path``, ``status``,
     ``record`` and ``metrics()``."""
@@ -158,8 +197,10 @@ def runs(log_dir: str | Path = DEFAULT_LOG_DIR) -> list[Run]:
     return find_runs(log_dir)
 
 
+@python_words()
 def run_record(run: str | None = None, log_dir: str | Path = DEFAULT_LOG_DIR) -> RunRecord:
-    """The run record of a run: its id, a unique prefix of one, or ``latest`` (the default)."""
+    """The run record of a run: its id, a unique prefix of one, ``latest`` (the default), or the path of
+    its run folder."""
     from .inspect.runs import resolve_run
 
     return resolve_run(log_dir, run).record
@@ -216,13 +257,25 @@ def _threads(value: Any) -> int | str | None:
 
 
 def _gpus(value: Sequence[int] | str | None) -> tuple[int, ...]:
+    """GPU indices, each a whole number: a float (0.5) or a bool is refused, never truncated."""
     if value is None or value == "":
         return ()
     try:
         items = value.split(",") if isinstance(value, str) else list(value)
-        return tuple(int(item) for item in items if not isinstance(item, bool))
+        return tuple(_gpu(item) for item in items)
     except (TypeError, ValueError):
-        raise _bad("gpus", "GPU indices such as [0, 1] or '0,1'", value) from None
+        raise _bad("gpus", GPU_FORM, value) from None
+
+
+def _gpu(item: Any) -> int:
+    if isinstance(item, str):
+        text = item.strip()
+        if text.isascii() and text.isdecimal():
+            return int(text)
+        raise ValueError(item)
+    if isinstance(item, bool):
+        raise TypeError(item)
+    return operator.index(item)  # an int or a numpy integer; a float raises TypeError
 
 
 def _hosts(value: str | Mapping[str, int] | Sequence[str] | None) -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from polling import wait_for
 
 import launcher
 from launcher import LaunchResult, launch, run_record, runs
+from launcher.api import LaunchFailed
 from launcher.errors import LaunchError
 
 pytestmark = pytest.mark.timeout(120)
@@ -60,7 +62,7 @@ def test_api_from_a_script(tmp_path):
     assert sorted(tasks_saying(out, "hello-from-the-task")) == ["chief-0", "worker-0", "worker-1"]  # folded or not
     assert f"tflaunch: run {Path(result['run_dir']).name} succeeded" in out
     record = json.loads((Path(result["run_dir"]) / "run.json").read_text())
-    assert record["status"] == "succeeded" and record["source"] == "--local 2 --chief"
+    assert record["status"] == "succeeded" and record["source"] == "launch(local=2, chief=True)"
 
 
 def test_api_from_a_thread_installs_no_signal_handler(tmp_path):
@@ -80,7 +82,7 @@ def test_api_from_a_thread_installs_no_signal_handler(tmp_path):
     thread = threading.Thread(target=call)
     thread.start()
     try:
-        wait_for(lambda: any(" tasks from --local 2; logs in " in line for line in lines), timeout=30,
+        wait_for(lambda: any(" tasks from launch(local=2); logs in " in line for line in lines), timeout=30,
                  message="the run to start")
         # While the run is under way in the thread, the process's handlers are the ones it had.
         assert {s: signal.getsignal(s) for s in before} == before
@@ -153,7 +155,7 @@ def test_bad_input_raises_the_line_the_command_line_prints(tflaunch, tmp_path):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({}, "give either a cluster file or --local N, -H HOST:SLOTS,... or --hostfile FILE"),
+    ({}, "give either cluster or local=N, hosts=HOST:SLOTS,... or hostfile=FILE"),
     ({"local": 0}, "local: expected a whole number >= 1, got 0"),
     ({"local": 2, "ps": -1}, "ps: expected a whole number >= 0, got -1"),
     ({"local": 2, "grace": "soon"}, "grace: expected a number of seconds >= 0, got 'soon'"),
@@ -162,15 +164,31 @@ def test_bad_input_raises_the_line_the_command_line_prints(tflaunch, tmp_path):
                                         "name), got 'A-B'"),
     ({"local": 2, "env": {"A": 1}}, "env['A']: expected a string, or None to pass this process's own value by name, "
                                     "got 'int'"),
-    ({"local": 2, "env": {"TF_CONFIG": "{}"}}, "--env: TF_CONFIG: is set by tflaunch for every task and cannot be "
+    ({"local": 2, "env": {"TF_CONFIG": "{}"}}, "env: TF_CONFIG: is set by tflaunch for every task and cannot be "
                                                "overridden"),
+    ({"local": 2, "env": {"TFLAUNCH_TEST_NEVER_SET": None}}, "env: TFLAUNCH_TEST_NEVER_SET: is passed by name (no "
+     "value given), but tflaunch's environment has no TFLAUNCH_TEST_NEVER_SET; set it there "
+     "(export TFLAUNCH_TEST_NEVER_SET=...) or give a value"),
     ({"local": 2, "command": []}, "command: expected a non-empty list of strings, or a string, got []"),
-    ({"local": 2, "tasks": "worker-7"}, "--tasks worker-7: --local 2 has no task 'worker-7'; its tasks are: "
-                                        "worker-0, worker-1"),
     ({"cluster": {"worker": ["localhost:auto"]}, "chief": True},
-     "chief, ps, evaluator and gpus only apply to --local, -H and --hostfile; put roles in the cluster file"),
-    ({"hosts": {"localhost": 0}}, "-H: localhost:0: expected HOST or HOST:SLOTS with SLOTS a whole number >= 1, "
+     "chief, ps, evaluator and gpus only apply to local, hosts and hostfile; put roles in the cluster file"),
+    ({"local": 2, "evaluator": True}, "evaluator applies to hosts and hostfile, not to local"),
+    ({"hosts": {"localhost": 0}}, "hosts: localhost:0: expected HOST or HOST:SLOTS with SLOTS a whole number >= 1, "
                                   "such as node1:4"),
+    ({"hosts": "node1:2,node1:1"}, "hosts node1:1: 'node1' is also named in hosts node1:2; "
+                                   "expected each host once, with all its slots"),
+    ({"hosts": "localhost:2", "ps": 2}, "launch(hosts='localhost:2', chief=True, ps=2): ps: a chief, 2 ps tasks and "
+                                        "at least one worker need 4 slots; the hosts have 2 (add slots or hosts)"),
+    ({"hosts": "localhost:100000"}, "hosts: localhost:100000: 100000 slots is more than tflaunch runs on one host; "
+                                    "expected at most 1024 (one TensorFlow task per slot: 8 for a host with 8 GPUs)"),
+    ({"local": 2, "gpus": [0.5]}, "gpus: expected GPU indices (whole numbers) such as [0, 1] or '0,1', got [0.5]"),
+    ({"local": 2, "gpus": [0, 1.0]}, "gpus: expected GPU indices (whole numbers) such as [0, 1] or '0,1', got [0, 1.0]"),
+    ({"local": 2, "gpus": [True]}, "gpus: expected GPU indices (whole numbers) such as [0, 1] or '0,1', got [True]"),
+    ({"local": 2, "gpus": "0,x"}, "gpus: expected GPU indices (whole numbers) such as [0, 1] or '0,1', got '0,x'"),
+    ({"local": 2, "gpus": [0, 0]}, "launch(local=2, gpus=[0, 0]): gpus: expected distinct GPU indices >= 0, got 0,0"),
+    ({"local": 2, "quiet": True, "verbose": True}, "launch(): quiet=True and verbose=True cannot be combined"),
+    ({"local": 2, "output": sys.stdout, "on_line": print},
+     "launch(): output and on_line cannot be combined; give one of them"),
     ({"cluster": {"worker": [{"host": "localhost", "port": 70000}]}}, "cluster: worker[0].port: expected a port 1-65535, "
                                                                      "got 70000"),
 ])
@@ -179,6 +197,8 @@ def test_bad_arguments_raise_one_line_before_anything_starts(tmp_path, kwargs, m
         launch(**kwargs, log_dir=tmp_path / "logs")
     assert str(error.value) == message and error.value.exit_code == 2
     assert not (tmp_path / "logs").exists()
+    # Worded for a Python caller: keyword arguments, never the command line's options.
+    assert not re.search(r"(^|[\s(])(--[a-z]|-H\b)", message), message
 
 
 def test_a_cluster_mapping_and_hosts_forms_run(tmp_path):
@@ -192,5 +212,48 @@ def test_a_cluster_mapping_and_hosts_forms_run(tmp_path):
     for hosts in ({"localhost": 2}, ["localhost:2"], "localhost:2"):
         result = launch(hosts=hosts, command=f"{sys.executable} {TASK} bind", log_dir=tmp_path / "logs",
                         quiet=True, on_line=lines.append)
-        assert result.exit_code == 0 and result.record.source == "-H localhost:2", hosts
+        assert result.exit_code == 0 and result.record.source == "launch(hosts='localhost:2')", hosts
     assert launcher.runs(tmp_path / "logs")[0].run_id == result.run_id
+
+
+# -- check=True, and messages in a caller's words ---------------------------------------------
+
+def test_check_true_raises_launch_failed_carrying_the_result(tmp_path):
+    lines: list[str] = []
+    with pytest.raises(LaunchFailed) as failed:
+        launch(local=2, command=[sys.executable, TASK, "exit-if:worker-1:3", "sleep:0.2"], log_dir=tmp_path / "logs",
+               on_line=lines.append, check=True)
+    error = failed.value
+    result = error.result
+    assert isinstance(error, LaunchError) and isinstance(result, LaunchResult)
+    assert not result.ok and result.status == "failed" and error.exit_code == result.exit_code != 0
+    assert result.root_cause is not None and (result.root_cause.task, result.root_cause.exit_code) == ("worker-1", 3)
+    assert {t.name: (t.state, t.exit_code) for t in result.tasks}["worker-1"] == ("failed", 3)
+    # Its message is the summary's first line, as the console showed it.
+    assert str(error).startswith(f"run {result.run_id} failed: worker-1 on ")
+    assert f"tflaunch: {error}" in lines
+    assert json.loads((result.run_dir / "run.json").read_text())["status"] == "failed"
+
+
+def test_check_defaults_to_false_and_a_run_that_succeeds_returns_either_way(tmp_path):
+    failed = launch(local=1, command=[sys.executable, TASK, "exit:4"], log_dir=tmp_path / "logs", quiet=True,
+                    on_line=lambda line: None)
+    assert isinstance(failed, LaunchResult) and not failed.ok and failed.root_cause.exit_code == 4
+    passed = launch(local=1, command=[sys.executable, TASK, "print:fine"], log_dir=tmp_path / "logs", quiet=True,
+                    on_line=lambda line: None, check=True)
+    assert passed.ok and passed.root_cause is None and [t.state for t in passed.tasks] == ["succeeded"]
+
+
+def test_words_of_a_launch_call_stay_in_its_thread():
+    from launcher.options import given, label, name, python_words
+
+    assert (name("no_check"), name("hosts"), given("local", 2), given("gpus", (0, 1))) == (
+        "--no-check", "-H", "--local 2", "--gpus 0,1")
+    seen: list[str] = []
+    with python_words():
+        assert (name("no_check"), given("chief", True), label([("local", 2), ("gpus", (0, 1))])) == (
+            "no_check", "chief=True", "launch(local=2, gpus=[0, 1])")
+        other = threading.Thread(target=lambda: seen.append(name("no_check")))
+        other.start()
+        other.join(30)
+    assert seen == ["--no-check"] and name("no_check") == "--no-check"

@@ -11,7 +11,7 @@ from conftest import TASK, env_lines_of
 from launcher.cluster.plan import RunContext, plan_cluster
 from launcher.cluster.spec import AUTO
 from launcher.errors import ConfigError
-from launcher.sources.hosts import HostSlots, HostsSource, parse_hostfile, parse_hosts_option, place
+from launcher.sources.hosts import MAX_SLOTS, HostSlots, HostsSource, parse_hostfile, parse_hosts_option, place
 
 LOCAL = frozenset({"localhost", "127.0.0.1", "::1", "thishost"})
 
@@ -60,16 +60,71 @@ def test_hostfile_reads_the_mpi_and_deepspeed_form(tmp_path):
 
 
 @pytest.mark.parametrize("line", [
-    "node1 slots=0", "node1 slots=four", "node1 slots=", "node1 slots 4", "node1 cpus=4", "node1:4",
-    "node1 slots=2 slots=3", "slots=4", "node1 slots=2 max_slots=x", "[node1] slots=2",
+    "node1 slots=0", "node1 slots=four", "node1 slots=", "node1 slots 4", "node1 cpus=4", "node1:4:2",
+    "node1 slots=2 slots=3", "slots=4", "node1 slots=2 max_slots=x", "[node1] slots=2", "[fd00::8]2", "nö:2",
 ])
 def test_bad_hostfile_line_names_file_line_and_form(tmp_path, line):
     path = tmp_path / "hostfile"
     path.write_text(f"# ok\nnode0 slots=1\n\n{line}\n")
     with pytest.raises(ConfigError) as error:
         parse_hostfile(str(path))
-    assert str(error.value) == (f"{path}: line 4: {line!r}: expected 'HOST slots=N' (N a whole number >= 1), "
-                                "'HOST', a '#' comment or a blank line")
+    assert str(error.value) == (f"{path}: line 4: {line!r}: expected 'HOST slots=N' or 'HOST:N' (N a whole number "
+                                ">= 1), 'HOST', a '#' comment or a blank line")
+
+
+def test_hostfile_saved_by_notepad_and_the_mpich_form(tmp_path):
+    path = tmp_path / "hostfile"
+    # Notepad: a UTF-8 byte-order mark first and CRLF line ends; MPICH and Intel MPI: HOST:N.
+    path.write_bytes("\ufeffnode1:4\r\nnode2 slots=2\r\n[fd00::8]:3\r\nnode3:1 max_slots=4  # spare\r\n"
+                     "fd00::7\r\n".encode())
+    assert [(h.host, h.slots) for h in parse_hostfile(str(path))] == [
+        ("node1", 4), ("node2", 2), ("fd00::8", 3), ("node3", 1), ("fd00::7", 1)]
+    path.write_bytes("\ufeff# BOM before a comment\nnode1 slots=2\n".encode())
+    assert [(h.host, h.slots) for h in parse_hostfile(str(path))] == [("node1", 2)]
+
+
+@pytest.mark.parametrize("line, count", [
+    ("node1:0", "0"), ("node1:x", "x"), ("node1:", ""), ("node1:-2", "-2"), ("node1:2.5", "2.5"), ("node1:\u00b2", "\u00b2"),
+    ("[fd00::8]:0", "0"),
+])
+def test_host_colon_n_with_a_bad_count_names_file_line_and_value(tmp_path, line, count):
+    path = tmp_path / "hostfile"
+    path.write_text(f"node0:1\n{line}\n")
+    with pytest.raises(ConfigError) as error:
+        parse_hostfile(str(path))
+    word = line.split()[0]
+    assert str(error.value) == (f"{path}: line 2: {word!r}: expected HOST:N with N a whole number >= 1 (the "
+                                f"host's slots), got {count!r}")
+
+
+def test_hostfile_refuses_slots_given_twice_and_utf16(tmp_path):
+    path = tmp_path / "hostfile"
+    path.write_text("node1:4 slots=4\n")
+    with pytest.raises(ConfigError) as error:
+        parse_hostfile(str(path))
+    assert str(error.value) == f"{path}: line 1: 'node1:4 slots=4': gives the slots twice; expected 'HOST slots=N' or 'HOST:N'"
+    path.write_text("node1 slots=4\n", encoding="utf-16")  # Notepad's "Unicode"
+    with pytest.raises(ConfigError) as error:
+        parse_hostfile(str(path))
+    assert str(error.value) == f"{path}: saved as UTF-16 text; expected UTF-8 (in Notepad: Save As, Encoding UTF-8)"
+
+
+def test_slot_counts_beyond_any_machine_are_refused_naming_file_line_and_value(tmp_path):
+    path = tmp_path / "hostfile"
+    path.write_text(f"node0 slots=8\nnode-a slots={MAX_SLOTS + 1}\n")
+    with pytest.raises(ConfigError) as error:
+        parse_hostfile(str(path))
+    assert str(error.value) == (f"{path}: line 2: 'node-a slots={MAX_SLOTS + 1}': {MAX_SLOTS + 1} slots is more than "
+                                f"tflaunch runs on one host; expected at most {MAX_SLOTS} (one TensorFlow task per "
+                                "slot: 8 for a host with 8 GPUs)")
+    path.write_text("node-a:100000\n")
+    with pytest.raises(ConfigError, match=r": line 1: 'node-a:100000': 100000 slots is more than"):
+        parse_hostfile(str(path))
+    with pytest.raises(ConfigError) as error:
+        parse_hosts_option("node0:2,node-a:100000")
+    assert str(error.value).startswith("-H: node-a:100000: 100000 slots is more than tflaunch runs on one host")
+    path.write_text(f"node-a slots={MAX_SLOTS}\n")
+    assert [h.slots for h in parse_hostfile(str(path))] == [MAX_SLOTS]
 
 
 def test_empty_and_missing_hostfiles(tmp_path):
@@ -186,7 +241,7 @@ def test_two_runs_at_once_on_the_same_host_never_collide(tflaunch):
 def test_bad_hostfile_is_one_line_and_exit_2_for_run_check_and_export(tflaunch, tmp_path):
     path = tmp_path / "hostfile"
     path.write_text("localhost slots=2\nnode2 slots=two\n")
-    expected = (f"tflaunch: error: {path}: line 2: 'node2 slots=two': expected 'HOST slots=N' "
+    expected = (f"tflaunch: error: {path}: line 2: 'node2 slots=two': expected 'HOST slots=N' or 'HOST:N' "
                 "(N a whole number >= 1), 'HOST', a '#' comment or a blank line")
     for args in (["--hostfile", str(path)], ["check", "--hostfile", str(path)],
                  ["export", "--format", "sh", "--hostfile", str(path)]):
@@ -215,3 +270,32 @@ def test_dry_run_and_export_take_hosts(tflaunch):
                             cwd=tflaunch.cwd, env=tflaunch.env(), capture_output=True, text=True, timeout=60)
     assert export.returncode == 0, export.stderr
     assert "# chief-0 on this machine" in export.stdout and "# worker-0 on this machine" in export.stdout
+
+
+def test_notepad_hostfile_in_the_mpich_form_runs_and_dry_runs(tflaunch, tmp_path):
+    path = tmp_path / "hostfile"
+    path.write_bytes("\ufeff# saved by Notepad\r\nlocalhost:2\r\n".encode())
+    dry = tflaunch.run("--hostfile", str(path), "--chief", "--dry-run", "--", "python", TASK, "env")
+    assert dry.returncode == 0, dry.stderr
+    assert [line.split(":")[0] for line in dry.stdout.splitlines() if ": host " in line] == ["chief-0", "worker-0"]
+    done = tflaunch.run("--hostfile", str(path), "--chief", "--", "python", TASK, "bind", "env")
+    assert done.returncode == 0, done.stderr
+    assert done.record["source"] == f"--hostfile {path} --chief"
+    assert [(t["name"], t["state"]) for t in done.record["tasks"]] == [("chief-0", "succeeded"), ("worker-0", "succeeded")]
+    (seen,) = env_lines_of(done.task_output("worker-0"))
+    assert json.loads(seen["TF_CONFIG"])["task"] == {"type": "worker", "index": 0}
+
+
+@pytest.mark.parametrize("source", [["--hostfile", "FILE"], ["-H", "node-a:100000"]])
+def test_an_absurd_slot_count_is_refused_at_once_not_planned(tflaunch, tmp_path, source):
+    path = tmp_path / "hostfile"
+    path.write_text("node-a slots=100000\n")
+    args = [str(path) if word == "FILE" else word for word in source]
+    # Before the cap, planning 100000 tasks (each TF_CONFIG naming all of them) printed nothing for minutes.
+    done = subprocess.run(tflaunch.argv(*args, "--dry-run"), cwd=tmp_path, env=tflaunch.env(), capture_output=True,
+                          text=True, timeout=30)
+    assert done.returncode == 2 and done.stdout == ""
+    (line,) = done.stderr.splitlines()
+    where = f"{path}: line 1: 'node-a slots=100000'" if source[0] == "--hostfile" else "-H: node-a:100000"
+    assert line == (f"tflaunch: error: {where}: 100000 slots is more than tflaunch runs on one host; expected at "
+                    f"most {MAX_SLOTS} (one TensorFlow task per slot: 8 for a host with 8 GPUs)")

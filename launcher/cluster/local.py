@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..errors import ConfigError
+from ..options import name
 from .checks import check_cluster
 from .spec import AUTO, ClusterSpec, TaskSpec
 
@@ -25,13 +26,13 @@ def local_cluster(
     """
     source = source or f"--local {workers}"
     if workers < 1:
-        raise ConfigError(source, "--local", f"expected at least 1 worker, got {workers}")
+        raise ConfigError(source, name("local"), f"expected at least 1 worker, got {workers}")
     if ps < 0:
-        raise ConfigError(source, "--ps", f"expected 0 or more ps tasks, got {ps}")
+        raise ConfigError(source, name("ps"), f"expected 0 or more ps tasks, got {ps}")
     if ps and not chief:
         chief = True  # ParameterServerStrategy needs a coordinator: the chief
     if any(g < 0 for g in gpus) or len(set(gpus)) != len(gpus):
-        raise ConfigError(source, "--gpus", f"expected distinct GPU indices >= 0, got {','.join(map(str, gpus))}")
+        raise ConfigError(source, name("gpus"), f"expected distinct GPU indices >= 0, got {','.join(map(str, gpus))}")
     roles = (["chief"] if chief else []) + ["worker"] * workers
     tasks: list[TaskSpec] = []
     counters = {"chief": 0, "worker": 0}

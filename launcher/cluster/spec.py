@@ -12,6 +12,8 @@ import enum
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping, Sequence
 
+from ..options import name as option_name
+
 ROLES = ("chief", "worker", "ps", "evaluator")
 AUTO = "auto"
 ALL_GPUS = "all"
@@ -168,9 +170,9 @@ def check_override_env(env: EnvLayer) -> None:
 
     for key, value in env.items():
         if key in RESERVED_ENV:
-            raise ConfigError("--env", key, "is set by tflaunch for every task and cannot be overridden")
+            raise ConfigError(option_name("env"), key, "is set by tflaunch for every task and cannot be overridden")
         if value is not None:
-            check_text(value, "--env", key)
+            check_text(value, option_name("env"), key)
 
 
 # -- secrets: passed by name, masked where shown ------------------------------------------------
@@ -301,7 +303,8 @@ def check_launch_input(spec: ClusterSpec, override_env: EnvLayer, command: Seque
     if environ is None:
         return
     given = {key for key, value in override_env.items() if value is not None}  # --env NAME=VALUE wins
-    for source, prefix, env in [*env_layers(spec), ("--env", "", override_env)]:
+    layers = [(False, source, prefix, env) for source, prefix, env in env_layers(spec)]
+    for override, source, prefix, env in [*layers, (True, option_name("env"), "", override_env)]:
         for name, value in env.items():
-            if value is None and (source == "--env" or name not in given):
+            if value is None and (override or name not in given):
                 value_by_name(name, environ, source, f"{prefix}.{name}" if prefix else name)

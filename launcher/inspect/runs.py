@@ -2,8 +2,8 @@
 
 A run is a folder with a ``run.json`` (a :class:`~launcher.records.record.RunRecord`; see
 :mod:`launcher.records.folder` for the layout). Runs are named by their full id, a unique prefix
-of it, or ``latest``. Everything here reads files (and, for a live run on this machine, its
-processes); nothing changes a run.
+of it, ``latest``, or its folder's path (:data:`RUN_FORMS`). Everything here reads files (and, for a
+live run on this machine, its processes); nothing changes a run.
 
 A run whose record still says ``running`` while its launcher process is gone from this host
 (SIGKILL, a crash, a reboot) has the status ``launcher-lost``. A run whose ``run.json`` is not a run
@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import LaunchError, RunNotFoundError
+from ..options import form, python_caller
 from ..records.folder import RECORD, RunFolder
 from ..records.metrics import speaker
 from ..records.record import RunRecord, RunStatus, TaskRecord
@@ -28,6 +29,7 @@ from ..slurm.job import SLURM_RECORD, job_status, pending_record
 from ..run.resources import ResourceSampler
 
 LATEST = "latest"
+RUN_FORMS = "a run id, a unique prefix of one, 'latest' (the default), or the path of a run folder"
 
 
 class TaskNotFoundError(LaunchError):
@@ -166,7 +168,8 @@ def find_runs(log_dir: Path | str) -> list[Run]:
     reason to hide the others). A missing directory is an error; an empty one is not."""
     log_dir = Path(log_dir)
     if not log_dir.is_dir():
-        raise RunNotFoundError(f"log directory {_shown(log_dir)} does not exist (choose another with --log-dir DIR)")
+        raise RunNotFoundError(f"log directory {_shown(log_dir)} does not exist (choose another with "
+                               f"{form('log_dir', 'DIR')})")
     runs = []
     for path in log_dir.iterdir():
         if path.is_dir() and RunFolder(path).record_path.is_file():
@@ -185,17 +188,38 @@ def _id_time(run_id: str) -> float:
 
 
 def resolve_run(log_dir: Path | str, ref: str | None = None) -> Run:
-    """The run ``ref`` names: a full id, a unique prefix, or ``latest`` (the default)."""
-    run = _resolve(log_dir, ref)
+    """The run ``ref`` names (any of :data:`RUN_FORMS`); a path is read where it points, whatever
+    ``log_dir`` is. RunNotFoundError (one line) when there is no such run or its record cannot be read."""
+    run = _at_path(ref) if ref is not None and _is_path(ref) else _resolve(log_dir, ref)
     if run.problem:
         raise RunNotFoundError(run.problem)
     return run
 
 
+def _is_path(ref: str) -> bool:
+    """Whether RUN is a path (``logs/20261125-101500-ab12/``, ``.``) rather than an id, which has no ``/``."""
+    return os.sep in ref or bool(os.altsep and os.altsep in ref) or ref in (".", "..") or ref.startswith("~")
+
+
+def _at_path(ref: str) -> Run:
+    """The run folder at ``ref``; for a path that does not exist, its last part names a run (a prefix,
+    ``latest``) of the folder before it, so ``logs/20261125`` works as ``20261125`` does."""
+    path = Path(ref).expanduser()
+    if path.name in ("", ".."):  # "." or "x/..": the folder's own name is the run id
+        path = path.resolve()
+    if path.is_dir():  # a job submitted to Slurm whose run has not started has no run.json yet
+        pending = not RunFolder(path).record_path.is_file() and (path / SLURM_RECORD).is_file() and pending_record(path)
+        return Run(path, pending) if pending else read_run(path)
+    if path.parent.is_dir():
+        return _resolve(path.parent, path.name)
+    raise RunNotFoundError(f"no run folder {ref!r}: {path.parent} does not exist")
+
+
 def _resolve(log_dir: Path | str, ref: str | None) -> Run:
     runs = find_runs(log_dir)
     if not runs:
-        raise RunNotFoundError(f"no runs in {_shown(log_dir)} yet (start one with 'tflaunch --local 2')")
+        start = "launch(local=2)" if python_caller() else "'tflaunch --local 2'"
+        raise RunNotFoundError(f"no runs in {_shown(log_dir)} yet (start one with {start})")
     if ref is None or ref == LATEST:
         return runs[0]
     exact = [r for r in runs if r.run_id == ref]

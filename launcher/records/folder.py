@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
+from ..options import name
 
 if TYPE_CHECKING:
     from .record import RunRecord
@@ -91,7 +92,7 @@ class RunFolder:
         self._milestone: tuple | None = None  # what run.json said when its folder was last synced
 
     @classmethod
-    def create(cls, log_dir: str | Path | None, source: str, option: str = "--log-dir") -> "RunFolder":
+    def create(cls, log_dir: str | Path | None, source: str, option: str | None = None) -> "RunFolder":
         """A new run folder in ``log_dir`` (None: :data:`DEFAULT_LOG_DIR`).
 
         ConfigError names ``source``, the directory, where it came from (``option`` when given,
@@ -108,7 +109,7 @@ class RunFolder:
             except OSError as exc:
                 if isinstance(exc, FileExistsError) and os.path.lexists(path):
                     continue
-                where = option if log_dir else "the default log directory"
+                where = (option or name("log_dir")) if log_dir else "the default log directory"
                 raise ConfigError(source, "log_dir", f"cannot create a run folder in {str(base)!r} ({where}): "
                                                      f"{exc.strerror or exc}") from None
         raise ConfigError(source, "log_dir", f"cannot create a run folder in {str(base)!r}: {RUN_ID_DRAWS} run ids "

@@ -25,6 +25,7 @@ from typing import Iterator
 from ..cluster.plan import Plan
 from ..cluster.spec import ClusterSpec, is_local
 from ..errors import ConfigError, LaunchError
+from ..options import name
 
 START_TIMEOUT = 10.0
 
@@ -70,7 +71,7 @@ class NetworkNamespace:
     def create(cls) -> "NetworkNamespace":
         missing = [tool for tool in ("unshare", "nsenter") if shutil.which(tool) is None]
         if missing:
-            raise IsolationError(f"--isolate-network: {' and '.join(missing)} not found (util-linux); "
+            raise IsolationError(f"{name('isolate_network')}: {' and '.join(missing)} not found (util-linux); "
                                  "nothing was started")
         attempts = [(False, ["unshare", "--net"])] if os.geteuid() == 0 else []
         attempts.append((True, ["unshare", "--user", "--map-root-user", "--net"]))
@@ -80,7 +81,7 @@ class NetworkNamespace:
             if isinstance(made, NetworkNamespace):
                 return made
             reasons.append(made)
-        raise IsolationError("--isolate-network: cannot create a network namespace here "
+        raise IsolationError(f"{name('isolate_network')}: cannot create a network namespace here "
                              f"({'; '.join(reasons)}); it needs root or unprivileged user namespaces "
                              "(sysctl user.max_user_namespaces > 0); nothing was started")
 

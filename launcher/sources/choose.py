@@ -12,6 +12,7 @@ from typing import Any
 
 from ..cluster.spec import ClusterSpec
 from ..errors import ConfigError, LaunchError
+from ..options import form, name, python_caller
 from . import ClusterSource
 
 MAPPING_LABEL = "cluster"  # how a cluster given as a mapping is named in messages and run lists
@@ -54,23 +55,31 @@ def _plain(value: Any) -> Any:
 def choose_source(cluster: str | Mapping[str, Any] | None = None, local: int | None = None, *,
                   hosts: str | None = None, hostfile: str | None = None, chief: bool = False, ps: int = 0,
                   evaluator: bool = False, gpus: tuple[int, ...] = (),
-                  role_options: str = "--chief, --ps, --evaluator and --gpus") -> ClusterSource:
-    """The one source the options name; ``role_options`` names the command's role options in messages."""
+                  role_options: str | None = None) -> ClusterSource:
+    """The one source the options name; ``role_options`` names the command's role options in messages
+    (default: chief, ps, evaluator and gpus, in the words of the front end in effect)."""
     from .file import ClusterFileSource
     from .local import LocalSource
 
-    given = [value for value in (cluster, local, hosts, hostfile) if value is not None]
-    if len(given) != 1:
-        raise OptionsError("give either a cluster file or --local N, -H HOST:SLOTS,... or --hostfile FILE")
+    if role_options is None:
+        role_options = f"{name('chief')}, {name('ps')}, {name('evaluator')} and {name('gpus')}"
+    named = [value for value in (cluster, local, hosts, hostfile) if value is not None]
+    if len(named) != 1:
+        raise OptionsError(f"give either {name('cluster')} or {form('local', 'N')}, {form('hosts', 'HOST:SLOTS,...')} "
+                           f"or {form('hostfile', 'FILE')}")
     if cluster is not None and (chief or ps or gpus or evaluator):
-        raise OptionsError(f"{role_options} only apply to --local, -H and --hostfile; put roles in the cluster file")
+        raise OptionsError(f"{role_options} only apply to {name('local')}, {name('hosts')} and {name('hostfile')}; "
+                           "put roles in the cluster file")
     if isinstance(cluster, Mapping):
         return ClusterMappingSource(cluster)
     if cluster is not None:
         return ClusterFileSource(str(cluster))
     if local is not None:
         if evaluator:
-            raise OptionsError("--evaluator applies to -H, --hostfile and --slurm, not to --local")
+            # launch() has no Slurm source
+            places = [name("hosts"), name("hostfile")] + ([] if python_caller() else ["--slurm"])
+            raise OptionsError(f"{name('evaluator')} applies to {', '.join(places[:-1])} and {places[-1]}, "
+                               f"not to {name('local')}")
         return LocalSource(local, chief=chief, ps=ps, gpus=gpus)
     from .hosts import HostsSource
 

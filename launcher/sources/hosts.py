@@ -3,10 +3,15 @@
 The two forms people bring from horovodrun, DeepSpeed and MPI:
 
 - ``-H/--hosts HOST[:SLOTS],...`` (a host without ``:SLOTS`` has one slot);
-- a hostfile, one host per line as ``HOST slots=N`` (``HOST`` alone is one slot; MPI's
-  ``max_slots=M`` is accepted and ignored, since tflaunch never puts more tasks on a host than its
-  slots). ``#`` starts a comment; blank lines are skipped. A bad line is one error naming the file,
-  the line number and what was expected.
+- a hostfile, one host per line as ``HOST slots=N`` (OpenMPI, DeepSpeed) or ``HOST:N`` (MPICH,
+  Intel MPI); ``HOST`` alone is one slot; OpenMPI's ``max_slots=M`` is accepted and ignored, since
+  tflaunch never puts more tasks on a host than its slots. ``#`` starts a comment; blank lines are
+  skipped; a UTF-8 byte-order mark (Notepad writes one) is dropped. A bad line is one error naming
+  the file, the line number and what was expected.
+
+A host has at most :data:`MAX_SLOTS` slots: every slot is a TensorFlow process of its own, and
+each task's TF_CONFIG lists every task, so the plan grows with the square of the task count; a
+count beyond what any machine can run (``slots=100000``, a typo) is refused at once instead.
 
 ``localhost``, a loopback address or any name of this machine means this machine; every other
 host is reached over ssh. A host may be named once (two names of this machine count as one).
@@ -21,6 +26,7 @@ workers (ps and evaluator stay on the CPU), shared when a host has more such tas
 
 from __future__ import annotations
 
+import codecs
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,12 +34,17 @@ from pathlib import Path
 from ..cluster.checks import check_cluster
 from ..cluster.spec import AUTO, ClusterSpec, TaskSpec, is_local
 from ..errors import ConfigError
+from ..options import name
+from ..options import label as options_label
 from ..slurm.allocation import Allocation, carve_roles, gpus_for
 
 _NAME = re.compile(r"[A-Za-z0-9_.\-]+")  # a host name or an IPv4 address
 _IPV6 = re.compile(r"[0-9A-Fa-f:.]+")
 _HOSTFILE_WORD = re.compile(r"^(?P<key>[a-z_]+)=(?P<value>.*)$")
-HOSTFILE_FORM = "'HOST slots=N' (N a whole number >= 1), 'HOST', a '#' comment or a blank line"
+HOSTFILE_FORM = "'HOST slots=N' or 'HOST:N' (N a whole number >= 1), 'HOST', a '#' comment or a blank line"
+# Far beyond the cores of any one machine (a TensorFlow task needs a core and a few hundred MB),
+# yet quick to plan: a host's slot count above it is a typo, refused before anything is planned.
+MAX_SLOTS = 1024
 
 
 @dataclass(frozen=True)
@@ -45,8 +56,9 @@ class HostSlots:
     where: str
 
 
-def parse_hosts_option(value: str, option: str = "-H") -> tuple[HostSlots, ...]:
+def parse_hosts_option(value: str) -> tuple[HostSlots, ...]:
     """``node1:4,node2:4`` as (host, slots) pairs, in order."""
+    option = name("hosts")
     hosts = []
     for item in value.split(","):
         item = item.strip()
@@ -54,6 +66,7 @@ def parse_hosts_option(value: str, option: str = "-H") -> tuple[HostSlots, ...]:
         if not host or slots is None:
             raise ConfigError(option, item or repr(value),  # an empty item: show where, in the whole value
                               "expected HOST or HOST:SLOTS with SLOTS a whole number >= 1, such as node1:4")
+        _check_slots(slots, option, item)
         hosts.append(HostSlots(host, slots, f"{option} {item}"))
     return tuple(hosts)
 
@@ -78,27 +91,28 @@ def _valid_host(text: str) -> bool:
 
 
 def _slots(text: str) -> int | None:
-    return int(text) if text.isdigit() and int(text) >= 1 else None
+    # isdecimal() alone takes other scripts' digits (int() reads them); a slot count is ASCII
+    return int(text) if text.isascii() and text.isdecimal() and int(text) >= 1 else None
+
+
+def _check_slots(slots: int, source: str, key: str, shown: str | None = None) -> None:
+    if slots > MAX_SLOTS:
+        raise ConfigError(source, key, (f"{shown!r}: " if shown else "") + f"{slots} slots is more than tflaunch "
+                          f"runs on one host; expected at most {MAX_SLOTS} (one TensorFlow task per slot: 8 for "
+                          "a host with 8 GPUs)")
 
 
 def parse_hostfile(path: str) -> tuple[HostSlots, ...]:
     """The hosts of an MPI/DeepSpeed hostfile; ConfigError names the file and line of a bad line."""
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise ConfigError(path, "", f"cannot read the hostfile ({exc.strerror or exc})") from None
-    except UnicodeDecodeError:
-        raise ConfigError(path, "", "not a text file; expected one 'HOST slots=N' per line") from None
     hosts = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in enumerate(_hostfile_text(path).splitlines(), start=1):
         words = line.split("#", 1)[0].split()
         if not words:
             continue
-        bad = ConfigError(path, f"line {number}", f"{line.strip()!r}: expected {HOSTFILE_FORM}")
-        host, slots = words[0], 1
-        bracketed = host.startswith("[") and host.endswith("]")  # only an IPv6 address: [fd00::7]
-        host = host[1:-1] if bracketed else host
-        if not _valid_host(host) or (bracketed and host.count(":") < 2):
+        where = f"line {number}"
+        bad = ConfigError(path, where, f"{line.strip()!r}: expected {HOSTFILE_FORM}")
+        host, slots = _hostfile_host(words[0], path, where)
+        if not host:
             raise bad
         seen = set()
         for word in words[1:]:
@@ -109,11 +123,52 @@ def parse_hostfile(path: str) -> tuple[HostSlots, ...]:
             if _slots(match["value"]) is None:
                 raise bad
             if match["key"] == "slots":
+                if slots is not None:
+                    raise ConfigError(path, where, f"{line.strip()!r}: gives the slots twice; expected "
+                                                   "'HOST slots=N' or 'HOST:N'")
                 slots = int(match["value"])
-        hosts.append(HostSlots(host, slots, f"{path}: line {number}"))
+        slots = 1 if slots is None else slots
+        _check_slots(slots, path, where, line.strip())
+        hosts.append(HostSlots(host, slots, f"{path}: {where}"))
     if not hosts:
-        raise ConfigError(path, "", f"no hosts; expected one {HOSTFILE_FORM.split(',')[0]} per line")
+        raise ConfigError(path, "", f"no hosts; expected one {HOSTFILE_FORM.split(' (')[0]} per line")
     return tuple(hosts)
+
+
+def _hostfile_text(path: str) -> str:
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(path, "", f"cannot read the hostfile ({exc.strerror or exc})") from None
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        raise ConfigError(path, "", "saved as UTF-16 text; expected UTF-8 (in Notepad: Save As, Encoding UTF-8)")
+    try:
+        return data.decode("utf-8-sig")  # without the byte-order mark Notepad puts first
+    except UnicodeDecodeError:
+        raise ConfigError(path, "", "not a text file; expected one 'HOST slots=N' per line") from None
+
+
+def _hostfile_host(word: str, path: str, where: str) -> tuple[str, int | None]:
+    """A hostfile line's first word: ``HOST``, ``[IPV6]``, a bare IPv6 address, or one of the first
+    two with ``:N`` (MPICH's form); the host ("" when it is not one) and the slots ``:N`` gave."""
+    if word.startswith("["):
+        host, _, rest = word[1:].partition("]")
+        count = rest[1:] if rest.startswith(":") else None
+        if (rest and count is None) or host.count(":") < 2:
+            return "", None
+    elif word.count(":") == 1:
+        host, _, count = word.partition(":")
+    else:  # a name, or a bare IPv6 address (whose last group cannot be told from a slot count)
+        host, count = word, None
+    if not _valid_host(host):
+        return "", None
+    if count is None:
+        return host, None
+    slots = _slots(count)
+    if slots is None:
+        raise ConfigError(path, where, f"{word!r}: expected HOST:N with N a whole number >= 1 (the host's slots), "
+                                       f"got {count!r}")
+    return host, slots
 
 
 @dataclass(frozen=True)
@@ -129,16 +184,12 @@ class HostsSource:
 
     @property
     def label(self) -> str:
-        words = [f"-H {self.hosts}" if self.hosts is not None else f"--hostfile {self.hostfile}"]
-        if self.chief or self.ps:
-            words.append("--chief")
-        if self.ps:
-            words.append(f"--ps {self.ps}")
-        if self.evaluator:
-            words.append("--evaluator")
-        if self.gpus:
-            words.append("--gpus " + ",".join(map(str, self.gpus)))
-        return " ".join(words)
+        """The options as the user gave them: ``-H node1:4 --chief``, or ``launch(hosts='node1:4', chief=True)``."""
+        named = ("hosts", self.hosts) if self.hosts is not None else ("hostfile", self.hostfile)
+        return options_label([named, *([("chief", True)] if self.chief or self.ps else []),
+                              *([("ps", self.ps)] if self.ps else []),
+                              *([("evaluator", True)] if self.evaluator else []),
+                              *([("gpus", self.gpus)] if self.gpus else [])])
 
     def host_slots(self) -> tuple[HostSlots, ...]:
         if self.hosts is not None:
@@ -160,9 +211,9 @@ def place(hosts: tuple[HostSlots, ...], *, chief: bool = False, ps: int = 0, eva
           gpus: tuple[int, ...] = (), source: str = "-H") -> tuple[TaskSpec, ...]:
     """One task per slot, roles and GPUs by the rule in the module docstring, every port ``auto`` (pure)."""
     if ps < 0:
-        raise ConfigError(source, "--ps", f"expected 0 or more ps tasks, got {ps}")
+        raise ConfigError(source, name("ps"), f"expected 0 or more ps tasks, got {ps}")
     if any(g < 0 for g in gpus) or len(set(gpus)) != len(gpus):
-        raise ConfigError(source, "--gpus", f"expected distinct GPU indices >= 0, got {','.join(map(str, gpus))}")
+        raise ConfigError(source, name("gpus"), f"expected distinct GPU indices >= 0, got {','.join(map(str, gpus))}")
     chief = chief or ps > 0  # ParameterServerStrategy needs a coordinator: the chief
     _check_room(hosts, chief, ps, evaluator, source)
     allocation = Allocation(job_id="", nodes=tuple(h.host for h in hosts), tasks_per_node=tuple(h.slots for h in hosts),
@@ -194,6 +245,6 @@ def _check_room(hosts: tuple[HostSlots, ...], chief: bool, ps: int, evaluator: b
         return
     asked = (["a chief"] if chief else []) + ([f"{ps} ps task{'s' if ps != 1 else ''}"] if ps else []) \
         + (["an evaluator"] if evaluator else [])
-    key = "--ps" if ps else ("--evaluator" if evaluator else "--chief")
+    key = name("ps" if ps else ("evaluator" if evaluator else "chief"))
     raise ConfigError(source, key, f"{', '.join(asked)} and at least one worker need {fixed + 1} slots; "
                                    f"the hosts have {total} (add slots or hosts)")

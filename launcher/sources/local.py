@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from ..cluster.local import local_cluster
 from ..cluster.spec import ClusterSpec
+from ..options import label as options_label
 
 
 @dataclass(frozen=True)
@@ -17,15 +18,10 @@ class LocalSource:
 
     @property
     def label(self) -> str:
-        """The options as the user would type them, e.g. ``--local 2 --chief --ps 1``."""
-        words = [f"--local {self.workers}"]
-        if self.chief or self.ps:
-            words.append("--chief")
-        if self.ps:
-            words.append(f"--ps {self.ps}")
-        if self.gpus:
-            words.append("--gpus " + ",".join(map(str, self.gpus)))
-        return " ".join(words)
+        """The options as the user gave them: ``--local 2 --chief --ps 1``, or from Python
+        ``launch(local=2, chief=True, ps=1)``."""
+        return options_label([("local", self.workers), *([("chief", True)] if self.chief or self.ps else []),
+                      *([("ps", self.ps)] if self.ps else []), *([("gpus", self.gpus)] if self.gpus else [])])
 
     def spec(self, local_hosts: frozenset[str]) -> ClusterSpec:
         return local_cluster(self.workers, chief=self.chief, ps=self.ps, gpus=self.gpus, source=self.label)
