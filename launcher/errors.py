@@ -37,9 +37,10 @@ class PreflightError(LaunchError):
 class UnknownTaskError(LaunchError):
     """An option names tasks the cluster does not have."""
 
-    def __init__(self, source: str, option: str, value: str, unknown: list[str], known: list[str]):
+    def __init__(self, source: str, given: str, unknown: list[str], known: list[str]):
+        # given: the option as the user gave it, in the words of the front end (launcher.options.given)
         missing = ", ".join(f"'{name}'" for name in unknown)
-        super().__init__(f"{option} {value}: {source} has no task {missing}; its tasks are: {', '.join(known)}")
+        super().__init__(f"{given}: {source} has no task {missing}; its tasks are: {', '.join(known)}")
 
 
 class EnvironmentProblem(LaunchError):

@@ -170,6 +170,10 @@ def test_bad_input_raises_the_line_the_command_line_prints(tflaunch, tmp_path):
      "value given), but tflaunch's environment has no TFLAUNCH_TEST_NEVER_SET; set it there "
      "(export TFLAUNCH_TEST_NEVER_SET=...) or give a value"),
     ({"local": 2, "command": []}, "command: expected a non-empty list of strings, or a string, got []"),
+    ({"local": 2, "tasks": "worker-7"}, "tasks='worker-7': launch(local=2) has no task 'worker-7'; its tasks are: "
+                                        "worker-0, worker-1"),
+    ({"hosts": "node1:1", "isolate_network": True}, "launch(hosts='node1:1'): isolate_network: needs every task on "
+     "this machine; worker[0] runs on 'node1' (a network namespace cannot span hosts)"),
     ({"cluster": {"worker": ["localhost:auto"]}, "chief": True},
      "chief, ps, evaluator and gpus only apply to local, hosts and hostfile; put roles in the cluster file"),
     ({"local": 2, "evaluator": True}, "evaluator applies to hosts and hostfile, not to local"),

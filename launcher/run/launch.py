@@ -23,6 +23,8 @@ from ..cluster.plan import Plan, RunContext, plan_cluster
 from ..cluster.ports import HELD_AT_MOST, PortReservation, port_is_free, reserve_ports
 from ..cluster.spec import AUTO, ClusterSpec, EnvLayer, check_launch_input, is_local
 from ..errors import EnvironmentProblem, PortInUseError, PreflightError, UnknownTaskError
+from ..options import given, python_caller
+from ..options import name as option_name
 from ..records.folder import DEFAULT_LOG_DIR, RunFolder
 from ..transports import TransportSet
 from .isolation import NetworkNamespace, isolated_network
@@ -71,11 +73,11 @@ def build_spec(request: LaunchRequest, local_hosts: frozenset[str]) -> ClusterSp
         from .isolation import check_isolation
 
         spec = replace(spec, isolate_network=True)
-        check_isolation(spec, local_hosts, "--isolate-network" if request.isolate_network else "isolate_network")
+        check_isolation(spec, local_hosts, option_name("isolate_network") if request.isolate_network else "isolate_network")
     known = [task.name for task in spec.tasks]
     unknown = [name for name in request.show_tasks if name not in known]
     if unknown:
-        raise UnknownTaskError(spec.source, "--tasks", ",".join(request.show_tasks), unknown, known)
+        raise UnknownTaskError(spec.source, given("tasks", ",".join(request.show_tasks)), unknown, known)
     return spec
 
 
@@ -261,8 +263,9 @@ def _preflight(spec: ClusterSpec, local_hosts: frozenset[str], request: LaunchRe
                          transports=transports)
     if not report.ok:
         problems = "; ".join(i.line for i in report.failures)
+        see = "" if python_caller() else f"see 'tflaunch check {spec.source}', or "  # a launch() call is no CLI source
         raise PreflightError(f"{spec.source}: preflight failed: {problems} "
-                             f"(see 'tflaunch check {spec.source}', or skip with --no-check)")
+                             f"({see}skip with {given('no_check', True)})")
 
 
 def _stop_if_signalled(signals: Signals) -> None:
