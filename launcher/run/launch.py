@@ -73,7 +73,8 @@ def build_spec(request: LaunchRequest, local_hosts: frozenset[str]) -> ClusterSp
         from .isolation import check_isolation
 
         spec = replace(spec, isolate_network=True)
-        check_isolation(spec, local_hosts, option_name("isolate_network") if request.isolate_network else "isolate_network")
+        asked = option_name("isolate_network") if request.isolate_network else "isolate_network"  # option, else file
+        check_isolation(spec, local_hosts, asked)
     known = [task.name for task in spec.tasks]
     unknown = [name for name in request.show_tasks if name not in known]
     if unknown:
