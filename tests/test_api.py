@@ -183,7 +183,7 @@ def test_bad_input_raises_the_line_the_command_line_prints(tflaunch, tmp_path):
                                    "expected each host once, with all its slots"),
     ({"hosts": "localhost:2", "ps": 2}, "launch(hosts='localhost:2', chief=True, ps=2): ps: a chief, 2 ps tasks and "
                                         "at least one worker need 4 slots; the hosts have 2 (add slots or hosts)"),
-    ({"hosts": "localhost:100000"}, "hosts: localhost:100000: 100000 slots is more than tflaunch runs on one host; "
+    ({"hosts": "localhost:100000"}, "hosts: localhost:100000: more slots than tflaunch runs on one host; "
                                     "expected at most 1024 (one TensorFlow task per slot: 8 for a host with 8 GPUs)"),
     ({"local": 2, "gpus": [0.5]}, "gpus: expected GPU indices (whole numbers) such as [0, 1] or '0,1', got [0.5]"),
     ({"local": 2, "gpus": [0, 1.0]}, "gpus: expected GPU indices (whole numbers) such as [0, 1] or '0,1', got [0, 1.0]"),

@@ -91,15 +91,18 @@ def _valid_host(text: str) -> bool:
 
 
 def _slots(text: str) -> int | None:
-    # isdecimal() alone takes other scripts' digits (int() reads them); a slot count is ASCII
-    return int(text) if text.isascii() and text.isdecimal() and int(text) >= 1 else None
+    """A slot count >= 1 in ASCII digits, else None; one too long to read counts as over the cap."""
+    if not (text.isascii() and text.isdecimal()):  # isdecimal() alone takes other scripts' digits
+        return None
+    # int() refuses thousands of digits; a count of ten or more is over the cap anyway
+    count = int(text) if len(text.lstrip("0")) < 10 else MAX_SLOTS + 1
+    return count if count >= 1 else None
 
 
 def _check_slots(slots: int, source: str, key: str, shown: str | None = None) -> None:
     if slots > MAX_SLOTS:
-        raise ConfigError(source, key, (f"{shown!r}: " if shown else "") + f"{slots} slots is more than tflaunch "
-                          f"runs on one host; expected at most {MAX_SLOTS} (one TensorFlow task per slot: 8 for "
-                          "a host with 8 GPUs)")
+        raise ConfigError(source, key, (f"{shown!r}: " if shown else "") + "more slots than tflaunch runs on one "
+                          f"host; expected at most {MAX_SLOTS} (one TensorFlow task per slot: 8 for a host with 8 GPUs)")
 
 
 def parse_hostfile(path: str) -> tuple[HostSlots, ...]:
@@ -120,13 +123,14 @@ def parse_hostfile(path: str) -> tuple[HostSlots, ...]:
             if not match or match["key"] not in ("slots", "max_slots") or match["key"] in seen:
                 raise bad
             seen.add(match["key"])
-            if _slots(match["value"]) is None:
+            count = _slots(match["value"])
+            if count is None:
                 raise bad
             if match["key"] == "slots":
                 if slots is not None:
                     raise ConfigError(path, where, f"{line.strip()!r}: gives the slots twice; expected "
                                                    "'HOST slots=N' or 'HOST:N'")
-                slots = int(match["value"])
+                slots = count
         slots = 1 if slots is None else slots
         _check_slots(slots, path, where, line.strip())
         hosts.append(HostSlots(host, slots, f"{path}: {where}"))
