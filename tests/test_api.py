@@ -185,6 +185,7 @@ def test_bad_input_raises_the_line_the_command_line_prints(tflaunch, tmp_path):
                                         "at least one worker need 4 slots; the hosts have 2 (add slots or hosts)"),
     ({"hosts": "localhost:100000"}, "hosts: localhost:100000: more slots than tflaunch runs on one host; "
                                     "expected at most 1024 (one TensorFlow task per slot: 8 for a host with 8 GPUs)"),
+    ({"local": 1025}, "launch(local=1025): local: expected at most 1024 tasks on this machine in all, got 1025"),
     ({"local": 2, "gpus": [0.5]}, "gpus: expected GPU indices (whole numbers) such as [0, 1] or '0,1', got [0.5]"),
     ({"local": 2, "gpus": [0, 1.0]}, "gpus: expected GPU indices (whole numbers) such as [0, 1] or '0,1', got [0, 1.0]"),
     ({"local": 2, "gpus": [True]}, "gpus: expected GPU indices (whole numbers) such as [0, 1] or '0,1', got [True]"),

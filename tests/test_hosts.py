@@ -293,8 +293,17 @@ def test_notepad_hostfile_in_the_mpich_form_runs_and_dry_runs(tflaunch, tmp_path
     assert json.loads(seen["TF_CONFIG"])["task"] == {"type": "worker", "index": 0}
 
 
-@pytest.mark.parametrize("source", [["--hostfile", "FILE"], ["-H", "node-a:100000"]])
-def test_an_absurd_slot_count_is_refused_at_once_not_planned(tflaunch, tmp_path, source):
+CAP = f"more slots than tflaunch runs on one host; expected at most {MAX_SLOTS} (one TensorFlow task per slot: 8 " \
+      "for a host with 8 GPUs)"
+
+
+@pytest.mark.parametrize("source, where", [
+    (["--hostfile", "FILE"], "FILE: line 1: 'node-a slots=100000': " + CAP),
+    (["-H", "node-a:100000"], "-H: node-a:100000: " + CAP),
+    (["--local", "100000"], f"--local 100000: --local: expected at most {MAX_SLOTS} tasks on this machine in all, "
+                            "got 100000"),
+])
+def test_an_absurd_slot_count_is_refused_at_once_not_planned(tflaunch, tmp_path, source, where):
     path = tmp_path / "hostfile"
     path.write_text("node-a slots=100000\n")
     args = [str(path) if word == "FILE" else word for word in source]
@@ -302,7 +311,15 @@ def test_an_absurd_slot_count_is_refused_at_once_not_planned(tflaunch, tmp_path,
     done = subprocess.run(tflaunch.argv(*args, "--dry-run"), cwd=tmp_path, env=tflaunch.env(), capture_output=True,
                           text=True, timeout=30)
     assert done.returncode == 2 and done.stdout == ""
-    (line,) = done.stderr.splitlines()
-    where = f"{path}: line 1: 'node-a slots=100000'" if source[0] == "--hostfile" else "-H: node-a:100000"
-    assert line == (f"tflaunch: error: {where}: more slots than tflaunch runs on one host; expected at "
-                    f"most {MAX_SLOTS} (one TensorFlow task per slot: 8 for a host with 8 GPUs)")
+    assert done.stderr.splitlines() == [f"tflaunch: error: {where.replace('FILE', str(path))}"]
+
+
+def test_local_counts_share_the_cap_of_one_host():
+    from launcher.cluster.local import local_cluster
+
+    assert len(local_cluster(MAX_SLOTS - 2, chief=True, ps=1).tasks) == MAX_SLOTS
+    for workers, roles in ((MAX_SLOTS + 1, {}), (MAX_SLOTS, {"chief": True}), (MAX_SLOTS - 1, {"ps": 1})):
+        with pytest.raises(ConfigError) as error:
+            local_cluster(workers, **roles)
+        assert str(error.value) == (f"--local {workers}: --local: expected at most {MAX_SLOTS} tasks on this machine "
+                                    f"in all, got {MAX_SLOTS + 1}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..errors import ConfigError
 from ..options import name
 from .checks import check_cluster
-from .spec import AUTO, ClusterSpec, TaskSpec
+from .spec import AUTO, MAX_TASKS_PER_HOST, ClusterSpec, TaskSpec
 
 
 def local_cluster(
@@ -29,6 +29,9 @@ def local_cluster(
         raise ConfigError(source, name("local"), f"expected at least 1 worker, got {workers}")
     if ps < 0:
         raise ConfigError(source, name("ps"), f"expected 0 or more ps tasks, got {ps}")
+    if workers + ps + int(chief or ps > 0) > MAX_TASKS_PER_HOST:
+        raise ConfigError(source, name("local"), f"expected at most {MAX_TASKS_PER_HOST} tasks on this machine in "
+                                                 f"all, got {workers + ps + int(chief or ps > 0)}")
     if ps and not chief:
         chief = True  # ParameterServerStrategy needs a coordinator: the chief
     if any(g < 0 for g in gpus) or len(set(gpus)) != len(gpus):

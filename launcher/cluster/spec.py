@@ -17,6 +17,10 @@ from ..options import name as option_name
 ROLES = ("chief", "worker", "ps", "evaluator")
 AUTO = "auto"
 ALL_GPUS = "all"
+# The most tasks tflaunch starts on one host from a count (--local N, a hostfile's slots): beyond the
+# cores of any machine (a TensorFlow task needs a core and a few hundred MB), yet quick to plan, as
+# every task's TF_CONFIG lists every task; a larger count is a typo, refused before any planning.
+MAX_TASKS_PER_HOST = 1024
 # Set by tflaunch itself for every task; a cluster file may not override them.
 RESERVED_ENV = frozenset(
     {"TF_CONFIG", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "TFLAUNCH_TASK", "TFLAUNCH_RUN_ID", "TFLAUNCH_RUN_DIR", "TFLAUNCH_ATTEMPT"}

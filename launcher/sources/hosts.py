@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..cluster.checks import check_cluster
-from ..cluster.spec import AUTO, ClusterSpec, TaskSpec, is_local
+from ..cluster.spec import AUTO, MAX_TASKS_PER_HOST, ClusterSpec, TaskSpec, is_local
 from ..errors import ConfigError
 from ..options import name
 from ..options import label as options_label
@@ -42,9 +42,7 @@ _NAME = re.compile(r"[A-Za-z0-9_.\-]+")  # a host name or an IPv4 address
 _IPV6 = re.compile(r"[0-9A-Fa-f:.]+")
 _HOSTFILE_WORD = re.compile(r"^(?P<key>[a-z_]+)=(?P<value>.*)$")
 HOSTFILE_FORM = "'HOST slots=N' or 'HOST:N' (N a whole number >= 1), 'HOST', a '#' comment or a blank line"
-# Far beyond the cores of any one machine (a TensorFlow task needs a core and a few hundred MB),
-# yet quick to plan: a host's slot count above it is a typo, refused before anything is planned.
-MAX_SLOTS = 1024
+MAX_SLOTS = MAX_TASKS_PER_HOST  # a host's slot count above it is a typo, refused before anything is planned
 
 
 @dataclass(frozen=True)
