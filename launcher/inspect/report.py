@@ -212,7 +212,9 @@ def build_report(run: Run, task: str | None = None, all_tasks: bool = False, plo
         if status == "running":
             raise NoMetricsError(f"run {run.run_id} is still running and {whose} reported no epoch yet; "
                                  f"watch it with 'tflaunch logs --follow {run.run_id}'")
-        raise NoMetricsError(f"run {run.run_id} has no epoch metrics: {whose} printed no TFLAUNCH_METRIC lines")
+        cause = cause_line(run)
+        raise NoMetricsError(f"run {run.run_id} has no epoch metrics: {whose} printed no TFLAUNCH_METRIC lines"
+                             + (f"; root cause: {cause}" if cause else ""))
     report = Report(run.run_id, str(run.record.source), status, run.record.exit_code,
                     chief, epochs, final_record(run, metrics), run.resources(), root_cause=cause_line(run))
     if status == "running":

@@ -76,7 +76,6 @@ class ControlServer:
         self.path = self.run_dir / SOCKET
         self.run_id = folder.run_id
         self.supervisor = supervisor  # the current attempt's Supervisor (None between attempts)
-        self.problem: str | None = None  # why there is no socket, if there is none
         self._listener: socket.socket | None = None
         self._inode: int | None = None
         self._wake_r, self._wake_w = -1, -1
@@ -98,9 +97,8 @@ class ControlServer:
             except OSError:
                 listener.close()
                 raise
-        except OSError as exc:
-            self.problem = f"{self.path}: {exc.strerror or exc}"
-            return self
+        except OSError:
+            return self  # e.g. a file system without sockets: 'tflaunch stacks' then says there is none
         finally:
             if private is not None:
                 shutil.rmtree(private, ignore_errors=True)
