@@ -576,3 +576,27 @@ def test_the_culprit_of_a_hang_across_ssh_hosts_is_named_through_the_agents(tfla
     for name in ("worker-0", "worker-1", "worker-2"):
         assert "mwms_hang.py" in (done.run_dir / "attempt-1" / "stacks" / f"{name}.txt").read_text()
     assert {t["host"] for t in done.record["tasks"]} == {"node1", "node2"}
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_the_culprit_of_a_hang_inside_a_slurm_allocation_is_named_through_the_agents(testslurm, tmp_path):
+    logs = tmp_path / "logs"
+    script = tmp_path / "job.sh"
+    script.write_text(f"#!/bin/bash\nexec {sys.executable} -m launcher --slurm --hang-timeout 3 --grace 1 "
+                      f"--log-dir {logs} -- python {TASK} print:up sleep-if:worker-3:600 forever\n")
+    out = tmp_path / "job.out"
+    try:
+        done = testslurm.run("sbatch", "--wait", f"--output={out}", f"--chdir={tmp_path}", "--nodes=2",
+                             "--ntasks-per-node=2", f"--export=ALL,PYTHONPATH={ROOT}", str(script), timeout=240)
+        assert done.returncode == 124, out.read_text()[-3000:]
+        (run_dir,) = logs.iterdir()
+        record = json.loads((run_dir / "run.json").read_text())
+        assert record["attempts"][0]["blamed_tasks"] == ["worker-3"]
+        assert record["root_cause"]["task"] == "worker-3" and record["root_cause"]["host"] == testslurm.nodes[1]
+        (culprit,) = record["root_cause"]["diagnosis"]["evidence"]["culprits"]
+        assert (culprit["threads"][0]["function"], culprit["threads"][0]["file"]) == ("main", "task.py")
+        assert "worker-3 differs from the rest: MainThread in main (task.py:" in out.read_text()
+    finally:
+        testslurm.wait_idle(timeout=30)
+        testslurm.cancel_all()
