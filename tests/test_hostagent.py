@@ -18,8 +18,11 @@ import pytest
 
 from conftest import marked
 from launcher.transports.base import ExitStatus
-from launcher.transports.hostlink import (AGENT_PATH, AGENT_SOURCE, HUB, AgentLink, AgentTask, LogWriter, encode_fields,
-                                         remote_agent_argv)
+from launcher.transports.hostagent import encode_fields
+from launcher.transports.hostlink import AgentLink
+from launcher.transports.linkhub import HUB
+from launcher.transports.proxies import AgentTask, LogWriter
+from launcher.transports.shipping import AGENT_PATH, AGENT_SOURCE, remote_agent_argv
 from launcher.transports.local import AGENT_BOOT, LocalCarrier
 from polling import wait_for
 
@@ -37,8 +40,9 @@ class Host:
     """A real host agent (a child of the test) and tflaunch's link to it."""
 
     def __init__(self, tmp_path: Path, *, eof_grace: float = 1.0, timeout: float | None = None, sample: float = 0.5,
-                 boot: list[str] | None = None):
-        """``boot``: the agent's command line without its spec (by default, the local transport's)."""
+                 boot: list[str] | None = None, keepalive: float = 30):
+        """``boot``: the agent's command line without its spec (by default, the local transport's);
+        ``keepalive``: how long tflaunch's end waits for a frame."""
         self.tmp_path = tmp_path
         spec = encode_fields({"timeout": timeout, "eof_grace": eof_grace, "sample": sample})
         self.stderr = tempfile.TemporaryFile()
@@ -50,7 +54,8 @@ class Host:
         self.proc.stdin.close()
         os.set_blocking(read_fd, False)
         os.set_blocking(write_fd, False)
-        self.link = AgentLink("testhost", LocalCarrier(self.proc, self.stderr), read_fd, write_fd, keepalive=30, hub=HUB)
+        self.link = AgentLink("testhost", LocalCarrier(self.proc, self.stderr), read_fd, write_fd, keepalive=keepalive,
+                              hub=HUB)
         self.logs = LogWriter()
 
     def start(self, argv: list[str], *, name: str | None = None, grace: float = 2.0, relay: bool = False,

@@ -196,7 +196,7 @@ def test_the_repository_slurm_template_reads_and_fits_its_allocation():
 
 def test_a_run_is_one_step_with_one_agent_per_node():
     from launcher.cluster.plan import TaskLaunch
-    from launcher.transports.hostlink import remote_agent_argv
+    from launcher.transports.shipping import remote_agent_argv
     from launcher.transports.srun import srun_argv
 
     launch = TaskLaunch(name="worker-1", role="worker", index=1, host="gpu02", address="gpu02:20001", local=False,

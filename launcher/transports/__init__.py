@@ -2,8 +2,9 @@
 
 Every transport implements :class:`.base.Transport` (``prepare``, ``start``, ``close``) and returns a
 :class:`.base.TaskProcess` (poll, terminate, kill, send_signal, cleanup, dump_stacks, reading,
-leftovers). Every task runs under its host's agent (:mod:`.hostagent`; tflaunch's side is
-:mod:`.hostlink`): one agent per host per run, which starts every task of its host, stops each
+leftovers). Every task runs under its host's agent (:mod:`.hostagent`, shipped by
+:mod:`.shipping`; tflaunch's side is :mod:`.hostlink`, served by :mod:`.linkhub`, its tasks
+:mod:`.proxies`): one agent per host per run, which starts every task of its host, stops each
 task's whole tree when the task ends or tflaunch is gone, and samples each task's CPU and memory:
 
 - ``local``: one agent, a child of tflaunch, for every task on this machine (:mod:`.local`);
@@ -63,7 +64,7 @@ class TransportSet:
     def helper(self, launch: TaskLaunch, source: str, request: dict, on_line: Callable[[str | None], None]):
         """Run a standard-library script (a probe) with ``launch``'s interpreter on its host, through
         that host's agent. ``on_line`` gets each line of its output, then None when it has ended."""
-        from .hostlink import AgentHelper
+        from .proxies import AgentHelper
 
         link = self.get(launch.transport).link_for(launch)
         encoded = base64.b64encode(json.dumps(request).encode()).decode()

@@ -7,9 +7,16 @@ tflaunch is one byte stream each way: stdin and stdout, or (``connect`` in the s
 connection it opens back to tflaunch. The spec (``sys.argv[1]``) is base64 of NUL-separated
 ``key, value`` pairs (see :func:`decode_fields`): ``timeout`` (seconds without a word from tflaunch
 before everything is stopped; empty: never), ``eof_grace`` (TERM to KILL when tflaunch is gone),
-``sample`` (seconds between resource samples) and optionally ``connect`` (``host port token``).
+``sample`` (seconds between resource samples), optionally ``connect`` (``host port``) and
+``setup_log`` (a descriptor open on the file the host's ``setup`` line writes to: the agent relays
+what it and any job it left behind print, so that nothing but the agent writes to the channel).
 
-**Commands** (tflaunch to agent) are lines; every line, an empty one too, counts as a heartbeat:
+Every fact of the protocol is defined in this module, once; tflaunch imports it from here. Whatever
+breaks the protocol in either direction (an unknown kind or verb, a frame or command line over
+``MAX_FRAME``, bytes that are no frame) ends the channel at once with one line saying what was read.
+
+**Commands** (tflaunch to agent) are lines (``Command``); every whole line, an empty one too,
+counts as a heartbeat:
 
 - ``START <id> <spec>``: start a process (a task, or a helper such as a probe); its spec gives
   ``argv``, ``env``, ``cwd``, ``grace``, ``name``, ``output`` (a log file the process writes
@@ -26,15 +33,17 @@ before everything is stopped; empty: never), ``eof_grace`` (TERM to KILL when tf
 EOF on the channel, or no heartbeat for ``timeout`` seconds, means tflaunch is gone: every process
 is stopped (SIGTERM, ``eof_grace``, SIGKILL) and the agent exits.
 
-**Frames** (agent to tflaunch) follow the ``SYNC`` mark (what a login shell or a setup line printed
-comes before it), each ``kind (1 byte), id (4), length (4)`` then the payload:
-``H`` heartbeat, ``P`` the ports picked for ``PORTS <id>``
+**Frames** (agent to tflaunch, ``Frame``) follow the ``SYNC`` mark (what a login shell printed
+comes before it), each ``HEADER``: ``kind (1 byte), id (4), length (4)``, then at most ``MAX_FRAME``
+bytes of payload: ``H`` heartbeat, ``P`` the ports picked for ``PORTS <id>``
 (space-separated; empty with ``error <reason>`` when they could not be had), ``O`` output of process ``id``,
-``S`` a status line of process ``id`` (``started <pid>``, ``error <reason>``, ``leftover <pid>
-<name>``, ``exit code=<n>`` or ``exit signal=<n>``, always last), ``D`` a stack dump, ``R``
-resource samples of each task's tree (``id rss_bytes cpu_seconds processes`` per line). Status frames of one process follow its
-output; the writer takes turns between processes, so one that floods its output cannot delay
-another's status, and heartbeats go first of all. A process's output pipe is not read
+``S`` a status line of process ``id`` (``Status``: ``started <pid>``, ``error <reason>``, ``leftover
+<pid> <name>``, ``exit code=<n>`` or ``exit signal=<n>``, always last), ``D`` a stack dump, ``R``
+resource samples of each task's tree (``id rss_bytes cpu_seconds processes`` per line), ``L`` what
+the host's setup line printed. ``H``, ``R`` and ``L`` carry id 0; the others an id tflaunch gave
+in a command. Status frames of one process follow its output; the writer takes turns between
+processes, so one that floods its output cannot delay another's status, and heartbeats go first
+of all. A process's output pipe is not read
 while much of its output waits to be sent, so a slow channel slows that process, never loses bytes.
 
 The agent is a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``): whatever a task starts in a
@@ -58,13 +67,98 @@ except ImportError:
 
 PR_SET_CHILD_SUBREAPER = 36
 TICK = 0.25  # longest sleep of the event loop; SIGCHLD, commands and output wake it earlier
-HEARTBEAT = 1.0  # seconds between the agent's heartbeats to tflaunch
-HEADER = struct.Struct(">cII")
-# Written before the first frame: whatever a login shell or a setup line printed comes before it.
-SYNC = b"\0TFLAUNCH-AGENT-1\0"
 CHUNK = 1 << 16  # one output frame at most, and what the writer sends of one process per turn
 QUEUE_LIMIT = 1 << 20  # output bytes of one process waiting to be sent before its pipe is left unread
-OWNER_VARIABLE = "TFLAUNCH_AGENT_TASK"
+
+# -- the protocol: both ends take every fact of it from here ------------------------------------
+
+HEARTBEAT = 1.0  # seconds between heartbeats, each way
+HEADER = struct.Struct(">cII")  # a frame's kind, the id it is about, its payload's length
+# Written before the first frame: whatever a login shell printed comes before it.
+SYNC = b"\0TFLAUNCH-AGENT-2\0"
+# The most payload one frame carries, and the longest command line: a length over it is no frame
+# (four printable bytes read as a length are 512 MiB or more), so a stray line is caught at once.
+MAX_FRAME = 1 << 24
+OWNER_VARIABLE = "TFLAUNCH_AGENT_TASK"  # in each task's environment: the id of the task it belongs to
+TOKEN_VARIABLE = "TFLAUNCH_AGENT_TOKEN"  # in a Slurm agent's environment: its proof when it connects back
+
+
+class Frame(object):
+    """The kinds of frame (agent to tflaunch)."""
+
+    HEARTBEAT = b"H"
+    PORTS = b"P"
+    OUTPUT = b"O"
+    STATUS = b"S"
+    STACKS = b"D"
+    READINGS = b"R"
+    SETUP = b"L"
+    OF_HOST = (HEARTBEAT, READINGS, SETUP)  # id 0
+    OF_REQUEST = (PORTS, OUTPUT, STATUS, STACKS)  # the id of a command tflaunch sent
+
+
+class Command(object):
+    """The verbs of the command lines (tflaunch to agent)."""
+
+    START = "START"
+    IN = "IN"
+    CLOSE = "CLOSE"
+    PORTS = "PORTS"
+    TERM = "TERM"
+    KILL = "KILL"
+    SIG = "SIG"
+    DUMP = "DUMP"
+    ALL = (START, IN, CLOSE, PORTS, TERM, KILL, SIG, DUMP)
+
+
+class Status(object):
+    """The first word of a status frame (and of a ports answer that failed)."""
+
+    STARTED = "started"
+    ERROR = "error"
+    LEFTOVER = "leftover"
+    EXIT = "exit"
+    CODE = "code="  # after EXIT
+    SIGNAL = "signal="  # after EXIT
+
+
+def printable(data, limit=32):
+    """``data`` as a quoted, escaped, truncated string, to name bytes that broke the protocol."""
+    shown = []
+    for byte in bytearray(data[:limit]):
+        char = chr(byte)
+        if char in "\\'":
+            shown.append("\\" + char)
+        elif 32 <= byte < 127:
+            shown.append(char)
+        else:
+            shown.append({"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(char, "\\x%02x" % byte))
+    return "'%s%s'" % ("".join(shown), "\u2026" if len(data) > limit else "")
+
+
+def encode_fields(pairs):
+    """``key, value`` pairs as :func:`decode_fields` reads them: base64, so that no shell reads them.
+
+    Raises ValueError for a NUL character (it cannot reach a program) and for more than one
+    command line can carry."""
+    tokens = []
+    for key, value in pairs.items():
+        if value is None:
+            continue
+        if key == "argv":
+            tokens += [key, str(len(value))] + list(value)
+        elif key == "env":
+            items = [x for item in value.items() for x in item]
+            tokens += [key, str(len(items))] + items
+        else:
+            tokens += [key, str(value)]
+    if any("\0" in token for token in tokens):
+        raise ValueError("an argument or environment value contains a NUL character")
+    encoded = binascii.b2a_base64("\0".join(tokens).encode("utf-8"), newline=False).decode("ascii")
+    if len(encoded) > MAX_FRAME - 64:  # the verb and the id share the line
+        raise ValueError("its arguments and environment take %d bytes encoded, more than the %d one command "
+                         "to a host's agent may carry" % (len(encoded), MAX_FRAME - 64))
+    return encoded
 # posix_spawn with setsid needs Python 3.8; signals the agent ignores or handles go back to their
 # defaults in the task (Python ignores SIGPIPE; the agent catches SIGINT, SIGHUP and SIGTERM).
 SPAWN = hasattr(os, "posix_spawnp") and hasattr(os, "POSIX_SPAWN_DUP2")
@@ -95,6 +189,8 @@ def number(value, default=None):
 
 
 def frame(kind, ident, payload=b""):
+    """One frame; a payload over ``MAX_FRAME`` (a huge stack dump) is cut there."""
+    payload = payload[:MAX_FRAME]
     return HEADER.pack(kind, ident, len(payload)) + payload
 
 
@@ -224,11 +320,13 @@ class Agent(object):
         self.turn = 0
         self.channel_open = True
         self.gone_reason = None  # "eof" or "no heartbeat": tflaunch is gone
-        self.pending = b""
+        self.pending = bytearray()  # the start of a command line
         now = time.monotonic()
         self.last_heard = now
         self.next_heartbeat = now
         self.next_sample = now + self.sample_every
+        self.setup_fd = None  # the host's setup line's output, relayed as it grows (see open_setup_log)
+        self.next_setup_read = now
         self.me = os.getpid()
         self.drain_until = {}  # id -> when a process's output pipe is given up on (held by a stranger)
         self.wake_r, self.wake_w = os.pipe()
@@ -243,7 +341,7 @@ class Agent(object):
 
     def say(self, process, text):
         """A status line of ``process``: after its output, so its exit closes its log."""
-        self.enqueue(process, frame(b"S", process.id, text.encode("utf-8", "replace")))
+        self.enqueue(process, frame(Frame.STATUS, process.id, text.encode("utf-8", "replace")))
 
     def enqueue(self, process, data):
         process.queue.append(data)
@@ -297,44 +395,81 @@ class Agent(object):
         if not chunk:
             self.lost("eof")
             return
+        self.pending += chunk
+        if b"\n" not in chunk:  # whole lines only: a trickle of bytes that never ends one is no sign of life
+            if len(self.pending) > MAX_FRAME:
+                self.protocol_error(bytes(self.pending[:64]), "a command line of at most %d bytes" % MAX_FRAME)
+            return
         self.last_heard = time.monotonic()
-        lines = (self.pending + chunk).split(b"\n")
-        self.pending = lines.pop()
+        lines = bytes(self.pending).split(b"\n")
+        self.pending = bytearray(lines.pop())
         for line in lines:
-            self.handle(line.strip().decode("ascii", "replace"))
+            if not self.handle(line) and self.channel_open:
+                self.protocol_error(line, "a command")
+            if not self.channel_open:
+                return
 
     def handle(self, line):
-        if not line:
-            return
-        words = line.split(" ")
-        command = words[0]
-        try:
-            ident = int(words[1])
-        except (IndexError, ValueError):
-            return
+        """Carry out one command line; False when it is none."""
+        words = line.strip().split(b" ")
+        if words == [b""]:
+            return True  # a heartbeat
+        if len(words) < 2 or not words[1].isdigit():
+            return False
+        command, ident = words[0].decode("ascii", "replace"), int(words[1])
+        argument = words[2] if len(words) > 2 else b""
         process = self.processes.get(ident)
-        if command == "PORTS" and len(words) > 2 and words[2].isdigit():
-            self.pick_ports(ident, int(words[2]))
-        elif command == "START" and process is None and len(words) > 2:
-            self.start(ident, decode_fields(words[2]))
+        if command not in Command.ALL or len(words) > 3:
+            return False
+        if command == Command.PORTS:
+            if not argument.isdigit():
+                return False
+            self.pick_ports(ident, int(argument))
+        elif command == Command.START:
+            if process is not None:
+                return False
+            try:
+                fields = decode_fields(argument)
+            except (ValueError, UnicodeDecodeError):
+                return False
+            self.start(ident, fields)
+        elif command == Command.SIG and not argument.isdigit():
+            return False
+        elif command == Command.IN:
+            try:
+                data = binascii.a2b_base64(argument)
+            except ValueError:  # binascii.Error
+                return False
+            if process is not None and process.in_fd is not None:
+                process.in_pending += data
+                self.write_stdin(process)
         elif process is None:
-            return
-        elif command == "TERM" and process.status is None:
+            return True  # a command for a process that has ended and gone
+        elif command == Command.TERM and process.status is None:
             process.termed = True
             send(process.pid, signal.SIGTERM, group=True)
-        elif command == "KILL":
+        elif command == Command.KILL:
             process.hurry = True
             self.signal_tree(process, signal.SIGKILL)
-        elif command == "SIG" and process.status is None and len(words) > 2 and words[2].isdigit():
-            send(process.pid, int(words[2]))
-        elif command == "IN" and len(words) > 2 and process.in_fd is not None:
-            process.in_pending += binascii.a2b_base64(words[2])
-            self.write_stdin(process)
-        elif command == "CLOSE":
+        elif command == Command.SIG and process.status is None:
+            send(process.pid, int(argument))
+        elif command == Command.CLOSE:
             process.in_closing = True
             self.write_stdin(process)
-        elif command == "DUMP":
+        elif command == Command.DUMP:
             self.dump_stacks(process)
+        return True
+
+    def protocol_error(self, data, expected):
+        """What came from tflaunch is not the protocol: stop everything, as if tflaunch were gone,
+        and say what was read where (tflaunch shows the agent's last line when the channel ends)."""
+        message = "tflaunch agent on %s: protocol error: read %s where %s was expected\n" % (
+            node_name(), printable(data), expected)
+        try:
+            os.write(2, message.encode("utf-8", "replace"))
+        except OSError:
+            pass
+        self.lost("protocol error")
 
     def pick_ports(self, ident, count):
         import socket  # here, not at the top: importing it is a third of the agent's start-up
@@ -420,7 +555,7 @@ class Agent(object):
             set_blocking(process.out_fd, False)
         process.pid = pid
         self.by_pid[pid] = process
-        self.say(process, "started %d" % pid)
+        self.say(process, "%s %d" % (Status.STARTED, pid))
 
     def fork_exec(self, process, argv, env, cwd, in_r, out_w):
         """fork, then chdir and exec in the child (Python before 3.8, or a working directory of its own)."""
@@ -482,10 +617,10 @@ class Agent(object):
             return
         if process.out_fd is not None:
             set_blocking(process.out_fd, False)
-        self.say(process, "started %d" % process.pid)
+        self.say(process, "%s %d" % (Status.STARTED, process.pid))
 
     def refuse(self, process, reason):
-        self.say(process, "error " + reason)
+        self.say(process, "%s %s" % (Status.ERROR, reason))
         process.reported = True
 
     def close_pipes(self, process):
@@ -518,10 +653,10 @@ class Agent(object):
         if not os.path.exists(tool):
             tool = which("py-spy")
         if tool is None:
-            self.control.append(frame(b"D", process.id,
+            self.control.append(frame(Frame.STACKS, process.id,
                                       b"no stack dump: py-spy is not installed on this host (pip install py-spy)\n"))
         elif process.status is not None or process.pid is None:
-            self.control.append(frame(b"D", process.id, b"no stack dump: the task has ended\n"))
+            self.control.append(frame(Frame.STACKS, process.id, b"no stack dump: the task has ended\n"))
         else:
             import threading
 
@@ -536,7 +671,7 @@ class Agent(object):
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=20).stdout
         except (OSError, subprocess.SubprocessError) as exc:
             text = ("no stack dump: %s\n" % exc).encode()
-        self.control.append(frame(b"D", ident, text))
+        self.control.append(frame(Frame.STACKS, ident, text))
         try:
             os.write(self.wake_w, b"x")
         except OSError:
@@ -557,11 +692,14 @@ class Agent(object):
         self.advance()
         now = time.monotonic()
         if now >= self.next_heartbeat:
-            self.control.append(frame(b"H", 0))
+            self.control.append(frame(Frame.HEARTBEAT, 0))
             self.next_heartbeat = now + HEARTBEAT
         if self.sample_every and now >= self.next_sample:
             self.sample()
             self.next_sample = now + self.sample_every
+        if self.setup_fd is not None and now >= self.next_setup_read:
+            self.relay_setup()
+            self.next_setup_read = now + TICK
         self.flush()
         readers = [self.wake_r]
         if self.channel_open:
@@ -608,10 +746,24 @@ class Agent(object):
         except OSError:
             data = b""
         if data:
-            self.enqueue(process, frame(b"O", process.id, data))
+            self.enqueue(process, frame(Frame.OUTPUT, process.id, data))
         else:
             os.close(process.out_fd)
             process.out_fd = None
+
+    def relay_setup(self):
+        """What the setup line (or a job it left running) wrote since the last look: a regular
+        file, so it is read on a timer rather than waited on."""
+        try:
+            data = os.read(self.setup_fd, CHUNK)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            os.close(self.setup_fd)
+            self.setup_fd = None
+            return
+        if data:
+            self.control.append(frame(Frame.SETUP, 0, data))
 
     def reap(self):
         while True:
@@ -664,12 +816,12 @@ class Agent(object):
     def finish(self, process):
         self.close_pipes(process)
         for pid in sorted(process.leftovers):
-            self.say(process, "leftover %d %s" % (pid, process.leftovers[pid]))
+            self.say(process, "%s %d %s" % (Status.LEFTOVER, pid, process.leftovers[pid]))
         status = process.status
         if os.WIFSIGNALED(status):
-            self.say(process, "exit signal=%d" % os.WTERMSIG(status))
+            self.say(process, "%s %s%d" % (Status.EXIT, Status.SIGNAL, os.WTERMSIG(status)))
         else:
-            self.say(process, "exit code=%d" % os.WEXITSTATUS(status))
+            self.say(process, "%s %s%d" % (Status.EXIT, Status.CODE, os.WEXITSTATUS(status)))
         process.reported = True
 
     def tree_of(self, process):
@@ -700,7 +852,7 @@ class Agent(object):
                 rss, cpu = usage(tree)
                 lines.append("%d %d %.3f %d" % (process.id, rss, cpu, len(tree)))
         if lines:
-            self.control.append(frame(b"R", 0, "\n".join(lines).encode()))
+            self.control.append(frame(Frame.READINGS, 0, "\n".join(lines).encode()))
 
     # -- stopping everything ----------------------------------------------------------------
 
@@ -753,7 +905,7 @@ def open_channel(spec):
     """(read fd, write fd): stdin and stdout, or a connection back to tflaunch (Slurm).
 
     ``connect`` is ``HOST PORT``; a HOST of ``-`` is the address srun was started from. The first
-    line says who is calling: the token tflaunch put in ``TFLAUNCH_AGENT_TOKEN`` (an environment
+    line says who is calling: the token tflaunch put in ``TOKEN_VARIABLE`` (an environment
     variable, which other users cannot read, unlike the command line) and this node's name."""
     target = spec.get("connect")
     if not target:
@@ -762,13 +914,26 @@ def open_channel(spec):
     host, port = target.split(" ")
     if host == "-":
         host = os.environ.get("SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1")
-    token = os.environ.pop("TFLAUNCH_AGENT_TOKEN", "")  # not for the tasks to inherit
+    token = os.environ.pop(TOKEN_VARIABLE, "")  # not for the tasks to inherit
     connection = socket.create_connection((host, int(port)), timeout=30)
     connection.settimeout(None)
     connection.sendall(("%s %s\n" % (token, node_name())).encode())
     fd = os.dup(connection.fileno())
     connection.close()
     return fd, fd
+
+
+def open_setup_log(spec):
+    """The descriptor the remote shell opened on the setup line's output (``setup_log``), if any:
+    kept from the tasks, and read as it grows."""
+    value = spec.get("setup_log") or ""
+    if not value.isdigit():
+        return None
+    try:
+        os.set_inheritable(int(value), False)
+    except OSError:
+        return None  # the shell could not open it
+    return int(value)
 
 
 def main():
@@ -784,6 +949,7 @@ def main():
         sys.stderr.write("tflaunch agent: cannot reach tflaunch at %s: %s\n" % (spec.get("connect"), exc))
         os._exit(2)
     agent = Agent(spec, read_fd, write_fd)
+    agent.setup_fd = open_setup_log(spec)
     agent.outgoing = SYNC
     agent.serve()
     os._exit(0)

@@ -11,6 +11,7 @@ task started in a session of its own, and stops it when the task ends.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -19,7 +20,12 @@ from collections.abc import Sequence
 from ..cluster.machine import restore_open_files_limit
 from ..cluster.plan import TaskLaunch
 from .base import ExitStatus, FailedStart
-from .hostlink import AGENT_PATH, HUB, AgentLink, AgentTask, LogWriter, ProcessCarrier, encode_fields, kill_group, log_target
+from .carriers import ProcessCarrier
+from .hostagent import encode_fields
+from .hostlink import AgentLink
+from .linkhub import HUB
+from .proxies import AgentTask, LogWriter, log_target
+from .shipping import AGENT_PATH
 
 EOF_GRACE = 1.0  # tflaunch is gone: the tasks' trees are gone within about this long (target: 2 s)
 HEARTBEAT_TIMEOUT = 30.0  # a tflaunch that is alive but stopped answering (wedged, suspended)
@@ -123,6 +129,15 @@ class LocalTransport:
             self.link.close()
             self.link = None
         self.logs.close()
+
+
+def kill_group(pid: int | None) -> None:
+    if pid is None:
+        return
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _close(target: str | int) -> None:

@@ -28,12 +28,16 @@ from collections.abc import Sequence
 
 from ..cluster.plan import TaskLaunch
 from .base import CANNOT_START, ExitStatus, FailedStart
-from .hostlink import HUB, AgentLink, AgentTask, Carrier, LogWriter, encode_fields, log_target, remote_agent_argv
+from .carriers import Carrier
+from .hostagent import TOKEN_VARIABLE, encode_fields
+from .hostlink import AgentLink
+from .linkhub import HUB
+from .proxies import AgentTask, LogWriter, log_target
+from .shipping import remote_agent_argv
 from .ssh import DEFAULT_KEEPALIVE_TIMEOUT, EOF_GRACE, agent_spec, task_fields
 
 NODE_FAILURE = "Node failure on"  # how srun reports that slurmctld declared a node dead
 CONNECT_TIMEOUT = 300.0  # from srun's start to every agent's connection: a busy slurmctld, a node still registering
-TOKEN_VARIABLE = "TFLAUNCH_AGENT_TOKEN"
 
 
 def srun_argv(nodes: Sequence[str], first: TaskLaunch, grace: float, port: int) -> list[str]:

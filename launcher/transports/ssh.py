@@ -14,7 +14,8 @@ remote process, the agent's stdin is the control channel:
   tflaunch declares the host lost when the agent does (ssh's ServerAlive probes end the client too).
 
 Every value that crosses the remote shell is quoted with ``shlex.quote``; argv and env travel
-inside base64 that no shell interprets. Only ``setup`` is shell by design.
+inside base64 that no shell interprets. Only ``setup`` is shell by design, and it has no part in
+the channel: nothing but the agent reads from or writes to it (see :func:`agent_command`).
 """
 
 from __future__ import annotations
@@ -29,11 +30,19 @@ from collections.abc import Sequence
 from ..cluster.plan import TaskLaunch
 from ..cluster.spec import SshSettings
 from .base import ExitStatus, FailedStart
-from .hostlink import HUB, AgentLink, AgentTask, LogWriter, ProcessCarrier, encode_fields, log_target, remote_agent_argv
+from .carriers import ProcessCarrier
+from .hostagent import encode_fields
+from .hostlink import AgentLink
+from .linkhub import HUB
+from .proxies import AgentTask, LogWriter, log_target
+from .shipping import remote_agent_argv
 
 DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_KEEPALIVE_TIMEOUT = 15.0
 EOF_GRACE = 3.0  # the agent's grace when tflaunch vanished: the remote trees are gone within ~3 s
+# In the remote shell, the setup line's output file: written through SETUP_OUT, read by the agent
+# through SETUP_IN (see agent_command).
+SETUP_OUT, SETUP_IN = 5, 6
 
 
 def ssh_argv(host: str, settings: SshSettings, remote_command: str | None = None) -> list[str]:
@@ -59,20 +68,38 @@ def ssh_argv(host: str, settings: SshSettings, remote_command: str | None = None
     return argv
 
 
-def agent_spec(grace: float, keepalive: float, sample: float = 2.0, connect: str | None = None) -> str:
+def agent_spec(grace: float, keepalive: float, sample: float = 2.0, connect: str | None = None,
+               setup_log: int | None = None) -> str:
     """The host agent's one argument (see :mod:`.hostagent`)."""
     return encode_fields({"timeout": keepalive, "eof_grace": min(grace, EOF_GRACE), "sample": sample,
-                          "connect": connect})
+                          "connect": connect, "setup_log": setup_log})
 
 
 def agent_command(first: TaskLaunch, grace: float) -> str:
-    """The shell line the remote login shell runs: cd, the host's setup, then the agent."""
+    """The shell line the remote login shell runs: cd, the host's setup, then the agent.
+
+    The setup line runs in that shell, so that what it exports reaches the agent and the tasks,
+    but the agent's channel (the shell's stdin and stdout) is not its: its stdin is /dev/null, and
+    it writes, as does any job it leaves running, to a private temporary file (unlinked at once)
+    that the agent reads and relays as the host's output (or, if the setup fails, the shell copies
+    to ssh's stderr; where mktemp is missing, the setup writes there directly). A line printed
+    after the agent started can therefore never land among the agent's frames."""
     ssh = first.ssh or SshSettings()
-    spec = agent_spec(grace, ssh.keepalive_timeout or DEFAULT_KEEPALIVE_TIMEOUT)
+    spec = agent_spec(grace, ssh.keepalive_timeout or DEFAULT_KEEPALIVE_TIMEOUT,
+                      setup_log=SETUP_IN if first.setup else None)
+    agent = shlex.join([*remote_agent_argv(first.python), spec])
     # cd may fail (each task's own workdir is checked when it starts): the agent runs regardless.
     parts = [f"cd -- {shlex.quote(first.workdir)} 2>/dev/null"]
-    agent = "exec " + shlex.join([*remote_agent_argv(first.python), spec])
-    parts.append(f"{{ {first.setup}\n}} && {agent}" if first.setup else agent)
+    if first.setup:
+        parts.append(f'tflaunch_setup=$(mktemp 2>/dev/null) && exec {SETUP_OUT}>"$tflaunch_setup" '
+                     f'{SETUP_IN}<"$tflaunch_setup" && rm -f -- "$tflaunch_setup" || exec {SETUP_OUT}>&2 {SETUP_IN}</dev/null')
+        # A setup that fails ends the connection: what it said goes to ssh's stderr, where
+        # tflaunch reads why a host could not start.
+        parts.append(f"{{ {first.setup}\n}} </dev/null >&{SETUP_OUT} 2>&{SETUP_OUT} {SETUP_IN}<&- "
+                     f"|| {{ tflaunch_setup=$?; cat <&{SETUP_IN} >&2; exit $tflaunch_setup; }}")
+        parts.append(f"exec {agent} {SETUP_OUT}>&-")
+    else:
+        parts.append(f"exec {agent}")
     return "; ".join(parts)
 
 

@@ -1,0 +1,54 @@
+"""Shipping the host agent (:mod:`.hostagent`): the command line that runs it on a host that has
+only a Python, with its bytecode and its source on that line."""
+
+from __future__ import annotations
+
+import base64
+import functools
+import zlib
+from pathlib import Path
+
+AGENT_PATH = Path(__file__).with_name("hostagent.py")
+AGENT_SOURCE = AGENT_PATH.read_text()
+
+# The agent on a host that has only a Python: its bytecode, which the host runs without compiling
+# when its Python reads this one's bytecode (the same magic number), else its source. Both travel
+# compressed on the command line; the agent's own spec follows them.
+_REMOTE_BOOT = """import binascii, sys, zlib
+code, source = sys.argv.pop(1), sys.argv.pop(1)
+magic = getattr(sys.modules.get("_frozen_importlib_external"), "MAGIC_NUMBER", b"")
+if binascii.hexlify(magic).decode() == %r:
+    import marshal
+    code = marshal.loads(zlib.decompress(binascii.a2b_base64(code)))
+else:
+    code = compile(zlib.decompress(binascii.a2b_base64(source)), "tflaunch-agent", "exec")
+del source, magic
+exec(code)
+"""
+
+
+def remote_agent_argv(python: str, magic: bytes | None = None) -> list[str]:
+    """The command line that runs the agent with ``python`` on any host; the caller appends the spec.
+
+    -I -S: the agent needs only the standard library; skipping site and the user's paths saves
+    start-up on every host, and keeps a PYTHONPATH meant for the tasks from shadowing a module the
+    agent uses. ``magic`` is the bytecode version the shipped bytecode claims (this Python's, by default)."""
+    packed_code, packed_source, own_magic = _packed_agent()
+    boot = _REMOTE_BOOT % (own_magic if magic is None else magic).hex()
+    return [python, "-I", "-S", "-c", boot, packed_code, packed_source]
+
+
+@functools.lru_cache(maxsize=None)
+def _packed_agent() -> tuple[str, str, bytes]:
+    """(bytecode, source, magic number): the bytecode comes from Python's own cache of the agent
+    module when it is fresh, so a run does not compile the agent either."""
+    import marshal
+    from importlib.machinery import SourceFileLoader
+    from importlib.util import MAGIC_NUMBER
+
+    code = SourceFileLoader("hostagent", str(AGENT_PATH)).get_code("hostagent")
+
+    def pack(data: bytes) -> str:
+        return base64.b64encode(zlib.compress(data, 9)).decode("ascii")
+
+    return pack(marshal.dumps(code)), pack(AGENT_SOURCE.encode()), MAGIC_NUMBER
