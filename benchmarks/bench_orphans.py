@@ -23,7 +23,7 @@ import uuid
 from pathlib import Path
 
 import _bench
-from _bench import PYTHON, ROOT, TFLAUNCH, median, note, spread, table
+from _bench import PYTHON, ROOT, TFLAUNCH, note, spread, table
 
 TARGET = 2.0
 WINDOW = 5.0

@@ -4,6 +4,7 @@ only the module of the command it uses."""
 from __future__ import annotations
 
 import importlib
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -49,3 +50,18 @@ def test_a_command_given_by_name_still_runs_from_its_own_module(tmp_path):
                           capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert "no runs" in (done.stdout + done.stderr).lower()
+
+
+def test_version_exits_0_and_output_into_a_closed_pipe_exits_1_without_a_traceback(tmp_path):
+    version = subprocess.run([sys.executable, "-m", "launcher", "--version"], capture_output=True, text=True,
+                             timeout=60, cwd=ROOT)
+    assert version.returncode == 0 and version.stdout.startswith("tflaunch, version "), version.stderr
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # nobody reads: the first write fails with EPIPE (Python ignores SIGPIPE)
+    try:
+        done = subprocess.run([sys.executable, "-m", "launcher", "--local", "2", "--dry-run", "--log-dir",
+                               str(tmp_path)], stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60,
+                              cwd=ROOT)
+    finally:
+        os.close(write_end)
+    assert (done.returncode, done.stderr) == (1, "")

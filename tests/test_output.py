@@ -503,25 +503,23 @@ def test_tail_lines_zero(tmp_path):
 # ExitStatus: how a task's end is reported next to its output
 
 
-@pytest.mark.parametrize("returncode, code, signal, ok, shell_code, text", [
-    (0, 0, None, True, 0, "exit code 0"),
-    (3, 3, None, False, 3, "exit code 3"),
-    (255, 255, None, False, 255, "exit code 255"),
-    (-9, None, 9, False, 137, "killed by SIGKILL"),
-    (-15, None, 15, False, 143, "killed by SIGTERM"),
-    (-2, None, 2, False, 130, "killed by SIGINT"),
-    (-11, None, 11, False, 139, "killed by SIGSEGV"),
+@pytest.mark.parametrize("status, ok, shell_code, text", [
+    (ExitStatus(code=0), True, 0, "exit code 0"),
+    (ExitStatus(code=3), False, 3, "exit code 3"),
+    (ExitStatus(code=255), False, 255, "exit code 255"),
+    (ExitStatus(signal=9), False, 137, "killed by SIGKILL"),
+    (ExitStatus(signal=15), False, 143, "killed by SIGTERM"),
+    (ExitStatus(signal=2), False, 130, "killed by SIGINT"),
+    (ExitStatus(signal=11), False, 139, "killed by SIGSEGV"),
 ])
-def test_exit_status_from_returncode(returncode, code, signal, ok, shell_code, text):
-    status = ExitStatus.from_returncode(returncode)
-    assert (status.code, status.signal, status.error) == (code, signal, None)
+def test_exit_status_of_a_code_or_a_signal(status, ok, shell_code, text):
     assert status.ok is ok
     assert status.shell_code == shell_code
     assert status.describe() == text
 
 
 def test_exit_status_unknown_signal_number():
-    status = ExitStatus.from_returncode(-99)
+    status = ExitStatus(signal=99)
     assert status.describe() == "killed by signal 99"
     assert status.shell_code == 227
     assert signal_name(9) == "SIGKILL" and signal_name(99) == "signal 99"

@@ -124,7 +124,7 @@ WITH_PS = {"chief": ["h:0"], "ps": ["h:9"], "worker": ["h:1", "h:2"]}
 def test_no_tf_config_is_a_lone_chief():
     for environ in ({}, {"TF_CONFIG": ""}, {"TF_CONFIG": "{}"}):
         task = cluster.read_tf_config(environ)
-        assert not task.in_cluster and task.is_chief and task.name == "local"
+        assert task.task_type is None and task.is_chief and task.name == "local"
         assert task.num_training_tasks == 0
 
 

@@ -31,10 +31,6 @@ class TaskInfo:
     task_index: int = 0
 
     @property
-    def in_cluster(self) -> bool:
-        return self.task_type is not None
-
-    @property
     def is_evaluator(self) -> bool:
         return self.task_type == "evaluator"
 

@@ -21,11 +21,10 @@ __all__ = ["cli", "main"]
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: the one place domain errors become messages and exit codes."""
     try:
-        # Without standalone mode click returns what ctx.exit() was given instead of exiting.
+        # Without standalone mode click returns what ctx.exit() was given instead of exiting, and
+        # still ends the process with 1 itself on a broken pipe.
         code = cli.main(args=argv, prog_name="tflaunch", standalone_mode=False)
         sys.exit(code if isinstance(code, int) else 0)
-    except click.exceptions.Exit as done:
-        sys.exit(done.exit_code)
     except click.ClickException as error:
         error.show()
         sys.exit(error.exit_code)
@@ -36,5 +35,3 @@ def main(argv: list[str] | None = None) -> None:
     except LaunchError as error:
         click.echo(f"tflaunch: error: {error}", err=True)
         sys.exit(error.exit_code)
-    except BrokenPipeError:
-        sys.exit(1)

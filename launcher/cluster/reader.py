@@ -1,8 +1,8 @@
-"""Cluster files and ``--local N`` options turned into a validated :class:`ClusterSpec`.
+"""Cluster files turned into a validated :class:`ClusterSpec` (``--local N`` is :mod:`.local`'s).
 
-Everything here is pure: YAML text (or option values) in, frozen dataclasses out. Each
-validation error is a :class:`ConfigError` naming the file, the key path, the bad value and
-what was expected. Nothing starts before the whole file has been checked.
+Everything here is pure: YAML text in, frozen dataclasses out. Each validation error is a
+:class:`ConfigError` naming the file, the key path, the bad value and what was expected.
+Nothing starts before the whole file has been checked.
 """
 
 from __future__ import annotations
@@ -19,9 +19,7 @@ from .yamlfile import ClusterLoader, DuplicateKey
 from .checks import check_cluster
 from .fields import FieldReader, join_key, show
 from .spec import (  # noqa: F401  (re-exported: the spec is part of this module's interface)
-    ALL_GPUS,
     AUTO,
-    RESERVED_ENV,
     ROLES,
     ClusterSpec,
     RestartPolicy,

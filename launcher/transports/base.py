@@ -23,11 +23,6 @@ class ExitStatus:
     error: str | None = None  # the task never ran or its host was lost: not the task's own exit
     error_code: int = UNREACHABLE
 
-    @classmethod
-    def from_returncode(cls, returncode: int) -> "ExitStatus":
-        """Popen convention: negative means killed by that signal."""
-        return cls(signal=-returncode) if returncode < 0 else cls(code=returncode)
-
     @property
     def ok(self) -> bool:
         return self.code == 0
