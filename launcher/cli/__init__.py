@@ -1,8 +1,10 @@
 """Command line: click commands and the single error boundary. Everything else lives below.
 
 ``tflaunch CLUSTER.yaml [-- CMD ...]`` and ``tflaunch --local N [-- CMD ...]`` run a cluster
-(``run`` is the default command, in :mod:`.run`); :mod:`.inspect` holds the commands that read
-run folders. :func:`main` is the one place domain errors become messages and exit codes.
+(``run``, the default command of the group in :mod:`.group`, is in :mod:`.run` with ``check``);
+:mod:`.inspect` holds the commands that read run folders, and :mod:`.export`, :mod:`.submit` and
+:mod:`.tensorboard` one command each. :func:`main` is the one place domain errors become messages
+and exit codes.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Facts about this machine that planning needs: its names and its core count."""
+"""This machine: the names and addresses that mean it, its core count, and tflaunch's open-files
+limit (raised for a run, given back to the tasks it starts here)."""
 
 from __future__ import annotations
 

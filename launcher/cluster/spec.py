@@ -2,7 +2,8 @@
 and the rules every ``env`` follows: names tflaunch reserves, variables passed by name, secrets'
 names and how their values are masked, and the text an argument or a value may hold.
 
-Built by :mod:`reader` (from a cluster file or ``--local`` options) and read by :mod:`plan`.
+Built by :mod:`.reader` (a cluster file), :mod:`.local` (``--local N``) and the sources of
+:mod:`launcher.sources` (host lists, Slurm allocations); read by :mod:`.plan` and the checks.
 """
 
 from __future__ import annotations

@@ -7,11 +7,13 @@ Four formats, all built from the same plan ``tflaunch run`` uses (:mod:`launcher
 - ``trainjob``: a Kubeflow Trainer v2 runtime and the TrainJob that runs it (:mod:`.trainjob`);
 - ``sh``: one shell command per task (:mod:`.shell`), to paste on each machine.
 
-The manifests' settings come from the file's ``kubernetes:`` section (:mod:`.settings`), with
-``--image``, ``--name`` and ``--namespace`` winning; ``--env`` wins over every ``env`` layer, as
-in a run. A variable passed by name, or whose name marks a secret, is written as a reference (a
-Kubernetes Secret's key, or the shell's ``"$KEY"``), never as its value. What the file says that
-pods cannot honour comes back as notes, one line each, for the command line to show.
+The manifests share the pods' plan (:mod:`.pods`), one pod template (:mod:`.podspec`) and one YAML
+layout (:mod:`.manifest`). Their settings come from the file's ``kubernetes:`` section
+(:mod:`.settings`), with ``--image``, ``--name`` and ``--namespace`` winning; ``--env`` wins over
+every ``env`` layer, as in a run. A variable passed by name, or whose name marks a secret, is
+written as a reference (a Kubernetes Secret's key, or the shell's ``"$KEY"``), never as its value.
+What the file says that pods cannot honour comes back as notes, one line each, for the command
+line to show.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ hosts, started by which transport?", with a :class:`~launcher.cluster.spec.Clust
 - :class:`~.hosts.HostsSource`: ``-H node1:4,node2:4`` or ``--hostfile FILE``, one task per slot;
 - :class:`~.slurm.SlurmSource`: the slots of a Slurm allocation.
 
+:mod:`.choose` picks the one source a command line or a ``launch()`` call names.
+
 A spec whose ``transport`` is None lets each task's host decide (``local`` for this machine,
 ``ssh`` otherwise); a backend that must start tasks its own way names its transport, which
 :func:`launcher.transports.create` finds. Adding a backend is a source module here, a transport
