@@ -177,6 +177,7 @@ class AgentLink:
 
     def read_ready(self) -> None:
         if self.closed or self.lost_reason is not None:
+            self.hub.remove(self)  # a lost link reads nothing more (a channel attached too late, say)
             return
         try:
             chunk = os.read(self.read_fd, 1 << 20)
