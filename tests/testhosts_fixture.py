@@ -16,6 +16,11 @@ and use it in a test::
         assert testhosts.pids("node1") == []        # nothing of the test left on node1
         testhosts.cut("node2")                      # link failure: new connections time out
         testhosts.restore("node2")                  # always restore in a finally block: the hosts are shared
+        port = testhosts.port()                     # a port for a task on the hosts: one no other test got
+
+Tasks on the hosts listen on ports from `testhosts.port()`, never on a fixed number: a port an earlier
+test listened on may still be held by that test's connections in TIME_WAIT (a minute on Linux), which
+makes a later bind() without SO_REUSEADDR (TensorFlow's, the test tasks') fail whatever the test order.
 
 Four hosts, node1 to node4, with sshd's stock limits, come up once per session under a random prefix ("t" + 4 hex digits) on a
 random subnet 10.124.<1-250>.0/24, with no change to ~/.ssh/config or /etc/hosts: reach them through
@@ -26,6 +31,7 @@ Without root, `ip netns` or /usr/sbin/sshd the fixture skips with the reason; wh
 variable is set it fails instead, because CI must run these tests.
 """
 
+import itertools
 import json
 import os
 import random
@@ -63,6 +69,11 @@ def require_testhosts():
         pytest.skip(reason)
 
 
+# The OS's randomness, not the random module's: a random-order plugin reseeds that one before every
+# test, so two sessions given the same seed would otherwise draw the same subnets and ports.
+_random = random.SystemRandom()
+
+
 def run_script(*args, timeout=60):
     return subprocess.run([str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout,
                           stdin=subprocess.DEVNULL)
@@ -89,6 +100,15 @@ class TestHosts:
         self.identity_file = doc["identity_file"]
         self.hosts = [Host(**{k: h[k] for k in ("name", "address", "netns", "veth")}) for h in doc["hosts"]]
         self.ssh_options = ["-F", self.ssh_config]
+        # Below Linux's ephemeral range (32768-60999), so no outgoing connection's port ever holds one.
+        self._ports = itertools.count(_random.randrange(20000, 28000))
+
+    def port(self, span=1):
+        """The first of ``span`` consecutive TCP ports that no earlier caller in this session got."""
+        first = next(self._ports)
+        for _ in range(span - 1):
+            next(self._ports)
+        return first
 
     def host(self, name):
         for h in self.hosts:
@@ -133,7 +153,7 @@ def start_testhosts(state_dir, count=4, attempts=3, stock_limits=True):
     extra = ["--stock-limits"] if stock_limits else []
     for attempt in range(attempts):
         prefix = "t" + secrets.token_hex(2)
-        subnet = f"10.124.{random.randint(1, 250)}"
+        subnet = f"10.124.{_random.randint(1, 250)}"
         done = run_script("up", "--no-global", "--hosts", str(count), "--prefix", prefix, "--subnet", subnet,
                           "--state-dir", str(state_dir), *extra)
         if done.returncode == 0:

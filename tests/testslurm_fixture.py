@@ -108,9 +108,14 @@ class TestSlurm:
         self._script("down", "--keep-state")
 
 
+# The OS's randomness, not the random module's: a random-order plugin reseeds that one before every
+# test, so two sessions given the same seed would otherwise draw the same subnets and ports.
+_random = random.SystemRandom()
+
+
 def _free_port():
     while True:
-        port = random.randint(17000, 19990)
+        port = _random.randint(17000, 19990)
         with socket.socket() as a, socket.socket() as b:
             try:
                 a.bind(("0.0.0.0", port))
@@ -123,7 +128,7 @@ def _free_port():
 def start_testslurm(state_dir, attempts=3):
     for attempt in range(attempts):
         prefix = "s" + secrets.token_hex(2)
-        done = run_script("up", "--prefix", prefix, "--subnet", f"10.126.{random.randint(1, 250)}",
+        done = run_script("up", "--prefix", prefix, "--subnet", f"10.126.{_random.randint(1, 250)}",
                           "--port", str(_free_port()), "--state-dir", str(state_dir / prefix))
         if done.returncode == 0:
             return TestSlurm(json.loads(done.stdout))
