@@ -1,27 +1,27 @@
 """Entry point of ``tflaunch`` and ``python -m launcher``: take over signals, then load the CLI.
 
-Signals are installed before click and the rest of tflaunch are imported, so a Ctrl-C at any
-moment of the start ends tflaunch quietly (see :mod:`launcher.run.signals`) instead of in a
-KeyboardInterrupt traceback.
+The package's first statements have already taken over the watched signals (see :mod:`launcher`);
+:func:`main` does it again for any other way in. Until a run starts, a signal ends tflaunch at
+once and quietly with 128+N; a run hands the signals to :mod:`launcher.run.signals`.
 """
 
 import sys
 
+from . import take_over_signals_early
+
 
 def main() -> None:
     try:
-        # Until the handlers are in place Python's own SIGINT handler raises KeyboardInterrupt:
-        # importing the signal module alone takes a few milliseconds.
-        from .run.signals import SIGNALS, Interrupted
-
-        SIGNALS.install()
-    except KeyboardInterrupt:
+        take_over_signals_early()  # again: the package does it only for the names it knows
+    except KeyboardInterrupt:  # a Ctrl-C from before it, raised when the handler changes
         sys.exit(130)
+    from .cli import main as cli_main
+    from .run.signals import Interrupted
+
     try:
-        from .cli import main as cli_main
-    except Interrupted as interrupted:
+        cli_main()
+    except Interrupted as interrupted:  # after a run, one that came outside the CLI's boundary
         sys.exit(interrupted.exit_code)
-    cli_main()
 
 
 if __name__ == "__main__":

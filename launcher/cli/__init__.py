@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(error.exit_code)
     except click.Abort:
         sys.exit(130)
-    except Interrupted as interrupted:  # a signal before any task existed: nothing to clean up
+    except Interrupted as interrupted:  # a signal before any task started, or after the run ended
         sys.exit(interrupted.exit_code)
     except LaunchError as error:
         click.echo(f"tflaunch: error: {error}", err=True)

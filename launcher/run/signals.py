@@ -1,18 +1,23 @@
 """One signal path: SIGINT, SIGTERM, SIGHUP and SIGQUIT handled in one place, from start to exit.
 
-tflaunch installs :data:`SIGNALS` before it imports anything heavy. Its handler does one of two
-things, depending on whether a run is under way:
+Until the tflaunch command starts a run, nothing exists that a signal must stop: from the
+package's first statements (see :mod:`launcher`) a watched signal ends the process at once with
+128+N. A run (and ``tflaunch tensorboard``) installs :data:`SIGNALS`, whose handler then does one
+of two things, depending on whether the run is under way:
 
-- **idle** (parsing options, inspecting runs, before any task exists): it raises
-  :class:`Interrupted`, which the CLI's error boundary turns into a quiet exit 128+N;
 - **armed** (from the moment a run starts until it has finished its run folder): it never raises.
   It records the signal and writes a byte to a wakeup pipe. The supervisor, the restart delay
   and every other wait of a run block on :meth:`Signals.wait`, so they wake at once, stop the
   tasks by the shutdown protocol and finish the run folder; a second signal while stopping
-  skips the grace period.
+  skips the grace period;
+- **idle** (after the run, while its summary is written; an instance made for one call, such as
+  the Python API's, before its run): it raises :class:`Interrupted`, which the CLI's error
+  boundary turns into a quiet exit 128+N.
 
 An exception raised from a handler lands at whatever bytecode runs: between ``Popen`` returning
-and its handle being stored, in a ``finally``, inside a library. A flag cannot lose a task.
+and its handle being stored, in a ``finally``, inside a library, in a callback where Python prints
+and drops it (an import's module-lock callback), or wrapped in another error (``__set_name__``).
+A flag cannot lose a task, and before a run an exit at once has nothing to lose.
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ import signal
 import threading
 from typing import Iterator
 
-WATCHED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+from .. import WATCHED_SIGNALS
+
+WATCHED = tuple(signal.Signals(signum) for signum in WATCHED_SIGNALS)
 
 
 class Interrupted(Exception):
@@ -83,9 +90,9 @@ class Signals:
     @contextlib.contextmanager
     def armed_for_run(self) -> Iterator["Signals"]:
         """While a run is under way: record signals, never raise."""
-        self.install()
-        self.armed = True
+        self.armed = True  # before the handler is in: from its first moment it only records
         try:
+            self.install()
             yield self
         finally:
             self.armed = False
