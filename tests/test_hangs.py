@@ -351,6 +351,17 @@ def test_stacks_of_a_running_run_name_the_odd_task_and_leave_the_run_alone(tflau
                                     "'tflaunch stacks' asks a running run's tflaunch")
 
 
+def test_a_folder_that_cannot_hold_the_socket_costs_the_run_nothing_but_stacks(tmp_path):
+    from launcher.records.folder import RunFolder
+    from launcher.run.control import ControlError, ControlServer, ask
+
+    gone = tmp_path / "20261125-142402-c2ea"  # removed under the run, say
+    server = ControlServer(RunFolder(gone), lambda: None).start()
+    server.close()
+    with pytest.raises(ControlError, match="has no control socket"):
+        ask(gone, gone.name, {"op": "stacks"})
+
+
 @pytest.fixture
 def shared_dir():
     """A folder another user can traverse (tmp_path's parents are private to root)."""
@@ -561,6 +572,7 @@ def test_stacks_of_a_hung_mwms_run_name_its_culprit_for_its_owner_only(tflaunch,
 @pytest.mark.slow
 @pytest.mark.ssh
 @pytest.mark.tensorflow
+@pytest.mark.timeout(360)  # its run waits up to 300 s
 def test_the_culprit_of_a_hang_across_ssh_hosts_is_named_through_the_agents(tflaunch, testhosts, tmp_path):
     node1, node2 = testhosts.hosts[:2]
     port = testhosts.port(span=2)

@@ -94,6 +94,7 @@ class ControlServer:
                 os.chmod(private / SOCKET, 0o600)
                 os.rename(private / SOCKET, self.path)
                 listener.listen(MAX_CLIENTS)
+                inode = os.stat(self.path).st_ino
             except OSError:
                 listener.close()
                 raise
@@ -102,7 +103,7 @@ class ControlServer:
         finally:
             if private is not None:
                 shutil.rmtree(private, ignore_errors=True)
-        self._listener, self._inode = listener, os.stat(self.path).st_ino
+        self._listener, self._inode = listener, inode
         self._wake_r, self._wake_w = os.pipe()
         self._thread = threading.Thread(target=self._serve, name="tflaunch-control", daemon=True)
         self._thread.start()

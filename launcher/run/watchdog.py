@@ -170,14 +170,14 @@ class Watchdog:
         texts = sample_stacks({t.name: t.process for t in running}, DUMP_TIMEOUT) or {}
         found = verdict({name: parse_dump(text) for name, text in texts.items()}, {t.name: t.role for t in running})
         self.verdict = found
-        self.file(texts, found, stall, hang)
+        self.file_stacks(texts, found, stall, hang)
         by_name = {t.name: t for t in running}
         if found.culprits:
             self.root_cause = self.blame(by_name[found.culprits[0].task], found)
         return Trip(f"hang timeout: no training progress for {hang:g} s; {found.summary()}; stack traces of "
                     f"{len(texts)} tasks in {self.stacks_dir}", found.tasks)
 
-    def file(self, texts: Mapping[str, str], found: Verdict, stall: Stall, hang: float) -> None:
+    def file_stacks(self, texts: Mapping[str, str], found: Verdict, stall: Stall, hang: float) -> None:
         """Each task's stacks in ``<task>.txt`` and the verdict in ``verdict.json``; a failed write costs only itself."""
         try:
             self.stacks_dir.mkdir(parents=True, exist_ok=True)
