@@ -110,7 +110,7 @@ def test_keyboard_interrupt_mid_run_stops_every_task(tmp_path):
     reader.start()
     try:
         # Each task prints the marker and then runs with a grandchild of its own.
-        wait_for(lambda: sum(marker in line for line in seen) == 3, timeout=60,
+        wait_for(lambda: len(tasks_saying("".join(seen), marker)) == 3, timeout=60,  # folded or not
                  message=lambda: f"three tasks to start:\n{''.join(seen)}")
         wait_for(lambda: sum("CHILD " in line for line in seen) == 3, timeout=30, message="their grandchildren")
         proc.send_signal(signal.SIGINT)
