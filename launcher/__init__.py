@@ -51,8 +51,8 @@ if _started_as_command():
 
 __version__ = "0.1.0"
 
-__all__ = ["LaunchInterrupted", "LaunchResult", "__version__", "launch", "run_record", "runs"]
-_API = ("LaunchInterrupted", "LaunchResult", "launch", "run_record", "runs")
+__all__ = ["LaunchFailed", "LaunchInterrupted", "LaunchResult", "__version__", "launch", "run_record", "runs"]
+_API = ("LaunchFailed", "LaunchInterrupted", "LaunchResult", "launch", "run_record", "runs")
 
 
 def __getattr__(name: str):

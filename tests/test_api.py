@@ -18,8 +18,7 @@ from console_names import tasks_saying
 from polling import wait_for
 
 import launcher
-from launcher import LaunchResult, launch, run_record, runs
-from launcher.api import LaunchFailed
+from launcher import LaunchFailed, LaunchResult, launch, run_record, runs
 from launcher.errors import LaunchError
 
 pytestmark = pytest.mark.timeout(120)
