@@ -2,7 +2,8 @@
 
 Everything written goes through one writer thread fed by a queue, so the console can never slow
 or stop the run: the output pump and the supervisor only append to the queue. When the queue
-holds more than ``max_queued`` bytes of task output (a stalled terminal, a slow pipe), further
+holds more than ``max_queued`` bytes of task output (a stalled terminal, a slow pipe, a flood of
+short lines; each line counts as ``LINE_COST`` bytes more, for the writer's work per line), further
 task lines are left out of the console, counted and announced once it catches up; the logs
 keep them all. When the stream is closed (``tflaunch ... | head -1``), console output is dropped
 and the run goes on to its end and its own exit code.
@@ -42,6 +43,10 @@ from .twins import TwinFolder, names_text
 _COLOURS = ("cyan", "yellow", "green", "magenta", "blue", "red",
             "bright_cyan", "bright_yellow", "bright_green", "bright_magenta", "bright_blue", "bright_red")
 _ERASE = "\r\x1b[K"
+# What a line costs the writer besides its bytes (folding it with its twins, labelling it), in bytes
+# of queue: so a flood of short lines is cut off at a backlog the writer clears in a second or so,
+# and tflaunch's own messages behind it still print before close() gives up on the console.
+LINE_COST = 64
 
 
 def wants_colour(stream: IO[Any], environ: Mapping[str, str] = os.environ) -> bool:
@@ -174,15 +179,17 @@ class Console:
         shown = self.shows(name)
         if not shown and not metrics:
             return
+        lines = block.count(b"\n")
         with self._cond:
             if shown and self._queued > self.max_queued:
-                self._dropped += block.count(b"\n")
+                self._dropped += lines
                 if not metrics:
                     return
                 # The lines are dropped, but the status line still learns the epoch from them.
                 block, shown = b"".join(line + b"\n" for line in block.split(b"\n") if PREFIX in line), False
+                lines = len(metrics)
             self._queue.append(("task", name, attempt, block, shown, list(metrics)))
-            self._queued += len(block)
+            self._queued += len(block) + LINE_COST * lines
             self._wake()
 
     def message(self, text: str) -> None:

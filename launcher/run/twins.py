@@ -45,7 +45,9 @@ class TwinFolder:
         self.hold = hold
         self.max_waiting = max_waiting
         self._waiting: collections.deque[list] = collections.deque()  # oldest first
-        self._open: dict[object, list[list]] = {}  # the waiting lines of each key, oldest first
+        # The waiting lines of each key, oldest first: a deque, because a flood of one line (a task
+        # printing the same text over and over) leaves thousands under one key, taken from the front.
+        self._open: dict[object, collections.deque[list]] = {}
         self._last: dict[str, int] = {}  # task -> order of the last waiting line it joined
         self._seq = 0
 
@@ -66,17 +68,16 @@ class TwinFolder:
         due = now + self.hold
         for line, key in zip(lines, keys):
             twins = opened.get(key)
-            if twins is not None:
-                # The oldest that prints after every line the task waits with: an older one would swap them.
-                at = 0 if twins[0][_SEQ] > last else bisect.bisect_right(twins, last, key=_seq)
-                if at < len(twins):
-                    twin = twins[at]
-                    twin[_TASKS].append(task)
-                    last = twin[_SEQ]
-                    continue
+            # The oldest that prints after every line the task waits with: an older one would swap
+            # them. None when the newest is that old already (a task repeating itself: no search).
+            if twins is not None and twins[-1][_SEQ] > last:
+                twin = twins[0] if twins[0][_SEQ] > last else twins[bisect.bisect_right(twins, last, key=_seq)]
+                twin[_TASKS].append(task)
+                last = twin[_SEQ]
+                continue
             twin = [seq, due, key, line, [task]]
             if twins is None:
-                opened[key] = [twin]
+                opened[key] = collections.deque((twin,))
             else:
                 twins.append(twin)
             waiting.append(twin)
@@ -107,7 +108,7 @@ class TwinFolder:
             if len(twins) == 1:
                 del opened[done[_KEY]]
             else:
-                del twins[0]
+                twins.popleft()
             out.append((done[_TASKS], done[_LINE]))
         return out
 

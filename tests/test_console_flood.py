@@ -1,0 +1,50 @@
+"""The console under a flood of one repeated line while other tasks are shown: tflaunch's own
+messages behind the flood still print before close() gives up, and every task line is either shown
+or counted as left out."""
+
+from __future__ import annotations
+
+import io
+import os
+import tempfile
+
+from launcher.run.console import Console
+from launcher.run.twins import TwinFolder
+
+
+def test_a_flood_of_one_line_leaves_the_messages_behind_it_printed_and_every_line_accounted_for():
+    line = b"06b7512b97da408d890e1cfbfb8495b6\n"
+    block, blocks = line * 30_000, 64  # about 63 MB: what a flooding task sends in a few seconds
+    with tempfile.TemporaryFile("w+b") as shown:
+        err = io.StringIO()
+        out = os.fdopen(os.dup(shown.fileno()), "w")
+        # A queue as deep as the flood: the backlog the console takes on is bounded by its work per line.
+        console = Console(out, messages=err, colour=False, status=False, max_queued=64 << 20)
+        console.register(["worker-0", "worker-1"])  # two tasks: lines wait for twins
+        for _ in range(blocks):
+            console.task_block("worker-0", block)
+        console.message("worker-1 on node1 failed (exit code 7)")
+        console.close()  # gives up after 5 s: the message must be out by then
+        out.close()
+        shown.seek(0)
+        printed = shown.read().count(b"| 06b7512b97da408d890e1cfbfb8495b6\n")
+    assert "worker-1 on node1 failed (exit code 7)" in err.getvalue()
+    assert printed + console.dropped_lines == blocks * 30_000
+    assert console.dropped_lines > 0 and "the console fell behind" in err.getvalue()
+
+
+def test_a_task_repeating_one_line_keeps_its_order_and_leaves_each_copy_on_its_own():
+    folder = TwinFolder(hold=0.5, max_waiting=1_000)
+    folder.add_block("worker-0", b"same\n" * 5_000, now=0.0)
+    early = folder.due(0.1)  # past max_waiting: the oldest print early
+    folder.add("worker-0", b"same", now=0.1)
+    folder.add("worker-1", b"same", now=0.1)
+    folder.add("worker-1", b"other", now=0.1)
+    folder.add("worker-1", b"same", now=0.1)
+    out = early + folder.flush()
+    assert len(early) == 4_000 and len(out) == 5_003
+    assert [tasks for tasks, _ in out[:4_000]] == [["worker-0"]] * 4_000
+    # worker-1's first copy joins the oldest copy still waiting, its next lines follow it in order.
+    assert out[4_000] == (["worker-0", "worker-1"], b"same")
+    assert out[4_001:5_000] == [(["worker-0"], b"same")] * 999
+    assert out[5_000:] == [(["worker-0"], b"same"), (["worker-1"], b"other"), (["worker-1"], b"same")]
