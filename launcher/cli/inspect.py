@@ -12,10 +12,11 @@ import re
 
 import click
 
+from ..inspect.runs import RUN_FORMS
 from ..records.folder import DEFAULT_LOG_DIR
 from .group import cli
 
-RUN_ARG_HELP = "RUN is a run id, a unique prefix of one, or 'latest' (the default)."
+RUN_ARG_HELP = f"RUN is {RUN_FORMS}."
 
 log_dir_option = click.option("--log-dir", default=DEFAULT_LOG_DIR, show_default=True, metavar="DIR",
                               help="The directory holding the run folders.")
@@ -155,9 +156,10 @@ def stacks_command(run_ref: str | None, log_dir: str, as_json: bool) -> None:
 
     Asks the run's tflaunch (on this machine, as the user who started it); the run goes on.
     """
-    from ..inspect.stacks import find_run, live_stacks, stacks_lines
+    from ..inspect.runs import resolve_run
+    from ..inspect.stacks import live_stacks, stacks_lines
 
-    answer = live_stacks(find_run(log_dir, run_ref))
+    answer = live_stacks(resolve_run(log_dir, run_ref))
     if as_json:
         _echo_json(answer)
     else:

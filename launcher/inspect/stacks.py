@@ -12,14 +12,7 @@ from typing import Any
 
 from ..records.states import RunStatus
 from ..run.control import ControlError, ask
-from .runs import Run, load_run, resolve_run
-
-
-def find_run(log_dir: Path | str, ref: str | None) -> Run:
-    """RUN as the inspection commands take it, or a run folder's path."""
-    if ref is not None and ("/" in ref or ref in (".", "..")) and Path(ref).is_dir():
-        return load_run(Path(ref))
-    return resolve_run(log_dir, ref)
+from .runs import Run
 
 
 def live_stacks(run: Run) -> dict[str, Any]:
