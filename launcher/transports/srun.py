@@ -6,9 +6,11 @@ cgroups, accounts them, and makes them die with the job; a run costs one step an
 client, not one of each per task, which is what keeps slurmctld and the batch host unloaded at
 scale (torchrun, DeepSpeed and MPI start one process per node the same way). srun carries one
 stdin and one merged stdout for all of its tasks, so each agent opens its own channel instead: a
-TCP connection back to tflaunch (at the address srun was started from, which Slurm gives every
-step as ``SLURM_LAUNCH_NODE_IPADDR``), proven by a token in the step's environment. From then on a
-node is supervised exactly as a host over ssh is.
+TCP connection back to tflaunch (:mod:`.connectback`), proven by a token in the step's environment.
+The agents dial the address this host's routes to the nodes' Slurm addresses (NodeAddr) leave
+from, and only there does tflaunch listen; when the nodes are reached from different addresses,
+or Slurm cannot name them, it listens on all and the agents dial the address srun was started
+from (``SLURM_LAUNCH_NODE_IPADDR``). From then on a node is supervised exactly as a host over ssh is.
 
 Only how the link fails reads differently: a node whose agent went silent or whose connection
 closed is a lost node (srun's ``Node failure on`` line names it when slurmctld declared it dead);
@@ -17,17 +19,15 @@ an agent that never connected names srun's own error.
 
 from __future__ import annotations
 
-import hmac
 import os
 import secrets
-import socket
 import subprocess
 import tempfile
-import threading
 from collections.abc import Sequence
 
 from ..cluster.plan import TaskLaunch
 from .base import CANNOT_START, ExitStatus, FailedStart
+from .connectback import ConnectBack, source_address
 from .carriers import Carrier
 from .hostagent import TOKEN_VARIABLE, encode_fields
 from .hostlink import AgentLink
@@ -38,11 +38,30 @@ from .ssh import DEFAULT_KEEPALIVE_TIMEOUT, EOF_GRACE, agent_spec, task_fields
 
 NODE_FAILURE = "Node failure on"  # how srun reports that slurmctld declared a node dead
 CONNECT_TIMEOUT = 300.0  # from srun's start to every agent's connection: a busy slurmctld, a node still registering
+SCONTROL_TIMEOUT = 10.0  # for the nodes' addresses; without them the listener is on every address
 
 
-def srun_argv(nodes: Sequence[str], first: TaskLaunch, grace: float, port: int) -> list[str]:
-    """The one srun step that runs an agent on each of ``nodes``."""
-    agent = [*remote_agent_argv(first.python), agent_spec(grace, DEFAULT_KEEPALIVE_TIMEOUT, connect=f"- {port}")]
+def node_addresses(nodes: Sequence[str]) -> list[str]:
+    """Each node's address as Slurm knows it (its NodeAddr: the one srun reaches it at).
+
+    Empty when scontrol cannot say for every node."""
+    try:
+        done = subprocess.run(["scontrol", "--oneliner", "show", "node", ",".join(nodes)], capture_output=True,
+                              text=True, timeout=SCONTROL_TIMEOUT, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    known = {}
+    for line in done.stdout.splitlines():
+        fields = dict(word.split("=", 1) for word in line.split() if "=" in word)
+        if fields.get("NodeName") and fields.get("NodeAddr"):
+            known[fields["NodeName"]] = fields["NodeAddr"]
+    return [known[node] for node in nodes] if done.returncode == 0 and all(n in known for n in nodes) else []
+
+
+def srun_argv(nodes: Sequence[str], first: TaskLaunch, grace: float, port: int, host: str = "-") -> list[str]:
+    """The one srun step that runs an agent on each of ``nodes``, dialling ``host`` (``-``: the
+    address srun was started from) at ``port``."""
+    agent = [*remote_agent_argv(first.python), agent_spec(grace, DEFAULT_KEEPALIVE_TIMEOUT, connect=f"{host} {port}")]
     if first.setup:
         # The setup line is shell by design; the agent's argv then passes through "$@" unchanged.
         agent = ["/bin/sh", "-c", f'{first.setup}\nexec "$0" "$@"', *agent]
@@ -93,16 +112,20 @@ class AgentStep:
     """The run's job step: its srun client, its output, and the connections its agents open back."""
 
     def __init__(self, nodes: Sequence[str], first: TaskLaunch, grace: float, keepalive: float):
-        self.token = secrets.token_hex(16)
-        self.listener = socket.create_server(("", 0), family=socket.AF_INET, backlog=len(nodes) + 8)
-        port = self.listener.getsockname()[1]
-        self.output = tempfile.TemporaryFile()
+        token = secrets.token_hex(16)
+        # Where one address of this host reaches every node, the listener is there only and the
+        # agents are told to dial it; otherwise it is on every address and they dial the one srun
+        # was started from.
+        address = source_address(node_addresses(nodes))
+        self.listener = ConnectBack(nodes, token, self._attach, address or "", within=CONNECT_TIMEOUT,
+                                    alive=lambda: self.popen.poll() is None)
         self.links = {node: AgentLink(node, SrunCarrier(node, self, keepalive), None, None, keepalive=keepalive,
                                       hub=HUB, attach_within=CONNECT_TIMEOUT) for node in nodes}
-        env = {**os.environ, TOKEN_VARIABLE: self.token}
+        self.output = tempfile.TemporaryFile()
+        env = {**os.environ, TOKEN_VARIABLE: token}
         try:
-            self.popen = subprocess.Popen(srun_argv(nodes, first, grace, port), stdin=subprocess.DEVNULL,
-                                          stdout=self.output, stderr=self.output, env=env,
+            self.popen = subprocess.Popen(srun_argv(nodes, first, grace, self.listener.port, address or "-"),
+                                          stdin=subprocess.DEVNULL, stdout=self.output, stderr=self.output, env=env,
                                           # Terminal signals reach tflaunch only (srun would forward them
                                           # and two Ctrl-C would SIGKILL the step); tflaunch stops tasks in order.
                                           start_new_session=True, close_fds=True)
@@ -110,46 +133,10 @@ class AgentStep:
             self.listener.close()
             raise
         self._closed = False
-        threading.Thread(target=self._accept, name="tflaunch-srun-accept", daemon=True).start()
+        self.listener.start()
 
-    def _accept(self) -> None:
-        waiting = set(self.links)
-        self.listener.settimeout(1.0)
-        while waiting and not self._closed and self.popen.poll() is None:
-            try:
-                connection, _ = self.listener.accept()
-            except socket.timeout:
-                continue
-            except OSError:
-                return
-            node = self._check(connection)
-            if node in waiting:
-                waiting.discard(node)
-                fd = os.dup(connection.fileno())
-                connection.close()
-                os.set_blocking(fd, False)
-                self.links[node].attach(fd, fd)
-            else:
-                connection.close()
-        self.listener.close()
-
-    def _check(self, connection: socket.socket) -> str | None:
-        """The node a connection speaks for, if it knows the token."""
-        connection.settimeout(5.0)
-        line = b""
-        try:
-            # One byte at a time: what follows the line (the agent's first frames) stays in the
-            # socket for the link to read.
-            while not line.endswith(b"\n") and len(line) < 512:
-                chunk = connection.recv(1)
-                if not chunk:
-                    return None
-                line += chunk
-        except OSError:
-            return None
-        token, _, node = line.decode("utf-8", "replace").strip().partition(" ")
-        connection.settimeout(None)
-        return node if hmac.compare_digest(token, self.token) else None
+    def _attach(self, node: str, fd: int) -> None:
+        self.links[node].attach(fd, fd)
 
     def node_failure(self, node: str) -> str | None:
         for line in self._lines():
@@ -165,6 +152,7 @@ class AgentStep:
         return [line for line in _read_all(self.output).splitlines()]
 
     def close(self, wait: float) -> None:
+        self.listener.close()
         if self._closed:
             return
         self._closed = True
@@ -229,6 +217,8 @@ class SrunTransport:
         return task
 
     def close(self) -> None:
+        for step in self.steps:
+            step.listener.close()  # no agent may attach to a link while it closes
         links, self.links = list(self.links.values()), {}
         for link in links:
             link.close_channel()

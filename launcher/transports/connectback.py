@@ -1,0 +1,215 @@
+"""The listener that a job step's agents connect back to, and the address it should listen on.
+
+Each caller proves itself with one line, ``TOKEN NAME\\n``, and its connection is then handed over
+as that name's channel, with nothing after the line consumed. Anyone who can reach the port can
+connect, so every connection is a stranger until its line proves otherwise: the line is read as
+bytes and never decoded or shown, the token is compared in constant time, and each handshake has
+one deadline for the whole line (as OpenSSH's LoginGraceTime) and runs beside all the others on one
+selector thread, so a silent, dripping or garbage-sending peer costs only its own connection.
+
+At most ``pending_limit`` handshakes are open at once; a connection beyond that displaces the
+oldest pending one. A real caller sends its line as soon as it is connected, so a flood of idle
+connections cannot keep it out, and what the listener holds stays bounded: ``pending_limit``
+descriptors and buffers of at most ``LINE_LIMIT`` bytes. The port closes as soon as every expected
+caller is in, when its owner closes it, when ``alive()`` turns false, or ``within`` seconds after
+it opened.
+"""
+
+from __future__ import annotations
+
+import errno
+import hmac
+import ipaddress
+import selectors
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+HANDSHAKE_DEADLINE = 10.0  # seconds from accept to the complete line; an agent sends it at once
+LINE_LIMIT = 512  # token (32) + space + a host name (at most 255) + newline, with room to spare
+PENDING_LIMIT = 64  # open handshakes at least; twice the callers when there are more
+ACCEPT_BURST = 64  # connections taken per wake-up before pending lines are read again
+TICK = 0.5  # how often alive() and the overall deadline are looked at
+_OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+
+
+class ConnectBack:
+    """A TCP listener for a known set of callers; ``deliver(name, fd)`` gets each one's socket.
+
+    ``deliver`` runs on the listener's thread, once per name, with a non-blocking descriptor that
+    is then the receiver's to close. Call :meth:`start` once, and :meth:`close` on every exit path.
+    """
+
+    def __init__(self, names: Iterable[str], token: str, deliver: Callable[[str, int], None], host: str = "",
+                 *, within: float, alive: Callable[[], bool] = lambda: True,
+                 deadline: float = HANDSHAKE_DEADLINE, pending_limit: int | None = None):
+        self._names = {name.encode(): name for name in names}
+        self._waiting = set(self._names)
+        self._token = token.encode()
+        self._deliver = deliver
+        self._alive = alive
+        self._deadline = deadline
+        self._limit = pending_limit or max(PENDING_LIMIT, 2 * len(self._names))
+        self._pending: dict[socket.socket, tuple[float, bytearray]] = {}  # in accept order: oldest first
+        self._listener = socket.create_server((host, 0), family=socket.AF_INET,
+                                              backlog=min(socket.SOMAXCONN, max(128, 2 * len(self._names))))
+        self._listener.setblocking(False)
+        self.port: int = self._listener.getsockname()[1]
+        self._end = time.monotonic() + within
+        self._resume_at: float | None = None  # listening paused after running out of descriptors
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_lock = threading.Lock()  # close() may write to _wake_w while the thread closes it
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="tflaunch-connect-back", daemon=True)
+
+    def start(self) -> None:
+        if not self._stopping.is_set():
+            self._thread.start()
+
+    def close(self) -> None:
+        """Stop listening and drop every pending handshake; returns once the port is closed."""
+        self._stopping.set()
+        if self._thread.ident is None:
+            self._shut(None)
+            return
+        with self._wake_lock:
+            if self._wake_w.fileno() != -1:
+                try:
+                    self._wake_w.send(b"\0")
+                except OSError:
+                    pass  # full or gone: the thread sees _stopping within a tick anyway
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=10.0)
+
+    # -- the listener's thread ------------------------------------------------------------
+
+    def _serve(self) -> None:
+        selector = selectors.DefaultSelector()
+        try:
+            selector.register(self._listener, selectors.EVENT_READ)
+            selector.register(self._wake_r, selectors.EVENT_READ)
+            while self._waiting and not self._stopping.is_set():
+                now = time.monotonic()
+                if now >= self._end or not self._alive():
+                    break
+                self._expire(now, selector)
+                if self._resume_at is not None and now >= self._resume_at:
+                    self._resume_at = None
+                    selector.register(self._listener, selectors.EVENT_READ)
+                timeout = TICK
+                if self._pending:
+                    timeout = min(timeout, max(0.0, next(iter(self._pending.values()))[0] - now))
+                if self._resume_at is not None:
+                    timeout = min(timeout, max(0.0, self._resume_at - now))
+                for key, _ in selector.select(timeout):
+                    if key.fileobj is self._listener:
+                        self._accept(selector)
+                    elif key.fileobj is not self._wake_r and key.fileobj in self._pending:
+                        self._read(key.fileobj, selector)
+                    if not self._waiting:
+                        break
+        finally:
+            self._shut(selector)
+
+    def _shut(self, selector: selectors.BaseSelector | None) -> None:
+        for connection in self._pending:
+            connection.close()
+        self._pending.clear()
+        if selector is not None:
+            selector.close()
+        self._listener.close()
+        with self._wake_lock:
+            self._wake_r.close()
+            self._wake_w.close()
+
+    def _expire(self, now: float, selector: selectors.BaseSelector) -> None:
+        while self._pending:
+            connection, (deadline, _) = next(iter(self._pending.items()))
+            if deadline > now:
+                return
+            self._drop(connection, selector)
+
+    def _drop(self, connection: socket.socket, selector: selectors.BaseSelector) -> None:
+        del self._pending[connection]
+        selector.unregister(connection)
+        connection.close()
+
+    def _accept(self, selector: selectors.BaseSelector) -> None:
+        # A bounded burst: a flood of connections must not starve the lines already arriving.
+        for _ in range(ACCEPT_BURST):
+            try:
+                connection, _ = self._listener.accept()
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                if exc.errno not in _OUT_OF_DESCRIPTORS:
+                    continue  # such as ECONNABORTED: that peer gave up before it was taken
+                if self._pending:
+                    self._drop(next(iter(self._pending)), selector)
+                    continue
+                # Nothing of ours to free: stop listening briefly rather than spin on a ready listener.
+                selector.unregister(self._listener)
+                self._resume_at = time.monotonic() + 0.1
+                return
+            if len(self._pending) >= self._limit:
+                self._drop(next(iter(self._pending)), selector)
+            connection.setblocking(False)
+            self._pending[connection] = (time.monotonic() + self._deadline, bytearray())
+            selector.register(connection, selectors.EVENT_READ)
+            self._read(connection, selector)  # the line has often arrived with the connection
+            if not self._waiting:
+                return
+
+    def _read(self, connection: socket.socket, selector: selectors.BaseSelector) -> None:
+        line = self._pending[connection][1]
+        try:
+            # Peek, then take only up to the newline: what follows is the caller's first frames,
+            # which belong to whoever receives the connection.
+            seen = connection.recv(LINE_LIMIT - len(line), socket.MSG_PEEK)
+            end = seen.find(b"\n")
+            taken = connection.recv(end + 1 if end >= 0 else len(seen)) if seen else b""
+        except BlockingIOError:
+            return
+        except OSError:
+            self._drop(connection, selector)
+            return
+        line += taken
+        if not taken:
+            self._drop(connection, selector)  # the peer closed before finishing its line
+        elif end >= 0:
+            self._finish(connection, bytes(line[:-1]), selector)
+        elif len(line) >= LINE_LIMIT:
+            self._drop(connection, selector)
+
+    def _finish(self, connection: socket.socket, line: bytes, selector: selectors.BaseSelector) -> None:
+        token, _, name = line.partition(b" ")
+        if not hmac.compare_digest(token, self._token) or name not in self._waiting:
+            self._drop(connection, selector)
+            return
+        del self._pending[connection]
+        selector.unregister(connection)
+        self._waiting.discard(name)
+        self._deliver(self._names[name], connection.detach())
+
+
+def source_address(addresses: Iterable[str]) -> str | None:
+    """The one IPv4 address of this host that its routes to ``addresses`` leave from, or None.
+
+    That is the address a peer at each of them can reach this host at. None when one of them
+    cannot be resolved or routed, or when the routes leave from different addresses. A target
+    routed through loopback is this host itself, which reaches any of its own addresses.
+    """
+    sources: list[str] = []
+    for address in addresses:
+        try:
+            target = socket.getaddrinfo(address, None, socket.AF_INET, socket.SOCK_DGRAM)[0][4][0]
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+                probe.connect((target, 9))  # a UDP connect only picks the route: nothing is sent
+                sources.append(probe.getsockname()[0])
+        except (OSError, UnicodeError):  # UnicodeError: a name that is no valid host name at all
+            return None
+    outward = {s for s in sources if not ipaddress.ip_address(s).is_loopback}
+    if len(outward) > 1:
+        return None
+    return next(iter(outward), sources[0] if sources else None)

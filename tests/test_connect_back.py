@@ -1,0 +1,438 @@
+"""The listener Slurm agents connect back to, against strangers: garbage, a TLS ClientHello, silent and
+dripping clients, and a flood of 1,000 connections.
+
+The first tests drive the listener class itself over real sockets on loopback (fast, no Slurm); the
+rest start real runs on the test Slurm and attack tflaunch's own listener (found with ``ss``) while
+the agents are still on their way (a setup line delays them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import ROOT
+
+from launcher.transports.connectback import ConnectBack, source_address
+
+TOKEN = "0123456789abcdef0123456789abcdef"
+GARBAGE = b"\x00\xff\xfe\x1b[31mSTRANGER-GARBAGE\x1b[0m \xc3\x28\n"
+
+
+def client_hello() -> bytes:
+    """The first bytes a real TLS client sends (what scanners send to any open port)."""
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = ssl.create_default_context().wrap_bio(incoming, outgoing, server_hostname="tflaunch.example")
+    with pytest.raises(ssl.SSLWantReadError):
+        tls.do_handshake()
+    hello = outgoing.read()
+    assert hello[:3] in (b"\x16\x03\x01", b"\x16\x03\x03") and len(hello) > 100
+    return hello
+
+
+def closed_by_peer(sock: socket.socket, timeout: float) -> bool:
+    """True once the other side closed ``sock`` (EOF or reset), False if it stays open ``timeout`` s."""
+    sock.settimeout(timeout)
+    try:
+        while True:
+            if not sock.recv(4096):
+                return True
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except socket.timeout:
+        return False
+
+
+def refuses(address: tuple[str, int]) -> bool:
+    try:
+        socket.create_connection(address, timeout=5).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+class Dripper(threading.Thread):
+    """A client that sends one byte (never a newline) every ``every`` seconds until it is closed."""
+
+    def __init__(self, address: tuple[str, int], every: float):
+        super().__init__(daemon=True)
+        self.sock = socket.create_connection(address, timeout=30)
+        self.every = every
+        self.sent = 0
+        self.closed_at: float | None = None
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                self.sock.sendall(b"x")
+                self.sent += 1
+            except OSError:
+                self.closed_at = time.monotonic()
+                return
+            if closed_by_peer(self.sock, self.every):
+                self.closed_at = time.monotonic()
+                return
+
+
+class Delivered:
+    """What the listener handed over: (name, descriptor) pairs, in order."""
+
+    def __init__(self):
+        self.items: list[tuple[str, int]] = []
+        self.arrived = threading.Condition()
+
+    def __call__(self, name: str, fd: int) -> None:
+        with self.arrived:
+            self.items.append((name, fd))
+            self.arrived.notify_all()
+
+    def wait(self, count: int, timeout: float) -> list[tuple[str, int]]:
+        with self.arrived:
+            self.arrived.wait_for(lambda: len(self.items) >= count, timeout)
+            return list(self.items)
+
+    def close(self) -> None:
+        for _, fd in self.items:
+            os.close(fd)
+
+
+@pytest.fixture
+def listener():
+    made: list[tuple[ConnectBack, Delivered]] = []
+
+    def make(names=("n1", "n2"), **options) -> tuple[ConnectBack, Delivered]:
+        delivered = Delivered()
+        options.setdefault("within", 120.0)
+        back = ConnectBack(names, TOKEN, delivered, "127.0.0.1", **options)
+        back.start()
+        made.append((back, delivered))
+        return back, delivered
+
+    yield make
+    for back, delivered in made:
+        back.close()
+        delivered.close()
+
+
+# -- the listener itself, over real sockets ----------------------------------------------------------
+
+def test_agents_get_in_among_strangers_and_keep_what_follows_their_line(listener):
+    # A 60 s handshake deadline: a listener that waited on its strangers one after the other would
+    # take minutes here, not seconds.
+    back, delivered = listener(deadline=60.0)
+    address = ("127.0.0.1", back.port)
+    strangers = [socket.create_connection(address) for _ in range(3)]  # silent
+    garbage = socket.create_connection(address)
+    garbage.sendall(GARBAGE)
+    tls = socket.create_connection(address)
+    tls.sendall(client_hello())
+    wrong = socket.create_connection(address)
+    wrong.sendall(b"f" * 32 + b" n1\n")  # the right name, the wrong token
+    dripper = Dripper(address, every=0.2)
+    dripper.start()
+    start = time.monotonic()
+    first = socket.create_connection(address)
+    first.sendall(f"{TOKEN} n1\nFIRST-FRAME".encode())
+    again = socket.create_connection(address)
+    again.sendall(f"{TOKEN} n1\n".encode())  # n1 once more: it is already in
+    second = socket.create_connection(address)
+    second.sendall(f"{TOKEN} n2\n".encode())
+    second.sendall(b"SECOND-FRAME")
+    got = delivered.wait(2, timeout=20.0)
+    took = time.monotonic() - start
+    assert [name for name, _ in got] == ["n1", "n2"] and took < 20.0, (got, took)
+    fds = dict(got)
+    # Nothing after the line was taken: the agent's first frames are the new owner's to read.
+    assert os.read(fds["n1"], 64) == b"FIRST-FRAME"
+    assert os.read(fds["n2"], 64) == b"SECOND-FRAME"
+    os.write(fds["n1"], b"reply")
+    assert first.recv(16) == b"reply"
+    for sock in (garbage, tls, wrong, again, *strangers):
+        assert closed_by_peer(sock, 10.0)
+    dripper.join(10.0)
+    assert dripper.closed_at is not None
+    assert refuses(address)  # every expected caller is in: the port is closed
+
+
+def test_a_handshake_has_one_deadline_for_the_whole_line(listener):
+    back, delivered = listener(deadline=1.0)
+    address = ("127.0.0.1", back.port)
+    silent = socket.create_connection(address)
+    dripper = Dripper(address, every=0.3)  # a byte well within any per-read timeout, forever
+    start = time.monotonic()
+    dripper.start()
+    assert closed_by_peer(silent, 30.0)
+    dripper.join(30.0)
+    assert dripper.closed_at is not None and dripper.closed_at - start >= 0.9, dripper.closed_at
+    assert dripper.sent >= 2
+    # The listener itself stays open for the agents that have not come yet.
+    late = socket.create_connection(address)
+    late.sendall(f"{TOKEN} n2\n".encode())
+    assert [name for name, _ in delivered.wait(1, timeout=20.0)] == ["n2"]
+
+
+def test_close_and_a_dead_step_end_listening(listener):
+    back, _ = listener()
+    address = ("127.0.0.1", back.port)
+    pending = socket.create_connection(address)
+    back.close()
+    assert refuses(address)  # closed when close() returns
+    assert closed_by_peer(pending, 10.0)
+    back.close()  # again: nothing happens
+
+    alive = threading.Event()
+    alive.set()
+    other, _ = listener(alive=alive.is_set)
+    address = ("127.0.0.1", other.port)
+    socket.create_connection(address).close()
+    alive.clear()  # srun died: no agent is coming any more
+    deadline = time.monotonic() + 20.0
+    while not refuses(address):
+        assert time.monotonic() < deadline, "still listening 20 s after its step died"
+        time.sleep(0.1)
+
+
+HOLDER = """
+import os, resource, sys
+sys.path.insert(0, sys.argv[1])
+if len(sys.argv) > 3:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[3]), resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+from launcher.transports.connectback import ConnectBack
+def deliver(name, fd):
+    print("delivered", name, os.read(fd, 64).decode(), flush=True)
+back = ConnectBack(["n1", "n2"], sys.argv[2], deliver, "127.0.0.1", within=120.0)
+back.start()
+print(back.port, flush=True)
+back._thread.join()
+print("closed", flush=True)
+"""
+
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+@pytest.mark.parametrize("fd_limit", [None, 32], ids=["default", "32 descriptors"])
+def test_a_flood_of_a_thousand_connections_costs_a_bounded_number_of_descriptors(fd_limit):
+    # With 32 descriptors the listener runs out long before its 64 pending handshakes: running out
+    # must cost the strangers their connections, not the agents theirs.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1500:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(4096, hard), hard))
+    limit = [str(fd_limit)] if fd_limit else []
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(ROOT), TOKEN, *limit], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    flood: list[socket.socket] = []
+    try:
+        address = ("127.0.0.1", int(holder.stdout.readline()))
+        before = open_fds(holder.pid)
+        peak = before
+        for _ in range(1000):
+            sock = socket.socket()
+            sock.setblocking(False)
+            sock.connect_ex(address)  # in progress or done: either way the listener sees it
+            flood.append(sock)
+            peak = max(peak, open_fds(holder.pid)) if len(flood) % 50 == 0 else peak
+        time.sleep(1.0)
+        peak = max(peak, open_fds(holder.pid))
+        # 64 pending handshakes at most (the default for two callers), whatever the flood.
+        assert peak - before <= 64 + 2 and peak <= (fd_limit or peak), (before, peak)
+        for name in ("n1", "n2"):
+            agent = socket.create_connection(address, timeout=30)
+            agent.sendall(f"{TOKEN} {name}\nframe-of-{name}".encode())
+            assert holder.stdout.readline().split() == ["delivered", name, f"frame-of-{name}"]
+            agent.close()
+        assert holder.stdout.readline().strip() == "closed"
+        assert holder.wait(timeout=30) == 0
+        assert holder.stderr.read() == ""  # no traceback, and nothing of the strangers' bytes
+    finally:
+        for sock in flood:
+            sock.close()
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+
+
+def test_the_listening_address_is_the_one_the_routes_leave_from():
+    assert source_address(["127.0.0.1"]) == "127.0.0.1"
+    assert source_address(["localhost", "127.0.0.1"]) == "127.0.0.1"
+    assert source_address(["no-such-node.invalid"]) is None
+    assert source_address([]) is None
+
+
+# -- tflaunch's own listener on the test Slurm ---------------------------------------------------------
+
+AGENT_DELAY = 12  # seconds the setup line holds every agent back: the strangers' window
+
+
+class SlurmRun:
+    """``tflaunch --slurm`` as the batch shell of a real two-node job whose agents start late."""
+
+    def __init__(self, testslurm, tmp_path: Path, command: str, delay: int = AGENT_DELAY):
+        self.testslurm = testslurm
+        self.folder = tmp_path
+        cluster = tmp_path / "cluster.yaml"
+        cluster.write_text(f"slurm:\n  nodes: 2\nsetup: sleep {delay}\n")
+        self.pidfile = tmp_path / "tflaunch.pid"
+        self.out = tmp_path / "job.out"
+        script = tmp_path / "job.sh"
+        script.write_text("#!/bin/bash\n"
+                          f"echo $$ > {self.pidfile}\n"  # exec keeps the pid: this is tflaunch's
+                          f"exec {sys.executable} -m launcher --slurm {cluster} --log-dir {tmp_path}/logs "
+                          f"-- {command}\n")
+        self.sbatch = subprocess.Popen(
+            ["sbatch", "--wait", "--nodes=2", "--time=5", f"--output={self.out}", f"--chdir={tmp_path}",
+             f"--export=ALL,PYTHONPATH={ROOT}", str(script)],
+            env=testslurm.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+        self.pid = int(wait_for("tflaunch's pid", lambda: self.pidfile.exists() and self.pidfile.read_text().strip(),
+                                state=self.state))
+        self.netns = None
+
+    def listening(self) -> list[str]:
+        """The local addresses tflaunch listens on (``ss -ltnpH`` in the batch node's namespace)."""
+        found = []
+        for node in self.testslurm.doc["nodes"]:
+            if self.netns not in (None, node["netns"]):
+                continue
+            shown = subprocess.run(["nsenter", f"--net=/run/netns/{node['netns']}", "ss", "-ltnpH"],
+                                   capture_output=True, text=True).stdout
+            mine = [line.split()[3] for line in shown.splitlines() if f"pid={self.pid}," in line]
+            if mine:
+                self.netns = node["netns"]
+            found += mine
+        return found
+
+    def dialled(self, listening: str) -> tuple[str, int]:
+        """Where a node reaches the listener: the batch node's address, at the listening port."""
+        return next(n["address"] for n in self.testslurm.doc["nodes"] if n["netns"] == self.netns), \
+            host_port(listening)[1]
+
+    def finish(self, timeout: float = 200.0) -> tuple[int, str]:
+        try:
+            self.sbatch.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.testslurm.cancel_all()
+            self.sbatch.wait(timeout=60)
+            raise AssertionError(f"the job did not end within {timeout:g} s:\n{self.output()[-3000:]}") from None
+        return self.sbatch.returncode, self.output()
+
+    def state(self) -> str:
+        """What the job and tflaunch are doing, for a wait that ran out."""
+        return (f"(jobs {self.testslurm.jobs()}, sbatch {self.sbatch.poll()}, listening "
+                f"{self.listening() if hasattr(self, 'pid') else '?'}, output:\n{self.output()[-2000:]})")
+
+    def output(self) -> str:
+        return self.out.read_text(errors="replace") if self.out.exists() else ""
+
+    def run_dir(self) -> Path:
+        return next((self.folder / "logs").iterdir())
+
+
+def wait_for(what: str, condition, timeout: float = 120.0, interval: float = 0.1, state=lambda: ""):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"{what}: not within {timeout:g} s {state()}")
+
+
+def host_port(text: str) -> tuple[str, int]:
+    host, port = text.rsplit(":", 1)
+    return host.strip("[]"), int(port)
+
+
+@pytest.fixture
+def slurm(testslurm):
+    yield testslurm
+    try:
+        testslurm.wait_idle(timeout=30)
+    finally:
+        testslurm.cancel_all()
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_strangers_at_the_listener_cannot_keep_the_agents_out(slurm, tmp_path):
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1500:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(4096, hard), hard))
+    run = SlurmRun(slurm, tmp_path, "sh -c 'echo up on $SLURMD_NODENAME; sleep 4'")
+    sockets: list[socket.socket] = []
+    dripper = None
+    try:
+        listening = wait_for("tflaunch's listener", run.listening, timeout=60, state=run.state)
+        assert len(listening) == 1, listening
+        address = run.dialled(listening[0])
+        # Slurm knows the nodes' addresses, so tflaunch listens on the one its routes to them leave
+        # from (the batch node's own), not on every address.
+        assert host_port(listening[0]) == address, listening
+        before = open_fds(run.pid)
+        for _ in range(1000):  # a flood first; the bad handshakes below then last their whole deadline
+            sock = socket.socket()
+            sock.setblocking(False)
+            sock.connect_ex(address)
+            sockets.append(sock)
+        time.sleep(1.0)
+        flooded = open_fds(run.pid)
+        for _ in range(3):
+            sockets.append(socket.create_connection(address, timeout=30))  # silent
+        garbage = socket.create_connection(address, timeout=30)
+        garbage.sendall(GARBAGE)
+        tls = socket.create_connection(address, timeout=30)
+        tls.sendall(client_hello())
+        dripper = Dripper(address, every=4.5)
+        dripper.start()
+        assert closed_by_peer(garbage, 30.0) and closed_by_peer(tls, 30.0)
+        # The agents are still held back by the setup line: the strangers came first.
+        assert run.listening() == listening and psutil.pid_exists(run.pid)
+        # Once every agent is in, the listener closes while the run goes on.
+        wait_for("the listener to close", lambda: not run.listening(), timeout=120, state=run.state)
+        assert psutil.pid_exists(run.pid)
+        code, out = run.finish()
+    finally:
+        if dripper is not None:
+            dripper.stop.set()
+        for sock in sockets:
+            sock.close()
+    assert code == 0 and "succeeded" in out, out[-3000:]
+    assert {f"up on {node}" for node in slurm.nodes} <= {line.split(" | ", 1)[-1] for line in out.splitlines()}
+    assert flooded - before <= 64 + 2, (before, flooded)  # a bounded number of pending handshakes
+    assert dripper.closed_at is not None  # closed at its deadline, not kept while it drips
+    everything = out + "".join(p.read_text(errors="replace") for p in run.run_dir().rglob("*") if p.is_file())
+    assert "Traceback" not in everything
+    assert "STRANGER-GARBAGE" not in everything and "\x16\x03" not in everything  # never echoed
+    record = json.loads((run.run_dir() / "run.json").read_text())
+    assert record["status"] == "succeeded" and {t["host"] for t in record["tasks"]} == set(slurm.nodes)
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+@pytest.mark.parametrize("end", ["interrupt", "srun killed"])
+def test_the_listener_closes_when_the_run_ends_before_the_agents_are_in(slurm, tmp_path, end):
+    run = SlurmRun(slurm, tmp_path, "true", delay=60)
+    listening = wait_for("tflaunch's listener", run.listening, timeout=60, state=run.state)
+    pending = socket.create_connection(run.dialled(listening[0]), timeout=30)  # a handshake in progress
+    if end == "interrupt":
+        os.kill(run.pid, signal.SIGINT)
+    else:
+        srun = wait_for("tflaunch's srun", lambda: [p for p in psutil.Process(run.pid).children()
+                                                    if p.name() == "srun"], timeout=30)
+        srun[0].kill()
+    wait_for("the listener to close", lambda: not run.listening(), timeout=60, state=run.state)
+    assert closed_by_peer(pending, 30.0)
+    code, out = run.finish()
+    assert code != 0 and "Traceback" not in out, out[-3000:]
