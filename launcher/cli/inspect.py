@@ -14,6 +14,7 @@ import click
 
 from ..inspect.runs import RUN_FORMS
 from ..records.folder import DEFAULT_LOG_DIR
+from ..records.states import RunStatus
 from .group import cli
 
 RUN_ARG_HELP = f"RUN is {RUN_FORMS}."
@@ -78,7 +79,7 @@ def logs_command(run_ref: str | None, task: str | None, attempt: int | None, pat
     query = LogQuery(task=task, attempt=attempt, pattern=pattern)
     for line in (follow_log if follow else read_log)(run, query):
         click.echo(line)
-    if follow and run.reload().status == "launcher-lost":
+    if follow and run.reload().status is RunStatus.LAUNCHER_LOST:
         click.echo(f"tflaunch: run {run.run_id}: launcher lost (its process is gone); stopped following", err=True)
 
 

@@ -14,6 +14,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..records.states import RunStatus, TaskState
 from .runs import NoMetricsError, Run, RunState, RunSummary, epoch_records, final_record
 
 PLOT_FILE = "learning_curves.png"
@@ -81,10 +82,10 @@ def clock_time(iso: str | None) -> str:
 def status_text(status: str, exit_code: int | None) -> str:
     """``failed (exit 3)``: the exit code is shown wherever it is not plain success."""
     status = getattr(status, "value", status)  # a RunStatus prints as its spelling, not as "RunStatus.X"
-    if status in ("failed", "stopped") and exit_code is not None:
+    if status in (RunStatus.FAILED, RunStatus.STOPPED) and exit_code is not None:
         return f"{status} (exit {exit_code})"
-    if status == "launcher-lost":
-        return "launcher lost"
+    if status == RunStatus.LAUNCHER_LOST:
+        return RunStatus.LAUNCHER_LOST.describe()
     return status
 
 
@@ -109,11 +110,11 @@ def runs_lines(summaries: list[RunSummary]) -> list[str]:
 def status_lines(status: RunState, now: float | None = None) -> list[str]:
     launcher = status.launcher
     where = f"launcher pid {launcher.get('pid')} on {launcher.get('host')}"
-    if status.status == "running":
+    if status.status == RunStatus.RUNNING:
         head = f"running for {duration(status.uptime_seconds)}, attempt {status.attempt}; {where}"
         if launcher.get("alive") is None:
             head += " (another host: not checked from here)"
-    elif status.status == "launcher-lost":
+    elif status.status == RunStatus.LAUNCHER_LOST:
         head = (f"launcher lost: run.json says running but the {where} is gone; "
                 f"task states below are the last ones recorded")
     else:
@@ -123,9 +124,9 @@ def status_lines(status: RunState, now: float | None = None) -> list[str]:
     rows = []
     for task in status.tasks:
         state = task.state
-        if task.state in ("failed", "stopped", "succeeded") and task.exit_code is not None:
+        if task.state in (TaskState.FAILED, TaskState.STOPPED, TaskState.SUCCEEDED) and task.exit_code is not None:
             state += f" (exit {task.exit_code})"
-        elif task.state == "running" and task.alive is False:
+        elif task.state == TaskState.RUNNING and task.alive is False:
             state += " (process gone)"
         if task.restarts:
             state += f", restarted {task.restarts}x in place"
@@ -141,7 +142,7 @@ def status_lines(status: RunState, now: float | None = None) -> list[str]:
         lines.append(f"error: {status.error}")
     figures = {t.name: t.resources for t in status.tasks if t.resources}
     if figures:
-        lines += ["", "resource use over the run so far (resources.json):" if status.status == "running"
+        lines += ["", "resource use over the run so far (resources.json):" if status.status == RunStatus.RUNNING
                   else "resource use over the run (resources.json):"]
         lines += resources_lines(figures)
     return lines
@@ -209,7 +210,7 @@ def build_report(run: Run, task: str | None = None, all_tasks: bool = False, plo
     status = run.status
     if not epochs:
         whose = f"task {task}" if task else "its tasks"
-        if status == "running":
+        if status == RunStatus.RUNNING:
             raise NoMetricsError(f"run {run.run_id} is still running and {whose} reported no epoch yet; "
                                  f"watch it with 'tflaunch logs --follow {run.run_id}'")
         cause = cause_line(run)
@@ -217,7 +218,7 @@ def build_report(run: Run, task: str | None = None, all_tasks: bool = False, plo
                              + (f"; root cause: {cause}" if cause else ""))
     report = Report(run.run_id, str(run.record.source), status, run.record.exit_code,
                     chief, epochs, final_record(run, metrics), run.resources(), root_cause=cause_line(run))
-    if status == "running":
+    if status == RunStatus.RUNNING:
         report.notes.append(f"run {run.run_id} is still running: figures up to epoch "
                             f"{max(r['epoch'] for rows in epochs.values() for r in rows)} so far")
     if plot:
@@ -370,7 +371,7 @@ def compare_lines(rows: list[Comparison]) -> list[str]:
     lines += table(["RUN", "CLUSTER", "WORKERS", "GLOBAL BATCH", "EPOCH S", "STEP MS", "SAMPLES/S", "TEST ACC",
                     "SPEEDUP"], body, "llrrrrrrr")
     lines += ["", SPEEDUP_NOTE]
-    lines += [f"note: run {r.run_id} is {r.status}: its figures are partial" for r in rows if r.status == "running"]
+    lines += [f"note: run {r.run_id} is {r.status}: its figures are partial" for r in rows if r.status == RunStatus.RUNNING]
     return lines
 
 

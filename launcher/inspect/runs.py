@@ -25,6 +25,7 @@ from ..options import form, python_caller
 from ..records.folder import RECORD, RunFolder
 from ..records.metrics import speaker
 from ..records.record import RunRecord, RunStatus, TaskRecord
+from ..records.states import TaskState
 from ..slurm.job import SLURM_RECORD, job_status, pending_record
 from ..run.resources import ResourceSampler
 
@@ -341,7 +342,7 @@ def run_status(run: Run, measure_seconds: float = 0.5) -> RunState:
     for task in run.tasks:
         started = _epoch(task.started_at)
         ended = _epoch(task.ended_at)
-        running = task.state == "running"
+        running = task.state == TaskState.RUNNING
         alive = None
         if task.local and run.on_this_host and task.pid:
             alive = running and pid_alive(int(task.pid), not_after=started)

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
 from ..records.folder import DEFAULT_LOG_DIR, RunFolder, iso_time, write_atomically
+from ..records.states import RunStatus
 from .commands import SlurmError, job_states, slurm_run
 
 if TYPE_CHECKING:
@@ -143,7 +144,7 @@ _LIVE_STATES = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "
 
 def pending_record(folder: Path) -> RunRecord | None:
     """A stand-in record for a submitted job whose run has not written run.json yet."""
-    from ..records.record import RunRecord, RunStatus
+    from ..records.record import RunRecord
 
     slurm = read_slurm_record(folder)
     job_id, submitted = slurm.get("job_id"), slurm.get("submitted_at")
@@ -157,7 +158,7 @@ def job_status(folder: Path, recorded: str) -> str | None:
     """``pending (job 12)``, ``running (job 12)``: Slurm's view of a run that has not ended; else None."""
     slurm = read_slurm_record(folder)
     job_id = str(slurm.get("job_id") or "")
-    if not job_id or recorded not in ("running", "launcher-lost"):
+    if not job_id or recorded not in (RunStatus.RUNNING, RunStatus.LAUNCHER_LOST):
         return None
     state = job_states([job_id]).get(job_id)
     if state is None:

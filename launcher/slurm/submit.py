@@ -19,6 +19,7 @@ from pathlib import Path
 from ..cluster.reader import load_cluster_file
 from ..errors import ConfigError
 from ..records.folder import DEFAULT_LOG_DIR, RunFolder, iso_time
+from ..records.states import RunStatus
 from .allocation import Allocation, carve_roles
 from .commands import SlurmError, is_user_mistake, last_line
 from .job import write_slurm_record
@@ -133,6 +134,6 @@ def cluster_exit_code(run_dir: Path, sbatch_code: int) -> int:
     except (OSError, ValueError):
         return sbatch_code
     code = record.get("exit_code")
-    if record.get("status") == "running" or code is None:
+    if record.get("status") == RunStatus.RUNNING or code is None:
         return sbatch_code
     return int(code)
