@@ -10,7 +10,7 @@ selector thread, so a silent, dripping or garbage-sending peer costs only its ow
 At most ``pending_limit`` handshakes are open at once; a connection beyond that displaces the
 oldest pending one. A real caller sends its line as soon as it is connected, so a flood of idle
 connections cannot keep it out, and what the listener holds stays bounded: ``pending_limit``
-descriptors and buffers of at most ``LINE_LIMIT`` bytes. The port closes as soon as every expected
+descriptors and buffers of at most ``HELLO_LIMIT`` bytes. The port closes as soon as every expected
 caller is in, when its owner closes it, when ``alive()`` turns false, or ``within`` seconds after
 it opened.
 """
@@ -26,8 +26,9 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
+from .hostagent import HELLO_LIMIT, read_hello
+
 HANDSHAKE_DEADLINE = 10.0  # seconds from accept to the complete line; an agent sends it at once
-LINE_LIMIT = 512  # token (32) + space + a host name (at most 255) + newline, with room to spare
 PENDING_LIMIT = 64  # open handshakes at least; twice the callers when there are more
 ACCEPT_BURST = 64  # connections taken per wake-up before pending lines are read again
 TICK = 0.5  # how often alive() and the overall deadline are looked at
@@ -166,7 +167,7 @@ class ConnectBack:
         try:
             # Peek, then take only up to the newline: what follows is the caller's first frames,
             # which belong to whoever receives the connection.
-            seen = connection.recv(LINE_LIMIT - len(line), socket.MSG_PEEK)
+            seen = connection.recv(HELLO_LIMIT - len(line), socket.MSG_PEEK)
             end = seen.find(b"\n")
             taken = connection.recv(end + 1 if end >= 0 else len(seen)) if seen else b""
         except BlockingIOError:
@@ -179,11 +180,11 @@ class ConnectBack:
             self._drop(connection, selector)  # the peer closed before finishing its line
         elif end >= 0:
             self._finish(connection, bytes(line[:-1]), selector)
-        elif len(line) >= LINE_LIMIT:
+        elif len(line) >= HELLO_LIMIT:
             self._drop(connection, selector)
 
     def _finish(self, connection: socket.socket, line: bytes, selector: selectors.BaseSelector) -> None:
-        token, _, name = line.partition(b" ")
+        token, name = read_hello(line)
         if not hmac.compare_digest(token, self._token) or name not in self._waiting:
             self._drop(connection, selector)
             return

@@ -81,6 +81,18 @@ SYNC = b"\0TFLAUNCH-AGENT-2\0"
 MAX_FRAME = 1 << 24
 OWNER_VARIABLE = "TFLAUNCH_AGENT_TASK"  # in each task's environment: the id of the task it belongs to
 TOKEN_VARIABLE = "TFLAUNCH_AGENT_TOKEN"  # in a Slurm agent's environment: its proof when it connects back
+HELLO_LIMIT = 512  # a connect-back agent's first line: token (32), a space, a host name (255 at most), newline
+
+
+def hello_line(token, name):
+    """A connect-back agent's first line, ``TOKEN NAME\\n``: who is calling."""
+    return ("%s %s\n" % (token, name)).encode()
+
+
+def read_hello(line):
+    """(token, name) as bytes from a first line without its newline; never decoded."""
+    token, _, name = line.partition(b" ")
+    return token, name
 
 
 class Frame(object):
@@ -917,7 +929,7 @@ def open_channel(spec):
     token = os.environ.pop(TOKEN_VARIABLE, "")  # not for the tasks to inherit
     connection = socket.create_connection((host, int(port)), timeout=30)
     connection.settimeout(None)
-    connection.sendall(("%s %s\n" % (token, node_name())).encode())
+    connection.sendall(hello_line(token, node_name()))
     fd = os.dup(connection.fileno())
     connection.close()
     return fd, fd
