@@ -463,8 +463,8 @@ def test_report_shows_exact_epoch_figures_and_writes_a_png_only_with_plot(tflaun
     assert report["final"]["test_accuracy"] == 0.9125 and report["plot"] is None
     assert folder_state(done.run_dir) == before
     both = inspect(tflaunch, "report", "--plot", "--json", code=2)
-    assert both.stdout == "" and both.stderr.splitlines()[-1] == ("Error: --json only prints; draw the learning "
-                                                                  "curves with a separate 'report --plot'")
+    assert both.stdout == "" and both.stderr.splitlines()[-1] == ("tflaunch: error: --json only prints; draw the "
+                                                                  "learning curves with a separate 'report --plot'")
     assert folder_state(done.run_dir) == before
     assert "has no task 'ps-0'" in inspect(tflaunch, "report", "--task", "ps-0", code=2).stderr
 

@@ -27,13 +27,23 @@ def main(argv: list[str] | None = None) -> None:
         # still ends the process with 1 itself on a broken pipe.
         code = cli.main(args=argv, prog_name="tflaunch", standalone_mode=False)
         sys.exit(code if isinstance(code, int) else 0)
+    except click.UsageError as error:
+        # click's usage errors (an unknown option, a bad value) take the one format too; the usage
+        # line and the pointer to --help stay above it.
+        if error.ctx is not None:
+            click.echo(f"{error.ctx.get_usage()}\nTry '{error.ctx.command_path} --help' for help.", err=True)
+        _fail(error.format_message(), error.exit_code)
     except click.ClickException as error:
-        error.show()
-        sys.exit(error.exit_code)
+        _fail(error.format_message(), error.exit_code)
     except click.Abort:
         sys.exit(130)
     except Interrupted as interrupted:  # a signal before any task started, or after the run ended
         sys.exit(interrupted.exit_code)
     except LaunchError as error:
-        click.echo(f"tflaunch: error: {error}", err=True)
-        sys.exit(error.exit_code)
+        _fail(str(error), error.exit_code)
+
+
+def _fail(message: str, exit_code: int) -> None:
+    """The one format of every user error: ``tflaunch: error: <message>`` on stderr, then the exit."""
+    click.echo(f"tflaunch: error: {message}", err=True)
+    sys.exit(exit_code)
