@@ -515,8 +515,8 @@ class Agent(object):
         except OSError as exc:
             for port in picked:
                 self.held_ports.pop(port).close()
-            answer = "error %s" % (exc.strerror or exc)
-        self.control.append(frame(b"P", ident, answer.encode()))
+            answer = "%s %s" % (Status.ERROR, exc.strerror or exc)
+        self.control.append(frame(Frame.PORTS, ident, answer.encode()))
 
     # -- starting -------------------------------------------------------------------------
 
