@@ -13,7 +13,7 @@ takes them down at the end, whatever happens. Three parts, each printed as a tab
    connection, interleaved; target: tflaunch <= 1.2x the 8 connections.
 3. **Start-time curve**: 8 ``sleep`` tasks per host at 8, 16 and 32 hosts: seconds from launch
    until every task has printed its first line, and the cost per host (the slope), from which
-   the README's estimate for 256 hosts comes.
+   benchmarks/README.md's estimate for 256 hosts comes.
 """
 
 from __future__ import annotations

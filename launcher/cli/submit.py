@@ -12,8 +12,8 @@ from .group import cli
 SUBMIT_HELP = """Submit a TensorFlow cluster to Slurm: (CLUSTER.yaml with a 'slurm:' section | --nodes N).
 
 Writes job.sbatch (every #SBATCH line commented) into a new run folder, submits it with sbatch and
-prints the job id and the run folder. Inside the job, 'tflaunch --slurm' starts one srun step per
-task slot and supervises them; runs, logs, status and report read the folder as for any run.
+prints the job id and the run folder. Inside the job, 'tflaunch --slurm' starts one srun step whose
+agent on each node starts that node's tasks, and supervises them; runs, logs, status and report read the folder as for any run.
 Everything after -- is the command each task runs (default: python -m trainer).
 
 \b

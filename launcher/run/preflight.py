@@ -68,8 +68,8 @@ def check_hosts(launches: Sequence[TaskLaunch], with_mesh: bool = True,
                 transports: TransportSet | None = None) -> CheckReport:
     """Probe every host of ``launches`` in parallel and judge the answers.
 
-    ``with_mesh``: also probe the mesh when the cluster spans hosts (not with ``auto`` ports,
-    which are only known to this machine's port lock). ``transports``: the run's, whose agents
+    ``with_mesh``: also probe the mesh when the cluster spans hosts (not with ``auto`` ports on this
+    machine, which are picked and held only when the run starts). ``transports``: the run's, whose agents
     then carry the run too; without it the probes bring up agents of their own and stop them.
     """
     with mesh.agents(transports) as through:

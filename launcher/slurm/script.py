@@ -86,9 +86,10 @@ def render_script(request: JobRequest) -> str:
            "#"]
     out += [f"{('#SBATCH ' + option).ljust(width)}# {why}" for option, why in sbatch_lines(request)]
     out += ["",
-            "# tflaunch starts one srun step per task on its node (roles: chief on the first slot, ps next,",
-            "# evaluator last, workers the rest) and supervises them. exec: tflaunch replaces this shell, so",
-            "# Slurm's signals reach it directly and its exit code is the job's.",
+            "# tflaunch starts one srun step, whose agent on each node starts that node's tasks (roles: chief",
+            "# on the first slot, ps next, evaluator last, workers the rest), and supervises them.",
+            "# exec: tflaunch replaces this shell, so Slurm's signals reach it directly and its exit code",
+            "# is the job's.",
             f"exec {shlex.join(tflaunch_argv(request))}",
             ""]
     return "\n".join(out)
