@@ -20,6 +20,8 @@ TASK = str(HELPERS / "task.py")
 from testhosts_fixture import testhosts  # noqa: E402,F401  (fixture re-exported for ssh tests)
 from testslurm_fixture import testslurm  # noqa: E402,F401  (fixture re-exported for Slurm tests)
 
+pytest_plugins = ["tiers"]  # the unit tier's rules; every test leaves cwd, env and signal handlers as found
+
 
 def env_lines_of(text: str) -> list[dict]:
     """The JSON records ``tests/helpers/task.py env`` printed."""
@@ -53,6 +55,7 @@ class Tflaunch:
     def __init__(self, log_dir: Path, cwd: Path):
         self.log_dir = log_dir
         self.cwd = cwd
+        self._started: list[subprocess.Popen] = []
 
     def argv(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "launcher", *args]
@@ -63,12 +66,15 @@ class Tflaunch:
         return env
 
     def start(self, *args: str, **kwargs) -> subprocess.Popen:
-        return subprocess.Popen(self.argv(*self._with_log_dir(args)), cwd=self.cwd, env=self.env(),
+        proc = subprocess.Popen(self.argv(*self._with_log_dir(args)), cwd=self.cwd, env=self.env(),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+        self._started.append(proc)
+        return proc
 
     def run(self, *args: str, timeout: float = 120, env: dict | None = None) -> Finished:
         proc = subprocess.Popen(self.argv(*self._with_log_dir(args)), cwd=self.cwd, env=self.env(env),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self._started.append(proc)
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -77,6 +83,18 @@ class Tflaunch:
             out, err = proc.communicate(timeout=60)
             raise AssertionError(f"tflaunch did not finish within {timeout} s:\n{err[-3000:]}") from None
         return Finished(proc.returncode, out, err, self.latest_run())
+
+    def stop_leftovers(self) -> None:
+        """Interrupt any tflaunch this test started and left running (a failed assertion or the
+        per-test timeout cut it short), so that its tasks do not outlive the test; SIGKILL after 60 s."""
+        for proc in self._started:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+                try:
+                    proc.communicate(timeout=60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.communicate()
 
     def latest_run(self) -> Path | None:
         """The run folder made last (run ids sort by second only; creation time breaks ties)."""
@@ -98,8 +116,10 @@ class Tflaunch:
 
 
 @pytest.fixture
-def tflaunch(tmp_path: Path) -> Tflaunch:
-    return Tflaunch(tmp_path / "logs", tmp_path)
+def tflaunch(tmp_path: Path):
+    launcher = Tflaunch(tmp_path / "logs", tmp_path)
+    yield launcher
+    launcher.stop_leftovers()
 
 
 def descendants_alive(marker: str) -> list[psutil.Process]:

@@ -21,6 +21,8 @@ from launcher.cluster.reader import (
 )
 from launcher.errors import ConfigError, LaunchError
 
+pytestmark = pytest.mark.unit
+
 LOCAL = frozenset({"localhost"})
 SOURCE = "c.yaml"
 CLUSTERS = Path(__file__).resolve().parent.parent / "clusters"

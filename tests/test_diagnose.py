@@ -17,6 +17,8 @@ import pytest
 
 from launcher.run.diagnose import Diagnosis, diagnose
 
+pytestmark = pytest.mark.unit  # the live TensorFlow case is in test_tensorflow_launch.py
+
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "errors"
 WORKERS = ("worker-0", "worker-1")
@@ -203,14 +205,3 @@ def test_the_module_does_not_import_tensorflow():
     code = "import sys, launcher.run.diagnose; print('tensorflow' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
-
-
-@pytest.mark.slow
-@pytest.mark.tensorflow
-def test_a_live_strategy_after_op_failure_is_diagnosed(tflaunch):
-    run = tflaunch.run("--local", "2", "--", "python", str(ROOT / "tests/helpers/errors/op_before_strategy.py"))
-    assert run.returncode == 1
-    root = run.record["root_cause"]["task"]
-    tail = run.task_output(root).splitlines()[-200:]
-    found = diagnose(tail, signal=None, exit_code=1, task_names=WORKERS)
-    assert found is not None and found.rule == "strategy-after-op", tail[-5:]

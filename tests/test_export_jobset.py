@@ -27,6 +27,8 @@ from launcher.export.pods import POD_RUN_DIR
 from launcher.sources.file import ClusterFileSource
 from launcher.sources.local import LocalSource
 
+pytestmark = pytest.mark.unit
+
 RESTART_LABEL = "jobset.sigs.k8s.io/restart-attempt"
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 SHELLS = [s for s in ("/bin/sh", shutil.which("bash")) if s]  # /bin/sh is dash here: a strict POSIX shell

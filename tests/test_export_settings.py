@@ -10,6 +10,8 @@ from launcher.export import default_name
 from launcher.export.settings import DEFAULT_PORT, DEFAULT_PYTHON, KubernetesSettings, Toleration, read_settings, \
     with_overrides
 
+pytestmark = pytest.mark.unit
+
 SOURCE = "clusters/k.yaml"
 
 

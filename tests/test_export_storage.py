@@ -21,6 +21,8 @@ from launcher.sources.file import ClusterFileSource
 from test_export_schema import check_document, pod_templates
 from trainer.cli import parse_args
 
+pytestmark = pytest.mark.unit
+
 SOURCE = "clusters/k.yaml"
 CLUSTER = """
 chief: [localhost:auto]

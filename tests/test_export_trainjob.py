@@ -25,6 +25,8 @@ from launcher.sources.local import LocalSource
 from test_export_jobset import _clusters, env_of, expected_plan, start_pod
 from test_export_schema import check_document, crd_errors
 
+pytestmark = pytest.mark.unit
+
 ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"
 TRAINJOB_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 ENV = {"FROM_CLI": "cli $(X) 'q'", "USER_SETTING": "the command line wins"}

@@ -18,6 +18,8 @@ from launcher.run.pump import LineSplitter, OutputPump, tail_lines
 from launcher.transports.base import CANNOT_START, UNREACHABLE, ExitStatus, signal_name
 from polling import wait_for
 
+pytestmark = pytest.mark.unit
+
 NOW = 1_700_000_000.25
 STAMP = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(NOW)) + ".250"
 

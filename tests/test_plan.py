@@ -24,6 +24,8 @@ from launcher.cluster.plan import (
     thread_env,
 )
 
+pytestmark = pytest.mark.unit
+
 LOCAL = frozenset({"localhost", "myhost"})
 CONTEXT = RunContext(run_id="20240101-120000-abcd", run_dir="/logs/20240101-120000-abcd", attempt=1)
 DEFAULT_PYTHON = "/venv/bin/python"

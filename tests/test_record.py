@@ -13,6 +13,8 @@ from launcher.records.record import FORMAT_VERSION, AttemptRecord, LauncherRecor
 from launcher.records.states import Outcome, RunStatus, TaskState
 from launcher.run.signals import Interrupted, Signals
 
+pytestmark = pytest.mark.unit
+
 
 def full_record() -> RunRecord:
     return RunRecord(
@@ -80,7 +82,7 @@ def test_run_json_that_is_not_an_object_is_refused(tmp_path, text):
         folder.read_record()
 
 
-def test_signals_before_a_run_raise_interrupted_and_during_a_run_only_record():
+def test_signals_before_a_run_raise_interrupted_and_during_a_run_only_record(signal_handlers):
     signals = Signals()
     with pytest.raises(Interrupted) as raised:
         signals._handle(signal.SIGHUP, None)
@@ -113,7 +115,7 @@ def test_signal_pipe_is_private_to_each_instance():
     assert os.get_blocking(a._read_fd) is False
 
 
-def test_a_watched_extra_signal_takes_the_same_path():
+def test_a_watched_extra_signal_takes_the_same_path(signal_handlers):
     signals = Signals()
     previous = signal.getsignal(signal.SIGUSR2)
     try:

@@ -19,6 +19,8 @@ from launcher.slurm.commands import last_line
 from launcher.slurm.script import JobRequest, render_script, tflaunch_argv
 from launcher.slurm.section import SlurmSettings, read_slurm_section
 
+pytestmark = pytest.mark.unit
+
 NODES = {"gpu[01-02]": ["gpu01", "gpu02"], "n[1-4]": ["n1", "n2", "n3", "n4"], "a1": ["a1"]}
 
 

@@ -20,6 +20,8 @@ from launcher.records.states import Outcome, TaskState
 from launcher.run.supervisor import Supervisor, SupervisorOptions, Trip
 from launcher.transports.base import ExitStatus
 
+pytestmark = pytest.mark.unit
+
 
 class Clock:
     def __init__(self) -> None:

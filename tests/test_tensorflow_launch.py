@@ -7,6 +7,7 @@ import json
 import pytest
 
 from conftest import HELPERS
+from launcher.run.diagnose import diagnose
 
 pytestmark = [pytest.mark.slow, pytest.mark.tensorflow, pytest.mark.timeout(300)]
 
@@ -49,3 +50,13 @@ def test_parameter_server_cluster_trains_and_every_task_exits(tflaunch):
     final = [r for r in metrics_of(done) if r["kind"] == "final"]
     assert final and final[0]["task"] == "chief-0" and final[0]["test_accuracy"] > 0.5
     assert all(t["pid"] for t in done.record["tasks"])
+
+
+def test_a_live_strategy_after_op_failure_is_diagnosed(tflaunch):
+    """The tail of a real failing task's log, as tflaunch kept it, is diagnosed as in test_diagnose.py."""
+    run = tflaunch.run("--local", "2", "--", "python", str(HELPERS / "errors" / "op_before_strategy.py"))
+    assert run.returncode == 1
+    root = run.record["root_cause"]["task"]
+    tail = run.task_output(root).splitlines()[-200:]
+    found = diagnose(tail, signal=None, exit_code=1, task_names=("worker-0", "worker-1"))
+    assert found is not None and found.rule == "strategy-after-op", tail[-5:]

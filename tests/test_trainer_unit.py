@@ -16,6 +16,8 @@ from trainer import cli, cluster, data, handoff, metrics
 from trainer.cli import DatasetSpec
 from trainer.cluster import ClusterError, TaskInfo
 
+pytestmark = pytest.mark.unit
+
 
 # ---------------------------------------------------------------- options
 

@@ -27,6 +27,8 @@ from launcher.run.watchdog import Watchdog, WatchdogSettings, training_tasks
 from launcher.transports.base import Reading
 from polling import wait_for
 
+pytestmark = pytest.mark.unit
+
 START = 1_800_000_000.0
 
 
@@ -57,7 +59,7 @@ class FakeProcess:
         return Reading(self.pid, 1 << 20, self.cpu, 1, self.clock())
 
 
-CLOCK = None  # the running test's clock, for the processes task() makes
+CLOCK = None  # the clock of the test's Cluster (set when it is made), for the processes task() makes
 
 
 def task(name: str, state: TaskState = TaskState.RUNNING) -> Task:
@@ -74,8 +76,9 @@ class Cluster:
     """Task files tailed by a running pump, a fake clock, and watchdogs made on demand."""
 
     def __init__(self, folder: Path, console: Console):
+        global CLOCK
         self.folder = folder
-        self.clock = FakeClock()
+        self.clock = CLOCK = FakeClock()
         self.events: list[str] = []
         self.pump = OutputPump(folder / "merged.log", folder / "metrics.jsonl", console, interval=0.002,
                                clock=self.clock).start()
@@ -144,9 +147,7 @@ def quiet_console() -> Console:
 
 @pytest.fixture
 def cluster(tmp_path):
-    global CLOCK
     made = Cluster(tmp_path, quiet_console())
-    CLOCK = made.clock
     yield made
     made.close()
 

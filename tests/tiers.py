@@ -1,0 +1,93 @@
+"""Rules of the test tiers and of test isolation, loaded by conftest.py as a pytest plugin.
+
+- A test marked ``unit`` (the pure tier: ``pytest -m unit``) may not also be marked slow, tensorflow,
+  ssh, slurm or gpu, nor use a fixture that starts tflaunch, test hosts or a Slurm cluster; such a
+  test errors at setup, naming what it is marked or uses, and is not run.
+- Every test leaves the process as it found it: the working directory, os.environ and the handlers of
+  the signals tflaunch handles. A test that changes one of them without undoing it (monkeypatch
+  undoes its own changes; the fixture ``signal_handlers`` puts the handlers back) errors at teardown,
+  naming the change, which is undone so that the tests after it, in whatever order they run, start
+  from the same state.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+NOT_UNIT_MARKERS = ("slow", "tensorflow", "ssh", "slurm", "gpu")
+PROCESS_FIXTURES = ("tflaunch", "testhosts", "testslurm")
+# Variables set by others than the test: pytest (for every phase of every test) and scikit-learn (with
+# os.environ.setdefault, the first time it is imported, whichever test that is).
+NOT_THE_TESTS = ("PYTEST_CURRENT_TEST", "KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK")
+WATCHED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
+                   signal.SIGCHLD, signal.SIGPIPE)
+
+
+def unit_conflicts(item: pytest.Item) -> list[str]:
+    """Why ``item`` cannot be a unit test: the markers and fixtures that make it more than pure logic."""
+    if item.get_closest_marker("unit") is None:
+        return []
+    found = [f"marked {name}" for name in NOT_UNIT_MARKERS if item.get_closest_marker(name) is not None]
+    found += [f"uses the {name} fixture" for name in PROCESS_FIXTURES if name in getattr(item, "fixturenames", ())]
+    return found
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    conflicts = unit_conflicts(item)
+    if conflicts:
+        pytest.fail(f"{item.nodeid} is marked unit (pure logic, no TensorFlow, ssh, Slurm or tflaunch run) but is "
+                    f"also {', '.join(conflicts)}: drop the unit mark or move the test", pytrace=False)
+
+
+def _handlers() -> dict[str, object]:
+    return {signal.Signals(number).name: signal.getsignal(number) for number in WATCHED_SIGNALS}
+
+
+def _environ() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in NOT_THE_TESTS}
+
+
+def _changes(before: dict[str, str], after: dict[str, str]) -> list[str]:
+    added = sorted(set(after) - set(before))
+    removed = sorted(set(before) - set(after))
+    changed = sorted(k for k in set(before) & set(after) if before[k] != after[k])
+    return ([f"added {', '.join(added)}"] if added else []) + ([f"removed {', '.join(removed)}"] if removed else []) \
+        + ([f"changed {', '.join(changed)}"] if changed else [])
+
+
+@pytest.fixture
+def signal_handlers():
+    """For a test that installs tflaunch's signal handlers in this process: they are put back after it."""
+    handlers = _handlers()
+    yield
+    for name, handler in handlers.items():
+        signal.signal(signal.Signals[name], handler)
+
+
+@pytest.fixture(autouse=True)
+def _leaves_the_process_as_it_found_it():
+    """Set up before the test's other fixtures and so torn down after them (monkeypatch's undo included)."""
+    cwd, environ, handlers = os.getcwd(), _environ(), _handlers()
+    yield
+    problems = []
+    if os.getcwd() != cwd:
+        problems.append(f"the working directory ({os.getcwd()} instead of {cwd})")
+        os.chdir(cwd)
+    env_changes = _changes(environ, _environ())
+    if env_changes:
+        problems.append(f"os.environ ({'; '.join(env_changes)})")
+        for key in set(_environ()) - set(environ):
+            del os.environ[key]
+        os.environ.update(environ)
+    now = _handlers()
+    moved = sorted(name for name in handlers if now[name] != handlers[name])
+    if moved:
+        problems.append(f"the handlers of {', '.join(moved)}")
+        for name in moved:
+            signal.signal(signal.Signals[name], handlers[name])
+    if problems:
+        pytest.fail(f"the test changed {' and '.join(problems)} and did not undo it; undone now, so the next "
+                    f"tests start as this one did", pytrace=False)
