@@ -3,8 +3,9 @@
 ``tflaunch CLUSTER.yaml [-- CMD ...]`` and ``tflaunch --local N [-- CMD ...]`` run a cluster
 (``run``, the default command of the group in :mod:`.group`, is in :mod:`.run` with ``check``);
 :mod:`.inspect` holds the commands that read run folders, and :mod:`.export`, :mod:`.submit` and
-:mod:`.tensorboard` one command each. :func:`main` is the one place domain errors become messages
-and exit codes.
+:mod:`.tensorboard` one command each; :mod:`.options` defines the options that choose a cluster once
+for ``run``, ``check`` and ``export``. :func:`main` is the one place errors become messages and exit
+codes, all in one format.
 """
 
 from __future__ import annotations

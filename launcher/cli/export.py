@@ -8,7 +8,8 @@ import click
 
 from ..errors import ConfigError
 from .group import cli
-from .run import _parse_env, file_or_local_source
+from .options import ClusterChoice, cluster_options
+from .run import _parse_env
 
 EXPORT_HELP = """Print CLUSTER (a cluster YAML file) or --local N as manifests that run the same TensorFlow
 cluster elsewhere: a JobSet (default), a Kubeflow TFJob, or a Kubeflow Trainer runtime and
@@ -37,14 +38,7 @@ class _ExportCommand(click.Command):
 
 
 @cli.command("export", cls=_ExportCommand, help=EXPORT_HELP)
-@click.argument("cluster", required=False, metavar="CLUSTER.yaml")
-@click.option("--local", "local", type=click.IntRange(min=1), metavar="N", help="N workers instead of a cluster file.")
-@click.option("-H", "--hosts", metavar="HOST:SLOTS,...", help="One task per slot on these hosts, as for run.")
-@click.option("--hostfile", metavar="FILE", help="Hosts and slots from an MPI/DeepSpeed hostfile, as for run.")
-@click.option("--chief", is_flag=True, help="With --local: add a chief task (-H/--hostfile: the first slot).")
-@click.option("--ps", type=click.IntRange(min=0), default=0, metavar="K",
-              help="With --local: add K parameter-server tasks (implies --chief; -H/--hostfile: the next slots).")
-@click.option("--evaluator", is_flag=True, help="With -H or --hostfile: the last slot runs an evaluator.")
+@cluster_options(gpus=False)
 @click.option("--format", "fmt", type=click.Choice(["jobset", "tfjob", "trainjob", "sh"]), default="jobset", show_default=True,
               help="What to print.")
 @click.option("--image", metavar="IMAGE", help="Container image with TensorFlow and the training code "
@@ -61,15 +55,12 @@ class _ExportCommand(click.Command):
               help="With --format trainjob: a cluster-wide ClusterTrainingRuntime instead of a TrainingRuntime.")
 @click.option("-o", "--output", metavar="FILE", help="Write to FILE instead of standard output.")
 @click.pass_context
-def export_command(ctx: click.Context, cluster: str | None, local: int | None, hosts: str | None,
-                   hostfile: str | None, chief: bool, ps: int, evaluator: bool, fmt: str,
-                   image: str | None, name: str | None, namespace: str | None, max_restarts: int | None,
-                   env: dict[str, str | None], cluster_runtime: bool, output: str | None) -> None:
+def export_command(ctx: click.Context, choice: ClusterChoice, fmt: str, image: str | None, name: str | None,
+                   namespace: str | None, max_restarts: int | None, env: dict[str, str | None],
+                   cluster_runtime: bool, output: str | None) -> None:
     from ..export import ExportRequest, export  # imported here so "tflaunch --help" stays light
 
-    source = file_or_local_source(cluster, local, chief, ps, local_options="--chief, --ps and --evaluator",
-                                  hosts=hosts, hostfile=hostfile, evaluator=evaluator)
-    result = export(ExportRequest(source=source, format=fmt, image=image, name=name, namespace=namespace,
+    result = export(ExportRequest(source=choice.source(), format=fmt, image=image, name=name, namespace=namespace,
                                   command=ctx.meta.get("tflaunch.command") or None, max_restarts=max_restarts,
                                   env=env, cluster_runtime=cluster_runtime))
     for note in result.notes:

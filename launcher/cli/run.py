@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from .group import cli
+from .options import ClusterChoice, cluster_options
 
 if TYPE_CHECKING:
     from ..sources import ClusterSource
@@ -26,15 +27,6 @@ Examples:
   tflaunch --local 2 --chief --ps 1 --dry-run
   tflaunch --local 2 --env WANDB_API_KEY -- python my_train.py
 """
-
-
-def _parse_gpus(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, ...]:
-    if not value:
-        return ()
-    try:
-        return tuple(int(part) for part in value.split(","))
-    except ValueError:
-        raise click.BadParameter(f"expected comma-separated GPU indices such as 0,1, got {value!r}") from None
 
 
 def _parse_env(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str | None]:
@@ -70,20 +62,7 @@ def _parse_threads(ctx: click.Context, param: click.Parameter, value: str | None
 
 
 @cli.command(help=RUN_HELP)
-@click.argument("cluster", required=False, metavar="CLUSTER.yaml")
-@click.option("--local", "local", type=click.IntRange(min=1), metavar="N", help="Run N workers on this machine.")
-@click.option("-H", "--hosts", metavar="HOST:SLOTS,...",
-              help="One task per slot on these hosts, e.g. node1:4,node2:4 (localhost: this machine; others over "
-                   "ssh); free ports on every host.")
-@click.option("--hostfile", metavar="FILE", help="Like -H, from an MPI/DeepSpeed hostfile: one 'HOST slots=N' per line.")
-@click.option("--chief", is_flag=True,
-              help="With --local: add a chief task. With -H/--hostfile: the first slot runs the chief.")
-@click.option("--ps", type=click.IntRange(min=0), default=0, metavar="K",
-              help="With --local: add K parameter-server tasks; with -H/--hostfile: the K slots after the "
-                   "chief's (implies --chief).")
-@click.option("--gpus", callback=_parse_gpus, metavar="LIST",
-              help="With --local: GPU indices (e.g. 0,1) dealt round-robin to chief and workers; with "
-                   "-H/--hostfile: each host's GPUs, dealt to that host's chief and workers.")
+@cluster_options(gpus=True)
 @click.option("--log-dir", metavar="DIR", help="Where run folders go (default: the file's log_dir, else ./logs).")
 @click.option("--threads", callback=_parse_threads, metavar="N|auto|off",
               help="Thread limit per task (default auto: cores shared among a host's tasks).")
@@ -117,17 +96,15 @@ def _parse_threads(ctx: click.Context, param: click.Parameter, value: str | None
                    "it with the run (needs the 'tensorboard' extra).")
 @click.option("--slurm", is_flag=True,
               help="Inside a Slurm allocation: one task per slot, started with srun (roles: --chief, --ps, --evaluator).")
-@click.option("--evaluator", is_flag=True,
-              help="With --slurm, -H or --hostfile: the last slot runs an evaluator.")
 @click.option("--requeue", is_flag=True,
               help="With --slurm: on SIGUSR1 (Slurm's warning signal) stop the tasks so they save, then requeue the job.")
 @click.option("--run-dir", metavar="DIR", hidden=True, help="With --slurm: the run folder 'tflaunch submit' made.")
 @click.pass_context
-def run(ctx: click.Context, cluster: str | None, **options: Any) -> None:
+def run(ctx: click.Context, choice: ClusterChoice, **options: Any) -> None:
     from ..run.launch import LaunchRequest  # imported here so "tflaunch --help" stays light
     from ..run.watchdog import WatchdogSettings
 
-    source = _source(cluster, options)
+    source = _source(choice, options)
     request = LaunchRequest(cluster=source.spec, command=ctx.meta.get("tflaunch.command") or None,
                             log_dir=options["log_dir"], threads=options["threads"], grace=options["grace"],
                             preflight=not options["no_check"] and not options["slurm"],
@@ -165,7 +142,7 @@ def run(ctx: click.Context, cluster: str | None, **options: Any) -> None:
     console = Console(tasks=options["show_tasks"] or None, quiet=options["quiet"], verbose=options["verbose"])
     try:
         if options["slurm"]:
-            from ..slurm.job import run_in_job
+            from ..run.slurmjob import run_in_job
 
             result = run_in_job(request, console, run_dir=options["run_dir"], requeue=options["requeue"])
         else:
@@ -181,60 +158,33 @@ def run(ctx: click.Context, cluster: str | None, **options: Any) -> None:
     ctx.exit(result.exit_code)
 
 
-def _source(cluster: str | None, options: dict[str, Any]) -> ClusterSource:
-    """The cluster source the options name: a Slurm allocation, a cluster file or --local N."""
-    local, chief, ps, gpus = options["local"], options["chief"], options["ps"], options["gpus"]
+def _source(choice: ClusterChoice, options: dict[str, Any]) -> ClusterSource:
+    """The cluster source the options name: a Slurm allocation, or what the cluster options name."""
     if options["slurm"]:
         from ..sources.slurm import SlurmSource
 
-        if local is not None or gpus or options["hosts"] is not None or options["hostfile"] is not None:
+        if choice.local is not None or choice.gpus or choice.hosts is not None or choice.hostfile is not None:
             raise click.UsageError("--slurm takes its hosts, tasks and GPUs from the allocation; "
                                    "drop --local, -H, --hostfile and --gpus")
-        return SlurmSource(chief=chief or None, ps=ps or None, evaluator=options["evaluator"] or None,
-                           cluster_file=cluster)
+        return SlurmSource(chief=choice.chief or None, ps=choice.ps or None, evaluator=choice.evaluator or None,
+                           cluster_file=choice.cluster)
     if options["requeue"] or options["run_dir"]:
         raise click.UsageError("--requeue and --run-dir only apply to --slurm")
-    return file_or_local_source(cluster, local, chief, ps, gpus, local_options="--chief, --ps, --evaluator and --gpus",
-                                hosts=options["hosts"], hostfile=options["hostfile"], evaluator=options["evaluator"])
-
-
-def file_or_local_source(cluster: str | None, local: int | None, chief: bool, ps: int, gpus: tuple[int, ...] = (),
-                         local_options: str = "--chief and --ps", *, hosts: str | None = None,
-                         hostfile: str | None = None, evaluator: bool = False) -> ClusterSource:
-    """A cluster file, ``--local N``, ``-H HOSTS`` or ``--hostfile FILE`` (exactly one; see sources.choose).
-
-    ``local_options`` names the command's role options, which apply to all but a cluster file.
-    """
-    from ..sources.choose import choose_source
-
-    return choose_source(cluster, local, hosts=hosts, hostfile=hostfile, chief=chief, ps=ps, evaluator=evaluator,
-                         gpus=gpus, role_options=local_options)
+    return choice.source()
 
 
 @cli.command("check")
-@click.argument("cluster", required=False, metavar="CLUSTER.yaml")
-@click.option("--local", "local", type=click.IntRange(min=1), metavar="N", help="N workers on this machine.")
-@click.option("-H", "--hosts", metavar="HOST:SLOTS,...", help="One task per slot on these hosts, as for run.")
-@click.option("--hostfile", metavar="FILE", help="Hosts and slots from an MPI/DeepSpeed hostfile, as for run.")
-@click.option("--chief", is_flag=True, help="With --local, -H or --hostfile: a chief task, as for run.")
-@click.option("--ps", type=click.IntRange(min=0), default=0, metavar="K",
-              help="With --local, -H or --hostfile: K parameter-server tasks, as for run.")
-@click.option("--evaluator", is_flag=True, help="With -H or --hostfile: the last slot runs an evaluator.")
-@click.option("--gpus", callback=_parse_gpus, metavar="LIST", help="GPU indices, as for run.")
+@cluster_options(gpus=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 @click.pass_context
-def check_command(ctx: click.Context, cluster: str | None, local: int | None, hosts: str | None,
-                  hostfile: str | None, chief: bool, ps: int, evaluator: bool, gpus: tuple[int, ...],
-                  as_json: bool) -> None:
+def check_command(ctx: click.Context, choice: ClusterChoice, as_json: bool) -> None:
     """Check every host of the cluster in parallel: ssh, python, tensorflow, ports, workdirs, GPUs."""
     import json
     from dataclasses import asdict
 
     from ..run.launch import LaunchRequest, check
 
-    source = file_or_local_source(cluster, local, chief, ps, gpus, local_options="--chief, --ps, --evaluator and "
-                                  "--gpus", hosts=hosts, hostfile=hostfile, evaluator=evaluator)
-    report = check(LaunchRequest(cluster=source.spec))
+    report = check(LaunchRequest(cluster=choice.source().spec))
     if as_json:
         click.echo(json.dumps({"ok": report.ok, "items": [asdict(i) for i in report.items]}, indent=2))
     else:

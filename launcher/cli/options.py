@@ -1,0 +1,97 @@
+"""The options that choose a cluster, written once for ``run``, ``check`` and ``export``.
+
+:func:`cluster_options` gives a command CLUSTER.yaml, ``--local``, ``-H``/``--hosts``, ``--hostfile``,
+``--chief``, ``--ps`` and ``--evaluator`` (and ``--gpus`` where the command places GPUs), each with
+one help text, and hands the command their values as one :class:`ClusterChoice`, whose
+:meth:`~ClusterChoice.source` is the source they name (the rule is :mod:`launcher.sources.choose`'s).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any
+
+import click
+
+if TYPE_CHECKING:
+    from ..sources import ClusterSource
+
+
+def _parse_gpus(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, ...]:
+    if not value:
+        return ()
+    try:
+        return tuple(int(part) for part in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated GPU indices such as 0,1, got {value!r}") from None
+
+
+# Outermost first, as they show in --help. The role options say nothing of --slurm, which only run
+# has: its own help names the role options it takes.
+_OPTIONS = (
+    click.argument("cluster", required=False, metavar="CLUSTER.yaml"),
+    click.option("--local", "local", type=click.IntRange(min=1), metavar="N", help="Run N workers on this machine."),
+    click.option("-H", "--hosts", metavar="HOST:SLOTS,...",
+                 help="One task per slot on these hosts, e.g. node1:4,node2:4 (localhost: this machine; others "
+                      "over ssh); free ports on every host."),
+    click.option("--hostfile", metavar="FILE",
+                 help="Like -H, from an MPI/DeepSpeed hostfile: one 'HOST slots=N' per line."),
+    click.option("--chief", is_flag=True,
+                 help="With --local: add a chief task. With -H/--hostfile: the first slot runs the chief."),
+    click.option("--ps", type=click.IntRange(min=0), default=0, metavar="K",
+                 help="With --local: add K parameter-server tasks; with -H/--hostfile: the K slots after the "
+                      "chief's (implies --chief)."),
+    click.option("--evaluator", is_flag=True, help="With -H/--hostfile: the last slot runs an evaluator."),
+)
+_GPUS = click.option("--gpus", callback=_parse_gpus, metavar="LIST",
+                     help="With --local: GPU indices (e.g. 0,1) dealt round-robin to chief and workers; with "
+                          "-H/--hostfile: each host's GPUs, dealt to that host's chief and workers.")
+
+
+@dataclass(frozen=True)
+class ClusterChoice:
+    """What the cluster options were given (exactly one of the first four names the cluster)."""
+
+    cluster: str | None = None
+    local: int | None = None
+    hosts: str | None = None
+    hostfile: str | None = None
+    chief: bool = False
+    ps: int = 0
+    evaluator: bool = False
+    gpus: tuple[int, ...] = ()
+    takes_gpus: bool = True  # whether the command has --gpus (its messages name only options it has)
+
+    @property
+    def role_options(self) -> str:
+        """The command's role options, as messages name them."""
+        return "--chief, --ps, --evaluator and --gpus" if self.takes_gpus else "--chief, --ps and --evaluator"
+
+    def source(self) -> ClusterSource:
+        """The one source these options name: a cluster file, --local N, -H HOSTS or --hostfile FILE."""
+        from ..sources.choose import choose_source
+
+        return choose_source(self.cluster, self.local, hosts=self.hosts, hostfile=self.hostfile, chief=self.chief,
+                             ps=self.ps, evaluator=self.evaluator, gpus=self.gpus, role_options=self.role_options)
+
+
+_GIVEN = tuple(f.name for f in fields(ClusterChoice) if f.name != "takes_gpus")
+
+
+def cluster_options(*, gpus: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Add the cluster options to a command (placed right under ``@cli.command``); the command receives
+    their values as ``choice``, a :class:`ClusterChoice`, instead of one parameter each."""
+
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(command)
+        def with_choice(*args: Any, **kwargs: Any) -> Any:
+            given = {name: kwargs.pop(name) for name in _GIVEN if name in kwargs}
+            return command(*args, choice=ClusterChoice(**given, takes_gpus=gpus), **kwargs)
+
+        for option in reversed(_OPTIONS + ((_GPUS,) if gpus else ())):
+            with_choice = option(with_choice)
+        return with_choice
+
+    return decorate
