@@ -353,7 +353,8 @@ def test_stacks_of_a_running_run_name_the_odd_task_and_leave_the_run_alone(tflau
 
 def test_a_folder_that_cannot_hold_the_socket_costs_the_run_nothing_but_stacks(tmp_path):
     from launcher.records.folder import RunFolder
-    from launcher.run.control import ControlError, ControlServer, ask
+    from launcher.records.control import ControlError, ask
+    from launcher.run.control import ControlServer
 
     gone = tmp_path / "20261125-142402-c2ea"  # removed under the run, say
     server = ControlServer(RunFolder(gone), lambda: None).start()

@@ -51,8 +51,9 @@ def runs_command(log_dir: str, last: int | None, as_json: bool) -> None:
 
     from ..inspect.report import runs_lines
     from ..inspect.runs import find_runs, summarize
+    from ..slurm.job import job_status
 
-    summaries = [summarize(run) for run in find_runs(log_dir)[:last]]
+    summaries = [summarize(run, job_state=job_status) for run in find_runs(log_dir)[:last]]
     if as_json:
         _echo_json([asdict(s) for s in summaries])
     elif not summaries:
@@ -93,8 +94,9 @@ def status_command(run_ref: str | None, log_dir: str, as_json: bool) -> None:
 
     from ..inspect.report import status_lines
     from ..inspect.runs import resolve_run, run_status
+    from ..run.resources import measure_tasks
 
-    status = run_status(resolve_run(log_dir, run_ref))
+    status = run_status(resolve_run(log_dir, run_ref), measure=measure_tasks)
     if as_json:
         _echo_json(asdict(status))
     else:

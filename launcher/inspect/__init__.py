@@ -1,5 +1,9 @@
 """Inspection of finished and running runs: ``runs``, ``logs``, ``status``, ``report``, ``compare``, ``stacks``.
 
-Everything here reads run folders (see :mod:`launcher.records`); only ``report --plot`` writes, and
-``stacks`` asks a running run's tflaunch over its control socket (:mod:`launcher.run.control`).
+The read side: everything here reads run folders through :mod:`launcher.records` and imports
+nothing of the run, its transports or Slurm (a contract in ``.importlinter`` holds it to that).
+Only ``report --plot`` writes; ``stacks`` asks a running run's tflaunch over the folder's control
+socket (:mod:`launcher.records.control`). What only a live system can say comes from the caller:
+Slurm's view of a job (``summarize(job_state=...)``) and the CPU and memory of live local tasks
+(``run_status(measure=...)``).
 """

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from ..run.pump import LineSplitter
+from ..records.lines import LineSplitter
 from .runs import Run, TaskNotFoundError
 
 _MERGED_LINE = re.compile(r"^\S+ \S+ \[(\d+)\] (\S+) \| ")

@@ -18,7 +18,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import LaunchError, RunNotFoundError
 from ..options import form, python_caller
@@ -26,8 +26,7 @@ from ..records.folder import RECORD, RunFolder
 from ..records.metrics import speaker
 from ..records.record import RunRecord, RunStatus, TaskRecord
 from ..records.states import TaskState
-from ..slurm.job import SLURM_RECORD, job_status, pending_record
-from ..run.resources import ResourceSampler
+from ..records.slurm import SLURM_RECORD, pending_record
 
 LATEST = "latest"
 RUN_FORMS = "a run id, a unique prefix of one, 'latest' (the default), or the path of a run folder"
@@ -259,14 +258,20 @@ class RunSummary:
     problem: str | None = None  # why run.json cannot be read (the status is then "unreadable")
 
 
-def summarize(run: Run, now: float | None = None) -> RunSummary:
+# What a scheduler says of a run that has not ended (``pending (job 12)``), from its folder and
+# recorded status; None when it has nothing to add. The command line passes Slurm's
+# (:func:`launcher.slurm.job.job_status`): the read side itself asks no scheduler.
+JobState = Callable[[Path, str], str | None]
+
+
+def summarize(run: Run, now: float | None = None, job_state: JobState | None = None) -> RunSummary:
     if run.problem:
         return RunSummary(run.run_id, None, "?", 0, 0, run.status.value, None, None, None, run.problem)
     status = run.status
     duration = run.record.duration_seconds
     if status is RunStatus.RUNNING and run.started is not None:
         duration = round((now or time.time()) - run.started, 3)
-    shown = job_status(run.path, status.value) if (run.path / SLURM_RECORD).is_file() else None
+    shown = job_state(run.path, status.value) if job_state and (run.path / SLURM_RECORD).is_file() else None
     return RunSummary(run.run_id, run.record.started_at, run.record.source, len(run.tasks), run.attempt,
                       shown or status.value, run.record.exit_code, duration, final_record(run).get("test_accuracy"))
 
@@ -330,8 +335,14 @@ class RunState:
     error: str | None = None  # what ended the run from outside its tasks
 
 
-def run_status(run: Run, measure_seconds: float = 0.5) -> RunState:
-    """Each task's state, pid, host, uptime and last metric; CPU% and RSS of live local tasks."""
+# Measures live tasks of this machine ({task: pid}) over some seconds: {task: {"cpu_percent", "rss_mb",
+# "processes", ...}}. The command line passes launcher.run.resources.measure_tasks, which measures
+# the way every task's agent samples it; the read side itself touches no process.
+Measure = Callable[[dict[str, int], float, Path], dict[str, dict[str, Any]]]
+
+
+def run_status(run: Run, measure_seconds: float = 0.5, measure: Measure | None = None) -> RunState:
+    """Each task's state, pid, host, uptime and last metric; with ``measure``, CPU% and RSS of live local tasks."""
     now = time.time()
     status = run.status
     metrics = run.metrics()
@@ -354,7 +365,7 @@ def run_status(run: Run, measure_seconds: float = 0.5) -> RunState:
         tasks.append(TaskStatus(task.name, task.role, task.host, task.local, task.state, task.pid, task.started_at,
                                 uptime, task.exit_code, task.signal, task.error, alive, last.get(task.name), None,
                                 figures.get(task.name), task.restarts, list(task.leftovers)))
-    usage = _measure(live_local, measure_seconds, run.path) if live_local else {}
+    usage = measure(live_local, measure_seconds, run.path) if live_local and measure else {}
     for task in tasks:
         task.usage = usage.get(task.name)
     uptime = None
@@ -364,26 +375,6 @@ def run_status(run: Run, measure_seconds: float = 0.5) -> RunState:
     launcher["alive"] = run.launcher_alive()
     return RunState(run.run_id, str(run.path), run.record.source, status.value, run.record.exit_code, run.attempt,
                     run.record.started_at, uptime, launcher, tasks, run.record.error)
-
-
-def _measure(pids: dict[str, int], seconds: float, run_dir: Path) -> dict[str, dict[str, Any]]:
-    """CPU% over ``seconds`` and RSS now, for each task in ``pids``, measured the way its agent samples it."""
-    from ..transports import hostagent
-    from ..transports.base import Reading
-
-    def readings() -> dict[str, Reading]:
-        now, taken = time.time(), {}
-        for name, pid in pids.items():
-            tree = [pid, *hostagent.descendants(pid)]
-            rss, cpu = hostagent.usage(tree)
-            taken[name] = Reading(pid, rss, cpu, len(tree), now)
-        return taken
-
-    sampler = ResourceSampler(readings, run_dir)  # never started or written: two readings only
-    sampler.sample_once()
-    time.sleep(seconds)
-    sampler.sample_once()
-    return {name: usage.latest for name, usage in sampler.usage.items() if usage.latest}
 
 
 def _epoch(iso: str | None) -> float | None:

@@ -1,22 +1,21 @@
 """``tflaunch stacks``: every task's Python stacks of a running run, now, and which task differs.
 
-The run's own tflaunch samples the stacks through its agents and compares them
-(:mod:`launcher.run.control`, :mod:`launcher.run.culprit`); this module finds the run, asks, and
+The run's own tflaunch samples the stacks through its agents and compares them; this module
+finds the run, asks over the run folder's control socket (:mod:`launcher.records.control`), and
 lays the answer out. The run goes on untouched.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from ..records.states import RunStatus
-from ..run.control import ControlError, ask
+from ..records.control import ControlError, ask
 from .runs import Run
 
 
 def live_stacks(run: Run) -> dict[str, Any]:
-    """The answer of the run's tflaunch (see :mod:`launcher.run.control`); ControlError when it cannot give one."""
+    """The answer of the run's tflaunch (see :mod:`launcher.records.control`); ControlError when it cannot give one."""
     status = run.status
     if status is not RunStatus.RUNNING:
         where = [p for p in sorted(run.path.glob("attempt-*/stacks")) if p.is_dir()]

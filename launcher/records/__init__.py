@@ -3,5 +3,11 @@
 - folder.py: where run folders go, how one is made, and its layout;
 - record.py: the typed ``run.json`` that runs write and the inspection commands read;
 - states.py: the words the record uses (run status, task state, attempt outcome);
-- metrics.py: the metric line tasks print, its parser, and which task speaks for the run.
+- metrics.py: the metric line tasks print, its parser, and which task speaks for the run;
+- lines.py: how task output is cut into lines and folded as a terminal shows it (merged.log, ``logs``);
+- slurm.py: ``slurm.json``, what a Slurm job adds to its folder;
+- control.py: the folder's control socket while the run lasts: its protocol and the client that asks.
+
+Both sides import these: the run writes them, ``launcher.inspect`` reads them, and nothing here
+imports either side.
 """

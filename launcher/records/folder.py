@@ -12,7 +12,7 @@ Layout of one run::
         attempt-1/stacks/   the tasks' stacks, when a hang watchdog collected them
         backup/             the trainer's backup, when the run may restart
 
-A Slurm run's folder also holds ``job.sbatch`` and ``slurm.json`` (see :mod:`launcher.slurm.job`).
+A Slurm run's folder also holds ``job.sbatch`` and ``slurm.json`` (see :mod:`launcher.records.slurm`).
 """
 
 from __future__ import annotations

@@ -1,23 +1,13 @@
-"""The running tflaunch's control socket: ``tflaunch stacks`` asks it for every task's stacks, now.
+"""The running tflaunch's control socket, served: ``tflaunch stacks`` asks it for every task's stacks, now.
 
-The server listens on ``<run folder>/control.sock`` (:data:`SOCKET`) for as long as the run lasts.
-Only the user who runs tflaunch may use it: the socket is mode 0600 from the moment it has its
-name (it is bound in a private folder and then renamed into place), and every peer's uid is
-checked with ``SO_PEERCRED`` before a byte is read. A request is one JSON line of at most
-:data:`MAX_REQUEST` bytes; reading it, answering it and sending the answer share one deadline
-(:data:`REQUEST_SECONDS`); at most :data:`MAX_CLIENTS` requests are served at once, so a client
-that connects and says nothing costs one slot for one deadline and holds nothing else up.
-
-Requests and answers::
-
-    {"op": "stacks"}
-    {"ok": true, "run_id": "...", "attempt": 1, "sampled_at": "...", "seconds": 0.21,
-     "tasks": [{"name": "worker-0", "role": "worker", "host": "localhost", "pid": 4711, "stacks": "..."}],
-     "verdict": {...}}                          (see :meth:`launcher.run.culprit.Verdict.to_json`)
-    {"ok": false, "error": "one line"}
-
-Unix socket paths are limited to about 107 bytes; a longer one is reached through the folder's
-descriptor (``/proc/self/fd/N/control.sock``), on both sides.
+The server listens on ``<run folder>/control.sock`` for as long as the run lasts; the socket's
+name, limits and protocol, and the client, are in :mod:`launcher.records.control`. Only the user
+who runs tflaunch may use it: the socket is mode 0600 from the moment it has its name (it is bound
+in a private folder and then renamed into place), and every peer's uid is checked with
+``SO_PEERCRED`` before a byte is read. Reading a request, answering it and sending the answer share
+one deadline (``REQUEST_SECONDS``); at most ``MAX_CLIENTS`` requests are served at once, so a client
+that connects and says nothing costs one slot for one deadline and holds nothing else up. A
+``stacks`` answer's verdict is :meth:`launcher.run.culprit.Verdict.to_json`.
 """
 
 from __future__ import annotations
@@ -31,41 +21,16 @@ import struct
 import tempfile
 import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
-from ..errors import LaunchError
+from ..records.control import MAX_CLIENTS, MAX_REQUEST, REQUEST_SECONDS, SOCKET, ControlError, short_path
 from ..records.folder import RunFolder, iso_time
 from ..records.states import TaskState
 from .culprit import sample_stacks, verdict
 from .pyspy import parse_dump
 
-SOCKET = "control.sock"
-MAX_REQUEST = 4096  # bytes of one request line
-MAX_ANSWER = 64 << 20  # bytes a client accepts
-MAX_CLIENTS = 8  # requests served at once
-REQUEST_SECONDS = 30.0  # one deadline per request: read, sample, answer
-DUMP_SECONDS = 10.0  # of that, at most this long for the stacks themselves
-_PATH_MAX = 100  # longer socket paths go through the folder's descriptor
-
-
-class ControlError(LaunchError):
-    """The control socket of a run cannot be used (not running, another user's, no answer)."""
-
-
-@contextmanager
-def _short_path(folder: Path, name: str) -> Iterator[str]:
-    """A path to ``folder/name`` that fits a Unix socket address."""
-    path = str(folder / name)
-    if len(path) <= _PATH_MAX:
-        yield path
-        return
-    fd = os.open(folder, os.O_PATH | os.O_DIRECTORY)
-    try:
-        yield f"/proc/self/fd/{fd}/{name}"
-    finally:
-        os.close(fd)
+DUMP_SECONDS = 10.0  # of REQUEST_SECONDS, at most this long for the stacks themselves
 
 
 class ControlServer:
@@ -89,7 +54,7 @@ class ControlServer:
             private = Path(tempfile.mkdtemp(prefix=".control-", dir=self.run_dir))  # mode 0700
             listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
-                with _short_path(private, SOCKET) as address:
+                with short_path(private, SOCKET) as address:
                     listener.bind(address)
                 os.chmod(private / SOCKET, 0o600)
                 os.rename(private / SOCKET, self.path)
@@ -185,7 +150,7 @@ class ControlServer:
             raise ControlError("another stack sample of this run is still running; ask again in a moment")
         seconds = time.monotonic() - began
         found = verdict({name: parse_dump(text) for name, text in texts.items()}, {t.name: t.role for t in running})
-        attempt = int(running[0].launch.env.get("TFLAUNCH_ATTEMPT", 1))
+        attempt = running[0].launch.attempt
         return {"ok": True, "run_id": self.run_id, "attempt": attempt, "sampled_at": iso_time(time.time()),
                 "seconds": round(seconds, 3),
                 "tasks": [{"name": t.name, "role": t.role, "host": t.launch.host, "pid": t.process.pid,
@@ -210,49 +175,3 @@ def _read_line(conn: socket.socket, deadline: float) -> bytes:
         if len(data) > MAX_REQUEST:
             raise ControlError(f"request longer than {MAX_REQUEST} bytes")
     return data.split(b"\n", 1)[0]
-
-
-# -- the client side --------------------------------------------------------------------------------
-
-
-def ask(run_dir: Path, run_id: str, request: dict[str, Any], timeout: float = REQUEST_SECONDS + 5) -> dict[str, Any]:
-    """Send one request to a live run's tflaunch and return its answer; ControlError says why not."""
-    run_dir = Path(run_dir)
-    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        client.settimeout(timeout)
-        try:
-            with _short_path(run_dir, SOCKET) as address:
-                client.connect(address)
-        except FileNotFoundError:
-            raise ControlError(f"run {run_id} has no control socket ({run_dir / SOCKET}): it is not running, "
-                               "or it was started by a tflaunch without one") from None
-        except ConnectionRefusedError:
-            raise ControlError(f"run {run_id} is not running: nothing listens on {run_dir / SOCKET}") from None
-        except PermissionError:
-            raise ControlError(f"run {run_id} belongs to another user: only the user who started it may ask "
-                               f"for its stacks ({run_dir / SOCKET})") from None
-        data = b""
-        try:
-            client.sendall(json.dumps(request).encode() + b"\n")
-            while len(data) <= MAX_ANSWER:
-                chunk = client.recv(1 << 16)
-                if not chunk:
-                    break
-                data += chunk
-        except socket.timeout:
-            raise ControlError(f"run {run_id}: no answer from its tflaunch within {timeout:g} s") from None
-        except OSError:
-            data = b""  # closed on us while we spoke: the same as no answer
-    finally:
-        client.close()
-    if not data:
-        raise ControlError(f"run {run_id}: its tflaunch closed the connection without an answer (it serves only "
-                           f"the user who started the run, and {MAX_CLIENTS} requests at a time)")
-    try:
-        answer = json.loads(data)
-    except ValueError:
-        raise ControlError(f"run {run_id}: the answer is not JSON ({len(data)} bytes)") from None
-    if not isinstance(answer, dict) or not answer.get("ok"):
-        raise ControlError(f"run {run_id}: {answer.get('error') if isinstance(answer, dict) else 'a bad answer'}")
-    return answer

@@ -4,7 +4,7 @@ A request carries the cluster (a function from this machine's host names to a va
 the CLI hands in a source's ``spec``, see :mod:`launcher.sources`) and the command-line
 overrides. From it come the spec, reserved ports, the preflight, the run folder, and then a
 :class:`~.session.RunSession` that runs the attempts. :func:`run` is the one way a cluster is
-run, locally, over ssh or inside a Slurm allocation (:mod:`launcher.slurm.job` passes how its
+run, locally, over ssh or inside a Slurm allocation (:mod:`.slurmjob` passes how its
 run folder is found and the signal it watches). Everything here reports through the
 :class:`Console` it is given and returns results; it never prints on its own or exits.
 """

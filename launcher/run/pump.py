@@ -9,7 +9,7 @@ Each merged line reads ``<date> <time> [<attempt>] <task> | <text>``.
 
 Lines end at ``\\n`` (or ``\\r\\n``). Within a line, carriage returns and backspaces are applied the
 way a terminal shows them, so a progress bar redrawn in place becomes the one line a person saw,
-and the empty lines such redraws leave are dropped (:func:`.render.fold_lines`). Everything else
+and the empty lines such redraws leave are dropped (:mod:`launcher.records.lines`). Everything else
 is kept byte for byte: ``merged.log`` holds the task's bytes after the prefix, and only the
 console decodes them, replacing what is not UTF-8. The task's own file is never changed.
 """
@@ -24,58 +24,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..records.lines import LineSplitter
 from ..records.metrics import parse_block
 from .progress import Progress
-from .render import fold_lines, fold_partial, has_controls
 
 if TYPE_CHECKING:
     from .console import Console
 
 LAUNCHER_NAME = "tflaunch"
 _READ_SIZE = 1 << 20
-
-
-class LineSplitter:
-    """Bytes in, complete folded lines out; what is left at the end comes out of ``flush``.
-
-    The ``*_block`` forms return complete lines as one bytes object, each line ending in ``\n``:
-    the pump works on whole blocks with C-level bytes operations instead of a Python object per
-    line, which is what keeps it cheap under a flood of output. Only lines that hold a ``\r``, a
-    backspace or an escape sequence are looked at one by one.
-    """
-
-    MAX_PENDING = 1 << 16  # a "line" longer than this is emitted in pieces rather than held
-
-    def __init__(self) -> None:
-        self.pending = b""
-
-    def feed_block(self, chunk: bytes) -> bytes:
-        data = self.pending + chunk if self.pending else chunk
-        cut = data.rfind(b"\n") + 1
-        block, rest = data[:cut], data[cut:]
-        if len(rest) > self.MAX_PENDING:
-            if has_controls(rest):
-                # A bar redrawn with \r for a long time without a newline: keep only what it shows.
-                rest = fold_partial(rest)
-            if len(rest) > self.MAX_PENDING:
-                block, rest = block + rest + b"\n", b""
-        self.pending = rest
-        return fold_lines(block) if block else block
-
-    def flush_block(self) -> bytes:
-        rest, self.pending = self.pending, b""
-        return fold_lines(rest + b"\n") if rest else b""
-
-    def feed(self, chunk: bytes) -> list[bytes]:
-        return lines_of(self.feed_block(chunk))
-
-    def flush(self) -> list[bytes]:
-        return lines_of(self.flush_block())
-
-
-def lines_of(block: bytes) -> list[bytes]:
-    """The lines of a block of complete lines (each ending in ``\n``)."""
-    return block[:-1].split(b"\n") if block else []
 
 
 # Descriptors the pump keeps open at once: the files that wrote most recently. Every other file is

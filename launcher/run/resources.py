@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..records.folder import RESOURCES, iso_time, write_atomically
+from ..transports import reading_of
 from ..transports.base import Reading
 
 _MB = 1024 * 1024
@@ -177,3 +178,13 @@ class ResourceSampler(threading.Thread):
         except Exception:
             pass
 
+
+def measure_tasks(pids: dict[str, int], seconds: float, run_dir: Path) -> dict[str, dict[str, Any]]:
+    """CPU% over ``seconds`` and RSS now of each live task of this machine in ``pids`` (``tflaunch
+    status``), measured the way its agent samples it: two readings folded as a run folds them."""
+    sampler = ResourceSampler(lambda: {name: reading_of(pid) for name, pid in pids.items()},
+                              run_dir)  # never started or written: two readings only
+    sampler.sample_once()
+    time.sleep(seconds)
+    sampler.sample_once()
+    return {name: usage.latest for name, usage in sampler.usage.items() if usage.latest}

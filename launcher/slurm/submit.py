@@ -19,10 +19,10 @@ from pathlib import Path
 from ..cluster.reader import load_cluster_file
 from ..errors import ConfigError
 from ..records.folder import DEFAULT_LOG_DIR, RunFolder, iso_time
+from ..records.slurm import write_slurm_record
 from ..records.states import RunStatus
 from .allocation import Allocation, carve_roles
 from .commands import SlurmError, is_user_mistake, last_line
-from .job import write_slurm_record
 from .script import JobRequest, render_script
 from .section import SCRIPT_TEXT_OPTIONS, SlurmSettings, read_slurm_section, script_text_problem
 

@@ -21,10 +21,11 @@ from __future__ import annotations
 import base64
 import importlib
 import json
+import time
 from typing import Callable
 
 from ..cluster.plan import TaskLaunch
-from .base import Transport
+from .base import Reading, Transport
 
 # name -> (module, class); imported on first use so that a local run never loads ssh or Slurm code.
 TRANSPORTS: dict[str, tuple[str, str]] = {
@@ -39,6 +40,15 @@ def create(name: str, grace: float) -> Transport:
     module_name, class_name = TRANSPORTS[name]
     module = importlib.import_module(module_name, __name__)
     return getattr(module, class_name)(grace=grace)
+
+
+def reading_of(pid: int) -> Reading:
+    """A reading of process ``pid``'s tree on this machine, taken the way every host agent takes one."""
+    from . import hostagent
+
+    tree = [pid, *hostagent.descendants(pid)]
+    rss, cpu = hostagent.usage(tree)
+    return Reading(pid, rss, cpu, len(tree), time.time())
 
 
 class TransportSet:

@@ -1,0 +1,97 @@
+"""A run folder's control socket, from the side that asks: its name, its limits, and :func:`ask`.
+
+While a run lasts, its tflaunch serves ``<run folder>/control.sock`` (:data:`SOCKET`;
+:mod:`launcher.run.control` is the server), and ``tflaunch stacks`` asks it for every task's
+stacks. Only the user who runs tflaunch may use it. A request is one JSON line of at most
+:data:`MAX_REQUEST` bytes, served within :data:`REQUEST_SECONDS`, at most :data:`MAX_CLIENTS` at
+once; an answer is one JSON object of at most :data:`MAX_ANSWER` bytes::
+
+    {"op": "stacks"}
+    {"ok": true, "run_id": "...", "attempt": 1, "sampled_at": "...", "seconds": 0.21,
+     "tasks": [{"name": "worker-0", "role": "worker", "host": "localhost", "pid": 4711, "stacks": "..."}],
+     "verdict": {...}}
+    {"ok": false, "error": "one line"}
+
+Unix socket paths are limited to about 107 bytes; a longer one is reached through the folder's
+descriptor (``/proc/self/fd/N/control.sock``), on both sides (:func:`short_path`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from ..errors import LaunchError
+
+SOCKET = "control.sock"
+MAX_REQUEST = 4096  # bytes of one request line
+MAX_ANSWER = 64 << 20  # bytes a client accepts
+MAX_CLIENTS = 8  # requests served at once
+REQUEST_SECONDS = 30.0  # one deadline per request: read, sample, answer
+_PATH_MAX = 100  # longer socket paths go through the folder's descriptor
+
+
+class ControlError(LaunchError):
+    """The control socket of a run cannot be used (not running, another user's, no answer)."""
+
+
+@contextmanager
+def short_path(folder: Path, name: str) -> Iterator[str]:
+    """A path to ``folder/name`` that fits a Unix socket address."""
+    path = str(folder / name)
+    if len(path) <= _PATH_MAX:
+        yield path
+        return
+    fd = os.open(folder, os.O_PATH | os.O_DIRECTORY)
+    try:
+        yield f"/proc/self/fd/{fd}/{name}"
+    finally:
+        os.close(fd)
+
+
+
+def ask(run_dir: Path, run_id: str, request: dict[str, Any], timeout: float = REQUEST_SECONDS + 5) -> dict[str, Any]:
+    """Send one request to a live run's tflaunch and return its answer; ControlError says why not."""
+    run_dir = Path(run_dir)
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        client.settimeout(timeout)
+        try:
+            with short_path(run_dir, SOCKET) as address:
+                client.connect(address)
+        except FileNotFoundError:
+            raise ControlError(f"run {run_id} has no control socket ({run_dir / SOCKET}): it is not running, "
+                               "or it was started by a tflaunch without one") from None
+        except ConnectionRefusedError:
+            raise ControlError(f"run {run_id} is not running: nothing listens on {run_dir / SOCKET}") from None
+        except PermissionError:
+            raise ControlError(f"run {run_id} belongs to another user: only the user who started it may ask "
+                               f"for its stacks ({run_dir / SOCKET})") from None
+        data = b""
+        try:
+            client.sendall(json.dumps(request).encode() + b"\n")
+            while len(data) <= MAX_ANSWER:
+                chunk = client.recv(1 << 16)
+                if not chunk:
+                    break
+                data += chunk
+        except socket.timeout:
+            raise ControlError(f"run {run_id}: no answer from its tflaunch within {timeout:g} s") from None
+        except OSError:
+            data = b""  # closed on us while we spoke: the same as no answer
+    finally:
+        client.close()
+    if not data:
+        raise ControlError(f"run {run_id}: its tflaunch closed the connection without an answer (it serves only "
+                           f"the user who started the run, and {MAX_CLIENTS} requests at a time)")
+    try:
+        answer = json.loads(data)
+    except ValueError:
+        raise ControlError(f"run {run_id}: the answer is not JSON ({len(data)} bytes)") from None
+    if not isinstance(answer, dict) or not answer.get("ok"):
+        raise ControlError(f"run {run_id}: {answer.get('error') if isinstance(answer, dict) else 'a bad answer'}")
+    return answer

@@ -1,0 +1,179 @@
+"""How task output becomes lines: the one rule the output pump (writing ``merged.log``) and
+``tflaunch logs`` (reading a task's own file) share.
+
+Lines end at ``\\n`` (or ``\\r\\n``). Within a line, ``\\r``, ``\\b`` and erase-line (``ESC[K``)
+are applied the way a terminal draws them (:func:`fold_lines`), so a Keras ``verbose=1`` progress
+bar (about 80 backspaces and a ``\\r`` per update) becomes the one line a person saw, and the
+empty lines such bars leave behind are dropped. Everything else is kept byte for byte.
+:class:`LineSplitter` cuts a stream of bytes into such lines, holding at most
+:data:`LineSplitter.MAX_PENDING` bytes of an unfinished one.
+
+Cells are code points: wide characters and colour codes inside an overwritten line are not
+measured the way a terminal would, which progress bars (ASCII) never need.
+"""
+
+from __future__ import annotations
+
+import re
+
+# A line (ending in \n) with a carriage return, a backspace or an erase-line sequence in it.
+_CONTROL_LINE = re.compile(rb"^[^\n\r\x08]*(?:[\r\x08]|\x1b\[[012]?K)[^\n]*\n", re.MULTILINE)
+_ERASE_LINE = re.compile(rb"\x1b\[[012]?K")
+_TOKENS = re.compile("(\r|\x08|\x1b\\[[012]?K)")
+# Colour and style codes (SGR) take no cell on a terminal; Keras 3's bar is full of them.
+_SGR = re.compile("(\x1b\\[[0-9;]*m)")
+
+
+def has_controls(data: bytes) -> bool:
+    """Whether folding could change ``data``; single-byte searches first, as they cost next to nothing."""
+    return b"\r" in data or b"\x08" in data or (b"\x1b" in data and _ERASE_LINE.search(data) is not None)
+
+
+def fold_lines(block: bytes) -> bytes:
+    """A block of complete lines (each ending in ``\\n``) with every line folded as a terminal shows it.
+
+    A line whose folded text is blank is dropped when folding made it so (a bar cleared or
+    redrawn); a line that was empty to begin with, or only ``\\r\\n``, stays.
+    """
+    if b"\r" in block and b"\r\n" in block:
+        block = block.replace(b"\r\n", b"\n")  # a \r right before \n changes nothing a terminal shows
+    if not has_controls(block):
+        return block
+    return _CONTROL_LINE.sub(_fold_match, block)
+
+
+def _fold_match(match: re.Match[bytes]) -> bytes:
+    line = match.group(0)[:-1]
+    text = fold_text(line.decode("utf-8", "surrogateescape"))
+    if not text.strip():
+        return b""
+    return text.encode("utf-8", "surrogateescape") + b"\n"
+
+
+def fold_text(line: str) -> str:
+    """One line (no ``\\n``) as a terminal leaves it."""
+    if "\x1b" in line and _TOKENS.search(line.replace("\r", "").replace("\x08", "")) is not None:
+        return "".join(_emulate(line)[0])  # erase-line sequences: draw it cell by cell
+    # Backspaces at the end of a segment only move a cursor that the next \r moves again.
+    segments = [segment.rstrip("\x08") for segment in line.split("\r")]
+    lengths = list(map(len, segments))
+    idle = len(line) - (len(segments) - 1) - sum(lengths)
+    if line.count("\x08") > idle:
+        return "".join(_emulate(line)[0])  # a backspace with text after it: draw it cell by cell
+    # Only carriage returns: each segment overwrites the start of what the earlier ones left.
+    shown = segments[-1]
+    if "\x1b" in line:
+        cells = [_cells(segment) for segment in segments]
+        shown_cells = cells[-1]
+        for earlier, width in zip(reversed(segments[:-1]), reversed(cells[:-1])):
+            if width > shown_cells:
+                shown += _after_cells(earlier, shown_cells)
+                shown_cells = width
+    elif lengths[-1] < max(lengths):
+        for earlier in reversed(segments[:-1]):
+            if len(earlier) > len(shown):
+                shown += earlier[len(shown):]
+    return shown
+
+
+def _cells(segment: str) -> int:
+    """How many cells ``segment`` takes on a terminal: colour codes take none."""
+    return len(segment) - sum(map(len, _SGR.findall(segment)))
+
+
+def _after_cells(segment: str, skip: int) -> str:
+    """``segment`` from its cell ``skip`` on, with the colour codes that apply there."""
+    out, seen = [], 0
+    for part in _SGR.split(segment):
+        if part.startswith("\x1b"):
+            out.append(part)  # a colour code before the cut still sets the colour of what follows
+        elif seen + len(part) <= skip:
+            seen += len(part)
+        else:
+            out.append(part[max(0, skip - seen):])
+            seen += len(part)
+    return "".join(out)
+
+
+def fold_partial(data: bytes) -> bytes:
+    """An unfinished line shortened to what a terminal shows, with the cursor kept where it was.
+
+    The cursor position matters because the rest of the line is still to come: ``abc\\r`` then
+    ``d`` shows ``dbc``. It is kept by re-typing the text up to the cursor after a ``\\r``.
+    """
+    text = re.sub("\x08+(?=\r)", "", data.decode("utf-8", "surrogateescape"))
+    cells, col = _emulate(text)
+    shown = "".join(cells)
+    if col < len(cells):
+        shown += "\r" + shown[:col]
+    return shown.encode("utf-8", "surrogateescape")
+
+
+def _emulate(line: str) -> tuple[list[str], int]:
+    """The cells and the cursor column after drawing ``line`` from column 0."""
+    cells: list[str] = []
+    col = 0
+    for token in _TOKENS.split(line):
+        if not token:
+            continue
+        if token == "\r":
+            col = 0
+        elif token == "\x08":
+            col = max(0, col - 1)
+        elif token.startswith("\x1b[") and token.endswith("K") and len(token) <= 4:
+            mode = token[2:-1]
+            if mode in ("", "0"):
+                del cells[col:]
+            elif mode == "1":
+                cells[:col] = " " * min(col, len(cells))
+            else:
+                cells = [" "] * min(col, len(cells))
+        else:
+            if col > len(cells):
+                cells.extend(" " * (col - len(cells)))
+            cells[col:col + len(token)] = token
+            col += len(token)
+    return cells, col
+
+
+class LineSplitter:
+    """Bytes in, complete folded lines out; what is left at the end comes out of ``flush``.
+
+    The ``*_block`` forms return complete lines as one bytes object, each line ending in ``\n``:
+    the pump works on whole blocks with C-level bytes operations instead of a Python object per
+    line, which is what keeps it cheap under a flood of output. Only lines that hold a ``\r``, a
+    backspace or an escape sequence are looked at one by one.
+    """
+
+    MAX_PENDING = 1 << 16  # a "line" longer than this is emitted in pieces rather than held
+
+    def __init__(self) -> None:
+        self.pending = b""
+
+    def feed_block(self, chunk: bytes) -> bytes:
+        data = self.pending + chunk if self.pending else chunk
+        cut = data.rfind(b"\n") + 1
+        block, rest = data[:cut], data[cut:]
+        if len(rest) > self.MAX_PENDING:
+            if has_controls(rest):
+                # A bar redrawn with \r for a long time without a newline: keep only what it shows.
+                rest = fold_partial(rest)
+            if len(rest) > self.MAX_PENDING:
+                block, rest = block + rest + b"\n", b""
+        self.pending = rest
+        return fold_lines(block) if block else block
+
+    def flush_block(self) -> bytes:
+        rest, self.pending = self.pending, b""
+        return fold_lines(rest + b"\n") if rest else b""
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        return lines_of(self.feed_block(chunk))
+
+    def flush(self) -> list[bytes]:
+        return lines_of(self.flush_block())
+
+
+def lines_of(block: bytes) -> list[bytes]:
+    """The lines of a block of complete lines (each ending in ``\n``)."""
+    return block[:-1].split(b"\n") if block else []
