@@ -40,13 +40,13 @@ from typing import Callable
 
 from .cluster.plan import TENSORBOARD_SUBDIR
 from .errors import LaunchError
+from .taskenv import TENSORBOARD_DIR
 
 DEFAULT_HOST = "127.0.0.1"
 FIRST_PORT = 6006  # TensorBoard's own default; the next free one above it otherwise
 PORTS_TRIED = 100
 ANSWER_LIMIT = 64 * 1024  # bytes of /data/logdir read at most: a stranger's endless answer costs no memory
 LOG_NAME = "tensorboard.log"  # in the run folder, for a server started beside a run
-ENV_NAME = "TFLAUNCH_TENSORBOARD_DIR"
 MISSING = "TensorBoard is not installed; install tflaunch's 'tensorboard' extra: pip install -e '.[tensorboard]'"
 
 # Runs in the server's own process before TensorBoard: die with the parent, then be TensorBoard.
@@ -82,8 +82,8 @@ def require() -> None:
 def logdir_of(run_dir: Path, task_envs: list[dict[str, str]] | None = None) -> Path:
     """Where a run's tasks were told to write TensorBoard data: their TFLAUNCH_TENSORBOARD_DIR, else the default."""
     for env in task_envs or []:
-        if env.get(ENV_NAME):
-            return Path(env[ENV_NAME])
+        if env.get(TENSORBOARD_DIR):
+            return Path(env[TENSORBOARD_DIR])
     return Path(run_dir) / TENSORBOARD_SUBDIR
 
 

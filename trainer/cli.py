@@ -17,7 +17,8 @@ LOOPS = ("fit", "custom")
 OPTIMIZERS = ("sgd", "adam")
 NAMED_DATASETS = ("digits", "mnist", "fashion_mnist")
 
-# Environment variables that supply the --backup-dir and --checkpoint-dir defaults (set by the launcher).
+# Environment variables that supply the --backup-dir, --checkpoint-dir and --tensorboard-dir defaults, set by
+# the launcher (launcher/taskenv.py holds its copy of the names).
 BACKUP_DIR_ENV = "TFLAUNCH_BACKUP_DIR"
 CHECKPOINT_DIR_ENV = "TFLAUNCH_CHECKPOINT_DIR"
 TENSORBOARD_DIR_ENV = "TFLAUNCH_TENSORBOARD_DIR"

@@ -16,6 +16,7 @@ KNOWN_TYPES = ("chief", "worker", "ps", "evaluator")
 # Strategies that run in one process (several GPUs at most), so never with other training tasks.
 SINGLE_PROCESS = ("mirrored", "central_storage", "default")
 LEGACY_KERAS_ENV = "TF_USE_LEGACY_KERAS"
+TASK_ENV = "TFLAUNCH_TASK"  # set by the launcher (launcher/taskenv.py holds its copy of the name)
 
 
 class ClusterError(Exception):
@@ -107,7 +108,7 @@ def read_tf_config(environ: Mapping[str, str]) -> TaskInfo:
 
 def task_label(environ: Mapping[str, str], task: TaskInfo) -> str:
     """The `task` field of metric lines: $TFLAUNCH_TASK, else type-index, else local."""
-    return environ.get("TFLAUNCH_TASK") or task.name
+    return environ.get(TASK_ENV) or task.name
 
 
 def choose_strategy(requested: str, task: TaskInfo, num_gpus: int) -> str:

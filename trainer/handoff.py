@@ -21,7 +21,7 @@ import re
 from typing import Any, Mapping
 
 MARKER = "training-finished.json"
-RUN_ID_ENV = "TFLAUNCH_RUN_ID"
+RUN_ID_ENV = "TFLAUNCH_RUN_ID"  # set by the launcher (launcher/taskenv.py holds its copy of the name)
 _NUMBERED = re.compile(r"-(\d+)$")
 
 

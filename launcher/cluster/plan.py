@@ -37,6 +37,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from ..taskenv import ATTEMPT, BACKUP_DIR, CHECKPOINT_DIR, RUN_DIR, RUN_ID, TASK, TENSORBOARD_DIR
 from .reader import AUTO, ROLES, ClusterSpec, SshSettings, TaskSpec, is_local
 from .spec import EnvLayer, hidden_names, masked_env, value_by_name
 
@@ -71,6 +72,7 @@ class TaskLaunch:
     transport: str = "local"  # which launcher.transports module starts it
     env_sources: Mapping[str, str] = field(default_factory=dict)  # variable -> the layer that set it
     hidden: frozenset[str] = frozenset()  # variables whose values are never written or shown (spec.hidden_names)
+    attempt: int = 1  # the attempt this launch belongs to (its env says so to the task, as text)
 
     def shown_env(self) -> dict[str, str]:
         """``env`` as run.json, ``--dry-run`` and messages may show it: hidden values masked."""
@@ -140,10 +142,10 @@ def plan_cluster(
         if legacy_keras:
             defaults["TF_USE_LEGACY_KERAS"] = "1"
         if context.backup_dir:
-            defaults["TFLAUNCH_BACKUP_DIR"] = context.backup_dir
+            defaults[BACKUP_DIR] = context.backup_dir
         if has_evaluator:
-            defaults["TFLAUNCH_CHECKPOINT_DIR"] = f"{context.run_dir}/checkpoints"
-        defaults["TFLAUNCH_TENSORBOARD_DIR"] = f"{context.run_dir}/{TENSORBOARD_SUBDIR}"
+            defaults[CHECKPOINT_DIR] = f"{context.run_dir}/checkpoints"
+        defaults[TENSORBOARD_DIR] = f"{context.run_dir}/{TENSORBOARD_SUBDIR}"
         env, sources = layer_env([
             (DEFAULT_SOURCE, {k: v for k, v in defaults.items() if k not in inherited_env}),
             (INHERITED_SOURCE, {k: inherited_env[k] for k in defaults if k in inherited_env}),
@@ -178,6 +180,7 @@ def plan_cluster(
             transport=spec.transport or ("local" if local else "ssh"),
             env_sources=sources,
             hidden=hidden_names(env, by_name),
+            attempt=context.attempt,
         ))
     notes = []
     # The note applies where tflaunch chose legacy Keras for a Python program, not where the user did.
@@ -257,10 +260,10 @@ def owned_env(task: TaskSpec, cluster: Mapping[str, list[str]], context: RunCont
         "TF_CONFIG": json.dumps({"cluster": task_cluster(task.role, cluster),
                                  "task": {"type": task.role, "index": task.index}},
                                 separators=(",", ":")),
-        "TFLAUNCH_TASK": task.name,
-        "TFLAUNCH_RUN_ID": context.run_id,
-        "TFLAUNCH_RUN_DIR": context.run_dir,
-        "TFLAUNCH_ATTEMPT": str(context.attempt),
+        TASK: task.name,
+        RUN_ID: context.run_id,
+        RUN_DIR: context.run_dir,
+        ATTEMPT: str(context.attempt),
     }
     env.update(gpu_env(task.gpus))
     return env

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..options import name as option_name
+from ..taskenv import OWNED as OWNED_TASK_ENV
 
 ROLES = ("chief", "worker", "ps", "evaluator")
 AUTO = "auto"
@@ -23,9 +24,7 @@ ALL_GPUS = "all"
 # every task's TF_CONFIG lists every task; a larger count is a typo, refused before any planning.
 MAX_TASKS_PER_HOST = 1024
 # Set by tflaunch itself for every task; a cluster file may not override them.
-RESERVED_ENV = frozenset(
-    {"TF_CONFIG", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "TFLAUNCH_TASK", "TFLAUNCH_RUN_ID", "TFLAUNCH_RUN_DIR", "TFLAUNCH_ATTEMPT"}
-)
+RESERVED_ENV = frozenset({"TF_CONFIG", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", *OWNED_TASK_ENV})
 
 
 # One ``env`` layer (the cluster's, a host's, a task's, ``--env``). A value of None passes the

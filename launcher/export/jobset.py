@@ -23,6 +23,7 @@ import shlex
 from typing import Any, Mapping
 
 from ..cluster.spec import RestartPolicy
+from ..taskenv import ATTEMPT, TASK
 from .pods import PodPlan, RolePods
 from .podspec import CONTAINER_NAME, container, pod_spec
 
@@ -123,8 +124,8 @@ def start_script(role: RolePods, jobset_name: str | None = None) -> str:
         f"  ''|*[!0-9]*) echo \"tflaunch: {INDEX_ENV} is '$i'; expected the pod's index in an Indexed Job\" >&2; exit 2;;",
         "esac",
         f"export TF_CONFIG={shlex.quote(before)}\"$i\"{shlex.quote(after)}",
-        f'export TFLAUNCH_TASK="{role.role}-$i"',
-        f"export TFLAUNCH_ATTEMPT=$((${{{RESTART_ATTEMPT_ENV}:-0}} + 1))",
+        f'export {TASK}="{role.role}-$i"',
+        f"export {ATTEMPT}=$((${{{RESTART_ATTEMPT_ENV}:-0}} + 1))",
         'exec "$@"',
         "",
     ])

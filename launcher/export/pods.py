@@ -23,17 +23,16 @@ from ..cluster.spec import (ROLES, ClusterSpec, EnvLayer, RestartPolicy, SshSett
                             is_local)
 from ..cluster.spec import restarts_possible as spec_restarts_possible
 from ..errors import ConfigError
+from ..taskenv import ATTEMPT, BACKUP_DIR, CHECKPOINT_DIR, RUN_DIR, TASK
 from .settings import SECTION, KubernetesSettings, Storage
 
 # Variables that differ between the pods of one role: the start command or the operator sets them.
-PER_POD_ENV = ("TF_CONFIG", "TFLAUNCH_TASK", "TFLAUNCH_ATTEMPT")
+PER_POD_ENV = ("TF_CONFIG", TASK, ATTEMPT)
 # A pod has no run folder: its output goes to the container log (kubectl logs).
-NO_RUN_FOLDER_ENV = ("TFLAUNCH_RUN_DIR",)
+NO_RUN_FOLDER_ENV = (RUN_DIR,)
 # Where the plan's run-folder paths (such as TFLAUNCH_CHECKPOINT_DIR) point inside a pod: a
 # directory any container user may create, private to the pod.
 POD_RUN_DIR = "/tmp/tflaunch/{name}"
-CHECKPOINT_ENV = "TFLAUNCH_CHECKPOINT_DIR"
-BACKUP_ENV = "TFLAUNCH_BACKUP_DIR"
 # The roles that read or write checkpoints and backups; ps tasks only hold variables in memory.
 STORAGE_ROLES = ("chief", "worker", "evaluator")
 SECRET_SUFFIX = "env"  # the Secret of job NAME is NAME-env: one key per hidden variable
@@ -168,17 +167,17 @@ def storage_notes(spec: ClusterSpec, storage: Storage | None, launches: tuple[Ta
     """
     notes = []
     chosen = {var for l in launches for var, source in l.env_sources.items() if source != DEFAULT_SOURCE}
-    checkpoints = sorted({l.env[CHECKPOINT_ENV] for l in launches if CHECKPOINT_ENV in l.env})
-    if checkpoints and CHECKPOINT_ENV not in chosen and not (storage and storage.shared):
+    checkpoints = sorted({l.env[CHECKPOINT_DIR] for l in launches if CHECKPOINT_DIR in l.env})
+    if checkpoints and CHECKPOINT_DIR not in chosen and not (storage and storage.shared):
         if storage:
             notes.append(f"{SECTION}.storage: empty_dir gives each pod a directory of its own at {storage.path}, so "
                          f"the evaluator never sees the checkpoints the chief writes to {checkpoints[0]}; expected "
                          "'claim: NAME' (a PersistentVolumeClaim the chief and evaluator pods both mount)")
         else:
-            notes.append(f"evaluator: it evaluates the checkpoints the chief writes to {CHECKPOINT_ENV}, which is "
+            notes.append(f"evaluator: it evaluates the checkpoints the chief writes to {CHECKPOINT_DIR}, which is "
                          f"{checkpoints[0]} inside each pod, where the evaluator pod never sees them; set "
                          f"{SECTION}.storage ('claim: NAME') to a volume the chief and evaluator pods both mount")
-    if restarts_possible(spec) and BACKUP_ENV not in chosen and not (storage and storage.shared):
+    if restarts_possible(spec) and BACKUP_DIR not in chosen and not (storage and storage.shared):
         why = "max_restarts" if int(spec.max_restarts) else "restart_policy"
         if storage:
             notes.append(f"{SECTION}.storage: with empty_dir a replaced pod starts with an empty {storage.path}, so "

@@ -20,6 +20,7 @@ import typing
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any, Mapping
 
+from ..taskenv import ATTEMPT
 from .states import Outcome, RunStatus, TaskState
 
 FORMAT_VERSION = 2
@@ -143,7 +144,7 @@ class TaskRecord:
         record = _read(cls, data, key, {"role": "?", "index": 0, "host": "?"})
         if "attempt" not in data:  # format 1 kept it in the environment only
             try:
-                record.attempt = int(record.env.get("TFLAUNCH_ATTEMPT", 1))
+                record.attempt = int(record.env.get(ATTEMPT, 1))
             except ValueError:
                 record.attempt = 1
         return record

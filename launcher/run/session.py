@@ -361,7 +361,7 @@ def task_record(launch: TaskLaunch, task: Task | None) -> TaskRecord:
     record = TaskRecord(name=launch.name, role=launch.role, index=launch.index, host=launch.host,
                         address=launch.address, local=launch.local, argv=list(launch.argv), workdir=launch.workdir,
                         gpus=None if launch.gpus is None else list(launch.gpus), env=launch.shown_env(),
-                        attempt=int(launch.env.get("TFLAUNCH_ATTEMPT", 1)))
+                        attempt=launch.attempt)
     if task is not None:
         record.state = task.state
         record.pid = task.process.pid if task.process else None

@@ -1,0 +1,26 @@
+"""The ``TFLAUNCH_*`` variables tflaunch puts in every task's environment, by name: their one owner
+on the launcher's side.
+
+The plan writes them (:mod:`launcher.cluster.plan`), the cluster checks reserve them, the export
+writes them into pods and start scripts, and readers of a run record find paths in them. The
+trainer reads some of them and keeps its own copy of those names, because the launcher and the
+trainer never import each other; a test holds the two copies equal. The host agent's own variables
+(``TFLAUNCH_AGENT_*``) are the agent's, in :mod:`launcher.transports.hostagent`.
+"""
+
+from __future__ import annotations
+
+# Set for every task by tflaunch alone; no env layer may change them.
+TASK = "TFLAUNCH_TASK"  # the task's name: worker-0, chief-0
+RUN_ID = "TFLAUNCH_RUN_ID"
+RUN_DIR = "TFLAUNCH_RUN_DIR"
+ATTEMPT = "TFLAUNCH_ATTEMPT"  # 1, then one more for each restart of the whole cluster
+
+# Offered by tflaunch (paths in the run folder); a value in tflaunch's own environment or an env
+# layer wins.
+BACKUP_DIR = "TFLAUNCH_BACKUP_DIR"  # when the run may restart: the trainer's BackupAndRestore folder
+CHECKPOINT_DIR = "TFLAUNCH_CHECKPOINT_DIR"  # when there is an evaluator: the chief's per-epoch checkpoints
+TENSORBOARD_DIR = "TFLAUNCH_TENSORBOARD_DIR"  # always: where TensorBoard scalars go
+
+OWNED = (TASK, RUN_ID, RUN_DIR, ATTEMPT)
+OFFERED = (BACKUP_DIR, CHECKPOINT_DIR, TENSORBOARD_DIR)
