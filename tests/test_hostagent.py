@@ -230,7 +230,7 @@ def test_kill_ends_a_task_that_ignores_term(host):
     started = time.monotonic()
     task.kill()
     assert ended(task) == ExitStatus(signal=signal.SIGKILL)
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < 5  # it would sleep 60 s
 
 
 def test_leftovers_of_a_finished_task_are_stopped_and_named_and_others_untouched(host):
@@ -294,8 +294,8 @@ def test_eof_stops_every_tree_within_eof_grace(host):
     started = time.monotonic()
     h.link.close_channel()
     h.proc.wait(timeout=10)
-    wait_for(lambda: not marked(marker), timeout=3, message="every process of every tree to end")
-    assert time.monotonic() - started < 2.5
+    wait_for(lambda: not marked(marker), timeout=10, message="every process of every tree to end")
+    assert time.monotonic() - started < 5  # they would sleep 600 s
 
 
 def test_a_missed_heartbeat_stops_every_task(tmp_path):
@@ -332,14 +332,14 @@ def test_a_flooding_task_delays_neither_another_tasks_status_nor_a_stop(host):
     started = time.monotonic()
     quick = h.start(["sh", "-c", "echo done; exit 3"], relay=True)
     assert ended(quick, timeout=5) == ExitStatus(code=3)
-    assert time.monotonic() - started < 2, "the flood delayed another task's status"
+    assert time.monotonic() - started < 5, "the flood delayed another task's status"
     assert log_text(quick) == "done\n"
     sleeper = h.start(["sleep", "60"], relay=True)
     running(sleeper)
     started = time.monotonic()
     sleeper.terminate()
     assert ended(sleeper, timeout=5) == ExitStatus(signal=signal.SIGTERM)
-    assert time.monotonic() - started < 2, "the flood delayed a stop"
+    assert time.monotonic() - started < 5, "the flood delayed a stop"
     assert h.link.lost_reason is None  # heartbeats kept flowing
     flood.kill()
     assert ended(flood) == ExitStatus(signal=signal.SIGKILL)

@@ -163,6 +163,7 @@ def test_where_no_namespace_can_be_made_one_line_says_so_and_nothing_starts(tfla
 
 @pytest.mark.slow
 @pytest.mark.tensorflow
+@pytest.mark.timeout(360)  # its run waits up to 300 s
 def test_builtin_trainer_trains_inside_the_namespace_and_its_ports_stay_inside(tflaunch):
     proc = tflaunch.start("--local", "2", "--isolate-network", "--", "python", "-m", "trainer", "--epochs", "6")
 
@@ -224,7 +225,7 @@ def test_a_resolver_that_hangs_does_not_hold_the_launch():
 
     start = time.monotonic()
     assert public_addresses(["slow.example"], slow, timeout=0.3) == {}
-    assert time.monotonic() - start < 2
+    assert time.monotonic() - start < 10  # the resolver would hold it for 30 s
     never.set()
 
 

@@ -147,7 +147,7 @@ def cluster_file(tmp_path: Path, testhosts, body: str, name: str = "cluster.yaml
     return path
 
 
-def two_workers(testhosts, port: int = 2222) -> str:
+def two_workers(testhosts, port: int) -> str:
     node1, node2 = testhosts.hosts[:2]
     return (f"worker:\n  - host: node1\n    address: {node1.address}\n    port: {port}\n"
             f"  - host: node2\n    address: {node2.address}\n    port: {port}\n")
@@ -205,7 +205,7 @@ class Blackhole:
 @pytest.mark.ssh
 @pytest.mark.timeout(180)
 def test_healthy_pair_passes_check(tflaunch, testhosts, tmp_path):
-    cluster = cluster_file(tmp_path, testhosts, two_workers(testhosts))
+    cluster = cluster_file(tmp_path, testhosts, two_workers(testhosts, testhosts.port()))
     started = time.monotonic()
     done = tflaunch.run("check", str(cluster), timeout=60)
     elapsed = time.monotonic() - started
@@ -223,7 +223,8 @@ def test_healthy_pair_passes_check(tflaunch, testhosts, tmp_path):
 @pytest.mark.timeout(180)
 def test_one_way_blackhole_is_named_with_its_direction_and_refuses_the_run(tflaunch, testhosts, tmp_path):
     node1, node2 = testhosts.hosts[:2]
-    cluster = cluster_file(tmp_path, testhosts, two_workers(testhosts))
+    port = testhosts.port()
+    cluster = cluster_file(tmp_path, testhosts, two_workers(testhosts, port))
     with Blackhole(testhosts, on="node1", to="node2"):
         started = time.monotonic()
         checked = tflaunch.run("check", str(cluster), timeout=60)
@@ -232,8 +233,8 @@ def test_one_way_blackhole_is_named_with_its_direction_and_refuses_the_run(tflau
         # node1 cannot send to node2 at all; node2's SYN reaches node1, but node1's answer is dropped.
         assert checked.returncode == 1, checked.stdout
         assert mesh_rows(checked.stdout) == {
-            "node1": [f"FAIL  node1 -> {node2.address}:2222 (worker-1): no route to host (blackhole route)"],
-            "node2": [f"FAIL  node2 -> {node1.address}:2222 (worker-0): timed out after 3 s"],
+            "node1": [f"FAIL  node1 -> {node2.address}:{port} (worker-1): no route to host (blackhole route)"],
+            "node2": [f"FAIL  node2 -> {node1.address}:{port} (worker-0): timed out after 3 s"],
         }
         assert elapsed < 3 + 7, "the probe is bounded by the connect timeout (3 s) plus ssh and start-up"
         nothing_left(testhosts)
@@ -242,8 +243,8 @@ def test_one_way_blackhole_is_named_with_its_direction_and_refuses_the_run(tflau
     assert refused.returncode == 2, refused.stderr
     (line,) = refused.stderr.strip().splitlines()
     assert line.startswith(f"tflaunch: error: {cluster}: preflight failed: ")
-    assert f"node1 -> {node2.address}:2222 (worker-1): no route to host" in line
-    assert f"node2 -> {node1.address}:2222 (worker-0): timed out" in line
+    assert f"node1 -> {node2.address}:{port} (worker-1): no route to host" in line
+    assert f"node2 -> {node1.address}:{port} (worker-0): timed out" in line
     assert tflaunch.latest_run() is None  # refused before any task started: no run folder
     nothing_left(testhosts)
 
@@ -266,10 +267,11 @@ def test_name_that_resolves_on_one_host_only_is_named(tflaunch, testhosts, tmp_p
     wrapper = tmp_path / "python-with-node2-hosts"
     wrapper.write_text(f'#!/bin/sh\nexec ip netns exec {node2.netns} {sys.executable} "$@"\n')
     wrapper.chmod(0o755)
+    port = testhosts.port(span=2)
     body = (f"hosts:\n  node2:\n    python: {wrapper}\n"
-            f"worker:\n  - host: node1\n    address: {node1.address}\n    port: 2222\n"
-            f"  - host: node2\n    address: {name}\n    port: 2222\n"
-            f"  - host: node2\n    address: {node2.address}\n    port: 2223\n")
+            f"worker:\n  - host: node1\n    address: {node1.address}\n    port: {port}\n"
+            f"  - host: node2\n    address: {name}\n    port: {port}\n"
+            f"  - host: node2\n    address: {node2.address}\n    port: {port + 1}\n")
     cluster = cluster_file(tmp_path, testhosts, body)
     made_parent = not etc.parent.exists()
     etc.mkdir(parents=True, exist_ok=False)
@@ -293,7 +295,7 @@ def test_name_that_resolves_on_one_host_only_is_named(tflaunch, testhosts, tmp_p
 @pytest.mark.timeout(180)
 def test_auto_ports_get_no_mesh_probe(tflaunch, testhosts, tmp_path):
     node1 = testhosts.hosts[0]
-    body = f"worker:\n  - localhost:auto\n  - host: node1\n    address: {node1.address}\n    port: 2222\n"
+    body = f"worker:\n  - localhost:auto\n  - host: node1\n    address: {node1.address}\n    port: {testhosts.port()}\n"
     done = tflaunch.run("check", str(cluster_file(tmp_path, testhosts, body)), timeout=60)
     assert rows(done.stdout, "ssh")["node1"][0].startswith("ok  reachable"), done.stdout
     assert mesh_rows(done.stdout) == {}
@@ -304,7 +306,8 @@ def test_auto_ports_get_no_mesh_probe(tflaunch, testhosts, tmp_path):
 @pytest.mark.timeout(180)
 def test_stalled_start_names_the_broken_pair(tflaunch, testhosts, tmp_path):
     node1, node2 = testhosts.hosts[:2]
-    cluster = cluster_file(tmp_path, testhosts, two_workers(testhosts))
+    port = testhosts.port()
+    cluster = cluster_file(tmp_path, testhosts, two_workers(testhosts, port))
     with Blackhole(testhosts, on="node1", to="node2"):
         # Each task holds its TF_CONFIG port, as a TensorFlow server does, and never makes progress.
         done = tflaunch.run(str(cluster), "--no-check", "--start-timeout", "3", "--",
@@ -313,8 +316,8 @@ def test_stalled_start_names_the_broken_pair(tflaunch, testhosts, tmp_path):
     named = [line for line in done.stderr.splitlines() if "start timeout" in line and "the mesh is broken" in line]
     assert named, done.stderr
     failed = named[-1]
-    assert f"node1 -> {node2.address}:2222 (worker-1): no route to host" in failed
-    assert f"node2 -> {node1.address}:2222 (worker-0): timed out after 3 s" in failed
+    assert f"node1 -> {node2.address}:{port} (worker-1): no route to host" in failed
+    assert f"node2 -> {node1.address}:{port} (worker-0): timed out after 3 s" in failed
     assert "the mesh is broken" in done.record["attempts"][0]["reason"]
     nothing_left(testhosts)
 
@@ -323,7 +326,7 @@ def test_stalled_start_names_the_broken_pair(tflaunch, testhosts, tmp_path):
 @pytest.mark.ssh
 @pytest.mark.timeout(180)
 def test_probes_end_with_their_ssh_sessions_when_tflaunch_is_killed(tflaunch, testhosts, tmp_path):
-    cluster = cluster_file(tmp_path, testhosts, two_workers(testhosts))
+    cluster = cluster_file(tmp_path, testhosts, two_workers(testhosts, testhosts.port()))
 
     def probes() -> dict[str, int]:
         found = {}

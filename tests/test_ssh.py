@@ -27,8 +27,10 @@ def cluster_file(tmp_path: Path, testhosts, body: str, name: str = "cluster.yaml
     return path
 
 
-def two_workers(testhosts, port: int = 2222, extra: str = "") -> str:
+def two_workers(testhosts, port: int | None = None, extra: str = "") -> str:
+    """Two tasks, on node1 and node2, at a port no other test used (``testhosts.port()``) unless given."""
     node1, node2 = testhosts.hosts[:2]
+    port = testhosts.port() if port is None else port
     return ("worker:\n"
             f"  - host: node1\n    address: {node1.address}\n    port: {port}\n{extra}"
             f"  - host: node2\n    address: {node2.address}\n    port: {port}\n{extra}")
@@ -101,7 +103,7 @@ def test_awkward_env_and_arguments_arrive_intact(tflaunch, testhosts, tmp_path):
 
 def test_awkward_host_name_is_not_executed(tflaunch, testhosts, tmp_path):
     marker = uuid.uuid4().hex[:8]
-    body = f"worker:\n  - host: 'node1;touch /tmp/pwned-{marker}'\n    port: 2222\n"
+    body = f"worker:\n  - host: 'node1;touch /tmp/pwned-{marker}'\n    port: {testhosts.port()}\n"
     cluster = cluster_file(tmp_path, testhosts, body)
     done = tflaunch.run(str(cluster), "--no-check", "--", "python", TASK, "env")
     assert done.returncode == 255
@@ -135,8 +137,9 @@ def test_no_remote_process_survives_tflaunch(tflaunch, testhosts, tmp_path, how)
 
 def test_unreachable_host_reported_within_connect_timeout(tflaunch, testhosts, tmp_path):
     node1 = testhosts.hosts[0]
-    body = (f"worker:\n  - host: node1\n    address: {node1.address}\n    port: 2222\n"
-            f"  - host: {node1.address.rsplit('.', 1)[0]}.250\n    port: 2222\n")
+    port = testhosts.port()
+    body = (f"worker:\n  - host: node1\n    address: {node1.address}\n    port: {port}\n"
+            f"  - host: {node1.address.rsplit('.', 1)[0]}.250\n    port: {port}\n")
     cluster = cluster_file(tmp_path, testhosts, body)
     start = time.monotonic()
     checked = tflaunch.run(str(cluster), "--", "python", TASK, "forever")
@@ -175,20 +178,21 @@ def test_host_cut_off_mid_run_is_detected(tflaunch, testhosts, tmp_path):
 
 def test_check_reports_busy_port_and_missing_workdir(tflaunch, testhosts, tmp_path):
     # The listener exits when its stdin closes: killing a local ssh client leaves the remote process.
+    port = testhosts.port()
     listener = subprocess.Popen(testhosts.ssh_argv(
-        "node1", "exec python3 -c 'import socket,sys; s=socket.socket(); s.bind((\"\",2299)); s.listen(); "
+        "node1", f"exec python3 -c 'import socket,sys; s=socket.socket(); s.bind((\"\",{port})); s.listen(); "
                  "print(\"listening\", flush=True); sys.stdin.read()'"),
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert listener.stdout.readline().strip() == "listening"
-        body = two_workers(testhosts, port=2299).replace(
+        body = two_workers(testhosts, port=port).replace(
             "  - host: node2\n", "  - host: node2\n    workdir: /no/such/dir\n")
         cluster = cluster_file(tmp_path, testhosts, body)
         done = tflaunch.run("check", str(cluster))
         assert done.returncode == 1
         rows = done.stdout.splitlines()
-        assert any("node1" in r and "port 2299" in r and "FAIL" in r and "in use" in r for r in rows)
-        assert any("node2" in r and "port 2299" in r and " ok " in r for r in rows)
+        assert any("node1" in r and f"port {port}" in r and "FAIL" in r and "in use" in r for r in rows)
+        assert any("node2" in r and f"port {port}" in r and " ok " in r for r in rows)
         assert any("node2" in r and "workdir" in r and "FAIL" in r and "/no/such/dir" in r for r in rows)
         assert any("node1" in r and "tensorflow" in r and " ok " in r for r in rows)
         as_json = json.loads(tflaunch.run("check", str(cluster), "--json").stdout)
@@ -227,7 +231,7 @@ def test_ssh_settings_and_setup_line_without_an_ssh_config(tflaunch, testhosts, 
         f"    workdir: {tmp_path}\n"
         f"  {node2.address}:\n"
         "    env: {USER_FROM_HOST: node2-env}\n"
-        f"worker:\n  - {node1.address}:2222\n  - {node2.address}:2222\n"
+        f"worker:\n  - {node1.address}:{testhosts.port()}\n  - {node2.address}:{testhosts.port()}\n"
     )
     cluster = tmp_path / "plain.yaml"
     cluster.write_text(body)

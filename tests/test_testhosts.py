@@ -156,7 +156,8 @@ def test_cut_fails_new_connections_and_restore_brings_them_back(testhosts):
         start = time.monotonic()
         done = testhosts.run("node2", "true", "-o", "ConnectTimeout=2", timeout=20)
         elapsed = time.monotonic() - start
-        assert done.returncode == 255 and elapsed < 4, (done.returncode, elapsed, done.stderr)
+        # ConnectTimeout ends it: without it, the kernel gives up on the SYN only after about 2 minutes.
+        assert done.returncode == 255 and elapsed < 15, (done.returncode, elapsed, done.stderr)
         assert testhosts.run("node1", "hostname").stdout.strip() == "node1"  # only node2 is cut off
     finally:
         testhosts.restore("node2")
