@@ -38,15 +38,14 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from .cluster.plan import TENSORBOARD_SUBDIR
 from .errors import LaunchError
+from .records.folder import TENSORBOARD, TENSORBOARD_LOG
 from .taskenv import TENSORBOARD_DIR
 
 DEFAULT_HOST = "127.0.0.1"
 FIRST_PORT = 6006  # TensorBoard's own default; the next free one above it otherwise
 PORTS_TRIED = 100
 ANSWER_LIMIT = 64 * 1024  # bytes of /data/logdir read at most: a stranger's endless answer costs no memory
-LOG_NAME = "tensorboard.log"  # in the run folder, for a server started beside a run
 MISSING = "TensorBoard is not installed; install tflaunch's 'tensorboard' extra: pip install -e '.[tensorboard]'"
 
 # Runs in the server's own process before TensorBoard: die with the parent, then be TensorBoard.
@@ -84,7 +83,7 @@ def logdir_of(run_dir: Path, task_envs: list[dict[str, str]] | None = None) -> P
     for env in task_envs or []:
         if env.get(TENSORBOARD_DIR):
             return Path(env[TENSORBOARD_DIR])
-    return Path(run_dir) / TENSORBOARD_SUBDIR
+    return Path(run_dir) / TENSORBOARD
 
 
 def pick_port(host: str, wanted: int | None) -> int:
@@ -243,10 +242,10 @@ class BesideRun:
         self._waiter: threading.Thread | None = None
 
     def start(self, run_dir: Path) -> None:
-        logdir = Path(run_dir) / TENSORBOARD_SUBDIR
+        logdir = Path(run_dir) / TENSORBOARD
         try:
             logdir.mkdir(exist_ok=True)
-            self.server = TensorBoard.start(logdir, host=self.host, port=self.port, log_path=Path(run_dir) / LOG_NAME)
+            self.server = TensorBoard.start(logdir, host=self.host, port=self.port, log_path=Path(run_dir) / TENSORBOARD_LOG)
         except (OSError, TensorBoardError) as exc:
             self.message(f"TensorBoard not started: {exc}")
             return

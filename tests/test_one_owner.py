@@ -69,3 +69,64 @@ def test_the_enums_still_compare_equal_to_the_words_run_json_holds():
     # Readers compare raw JSON values (slurm.json's neighbour run.json, a summary's status) with the enums.
     assert RunStatus.RUNNING == "running" and "launcher-lost" in (RunStatus.RUNNING, RunStatus.LAUNCHER_LOST)
     assert TaskState.FAILED == "failed" and Outcome.INTERRUPTED == "interrupted"
+
+
+# -- the run folder's layout -------------------------------------------------------------------
+
+FOLDER = LAUNCHER / "records" / "folder.py"
+
+
+def layout_names() -> tuple[set[str], set[str]]:
+    """(names distinctive enough to look for anywhere in code, plain words looked for only in paths)."""
+    from launcher.records import folder
+
+    names = {value for key, value in vars(folder).items() if key.isupper() and isinstance(value, str)
+             and key not in ("DEFAULT_LOG_DIR",)}
+    plain = {name for name in names if name.isalpha()}  # backup, stacks, tensorboard: words in other senses too
+    return names - plain - {".log", ".txt"}, plain | {".log", ".txt"}
+
+
+def code_strings(tree: ast.AST) -> list[ast.Constant]:
+    docstrings = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                docstrings.add(id(first.value))
+    return [node for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings]
+
+
+def layout_spelled(path: Path) -> list[str]:
+    """Where a module spells a name of the run folder's layout: anywhere in code for a distinctive
+    name (run.json, attempt-), in a path for a plain word (x / "backup", f"{run_dir}/stacks", ".log")."""
+    distinct, plain = layout_names()
+    tree = ast.parse(path.read_text(), str(path))
+    found = [(node.lineno, node.value) for node in code_strings(tree) if any(name in node.value for name in distinct)]
+    for node in ast.walk(tree):
+        sides = [node.left, node.right] if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) else []
+        if isinstance(node, ast.JoinedStr):
+            sides = [v for v in node.values if isinstance(v, ast.Constant)]
+        for side in sides:
+            if isinstance(side, ast.Constant) and isinstance(side.value, str) and side.value.lstrip("/*") in plain:
+                found.append((side.lineno, side.value))
+    where = path.relative_to(LAUNCHER.parent) if path.is_relative_to(LAUNCHER) else path.name
+    return [f"{where}:{line}: {value!r}" for line, value in sorted(set(found))]
+
+
+def test_the_layout_finder_sees_names_in_paths_and_messages(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text('"""Writes run.json."""\n'
+                      'a = folder / "backup"\n'
+                      'b = f"{run_dir}/checkpoints"\n'
+                      'c = run.path / f"{task}.log"\n'
+                      'd = path.glob("attempt-*/stacks")\n'
+                      'e = f"see {x} (merged.log has them all)"\n'
+                      'f = {"op": "stacks"}\n')
+    found = [hit.split(": ", 1)[1] for hit in layout_spelled(sample)]
+    assert found == ["'backup'", "'/checkpoints'", "'.log'", "'attempt-*/stacks'", "' (merged.log has them all)'"]
+
+
+def test_no_module_outside_folder_spells_the_run_folders_layout():
+    found = [hit for path in launcher_modules() if path != FOLDER for hit in layout_spelled(path)]
+    assert found == [], "import the name from launcher/records/folder.py:\n" + "\n".join(found)

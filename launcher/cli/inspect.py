@@ -13,7 +13,7 @@ import re
 import click
 
 from ..inspect.runs import RUN_FORMS
-from ..records.folder import DEFAULT_LOG_DIR
+from ..records.folder import DEFAULT_LOG_DIR, LEARNING_CURVES
 from ..records.states import RunStatus
 from .group import cli
 
@@ -108,7 +108,7 @@ def status_command(run_ref: str | None, log_dir: str, as_json: bool) -> None:
 @click.option("--task", metavar="NAME", help="Figures of this task (default: the chief, or worker-0).")
 @click.option("--all", "all_tasks", is_flag=True, help="Figures of every task that reported epochs.")
 @click.option("--plot/--no-plot", default=False,
-              help="Also draw the learning curves into learning_curves.png in the run folder (needs matplotlib; "
+              help=f"Also draw the learning curves into {LEARNING_CURVES} in the run folder (needs matplotlib; "
                    "default: no plot).")
 @log_dir_option
 @json_option

@@ -7,11 +7,12 @@ from typing import Any
 
 import click
 
+from ..records.folder import SBATCH_SCRIPT
 from .group import cli
 
-SUBMIT_HELP = """Submit a TensorFlow cluster to Slurm: (CLUSTER.yaml with a 'slurm:' section | --nodes N).
+SUBMIT_HELP = f"""Submit a TensorFlow cluster to Slurm: (CLUSTER.yaml with a 'slurm:' section | --nodes N).
 
-Writes job.sbatch (every #SBATCH line commented) into a new run folder, submits it with sbatch and
+Writes {SBATCH_SCRIPT} (every #SBATCH line commented) into a new run folder, submits it with sbatch and
 prints the job id and the run folder. Inside the job, 'tflaunch --slurm' starts one srun step whose
 agent on each node starts that node's tasks, and supervises them; runs, logs, status and report read the folder as for any run.
 Everything after -- is the command each task runs (default: python -m trainer).

@@ -37,6 +37,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from ..records.folder import CHECKPOINTS, TENSORBOARD
 from ..taskenv import ATTEMPT, BACKUP_DIR, CHECKPOINT_DIR, RUN_DIR, RUN_ID, TASK, TENSORBOARD_DIR
 from .reader import AUTO, ROLES, ClusterSpec, SshSettings, TaskSpec, is_local
 from .spec import EnvLayer, hidden_names, masked_env, value_by_name
@@ -45,7 +46,6 @@ DEFAULT_COMMAND = ("python", "-m", "trainer")
 PYTHON_NAMES = ("python", "python3")
 THIS_MACHINE = "localhost"  # key for this machine in ``cores_by_host``
 INTEROP_THREADS = 2
-TENSORBOARD_SUBDIR = "tensorboard"  # <run folder>/tensorboard: TFLAUNCH_TENSORBOARD_DIR, what TensorBoard reads
 LEGACY_KERAS_NOTE = (
     "TF_USE_LEGACY_KERAS=1 set for every task: tf.keras is tf_keras there, because Keras 3 cannot run "
     "Model.fit under MultiWorkerMirroredStrategy (set TF_USE_LEGACY_KERAS=0 in 'env' to keep Keras 3)"
@@ -144,8 +144,8 @@ def plan_cluster(
         if context.backup_dir:
             defaults[BACKUP_DIR] = context.backup_dir
         if has_evaluator:
-            defaults[CHECKPOINT_DIR] = f"{context.run_dir}/checkpoints"
-        defaults[TENSORBOARD_DIR] = f"{context.run_dir}/{TENSORBOARD_SUBDIR}"
+            defaults[CHECKPOINT_DIR] = f"{context.run_dir}/{CHECKPOINTS}"
+        defaults[TENSORBOARD_DIR] = f"{context.run_dir}/{TENSORBOARD}"
         env, sources = layer_env([
             (DEFAULT_SOURCE, {k: v for k, v in defaults.items() if k not in inherited_env}),
             (INHERITED_SOURCE, {k: inherited_env[k] for k in defaults if k in inherited_env}),

@@ -23,6 +23,7 @@ from ..cluster.spec import (ROLES, ClusterSpec, EnvLayer, RestartPolicy, SshSett
                             is_local)
 from ..cluster.spec import restarts_possible as spec_restarts_possible
 from ..errors import ConfigError
+from ..records.folder import BACKUP
 from ..taskenv import ATTEMPT, BACKUP_DIR, CHECKPOINT_DIR, RUN_DIR, TASK
 from .settings import SECTION, KubernetesSettings, Storage
 
@@ -91,7 +92,7 @@ def plan_pods(spec: ClusterSpec, settings: KubernetesSettings, name: str, comman
     check_override_env(override_env or {})
     pod_spec = _pod_cluster(spec, settings, pod_host)
     run_dir = pod_run_dir(settings.storage, name)
-    backup_dir = f"{run_dir}/backup" if settings.storage and restarts_possible(spec) else None
+    backup_dir = f"{run_dir}/{BACKUP}" if settings.storage and restarts_possible(spec) else None
     plan = plan_cluster(pod_spec, RunContext(run_id=name, run_dir=run_dir, backup_dir=backup_dir),
                         local_hosts=frozenset(), cores_by_host={}, default_python=settings.python,
                         default_workdir=settings.workdir or "", command=command, override_env=override_env,

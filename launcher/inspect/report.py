@@ -14,10 +14,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..records.folder import LEARNING_CURVES, RECORD, RESOURCES
 from ..records.states import RunStatus, TaskState
 from .runs import NoMetricsError, Run, RunState, RunSummary, epoch_records, final_record
 
-PLOT_FILE = "learning_curves.png"
 PLOT_MISSING = "learning curves: not drawn, matplotlib is not installed (pip install 'tflaunch[plot]')"
 EPOCH_NOTE = ("epoch time and samples/s: means over the epochs after the first (the warm-up), or of the first "
               "when it is the only one; step time = global batch / samples/s")
@@ -115,7 +115,7 @@ def status_lines(status: RunState, now: float | None = None) -> list[str]:
         if launcher.get("alive") is None:
             head += " (another host: not checked from here)"
     elif status.status == RunStatus.LAUNCHER_LOST:
-        head = (f"launcher lost: run.json says running but the {where} is gone; "
+        head = (f"launcher lost: {RECORD} says running but the {where} is gone; "
                 f"task states below are the last ones recorded")
     else:
         head = (f"not running: {status_text(status.status, status.exit_code)} after "
@@ -142,8 +142,8 @@ def status_lines(status: RunState, now: float | None = None) -> list[str]:
         lines.append(f"error: {status.error}")
     figures = {t.name: t.resources for t in status.tasks if t.resources}
     if figures:
-        lines += ["", "resource use over the run so far (resources.json):" if status.status == RunStatus.RUNNING
-                  else "resource use over the run (resources.json):"]
+        lines += ["", f"resource use over the run so far ({RESOURCES}):" if status.status == RunStatus.RUNNING
+                  else f"resource use over the run ({RESOURCES}):"]
         lines += resources_lines(figures)
     return lines
 
@@ -223,7 +223,7 @@ def build_report(run: Run, task: str | None = None, all_tasks: bool = False, plo
                             f"{max(r['epoch'] for rows in epochs.values() for r in rows)} so far")
     if plot:
         try:
-            report.plot = str(learning_curves(epochs, run.path / PLOT_FILE, title=f"{run.run_id} ({report.source})"))
+            report.plot = str(learning_curves(epochs, run.path / LEARNING_CURVES, title=f"{run.run_id} ({report.source})"))
         except ImportError:
             report.plot_note = PLOT_MISSING
     return report
@@ -269,9 +269,9 @@ def report_lines(report: Report) -> list[str]:
                       f"{duration(final.get('total_seconds'))}"]
     lines.append("")
     if report.resources:
-        lines += ["resource use per task (resources.json):", *resources_lines(report.resources)]
+        lines += [f"resource use per task ({RESOURCES}):", *resources_lines(report.resources)]
     else:
-        lines.append("resource use: not recorded for this run (no resources.json)")
+        lines.append(f"resource use: not recorded for this run (no {RESOURCES})")
     if report.plot or report.plot_note:
         lines += ["", f"learning curves: {report.plot}" if report.plot else report.plot_note]
     return lines

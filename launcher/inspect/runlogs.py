@@ -37,7 +37,7 @@ def log_path(run: Run, query: LogQuery) -> Path:
     run.require_task(query.task)
     if query.attempt is not None:
         return run.folder.task_log(query.task, query.attempt)
-    return run.path / f"{query.task}.log"
+    return run.folder.latest_task_log(query.task)
 
 
 def _wanted(line: str, query: LogQuery) -> bool:

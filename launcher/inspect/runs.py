@@ -22,11 +22,11 @@ from typing import Any, Callable
 
 from ..errors import LaunchError, RunNotFoundError
 from ..options import form, python_caller
-from ..records.folder import RECORD, RunFolder
+from ..records.folder import RECORD, SLURM_RECORD, RunFolder
 from ..records.metrics import speaker
 from ..records.record import RunRecord, RunStatus, TaskRecord
 from ..records.states import TaskState
-from ..records.slurm import SLURM_RECORD, pending_record
+from ..records.slurm import pending_record
 
 LATEST = "latest"
 RUN_FORMS = "a run id, a unique prefix of one, 'latest' (the default), or the path of a run folder"

@@ -18,7 +18,7 @@ def live_stacks(run: Run) -> dict[str, Any]:
     """The answer of the run's tflaunch (see :mod:`launcher.records.control`); ControlError when it cannot give one."""
     status = run.status
     if status is not RunStatus.RUNNING:
-        where = [p for p in sorted(run.path.glob("attempt-*/stacks")) if p.is_dir()]
+        where = run.folder.stack_dirs()
         kept = f"; the stacks of its last hang are in {where[-1]}" if where else ""
         raise ControlError(f"run {run.run_id} is not running ({status.describe()}): 'tflaunch stacks' asks a "
                            f"running run's tflaunch{kept}")

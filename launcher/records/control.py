@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ..errors import LaunchError
+from .folder import CONTROL_SOCKET as SOCKET  # the name is the folder layout's
 
-SOCKET = "control.sock"
 MAX_REQUEST = 4096  # bytes of one request line
 MAX_ANSWER = 64 << 20  # bytes a client accepts
 MAX_CLIENTS = 8  # requests served at once

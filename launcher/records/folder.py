@@ -1,5 +1,6 @@
-"""Run folders: where they go (``logs/`` unless told otherwise), how one is made, and its layout.
+"""Run folders: where they go (``logs/`` unless told otherwise), how one is made, and their layout.
 
+Every name in a run folder is defined here, once, and imported by whoever writes or reads it.
 Layout of one run::
 
     logs/20261122-140501-a3f9/
@@ -9,10 +10,17 @@ Layout of one run::
         resources.json      each task's CPU and memory figures, when they were sampled
         attempt-1/worker-0.log   each task's own stdout and stderr, byte for byte
         worker-0.log -> attempt-1/worker-0.log   (the latest attempt)
-        attempt-1/stacks/   the tasks' stacks, when a hang watchdog collected them
+        attempt-1/stacks/   each task's stacks (<task>.txt) and verdict.json, when a hang watchdog sampled them
         backup/             the trainer's backup, when the run may restart
+        checkpoints/        the chief's per-epoch checkpoints, when there is an evaluator
+        tensorboard/        the TensorBoard scalars tasks write
+        tensorboard.log     the output of a TensorBoard started beside the run
+        learning_curves.png drawn by 'tflaunch report --plot'
+        control.sock        while the run lasts: where 'tflaunch stacks' asks (records/control.py)
 
-A Slurm run's folder also holds ``job.sbatch`` and ``slurm.json`` (see :mod:`launcher.records.slurm`).
+A Slurm run's folder also holds ``job.sbatch``, ``slurm.json`` (:mod:`launcher.records.slurm`), the
+job's own output ``slurm-<job id>.out`` and, after requeues, ``requeue-<k>/`` with the run.json and
+attempt folders of earlier executions.
 """
 
 from __future__ import annotations
@@ -32,10 +40,27 @@ if TYPE_CHECKING:
     from .record import RunRecord
 
 DEFAULT_LOG_DIR = "logs"  # where run folders go when neither --log-dir nor a cluster file's log_dir says
+# The layout (see the module docstring).
 RECORD = "run.json"
 MERGED = "merged.log"
 METRICS = "metrics.jsonl"
 RESOURCES = "resources.json"
+ATTEMPT_PREFIX = "attempt-"  # attempt-<k>/
+TASK_LOG_SUFFIX = ".log"  # <task>.log
+STACKS = "stacks"  # attempt-<k>/stacks/
+STACKS_SUFFIX = ".txt"  # attempt-<k>/stacks/<task>.txt
+VERDICT = "verdict.json"  # attempt-<k>/stacks/verdict.json
+BACKUP = "backup"
+CHECKPOINTS = "checkpoints"
+TENSORBOARD = "tensorboard"
+TENSORBOARD_LOG = "tensorboard.log"
+LEARNING_CURVES = "learning_curves.png"
+CONTROL_SOCKET = "control.sock"
+SLURM_RECORD = "slurm.json"
+SBATCH_SCRIPT = "job.sbatch"
+SLURM_OUTPUT = "slurm-%j.out"  # sbatch's --output pattern: %j is the job id
+REQUEUE_PREFIX = "requeue-"  # requeue-<k>/
+RUN_ID_PLACEHOLDER = "<run-id>"  # the folder's name where a dry run shows paths in it
 RUN_ID_DRAWS = 1000  # new ids a run draws when the one it drew is taken (a second holds 65,536)
 
 
@@ -76,6 +101,18 @@ def sync_directory(path: Path) -> None:
             raise
     finally:
         os.close(fd)
+
+
+def attempt_name(attempt: int) -> str:
+    return f"{ATTEMPT_PREFIX}{attempt}"
+
+
+def task_log_name(task: str) -> str:
+    return f"{task}{TASK_LOG_SUFFIX}"
+
+
+def requeue_name(restart_count: int) -> str:
+    return f"{REQUEUE_PREFIX}{restart_count}"
 
 
 def new_run_id(now: float | None = None) -> str:
@@ -138,19 +175,35 @@ class RunFolder:
     def metrics_path(self) -> Path:
         return self.path / METRICS
 
+    @property
+    def backup_dir(self) -> Path:
+        return self.path / BACKUP
+
     def attempt_dir(self, attempt: int) -> Path:
-        return self.path / f"attempt-{attempt}"
+        return self.path / attempt_name(attempt)
 
     def task_log(self, name: str, attempt: int) -> Path:
-        return self.attempt_dir(attempt) / f"{name}.log"
+        return self.attempt_dir(attempt) / task_log_name(name)
+
+    def latest_task_log(self, name: str) -> Path:
+        """The link to the task's log of the latest attempt it ran in."""
+        return self.path / task_log_name(name)
+
+    def stacks_dir(self, attempt: int) -> Path:
+        return self.attempt_dir(attempt) / STACKS
+
+    def stack_dirs(self) -> list[Path]:
+        """The stacks folders of every attempt, oldest first."""
+        found = [p for p in self.path.glob(f"{ATTEMPT_PREFIX}*/{STACKS}") if p.is_dir()]
+        return sorted(found, key=lambda p: (len(p.parent.name), p.parent.name))  # attempt-9 before attempt-10
 
     def open_task_log(self, name: str, attempt: int) -> int:
         """A write descriptor for a task's stdout and stderr; the top-level link follows it."""
         path = self.task_log(name, attempt)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        link = self.path / f"{name}.log"
-        tmp = self.path / f".{name}.log.tmp"
+        link = self.latest_task_log(name)
+        tmp = self.path / f".{link.name}.tmp"
         tmp.unlink(missing_ok=True)
         tmp.symlink_to(path.relative_to(self.path))
         tmp.replace(link)

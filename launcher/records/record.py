@@ -21,6 +21,7 @@ from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any, Mapping
 
 from ..taskenv import ATTEMPT
+from .folder import RECORD
 from .states import Outcome, RunStatus, TaskState
 
 FORMAT_VERSION = 2
@@ -37,7 +38,7 @@ def _read(cls: type, data: Any, key: str, defaults: Mapping[str, Any] | None = N
     lacks take ``defaults``, else the field's own default. RecordError names the first bad value.
     """
     if not isinstance(data, Mapping):
-        raise RecordError(f"{key or 'run.json'}: expected an object, got {_shown(data)}")
+        raise RecordError(f"{key or RECORD}: expected an object, got {_shown(data)}")
     values = dict(defaults or {})
     for name, hint in _hints(cls).items():
         if name in data:

@@ -13,10 +13,8 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
-from .folder import write_atomically
+from .folder import SLURM_RECORD, write_atomically
 from .record import RunRecord, RunStatus
-
-SLURM_RECORD = "slurm.json"
 
 
 def read_slurm_record(folder: Path) -> dict:

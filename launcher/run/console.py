@@ -34,6 +34,7 @@ from typing import IO, Any, Iterable, Mapping
 
 import click
 
+from ..records.folder import MERGED
 from ..records.metrics import PREFIX, Record
 from ..records.states import TaskState
 from .metricview import Line, MetricBoard
@@ -249,7 +250,7 @@ class Console:
             if dropped:
                 self.dropped_lines += dropped
                 pieces.append((self._err, self._message_text(
-                    f"the console fell behind: {dropped:,} task lines not shown here (merged.log has them all)")))
+                    f"the console fell behind: {dropped:,} task lines not shown here ({MERGED} has them all)")))
             self._write(pieces, final=stopping)
             if stopping:
                 return

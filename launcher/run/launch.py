@@ -25,7 +25,7 @@ from ..cluster.spec import AUTO, ClusterSpec, EnvLayer, check_launch_input, is_l
 from ..errors import EnvironmentProblem, PortInUseError, PreflightError, UnknownTaskError
 from ..options import given, python_caller
 from ..options import name as option_name
-from ..records.folder import DEFAULT_LOG_DIR, RunFolder
+from ..records.folder import DEFAULT_LOG_DIR, RUN_ID_PLACEHOLDER, RunFolder
 from ..transports import TransportSet
 from .isolation import NetworkNamespace, isolated_network
 from .limits import check_open_files
@@ -186,7 +186,7 @@ def _reserve_auto_ports(spec: ClusterSpec, local_hosts: frozenset[str], hold: in
 def _placeholder_plan(spec: ClusterSpec, local_hosts: frozenset[str], request: LaunchRequest) -> Plan:
     """The plan with a stand-in run id, for showing and checking before a run exists."""
     log_dir = Path(spec.log_dir or DEFAULT_LOG_DIR)
-    context = RunContext(run_id="<run-id>", run_dir=str((log_dir / "<run-id>").resolve()))
+    context = RunContext(run_id=RUN_ID_PLACEHOLDER, run_dir=str((log_dir / RUN_ID_PLACEHOLDER).resolve()))
     return plan_for(spec, context, local_hosts, request)
 
 

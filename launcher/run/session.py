@@ -24,6 +24,7 @@ from ..cluster.plan import Plan, RunContext, TaskLaunch, tf_cluster
 from ..cluster.spec import ClusterSpec, masked_argv, restarts_possible
 from ..errors import EnvironmentProblem
 from ..records.folder import RunFolder, iso_time
+from ..records.folder import BACKUP
 from ..records.record import AttemptRecord, LauncherRecord, RootCause, RunRecord, TaskRecord
 from ..records.states import Outcome, RunStatus, TaskState
 from ..transports import TransportSet
@@ -214,7 +215,7 @@ class RunSession:
         # With restarts, the trainer backs up into the run folder so a restarted cluster resumes;
         # in-place restarts of ParameterServer workers resume from it too.
         restarts = self.options.backup or restarts_possible(self.options.max_restarts, self.spec.restart_policy)
-        backup = str(run_dir / "backup") if restarts else None
+        backup = str(run_dir / BACKUP) if restarts else None
         return self.plan_attempt(RunContext(self.folder.run_id, str(run_dir), attempt, backup_dir=backup))
 
     # -- one attempt ----------------------------------------------------------------------
@@ -229,7 +230,7 @@ class RunSession:
         if self.options.watchdog.enabled:
             trainers = training_tasks([(l.name, l.role) for l in plan.launches])
             watchdog = Watchdog(self.options.watchdog, self.pump.progress, attempt, trainers,
-                                self.folder.attempt_dir(attempt) / "stacks", self.message,
+                                self.folder.stacks_dir(attempt), self.message,
                                 mesh_problems=self._stall_problems)
         supervisor_options = SupervisorOptions(grace=self.options.grace,
                                                evaluator_timeout=self.options.evaluator_timeout,

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..cluster.plan import Plan
 from ..cluster.spec import ClusterSpec
-from ..records.folder import DEFAULT_LOG_DIR, RunFolder
+from ..records.folder import DEFAULT_LOG_DIR, LEARNING_CURVES, RunFolder
 from ..records.metrics import speaker
 from ..records.states import Outcome, TaskState
 from ..transports.base import signal_name
@@ -228,7 +228,7 @@ def _report_hint(result: RunResult) -> str:
     run_dir = Path(result.run_dir)
     where = "" if run_dir.parent.resolve() == Path(DEFAULT_LOG_DIR).resolve() else f" --log-dir {shlex.quote(str(run_dir.parent))}"
     return (f"per-epoch table: tflaunch report {result.run_id}{where}; learning curves: add --plot "
-            f"(draws {run_dir / 'learning_curves.png'})")
+            f"(draws {run_dir / LEARNING_CURVES})")
 
 
 def _exit(task: Task) -> str:

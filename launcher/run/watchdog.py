@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from ..cluster.plan import TaskLaunch
-from ..records.folder import iso_time
+from ..records.folder import STACKS_SUFFIX, VERDICT, iso_time
 from ..records.record import RootCause
 from ..records.states import TaskState
 from .culprit import Verdict, sample_stacks, verdict
@@ -182,11 +182,11 @@ class Watchdog:
         try:
             self.stacks_dir.mkdir(parents=True, exist_ok=True)
             for name, text in texts.items():
-                (self.stacks_dir / f"{name}.txt").write_text(text)
+                (self.stacks_dir / f"{name}{STACKS_SUFFIX}").write_text(text)
             detail = {"declared_at": iso_time(self.clock()), "hang_timeout": hang, "cpu_share_limit": CPU_SHARE,
                       "cpu_share": {n: None if v is None else round(v, 4) for n, v in stall.cpu.items()},
                       **found.to_json()}
-            (self.stacks_dir / "verdict.json").write_text(json.dumps(detail, indent=2) + "\n")
+            (self.stacks_dir / VERDICT).write_text(json.dumps(detail, indent=2) + "\n")
         except OSError as exc:
             self.message(f"could not file the stacks in {self.stacks_dir}: {exc.strerror or exc}")
 

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..records.folder import DEFAULT_LOG_DIR, RunFolder, iso_time
+from ..records.folder import ATTEMPT_PREFIX, DEFAULT_LOG_DIR, RECORD, TASK_LOG_SUFFIX, RunFolder, iso_time, requeue_name
 from ..records.slurm import read_slurm_record, write_slurm_record
 from ..records.states import RunStatus
 from .commands import job_states
@@ -40,14 +40,14 @@ def find_job_folder(log_dir: Path, job_id: str) -> Path | None:
 
 def archive_previous_execution(folder: Path, restart_count: int) -> Path | None:
     """Move the last execution's record and attempt folders aside so this one starts clean."""
-    old = [p for p in folder.iterdir() if p.name == "run.json" or p.name.startswith("attempt-")]
+    old = [p for p in folder.iterdir() if p.name == RECORD or p.name.startswith(ATTEMPT_PREFIX)]
     if not old:
         return None
-    target = folder / f"requeue-{restart_count}"
+    target = folder / requeue_name(restart_count)
     target.mkdir(exist_ok=True)
     for path in old:
         path.rename(target / path.name)
-    for link in folder.glob("*.log"):
+    for link in folder.glob(f"*{TASK_LOG_SUFFIX}"):
         if link.is_symlink():
             link.unlink()
     return target

@@ -10,6 +10,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 
+from ..records.folder import BACKUP, RECORD, SLURM_OUTPUT
 from .section import SlurmSettings
 
 
@@ -46,7 +47,7 @@ def sbatch_lines(request: JobRequest) -> list[tuple[str, str]]:
     if s.gpus_per_task:
         lines.append((f"--gpus-per-task={s.gpus_per_task}", "GPUs Slurm binds to each task (CUDA_VISIBLE_DEVICES)"))
     lines += [(f"--chdir={request.workdir}", "tasks start where 'tflaunch submit' ran"),
-              (f"--output={request.run_dir}/slurm-%j.out", "tflaunch's own console output, in the run folder")]
+              (f"--output={request.run_dir}/{SLURM_OUTPUT}", "tflaunch's own console output, in the run folder")]
     if s.requeue:
         lines += [(f"--signal=B:USR1@{s.warning_seconds}",
                    f"warn tflaunch (the batch shell) {s.warning_seconds} s before the end; it saves and requeues"),
@@ -82,7 +83,7 @@ def render_script(request: JobRequest) -> str:
            # One line: sbatch stops reading #SBATCH lines at the first line that is not a comment.
            "# Written by 'tflaunch submit'" + (f": {_one_line(shlex.join(request.submitted_argv))}"
                                                if request.submitted_argv else ""),
-           f"# Run folder: {request.run_dir} (run.json, logs, backup/ of this job)",
+           f"# Run folder: {request.run_dir} ({RECORD}, logs, {BACKUP}/ of this job)",
            "#"]
     out += [f"{('#SBATCH ' + option).ljust(width)}# {why}" for option, why in sbatch_lines(request)]
     out += ["",

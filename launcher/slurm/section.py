@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..cluster.fields import FieldReader, show
+from ..records.folder import SBATCH_SCRIPT
 
 SLURM_KEYS = ("nodes", "ntasks_per_node", "chief", "ps", "evaluator", "partition", "time", "gpus_per_task", "account",
               "sbatch_options", "requeue", "warning_seconds")
@@ -66,7 +67,7 @@ def script_text_problem(value: Any) -> str | None:
     """Why a setting cannot be written into job.sbatch (None: it can), naming the bad value."""
     for text in (value if isinstance(value, (list, tuple)) else [value]):
         if isinstance(text, str) and has_control_character(text):
-            return f"expected text without control characters (it is written into job.sbatch), got {show(text)}"
+            return f"expected text without control characters (it is written into {SBATCH_SCRIPT}), got {show(text)}"
     return None
 
 

@@ -18,15 +18,13 @@ from pathlib import Path
 
 from ..cluster.reader import load_cluster_file
 from ..errors import ConfigError
-from ..records.folder import DEFAULT_LOG_DIR, RunFolder, iso_time
+from ..records.folder import DEFAULT_LOG_DIR, RUN_ID_PLACEHOLDER, SBATCH_SCRIPT, RunFolder, iso_time
 from ..records.slurm import write_slurm_record
 from ..records.states import RunStatus
 from .allocation import Allocation, carve_roles
 from .commands import SlurmError, is_user_mistake, last_line
 from .script import JobRequest, render_script
 from .section import SCRIPT_TEXT_OPTIONS, SlurmSettings, read_slurm_section, script_text_problem
-
-SCRIPT_NAME = "job.sbatch"
 
 
 @dataclass(frozen=True)
@@ -89,7 +87,7 @@ def job_request(options: SubmitOptions, run_dir: str) -> tuple[JobRequest, str]:
 def dry_run(options: SubmitOptions) -> str:
     """The script submit would write, with a stand-in run folder."""
     _, log_dir = job_request(options, "")
-    request, _ = job_request(options, str(Path(log_dir).resolve() / "<run-id>"))
+    request, _ = job_request(options, str(Path(log_dir).resolve() / RUN_ID_PLACEHOLDER))
     return render_script(request)
 
 
@@ -99,7 +97,7 @@ def submit(options: SubmitOptions, wait: bool, on_submitted: Callable[[Submitted
     folder = RunFolder.create(log_dir, options.cluster_file or "submit")
     run_dir = folder.path.resolve()
     request, _ = job_request(options, str(run_dir))
-    script = run_dir / SCRIPT_NAME
+    script = run_dir / SBATCH_SCRIPT
     script.write_text(render_script(request))
     script.chmod(0o755)
     if shutil.which("sbatch") is None:
@@ -130,7 +128,7 @@ def submit(options: SubmitOptions, wait: bool, on_submitted: Callable[[Submitted
 def cluster_exit_code(run_dir: Path, sbatch_code: int) -> int:
     """The exit code the cluster's run recorded; sbatch's (the job's) when the run recorded none."""
     try:
-        record = json.loads((run_dir / "run.json").read_text())
+        record = json.loads(RunFolder(run_dir).record_path.read_text())
     except (OSError, ValueError):
         return sbatch_code
     code = record.get("exit_code")
