@@ -9,7 +9,6 @@ import click
 from ..errors import ConfigError
 from .group import cli
 from .options import ClusterChoice, cluster_options
-from .run import _parse_env
 
 EXPORT_HELP = """Print CLUSTER (a cluster YAML file) or --local N as manifests that run the same TensorFlow
 cluster elsewhere: a JobSet (default), a Kubeflow TFJob, or a Kubeflow Trainer runtime and
@@ -24,6 +23,16 @@ Examples:
   tflaunch export --format trainjob --local 2 --chief --image IMAGE --env DATA=/data
   tflaunch export --format sh clusters/two_node.yaml
 """
+
+
+def _parse_env(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str | None]:
+    """``--env``'s items as a mapping; :func:`launcher.cluster.fields.env_items` owns their syntax."""
+    from ..cluster.fields import env_items
+
+    try:
+        return env_items(values)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 class _ExportCommand(click.Command):

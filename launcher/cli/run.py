@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -30,17 +29,13 @@ Examples:
 
 
 def _parse_env(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str | None]:
-    """KEY=VALUE, or KEY alone: passed by name, its value read from tflaunch's environment when the run
-    is planned (None here; see launcher.cluster.spec)."""
-    env: dict[str, str | None] = {}
-    for item in values:
-        key, sep, value = item.partition("=")
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-            # Only the name is shown: the value may be a secret.
-            raise click.BadParameter(f"expected KEY=VALUE or KEY with a variable name for KEY, got {key!r}"
-                                     + (" before '='" if sep else ""))
-        env[key] = value if sep else None
-    return env
+    """``--env``'s items as a mapping; :func:`launcher.cluster.fields.env_items` owns their syntax."""
+    from ..cluster.fields import env_items
+
+    try:
+        return env_items(values)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 ENV_HELP = ("Set a variable in every task (repeatable): KEY=VALUE, or KEY alone to pass tflaunch's own KEY by "

@@ -1,9 +1,14 @@
-"""The cluster layer (pure, no processes): what a cluster is and how each of its tasks starts.
+"""The cluster layer: what a cluster is and how each of its tasks starts, and what that needs of this machine.
 
-A cluster file becomes a validated :class:`~.spec.ClusterSpec` (reader.py on top of yamlfile.py,
-fields.py and checks.py), and so does ``--local N`` (local.py); :func:`~.plan.plan_cluster` turns
-a spec into one :class:`~.plan.TaskLaunch` per task with its argv and environment. machine.py
-knows this machine (its names, cores, open-files limit), exposure.py warns of tasks reachable from
-the internet, ports.py reserves free ports, and probe.py and mesh_probe.py are the stdlib scripts
-that run on each host for checks.
+The pure core starts no process, opens no socket and changes nothing: a cluster file becomes a
+validated :class:`~.spec.ClusterSpec` (reader.py on top of yamlfile.py, fields.py and checks.py),
+and so does ``--local N`` (local.py); roles.py carves roles out of task slots (``-H``, hostfiles,
+Slurm allocations); :func:`~.plan.plan_cluster` turns a spec into one :class:`~.plan.TaskLaunch` per
+task with its argv and environment.
+
+Beside it, three modules ask the system, and the pure core never imports them (a contract in
+``.importlinter`` holds it to that): machine.py knows this machine (its names, cores, open-files
+limit, which it raises for a run), ports.py reserves free ports (bound sockets and a lock file),
+and exposure.py resolves the cluster's names to warn of tasks reachable from the internet.
+probe.py and mesh_probe.py are standard-library scripts shipped to each host for checks.
 """

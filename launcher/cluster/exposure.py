@@ -14,8 +14,7 @@ import threading
 import time
 from typing import Callable, Iterable
 
-from .machine import is_loopback
-from .spec import ClusterSpec
+from .spec import ClusterSpec, is_loopback
 
 RESOLVE_TIMEOUT = 2.0  # all names together; a slow resolver must not hold a launch up
 LOOPBACK_NAMES = ("localhost", "ip6-localhost", "::1")

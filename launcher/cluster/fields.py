@@ -10,12 +10,26 @@ from __future__ import annotations
 import difflib
 import re
 import shlex
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from ..errors import ConfigError
 from .spec import ALL_GPUS, AUTO, RESERVED_ENV
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # a variable name: a file's env keys, --env's KEY
+
+
+def env_items(items: Iterable[str]) -> dict[str, str | None]:
+    """``--env`` items: ``KEY=VALUE``, or ``KEY`` alone, passed by name (None here: its value is read
+    from tflaunch's environment when the run is planned; see ``EnvLayer`` in :mod:`.spec`). A bad name is
+    a ValueError naming the name only, since the value may be a secret."""
+    env: dict[str, str | None] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not ENV_NAME.fullmatch(key):
+            raise ValueError(f"expected KEY=VALUE or KEY with a variable name for KEY, got {key!r}"
+                             + (" before '='" if sep else ""))
+        env[key] = value if sep else None
+    return env
 
 
 class FieldReader:
@@ -85,7 +99,7 @@ class FieldReader:
         mapping = self.expect_mapping(value, key, "a mapping of environment variables")
         env: dict[str, str | None] = {}
         for name, raw in mapping.items():
-            if not isinstance(name, str) or not _ENV_NAME.match(name):
+            if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
                 raise self.fail(f"{key}", f"expected environment variable names, got {show(name)}")
             if name in RESERVED_ENV:
                 hint = " (use 'gpus')" if name.startswith("CUDA_") else ""

@@ -1,5 +1,7 @@
 """This machine: the names and addresses that mean it, its core count, and tflaunch's open-files
-limit (raised for a run, given back to the tasks it starts here)."""
+limit (raised for a run, given back to the tasks it starts here). Unlike the spec and the plan,
+this module asks the system (interfaces, affinity, rlimits); whether an address is a loopback one
+is pure and lives with the spec (:func:`launcher.cluster.spec.is_loopback`)."""
 
 from __future__ import annotations
 
@@ -18,21 +20,6 @@ def local_host_names() -> frozenset[str]:
     except Exception:  # noqa: BLE001 - interface listing is a nicety; names above suffice
         pass
     return frozenset(names)
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` is a loopback address (127.0.0.0/8, ::1, [::1], ::ffff:127.x.y.z).
-
-    Parsed as an address: ``127.foo.example`` is a name like any other, which DNS may point anywhere.
-    """
-    import ipaddress
-
-    try:
-        address = ipaddress.ip_address(host.strip("[]").split("%", 1)[0])
-    except ValueError:
-        return False
-    mapped = getattr(address, "ipv4_mapped", None)
-    return address.is_loopback or bool(mapped and mapped.is_loopback)
 
 
 def cpu_count() -> int:

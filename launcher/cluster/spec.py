@@ -39,6 +39,10 @@ class RestartPolicy(str, enum.Enum):
     TASK = "task"  # the task alone restarts in place, with the same TF_CONFIG, while the others run
 
 
+DEFAULT_CONNECT_TIMEOUT = 10.0  # seconds for an ssh connection when ssh.connect_timeout is not set
+DEFAULT_KEEPALIVE_TIMEOUT = 15.0  # seconds of silence before a host is lost when ssh.keepalive_timeout is not set
+
+
 @dataclass(frozen=True)
 class SshSettings:
     """How to reach a host with the system ``ssh`` client; None means "ssh's own default"."""
@@ -157,9 +161,22 @@ class ClusterSpec:
 
 def is_local(host: str, local_hosts: frozenset[str]) -> bool:
     """Whether ``host`` names this machine (any loopback address counts)."""
-    from .machine import is_loopback
-
     return host in local_hosts or host == "localhost" or is_loopback(host)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address (127.0.0.0/8, ::1, [::1], ::ffff:127.x.y.z).
+
+    Parsed as an address: ``127.foo.example`` is a name like any other, which DNS may point anywhere.
+    """
+    import ipaddress
+
+    try:
+        address = ipaddress.ip_address(host.strip("[]").split("%", 1)[0])
+    except ValueError:
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)
+    return address.is_loopback or bool(mapped and mapped.is_loopback)
 
 
 def restarts_possible(max_restarts: int, restart_policy: Mapping[str, "RestartPolicy"]) -> bool:

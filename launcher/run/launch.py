@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Callable
 from ..cluster.machine import cpu_count, local_host_names
 from ..cluster.plan import Plan, RunContext, plan_cluster
 from ..cluster.ports import HELD_AT_MOST, PortReservation, port_is_free, reserve_ports
-from ..cluster.spec import AUTO, ClusterSpec, EnvLayer, check_launch_input, is_local
+from ..cluster.spec import AUTO, DEFAULT_CONNECT_TIMEOUT, ClusterSpec, EnvLayer, check_launch_input, is_local
 from ..errors import EnvironmentProblem, PortInUseError, PreflightError, UnknownTaskError
 from ..options import given, python_caller
 from ..options import name as option_name
@@ -162,7 +162,7 @@ def _agent_ports(spec: ClusterSpec, local_hosts: frozenset[str], request: Launch
         first = launches[names[0]]
         try:
             link = transports.for_launch(first).link_for(first)
-            timeout = (first.ssh.connect_timeout if first.ssh and first.ssh.connect_timeout else 10.0) + 20.0
+            timeout = ((first.ssh.connect_timeout if first.ssh else None) or DEFAULT_CONNECT_TIMEOUT) + 20.0
             chosen.update(zip(names, link.pick_ports(len(names), timeout)))
         except OSError as exc:
             raise EnvironmentProblem(f"{spec.source}: port auto: {exc.strerror or exc}") from None

@@ -4,7 +4,7 @@ and refuses a run that would not fit before anything starts.
 What a run holds open grows with its hosts, not its tasks: per host a channel to its agent (two
 pipe ends and a file for the carrier's messages, or one connection from a Slurm node); per task
 nothing while it runs, because each task writes its own log, the output pump keeps at most
-``pump.OPEN_FILES`` of those files open and relayed output at most ``proxies.OPEN_LOGS``.
+``pump.OPEN_FILES`` of those files open and relayed output at most ``transports.base.OPEN_LOGS``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 from ..cluster.machine import raise_open_files_limit
 from ..cluster.spec import ClusterSpec, is_local
 from ..errors import EnvironmentProblem
-from ..transports.proxies import OPEN_LOGS
+from ..transports.base import OPEN_LOGS
 from .pump import OPEN_FILES
 
 BASE = 48  # the interpreter, the console, the run's own files, signal and wakeup pipes, the port lock

@@ -28,11 +28,14 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..cluster import mesh_probe
 from ..cluster.plan import TaskLaunch
+from ..cluster.spec import DEFAULT_CONNECT_TIMEOUT
 from ..transports import TransportSet
-from ..transports.ssh import DEFAULT_CONNECT_TIMEOUT
 
-MESH_SOURCE = (Path(__file__).parent.parent / "cluster" / "mesh_probe.py").read_text()
+# The mesh probe runs on each host as ``python -c SOURCE``: its source is shipped, read from the
+# module the import found, so it goes wherever the package is installed.
+MESH_SOURCE = Path(mesh_probe.__file__).read_text()
 LISTENING_MARK = "TFLAUNCH_MESH_LISTENING "
 RESULT_MARK = "TFLAUNCH_MESH_RESULT "
 START_SLACK = 15.0  # seconds for a host's Python to start and listen once ssh is connected

@@ -18,12 +18,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..cluster.exposure import exposure_text, unique_names
+from ..cluster import probe
 from ..cluster.plan import TaskLaunch
+from ..cluster.spec import DEFAULT_CONNECT_TIMEOUT
 from ..transports import TransportSet
-from ..transports.ssh import DEFAULT_CONNECT_TIMEOUT
 from . import mesh
 
-PROBE_SOURCE = (Path(__file__).parent.parent / "cluster" / "probe.py").read_text()
+# The probe runs on each host as ``python -c SOURCE``: its source is shipped, read from the
+# module the import found, so it goes wherever the package is installed.
+PROBE_SOURCE = Path(probe.__file__).read_text()
 PROBE_MARK = "TFLAUNCH_PROBE "
 PROBE_SLACK = 30.0  # seconds a probe may take once connected (nvidia-smi can be slow)
 

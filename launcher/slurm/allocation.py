@@ -1,4 +1,4 @@
-"""A Slurm allocation as tflaunch sees it, and the rule that carves TensorFlow roles out of it.
+"""A Slurm allocation as tflaunch sees it: its nodes, slots, GPUs and CPUs.
 
 Read from the variables Slurm sets in an ``sbatch`` script or ``salloc`` shell:
 
@@ -16,11 +16,9 @@ Read from the variables Slurm sets in an ``sbatch`` script or ``salloc`` shell:
   applied alike on every node;
 - ``SLURM_RESTART_COUNT``: how many times the job was requeued.
 
-**Role rule.** Task slots are numbered in Slurm's own rank order: node by node in the order of
-the node list, each node's slots in turn. The chief (``--chief``, implied by ``--ps``) takes slot
-0, the first node's first slot; the ``K`` ps tasks take the next ``K`` slots; the evaluator
-(``--evaluator``) takes the last slot; every other slot is a worker, in order. At least one worker
-must be left.
+Roles come from the allocation's slots, in Slurm's own rank order (node by node in the order of
+the node list, each node's slots in turn), by the rule every source shares
+(:mod:`launcher.cluster.roles`).
 """
 
 from __future__ import annotations
@@ -29,18 +27,11 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from ..cluster.roles import RoleSlot, Slot, deal_gpus, number_slots
+from ..cluster.roles import carve_roles as carve_slots
 from ..errors import ConfigError
 
 _TASKS_ITEM = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
-
-
-@dataclass(frozen=True)
-class Slot:
-    """One task slot of the allocation: its node, and its place on that node."""
-
-    node: str
-    local_index: int  # 0.. on its node
-    rank: int  # 0.. across the allocation, Slurm's order
 
 
 @dataclass(frozen=True)
@@ -57,25 +48,10 @@ class Allocation:
 
     @property
     def slots(self) -> list[Slot]:
-        slots = []
-        for node, count in zip(self.nodes, self.tasks_per_node):
-            for local in range(count):
-                slots.append(Slot(node, local, len(slots)))
-        return slots
+        return number_slots(list(zip(self.nodes, self.tasks_per_node)))
 
     def describe(self) -> str:
         return f"job {self.job_id}: {sum(self.tasks_per_node)} task slots on {self.nodelist or ','.join(self.nodes)}"
-
-
-@dataclass(frozen=True)
-class RoleSlot:
-    role: str
-    index: int
-    slot: Slot
-
-    @property
-    def name(self) -> str:
-        return f"{self.role}-{self.index}"
 
 
 def parse_tasks_per_node(text: str, source: str = "--slurm") -> list[int]:
@@ -126,44 +102,18 @@ def read_allocation(environ: Mapping[str, str], expand: Callable[[str], list[str
 
 def carve_roles(allocation: Allocation, *, chief: bool = False, ps: int = 0, evaluator: bool = False,
                 source: str = "--slurm") -> list[RoleSlot]:
-    """Roles for every slot of the allocation, by the rule in the module docstring."""
-    if ps < 0:
-        raise ConfigError(source, "--ps", f"expected 0 or more ps tasks, got {ps}")
-    chief = chief or ps > 0  # ParameterServerStrategy needs a coordinator: the chief
-    slots = allocation.slots
-    fixed = int(chief) + ps + int(evaluator)
-    if len(slots) - fixed < 1:
-        asked = [f"{ps} ps task{'s' if ps != 1 else ''}"] if ps else []
-        asked = (["a chief"] if chief else []) + asked + (["an evaluator"] if evaluator else [])
-        key = "--ps" if ps else ("--evaluator" if evaluator else "--chief")
-        raise ConfigError(source, key, f"{', '.join(asked)} and at least one worker need {fixed + 1} task slots; "
-                          f"{allocation.describe()} (ask Slurm for more with --ntasks or --ntasks-per-node)")
-    roles: list[RoleSlot] = []
-    rest = list(slots)
-    if chief:
-        roles.append(RoleSlot("chief", 0, rest.pop(0)))
-    roles += [RoleSlot("ps", i, rest.pop(0)) for i in range(ps)]
-    last = rest.pop() if evaluator else None
-    roles += [RoleSlot("worker", i, slot) for i, slot in enumerate(rest)]
-    if last is not None:
-        roles.append(RoleSlot("evaluator", 0, last))
-    return roles
+    """Roles for every slot of the allocation (the rule is :func:`launcher.cluster.roles.carve_roles`)."""
+    return carve_slots(allocation.slots, chief=chief, ps=ps, evaluator=evaluator, source=source,
+                       room=f"task slots; {allocation.describe()} (ask Slurm for more with --ntasks or "
+                            "--ntasks-per-node)")
 
 
 def gpus_for(roles: list[RoleSlot], allocation: Allocation) -> dict[str, tuple[int, ...] | None]:
-    """Each task's GPU list for the plan: None where Slurm binds GPUs itself (see the module docstring)."""
+    """Each task's GPU list for the plan: None where Slurm binds GPUs itself (see the module docstring),
+    else the node's GPUs dealt by :func:`launcher.cluster.roles.deal_gpus`."""
     if allocation.gpus_per_task:
         return {r.name: None for r in roles}
-    gpus: dict[str, tuple[int, ...] | None] = {r.name: () for r in roles}
-    count = allocation.gpus_per_node or 0
-    if count:
-        dealt: dict[str, int] = {}
-        for r in roles:
-            if r.role in ("chief", "worker"):
-                n = dealt.get(r.slot.node, 0)
-                gpus[r.name] = (n % count,)
-                dealt[r.slot.node] = n + 1
-    return gpus
+    return dict(deal_gpus(roles, allocation.gpus_per_node or 0))
 
 
 def _count(text: str | None) -> int | None:

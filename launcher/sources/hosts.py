@@ -17,7 +17,7 @@ count beyond what any machine can run (``slots=100000``, a typo) is refused at o
 host is reached over ssh. A host may be named once (two names of this machine count as one).
 
 Every slot becomes one task with ``port: auto``. Roles are carved out of the slots by the same rule
-as in a Slurm allocation (:func:`launcher.slurm.allocation.carve_roles`): slots are numbered host by
+as in a Slurm allocation (:mod:`launcher.cluster.roles`): slots are numbered host by
 host in the order given, the chief (``--chief``, implied by ``--ps``) takes the first, the ps tasks
 the next ones, the evaluator (``--evaluator``) the last, workers the rest; at least one worker must
 be left. ``--gpus LIST`` names each host's GPUs: they are dealt round-robin to that host's chief and
@@ -32,11 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..cluster.checks import check_cluster
+from ..cluster.roles import carve_roles, deal_gpus, number_slots
 from ..cluster.spec import AUTO, MAX_TASKS_PER_HOST, ClusterSpec, TaskSpec, is_local
 from ..errors import ConfigError
 from ..options import name
 from ..options import label as options_label
-from ..slurm.allocation import Allocation, carve_roles, gpus_for
 
 _NAME = re.compile(r"[A-Za-z0-9_.\-]+")  # a host name or an IPv4 address
 _IPV6 = re.compile(r"[0-9A-Fa-f:.]+")
@@ -212,16 +212,12 @@ class HostsSource:
 def place(hosts: tuple[HostSlots, ...], *, chief: bool = False, ps: int = 0, evaluator: bool = False,
           gpus: tuple[int, ...] = (), source: str = "-H") -> tuple[TaskSpec, ...]:
     """One task per slot, roles and GPUs by the rule in the module docstring, every port ``auto`` (pure)."""
-    if ps < 0:
-        raise ConfigError(source, name("ps"), f"expected 0 or more ps tasks, got {ps}")
     if any(g < 0 for g in gpus) or len(set(gpus)) != len(gpus):
         raise ConfigError(source, name("gpus"), f"expected distinct GPU indices >= 0, got {','.join(map(str, gpus))}")
-    chief = chief or ps > 0  # ParameterServerStrategy needs a coordinator: the chief
-    _check_room(hosts, chief, ps, evaluator, source)
-    allocation = Allocation(job_id="", nodes=tuple(h.host for h in hosts), tasks_per_node=tuple(h.slots for h in hosts),
-                            gpus_per_node=len(gpus) or None)
-    roles = carve_roles(allocation, chief=chief, ps=ps, evaluator=evaluator, source=source)
-    dealt = gpus_for(roles, allocation)  # positions in each host's list, round-robin per host
+    slots = number_slots([(h.host, h.slots) for h in hosts])
+    roles = carve_roles(slots, chief=chief, ps=ps, evaluator=evaluator, source=source,
+                        room=f"slots; the hosts have {len(slots)} (add slots or hosts)")
+    dealt = deal_gpus(roles, len(gpus))  # positions in each host's list, round-robin per host
     return tuple(TaskSpec(r.role, r.index, r.slot.node, AUTO, gpus=tuple(gpus[i] for i in dealt[r.name]),
                           key=f"{r.role}[{r.index}]")
                  for r in roles)
@@ -237,16 +233,3 @@ def _check_distinct(hosts: tuple[HostSlots, ...], local_hosts: frozenset[str]) -
                 else f"{entry.host!r} is also named in {first.where}"
             raise ConfigError(entry.where, "", f"{same}; expected each host once, with all its slots")
         seen[key] = entry
-
-
-def _check_room(hosts: tuple[HostSlots, ...], chief: bool, ps: int, evaluator: bool, source: str) -> None:
-    """At least one worker must be left once the chief, ps and evaluator have their slots."""
-    fixed = int(chief) + ps + int(evaluator)
-    total = sum(h.slots for h in hosts)
-    if total - fixed >= 1:
-        return
-    asked = (["a chief"] if chief else []) + ([f"{ps} ps task{'s' if ps != 1 else ''}"] if ps else []) \
-        + (["an evaluator"] if evaluator else [])
-    key = name("ps" if ps else ("evaluator" if evaluator else "chief"))
-    raise ConfigError(source, key, f"{', '.join(asked)} and at least one worker need {fixed + 1} slots; "
-                                   f"the hosts have {total} (add slots or hosts)")

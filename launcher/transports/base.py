@@ -1,17 +1,24 @@
-"""The one process interface every transport implements, and the exit status it reports."""
+"""The one interface every transport implements, and the facts a run needs of every transport.
+
+A run (:mod:`launcher.run`) sees a transport only through what is here and the package's
+:class:`~launcher.transports.TransportSet`: :class:`Transport` and the :class:`HostLink` it gives
+for a host, the :class:`TaskProcess` it starts, the :class:`ExitStatus` and :class:`Reading` such a
+process reports, and the descriptors a transport keeps open (:data:`OPEN_LOGS`).
+"""
 
 from __future__ import annotations
 
 import signal as signal_module
 from dataclasses import dataclass
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..cluster.plan import TaskLaunch
 
 # Exit code for a task that could not be started or reached (as shells use 127 and ssh 255).
 CANNOT_START = 127
 UNREACHABLE = 255
+OPEN_LOGS = 16  # log files of relayed tasks a transport keeps open at once; the others are reopened on output
 
 
 @dataclass(frozen=True)
@@ -119,6 +126,18 @@ class TaskProcess(Protocol):
         """The newest sample of the task's CPU and memory (its host agent takes them), if any."""
 
 
+class HostLink(Protocol):
+    """tflaunch's end of one host's agent (:class:`launcher.transports.hostlink.AgentLink`), as far
+    as a run uses it besides starting tasks."""
+
+    def pick_ports(self, count: int, timeout: float) -> list[int]:
+        """``count`` free ports on the host, picked by its agent and held there until the tasks that
+        use them start; OSError when the agent cannot answer within ``timeout`` seconds."""
+
+    def start(self, process: Any, fields: dict[str, object]) -> None:
+        """Start ``process`` (a task or a helper such as a probe) on the agent with ``fields``."""
+
+
 class Transport(Protocol):
     """Starts tasks of one kind (local, ssh, srun) with stdout and stderr going to ``output_fd``
     (which the caller keeps and closes). A transport holds one agent per host for the whole run."""
@@ -127,7 +146,11 @@ class Transport(Protocol):
         """Before an attempt starts its tasks: bring up every host's agent at once."""
 
     def start(self, launch: TaskLaunch, output_fd: int) -> TaskProcess:
-        ...
+        """Start ``launch`` through its host's agent; a task that cannot even be created is a
+        :class:`FailedStart`, never an exception."""
+
+    def link_for(self, launch: TaskLaunch) -> HostLink:
+        """The link to the agent on ``launch``'s host, brought up first if it is not up yet."""
 
     def close(self) -> None:
         """End of the run: every agent and connection goes; nothing is left on any host."""
