@@ -15,7 +15,6 @@ import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Callable
 
-from ..records.boundedlog import WRITING, BoundedLog
 from .base import CANNOT_START, OPEN_LOGS, ExitStatus, Reading
 from .hostagent import Command, Status
 
@@ -187,15 +186,11 @@ class AgentHelper(AgentProcessBase):
 
 
 class LogWriter:
-    """Appends relayed output to task logs, keeping a few files open (descriptors grow with hosts).
-
-    A log the run keeps within a size limit (:data:`launcher.records.boundedlog.WRITING` has it)
-    is written through its :class:`~launcher.records.boundedlog.BoundedLog`; any other file as it is.
-    """
+    """Appends relayed output to task logs, keeping a few files open (descriptors grow with hosts)."""
 
     def __init__(self, limit: int = OPEN_LOGS):
         self.limit = limit
-        self._open: OrderedDict[str, int | BoundedLog] = OrderedDict()
+        self._open: OrderedDict[str, int] = OrderedDict()
         self._lock = threading.Lock()
 
     def append(self, path: str | int, data: bytes) -> None:
@@ -207,34 +202,23 @@ class LogWriter:
             return
         with self._lock:
             try:
-                held = self._open.pop(path, None)
-                if held is None:
-                    held = WRITING.get(path) or os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                fd = self._open.pop(path, None)
+                if fd is None:
+                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
                     if len(self._open) >= self.limit:
-                        _let_go(self._open.popitem(last=False)[1])
-                self._open[path] = held
-                if isinstance(held, BoundedLog):
-                    held.write(data)
-                    return
+                        os.close(self._open.popitem(last=False)[1])
+                self._open[path] = fd
                 view = memoryview(data)
                 while view:
-                    view = view[os.write(held, view):]
+                    view = view[os.write(fd, view):]
             except OSError:
                 pass  # a full disk or a vanished run folder: the run's own files report it
 
     def close(self) -> None:
         with self._lock:
-            for held in self._open.values():
-                _let_go(held)
+            for fd in self._open.values():
+                os.close(fd)
             self._open.clear()
-
-
-def _let_go(held: int | BoundedLog) -> None:
-    """Close a plain file's descriptor, or let a bounded log close its own until its next write."""
-    if isinstance(held, BoundedLog):
-        held.release()
-    else:
-        os.close(held)
 
 
 def log_target(fd: int) -> str | int:
