@@ -34,7 +34,6 @@ Importing this module is cheap; the run machinery is imported on the first call.
 from __future__ import annotations
 
 import operator
-import re
 import shlex
 import signal
 import sys
@@ -56,7 +55,6 @@ if TYPE_CHECKING:
 
 __all__ = ["LaunchFailed", "LaunchInterrupted", "LaunchResult", "launch", "run_record", "runs"]
 
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 GPU_FORM = "GPU indices (whole numbers) such as [0, 1] or '0,1'"
 
 
@@ -300,10 +298,12 @@ def _command(value: Sequence[str] | str | None) -> tuple[str, ...] | None:
 
 
 def _env(value: Mapping[str, str | None] | None) -> dict[str, str | None]:
+    from .cluster.fields import ENV_NAME
+
     env = dict(value or {})
     for key, item in env.items():
         # The value is never shown: it may be a secret.
-        if not isinstance(key, str) or not _ENV_NAME.fullmatch(key):
+        if not isinstance(key, str) or not ENV_NAME.fullmatch(key):
             raise _bad("env", "variable names mapped to strings, or to None (passed by name)", key)
         if not (item is None or isinstance(item, str)):
             raise _bad(f"env[{key!r}]", "a string, or None to pass this process's own value by name",
