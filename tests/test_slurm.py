@@ -78,6 +78,7 @@ def slurm(testslurm):
 
 
 @pytest.mark.tensorflow
+@pytest.mark.timeout(460)  # its submit waits up to 400 s
 def test_submit_wait_trains_the_builtin_trainer_across_two_nodes(slurm, tmp_path):
     done, run_dir = submit(slurm, tmp_path, "--nodes", "2", "--wait", "--", "python", "-m", "trainer",
                            "--epochs", "3", "--batch-per-worker", "24", timeout=400)
@@ -194,6 +195,7 @@ def test_a_node_that_dies_is_reported_as_such(slurm, tmp_path):
 
 
 @pytest.mark.tensorflow
+@pytest.mark.timeout(360)  # its job waits up to 300 s
 def test_a_warned_job_saves_is_requeued_and_resumes_after_its_last_saved_epoch(slurm, tmp_path):
     done, run_dir = submit(slurm, tmp_path, "--nodes", "2", "--requeue", "--", "python", "-m", "trainer",
                            "--epochs", "4", "--batch-per-worker", "24", "--steps-per-epoch", "40")
