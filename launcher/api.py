@@ -34,7 +34,6 @@ Importing this module is cheap; the run machinery is imported on the first call.
 from __future__ import annotations
 
 import operator
-import shlex
 import signal
 import sys
 import threading
@@ -44,7 +43,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from .errors import LaunchError
-from .options import python_words
+from .options import EVALUATOR_TIMEOUT, GRACE, RunOptions, bad, count, python_words
 from .records.folder import DEFAULT_LOG_DIR
 from .run.signals import Signals  # standard library only underneath: importing it stays cheap
 
@@ -108,9 +107,9 @@ def launch(cluster: str | Path | Mapping[str, Any] | None = None, *, local: int 
            hosts: str | Mapping[str, int] | Sequence[str] | None = None, hostfile: str | Path | None = None,
            command: Sequence[str] | str | None = None, chief: bool = False, ps: int = 0, evaluator: bool = False,
            gpus: Sequence[int] | str | None = None, env: Mapping[str, str | None] | None = None,
-           log_dir: str | Path | None = None, threads: int | str | None = None, grace: float = 5.0,
+           log_dir: str | Path | None = None, threads: int | str | None = None, grace: float = GRACE,
            max_restarts: int | None = None, restart_delay: float | None = None, start_timeout: float | None = None,
-           hang_timeout: float | None = None, evaluator_timeout: float = 300.0, isolate_network: bool = False,
+           hang_timeout: float | None = None, evaluator_timeout: float = EVALUATOR_TIMEOUT, isolate_network: bool = False,
            no_check: bool = False, tasks: Iterable[str] | str | None = None, quiet: bool = False,
            verbose: bool = False, tensorboard: bool = False, output: IO[str] | None = None,
            on_line: Callable[[str], None] | None = None, check: bool = False) -> LaunchResult:
@@ -129,21 +128,22 @@ def launch(cluster: str | Path | Mapping[str, Any] | None = None, *, local: int 
     and callers written before ``check`` existed keep getting a result, never a new exception.
     A Ctrl-C raises :class:`LaunchInterrupted` either way.
     """
+    from .run.launch import LaunchRequest
     from .run.signals import Interrupted
     from .sources.choose import OptionsError, choose_source
 
+    options = RunOptions(command=command, env=env, log_dir=log_dir, threads=threads, grace=grace,
+                         max_restarts=max_restarts, restart_delay=restart_delay, start_timeout=start_timeout,
+                         hang_timeout=hang_timeout, evaluator_timeout=evaluator_timeout,
+                         isolate_network=isolate_network, no_check=no_check, tasks=tasks, quiet=quiet,
+                         verbose=verbose, tensorboard=tensorboard)
     source = choose_source(None if cluster is None else (cluster if isinstance(cluster, Mapping) else str(cluster)),
-                           _count("local", local, 1, optional=True), hosts=_hosts(hosts),
+                           None if local is None else count("local", local, 1), hosts=_hosts(hosts),
                            hostfile=None if hostfile is None else str(hostfile), chief=bool(chief),
-                           ps=_count("ps", ps, 0), evaluator=bool(evaluator), gpus=_gpus(gpus))
-    request = _request(source, command=command, env=env, log_dir=log_dir, threads=threads, grace=grace,
-                       max_restarts=max_restarts, restart_delay=restart_delay, start_timeout=start_timeout,
-                       hang_timeout=hang_timeout, evaluator_timeout=evaluator_timeout,
-                       isolate_network=isolate_network, no_check=no_check, tasks=tasks)
+                           ps=count("ps", ps, 0), evaluator=bool(evaluator), gpus=_gpus(gpus))
+    request = LaunchRequest(cluster=source.spec, options=options)
     if output is not None and on_line is not None:
         raise OptionsError("launch(): output and on_line cannot be combined; give one of them")
-    if quiet and verbose:
-        raise OptionsError("launch(): quiet=True and verbose=True cannot be combined")
     if tensorboard:
         from .tensorboard import require
 
@@ -154,8 +154,8 @@ def launch(cluster: str | Path | Mapping[str, Any] | None = None, *, local: int 
     from .run.summary import describe_result
 
     sink = _LineSink(on_line) if on_line is not None else (output if output is not None else _CallerStdout())
-    console = Console(sink, messages=sink, colour=False, status=False, tasks=request.show_tasks or None,
-                      quiet=quiet, verbose=verbose)
+    console = Console(sink, messages=sink, colour=False, status=False, tasks=options.tasks or None,
+                      quiet=options.quiet, verbose=options.verbose)
     signals = _CallSignals()
     board = None
     if tensorboard:
@@ -204,55 +204,7 @@ def run_record(run: str | None = None, log_dir: str | Path = DEFAULT_LOG_DIR) ->
     return resolve_run(log_dir, run).record
 
 
-# -- options as the command line checks them ------------------------------------------------
-
-def _request(source: Any, *, command: Sequence[str] | str | None, env: Mapping[str, str | None] | None,
-             log_dir: str | Path | None, threads: int | str | None, grace: float, max_restarts: int | None,
-             restart_delay: float | None, start_timeout: float | None, hang_timeout: float | None,
-             evaluator_timeout: float, isolate_network: bool, no_check: bool, tasks: Iterable[str] | str | None) -> Any:
-    from .run.launch import LaunchRequest
-    from .run.watchdog import WatchdogSettings
-
-    return LaunchRequest(
-        cluster=source.spec, command=_command(command), log_dir=None if log_dir is None else str(log_dir),
-        threads=_threads(threads), grace=_seconds("grace", grace), max_restarts=_count("max_restarts", max_restarts, 0,
-                                                                                     optional=True),
-        restart_delay=_seconds("restart_delay", restart_delay, optional=True),
-        evaluator_timeout=_seconds("evaluator_timeout", evaluator_timeout), env=_env(env),
-        watchdog=WatchdogSettings(start_timeout=_seconds("start_timeout", start_timeout, optional=True, positive=True),
-                                  hang_timeout=_seconds("hang_timeout", hang_timeout, optional=True, positive=True)),
-        preflight=not no_check, show_tasks=_names(tasks), isolate_network=bool(isolate_network))
-
-
-def _bad(name: str, expected: str, value: Any) -> Exception:
-    from .sources.choose import OptionsError
-
-    return OptionsError(f"{name}: expected {expected}, got {value!r}")
-
-
-def _count(name: str, value: Any, least: int, optional: bool = False) -> int | None:
-    if value is None and optional:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise _bad(name, f"a whole number >= {least}", value)
-    return value
-
-
-def _seconds(name: str, value: Any, optional: bool = False, positive: bool = False) -> float | None:
-    if value is None and optional:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (positive and value == 0):
-        raise _bad(name, "a number of seconds " + ("> 0" if positive else ">= 0"), value)
-    return float(value)
-
-
-def _threads(value: Any) -> int | str | None:
-    if value is None or value in ("auto", "off"):
-        return value
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
-        return value
-    raise _bad("threads", "'auto', 'off' or a thread count >= 1", value)
-
+# -- the cluster options' Python forms ------------------------------------------------
 
 def _gpus(value: Sequence[int] | str | None) -> tuple[int, ...]:
     """GPU indices, each a whole number: a float (0.5) or a bool is refused, never truncated."""
@@ -262,7 +214,7 @@ def _gpus(value: Sequence[int] | str | None) -> tuple[int, ...]:
         items = value.split(",") if isinstance(value, str) else list(value)
         return tuple(_gpu(item) for item in items)
     except (TypeError, ValueError):
-        raise _bad("gpus", GPU_FORM, value) from None
+        raise bad("gpus", GPU_FORM, value) from None
 
 
 def _gpu(item: Any) -> int:
@@ -284,38 +236,7 @@ def _hosts(value: str | Mapping[str, int] | Sequence[str] | None) -> str | None:
         return ",".join(f"{host}:{slots}" for host, slots in value.items())
     if isinstance(value, (list, tuple)) and all(isinstance(item, str) for item in value):
         return ",".join(value)
-    raise _bad("hosts", "'node1:4,node2:4', {'node1': 4} or ['node1:4', ...]", value)
-
-
-def _command(value: Sequence[str] | str | None) -> tuple[str, ...] | None:
-    if value is None:
-        return None
-    if isinstance(value, str):
-        value = shlex.split(value)
-    if not value or not all(isinstance(word, str) for word in value):
-        raise _bad("command", "a non-empty list of strings, or a string", value)
-    return tuple(value)
-
-
-def _env(value: Mapping[str, str | None] | None) -> dict[str, str | None]:
-    from .cluster.fields import ENV_NAME
-
-    env = dict(value or {})
-    for key, item in env.items():
-        # The value is never shown: it may be a secret.
-        if not isinstance(key, str) or not ENV_NAME.fullmatch(key):
-            raise _bad("env", "variable names mapped to strings, or to None (passed by name)", key)
-        if not (item is None or isinstance(item, str)):
-            raise _bad(f"env[{key!r}]", "a string, or None to pass this process's own value by name",
-                       type(item).__name__)
-    return env
-
-
-def _names(value: Iterable[str] | str | None) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    items = value.split(",") if isinstance(value, str) else list(value)
-    return tuple(name.strip() for name in items if name.strip())
+    raise bad("hosts", "'node1:4,node2:4', {'node1': 4} or ['node1:4', ...]", value)
 
 
 # -- signals and output for one call ---------------------------------------------------------

@@ -22,6 +22,10 @@ class ConfigError(LaunchError):
         super().__init__(f"{where}: {message}")
 
 
+class OptionsError(LaunchError):
+    """Options that do not go together, or an option's bad value; one line, exit code 2."""
+
+
 class PortInUseError(LaunchError):
     """A task's port is already taken on its host before anything started."""
 

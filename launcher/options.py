@@ -8,18 +8,30 @@ default, launch()'s keyword arguments inside a launch() call (:func:`python_word
 Which front end is in effect is a context variable rather than a parameter, because a dozen
 messages in five layers need it and nothing else there has to do with the front end; and it is
 not a global, so a launch() in one thread never rewords another thread's messages.
+
+:class:`RunOptions` holds the run options themselves: each one's default, its check and its help,
+written once. The command line takes its flags' defaults and help from it and launch() its
+keywords' defaults; both hand their values to it, and the run layer is built from it. Its checks
+name the option in the words of the front end in effect.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import math
+import os
+import shlex
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass, field
 from typing import Any
+
+from .errors import OptionsError
+from .taskenv import ENV_NAME
 
 # An option's identity is its keyword argument of launch(). The command line writes it as
 # --identity-with-dashes, except for these:
-_COMMAND_LINE = {"hosts": "-H", "cluster": "a cluster file"}
+_COMMAND_LINE = {"hosts": "-H", "cluster": "a cluster file", "command": "the command after --"}
 
 _PYTHON = ContextVar("tflaunch_python_words", default=False)
 
@@ -66,3 +78,170 @@ def label(options: Iterable[tuple[str, Any]]) -> str:
     """How runs list a cluster named by options: ``--local 2 --chief``, ``launch(local=2, chief=True)``."""
     words = [given(option, value) for option, value in options]
     return f"launch({', '.join(words)})" if python_caller() else " ".join(words)
+
+
+# -- the run options ------------------------------------------------------------------------
+
+GRACE = 5.0  # seconds between SIGTERM and SIGKILL when tasks are stopped
+EVALUATOR_TIMEOUT = 300.0  # seconds an evaluator may go on after training succeeded
+# A cluster file's max_restarts and restart_delay, when it does not set them (the options win over the file).
+MAX_RESTARTS = 0
+RESTART_DELAY = 1.0
+
+ENV_HELP = ("Set a variable in every task (repeatable): KEY=VALUE, or KEY alone to pass tflaunch's own KEY by "
+            "name, its value on no command line and in no file. Wins over every 'env' of the cluster file. "
+            "Values of variables passed by name, or whose name contains TOKEN, SECRET, PASSWORD, API_KEY and "
+            "the like, are shown and recorded as <hidden>.")
+
+
+def _option(default: Any = None, help: str = "", metavar: str | None = None, parse: type | None = None,
+            factory: Any = None) -> Any:
+    """A field of :class:`RunOptions` with what the command line shows of it: ``help``, ``metavar``
+    and ``parse``, the type its text is parsed as (the field's check does the rest)."""
+    metadata = {"help": help, "metavar": metavar, "parse": parse}
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """The options of one run, checked: what ``tflaunch run``'s options and launch()'s keyword
+    arguments of the same names ask for (``--max-restarts 2`` is ``max_restarts=2``).
+
+    Each value is checked and put in one form when the object is made (``tasks='a,b'`` becomes
+    ``('a', 'b')``, ``grace=2`` becomes ``2.0``); a bad one raises :class:`OptionsError` naming the
+    option in the words of the front end in effect. None for ``max_restarts``, ``restart_delay``
+    and ``threads`` means the cluster file's setting; for the timeouts, no timeout.
+    """
+
+    command: tuple[str, ...] | None = _option()  # the task command; None: the cluster file's, else the trainer
+    env: Mapping[str, str | None] = _option(factory=dict, metavar="KEY[=VALUE]", help=ENV_HELP)
+    log_dir: str | None = _option(metavar="DIR", help="Where run folders go (default: the file's log_dir, else ./logs).")
+    threads: int | str | None = _option(metavar="N|auto|off",
+                                        help="Thread limit per task (default auto: cores shared among a host's tasks).")
+    grace: float = _option(GRACE, metavar="S", parse=float, help="Seconds between SIGTERM and SIGKILL when stopping tasks.")
+    max_restarts: int | None = _option(
+        metavar="N", parse=int,
+        help=f"Restart the whole cluster up to N times when a task fails (default: the file's max_restarts, "
+             f"else {MAX_RESTARTS}).")
+    restart_delay: float | None = _option(
+        metavar="S", parse=float,
+        help=f"Seconds to wait before a restart (default: the file's restart_delay, else {RESTART_DELAY:g}).")
+    start_timeout: float | None = _option(
+        metavar="S", parse=float,
+        help="Fail the attempt when some training task reports no progress (metric line) within S seconds.")
+    hang_timeout: float | None = _option(
+        metavar="S", parse=float,
+        help="When no chief or worker makes progress for S seconds (no new metric line, under 10% of a core; "
+             "output does not count): sample every task's stacks, name the task that differs, fail the attempt.")
+    evaluator_timeout: float = _option(
+        EVALUATOR_TIMEOUT, metavar="S", parse=float,
+        help="After training succeeds, seconds a running evaluator may take to finish its last evaluation "
+             "before it is stopped.")
+    isolate_network: bool = _option(
+        False, help="Run every task in one network namespace of its own: they reach each other on loopback, nothing "
+                    "outside reaches them, and they have no outside network (tasks on this machine only).")
+    no_check: bool = _option(False, help="Skip the host checks that run before launching on remote hosts.")
+    tasks: tuple[str, ...] = _option((), metavar="NAMES",
+                                     help="Show only these tasks on the console, e.g. worker-0,chief-0.")
+    quiet: bool = _option(False, help="Show only tflaunch's own messages on the console.")
+    verbose: bool = _option(
+        False, help="Show every task line as written: TensorFlow's start-up chatter and raw metric lines too.")
+    tensorboard: bool = _option(
+        False, help="Start TensorBoard on the run's folder beside the run (127.0.0.1, from port 6006 up) and stop it "
+                    "with the run (needs the 'tensorboard' extra).")
+
+    def __post_init__(self) -> None:
+        put = object.__setattr__  # the one place a frozen RunOptions is written: its values' checked forms
+        put(self, "command", _command(self.command))
+        put(self, "env", _env(self.env))
+        put(self, "log_dir", _path("log_dir", self.log_dir))
+        put(self, "threads", _threads(self.threads))
+        put(self, "grace", seconds("grace", self.grace))
+        put(self, "max_restarts", None if self.max_restarts is None else count("max_restarts", self.max_restarts, 0))
+        for option in ("restart_delay", "start_timeout", "hang_timeout"):
+            value = getattr(self, option)
+            put(self, option, None if value is None else seconds(option, value, positive=option != "restart_delay"))
+        put(self, "evaluator_timeout", seconds("evaluator_timeout", self.evaluator_timeout))
+        put(self, "tasks", _names(self.tasks))
+        for flag in ("isolate_network", "no_check", "quiet", "verbose", "tensorboard"):
+            put(self, flag, bool(getattr(self, flag)))
+        if self.quiet and self.verbose:
+            caller = "launch(): " if python_caller() else ""
+            raise OptionsError(f"{caller}{given('quiet', True)} and {given('verbose', True)} cannot be combined")
+
+
+# -- the checks, each naming the option as the front end in effect does -----------------------
+
+def bad(option: str, expected: str, value: Any) -> OptionsError:
+    """``--grace: expected a number of seconds >= 0, got -1.0`` (``grace: ...`` from launch())."""
+    return OptionsError(f"{name(option)}: expected {expected}, got {value!r}")
+
+
+def count(option: str, value: Any, least: int) -> int:
+    """A whole number >= ``least`` (a bool or a float is refused, never truncated)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise bad(option, f"a whole number >= {least}", value)
+    return value
+
+
+def seconds(option: str, value: Any, positive: bool = False) -> float:
+    """A finite number of seconds, >= 0 or (``positive``) > 0."""
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0
+            or (positive and value == 0)):
+        raise bad(option, "a number of seconds " + ("> 0" if positive else ">= 0"), value)
+    return float(value)
+
+
+def _threads(value: Any) -> int | str | None:
+    if value is None or value in ("auto", "off"):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    raise bad("threads", "'auto', 'off' or a thread count >= 1", value)
+
+
+def _command(value: Any) -> tuple[str, ...] | None:
+    """A list of words, or a string split as a shell would."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = shlex.split(value)
+    if isinstance(value, (list, tuple)) and value and all(isinstance(word, str) for word in value):
+        return tuple(value)
+    raise bad("command", "a non-empty list of strings, or a string", value)
+
+
+def _env(value: Any) -> dict[str, str | None]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise bad("env", "a mapping of variable names to strings, or to None (passed by name)", value)
+    env = dict(value)
+    for key, item in env.items():
+        # The value is never shown: it may be a secret.
+        if not isinstance(key, str) or not ENV_NAME.fullmatch(key):
+            raise bad("env", "variable names mapped to strings, or to None (passed by name)", key)
+        if not (item is None or isinstance(item, str)):
+            raise bad(f"env[{key!r}]", "a string, or None to pass this process's own value by name", type(item).__name__)
+    return env
+
+
+def _path(option: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    try:
+        return os.fspath(value)
+    except TypeError:
+        raise bad(option, "a path", value) from None
+
+
+def _names(value: Any) -> tuple[str, ...]:
+    """Task names from 'a,b' or from a list of names."""
+    if value is None:
+        return ()
+    items = value.split(",") if isinstance(value, str) else list(value) if isinstance(value, Iterable) else None
+    if items is None or not all(isinstance(item, str) for item in items):
+        raise bad("tasks", "task names such as 'worker-0,chief-0' or ['worker-0', 'chief-0']", value)
+    return tuple(item.strip() for item in items if item.strip())

@@ -6,9 +6,16 @@ writes them into pods and start scripts, and readers of a run record find paths 
 trainer reads some of them and keeps its own copy of those names, because the launcher and the
 trainer never import each other; a test holds the two copies equal. The host agent's own variables
 (``TFLAUNCH_AGENT_*``) are the agent's, in :mod:`launcher.transports.hostagent`.
+
+:data:`ENV_NAME` is what any variable of a task's environment may be called, wherever it is given
+(a cluster file's ``env``, ``--env``, launch()'s ``env``).
 """
 
 from __future__ import annotations
+
+import re
+
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # a variable name, as a POSIX shell takes it
 
 # Set for every task by tflaunch alone; no env layer may change them.
 TASK = "TFLAUNCH_TASK"  # the task's name: worker-0, chief-0

@@ -39,12 +39,12 @@ def load_agent_module():
 class Host:
     """A real host agent (a child of the test) and tflaunch's link to it."""
 
-    def __init__(self, tmp_path: Path, *, eof_grace: float = 1.0, timeout: float | None = None, sample: float = 0.5,
-                 boot: list[str] | None = None, keepalive: float = 30):
+    def __init__(self, tmp_path: Path, *, eof_grace: float = 1.0, agent_keepalive: float | None = None,
+                 sample: float = 0.5, boot: list[str] | None = None, keepalive: float = 30):
         """``boot``: the agent's command line without its spec (by default, the local transport's);
-        ``keepalive``: how long tflaunch's end waits for a frame."""
+        ``keepalive``: how long tflaunch's end waits for a frame; ``agent_keepalive``: the agent's."""
         self.tmp_path = tmp_path
-        spec = encode_fields({"timeout": timeout, "eof_grace": eof_grace, "sample": sample})
+        spec = encode_fields({"keepalive": agent_keepalive, "eof_grace": eof_grace, "sample": sample})
         self.stderr = tempfile.TemporaryFile()
         boot = boot or [sys.executable, "-I", "-S", "-c", AGENT_BOOT]
         self.proc = subprocess.Popen([*boot, spec], stdin=subprocess.PIPE,
@@ -300,7 +300,7 @@ def test_eof_stops_every_tree_within_eof_grace(host):
 
 def test_a_missed_heartbeat_stops_every_task(tmp_path):
     # The raw agent, so that no heartbeat is sent: tflaunch alive but wedged.
-    spec = encode_fields({"timeout": 1.0, "eof_grace": 0.5})
+    spec = encode_fields({"keepalive": 1.0, "eof_grace": 0.5})
     proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", AGENT_BOOT, spec], stdin=subprocess.PIPE,
                             stdout=subprocess.DEVNULL, start_new_session=True)
     marker = f"m-{uuid.uuid4().hex}"

@@ -103,7 +103,7 @@ def test_the_agent_module_imports_without_side_effects_and_runs_on_its_own():
                           cwd=TRANSPORTS.parent.parent)
     assert (done.returncode, done.stdout, done.stderr) == (0, "True 1 b'L'\n", "")
     # Standalone, as shipped: the file alone, no package around it, no site.
-    spec = encode_fields({"timeout": 5, "eof_grace": 0.5})
+    spec = encode_fields({"keepalive": 5, "eof_grace": 0.5})
     agent = subprocess.run([sys.executable, "-I", "-S", str(TRANSPORTS / "hostagent.py"), spec], input=b"",
                            capture_output=True, timeout=60)
     assert agent.returncode == 0 and agent.stdout.startswith(hostagent.SYNC)
@@ -193,7 +193,7 @@ def test_tflaunchs_keepalive_counts_whole_frames_not_bytes(hosts):
 
 
 def test_the_agents_keepalive_counts_whole_lines_not_bytes(tmp_path):
-    spec = encode_fields({"timeout": 2.0, "eof_grace": 0.5})
+    spec = encode_fields({"keepalive": 2.0, "eof_grace": 0.5})
     agent = subprocess.Popen([sys.executable, "-I", "-S", "-c", AGENT_BOOT, spec], stdin=subprocess.PIPE,
                              stdout=subprocess.DEVNULL, start_new_session=True)
     marker = f"m-{uuid.uuid4().hex}"
@@ -226,7 +226,7 @@ def test_the_agents_keepalive_counts_whole_lines_not_bytes(tmp_path):
 
 @pytest.mark.parametrize("line", [b"HELLO 1\n", b"START x abc\n", b"KILL 1 2 3\n", b"Z" * (MAX_FRAME + 2)])
 def test_the_agent_stops_everything_on_a_command_that_is_none(tmp_path, line):
-    spec = encode_fields({"timeout": 30, "eof_grace": 0.5})
+    spec = encode_fields({"keepalive": 30, "eof_grace": 0.5})
     stderr = tmp_path / "stderr"
     with open(stderr, "wb") as err:
         agent = subprocess.Popen([sys.executable, "-I", "-S", "-c", AGENT_BOOT, spec], stdin=subprocess.PIPE,

@@ -1,19 +1,26 @@
-"""The options that choose a cluster, written once for ``run``, ``check`` and ``export``.
+"""The options that choose a cluster, written once for ``run``, ``check`` and ``export``, and the
+run options as flags.
 
 :func:`cluster_options` gives a command CLUSTER.yaml, ``--local``, ``-H``/``--hosts``, ``--hostfile``,
 ``--chief``, ``--ps`` and ``--evaluator`` (and ``--gpus`` where the command places GPUs), each with
 one help text, and hands the command their values as one :class:`ClusterChoice`, whose
 :meth:`~ClusterChoice.source` is the source they name (the rule is :mod:`launcher.sources.choose`'s).
+
+:func:`run_option` makes the flag of one of :class:`~launcher.options.RunOptions`' fields, with
+that field's default, help and metavar; its type only parses the text, and RunOptions checks the value.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 import click
+
+from ..options import RunOptions
+from ..options import name as option_name
 
 if TYPE_CHECKING:
     from ..sources import ClusterSource
@@ -95,3 +102,51 @@ def cluster_options(*, gpus: bool) -> Callable[[Callable[..., Any]], Callable[..
         return with_choice
 
     return decorate
+
+
+def _parse_env(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str | None]:
+    """``--env``'s items as a mapping; :func:`launcher.cluster.fields.env_items` owns their syntax."""
+    from ..cluster.fields import env_items
+
+    try:
+        return env_items(values)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def _parse_threads(ctx: click.Context, param: click.Parameter, value: str | None) -> int | str | None:
+    """A count as a number; any other word is left for RunOptions to take or refuse."""
+    return int(value) if value is not None and value.isascii() and value.isdigit() else value
+
+
+def _parse_names(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[str, ...]:
+    return tuple(name.strip() for name in (value or "").split(",") if name.strip())
+
+
+_RUN_OPTIONS = {option.name: option for option in fields(RunOptions) if option.name != "command"}  # after --
+# How the text of a run option's flag becomes a value, where its field's ``parse`` type does not say.
+_PARSERS: dict[str, dict[str, Any]] = {"env": {"callback": _parse_env, "multiple": True},
+                                       "threads": {"callback": _parse_threads},
+                                       "tasks": {"callback": _parse_names}}
+
+
+def run_option(option: str, *short: str, **settings: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The flag of the run option ``option`` (``--grace`` for ``grace``, with ``short`` forms before
+    it), passing its value as ``option``; ``settings`` add to or override click's (``default=None``
+    where a command passes the option on only when it is given)."""
+    spec = _RUN_OPTIONS[option]
+    default = spec.default_factory() if spec.default_factory is not MISSING else spec.default
+    shown: dict[str, Any] = {"help": spec.metadata["help"], "metavar": spec.metadata["metavar"]}
+    if default is False:
+        shown["is_flag"] = True
+    elif default in (None, (), {}):
+        shown["type"] = spec.metadata["parse"]  # None: the help says what applies ("the file's ..., else ...")
+    else:
+        shown.update(type=spec.metadata["parse"], default=default, show_default=True)
+    shown.update(_PARSERS.get(option, {}), **settings)
+    return click.option(*short, option_name(option), option, **shown)
+
+
+def run_options(values: dict[str, Any], command: tuple[str, ...] | None = None) -> RunOptions:
+    """The checked :class:`RunOptions` of a command's run option flags (those it has) and task command."""
+    return RunOptions(command=command, **{name: values[name] for name in _RUN_OPTIONS if name in values})

@@ -9,6 +9,7 @@ import click
 
 from ..records.folder import SBATCH_SCRIPT
 from .group import cli
+from .options import run_option, run_options
 
 SUBMIT_HELP = f"""Submit a TensorFlow cluster to Slurm: (CLUSTER.yaml with a 'slurm:' section | --nodes N).
 
@@ -41,10 +42,10 @@ Examples:
 @click.option("--requeue", is_flag=True, help="Before the time limit or at preemption (USR1), save and requeue the job.")
 @click.option("--warning-seconds", type=click.IntRange(min=1), metavar="S",
               help="With --requeue: how long before the end Slurm warns tflaunch (default 120).")
-@click.option("--max-restarts", type=click.IntRange(min=0), metavar="N",
-              help="Restart the cluster inside the allocation up to N times when a task fails.")
-@click.option("--grace", type=click.FloatRange(min=0), metavar="S", help="Seconds between SIGTERM and SIGKILL for tasks.")
-@click.option("--log-dir", metavar="DIR", help="Where the run folder goes (default: the file's log_dir, else ./logs).")
+# The run options the job's 'tflaunch --slurm' is given: none unless given here (its own defaults apply).
+@run_option("max_restarts")
+@run_option("grace", default=None, show_default=False)
+@run_option("log_dir")
 @click.option("--wait", is_flag=True, help="Block until the job ends; exit with the cluster's exit code.")
 @click.option("--dry-run", is_flag=True, help="Print the sbatch script; submit nothing.")
 @click.pass_context
@@ -55,18 +56,20 @@ def submit_command(ctx: click.Context, cluster: str | None, **options: Any) -> N
     if bad:
         raise click.BadParameter(f"expected an sbatch option such as --qos=high, got {bad[0]!r}",
                                  param_hint="'--sbatch-option'")
-    run_options: list[str] = []
+    # Checked here, so that a bad value fails now rather than in the job.
+    run_options({option: value for option, value in options.items() if value is not None})
+    passed: list[str] = []
     if options["max_restarts"] is not None:
-        run_options += ["--max-restarts", str(options["max_restarts"])]
+        passed += ["--max-restarts", str(options["max_restarts"])]
     if options["grace"] is not None:
-        run_options += ["--grace", f"{options['grace']:g}"]
+        passed += ["--grace", f"{options['grace']:g}"]
     overrides = {"nodes": options["nodes"], "ntasks_per_node": options["ntasks_per_node"], "chief": options["chief"],
                  "ps": options["ps"], "evaluator": options["evaluator"], "partition": options["partition"],
                  "time": options["time_limit"], "gpus_per_task": options["gpus_per_task"],
                  "account": options["account"], "sbatch_options": tuple(options["sbatch_options"]),
                  "requeue": options["requeue"], "warning_seconds": options["warning_seconds"]}
     request = SubmitOptions(cluster_file=cluster, overrides=overrides, command=ctx.meta.get("tflaunch.command") or (),
-                            run_options=tuple(run_options), log_dir=options["log_dir"],
+                            run_options=tuple(passed), log_dir=options["log_dir"],
                             argv=("tflaunch", *sys.argv[1:]))
     if options["dry_run"]:
         click.echo(dry_run(request), nl=False)

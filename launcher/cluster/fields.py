@@ -8,14 +8,12 @@
 from __future__ import annotations
 
 import difflib
-import re
 import shlex
 from typing import Any, Iterable, Mapping
 
 from ..errors import ConfigError
+from ..taskenv import ENV_NAME
 from .spec import ALL_GPUS, AUTO, RESERVED_ENV
-
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # a variable name: a file's env keys, --env's KEY, launch(env=)'s keys
 
 
 def env_items(items: Iterable[str]) -> dict[str, str | None]:

@@ -15,11 +15,13 @@ from typing import Any
 import yaml
 
 from ..errors import ConfigError
+from ..options import MAX_RESTARTS, RESTART_DELAY
 from .yamlfile import ClusterLoader, DuplicateKey
 from .checks import check_cluster
 from .fields import FieldReader, join_key, show
 from .spec import (  # noqa: F401  (re-exported: the spec is part of this module's interface)
     AUTO,
+    DEFAULT_TASK_RESTARTS,
     ROLES,
     ClusterSpec,
     RestartPolicy,
@@ -117,10 +119,10 @@ class _ClusterReader(FieldReader):
             setup=self.optional_str(mapping, "setup", ""),
             ssh=self._read_ssh(mapping.get("ssh"), "ssh"),
             hosts=self._read_hosts(mapping.get("hosts")),
-            max_restarts=self.read_count(mapping.get("max_restarts", 0), "max_restarts"),
-            restart_delay=self.read_seconds(mapping.get("restart_delay", 1.0), "restart_delay", allow_zero=True),
+            max_restarts=self.read_count(mapping.get("max_restarts", MAX_RESTARTS), "max_restarts"),
+            restart_delay=self.read_seconds(mapping.get("restart_delay", RESTART_DELAY), "restart_delay", allow_zero=True),
             restart_policy_by_role=self._read_restart_policy(mapping.get("restart_policy")),
-            task_restarts=int(self.read_count(mapping.get("task_restarts", 3), "task_restarts")),
+            task_restarts=int(self.read_count(mapping.get("task_restarts", DEFAULT_TASK_RESTARTS), "task_restarts")),
             isolate_network=self.read_bool(mapping.get("isolate_network", False), "isolate_network"),
             kubernetes=None if mapping.get("kubernetes") is None else self.expect_mapping(
                 mapping["kubernetes"], "kubernetes", "a mapping of Kubernetes settings"),

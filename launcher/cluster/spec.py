@@ -13,6 +13,7 @@ import enum
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping, Sequence
 
+from ..options import MAX_RESTARTS, RESTART_DELAY
 from ..options import name as option_name
 from ..taskenv import OWNED as OWNED_TASK_ENV
 
@@ -41,6 +42,7 @@ class RestartPolicy(str, enum.Enum):
 
 DEFAULT_CONNECT_TIMEOUT = 10.0  # seconds for an ssh connection when ssh.connect_timeout is not set
 DEFAULT_KEEPALIVE_TIMEOUT = 15.0  # seconds of silence before a host is lost when ssh.keepalive_timeout is not set
+DEFAULT_TASK_RESTARTS = 3  # in-place restarts allowed per task under the "task" policy, unless task_restarts says
 
 
 @dataclass(frozen=True)
@@ -121,12 +123,12 @@ class ClusterSpec:
     setup: str | None = None
     ssh: SshSettings = SshSettings()
     hosts: Mapping[str, HostSettings] = field(default_factory=dict)
-    max_restarts: int = 0
-    restart_delay: float = 1.0
+    max_restarts: int = MAX_RESTARTS
+    restart_delay: float = RESTART_DELAY
     # The transport that starts every task (see launcher.sources); None: 'local' or 'ssh' by host.
     transport: str | None = None
     restart_policy_by_role: Mapping[str, RestartPolicy] = field(default_factory=dict)  # as the file says
-    task_restarts: int = 3  # in-place restarts allowed per task under the "task" policy
+    task_restarts: int = DEFAULT_TASK_RESTARTS
     isolate_network: bool = False  # every task in one network namespace of the run's own (all local)
 
     @property

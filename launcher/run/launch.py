@@ -14,16 +14,16 @@ from __future__ import annotations
 import errno
 import os
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from ..cluster.machine import cpu_count, local_host_names
 from ..cluster.plan import Plan, RunContext, plan_cluster
 from ..cluster.ports import HELD_AT_MOST, PortReservation, port_is_free, reserve_ports
-from ..cluster.spec import AUTO, DEFAULT_CONNECT_TIMEOUT, ClusterSpec, EnvLayer, check_launch_input, is_local
+from ..cluster.spec import AUTO, DEFAULT_CONNECT_TIMEOUT, ClusterSpec, check_launch_input, is_local
 from ..errors import EnvironmentProblem, PortInUseError, PreflightError, UnknownTaskError
-from ..options import given, python_caller
+from ..options import RunOptions, given, python_caller
 from ..options import name as option_name
 from ..records.folder import DEFAULT_LOG_DIR, RUN_ID_PLACEHOLDER, RunFolder
 from ..transports import TransportSet
@@ -41,44 +41,35 @@ __all__ = ["LaunchRequest", "RunResult", "TAIL_LINES", "build_spec", "check", "d
 
 @dataclass(frozen=True)
 class LaunchRequest:
-    """What the user asked for on the command line."""
+    """What a front end asks for: the cluster, and the run options (their defaults and checks are
+    :class:`~launcher.options.RunOptions`'), some of which win over the cluster file's settings."""
 
     cluster: Callable[[frozenset[str]], ClusterSpec]  # this machine's host names -> the validated cluster
-    command: tuple[str, ...] | None = None
-    log_dir: str | None = None
-    threads: int | str | None = None
-    grace: float = 5.0
-    max_restarts: int | None = None  # None: the cluster file's max_restarts
-    restart_delay: float | None = None
-    evaluator_timeout: float = 300.0
-    env: EnvLayer = field(default_factory=dict)  # --env KEY=VALUE (None: by name), over every env layer
-    watchdog: WatchdogSettings = WatchdogSettings()
-    preflight: bool = True  # run the host checks first when the cluster has remote hosts
-    show_tasks: tuple[str, ...] = ()  # --tasks: checked against the plan
-    isolate_network: bool = False  # --isolate-network (a cluster file can also ask with isolate_network: true)
+    options: RunOptions = RunOptions()
     keep_backup: bool = False  # offer the tasks a backup folder even without restarts (a requeued job resumes)
 
 
 def build_spec(request: LaunchRequest, local_hosts: frozenset[str]) -> ClusterSpec:
     """The validated cluster the request describes, with command-line overrides applied."""
     spec = request.cluster(local_hosts)
-    check_launch_input(spec, request.env, request.command, os.environ)  # by-name values exist, text is clean
-    if request.command:
-        spec = replace(spec, command=request.command)
-    if request.log_dir:
-        spec = replace(spec, log_dir=request.log_dir)
-    if request.threads is not None:
-        spec = replace(spec, threads=request.threads)
-    if request.isolate_network or spec.isolate_network:
+    options = request.options
+    check_launch_input(spec, options.env, options.command, os.environ)  # by-name values exist, text is clean
+    if options.command:
+        spec = replace(spec, command=options.command)
+    if options.log_dir:
+        spec = replace(spec, log_dir=options.log_dir)
+    if options.threads is not None:
+        spec = replace(spec, threads=options.threads)
+    if options.isolate_network or spec.isolate_network:
         from .isolation import check_isolation
 
         spec = replace(spec, isolate_network=True)
-        asked = option_name("isolate_network") if request.isolate_network else "isolate_network"  # option, else file
+        asked = option_name("isolate_network") if options.isolate_network else "isolate_network"  # option, else file
         check_isolation(spec, local_hosts, asked)
     known = [task.name for task in spec.tasks]
-    unknown = [name for name in request.show_tasks if name not in known]
+    unknown = [name for name in options.tasks if name not in known]
     if unknown:
-        raise UnknownTaskError(spec.source, given("tasks", ",".join(request.show_tasks)), unknown, known)
+        raise UnknownTaskError(spec.source, given("tasks", ",".join(options.tasks)), unknown, known)
     return spec
 
 
@@ -86,16 +77,19 @@ def plan_for(spec: ClusterSpec, context: RunContext, local_hosts: frozenset[str]
              request: LaunchRequest) -> Plan:
     return plan_cluster(spec, context, local_hosts=local_hosts, cores_by_host={"localhost": cpu_count()},
                         default_python=sys.executable, default_workdir=os.getcwd(),
-                        inherited_env=dict(os.environ), override_env=request.env)
+                        inherited_env=dict(os.environ), override_env=request.options.env)
 
 
 def session_options(request: LaunchRequest, spec: ClusterSpec) -> SessionOptions:
-    """The run-wide choices: command-line options, else the cluster file's."""
+    """The run-wide choices: the run options, else the cluster file's."""
+    options = request.options
     return SessionOptions(
-        grace=request.grace,
-        max_restarts=spec.max_restarts if request.max_restarts is None else request.max_restarts,
-        restart_delay=spec.restart_delay if request.restart_delay is None else request.restart_delay,
-        evaluator_timeout=request.evaluator_timeout, watchdog=request.watchdog, backup=request.keep_backup)
+        grace=options.grace,
+        max_restarts=spec.max_restarts if options.max_restarts is None else options.max_restarts,
+        restart_delay=spec.restart_delay if options.restart_delay is None else options.restart_delay,
+        evaluator_timeout=options.evaluator_timeout,
+        watchdog=WatchdogSettings(start_timeout=options.start_timeout, hang_timeout=options.hang_timeout),
+        backup=request.keep_backup)
 
 
 def dry_run(request: LaunchRequest) -> tuple[ClusterSpec, Plan]:
@@ -127,7 +121,7 @@ def check(request: LaunchRequest) -> CheckReport:
 
     local_hosts = local_host_names()
     spec = build_spec(request, local_hosts)
-    transports = TransportSet(request.grace)
+    transports = TransportSet(request.options.grace)
     try:
         with _reserve_auto_ports(spec, local_hosts) as reservation:
             spec = _agent_ports(spec.with_ports(reservation.ports), local_hosts, request, transports)
@@ -210,14 +204,14 @@ def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS,
         spare = check_open_files(spec, local_hosts)
         reservation = _reserve_auto_ports(spec, local_hosts, hold=spare)
         # One agent per host for the whole run: the preflight's probes go through the same agents.
-        transports = TransportSet(request.grace)
+        transports = TransportSet(request.options.grace)
         try:
             spec = spec.with_ports(reservation.ports)
             spec = _agent_ports(spec, local_hosts, request, transports)
             if not spec.isolate_network:  # in a namespace of its own, the machine's ports do not matter
                 check_local_ports(spec, local_hosts, set(reservation.ports))
             remote = spec.transport is not None or not all(is_local(t.host, local_hosts) for t in spec.tasks)
-            if request.preflight and remote:
+            if not request.options.no_check and remote:
                 _preflight(spec, local_hosts, request, with_mesh=not reservation.ports, transports=transports)
             elif remote:
                 # Open every host's connection now, while the run folder and the session are set up.

@@ -23,6 +23,7 @@ from .. import __version__
 from ..cluster.plan import Plan, RunContext, TaskLaunch, tf_cluster
 from ..cluster.spec import ClusterSpec, masked_argv, restarts_possible
 from ..errors import EnvironmentProblem
+from ..options import EVALUATOR_TIMEOUT, GRACE, MAX_RESTARTS, RESTART_DELAY
 from ..records.folder import RunFolder, iso_time
 from ..records.folder import BACKUP
 from ..records.record import AttemptRecord, LauncherRecord, RootCause, RunRecord, TaskRecord
@@ -50,10 +51,10 @@ DISK_FULL_EXIT = 1
 class SessionOptions:
     """The run-wide choices of a launch (command-line options over the cluster file)."""
 
-    grace: float = 5.0
-    max_restarts: int = 0
-    restart_delay: float = 1.0
-    evaluator_timeout: float = 300.0
+    grace: float = GRACE
+    max_restarts: int = MAX_RESTARTS
+    restart_delay: float = RESTART_DELAY
+    evaluator_timeout: float = EVALUATOR_TIMEOUT
     watchdog: WatchdogSettings = WatchdogSettings()
     # Offer the tasks a backup folder even when no restart is allowed (a requeued batch job resumes from it).
     backup: bool = False

@@ -37,7 +37,9 @@ def run_in_job(request: LaunchRequest, console: Console, *, run_dir: str | None 
     signals = signals or SIGNALS
     # With --requeue the warning signal takes the same path as SIGTERM (a flag and a wakeup, never
     # a raise), and the requeued job must find the backup even when no in-job restarts are allowed.
-    request = replace(request, keep_backup=request.keep_backup or requeue)
+    # The nodes are Slurm's, given to this job: no host checks before the tasks start.
+    request = replace(request, keep_backup=request.keep_backup or requeue,
+                      options=replace(request.options, no_check=True))
     result = run(request, console, signals, watch=(WARNING_SIGNAL,) if requeue else (),
                  folder_for=lambda spec: prepare_folder(run_dir, spec.log_dir, environ, spec.source))
     if requeue and signals.first == WARNING_SIGNAL:

@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
 from ..cluster.plan import TaskLaunch
-from ..cluster.spec import RestartPolicy
+from ..cluster.spec import DEFAULT_TASK_RESTARTS, RestartPolicy
+from ..options import EVALUATOR_TIMEOUT, GRACE
 from ..records.states import Outcome, TaskState
 from ..transports.base import CANNOT_START, ExitStatus, FailedStart, TaskProcess, Transport, signal_name
 from .signals import Signals
@@ -98,13 +99,13 @@ class AttemptResult:
 
 @dataclass
 class SupervisorOptions:
-    grace: float = 5.0  # seconds between SIGTERM and SIGKILL
+    grace: float = GRACE  # seconds between SIGTERM and SIGKILL
     # After a task failed, survivors get at most this long: the collective is broken, so they
     # cannot save together, and TensorFlow's preemption handler makes MWMS programs swallow SIGTERM.
     failure_grace: float = 1.0
-    evaluator_timeout: float = 300.0  # seconds an evaluator may run on after training succeeded
+    evaluator_timeout: float = EVALUATOR_TIMEOUT  # seconds an evaluator may run on after training succeeded
     restart_policy: Mapping[str, RestartPolicy] = field(default_factory=dict)  # by role; default CLUSTER
-    task_restarts: int = 3  # in-place restarts per task
+    task_restarts: int = DEFAULT_TASK_RESTARTS  # in-place restarts per task
     poll_interval: float = 0.02
     clock: Callable[[], float] = time.monotonic
     wall: Callable[[], float] = time.time

@@ -11,15 +11,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..cluster.spec import ClusterSpec
-from ..errors import ConfigError, LaunchError
+from ..errors import ConfigError, OptionsError
 from ..options import form, name, python_caller
 from . import ClusterSource
 
 MAPPING_LABEL = "cluster"  # how a cluster given as a mapping is named in messages and run lists
-
-
-class OptionsError(LaunchError):
-    """Options that do not go together; one line, exit code 2."""
 
 
 @dataclass(frozen=True)

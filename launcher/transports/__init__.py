@@ -25,6 +25,7 @@ import time
 from typing import Callable
 
 from ..cluster.plan import TaskLaunch
+from ..options import GRACE
 from .base import Reading, Transport
 
 # name -> (module, class); imported on first use so that a local run never loads ssh or Slurm code.
@@ -54,7 +55,7 @@ def reading_of(pid: int) -> Reading:
 class TransportSet:
     """A run's transports by kind, made on first use and closed together when the run ends."""
 
-    def __init__(self, grace: float = 5.0):
+    def __init__(self, grace: float = GRACE):
         self.grace = grace
         self._transports: dict[str, Transport] = {}
 

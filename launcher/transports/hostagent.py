@@ -5,7 +5,7 @@ tflaunch runs it as ``python -I -S -c <source> <spec>``: on this machine as its 
 host through one ssh connection, on a Slurm node as the one task of a job step. Its channel to
 tflaunch is one byte stream each way: stdin and stdout, or (``connect`` in the spec) a TCP
 connection it opens back to tflaunch. The spec (``sys.argv[1]``) is base64 of NUL-separated
-``key, value`` pairs (see :func:`decode_fields`): ``timeout`` (seconds without a word from tflaunch
+``key, value`` pairs (see :func:`decode_fields`): ``keepalive`` (seconds without a word from tflaunch
 before everything is stopped; empty: never), ``eof_grace`` (TERM to KILL when tflaunch is gone),
 ``sample`` (seconds between resource samples), optionally ``connect`` (``host port``) and
 ``setup_log`` (a descriptor open on the file the host's ``setup`` line writes to: the agent relays
@@ -30,7 +30,7 @@ counts as a heartbeat:
 - ``TERM <id>`` (SIGTERM to the task's process group), ``KILL <id>`` (SIGKILL to its whole tree),
   ``SIG <id> <n>`` (signal n to its main process), ``DUMP <id>`` (its Python stacks, by py-spy).
 
-EOF on the channel, or no heartbeat for ``timeout`` seconds, means tflaunch is gone: every process
+EOF on the channel, or no heartbeat for ``keepalive`` seconds, means tflaunch is gone: every process
 is stopped (SIGTERM, ``eof_grace``, SIGKILL) and the agent exits.
 
 **Frames** (agent to tflaunch, ``Frame``) follow the ``SYNC`` mark (what a login shell printed
@@ -73,6 +73,14 @@ QUEUE_LIMIT = 1 << 20  # output bytes of one process waiting to be sent before i
 # -- the protocol: both ends take every fact of it from here ------------------------------------
 
 HEARTBEAT = 1.0  # seconds between heartbeats, each way
+# Left out of a spec, a process's grace (TERM to KILL) is GRACE; tflaunch always sends its own,
+# launcher.options.GRACE, which a test holds equal to this one (the agent imports nothing of tflaunch's).
+GRACE = 5.0
+# tflaunch is gone (EOF, or no word for ``keepalive`` seconds): nothing records what the tasks do any
+# more, and the next run wants their ports and GPUs, so every process gets at most this long between
+# TERM and KILL, whatever its grace: its whole tree is gone within about 2 s. tflaunch sends the
+# smaller of this and the run's grace as ``eof_grace``.
+EOF_GRACE = 1.0
 HEADER = struct.Struct(">cII")  # a frame's kind, the id it is about, its payload's length
 # Written before the first frame: whatever a login shell printed comes before it.
 SYNC = b"\0TFLAUNCH-AGENT-2\0"
@@ -299,7 +307,7 @@ class Process(object):
         self.id = ident
         self.fields = fields
         self.name = fields.get("name") or str(ident)
-        self.grace = number(fields.get("grace"), 5.0)
+        self.grace = number(fields.get("grace"), GRACE)
         self.pid = None
         self.status = None  # wait status once reaped
         self.termed = False
@@ -321,8 +329,8 @@ class Agent(object):
     def __init__(self, spec, read_fd, write_fd):
         self.spec = spec
         self.read_fd, self.write_fd = read_fd, write_fd
-        self.timeout = number(spec.get("timeout"))
-        self.eof_grace = number(spec.get("eof_grace"), 3.0)
+        self.keepalive = number(spec.get("keepalive"))
+        self.eof_grace = number(spec.get("eof_grace"), EOF_GRACE)
         self.sample_every = number(spec.get("sample"), 2.0)
         self.processes = {}  # id -> Process
         self.held_ports = {}  # port -> the socket that holds it until its task starts
@@ -740,8 +748,8 @@ class Agent(object):
                 self.relay(process)
             if process.in_fd is not None and process.in_fd in writable:
                 self.write_stdin(process)
-        if (self.timeout and self.gone_reason is None and self.channel_open
-                and time.monotonic() - self.last_heard > self.timeout):
+        if (self.keepalive and self.gone_reason is None and self.channel_open
+                and time.monotonic() - self.last_heard > self.keepalive):
             self.gone_reason = "no heartbeat"
 
     def soonest_deadline(self, now):

@@ -19,16 +19,17 @@ from collections.abc import Sequence
 
 from ..cluster.machine import restore_open_files_limit
 from ..cluster.plan import TaskLaunch
+from ..options import GRACE
 from .base import ExitStatus, FailedStart
 from .carriers import ProcessCarrier
-from .hostagent import encode_fields
+from .hostagent import EOF_GRACE, encode_fields
 from .hostlink import AgentLink
 from .linkhub import HUB
 from .proxies import AgentTask, LogWriter, log_target
 from .shipping import AGENT_PATH
 
-EOF_GRACE = 1.0  # tflaunch is gone: the tasks' trees are gone within about this long (target: 2 s)
-HEARTBEAT_TIMEOUT = 30.0  # a tflaunch that is alive but stopped answering (wedged, suspended)
+# The local agent's keep-alive timeout: tflaunch alive but no longer answering (wedged, suspended).
+KEEPALIVE_TIMEOUT = 30.0
 # The agent imported as a module rather than run as a script, so that its compiled form is cached.
 # Its folder goes at the end of sys.path: the standard library must win over any file next to it.
 AGENT_BOOT = (f"import sys; sys.path.append({str(AGENT_PATH.parent)!r}); "
@@ -69,7 +70,7 @@ class LocalCarrier(ProcessCarrier):
 class LocalTransport:
     """Runs every local task of a run under one agent, with tflaunch's environment plus the planned env."""
 
-    def __init__(self, grace: float = 5.0):
+    def __init__(self, grace: float = GRACE):
         self.grace = grace
         self.link: AgentLink | None = None
         self.logs = LogWriter()
@@ -102,7 +103,7 @@ class LocalTransport:
         return self.link
 
     def _connect(self) -> AgentLink:
-        spec = encode_fields({"timeout": HEARTBEAT_TIMEOUT, "eof_grace": min(self.grace, EOF_GRACE), "sample": 1.0})
+        spec = encode_fields({"keepalive": KEEPALIVE_TIMEOUT, "eof_grace": min(self.grace, EOF_GRACE), "sample": 1.0})
         stderr = tempfile.TemporaryFile()
         try:
             # -I -S: the agent needs nothing but the standard library, and starts in half the time.
@@ -120,7 +121,7 @@ class LocalTransport:
         os.set_blocking(read_fd, False)
         os.set_blocking(write_fd, False)
         self.link = AgentLink("this machine", LocalCarrier(popen, stderr), read_fd, write_fd,
-                              keepalive=HEARTBEAT_TIMEOUT, hub=HUB)
+                              keepalive=KEEPALIVE_TIMEOUT, hub=HUB)
         return self.link
 
     def close(self) -> None:

@@ -26,15 +26,17 @@ import tempfile
 from collections.abc import Sequence
 
 from ..cluster.plan import TaskLaunch
+from ..cluster.spec import DEFAULT_KEEPALIVE_TIMEOUT
+from ..options import GRACE
 from .base import CANNOT_START, ExitStatus, FailedStart
 from .connectback import ConnectBack, source_address
 from .carriers import Carrier
-from .hostagent import TOKEN_VARIABLE, encode_fields
+from .hostagent import EOF_GRACE, TOKEN_VARIABLE, encode_fields
 from .hostlink import AgentLink
 from .linkhub import HUB
 from .proxies import AgentTask, LogWriter, log_target
 from .shipping import remote_agent_argv
-from .ssh import DEFAULT_KEEPALIVE_TIMEOUT, EOF_GRACE, agent_spec, task_fields
+from .ssh import agent_spec, task_fields
 
 NODE_FAILURE = "Node failure on"  # how srun reports that slurmctld declared a node dead
 CONNECT_TIMEOUT = 300.0  # from srun's start to every agent's connection: a busy slurmctld, a node still registering
@@ -170,7 +172,7 @@ def _read_all(file) -> str:
 class SrunTransport:
     """Starts each task through its node's agent, all agents in one job step."""
 
-    def __init__(self, grace: float = 5.0):
+    def __init__(self, grace: float = GRACE):
         self.grace = grace
         self.steps: list[AgentStep] = []
         self.links: dict[str, AgentLink] = {}

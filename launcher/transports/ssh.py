@@ -28,18 +28,16 @@ import time
 from collections.abc import Sequence
 
 from ..cluster.plan import TaskLaunch
-from ..cluster.spec import SshSettings
+from ..cluster.spec import DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEEPALIVE_TIMEOUT, SshSettings
+from ..options import GRACE
 from .base import ExitStatus, FailedStart
 from .carriers import ProcessCarrier
-from .hostagent import encode_fields
+from .hostagent import EOF_GRACE, encode_fields
 from .hostlink import AgentLink
 from .linkhub import HUB
 from .proxies import AgentTask, LogWriter, log_target
 from .shipping import remote_agent_argv
 
-DEFAULT_CONNECT_TIMEOUT = 10.0
-DEFAULT_KEEPALIVE_TIMEOUT = 15.0
-EOF_GRACE = 3.0  # the agent's grace when tflaunch vanished: the remote trees are gone within ~3 s
 # In the remote shell, the setup line's output file: written through SETUP_OUT, read by the agent
 # through SETUP_IN (see agent_command).
 SETUP_OUT, SETUP_IN = 5, 6
@@ -71,7 +69,7 @@ def ssh_argv(host: str, settings: SshSettings, remote_command: str | None = None
 def agent_spec(grace: float, keepalive: float, sample: float = 2.0, connect: str | None = None,
                setup_log: int | None = None) -> str:
     """The host agent's one argument (see :mod:`.hostagent`)."""
-    return encode_fields({"timeout": keepalive, "eof_grace": min(grace, EOF_GRACE), "sample": sample,
+    return encode_fields({"keepalive": keepalive, "eof_grace": min(grace, EOF_GRACE), "sample": sample,
                           "connect": connect, "setup_log": setup_log})
 
 
@@ -136,7 +134,7 @@ class SshCarrier(ProcessCarrier):
 class SshTransport:
     """Starts each remote task through its host's agent, one ssh connection per host."""
 
-    def __init__(self, grace: float = 5.0):
+    def __init__(self, grace: float = GRACE):
         self.grace = grace
         self.links: dict[tuple, AgentLink] = {}
         self.setups: dict[tuple, str | None] = {}
