@@ -151,16 +151,19 @@ def test_launch_s_defaults_are_the_dataclasss():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--local", "1", "--grace", "-1"], "--grace: expected a number of seconds >= 0, got -1.0"),
-    (["--local", "1", "--threads", "0"], "--threads: expected 'auto', 'off' or a thread count >= 1, got 0"),
-    (["--local", "1", "--hang-timeout", "0"], "--hang-timeout: expected a number of seconds > 0, got 0.0"),
-    (["--local", "1", "--quiet", "--verbose"], "--quiet and --verbose cannot be combined"),
-    (["submit", "--nodes", "1", "--max-restarts", "-1"], "--max-restarts: expected a whole number >= 0, got -1"),
+    (["--local", "1", "--grace", "-1", "--dry-run"], "--grace: expected a number of seconds >= 0, got -1.0"),
+    (["--local", "1", "--threads", "0", "--dry-run"], "--threads: expected 'auto', 'off' or a thread count >= 1, got 0"),
+    (["--local", "1", "--hang-timeout", "0", "--dry-run"], "--hang-timeout: expected a number of seconds > 0, got 0.0"),
+    (["--local", "1", "--quiet", "--verbose", "--dry-run"], "--quiet and --verbose cannot be combined"),
+    (["submit", "--nodes", "1", "--max-restarts", "-1", "--dry-run"],
+     "--max-restarts: expected a whole number >= 0, got -1"),
+    (["export", "--local", "1", "--max-restarts", "-1", "--format", "sh"],
+     "--max-restarts: expected a whole number >= 0, got -1"),
 ])
 def test_the_command_line_reports_a_bad_value_in_one_line(argv, message, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as done:
-        main([*argv, "--dry-run"])
+        main(argv)
     assert done.value.code == 2
     assert capsys.readouterr().err.splitlines() == [f"tflaunch: error: {message}"]
     assert not (tmp_path / "logs").exists()

@@ -8,7 +8,8 @@ import click
 
 from ..errors import ConfigError
 from .group import cli
-from .options import ClusterChoice, cluster_options
+from ..options import MAX_RESTARTS
+from .options import ClusterChoice, cluster_options, run_option, run_options
 
 EXPORT_HELP = """Print CLUSTER (a cluster YAML file) or --local N as manifests that run the same TensorFlow
 cluster elsewhere: a JobSet (default), a Kubeflow TFJob, or a Kubeflow Trainer runtime and
@@ -23,16 +24,6 @@ Examples:
   tflaunch export --format trainjob --local 2 --chief --image IMAGE --env DATA=/data
   tflaunch export --format sh clusters/two_node.yaml
 """
-
-
-def _parse_env(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str | None]:
-    """``--env``'s items as a mapping; :func:`launcher.cluster.fields.env_items` owns their syntax."""
-    from ..cluster.fields import env_items
-
-    try:
-        return env_items(values)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
 
 
 class _ExportCommand(click.Command):
@@ -54,12 +45,13 @@ class _ExportCommand(click.Command):
               "(default: the file's kubernetes.image).")
 @click.option("--name", metavar="NAME", help="Name of the job (default: kubernetes.name, else the file's name).")
 @click.option("--namespace", metavar="NS", help="Namespace of the job (default: kubernetes.namespace, else kubectl's).")
-@click.option("--max-restarts", type=click.IntRange(min=0), metavar="N",
-              help="Whole-cluster restarts on failure (default: the file's max_restarts, else 0).")
-@click.option("-e", "--env", "env", multiple=True, callback=_parse_env, metavar="KEY[=VALUE]",
-              help="Set a variable in every task (repeatable); wins over every 'env' of the cluster file. KEY "
-                   "alone, or a KEY whose name marks a secret (TOKEN, SECRET, PASSWORD, API_KEY, ...), is written "
-                   "as a reference: a Kubernetes Secret's key (secretKeyRef), or \"$KEY\" in --format sh.")
+# Run options with what they mean in a manifest; RunOptions checks their values.
+@run_option("max_restarts",
+            help=f"Whole-cluster restarts on failure (default: the file's max_restarts, else {MAX_RESTARTS}).")
+@run_option("env", "-e",
+            help="Set a variable in every task (repeatable); wins over every 'env' of the cluster file. KEY "
+                 "alone, or a KEY whose name marks a secret (TOKEN, SECRET, PASSWORD, API_KEY, ...), is written "
+                 "as a reference: a Kubernetes Secret's key (secretKeyRef), or \"$KEY\" in --format sh.")
 @click.option("--cluster-runtime", is_flag=True,
               help="With --format trainjob: a cluster-wide ClusterTrainingRuntime instead of a TrainingRuntime.")
 @click.option("-o", "--output", metavar="FILE", help="Write to FILE instead of standard output.")
@@ -69,6 +61,7 @@ def export_command(ctx: click.Context, choice: ClusterChoice, fmt: str, image: s
                    cluster_runtime: bool, output: str | None) -> None:
     from ..export import ExportRequest, export  # imported here so "tflaunch --help" stays light
 
+    run_options({"max_restarts": max_restarts, "env": env})
     result = export(ExportRequest(source=choice.source(), format=fmt, image=image, name=name, namespace=namespace,
                                   command=ctx.meta.get("tflaunch.command") or None, max_restarts=max_restarts,
                                   env=env, cluster_runtime=cluster_runtime))
