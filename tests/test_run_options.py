@@ -112,10 +112,10 @@ def test_replace_checks_again():
 def test_the_command_lines_defaults_are_the_dataclasss():
     run = cli.get_command(None, "run")
     context = run.make_context("run", ["--local", "1"])  # parses and runs each flag's parser; starts nothing
+    parsed = RunOptions(**{name: context.params[name] for name in FLAGGED})
     for name in FLAGGED:
-        assert context.params[name] == default_of(name), name
-    given = {name: context.params[name] for name in FLAGGED}
-    assert RunOptions(**given) == RunOptions()
+        assert getattr(parsed, name) == default_of(name), name
+    assert parsed == RunOptions()
     by_name = {param.name: param for param in run.params}
     assert by_name["grace"].default == GRACE and by_name["evaluator_timeout"].default == EVALUATOR_TIMEOUT
 
