@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from .errors import LaunchError
-from .options import EVALUATOR_TIMEOUT, GRACE, RunOptions, bad, count, python_words
+from .options import EVALUATOR_TIMEOUT, GRACE, LOG_MAX_SIZE, RunOptions, bad, count, python_words
 from .records.folder import DEFAULT_LOG_DIR
 from .run.signals import Signals  # standard library only underneath: importing it stays cheap
 
@@ -110,15 +110,16 @@ def launch(cluster: str | Path | Mapping[str, Any] | None = None, *, local: int 
            log_dir: str | Path | None = None, threads: int | str | None = None, grace: float = GRACE,
            max_restarts: int | None = None, restart_delay: float | None = None, start_timeout: float | None = None,
            hang_timeout: float | None = None, evaluator_timeout: float = EVALUATOR_TIMEOUT, isolate_network: bool = False,
-           no_check: bool = False, tasks: Iterable[str] | str | None = None, quiet: bool = False,
-           verbose: bool = False, tensorboard: bool = False, output: IO[str] | None = None,
+           log_max_size: int | str = LOG_MAX_SIZE, no_check: bool = False, tasks: Iterable[str] | str | None = None,
+           quiet: bool = False, verbose: bool = False, tensorboard: bool = False, output: IO[str] | None = None,
            on_line: Callable[[str], None] | None = None, check: bool = False) -> LaunchResult:
     """Run a cluster to its end, as ``tflaunch run`` does, and return how it ended.
 
     The cluster is one of: ``cluster`` (a cluster file's path, or a mapping in the same form),
     ``local=N``, ``hosts`` (``"node1:4,node2:4"``, ``{"node1": 4}`` or ``["node1:4", ...]``) or
     ``hostfile``. ``command`` is the task command (a list, or a string split as a shell would);
-    the default is the built-in trainer. Every other argument is the run option of the same name.
+    the default is the built-in trainer. Every other argument is the run option of the same name
+    (``log_max_size``: bytes, or a string such as ``"512M"``, as ``--log-max-size`` takes).
     ``env`` maps names to values; a name mapped to None passes this process's own value by name
     (``--env KEY``): the value reaches the tasks but no file, message or command line.
 
@@ -136,7 +137,7 @@ def launch(cluster: str | Path | Mapping[str, Any] | None = None, *, local: int 
                          max_restarts=max_restarts, restart_delay=restart_delay, start_timeout=start_timeout,
                          hang_timeout=hang_timeout, evaluator_timeout=evaluator_timeout,
                          isolate_network=isolate_network, no_check=no_check, tasks=tasks, quiet=quiet,
-                         verbose=verbose, tensorboard=tensorboard)
+                         verbose=verbose, tensorboard=tensorboard, log_max_size=log_max_size)
     source = choose_source(None if cluster is None else (cluster if isinstance(cluster, Mapping) else str(cluster)),
                            None if local is None else count("local", local, 1), hosts=_hosts(hosts),
                            hostfile=None if hostfile is None else str(hostfile), chief=bool(chief),

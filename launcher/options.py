@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shlex
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -87,6 +88,10 @@ EVALUATOR_TIMEOUT = 300.0  # seconds an evaluator may go on after training succe
 # A cluster file's max_restarts and restart_delay, when it does not set them (the options win over the file).
 MAX_RESTARTS = 0
 RESTART_DELAY = 1.0
+# Each task log's size limit (merged.log's is MERGED_SHARE times it: launcher/records/boundedlog.py), and
+# the sizes --log-max-size takes: a log keeps a head and a tail of it, so not less than a few lines' worth.
+LOG_MAX_SIZE = 1 << 30
+LOG_SIZE_RANGE = (64 << 10, 1 << 50)
 
 ENV_HELP = ("Set a variable in every task (repeatable): KEY=VALUE, or KEY alone to pass tflaunch's own KEY by "
             "name, its value on no command line and in no file. Wins over every 'env' of the cluster file. "
@@ -151,6 +156,11 @@ class RunOptions:
     tensorboard: bool = _option(
         False, help="Start TensorBoard on the run's folder beside the run (127.0.0.1, from port 6006 up) and stop it "
                     "with the run (needs the 'tensorboard' extra).")
+    log_max_size: int | str = _option(
+        LOG_MAX_SIZE, metavar="SIZE", parse=str,
+        help="Keep each task's log within SIZE (512M, 2G, 100k; default 1G) and the merged log within 4 x SIZE: "
+             "past it a log keeps its first quarter and its latest output, with a line between them saying how many "
+             "bytes were left out.")
 
     def __post_init__(self) -> None:
         put = object.__setattr__  # the one place a frozen RunOptions is written: its values' checked forms
@@ -165,6 +175,7 @@ class RunOptions:
             put(self, option, None if value is None else seconds(option, value, positive=option != "restart_delay"))
         put(self, "evaluator_timeout", seconds("evaluator_timeout", self.evaluator_timeout))
         put(self, "tasks", _names(self.tasks))
+        put(self, "log_max_size", size("log_max_size", self.log_max_size))
         for flag in ("isolate_network", "no_check", "quiet", "verbose", "tensorboard"):
             put(self, flag, bool(getattr(self, flag)))
         if self.quiet and self.verbose:
@@ -192,6 +203,37 @@ def seconds(option: str, value: Any, positive: bool = False) -> float:
             or (positive and value == 0)):
         raise bad(option, "a number of seconds " + ("> 0" if positive else ">= 0"), value)
     return float(value)
+
+
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """``512M``, ``2G``, ``100k``, ``1.5GiB``, ``1048576`` as bytes (k, M, G and T are powers of 1024),
+    within :data:`LOG_SIZE_RANGE`; ValueError saying what was expected otherwise."""
+    match = _SIZE.fullmatch(str(text).strip())
+    if match is None:
+        raise ValueError(f"expected a size such as 512M, 2G or 100k, got {text!r}")
+    try:
+        value = int(float(match[1]) * _UNITS[match[2].lower()])
+    except OverflowError:  # more digits than a float holds
+        value = LOG_SIZE_RANGE[1] + 1
+    if not LOG_SIZE_RANGE[0] <= value <= LOG_SIZE_RANGE[1]:
+        raise ValueError(f"expected a size from 64k to 1024T, got {text!r}")
+    return value
+
+
+def size(option: str, value: Any) -> int:
+    """A size: a number of bytes, or text such as '512M' (:func:`parse_size`)."""
+    if isinstance(value, int) and not isinstance(value, bool) and LOG_SIZE_RANGE[0] <= value <= LOG_SIZE_RANGE[1]:
+        return value
+    if isinstance(value, str):
+        try:
+            return parse_size(value)
+        except ValueError as exc:
+            raise OptionsError(f"{name(option)}: {exc}") from None
+    raise bad(option, "a size such as '512M' or '2G', or a number of bytes from 65536", value)
 
 
 def _threads(value: Any) -> int | str | None:

@@ -34,6 +34,7 @@ Examples:
 @run_option("log_dir")
 @run_option("threads")
 @run_option("grace")
+@run_option("log_max_size", show_default=False)
 @run_option("tasks")
 @run_option("quiet")
 @run_option("verbose")

@@ -14,7 +14,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..records.folder import LEARNING_CURVES, RECORD, RESOURCES
+from ..records.boundedlog import format_size
+from ..records.folder import LEARNING_CURVES, RECORD, RESOURCES, TASK_LOG_SUFFIX
+from ..records.logview import left_out
 from ..records.states import RunStatus, TaskState
 from .runs import NoMetricsError, Run, RunState, RunSummary, epoch_records, final_record
 
@@ -214,10 +216,14 @@ def build_report(run: Run, task: str | None = None, all_tasks: bool = False, plo
             raise NoMetricsError(f"run {run.run_id} is still running and {whose} reported no epoch yet; "
                                  f"watch it with 'tflaunch logs --follow {run.run_id}'")
         cause = cause_line(run)
+        cut = ", ".join(f"{name} ({format_size(count)} left out)" for name, count in logs_cut(run))
         raise NoMetricsError(f"run {run.run_id} has no epoch metrics: {whose} printed no TFLAUNCH_METRIC lines"
-                             + (f"; root cause: {cause}" if cause else ""))
+                             + (f"; root cause: {cause}" if cause else "")
+                             + (f"; logs over their size limit: {cut}" if cut else ""))
     report = Report(run.run_id, str(run.record.source), status, run.record.exit_code,
                     chief, epochs, final_record(run, metrics), run.resources(), root_cause=cause_line(run))
+    report.notes += [f"{name} outgrew its size limit: {format_size(count)} ({count:,} bytes) of output left out "
+                     f"between its start and its latest output" for name, count in logs_cut(run)]
     if status == RunStatus.RUNNING:
         report.notes.append(f"run {run.run_id} is still running: figures up to epoch "
                             f"{max(r['epoch'] for rows in epochs.values() for r in rows)} so far")
@@ -227,6 +233,15 @@ def build_report(run: Run, task: str | None = None, all_tasks: bool = False, plo
         except ImportError:
             report.plot_note = PLOT_MISSING
     return report
+
+
+def logs_cut(run: Run) -> list[tuple[str, int]]:
+    """(file name, bytes left out) of each log of the run (the tasks' latest, merged.log) that
+    outgrew its size limit, as its marker line says."""
+    paths = [(f"{name}{TASK_LOG_SUFFIX}", run.folder.latest_task_log(name)) for name in run.task_names()]
+    paths.append((run.folder.merged_path.name, run.folder.merged_path))
+    counts = [(name, left_out(path)) for name, path in paths]
+    return [(name, count) for name, count in counts if count]
 
 
 def cause_line(run: Run) -> str | None:

@@ -2,6 +2,8 @@
 
 ``merged.log`` lines read ``<date> <time> [<attempt>] <task> | <text>``; a task's own log holds its
 output as it wrote it, and ``<task>.log`` in the run folder links to its latest attempt's file.
+A log that outgrew its size limit reads as its head, a marker line saying how many bytes were left
+out, and its latest output (:mod:`launcher.records.logview`); marker lines pass every filter.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from ..records.lines import LineSplitter
+from ..records.logview import Follower, is_marker, read_view
 from .runs import Run, TaskNotFoundError
 
 _MERGED_LINE = re.compile(r"^\S+ \S+ \[(\d+)\] (\S+) \| ")
@@ -41,6 +44,8 @@ def log_path(run: Run, query: LogQuery) -> Path:
 
 
 def _wanted(line: str, query: LogQuery) -> bool:
+    if is_marker(line):
+        return True
     if query.task is None and query.attempt is not None:
         match = _MERGED_LINE.match(line)
         if match is None or int(match.group(1)) != query.attempt:
@@ -52,7 +57,7 @@ def read_log(run: Run, query: LogQuery) -> Iterator[str]:
     """The lines of the query's log as they are now."""
     path = log_path(run, query)
     try:
-        data = path.read_bytes()
+        data = read_view(path)
     except FileNotFoundError:
         return
     splitter = LineSplitter()
@@ -90,21 +95,18 @@ def follow_log(run: Run, query: LogQuery, poll: float = 0.25,
 
 
 class _Tail:
-    """Complete lines appended to one file since the last read."""
+    """Complete lines added to one log since the last read (through its changes of shape)."""
 
     def __init__(self, path: Path):
         self.path = path
-        self.offset = 0
+        self.follower = Follower(path)
         self.splitter = LineSplitter()
 
     def read(self) -> list[str]:
         try:
-            with open(self.path, "rb") as handle:
-                handle.seek(self.offset)
-                data = handle.read()
+            data = self.follower.read()
         except FileNotFoundError:
             return []
-        self.offset += len(data)
         return [raw.decode("utf-8", "replace") for raw in self.splitter.feed(data)]
 
     def finish(self) -> list[str]:

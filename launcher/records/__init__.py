@@ -5,6 +5,8 @@
 - states.py: the words the record uses (run status, task state, attempt outcome);
 - metrics.py: the metric line tasks print, its parser, and which task speaks for the run;
 - lines.py: how task output is cut into lines and folded as a terminal shows it (merged.log, ``logs``);
+- boundedlog.py: a log kept within its size limit (head, marker line, latest output), as it is written;
+- logview.py: such a log read whole, by its tail or followed, also one a killed tflaunch left behind;
 - slurm.py: ``slurm.json``, what a Slurm job adds to its folder;
 - control.py: the folder's control socket while the run lasts: its protocol and the client that asks.
 

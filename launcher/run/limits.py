@@ -3,8 +3,9 @@ and refuses a run that would not fit before anything starts.
 
 What a run holds open grows with its hosts, not its tasks: per host a channel to its agent (two
 pipe ends and a file for the carrier's messages, or one connection from a Slurm node); per task
-nothing while it runs, because each task writes its own log, the output pump keeps at most
-``pump.OPEN_FILES`` of those files open and relayed output at most ``transports.base.OPEN_LOGS``.
+nothing while it runs, because the output pump keeps at most ``pump.OPEN_FILES`` of the task logs
+open and each transport's log writer, which appends their relayed output, at most
+``transports.base.OPEN_LOGS``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ PER_HOST = 4
 
 
 def descriptors_needed(tasks: int, hosts: int, remote_tasks: int) -> int:
-    return BASE + PER_HOST * hosts + min(tasks, OPEN_FILES) + min(remote_tasks, OPEN_LOGS)
+    # The local transport's log writer and a remote one's each keep their own few files open.
+    writers = min(tasks - remote_tasks, OPEN_LOGS) + min(remote_tasks, OPEN_LOGS)
+    return BASE + PER_HOST * hosts + min(tasks, OPEN_FILES) + writers
 
 
 def check_open_files(spec: ClusterSpec, local_hosts: frozenset[str]) -> int:

@@ -1,9 +1,16 @@
-"""Task output: per-task files tailed into ``merged.log``, ``metrics.jsonl`` and the console.
+"""Task output: each task's log read back into ``merged.log``, ``metrics.jsonl`` and the console.
 
-Tasks never write into a pipe of ours. Each task's stdout and stderr go straight to its own log
-file (opened with O_APPEND, so the two streams interleave in write order), and a single pump
-thread tails those files. A slow console or a busy launcher therefore can never block a task,
-and a task's file is complete even if tflaunch dies.
+Every task's output reaches tflaunch through its host's agent (the local one too) and is appended
+to the task's log by the transports' log writer; a single pump thread reads those logs back.
+A slow console therefore never holds up a task or its log, and the pump falls behind rather than
+anything waiting for it.
+
+Every log is kept within its size limit (:mod:`launcher.records.boundedlog`): each task's log
+within ``log_max_size``, ``merged.log`` within ``MERGED_SHARE`` times that. The pump owns each
+task log's :class:`~launcher.records.boundedlog.BoundedLog` from :meth:`OutputPump.follow` until the
+attempt ends, when it stitches it (head, marker, tail). Should the pump fall so far behind a flood
+that part of a task's output is gone from its log before it was read, merged.log says how many bytes
+it left out there.
 
 Each merged line reads ``<date> <time> [<attempt>] <task> | <text>``.
 
@@ -11,7 +18,7 @@ Lines end at ``\\n`` (or ``\\r\\n``). Within a line, carriage returns and backsp
 way a terminal shows them, so a progress bar redrawn in place becomes the one line a person saw,
 and the empty lines such redraws leave are dropped (:mod:`launcher.records.lines`). Everything else
 is kept byte for byte: ``merged.log`` holds the task's bytes after the prefix, and only the
-console decodes them, replacing what is not UTF-8. The task's own file is never changed.
+console decodes them, replacing what is not UTF-8. Nothing of this folding touches the task's own log.
 """
 
 from __future__ import annotations
@@ -24,7 +31,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..options import LOG_MAX_SIZE
+from ..records.boundedlog import MERGED_SHARE, WRITING, BoundedLog, Reader, format_size
+from ..records.folder import MERGED
 from ..records.lines import LineSplitter
+from ..records.logview import read_tail
 from ..records.metrics import parse_block
 from .progress import Progress
 
@@ -35,9 +46,9 @@ LAUNCHER_NAME = "tflaunch"
 _READ_SIZE = 1 << 20
 
 
-# Descriptors the pump keeps open at once: the files that wrote most recently. Every other file is
-# looked at (one stat) every IDLE_CHECK seconds and reopened once it has grown, so a run of
-# thousands of tasks tails them all within a small, fixed number of descriptors.
+# Descriptors the pump keeps open at once: the logs that grew most recently. Every other log is
+# looked at every IDLE_CHECK seconds and reopened once it has grown, so a run of thousands of
+# tasks reads them all within a small, fixed number of descriptors.
 OPEN_FILES = 64
 IDLE_CHECK = 0.25
 
@@ -46,9 +57,8 @@ IDLE_CHECK = 0.25
 class _Source:
     name: str
     attempt: int
-    path: Path
-    offset: int = 0
-    fd: int | None = None
+    log: BoundedLog
+    reader: Reader
     last_output: float = 0.0  # monotonic time it last produced bytes
     next_check: float = 0.0  # when a closed source is looked at again
     splitter: LineSplitter = field(default_factory=LineSplitter)
@@ -58,8 +68,11 @@ class OutputPump:
     """Tails every task's log file on one thread into merged.log, metrics.jsonl and the console."""
 
     def __init__(self, merged_path: Path, metrics_path: Path, console: Console,
-                 interval: float = 0.02, clock=time.time):
-        self._merged = open(merged_path, "ab")
+                 interval: float = 0.02, clock=time.time, log_max_size: int = LOG_MAX_SIZE):
+        self.log_max_size = log_max_size
+        os.close(os.open(merged_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644))  # there from the start
+        self._merged = BoundedLog(merged_path, MERGED_SHARE * log_max_size)
+        self._merged_out: list[bytes | memoryview] = []  # merged.log's bytes of this sweep, written at once
         self._metrics = open(metrics_path, "ab")
         self.console = console
         self.interval = interval
@@ -78,7 +91,8 @@ class OutputPump:
     # -- sources ------------------------------------------------------------------------
 
     def follow(self, name: str, path: Path, attempt: int = 1) -> None:
-        """Start tailing a task's log file (which the task writes to).
+        """Start reading a task's log back, and keep the log within the size limit from now on
+        (whoever appends to it through :data:`~launcher.records.boundedlog.WRITING`).
 
         A task restarted in place appends to the file already followed: it is not read twice.
         """
@@ -86,11 +100,13 @@ class OutputPump:
             if any(s.name == name and s.attempt == attempt for s in self._sources):
                 return
             os.close(os.open(path, os.O_RDONLY | os.O_CREAT, 0o644))
-            self._sources.append(_Source(name, attempt, Path(path)))
+            log = BoundedLog(path, self.log_max_size)
+            WRITING.add(log)
+            self._sources.append(_Source(name, attempt, log, log.reader()))
         self.console.register([name])
 
     def finish_all(self) -> None:
-        """Read every source to its end, emit partial last lines, and stop following them."""
+        """Read every source to its end, emit partial last lines, stitch each log, stop following them."""
         with self._lock:
             for source in self._sources:
                 try:
@@ -98,7 +114,12 @@ class OutputPump:
                     self._emit(source, source.splitter.flush_block())
                 except OSError as exc:
                     self._failed(exc)
-                self._close_source(source)
+                source.reader.release()
+                WRITING.remove(source.log)
+                try:
+                    source.log.close()
+                except OSError as exc:
+                    self._failed(exc)
             self._sources.clear()
             try:
                 self._flush_files()
@@ -124,16 +145,17 @@ class OutputPump:
                 self._failed(exc)
 
     def _run(self) -> None:
+        # One sweep per interval, busy or not: a flood is then read in large blocks, each costing
+        # one prefix, one metric scan and one console entry however many lines it holds.
         while not self._stop.is_set():
             try:
                 with self._lock:
-                    busy = any([self._read(source) for source in self._sources])
+                    for source in self._sources:
+                        self._read(source)
                     self._flush_files()
             except OSError as exc:
                 self._failed(exc)
-                busy = False
-            if not busy:
-                self._stop.wait(self.interval)
+            self._stop.wait(self.interval)
 
     @property
     def failure(self) -> str | None:
@@ -145,7 +167,7 @@ class OutputPump:
         """Remember the first write failure."""
         with self._failure_lock:
             if self._failure is None:
-                where = exc.filename or self._merged.name
+                where = exc.filename or self._merged.path
                 self._failure = f"{where}: {exc.strerror or exc}"
 
     # -- lines --------------------------------------------------------------------------
@@ -162,41 +184,37 @@ class OutputPump:
     def _read(self, source: _Source, force: bool = False) -> bool:
         """Read what ``source`` wrote since last time; a closed source only when it has grown."""
         now = time.monotonic()
-        if source.fd is None:
+        reader = source.reader
+        if not reader.is_open:
             if not force and now < source.next_check:
                 return False
             source.next_check = now + IDLE_CHECK
-            try:
-                if os.stat(source.path).st_size <= source.offset:
-                    return False
-            except FileNotFoundError:
+            if not reader.available():
                 return False
-            self._open_source(source, now)
+            open_sources = [s for s in self._sources if s.reader.is_open]
+            if len(open_sources) >= OPEN_FILES:
+                min(open_sources, key=lambda s: s.last_output).reader.release()
+            source.last_output = now
         got = False
         while True:
-            chunk = os.pread(source.fd, _READ_SIZE, source.offset)
+            skipped, chunk = reader.read(_READ_SIZE)
+            if skipped:
+                self._skipped(source, skipped)
             if not chunk:
                 break
             got = True
-            source.offset += len(chunk)
             source.last_output = now
             self._emit(source, source.splitter.feed_block(chunk))
         if force:
-            self._close_source(source)
+            reader.release()
         return got
 
-    def _open_source(self, source: _Source, now: float) -> None:
-        open_sources = [s for s in self._sources if s.fd is not None]
-        if len(open_sources) >= OPEN_FILES:
-            self._close_source(min(open_sources, key=lambda s: s.last_output))
-        source.fd = os.open(source.path, os.O_RDONLY)
-        source.last_output = now
-
-    @staticmethod
-    def _close_source(source: _Source) -> None:
-        if source.fd is not None:
-            os.close(source.fd)
-            source.fd = None
+    def _skipped(self, source: _Source, count: int) -> None:
+        """Output gone from the task's log before the pump read it: merged.log says so, in place."""
+        self._emit(source, source.splitter.flush_block())
+        self._write_merged(LAUNCHER_NAME, source.attempt,
+                           f"{source.name}: {count:,} bytes ({format_size(count)}) of its output left out here: "
+                           f"{MERGED} fell behind, and {source.name}'s log keeps its latest output\n".encode())
 
     def _emit(self, source: _Source, block: bytes) -> None:
         """Route a block of complete lines: merged.log, metrics.jsonl, console."""
@@ -215,8 +233,7 @@ class OutputPump:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}"
         prefix = f"{stamp} [{attempt}] {name} | ".encode()
         # One replace over the block; the prefix it leaves after the final newline is cut off.
-        self._merged.write(prefix)
-        self._merged.write(memoryview(block.replace(b"\n", b"\n" + prefix))[:-len(prefix)])
+        self._merged_out += (prefix, memoryview(block.replace(b"\n", b"\n" + prefix))[:-len(prefix)])
 
     def _record_metrics(self, source: _Source, records: list[dict | None]) -> None:
         """Complete each record (task, attempt, time) and append it to metrics.jsonl."""
@@ -230,22 +247,25 @@ class OutputPump:
             self._metrics.write(json.dumps(record, separators=(",", ":")).encode() + b"\n")
 
     def _flush_files(self) -> None:
-        self._merged.flush()
+        out, self._merged_out = self._merged_out, []
+        if out:
+            self._merged.write_pieces(out)
         self._metrics.flush()
 
 
 def tail_lines(path: Path, count: int = 20, max_bytes: int = 1 << 16) -> list[str]:
-    """The last ``count`` lines of a task's log, decoded for display."""
+    """The last ``count`` lines of a task's log, decoded for display. When the log left output out
+    (it outgrew its limit), a first line says how much, unless its marker is among the lines."""
     try:
-        with open(path, "rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            size = handle.tell()
-            handle.seek(max(0, size - max_bytes))
-            data = handle.read()
+        data, cut, left_out = read_tail(Path(path), max_bytes)
     except OSError:
         return []
     splitter = LineSplitter()
     lines = splitter.feed(data) + splitter.flush()
-    if size > max_bytes and lines:
+    if cut and lines:
         lines = lines[1:]  # the first one is probably cut
-    return [line.decode("utf-8", "replace") for line in lines[-count:]] if count > 0 else []
+    shown = [line.decode("utf-8", "replace") for line in lines[-count:]] if count > 0 else []
+    if left_out and shown and not any(line.startswith("[... tflaunch: ") for line in shown):
+        shown.insert(0, f"[... tflaunch: {left_out:,} bytes ({format_size(left_out)}) of this log's output "
+                        f"left out before these lines ...]")
+    return shown

@@ -23,7 +23,7 @@ from .. import __version__
 from ..cluster.plan import Plan, RunContext, TaskLaunch, tf_cluster
 from ..cluster.spec import ClusterSpec, masked_argv, restarts_possible
 from ..errors import EnvironmentProblem
-from ..options import EVALUATOR_TIMEOUT, GRACE, MAX_RESTARTS, RESTART_DELAY
+from ..options import EVALUATOR_TIMEOUT, GRACE, LOG_MAX_SIZE, MAX_RESTARTS, RESTART_DELAY
 from ..records.folder import RunFolder, iso_time
 from ..records.folder import BACKUP
 from ..records.record import AttemptRecord, LauncherRecord, RootCause, RunRecord, TaskRecord
@@ -58,6 +58,7 @@ class SessionOptions:
     watchdog: WatchdogSettings = WatchdogSettings()
     # Offer the tasks a backup folder even when no restart is allowed (a requeued batch job resumes from it).
     backup: bool = False
+    log_max_size: int = LOG_MAX_SIZE  # each task log's limit; merged.log's is a multiple (records/boundedlog.py)
 
 
 @dataclass
@@ -111,7 +112,8 @@ class RunSession:
         self.supervisor: Supervisor | None = None
         self.attempt_number = 1
         plan: Plan | None = self._begin()
-        self.pump = OutputPump(self.folder.merged_path, self.folder.metrics_path, self.console).start()
+        self.pump = OutputPump(self.folder.merged_path, self.folder.metrics_path, self.console,
+                               log_max_size=self.options.log_max_size).start()
         control = ControlServer(self.folder, lambda: self.supervisor).start()  # serves 'tflaunch stacks'
         sampler = ResourceSampler(self._live_readings, self.folder.path, attempt=lambda: self.attempt_number)
         sampler.start()

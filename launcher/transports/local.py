@@ -2,10 +2,10 @@
 child of tflaunch.
 
 The agent's stdin is a pipe only tflaunch writes to: when tflaunch dies (even by SIGKILL) the agent
-reads EOF and stops every task's whole tree within ``EOF_GRACE``. Each task writes straight into
-its own log file (the agent opens it), so its output never passes through tflaunch and a task's
-file is complete even if tflaunch dies. The agent is a child subreaper, so it also finds what a
-task started in a session of its own, and stops it when the task ends.
+reads EOF and stops every task's whole tree within ``EOF_GRACE``. Each task's output comes back over
+the agent's channel, as on any other host, and tflaunch appends it to the task's log, which it
+keeps within its size limit (:mod:`launcher.records.boundedlog`). The agent is a child subreaper,
+so it also finds what a task started in a session of its own, and stops it when the task ends.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ class LocalTransport:
     def start(self, launch: TaskLaunch, output_fd: int) -> AgentTask | FailedStart:
         target = log_target(output_fd)
         fields = {"name": launch.name, "argv": list(launch.argv), "env": dict(launch.env), "cwd": launch.workdir,
-                  "grace": repr(float(self.grace)), "output": target if isinstance(target, str) else None}
+                  "grace": repr(float(self.grace))}
         try:
             encode_fields(fields)
         except ValueError as exc:
@@ -92,7 +92,7 @@ class LocalTransport:
         except OSError as exc:
             _close(target)
             return FailedStart(f"cannot start the agent for this machine's tasks: {exc.strerror or exc}")
-        task = AgentTask(link, launch.name, target if isinstance(target, int) else None, self.logs)
+        task = AgentTask(link, launch.name, target, self.logs)
         link.start(task, fields)
         return task
 

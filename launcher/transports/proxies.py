@@ -15,6 +15,7 @@ import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Callable
 
+from ..records.boundedlog import WRITING, BoundedLog
 from .base import CANNOT_START, OPEN_LOGS, ExitStatus, Reading
 from .hostagent import Command, Status
 
@@ -186,11 +187,15 @@ class AgentHelper(AgentProcessBase):
 
 
 class LogWriter:
-    """Appends relayed output to task logs, keeping a few files open (descriptors grow with hosts)."""
+    """Appends relayed output to task logs, keeping a few files open (descriptors grow with hosts).
+
+    A log the run keeps within a size limit (:data:`launcher.records.boundedlog.WRITING` has it)
+    is written through its :class:`~launcher.records.boundedlog.BoundedLog`; any other file as it is.
+    """
 
     def __init__(self, limit: int = OPEN_LOGS):
         self.limit = limit
-        self._open: OrderedDict[str, int] = OrderedDict()
+        self._open: OrderedDict[str, int | BoundedLog] = OrderedDict()
         self._lock = threading.Lock()
 
     def append(self, path: str | int, data: bytes) -> None:
@@ -202,23 +207,34 @@ class LogWriter:
             return
         with self._lock:
             try:
-                fd = self._open.pop(path, None)
-                if fd is None:
-                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                held = self._open.pop(path, None)
+                if held is None:
+                    held = WRITING.get(path) or os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
                     if len(self._open) >= self.limit:
-                        os.close(self._open.popitem(last=False)[1])
-                self._open[path] = fd
+                        _let_go(self._open.popitem(last=False)[1])
+                self._open[path] = held
+                if isinstance(held, BoundedLog):
+                    held.write(data)
+                    return
                 view = memoryview(data)
                 while view:
-                    view = view[os.write(fd, view):]
+                    view = view[os.write(held, view):]
             except OSError:
                 pass  # a full disk or a vanished run folder: the run's own files report it
 
     def close(self) -> None:
         with self._lock:
-            for fd in self._open.values():
-                os.close(fd)
+            for held in self._open.values():
+                _let_go(held)
             self._open.clear()
+
+
+def _let_go(held: int | BoundedLog) -> None:
+    """Close a plain file's descriptor, or let a bounded log close its own until its next write."""
+    if isinstance(held, BoundedLog):
+        held.release()
+    else:
+        os.close(held)
 
 
 def log_target(fd: int) -> str | int:
