@@ -428,7 +428,7 @@ def test_the_python_api_passes_a_value_by_name(tmp_path, monkeypatch):
     assert files_holding(result.run_dir, [by_name, inline]) == []
     assert_nowhere([by_name, inline], output.getvalue())
     monkeypatch.delenv("WANDB_API_KEY")
-    with pytest.raises(ConfigError, match=r"^--env: WANDB_API_KEY: is passed by name") as error:
+    with pytest.raises(ConfigError, match=r"^env: WANDB_API_KEY: is passed by name") as error:
         launch(local=1, command=["true"], env={"WANDB_API_KEY": None}, log_dir=tmp_path / "other")
     assert error.value.exit_code == 2 and not (tmp_path / "other").exists()
     with pytest.raises(ConfigError, match=r"^--env: USER_X: contains a NUL byte"):
