@@ -431,7 +431,7 @@ def test_the_python_api_passes_a_value_by_name(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match=r"^env: WANDB_API_KEY: is passed by name") as error:
         launch(local=1, command=["true"], env={"WANDB_API_KEY": None}, log_dir=tmp_path / "other")
     assert error.value.exit_code == 2 and not (tmp_path / "other").exists()
-    with pytest.raises(ConfigError, match=r"^--env: USER_X: contains a NUL byte"):
+    with pytest.raises(ConfigError, match=r"^env: USER_X: contains a NUL byte"):
         launch(local=1, command=["true"], env={"USER_X": "a\0b"}, log_dir=tmp_path / "other")
 
 
