@@ -17,7 +17,7 @@ from launcher.cluster.spec import RESERVED_ENV
 from launcher.records.metrics import PREFIX as METRIC_PREFIX
 from launcher.run.mesh import LISTENING_MARK, RESULT_MARK
 from launcher.run.preflight import PROBE_MARK
-from launcher.run.session import task_record
+from launcher.run.liverecord import task_record
 
 pytestmark = pytest.mark.unit
 

@@ -19,7 +19,7 @@ environment each task gets is layered, later layers winning:
    environment, and is hidden with every variable whose name marks a secret: the launch keeps
    the value for the task and the names in ``hidden`` (see :mod:`.spec` for the rule);
 7. what tflaunch owns and nobody overrides: ``TF_CONFIG`` (the evaluator is in its own only, see
-   ``task_cluster``), ``CUDA_VISIBLE_DEVICES``
+   ``task_cluster``; kept in parts, see below), ``CUDA_VISIBLE_DEVICES``
    (and ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` with it), ``TFLAUNCH_TASK``, ``TFLAUNCH_RUN_ID``,
    ``TFLAUNCH_RUN_DIR``, ``TFLAUNCH_ATTEMPT``.
 
@@ -28,12 +28,18 @@ Thread rule: when ``n`` tasks share a host with ``c`` known cores, each gets
 (with a single inter-op thread ParameterServerStrategy's coordinator deadlocks; two idle ones cost
 nothing). ``threads: N`` sets N intra-op threads for every task, ``threads: off`` sets nothing, and
 any of these variables in a user ``env`` wins.
+
+TF_CONFIG names every task, so a cluster's TF_CONFIGs kept as text grow with the square of its
+size: a launch keeps its TF_CONFIG in parts instead (:mod:`.tfconfig`), the cluster's JSON text
+made once per plan and shared by every launch. A TF_CONFIG longer than Linux lets one environment
+variable be is refused when the cluster is planned.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -41,6 +47,7 @@ from ..records.folder import CHECKPOINTS, TENSORBOARD
 from ..taskenv import ATTEMPT, BACKUP_DIR, CHECKPOINT_DIR, RUN_DIR, RUN_ID, TASK, TENSORBOARD_DIR
 from .reader import AUTO, ROLES, ClusterSpec, SshSettings, TaskSpec, is_local
 from .spec import EnvLayer, hidden_names, masked_env, value_by_name
+from .tfconfig import TaskEnv, TfConfig, check_tf_config_size
 
 DEFAULT_COMMAND = ("python", "-m", "trainer")
 PYTHON_NAMES = ("python", "python3")
@@ -74,9 +81,14 @@ class TaskLaunch:
     hidden: frozenset[str] = frozenset()  # variables whose values are never written or shown (spec.hidden_names)
     attempt: int = 1  # the attempt this launch belongs to (its env says so to the task, as text)
 
-    def shown_env(self) -> dict[str, str]:
-        """``env`` as run.json, ``--dry-run`` and messages may show it: hidden values masked."""
-        return masked_env(self.env, self.hidden)
+    def shown_env(self, tf_cluster: bool = True) -> dict[str, str]:
+        """``env`` as run.json, ``--dry-run`` and messages may show it: hidden values masked; without
+        ``tf_cluster``, TF_CONFIG without its cluster (for a record that holds the cluster once)."""
+        tf_config = self.env.tf_config if isinstance(self.env, TaskEnv) else None
+        if tf_cluster or tf_config is None:
+            return masked_env(self.env, self.hidden)
+        return masked_env({key: tf_config.task_text() if key == "TF_CONFIG" else self.env[key] for key in self.env},
+                          self.hidden)
 
 
 @dataclass(frozen=True)
@@ -122,6 +134,8 @@ def plan_cluster(
     if unresolved:
         raise ValueError(f"ports still 'auto' for {', '.join(unresolved)}; reserve them before planning")
     cluster = tf_cluster(spec)
+    cluster_text = cluster_texts(cluster)
+    check_tf_config_size(spec, cluster_text)
     argv_template = command or spec.command or DEFAULT_COMMAND
     host_of = {t.name: THIS_MACHINE if is_local(t.host, local_hosts) else t.host for t in spec.tasks}
     per_host: dict[str, int] = {}
@@ -132,6 +146,7 @@ def plan_cluster(
     has_evaluator = bool(spec.role_tasks("evaluator"))
 
     launches = []
+    secrets = _SecretNames()
     for task in spec.tasks:
         host_settings = spec.hosts.get(task.host)
         host_env = host_settings.env if host_settings else {}
@@ -153,7 +168,7 @@ def plan_cluster(
             (f"hosts.{task.host}.env", host_env),
             (f"{task.key}.env", task.env),
             ("--env", override_env),
-            (OWNED_SOURCE, owned_env(task, cluster, context)),
+            (OWNED_SOURCE, owned_env(task, cluster_text, context)),
         ])
         by_name = [name for name, value in env.items() if value is None]
         for name in by_name:
@@ -171,7 +186,7 @@ def plan_cluster(
             address=task.tf_address,
             local=local,
             argv=argv,
-            env=env,
+            env=TaskEnv(env),
             workdir=_first(task.workdir, host_settings and host_settings.workdir, spec.workdir) or default_workdir,
             setup=_first(task.setup, host_settings and host_settings.setup, spec.setup),
             ssh=None if local else spec.ssh.overridden_by(host_settings.ssh if host_settings else SshSettings()),
@@ -179,7 +194,7 @@ def plan_cluster(
             python=python,
             transport=spec.transport or ("local" if local else "ssh"),
             env_sources=sources,
-            hidden=hidden_names(env, by_name),
+            hidden=secrets.secret_names(env) | frozenset(by_name),
             attempt=context.attempt,
         ))
     notes = []
@@ -188,6 +203,21 @@ def plan_cluster(
            for l in launches):
         notes.append(LEGACY_KERAS_NOTE)
     return Plan(tuple(launches), tuple(notes))
+
+
+class _SecretNames:
+    """Which variables of an env mark secrets by their names, looked up once per set of names
+    (the tasks of a cluster mostly share theirs)."""
+
+    def __init__(self) -> None:
+        self._known: dict[tuple[str, ...], frozenset[str]] = {}
+
+    def secret_names(self, env: Mapping[str, object]) -> frozenset[str]:
+        names = tuple(env)
+        found = self._known.get(names)
+        if found is None:
+            found = self._known[names] = hidden_names(env)
+        return found
 
 
 DEFAULT_SOURCE = "tflaunch default"
@@ -254,12 +284,20 @@ def task_cluster(role: str, cluster: Mapping[str, list[str]]) -> dict[str, list[
     return {r: addresses for r, addresses in cluster.items() if r != "evaluator"}
 
 
-def owned_env(task: TaskSpec, cluster: Mapping[str, list[str]], context: RunContext) -> dict[str, str]:
-    """The variables tflaunch sets for ``task`` and no layer may override."""
-    env = {
-        "TF_CONFIG": json.dumps({"cluster": task_cluster(task.role, cluster),
-                                 "task": {"type": task.role, "index": task.index}},
-                                separators=(",", ":")),
+def cluster_texts(cluster: Mapping[str, list[str]]) -> dict[bool, str]:
+    """The JSON text of the cluster each task sees, built once: ``True`` for the evaluator's own
+    (the whole cluster), ``False`` for every other task's (see :func:`task_cluster`)."""
+    text = {evaluator: json.dumps(task_cluster("evaluator" if evaluator else "worker", cluster), separators=(",", ":"))
+            for evaluator in (False, True)}
+    if text[True] == text[False]:
+        text[True] = text[False]  # one string for all: every launch shares it
+    return text
+
+
+def owned_env(task: TaskSpec, cluster_text: Mapping[bool, str], context: RunContext) -> dict[str, str | TfConfig]:
+    """The variables tflaunch sets for ``task`` and no layer may override (TF_CONFIG in parts)."""
+    env: dict[str, str | TfConfig] = {
+        "TF_CONFIG": TfConfig(cluster_text[task.role == "evaluator"], task.role, task.index),
         TASK: task.name,
         RUN_ID: context.run_id,
         RUN_DIR: context.run_dir,
@@ -293,15 +331,22 @@ def thread_env(threads: int | str, cores: int | None, tasks_on_host: int) -> dic
 
 
 def _tasks_sharing_gpus(spec: ClusterSpec, host_of: Mapping[str, str]) -> set[str]:
-    """Names of tasks whose GPUs overlap another task's on the same host."""
+    """Names of tasks whose GPUs overlap another task's on the same host (GPUs None: every GPU).
+
+    Counted per host and GPU rather than compared in pairs: a host of a thousand tasks is one pass."""
+    by_host: dict[str, list[TaskSpec]] = {}
+    for task in spec.tasks:
+        if task.gpus != ():
+            by_host.setdefault(host_of[task.name], []).append(task)
     sharing: set[str] = set()
-    tasks = list(spec.tasks)
-    for i, a in enumerate(tasks):
-        for b in tasks[i + 1:]:
-            if host_of[a.name] != host_of[b.name] or a.gpus == () or b.gpus == ():
-                continue
-            if a.gpus is None or b.gpus is None or set(a.gpus) & set(b.gpus):
-                sharing.update((a.name, b.name))
+    for tasks in by_host.values():
+        if len(tasks) < 2:
+            continue
+        if any(task.gpus is None for task in tasks):
+            sharing.update(task.name for task in tasks)  # one sees every GPU: it shares with each of the others
+            continue
+        count = Counter(gpu for task in tasks for gpu in set(task.gpus))
+        sharing.update(task.name for task in tasks if any(count[gpu] > 1 for gpu in task.gpus))
     return sharing
 
 

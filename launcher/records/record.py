@@ -239,6 +239,7 @@ class RunRecord:
 
 
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+_SCALAR_TYPES = frozenset((str, int, float, bool, type(None)))
 
 
 def _plain(value: Any) -> Any:
@@ -246,6 +247,8 @@ def _plain(value: Any) -> Any:
 
     Written out rather than ``dataclasses.asdict``, which deep-copies every value: the live record
     of a run of a thousand tasks is rewritten while the run goes on, and must stay cheap."""
+    if type(value) in _SCALAR_TYPES:  # most values: nothing to convert, and no slower test first
+        return value
     if is_dataclass(value):
         names = _FIELD_NAMES.get(type(value))
         if names is None:

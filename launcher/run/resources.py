@@ -50,7 +50,9 @@ class TaskUsage:
     cpu_peak: float = 0.0
     rss_sum: float = 0.0
     rss_peak: float = 0.0
-    latest: dict[str, Any] | None = None
+    # The newest reading's figures, made into ``latest`` only when asked for (a run of thousands
+    # of tasks folds readings far more often than it writes them).
+    newest: tuple[float, int, int, float | None, float] | None = None
     # CPU seconds per process of the tree at the previous sample, keyed by (pid, create time).
     cpu_seen: dict[tuple[int, float], float] = field(default_factory=dict)
     sampled_at: float | None = None  # time.time() of the previous sample
@@ -78,10 +80,16 @@ class TaskUsage:
         self.rss_sum += rss_mb
         self.rss_peak = max(self.rss_peak, rss_mb)
         self.cpu_seen, self.sampled_at, self.sampled_mono = cpu_now, now, mono
-        self.latest = {"time": round(now, 3), "at": iso_time(now), "pid": pid,
-                       "processes": len(cpu_now) if processes is None else processes,
-                       "cpu_percent": None if cpu_percent is None else round(cpu_percent, 1),
-                       "rss_mb": round(rss_mb, 1)}
+        self.newest = (now, pid, len(cpu_now) if processes is None else processes, cpu_percent, rss_mb)
+
+    @property
+    def latest(self) -> dict[str, Any] | None:
+        """The newest reading: when, which process, how many processes, CPU% and RSS."""
+        if self.newest is None:
+            return None
+        now, pid, processes, cpu_percent, rss_mb = self.newest
+        return {"time": round(now, 3), "at": iso_time(now), "pid": pid, "processes": processes,
+                "cpu_percent": None if cpu_percent is None else round(cpu_percent, 1), "rss_mb": round(rss_mb, 1)}
 
     def record(self) -> dict[str, Any]:
         return {
@@ -99,9 +107,10 @@ class ResourceSampler(threading.Thread):
     """Folds the agents' readings of each live task into figures every ``interval`` seconds.
 
     ``live_readings`` returns ``{task_name: Reading}`` for the tasks running right now; it is
-    called from this thread. ``resources.json`` is rewritten every ``write_every`` seconds and
-    on :meth:`stop`. Nothing here raises into the caller: a failed sample or write is skipped,
-    since resource figures must never disturb the run they describe.
+    called from this thread. ``resources.json`` is rewritten every ``write_every`` seconds when
+    new readings came, and on :meth:`stop`. A run sets both intervals by its size (a pass costs
+    in proportion to its tasks; see :mod:`.session`). Nothing here raises into the caller: a failed
+    sample or write is skipped, since resource figures must never disturb the run they describe.
     """
 
     def __init__(self, live_readings: Callable[[], dict[str, Reading]], run_dir: Path | str, interval: float = 1.0,
@@ -118,12 +127,13 @@ class ResourceSampler(threading.Thread):
         self._lock = threading.Lock()
         self._write_lock = threading.Lock()  # stop() may write while the thread's last write runs
         self._taken: dict[str, float] = {}  # task -> time of the last reading folded in
+        self._unwritten = False  # readings folded in since the last write
 
     def run(self) -> None:
         last_write = time.monotonic()
         while not self._stopping.wait(self.interval):
             self.sample_once()
-            if time.monotonic() - last_write >= self.write_every:
+            if self._unwritten and time.monotonic() - last_write >= self.write_every:
                 self.write()
                 last_write = time.monotonic()
 
@@ -150,6 +160,7 @@ class ResourceSampler(threading.Thread):
                 if reading.at <= self._taken.get(name, 0.0):
                     continue
                 self._taken[name] = reading.at
+                self._unwritten = True
                 cpu = {(int(reading.pid or 0), 0.0): float(reading.cpu_seconds)}
                 with self._lock:
                     for usage in (self.usage.setdefault(name, TaskUsage()),
@@ -171,6 +182,7 @@ class ResourceSampler(threading.Thread):
 
     def write(self) -> None:
         """Replace ``resources.json`` atomically; a failed write is skipped."""
+        self._unwritten = False
         try:
             data = json.dumps(self.snapshot(), indent=2) + "\n"
             with self._write_lock:

@@ -13,7 +13,6 @@ import os
 import re
 import shlex
 import sys
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -26,15 +25,18 @@ from ..errors import EnvironmentProblem
 from ..options import EVALUATOR_TIMEOUT, GRACE, LOG_MAX_SIZE, MAX_RESTARTS, RESTART_DELAY
 from ..records.folder import RunFolder, iso_time
 from ..records.folder import BACKUP
-from ..records.record import AttemptRecord, LauncherRecord, RootCause, RunRecord, TaskRecord
+from ..records.record import AttemptRecord, LauncherRecord, RootCause, RunRecord
 from ..records.states import Outcome, RunStatus, TaskState
 from ..transports import TransportSet
 from ..transports.base import Reading, signal_name
+from ..transports.hostagent import sample_for
+from ..transports.linkhub import HUB
+from .liverecord import LiveRecord, status_fields
 from .pump import OutputPump, tail_lines
 from .resources import ResourceSampler
 from .signals import Signals
 from .control import ControlServer
-from .supervisor import AttemptResult, Supervisor, SupervisorOptions, Task, Trip
+from .supervisor import AttemptResult, Supervisor, SupervisorOptions, Trip
 from .watchdog import Watchdog, WatchdogSettings, training_tasks
 
 if TYPE_CHECKING:
@@ -42,7 +44,12 @@ if TYPE_CHECKING:
     from .diagnose import Diagnosis
 
 TAIL_LINES = 20
-LIVE_WRITE_INTERVAL = 0.25  # seconds between live rewrites of run.json at most
+# What costs a pass over every task is paced by the run's size, so that its cost per second stays
+# flat (run.json and the status line: see .liverecord): the output pump sweeps the task logs every
+# PUMP_INTERVAL for up to PUMP_TASKS tasks, a larger run's proportionally less often (at most
+# PUMP_AT_MOST apart). A run of one host folds its agent's resource samples every second, a run of
+# more every time its agents sample (hostagent.sample_for), and writes them 4 paces of run.json apart.
+PUMP_INTERVAL, PUMP_TASKS, PUMP_AT_MOST = 0.02, 16, 1.0
 DIAGNOSIS_LINES = 200
 DISK_FULL_EXIT = 1
 
@@ -94,16 +101,15 @@ class RunSession:
         self.diagnoses: list[Diagnosis | None] = []  # one per attempt
         # One agent per host for the whole run (the preflight may have started them already).
         self.transports = transports or TransportSet(options.grace)
-        self.lock = threading.Lock()  # the record is written from the supervisor and the pump's failure path
-        self.record_failure: str | None = None  # why a live rewrite of run.json failed, the first time
-        self._pending_write: tuple[Plan, list[Task]] | None = None  # states not yet in run.json
-        self._next_write = 0.0  # monotonic time before which a live rewrite waits
+        self.pump_interval = min(PUMP_AT_MOST, PUMP_INTERVAL * max(1.0, len(spec.tasks) / PUMP_TASKS))
         self.record = RunRecord(
             run_id=folder.run_id, source=spec.source, tflaunch_version=__version__,
             max_restarts=options.max_restarts, started_at=iso_time(self.started_at),
             launcher=LauncherRecord(pid=os.getpid(), host=os.uname().nodename, cwd=os.getcwd(),
                                     argv=masked_argv([os.path.basename(sys.argv[0]), *sys.argv[1:]])),
             cluster=tf_cluster(spec))
+        self.live = LiveRecord(self.record, folder, console, len(spec.tasks))
+        self.lock = self.live.lock  # the record is written from the supervisor and the pump's failure path
 
     # -- the run --------------------------------------------------------------------------
 
@@ -113,9 +119,12 @@ class RunSession:
         self.attempt_number = 1
         plan: Plan | None = self._begin()
         self.pump = OutputPump(self.folder.merged_path, self.folder.metrics_path, self.console,
-                               log_max_size=self.options.log_max_size).start()
+                               interval=self.pump_interval, log_max_size=self.options.log_max_size).start()
         control = ControlServer(self.folder, lambda: self.supervisor).start()  # serves 'tflaunch stacks'
-        sampler = ResourceSampler(self._live_readings, self.folder.path, attempt=lambda: self.attempt_number)
+        hosts = len({task.host for task in self.spec.tasks})
+        every = 1.0 if hosts == 1 else sample_for(hosts)
+        sampler = ResourceSampler(self._live_readings, self.folder.path, interval=every,
+                                  write_every=max(2.0, every, 4 * self.live.pace), attempt=lambda: self.attempt_number)
         sampler.start()
         result: AttemptResult | None = None
         interrupted: int | None = None
@@ -149,7 +158,7 @@ class RunSession:
             plan = self._plan(1)
             self.record.command = shlex.join(plan.launches[0].argv)
             self.record.notes = list(plan.notes)
-            self.record.tasks = [task_record(launch, None) for launch in plan.launches]
+            self.record.tasks = self.live.tasks(plan, [])
             try:
                 self.folder.write_record(self.record)
             except OSError as exc:
@@ -177,7 +186,7 @@ class RunSession:
                 return result, None
             self.message(f"attempt {attempt} failed ({result.reason}); restarting the whole cluster in "
                      f"{self.options.restart_delay:g} s (restart {attempt} of {self.options.max_restarts})")
-            self._write(plan, result.tasks, now=True)
+            self.live.write(plan, result.tasks, now=True)
             # Any signal during the run (also one that came while this attempt was stopping) ends it.
             signum = self.signals.wait(self.options.restart_delay)
             if signum is not None:
@@ -226,8 +235,9 @@ class RunSession:
     def _attempt(self, plan: Plan, attempt: int) -> AttemptResult:
         def open_output(launch: TaskLaunch) -> tuple[int, str]:
             fd = self.folder.open_task_log(launch.name, attempt)
-            self.pump.follow(launch.name, self.folder.task_log(launch.name, attempt), attempt)
-            return fd, str(self.folder.task_log(launch.name, attempt))
+            path = self.folder.task_log(launch.name, attempt)
+            self.pump.follow(launch.name, path, attempt)
+            return fd, str(path)
 
         watchdog = None
         if self.options.watchdog.enabled:
@@ -238,15 +248,15 @@ class RunSession:
         supervisor_options = SupervisorOptions(grace=self.options.grace,
                                                evaluator_timeout=self.options.evaluator_timeout,
                                                restart_policy=self.spec.restart_policy,
-                                               task_restarts=self.spec.task_restarts)
+                                               task_restarts=self.spec.task_restarts, changes=HUB.changes)
         supervisor = Supervisor(plan.launches, self.transports.for_launch, open_output, self.message, supervisor_options,
-                                watchdog=lambda tasks: (self._write_if_due() or self._check_logging()
+                                watchdog=lambda tasks: (self.live.due() or self._check_logging()
                                                         or (watchdog(tasks) if watchdog else None)),
-                                listeners=[lambda tasks: self._write(plan, tasks), self._show_states],
+                                listeners=[lambda tasks: self.live.changed(plan, tasks)],
                                 signals=self.signals)
         self.transports.prepare(plan.launches)
         started = time.time()
-        self.supervisor, self.attempt_number = supervisor, attempt
+        self.supervisor, self.attempt_number, self.live.attempt = supervisor, attempt, attempt
         result = supervisor.run()
         self.record.root_cause = watchdog.root_cause if watchdog else None  # a hang's culprit; a failure's comes last
         # Every task of the attempt has ended: read their files to the end, so that a run folder
@@ -276,7 +286,7 @@ class RunSession:
     def _storage_failure(self) -> str | None:
         """``<path>: <reason>`` when the logs or run.json could not be written; None while all is well."""
         with self.lock:
-            return self.pump.failure or self.record_failure
+            return self.pump.failure or self.live.failure
 
     def _stall_problems(self, launches: list[TaskLaunch]) -> list[str]:
         """The broken pairs of the live cluster, probed through the run's own agents."""
@@ -306,52 +316,18 @@ class RunSession:
 
     # -- the record -----------------------------------------------------------------------
 
-    def _show_states(self, tasks: list[Task]) -> None:
-        """Redraw the console's status line with the tasks' current states."""
-        self.console.task_states({t.name: t.state for t in tasks}, self.attempt_number, self.attempt_number - 1)
-
-    def _write(self, plan: Plan, tasks: list[Task], now: bool = False) -> None:
-        """Rewrite run.json with the tasks' current states (live rewrites are compact).
-
-        At most one live rewrite every ``LIVE_WRITE_INTERVAL``: a change that comes sooner is written
-        by :meth:`_write_if_due`, which the supervisor's loop calls, so the record trails the tasks by
-        at most that long and a run of many tasks does not rewrite a large file for each of them.
-        A rewrite that fails is remembered: the watchdog check stops the attempt on it.
-        """
-        self._pending_write = (plan, tasks)
-        if now or time.monotonic() >= self._next_write:
-            self._write_if_due(force=True)
-
-    def _write_if_due(self, force: bool = False) -> None:
-        pending = self._pending_write
-        if pending is None or (not force and time.monotonic() < self._next_write):
-            return None
-        self._pending_write = None
-        self._next_write = time.monotonic() + LIVE_WRITE_INTERVAL
-        plan, tasks = pending
-        by_name = {t.name: t for t in tasks}
-        with self.lock:
-            self.record.tasks = [task_record(launch, by_name.get(launch.name)) for launch in plan.launches]
-            try:
-                self.folder.write_record(self.record)
-            except OSError as exc:
-                if self.record_failure is None:
-                    self.record_failure = f"{self.folder.record_path}: {exc.strerror or exc}"
-        return None
-
     def _finish(self, plan: Plan | None, result: AttemptResult | None, status: RunStatus, exit_code: int,
                 tail: list[str], diagnosis: Diagnosis | None, error: str | None) -> None:
         ended = time.time()
         with self.lock:
             record = self.record
             if plan is not None:
-                tasks = {t.name: t for t in (result.tasks if result else [])}
-                record.tasks = [task_record(launch, tasks.get(launch.name)) for launch in plan.launches]
+                record.tasks = self.live.tasks(plan, result.tasks if result else [])
             record.status, record.exit_code, record.error = status, exit_code, error
             record.ended_at, record.duration_seconds = iso_time(ended), round(ended - self.started_at, 3)
             if result is not None and result.root_cause is not None:
                 root = result.root_cause
-                record.root_cause = RootCause(task=root.name, host=root.launch.host, **_status_fields(root),
+                record.root_cause = RootCause(task=root.name, host=root.launch.host, **status_fields(root),
                                               tail=tail, diagnosis=asdict(diagnosis) if diagnosis else None)
             try:
                 self.folder.write_record(record, final=True)
@@ -359,30 +335,6 @@ class RunSession:
                 if error is None:  # the disk filled at the last moment; say so rather than claim a record
                     record.error = _describe_os_error(exc)
                 self.console.message(f"could not write {self.folder.record_path}: {exc.strerror or exc}")
-
-
-def task_record(launch: TaskLaunch, task: Task | None) -> TaskRecord:
-    record = TaskRecord(name=launch.name, role=launch.role, index=launch.index, host=launch.host,
-                        address=launch.address, local=launch.local, argv=list(launch.argv), workdir=launch.workdir,
-                        gpus=None if launch.gpus is None else list(launch.gpus), env=launch.shown_env(),
-                        attempt=launch.attempt)
-    if task is not None:
-        record.state = task.state
-        record.pid = task.process.pid if task.process else None
-        record.started_at = iso_time(task.started_at) if task.started_at else None
-        record.ended_at = iso_time(task.ended_at) if task.ended_at else None
-        record.restarts = task.restarts
-        record.leftovers = list(task.leftovers)
-        fields = _status_fields(task)
-        record.exit_code, record.signal, record.error = fields["exit_code"], fields["signal"], fields["error"]
-    return record
-
-
-def _status_fields(task: Task) -> dict:
-    status = task.status
-    return {"exit_code": status.shell_code if status else None,
-            "signal": status.signal if status else None,
-            "error": status.error if status else None}
 
 
 def _describe_os_error(exc: OSError) -> str:

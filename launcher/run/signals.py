@@ -108,11 +108,12 @@ class Signals:
     def count(self) -> int:
         return len(self.received)
 
-    def wait(self, seconds: float) -> int | None:
-        """Sleep up to ``seconds``, waking at once when a signal arrives; the first signal or None."""
+    def wait(self, seconds: float, also: tuple[int, ...] = ()) -> int | None:
+        """Sleep up to ``seconds``, waking at once when a signal arrives (or any of the descriptors
+        ``also`` becomes readable); the first signal or None."""
         if not self.received and seconds > 0:
             try:
-                select.select([self._read_fd], [], [], seconds)
+                select.select([self._read_fd, *also], [], [], seconds)
             except InterruptedError:
                 pass
         self._drain()

@@ -23,6 +23,9 @@ Run policy:
 Shutdown protocol: reap what already ended, SIGTERM to each remaining task's process group, one
 monotonic deadline for all (the ``grace``; at most ``failure_grace`` when a failure triggered it),
 SIGKILL to whatever is left, reap, then ``cleanup`` of every task (its leftovers are stopped).
+
+Waiting: the supervisor sleeps until a signal or a task's change of status, and then polls only
+the tasks that changed (:mod:`.wakeups` says which, and how long to sleep).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from ..options import EVALUATOR_TIMEOUT, GRACE
 from ..records.states import Outcome, TaskState
 from ..transports.base import CANNOT_START, ExitStatus, FailedStart, TaskProcess, Transport, signal_name
 from .signals import Signals
+from .wakeups import Changes, Wakeups
 
 
 @dataclass
@@ -106,7 +110,14 @@ class SupervisorOptions:
     evaluator_timeout: float = EVALUATOR_TIMEOUT  # seconds an evaluator may run on after training succeeded
     restart_policy: Mapping[str, RestartPolicy] = field(default_factory=dict)  # by role; default CLUSTER
     task_restarts: int = DEFAULT_TASK_RESTARTS  # in-place restarts per task
+    # How the supervisor waits (see .wakeups): without ``changes`` it polls every task every
+    # ``poll_interval``; with them, the tasks that changed, every task every ``full_poll`` seconds
+    # (``full_poll_stopping`` while stopping), and it sleeps at most ``tick``.
     poll_interval: float = 0.02
+    changes: Changes | None = None
+    tick: float = 0.25
+    full_poll: float = 10.0
+    full_poll_stopping: float = 0.1
     clock: Callable[[], float] = time.monotonic
     wall: Callable[[], float] = time.time
     sleep: Callable[[float], None] | None = None  # None: wait on the signal pipe (wakes on a signal)
@@ -133,6 +144,8 @@ class Supervisor:
         self.signals = signals or Signals()
         self.has_ps = any(t.role == "ps" for t in self.tasks)
         self._notes: list[str] = []
+        self.wakeups = Wakeups(self.tasks, self.options.changes, self.options.clock, self.options.tick,
+                               self.options.full_poll)
 
     # -- the attempt --------------------------------------------------------------------
 
@@ -167,6 +180,8 @@ class Supervisor:
             task.process = FailedStart(f"cannot start {program!r}: {exc.strerror or exc}")
         finally:
             os.close(fd)  # the child (or its client) holds its own copy
+            if task.process is not None:
+                self.wakeups.started(task)
 
     def _interrupted(self) -> AttemptResult | None:
         signum = self._signal()
@@ -185,22 +200,26 @@ class Supervisor:
             listener(self.tasks)
 
     def _watch(self) -> AttemptResult:
+        first = True
         while True:
             interrupted = self._interrupted()
             if interrupted:
                 return interrupted
-            if any([self._poll(t) for t in self.tasks if t.state is TaskState.RUNNING]) or self._pids_learned():
+            due = [t for t in self.wakeups.due() if t.state is TaskState.RUNNING]
+            changed = any([self._poll(t) for t in due])
+            if changed or self._pids_learned(due):
                 self._changed()
-            failed = [t for t in self.tasks if t.state is TaskState.FAILED]
+            failed = [t for t in due if t.state is TaskState.FAILED]
             if failed:
                 root = min(failed, key=lambda t: (t.ended_at or 0.0))
                 self.message(f"{root.name} on {root.launch.host} failed ({root.status.describe()}): stopping the cluster")
                 self._shutdown(min(self.options.grace, self.options.failure_grace))
                 return AttemptResult(Outcome.FAILED, root.status.shell_code, self.tasks, root_cause=root,
                                      reason=f"{root.name} {root.status.describe()}")
-            if self._training_done():
+            if (changed or first) and self._training_done():
                 return self._finish_evaluators() or AttemptResult(Outcome.SUCCEEDED, 0, self.tasks)
-            if self.watchdog:
+            first = False
+            if self.watchdog and self.wakeups.watch_due():
                 trip = self.watchdog(self.tasks)
                 if trip:
                     self.message(f"{trip.reason}: stopping the cluster")
@@ -213,7 +232,7 @@ class Supervisor:
         if self.options.sleep is not None:
             self.options.sleep(seconds)
         else:
-            self.signals.wait(seconds)
+            self.signals.wait(*self.wakeups.sleep(seconds, watching=self.watchdog is not None))
 
     def _training_done(self) -> bool:
         roles = ("chief",) if self.has_ps else ("chief", "worker")
@@ -232,7 +251,7 @@ class Supervisor:
             interrupted = self._interrupted()
             if interrupted:
                 return interrupted
-            if any([self._poll(t) for t in evaluators]):
+            if any([self._poll(t) for t in self.wakeups.due(evaluators)]):
                 self._changed()
             evaluators = [t for t in evaluators if t.state is TaskState.RUNNING]
             if evaluators:
@@ -272,10 +291,10 @@ class Supervisor:
             task.to(TaskState.FAILED, self.options.wall())
         return True
 
-    def _pids_learned(self) -> bool:
-        """Whether a running task's agent reported its pid since the listeners last heard."""
+    def _pids_learned(self, tasks: Sequence[Task]) -> bool:
+        """Whether the agent of one of ``tasks`` (running) reported its pid since the listeners last heard."""
         learned = False
-        for task in self.tasks:
+        for task in tasks:
             if task.state is TaskState.RUNNING and task.process is not None and task.process.pid != task.known_pid:
                 task.known_pid = task.process.pid
                 learned = True
@@ -321,15 +340,18 @@ class Supervisor:
         grace = self.options.grace if grace is None else grace
         deadline = self.options.clock() + grace
         stop_signals = self.signals.count
+        stopping = self.options.full_poll_stopping
         while running and self.options.clock() < deadline and not self._hurry(stop_signals):
-            running = [t for t in running if not self._poll(t)]
+            ended = {id(t) for t in self.wakeups.due(running, stopping) if self._poll(t)}
+            running = [t for t in running if id(t) not in ended]
             if running:
                 self._sleep(self.options.poll_interval)
         for task in running:
             task.process.kill()
         reap_deadline = self.options.clock() + max(5.0, grace)
         while running:
-            running = [t for t in running if not self._poll(t)]
+            ended = {id(t) for t in self.wakeups.due(running, stopping) if self._poll(t)}
+            running = [t for t in running if id(t) not in ended]
             if running and self.options.clock() > reap_deadline:
                 for task in running:  # cannot happen for local tasks; a wedged transport at worst
                     task.status = ExitStatus(error="did not exit after SIGKILL")

@@ -9,7 +9,9 @@ task's whole tree when the task ends or tflaunch is gone, and samples each task'
 
 - ``local``: one agent, a child of tflaunch, for every task on this machine (:mod:`.local`);
 - ``ssh``: one ssh connection per host, the agent at its far end (:mod:`.ssh`);
-- ``srun``: one Slurm job step with an agent on each node (:mod:`.srun`).
+- ``srun``: one Slurm job step with an agent on each node (:mod:`.srun`);
+- ``simulated``: for tests and benchmarks only, with ``TFLAUNCH_SIMULATE_HOSTS=1`` set, every
+  ssh host is an agent on this machine over pipes (:mod:`.simulated`).
 
 A task's :attr:`~launcher.cluster.plan.TaskLaunch.transport` names which one starts it. A run
 keeps its transports in one :class:`TransportSet`; preflight probes run as helpers through the
@@ -21,6 +23,7 @@ from __future__ import annotations
 import base64
 import importlib
 import json
+import os
 import time
 from typing import Callable
 
@@ -33,11 +36,15 @@ TRANSPORTS: dict[str, tuple[str, str]] = {
     "local": (".local", "LocalTransport"),
     "ssh": (".ssh", "SshTransport"),
     "srun": (".srun", "SrunTransport"),  # Slurm (launcher.sources.slurm)
+    "simulated": (".simulated", "SimulatedTransport"),  # tests and benchmarks: ssh hosts simulated here
 }
+SIMULATE_HOSTS = "TFLAUNCH_SIMULATE_HOSTS"  # set (to anything but empty or 0): ssh hosts are simulated
 
 
 def create(name: str, grace: float) -> Transport:
     """A new transport of kind ``name``; ``grace`` is the seconds a task gets between TERM and KILL."""
+    if name == "ssh" and os.environ.get(SIMULATE_HOSTS, "0") not in ("", "0"):
+        name = "simulated"
     module_name, class_name = TRANSPORTS[name]
     module = importlib.import_module(module_name, __name__)
     return getattr(module, class_name)(grace=grace)

@@ -1,9 +1,12 @@
 """How a host agent's channel is carried (a local pipe, one ssh connection, a connection back
-from a Slurm step), and how a link's failures are worded for that carrier."""
+from a Slurm step), how a link's failures are worded for that carrier, and how a carrier process
+is started (:func:`spawn_carrier`)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+import tempfile
 
 from .base import ExitStatus
 
@@ -65,3 +68,29 @@ class ProcessCarrier(Carrier):
         except subprocess.TimeoutExpired:
             self.popen.kill()  # an ssh client: the connection closes and the agent sees EOF
             self.popen.wait()
+
+
+def spawn_carrier(argv: list[str], **popen_options) -> tuple[subprocess.Popen, object, int, int]:
+    """Start a carrier process (an ssh client, an agent) with its stdin and stdout as the channel:
+    (its Popen, its stderr file, the channel's read end, its write end), both non-blocking.
+
+    The descriptors are made by hand rather than by Popen's PIPE (which wraps each end in a file
+    object, only for tflaunch to copy it and close it again): three system calls fewer per host."""
+    stderr = tempfile.TemporaryFile()
+    to_read, from_carrier = os.pipe2(os.O_CLOEXEC)
+    to_carrier, to_write = os.pipe2(os.O_CLOEXEC)
+    try:
+        popen = subprocess.Popen(argv, stdin=to_carrier, stdout=from_carrier, stderr=stderr,
+                                 start_new_session=True,  # terminal signals reach tflaunch only
+                                 close_fds=True, **popen_options)
+    except BaseException:
+        for fd in (to_read, to_write):
+            os.close(fd)
+        stderr.close()
+        raise
+    finally:
+        os.close(from_carrier)
+        os.close(to_carrier)
+    os.set_blocking(to_read, False)
+    os.set_blocking(to_write, False)
+    return popen, stderr, to_read, to_write

@@ -7,7 +7,9 @@ tflaunch is one byte stream each way: stdin and stdout, or (``connect`` in the s
 connection it opens back to tflaunch. The spec (``sys.argv[1]``) is base64 of NUL-separated
 ``key, value`` pairs (see :func:`decode_fields`): ``keepalive`` (seconds without a word from tflaunch
 before everything is stopped; empty: never), ``eof_grace`` (TERM to KILL when tflaunch is gone),
-``sample`` (seconds between resource samples), optionally ``connect`` (``host port``) and
+``sample`` (seconds between resource samples), ``beat`` (seconds between heartbeats, each way:
+``HEARTBEAT`` unless tflaunch spaces them out for a large run, see :func:`beat_for`),
+optionally ``connect`` (``host port``) and
 ``setup_log`` (a descriptor open on the file the host's ``setup`` line writes to: the agent relays
 what it and any job it left behind print, so that nothing but the agent writes to the channel).
 
@@ -16,11 +18,15 @@ breaks the protocol in either direction (an unknown kind or verb, a frame or com
 ``MAX_FRAME``, bytes that are no frame) ends the channel at once with one line saying what was read.
 
 **Commands** (tflaunch to agent) are lines (``Command``); every whole line, an empty one too,
-counts as a heartbeat:
+counts as a heartbeat, and tflaunch sends an empty one only after ``beat`` seconds without another:
 
+- ``CLUSTER <id> <base64>``: the JSON text of a TensorFlow cluster, sent once per host however
+  many of its tasks see it (TF_CONFIG lists every task: one copy per task would make a run's
+  traffic grow with the square of its size);
 - ``START <id> <spec>``: start a process (a task, or a helper such as a probe); its spec gives
   ``argv``, ``env``, ``cwd``, ``grace``, ``name``, ``output`` (a log file the process writes
-  to directly; empty: its output is relayed over the channel) and ``stdin`` (``pipe`` or ``null``);
+  to directly; empty: its output is relayed over the channel), ``stdin`` (``pipe`` or ``null``)
+  and ``tf_config`` (``<cluster id> <role> <index>``: the agent sets TF_CONFIG from that cluster);
 - ``IN <id> <base64>`` and ``CLOSE <id>``: bytes for a helper's stdin, and its EOF;
 - ``PORTS <id> <n>``: pick n free TCP ports on this host and hold them, each bound on every
   address without SO_REUSEADDR (no other user's program can bind it, whatever options it sets,
@@ -41,9 +47,10 @@ bytes of payload: ``H`` heartbeat, ``P`` the ports picked for ``PORTS <id>``
 <pid> <name>``, ``exit code=<n>`` or ``exit signal=<n>``, always last), ``D`` a stack dump, ``R``
 resource samples of each task's tree (``id rss_bytes cpu_seconds processes`` per line), ``L`` what
 the host's setup line printed. ``H``, ``R`` and ``L`` carry id 0; the others an id tflaunch gave
-in a command. Status frames of one process follow its output; the writer takes turns between
-processes, so one that floods its output cannot delay another's status, and heartbeats go first
-of all. A process's output pipe is not read
+in a command. A heartbeat goes out only after ``beat`` seconds without another frame. Status
+frames of one process follow its output; the writer takes turns between processes, so one that
+floods its output cannot delay another's status, and heartbeats go first of all. A process's
+output pipe is not read
 while much of its output waits to be sent, so a slow channel slows that process, never loses bytes.
 
 The agent is a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``): whatever a task starts in a
@@ -66,13 +73,24 @@ except ImportError:
     import signal
 
 PR_SET_CHILD_SUBREAPER = 36
-TICK = 0.25  # longest sleep of the event loop; SIGCHLD, commands and output wake it earlier
+TICK = 0.25  # how often the setup line's output file is looked at (a regular file cannot be waited on)
 CHUNK = 1 << 16  # one output frame at most, and what the writer sends of one process per turn
 QUEUE_LIMIT = 1 << 20  # output bytes of one process waiting to be sent before its pipe is left unread
 
 # -- the protocol: both ends take every fact of it from here ------------------------------------
 
-HEARTBEAT = 1.0  # seconds between heartbeats, each way
+HEARTBEAT = 1.0  # seconds between heartbeats, each way, for a run of up to BEATS_PER_SECOND hosts
+# A large run spaces heartbeats out so that tflaunch handles about this many a second, whatever its
+# size; but at least BEATS_PER_TIMEOUT of them fit in a keep-alive timeout, so that a silent peer is
+# still noticed within that timeout.
+BEATS_PER_SECOND = 128
+BEATS_PER_TIMEOUT = 4
+# Resource samples likewise: every SAMPLE seconds on a run of up to SAMPLES_PER_SECOND remote hosts,
+# further apart on a larger one, but at most SAMPLE_AT_MOST apart (a hang watchdog judges CPU over
+# its window). tflaunch tells each agent its ``sample`` and ``beat`` in the spec.
+SAMPLE = 2.0
+SAMPLES_PER_SECOND = 128
+SAMPLE_AT_MOST = 10.0
 # Left out of a spec, a process's grace (TERM to KILL) is GRACE; tflaunch always sends its own,
 # launcher.options.GRACE, which a test holds equal to this one (the agent imports nothing of tflaunch's).
 GRACE = 5.0
@@ -103,6 +121,21 @@ def read_hello(line):
     return token, name
 
 
+def beat_for(hosts, keepalive):
+    """Seconds between heartbeats (each way) in a run of ``hosts`` agents whose keep-alive timeout
+    is ``keepalive`` seconds (None: none): ``HEARTBEAT`` up to ``BEATS_PER_SECOND`` hosts, then
+    growing with them, up to a ``BEATS_PER_TIMEOUT``-th of the timeout (never under ``HEARTBEAT``)."""
+    beat = max(HEARTBEAT, float(hosts) / BEATS_PER_SECOND)
+    if keepalive:
+        beat = min(beat, max(HEARTBEAT, float(keepalive) / BEATS_PER_TIMEOUT))
+    return beat
+
+
+def sample_for(hosts):
+    """Seconds between each agent's resource samples in a run of ``hosts`` remote agents."""
+    return min(SAMPLE_AT_MOST, max(SAMPLE, float(hosts) / SAMPLES_PER_SECOND))
+
+
 class Frame(object):
     """The kinds of frame (agent to tflaunch)."""
 
@@ -121,6 +154,7 @@ class Command(object):
     """The verbs of the command lines (tflaunch to agent)."""
 
     START = "START"
+    CLUSTER = "CLUSTER"
     IN = "IN"
     CLOSE = "CLOSE"
     PORTS = "PORTS"
@@ -128,7 +162,7 @@ class Command(object):
     KILL = "KILL"
     SIG = "SIG"
     DUMP = "DUMP"
-    ALL = (START, IN, CLOSE, PORTS, TERM, KILL, SIG, DUMP)
+    ALL = (START, CLUSTER, IN, CLOSE, PORTS, TERM, KILL, SIG, DUMP)
 
 
 class Status(object):
@@ -332,6 +366,8 @@ class Agent(object):
         self.keepalive = number(spec.get("keepalive"))
         self.eof_grace = number(spec.get("eof_grace"), EOF_GRACE)
         self.sample_every = number(spec.get("sample"), 2.0)
+        self.beat = number(spec.get("beat"), HEARTBEAT)
+        self.clusters = {}  # id of a CLUSTER command -> its JSON text
         self.processes = {}  # id -> Process
         self.held_ports = {}  # port -> the socket that holds it until its task starts
         self.by_pid = {}  # main pid -> Process
@@ -399,6 +435,7 @@ class Agent(object):
                 self.lost("eof")
                 return
             self.outgoing = self.outgoing[sent:]
+            self.next_heartbeat = time.monotonic() + self.beat  # any frame tells tflaunch the agent lives
 
     def lost(self, reason):
         self.channel_open = False
@@ -445,6 +482,11 @@ class Agent(object):
             if not argument.isdigit():
                 return False
             self.pick_ports(ident, int(argument))
+        elif command == Command.CLUSTER:
+            try:
+                self.clusters[ident] = binascii.a2b_base64(argument).decode("utf-8")
+            except (ValueError, UnicodeDecodeError):  # binascii.Error is a ValueError
+                return False
         elif command == Command.START:
             if process is not None:
                 return False
@@ -535,6 +577,13 @@ class Agent(object):
         env = dict(os.environ)
         env.update(fields["env"])
         env[OWNER_VARIABLE] = "%d" % ident
+        if fields.get("tf_config"):
+            cluster, role, index = (fields["tf_config"].split(" ") + ["", "", ""])[:3]
+            if not (cluster.isdigit() and int(cluster) in self.clusters and role.isalpha() and index.isdigit()):
+                self.refuse(process, "cannot start: tflaunch named no cluster it had sent (%r)" % fields["tf_config"])
+                return
+            env["TF_CONFIG"] = '{"cluster":%s,"task":{"type":"%s","index":%s}}' % (self.clusters[int(cluster)], role,
+                                                                                    index)
         for port in (fields.get("release") or "").split(","):
             if port.isdigit() and int(port) in self.held_ports:
                 self.held_ports.pop(int(port)).close()  # the task is about to bind it
@@ -702,18 +751,20 @@ class Agent(object):
     def serve(self):
         """Run until tflaunch is gone; then stop everything."""
         while self.gone_reason is None:
-            self.step(TICK)
+            self.step()
             for ident in [i for i, p in self.processes.items() if p.reported and not p.queue]:
                 del self.processes[ident]
         self.stop_everything()
 
-    def step(self, timeout):
+    def step(self, timeout=None):
+        """One turn of the loop: it sleeps until something happens or a deadline comes (the next
+        heartbeat or sample, tflaunch's silence running out, a task's settling), at most ``timeout``."""
         self.reap()
         self.advance()
         now = time.monotonic()
         if now >= self.next_heartbeat:
             self.control.append(frame(Frame.HEARTBEAT, 0))
-            self.next_heartbeat = now + HEARTBEAT
+            self.next_heartbeat = now + self.beat
         if self.sample_every and now >= self.next_sample:
             self.sample()
             self.next_sample = now + self.sample_every
@@ -729,7 +780,9 @@ class Agent(object):
         writers = [p.in_fd for p in self.processes.values() if p.in_fd is not None and p.in_pending]
         if self.channel_open and (self.outgoing or self.control or any(p.queue for p in self.processes.values())):
             writers.append(self.write_fd)
-        wait = min(timeout, max(0.0, self.next_heartbeat - now), self.soonest_deadline(now))
+        wait = self.soonest_deadline(now)
+        if timeout is not None:
+            wait = min(wait, timeout)
         try:
             readable, writable, _ = select.select(readers, writers, [], wait)
         except InterruptedError:
@@ -753,10 +806,19 @@ class Agent(object):
             self.gone_reason = "no heartbeat"
 
     def soonest_deadline(self, now):
-        deadlines = [p.stopping_at for p in self.processes.values() if p.stopping_at is not None]
+        """Seconds until the loop has something to do that no descriptor or signal wakes it for."""
+        deadlines = [self.next_heartbeat]
+        if self.sample_every:
+            deadlines.append(self.next_sample)
+        if self.setup_fd is not None:
+            deadlines.append(self.next_setup_read)
+        if self.keepalive and self.channel_open:
+            deadlines.append(self.last_heard + self.keepalive)
+        deadlines += [p.stopping_at for p in self.processes.values() if p.stopping_at is not None]
         deadlines += [p.settle_until for p in self.processes.values() if p.settle_until is not None]
         deadlines += list(self.drain_until.values())
-        return max(0.0, min(deadlines) - now) if deadlines else TICK
+        # A hair past the deadline: select may wake a little early, and then nothing would be due yet.
+        return max(0.0, min(deadlines) - now) + 0.001
 
     def relay(self, process):
         try:
@@ -805,7 +867,8 @@ class Agent(object):
             if process.status is None or process.reported or process.exec_fd is not None:
                 continue
             if process.settle_until is not None:
-                if now < process.settle_until:
+                # The rest of its group got the TERM too: wait (up to SETTLE) only while any of it lives.
+                if now < process.settle_until and any(alive(pid) for pid in self.tree_of(process)):
                     continue
                 process.settle_until = None
                 found = self.tree_of(process)

@@ -2,9 +2,12 @@
 
 An :class:`AgentLink` is one agent and its channel: the commands tflaunch writes (buffered, so a
 busy agent never blocks the supervisor), the frames it reads (sorted into each process's log,
-status and stacks), and the keep-alive each way. How the channel is carried (a local pipe, one ssh
-connection, a connection back from a Slurm step) is a :class:`Carrier`, which also says what a
-lost channel means for the processes on it (:mod:`.carriers`).
+status and stacks), and the keep-alive each way: a heartbeat every ``beat`` seconds without another
+command (``beat`` grows with the run's hosts, see :func:`.hostagent.beat_for`), and a peer silent
+for ``keepalive`` seconds is lost. A TensorFlow cluster goes to the agent once per link (a
+``CLUSTER`` command), however many of its tasks see it: each task's start names it. How the
+channel is carried (a local pipe, one ssh connection, a connection back from a Slurm step) is a
+:class:`Carrier`, which also says what a lost channel means for the processes on it (:mod:`.carriers`).
 
 Every fact of the protocol (frame header, kinds and size limit, sync mark, verbs, status words,
 field codec, heartbeat) is the agent module's, imported from it. Bytes that break it end this
@@ -15,15 +18,17 @@ processes started through a link are :mod:`.proxies`.
 
 from __future__ import annotations
 
+import base64
 import itertools
 import os
 import threading
 import time
 from typing import TYPE_CHECKING
 
+from ..cluster.tfconfig import TfConfig
 from .base import Reading
 from .carriers import Carrier
-from .hostagent import HEADER, MAX_FRAME, SYNC, Command, Frame, Status, encode_fields, printable
+from .hostagent import HEADER, HEARTBEAT, MAX_FRAME, SYNC, Command, Frame, Status, encode_fields, printable
 
 if TYPE_CHECKING:
     from .linkhub import LinkHub
@@ -34,6 +39,9 @@ if TYPE_CHECKING:
 # ServerAlive probes watch the connection meanwhile).
 START_WITHIN = 120.0
 HOST_OUTPUT_KEPT = 1 << 16  # what a host said outside any task, kept for the tasks that start later
+# Bytes asked of a channel per read: an agent's frame is at most this much of output, and a larger
+# buffer is no faster: os.read allocates all of it first (past 128 KiB, a fresh mapping each time).
+READ_SIZE = 1 << 16
 _IDS = itertools.count(1)  # ids of processes and requests, unique in this tflaunch
 _KINDS = frozenset(Frame.OF_HOST + Frame.OF_REQUEST)
 
@@ -46,14 +54,16 @@ class AgentLink:
     """One host's agent, as tflaunch sees it."""
 
     def __init__(self, host: str, carrier: Carrier, read_fd: int | None, write_fd: int | None,
-                 keepalive: float, hub: "LinkHub", attach_within: float | None = None):
+                 keepalive: float, hub: "LinkHub", attach_within: float | None = None, beat: float = HEARTBEAT):
         """``read_fd``/``write_fd`` None: the channel arrives later (:meth:`attach`), within
-        ``attach_within`` seconds or the link is lost."""
+        ``attach_within`` seconds or the link is lost. ``beat``: the seconds between heartbeats
+        both ways, as the agent was told."""
         self.host = host
         self.carrier = carrier
         self.read_fd = read_fd
         self.write_fd = write_fd
         self.keepalive = keepalive
+        self.beat = beat
         self.hub = hub
         # What the host said outside any task: the login shell before the agent's sync mark, the
         # setup line (relayed by the agent). Each task's log starts with it.
@@ -72,6 +82,9 @@ class AgentLink:
         self._in = bytearray()  # never more than one frame and one read: a longer frame is refused
         self._last_id = 0  # the newest id given in a command: the agent can speak of no later one
         self._ports: dict[int, tuple[threading.Event, list]] = {}  # request id -> (answered, answer)
+        self._clusters: dict[str, int] = {}  # a cluster's JSON text -> the id it was sent under
+        self._starting = threading.Lock()  # a cluster goes out before the first start that names it
+        self.last_sent = time.monotonic()  # the last command queued: a heartbeat is due a beat later
         hub.add(self)
 
     # -- commands -------------------------------------------------------------------------
@@ -83,22 +96,40 @@ class AgentLink:
             return self._last_id
 
     def start(self, process: "AgentProcessBase", fields: dict[str, object]) -> None:
+        """Start ``process`` on the agent; a ``tf_config`` field that is a :class:`TfConfig` is sent
+        as its parts, its cluster once per link."""
         with self._lock:
             self._processes[process.id] = process
         if self.lost_reason is not None:
             process.lose(self.carrier, self.lost_reason, started=False)
+            self.hub.changes.add(process)
             return
-        self.send(f"{Command.START} {process.id} {encode_fields(fields)}\n".encode())
+        with self._starting:
+            tf_config = fields.get("tf_config")
+            if isinstance(tf_config, TfConfig):
+                fields = {**fields, "tf_config": f"{self._cluster_id(tf_config.cluster)} {tf_config.role} "
+                                                 f"{tf_config.index}"}
+            self.send(f"{Command.START} {process.id} {encode_fields(fields)}\n".encode())
+
+    def _cluster_id(self, cluster: str) -> int:
+        ident = self._clusters.get(cluster)
+        if ident is None:
+            ident = self._clusters[cluster] = self.new_id()
+            self.send(f"{Command.CLUSTER} {ident} {base64.b64encode(cluster.encode()).decode()}\n".encode())
+        return ident
 
     def send(self, data: bytes) -> None:
         """Queue a command; written at once if the channel takes it, else by the hub's thread."""
         with self._lock:
             if self.closed or self.lost_reason is not None:
                 return
+            self.last_sent = time.monotonic()
+            waiting = bool(self._out)
             self._out += data
             self._write_locked()
-        if self._out:
-            self.hub.wake()
+            blocked = not waiting and bool(self._out)
+        if blocked:
+            self.hub.update(self)  # the channel is full: the hub writes the rest when it drains
 
     def attach(self, read_fd: int, write_fd: int) -> None:
         """The channel arrived (a Slurm agent connected back): what was queued goes out now."""
@@ -106,7 +137,7 @@ class AgentLink:
         with self._lock:
             self.read_fd, self.write_fd = read_fd, write_fd
             self.last_heard = time.monotonic()
-        self.hub.wake()
+        self.hub.update(self)
 
     def pick_ports(self, count: int, timeout: float) -> list[int]:
         """``count`` free ports on the agent's host, held there until the tasks that use them start.
@@ -145,6 +176,7 @@ class AgentLink:
         for process in list(self._processes.values()):
             if process.status is None:
                 process.lose(self.carrier, "tflaunch closed the channel", started=process.started)
+                self.hub.changes.add(process)
 
     # -- the hub's side ---------------------------------------------------------------------
 
@@ -180,7 +212,7 @@ class AgentLink:
             self.hub.remove(self)  # a lost link reads nothing more (a channel attached too late, say)
             return
         try:
-            chunk = os.read(self.read_fd, 1 << 20)
+            chunk = os.read(self.read_fd, READ_SIZE)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
@@ -274,6 +306,7 @@ class AgentLink:
         elif kind == Frame.STATUS:
             if not process.status_line(payload.decode("utf-8", "replace")):
                 raise ProtocolError(f"read the status {printable(payload)}, which is none of the agent's")
+            self.hub.changes.add(process)
             if process.status is not None:
                 with self._lock:
                     self._processes.pop(ident, None)
@@ -311,7 +344,9 @@ class AgentLink:
             else:
                 self.lose(f"its agent did not start within {limit:g} s (is the host's setup line still running?)")
             return
-        self.send(b"\n")
+        # The hub looks once a second: half of that is the slack that keeps a 1 s beat at 1 s.
+        if now - self.last_sent >= self.beat - HEARTBEAT / 2:
+            self.send(b"\n")
 
     def end(self, detail: str) -> None:
         """This link cannot go on: its processes without an exit are lost with ``detail``, and the
@@ -333,6 +368,7 @@ class AgentLink:
         for process in processes:
             if process.status is None:
                 process.lose(self.carrier, detail, started=process.started)
+                self.hub.changes.add(process)
 
     def _ended_text(self) -> str:
         code = self.carrier.ended()

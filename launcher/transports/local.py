@@ -14,14 +14,14 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 from collections.abc import Sequence
 
 from ..cluster.machine import restore_open_files_limit
 from ..cluster.plan import TaskLaunch
+from ..cluster.tfconfig import tf_config_parts
 from ..options import GRACE
 from .base import ExitStatus, FailedStart
-from .carriers import ProcessCarrier
+from .carriers import ProcessCarrier, spawn_carrier
 from .hostagent import EOF_GRACE, encode_fields
 from .hostlink import AgentLink
 from .linkhub import HUB
@@ -80,8 +80,9 @@ class LocalTransport:
 
     def start(self, launch: TaskLaunch, output_fd: int) -> AgentTask | FailedStart:
         target = log_target(output_fd)
-        fields = {"name": launch.name, "argv": list(launch.argv), "env": dict(launch.env), "cwd": launch.workdir,
-                  "grace": repr(float(self.grace))}
+        tf_config, env = tf_config_parts(launch.env)  # the link sends the cluster to the agent once
+        fields = {"name": launch.name, "argv": list(launch.argv), "env": env, "tf_config": tf_config,
+                  "cwd": launch.workdir, "grace": repr(float(self.grace))}
         try:
             encode_fields(fields)
         except ValueError as exc:
@@ -104,22 +105,9 @@ class LocalTransport:
 
     def _connect(self) -> AgentLink:
         spec = encode_fields({"keepalive": KEEPALIVE_TIMEOUT, "eof_grace": min(self.grace, EOF_GRACE), "sample": 1.0})
-        stderr = tempfile.TemporaryFile()
-        try:
-            # -I -S: the agent needs nothing but the standard library, and starts in half the time.
-            popen = subprocess.Popen([sys.executable, "-I", "-S", "-c", AGENT_BOOT, spec],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
-                                     start_new_session=True,  # terminal signals reach tflaunch only
-                                     close_fds=True)
-        except OSError:
-            stderr.close()
-            raise
+        # -I -S: the agent needs nothing but the standard library, and starts in half the time.
+        popen, stderr, read_fd, write_fd = spawn_carrier([sys.executable, "-I", "-S", "-c", AGENT_BOOT, spec])
         restore_open_files_limit(popen.pid)  # the tasks get the user's limit, not tflaunch's raised one
-        read_fd, write_fd = os.dup(popen.stdout.fileno()), os.dup(popen.stdin.fileno())
-        popen.stdout.close()
-        popen.stdin.close()
-        os.set_blocking(read_fd, False)
-        os.set_blocking(write_fd, False)
         self.link = AgentLink("this machine", LocalCarrier(popen, stderr), read_fd, write_fd,
                               keepalive=KEEPALIVE_TIMEOUT, hub=HUB)
         return self.link

@@ -10,8 +10,10 @@ remote process, the agent's stdin is the control channel:
   agent's stdout, framed, and tflaunch writes it into the task's log;
 - if tflaunch dies (even by SIGKILL) the connection closes, the agent reads EOF and stops every
   task within its grace period;
-- both sides send a heartbeat every second: the agent stops its tasks when tflaunch falls silent,
-  tflaunch declares the host lost when the agent does (ssh's ServerAlive probes end the client too).
+- both sides send a heartbeat every second (spaced out in a run of many hosts, see
+  :func:`.hostagent.beat_for`; resource samples likewise, :func:`.hostagent.sample_for`): the agent stops
+  its tasks when tflaunch falls silent, tflaunch declares the host lost when the agent does (ssh's
+  ServerAlive probes end the client too).
 
 Every value that crosses the remote shell is quoted with ``shlex.quote``; argv and env travel
 inside base64 that no shell interprets. Only ``setup`` is shell by design, and it has no part in
@@ -22,17 +24,16 @@ from __future__ import annotations
 
 import os
 import shlex
-import subprocess
-import tempfile
 import time
 from collections.abc import Sequence
 
 from ..cluster.plan import TaskLaunch
+from ..cluster.tfconfig import tf_config_parts
 from ..cluster.spec import DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEEPALIVE_TIMEOUT, SshSettings
 from ..options import GRACE
 from .base import ExitStatus, FailedStart
-from .carriers import ProcessCarrier
-from .hostagent import EOF_GRACE, encode_fields
+from .carriers import ProcessCarrier, spawn_carrier
+from .hostagent import EOF_GRACE, HEARTBEAT, SAMPLE, beat_for, encode_fields, sample_for
 from .hostlink import AgentLink
 from .linkhub import HUB
 from .proxies import AgentTask, LogWriter, log_target
@@ -66,14 +67,14 @@ def ssh_argv(host: str, settings: SshSettings, remote_command: str | None = None
     return argv
 
 
-def agent_spec(grace: float, keepalive: float, sample: float = 2.0, connect: str | None = None,
-               setup_log: int | None = None) -> str:
+def agent_spec(grace: float, keepalive: float, sample: float = SAMPLE, connect: str | None = None,
+               setup_log: int | None = None, beat: float = HEARTBEAT) -> str:
     """The host agent's one argument (see :mod:`.hostagent`)."""
     return encode_fields({"keepalive": keepalive, "eof_grace": min(grace, EOF_GRACE), "sample": sample,
-                          "connect": connect, "setup_log": setup_log})
+                          "beat": beat, "connect": connect, "setup_log": setup_log})
 
 
-def agent_command(first: TaskLaunch, grace: float) -> str:
+def agent_command(first: TaskLaunch, grace: float, hosts: int = 1) -> str:
     """The shell line the remote login shell runs: cd, the host's setup, then the agent.
 
     The setup line runs in that shell, so that what it exports reaches the agent and the tasks,
@@ -83,8 +84,9 @@ def agent_command(first: TaskLaunch, grace: float) -> str:
     to ssh's stderr; where mktemp is missing, the setup writes there directly). A line printed
     after the agent started can therefore never land among the agent's frames."""
     ssh = first.ssh or SshSettings()
-    spec = agent_spec(grace, ssh.keepalive_timeout or DEFAULT_KEEPALIVE_TIMEOUT,
-                      setup_log=SETUP_IN if first.setup else None)
+    keepalive = ssh.keepalive_timeout or DEFAULT_KEEPALIVE_TIMEOUT
+    spec = agent_spec(grace, keepalive, sample=sample_for(hosts), setup_log=SETUP_IN if first.setup else None,
+                      beat=beat_for(hosts, keepalive))
     agent = shlex.join([*remote_agent_argv(first.python), spec])
     # cd may fail (each task's own workdir is checked when it starts): the agent runs regardless.
     parts = [f"cd -- {shlex.quote(first.workdir)} 2>/dev/null"]
@@ -106,7 +108,8 @@ def task_fields(launch: TaskLaunch, grace: float, host_setup: str | None) -> dic
     argv = list(launch.argv)
     if launch.setup and launch.setup != host_setup:
         argv = ["/bin/sh", "-c", f'{launch.setup}\nexec "$0" "$@"', *argv]
-    return {"name": launch.name, "argv": argv, "env": dict(launch.env), "cwd": launch.workdir,
+    tf_config, env = tf_config_parts(launch.env)  # the link sends the cluster once per host
+    return {"name": launch.name, "argv": argv, "env": env, "tf_config": tf_config, "cwd": launch.workdir,
             "grace": repr(float(grace)),
             "release": launch.address.rsplit(":", 1)[1]}  # a port the agent picked and holds for it
 
@@ -134,16 +137,21 @@ class SshCarrier(ProcessCarrier):
 class SshTransport:
     """Starts each remote task through its host's agent, one ssh connection per host."""
 
+    kind = "ssh"  # the launches this transport starts
+
     def __init__(self, grace: float = GRACE):
         self.grace = grace
         self.links: dict[tuple, AgentLink] = {}
         self.setups: dict[tuple, str | None] = {}
+        self.hosts = 1  # how many hosts the run has: heartbeats and samples are spaced out by it
         self.logs = LogWriter()
 
     def prepare(self, launches: Sequence[TaskLaunch]) -> None:
         """Open every host's connection at once, so they come up in parallel."""
-        for launch in launches:
-            if launch.transport == "ssh" and host_key(launch) not in self.links:
+        mine = [launch for launch in launches if launch.transport == self.kind]
+        self.hosts = max(self.hosts, len({host_key(launch) for launch in mine}))
+        for launch in mine:
+            if host_key(launch) not in self.links:
                 self.link_for(launch)
 
     def link_for(self, launch: TaskLaunch) -> AgentLink:
@@ -157,18 +165,10 @@ class SshTransport:
     def _connect(self, launch: TaskLaunch) -> AgentLink:
         settings = launch.ssh or SshSettings()
         keepalive = settings.keepalive_timeout or DEFAULT_KEEPALIVE_TIMEOUT
-        stderr = tempfile.TemporaryFile()
-        popen = subprocess.Popen(ssh_argv(launch.host, settings, agent_command(launch, self.grace)),
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
-                                 start_new_session=True,  # terminal signals reach tflaunch only
-                                 close_fds=True)
-        read_fd, write_fd = os.dup(popen.stdout.fileno()), os.dup(popen.stdin.fileno())
-        popen.stdout.close()
-        popen.stdin.close()
-        os.set_blocking(read_fd, False)
-        os.set_blocking(write_fd, False)
+        argv = ssh_argv(launch.host, settings, agent_command(launch, self.grace, self.hosts))
+        popen, stderr, read_fd, write_fd = spawn_carrier(argv)
         return AgentLink(launch.host, SshCarrier(launch.host, popen, stderr), read_fd, write_fd,
-                         keepalive=keepalive, hub=HUB)
+                         keepalive=keepalive, hub=HUB, beat=beat_for(self.hosts, keepalive))
 
     def start(self, launch: TaskLaunch, output_fd: int) -> AgentTask | FailedStart:
         target = log_target(output_fd)
