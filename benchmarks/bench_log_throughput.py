@@ -1,15 +1,18 @@
 """Log throughput: 8 chatty tasks through tflaunch's merged log vs the same writers into plain files.
 
-    python benchmarks/bench_log_throughput.py [--reps N] [--tasks T] [--lines L]
+    python benchmarks/bench_log_throughput.py [--reps N] [--tasks T] [--lines L] [--before DIR]
 
 Every task runs the same writer, ``python -c <WRITER> L``, which prints L numbered lines to stdout.
-Side A: ``tflaunch --local 8 --quiet --threads off -- python -c <WRITER> L``; each task writes to
-its own log file and tflaunch's pump thread tails them all into merged.log.
+Side A: ``tflaunch --local 8 --quiet --threads off -- python -c <WRITER> L``; each task's output
+comes over its agent's channel into its log, and tflaunch's pump thread reads them all into merged.log.
 Side B: the same 8 writer processes started together by this script, each with stdout and stderr
 on its own file (O_APPEND, as tflaunch opens them) and exactly the env tflaunch adds, waited together.
 Side C (for information): side B without PYTHONUNBUFFERED, which tflaunch sets for every task.
+Side D (with ``--before DIR``): side A with the launcher package found in DIR (``git archive COMMIT
+launcher | tar -x -C DIR``), interleaved with the others: a before/after comparison in one run.
 After every tflaunch run, merged.log is checked line by line: every number 0..L-1 of every task
-exactly once and intact. Target: median(A) / median(B) <= 1.2.
+exactly once and intact. Besides wall times, the CPU of everything each side ran (tflaunch, its
+agent and the writers, or the writers alone) is summed from wait4. Target: median(A) / median(B) <= 1.2.
 """
 
 from __future__ import annotations
@@ -61,15 +64,16 @@ def check_merged(path: Path, names: list[str], lines: int) -> dict:
     return {"lost": lost, "duplicated": duplicated, "damaged": damaged, "launcher_lines": other}
 
 
-def run_tflaunch(work: Path, tasks: int, lines: int) -> dict:
+def run_tflaunch(work: Path, tasks: int, lines: int, source: str | None = None) -> dict:
     log_dir = work / "logs"
     argv = [TFLAUNCH, "--local", str(tasks), "--quiet", "--threads", "off", "--log-dir", str(log_dir),
             "--", "python", "-c", WRITER, str(lines)]
+    env = {**os.environ, "PYTHONPATH": source} if source else None  # the launcher of another tree
     with open(work / "tflaunch.console", "wb") as console:
         start = time.perf_counter()
-        proc = _bench.popen(argv, cwd=work, stdout=console, stderr=console)
+        proc = _bench.popen(argv, cwd=work, stdout=console, stderr=console, env=env)
         with _bench.Sampler(proc.pid, interval=0.05, per_thread=True) as sampler:
-            rc, ended, _ = _bench.wait4(proc)
+            rc, ended, usage = _bench.wait4(proc)
         wall = time.perf_counter() - start
     run_dir = _bench.last_run_dir(log_dir)
     if run_dir is None:
@@ -80,6 +84,7 @@ def run_tflaunch(work: Path, tasks: int, lines: int) -> dict:
     s = sampler.result
     pump = sum(cpu for tid, cpu in s.threads.items() if tid != str(proc.pid))
     result = {"wall": wall, "rc": rc, "cpu": s.cpu_self, "pump_cpu": pump, "rss": s.peak_rss,
+              "all_cpu": usage.ru_utime + usage.ru_stime,  # tflaunch, its agent and the tasks the agent reaped
               "drain": ended - last_write, "merged_mb": (run_dir / "merged.log").stat().st_size / 1e6, **check}
     shutil.rmtree(run_dir, ignore_errors=True)
     return result
@@ -99,14 +104,16 @@ def run_direct(work: Path, planned: list[_bench.PlannedTask], lines: int, rep: i
         start = time.perf_counter()
         procs = [_bench.popen([PYTHON, "-c", WRITER, str(lines)], cwd=work, env=env, stdout=fd, stderr=fd)
                  for env, fd in zip(envs, fds)]
-        codes = [p.wait() for p in procs]
+        waited = [_bench.wait4(p) for p in procs]
         wall = time.perf_counter() - start
+        codes = [rc for rc, _, _ in waited]
+        all_cpu = sum(usage.ru_utime + usage.ru_stime for _, _, usage in waited)
     finally:
         for fd in fds:
             os.close(fd)
     counted = sum((out / f"{t.name}.log").read_bytes().count(b"\n") for t in planned)
     shutil.rmtree(out, ignore_errors=True)
-    return {"wall": wall, "rc": max(codes, key=abs), "lines": counted}
+    return {"wall": wall, "rc": max(codes, key=abs), "lines": counted, "all_cpu": all_cpu}
 
 
 def main() -> None:
@@ -114,19 +121,21 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5, help="repetitions per side (default 5)")
     parser.add_argument("--tasks", type=int, default=8)
     parser.add_argument("--lines", type=int, default=200_000)
+    parser.add_argument("--before", metavar="DIR",
+                        help="also run tflaunch with the launcher package in DIR (an older tree), interleaved")
     args = parser.parse_args()
     _bench.header(f"bench_log_throughput: {args.tasks} tasks x {args.lines:,} lines, tflaunch vs direct to files",
                   [f"{args.reps} interleaved repetitions per side; writer: python -c <print {args.lines:,} "
                    f"numbered lines of {len(TEXT) + 7} bytes>"])
-    sides = ["tflaunch", "direct", "buffered"]
+    sides = ["tflaunch", "direct", "buffered"] + (["before"] if args.before else [])
     results: dict[str, list[dict]] = {s: [] for s in sides}
     with _bench.workdir("logs") as work:
         planned = _bench.dry_run(["--local", str(args.tasks), "--threads", "off", "--", "python", "-c", "pass"], work)
         note(f"env tflaunch adds (from --dry-run): {', '.join(sorted(planned[0].env))}")
         for rep, side in _bench.interleaved(args.reps, sides):
-            if side == "tflaunch":
-                r = run_tflaunch(work, args.tasks, args.lines)
-                note(f"rep {rep + 1} tflaunch wall {r['wall']:.2f} s, exit {r['rc']}, launcher cpu {r['cpu']:.2f} s "
+            if side in ("tflaunch", "before"):
+                r = run_tflaunch(work, args.tasks, args.lines, args.before if side == "before" else None)
+                note(f"rep {rep + 1} {side:8s} wall {r['wall']:.2f} s, exit {r['rc']}, launcher cpu {r['cpu']:.2f} s "
                      f"(non-main threads {r['pump_cpu']:.2f} s), drain after last write {r['drain']:.2f} s, "
                      f"lost {r['lost']}, duplicated {r['duplicated']}, damaged {r['damaged']}")
             else:
@@ -135,7 +144,7 @@ def main() -> None:
             results[side].append(r)
 
     labels = {"tflaunch": "tflaunch --local 8 (merged.log)", "direct": "direct to files, same env",
-              "buffered": "direct, PYTHONUNBUFFERED unset"}
+              "buffered": "direct, PYTHONUNBUFFERED unset", "before": f"tflaunch from {args.before}"}
     rows = []
     for side in sides:
         walls = [r["wall"] for r in results[side] if r["rc"] == 0]
@@ -155,7 +164,14 @@ def main() -> None:
     a = median([r["wall"] for r in t if r["rc"] == 0])
     b = median([r["wall"] for r in results["direct"] if r["rc"] == 0])
     c = median([r["wall"] for r in results["buffered"] if r["rc"] == 0])
+    print(f"  CPU of everything each side ran (median): tflaunch side {median([r['all_cpu'] for r in t]):.2f} s "
+          f"(tflaunch, its agent and the writers), direct side {median([r['all_cpu'] for r in results['direct']]):.2f} s"
+          + (f", before side {median([r['all_cpu'] for r in results['before']]):.2f} s" if args.before else ""))
     print(f"  for information: tflaunch / direct without PYTHONUNBUFFERED = {a / c:.3f}")
+    if args.before:
+        d = median([r["wall"] for r in results["before"] if r["rc"] == 0])
+        print(f"  for information: before ({args.before}) / direct (same env) = {d / b:.3f}; "
+              f"this tree / direct = {a / b:.3f}")
     _bench.verdict("ratio tflaunch / direct (same env)", a / b, TARGET)
 
 
