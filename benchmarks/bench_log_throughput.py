@@ -164,9 +164,10 @@ def main() -> None:
     a = median([r["wall"] for r in t if r["rc"] == 0])
     b = median([r["wall"] for r in results["direct"] if r["rc"] == 0])
     c = median([r["wall"] for r in results["buffered"] if r["rc"] == 0])
-    print(f"  CPU of everything each side ran (median): tflaunch side {median([r['all_cpu'] for r in t]):.2f} s "
-          f"(tflaunch, its agent and the writers), direct side {median([r['all_cpu'] for r in results['direct']]):.2f} s"
-          + (f", before side {median([r['all_cpu'] for r in results['before']]):.2f} s" if args.before else ""))
+    cpu = {side: median([r["all_cpu"] for r in results[side]]) for side in sides if side != "buffered"}
+    print(f"  CPU of everything each side ran (median): tflaunch side {cpu['tflaunch']:.2f} s (tflaunch, its agent "
+          f"and the writers), direct side {cpu['direct']:.2f} s"
+          + (f", before side {cpu['before']:.2f} s" if args.before else ""))
     print(f"  for information: tflaunch / direct without PYTHONUNBUFFERED = {a / c:.3f}")
     if args.before:
         d = median([r["wall"] for r in results["before"] if r["rc"] == 0])
