@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher.records.boundedlog import MARKER
 from polling import wait_for
 from test_ssh import cluster_file, run_processes
 
@@ -133,16 +134,25 @@ def test_a_failure_beside_a_flooding_task_stops_the_cluster(tflaunch, testhosts,
             "print('failing', flush=True)\n"
             "open(os.path.join(where, 'failed'), 'w').write(repr(time.time()))\n"
             "sys.exit(7)\n")
-    done = tflaunch.run(str(cluster), "--", "python", "-c", code, str(tmp_path), marker, timeout=120)
+    done = tflaunch.run(str(cluster), "--log-max-size", "1M", "--", "python", "-c", code, str(tmp_path), marker,
+                        timeout=120)
     assert done.returncode == 7, done.stderr[-2000:]
+    # The failure summary comes out whole after the flood's lines, however far behind the console fell.
     assert "worker-1 on node1 failed (exit code 7)" in done.stderr
+    assert done.stderr.rstrip().splitlines()[-1].startswith(f"tflaunch: logs in {done.run_dir}")
     # Fail-fast is about the tasks: the stop reaches the flooding task soon after the failure (well under
     # a second here; 5 s allows for a busy machine), however much of its flood is still on its way
     # (writing that into the logs may take tflaunch longer). The flood alone would never end.
     stopped = float((tmp_path / "stopped").read_text()) - float((tmp_path / "failed").read_text())
     assert 0 <= stopped < 5.0, f"the flooding task was stopped {stopped:.2f} s after the failure"
+    # The flood came over the channel into a log kept within its limit: its start, one marker line
+    # counting what was left out, its latest lines; merged.log within four times that.
     flood = (done.run_dir / "attempt-1" / "worker-0.log").read_bytes()
-    assert len(flood) > 1 << 20 and set(flood.split(b"\n")[:-1]) == {marker.encode()}
+    cut = list(MARKER.finditer(flood))
+    assert len(cut) == 1 and int(cut[0][1].replace(b",", b"")) > 1 << 20 and len(flood) <= (1 << 20) + 80
+    kept = flood[:cut[0].start()] + flood[cut[0].end():]
+    assert set(kept.split(b"\n")[:-1]) == {marker.encode()}
+    assert len(done.merged) <= (4 << 20) + 80 and len(MARKER.findall(done.merged)) == 1
     assert done.task_output("worker-1") == "failing\n"
 
 

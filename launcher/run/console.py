@@ -151,7 +151,6 @@ class Console:
         self._status_shown = ""
         self._queue: collections.deque[tuple] = collections.deque()
         self._queued = 0
-        self._dropped = 0
         self._cond = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -183,7 +182,13 @@ class Console:
         lines = block.count(b"\n")
         with self._cond:
             if shown and self._queued > self.max_queued:
-                self._dropped += lines
+                # Said where it happened: a message queued after these lines prints after the note.
+                last = self._queue[-1] if self._queue else None
+                if last is not None and last[0] == "dropped":
+                    last[1] += lines
+                else:
+                    self._queue.append(["dropped", lines])
+                    self._wake()
                 if not metrics:
                     return
                 # The lines are dropped, but the status line still learns the epoch from them.
@@ -238,7 +243,6 @@ class Console:
                 items = list(self._queue)
                 self._queue.clear()
                 self._queued = 0
-                dropped, self._dropped = self._dropped, 0
                 stopping = self._stopping
             pieces = []
             for item in items:
@@ -247,10 +251,6 @@ class Console:
                     pieces.append((self._out, self._twin_text(self._twins.due(time.monotonic()))))
             if self._twins:
                 pieces.append((self._out, self._twin_text(self._twins.due(time.monotonic()))))
-            if dropped:
-                self.dropped_lines += dropped
-                pieces.append((self._err, self._message_text(
-                    f"the console fell behind: {dropped:,} task lines not shown here ({MERGED} has them all)")))
             self._write(pieces, final=stopping)
             if stopping:
                 return
@@ -267,9 +267,14 @@ class Console:
         kind = item[0]
         if kind == "task":
             return [(self._out, self._task_text(*item[1:]))]
-        if kind == "message":
+        if kind in ("message", "dropped"):
+            if kind == "dropped":
+                self.dropped_lines += item[1]
+                text = f"the console fell behind: {item[1]:,} task lines not shown here ({MERGED} has them all)"
+            else:
+                text = item[1]
             # Task lines still waiting for twins came first: they print before the message.
-            return [(self._out, self._twin_text(self._twins.flush())), (self._err, self._message_text(item[1]))]
+            return [(self._out, self._twin_text(self._twins.flush())), (self._err, self._message_text(text))]
         if kind == "states":
             self._states, self._restarts = item[1], item[3]
             ended = [name for name, state in self._states.items() if TaskState(state).ended]
