@@ -44,7 +44,7 @@ def test_every_import_contract_is_kept():
     ("records/folder.py", "from ..run import launch", "Records are the bottom"),
     ("inspect/report.py", "from ..transports import base", "The read side"),
     ("cluster/spec.py", "import socket", "The cluster's spec and plan are pure"),
-    ("transports/srun.py", "from . import local", "The named transports are independent"),
+    ("transports/srun.py", "from . import ssh", "The named transports are independent"),
     ("run/limits.py", "from ..transports import ssh", "never a named transport"),
     ("export/shell.py", "import tensorflow", "never imports TensorFlow"),
     ("cluster/plan.py", "from ..sources import choose", "Each package imports only the packages below it"),

@@ -1,5 +1,6 @@
-"""Shipping the host agent (:mod:`.hostagent`): the command line that runs it on a host that has
-only a Python, with its bytecode and its source on that line."""
+"""Shipping the host agent (:mod:`.hostagent`) to a host that has only a Python: the command line
+that runs it, with its bytecode and its source on that line, the agent's one argument, and what it
+needs to start a task. The remote transports (ssh, srun) share these; neither imports the other."""
 
 from __future__ import annotations
 
@@ -7,6 +8,10 @@ import base64
 import functools
 import zlib
 from pathlib import Path
+
+from ..cluster.plan import TaskLaunch
+from ..cluster.tfconfig import tf_config_parts
+from .hostagent import EOF_GRACE, HEARTBEAT, SAMPLE, encode_fields
 
 AGENT_PATH = Path(__file__).with_name("hostagent.py")
 AGENT_SOURCE = AGENT_PATH.read_text()
@@ -52,3 +57,21 @@ def _packed_agent() -> tuple[str, str, bytes]:
         return base64.b64encode(zlib.compress(data, 9)).decode("ascii")
 
     return pack(marshal.dumps(code)), pack(AGENT_SOURCE.encode()), MAGIC_NUMBER
+
+
+def agent_spec(grace: float, keepalive: float, sample: float = SAMPLE, connect: str | None = None,
+               setup_log: int | None = None, beat: float = HEARTBEAT) -> str:
+    """The host agent's one argument (see :mod:`.hostagent`)."""
+    return encode_fields({"keepalive": keepalive, "eof_grace": min(grace, EOF_GRACE), "sample": sample,
+                          "beat": beat, "connect": connect, "setup_log": setup_log})
+
+
+def task_fields(launch: TaskLaunch, grace: float, host_setup: str | None) -> dict[str, object]:
+    """What the agent needs to start ``launch``; a setup other than the host's runs in front of it."""
+    argv = list(launch.argv)
+    if launch.setup and launch.setup != host_setup:
+        argv = ["/bin/sh", "-c", f'{launch.setup}\nexec "$0" "$@"', *argv]
+    tf_config, env = tf_config_parts(launch.env)  # the link sends the cluster once per host
+    return {"name": launch.name, "argv": argv, "env": env, "tf_config": tf_config, "cwd": launch.workdir,
+            "grace": repr(float(grace)),
+            "release": launch.address.rsplit(":", 1)[1]}  # a port the agent picked and holds for it

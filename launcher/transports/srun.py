@@ -35,8 +35,7 @@ from .hostagent import EOF_GRACE, TOKEN_VARIABLE, encode_fields
 from .hostlink import AgentLink
 from .linkhub import HUB
 from .proxies import AgentTask, LogWriter, log_target
-from .shipping import remote_agent_argv
-from .ssh import agent_spec, task_fields
+from .shipping import agent_spec, remote_agent_argv, task_fields
 
 NODE_FAILURE = "Node failure on"  # how srun reports that slurmctld declared a node dead
 CONNECT_TIMEOUT = 300.0  # from srun's start to every agent's connection: a busy slurmctld, a node still registering

@@ -28,16 +28,15 @@ import time
 from collections.abc import Sequence
 
 from ..cluster.plan import TaskLaunch
-from ..cluster.tfconfig import tf_config_parts
 from ..cluster.spec import DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEEPALIVE_TIMEOUT, SshSettings
 from ..options import GRACE
 from .base import ExitStatus, FailedStart
 from .carriers import ProcessCarrier, spawn_carrier
-from .hostagent import EOF_GRACE, HEARTBEAT, SAMPLE, beat_for, encode_fields, sample_for
+from .hostagent import EOF_GRACE, beat_for, encode_fields, sample_for
 from .hostlink import AgentLink
 from .linkhub import HUB
 from .proxies import AgentTask, LogWriter, log_target
-from .shipping import remote_agent_argv
+from .shipping import agent_spec, remote_agent_argv, task_fields
 
 # In the remote shell, the setup line's output file: written through SETUP_OUT, read by the agent
 # through SETUP_IN (see agent_command).
@@ -67,13 +66,6 @@ def ssh_argv(host: str, settings: SshSettings, remote_command: str | None = None
     return argv
 
 
-def agent_spec(grace: float, keepalive: float, sample: float = SAMPLE, connect: str | None = None,
-               setup_log: int | None = None, beat: float = HEARTBEAT) -> str:
-    """The host agent's one argument (see :mod:`.hostagent`)."""
-    return encode_fields({"keepalive": keepalive, "eof_grace": min(grace, EOF_GRACE), "sample": sample,
-                          "beat": beat, "connect": connect, "setup_log": setup_log})
-
-
 def agent_command(first: TaskLaunch, grace: float, hosts: int = 1) -> str:
     """The shell line the remote login shell runs: cd, the host's setup, then the agent.
 
@@ -101,17 +93,6 @@ def agent_command(first: TaskLaunch, grace: float, hosts: int = 1) -> str:
     else:
         parts.append(f"exec {agent}")
     return "; ".join(parts)
-
-
-def task_fields(launch: TaskLaunch, grace: float, host_setup: str | None) -> dict[str, object]:
-    """What the agent needs to start ``launch``; a setup other than the host's runs in front of it."""
-    argv = list(launch.argv)
-    if launch.setup and launch.setup != host_setup:
-        argv = ["/bin/sh", "-c", f'{launch.setup}\nexec "$0" "$@"', *argv]
-    tf_config, env = tf_config_parts(launch.env)  # the link sends the cluster once per host
-    return {"name": launch.name, "argv": argv, "env": env, "tf_config": tf_config, "cwd": launch.workdir,
-            "grace": repr(float(grace)),
-            "release": launch.address.rsplit(":", 1)[1]}  # a port the agent picked and holds for it
 
 
 def host_key(launch: TaskLaunch) -> tuple:
