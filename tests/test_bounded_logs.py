@@ -245,7 +245,7 @@ def test_the_failure_summarys_tail_says_how_much_of_the_log_was_left_out(tmp_pat
     log.write(output)
     log.close()
     count = marker_of(path.read_bytes())[2]
-    lines = tail_lines(path, 2)
+    lines = tail_lines(path, 3)  # the note takes the place of the oldest line asked for
     assert lines == [f"[... tflaunch: {count:,} bytes ({format_size(count)}) of this log's output left out "
                      f"before these lines ...]", output_of("worker-0", 1, 39_999).decode().rstrip("\n"),
                      "Traceback: the crash"]

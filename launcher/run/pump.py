@@ -266,6 +266,8 @@ def tail_lines(path: Path, count: int = 20, max_bytes: int = 1 << 16) -> list[st
         lines = lines[1:]  # the first one is probably cut
     shown = [line.decode("utf-8", "replace") for line in lines[-count:]] if count > 0 else []
     if left_out and shown and not any(line.startswith("[... tflaunch: ") for line in shown):
-        shown.insert(0, f"[... tflaunch: {left_out:,} bytes ({format_size(left_out)}) of this log's output "
-                        f"left out before these lines ...]")
+        # In place of the oldest line: callers ask for a number of lines to show.
+        shown[:1 if len(shown) == count else 0] = [
+            f"[... tflaunch: {left_out:,} bytes ({format_size(left_out)}) of this log's output left out "
+            f"before these lines ...]"]
     return shown
