@@ -150,7 +150,7 @@ def compare_command(run_refs: tuple[str, ...], log_dir: str, as_json: bool) -> N
         _echo_lines(compare_lines(rows))
 
 
-@cli.command("stacks", epilog=RUN_ARG_HELP[:-1] + ", or the path of a run folder.")
+@cli.command("stacks", epilog=RUN_ARG_HELP)
 @click.argument("run_ref", required=False, metavar="[RUN]")
 @log_dir_option
 @json_option

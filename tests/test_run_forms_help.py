@@ -1,0 +1,20 @@
+"""Every command that takes one RUN says which forms RUN may take, in the words of their one owner
+(launcher/inspect/runs.py's RUN_FORMS), once."""
+
+from __future__ import annotations
+
+import click
+import pytest
+
+from launcher.cli.group import cli
+from launcher.inspect.runs import RUN_FORMS
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize("name", ["logs", "status", "report", "stacks", "tensorboard"])
+def test_a_command_taking_one_run_names_every_run_form_once(name):
+    with click.Context(cli, info_name="tflaunch") as ctx:
+        command = cli.get_command(ctx, name)
+        epilog = " ".join((command.epilog or "").split())
+    assert epilog == f"RUN is {RUN_FORMS}.", f"tflaunch {name} --help ends with {epilog!r}"
