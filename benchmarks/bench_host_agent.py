@@ -1,7 +1,7 @@
 """One agent per host over ssh: what a run costs per host, on namespaced hosts whose sshd keeps
 OpenSSH's stock limits (MaxStartups 10:30:100, MaxSessions 10).
 
-    python benchmarks/bench_host_agent.py [--reps N] [--curve 8,16,32] [--skip-curve]
+    python benchmarks/bench_host_agent.py [--reps N] [--curve 8,16,32] [--curve-reps N] [--skip-curve | --only-curve]
 
 Needs root. Brings up hosts with ``scripts/testhosts up --stock-limits`` under its own prefix and
 takes them down at the end, whatever happens. Three parts, each printed as a table:
@@ -13,13 +13,15 @@ takes them down at the end, whatever happens. Three parts, each printed as a tab
    connection, interleaved; target: tflaunch <= 1.2x the 8 connections.
 3. **Start-time curve**: 8 ``sleep`` tasks per host at 8, 16 and 32 hosts: seconds from launch
    until every task has printed its first line, and the cost per host (the slope), from which
-   benchmarks/README.md's estimate for 256 hosts comes.
+   benchmarks/README.md's estimate for 256 hosts comes; and tflaunch's own CPU (user + system,
+   from /proc, its ssh clients apart) until then, whose slope has a target: <= 5 ms per host.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -31,6 +33,7 @@ PREFIX, SUBNET = "bha", "10.125.7"
 TESTHOSTS = ROOT / "scripts" / "testhosts"
 STOCK_TARGET = 10
 RATIO_TARGET = 1.2
+START_CPU_TARGET_MS = 5.0  # tflaunch's own CPU at start, per host
 
 
 def cluster_yaml(path: Path, hosts: list[dict], per_host: int, ssh_config: str, port_base: int = 20000) -> Path:
@@ -123,8 +126,14 @@ def eight_by_eight(doc: dict, work: Path, reps: int) -> None:
     note(f"and against one connection: {median(results['tflaunch']) / one:.2f}x")
 
 
-def start_time(doc: dict, hosts: int, work: Path, rep: int) -> float | None:
-    """Seconds from launch until every task of ``hosts`` x 8 has printed its first line."""
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def start_time(doc: dict, hosts: int, work: Path, rep: int) -> tuple[float, float] | None:
+    """(seconds from launch until every task of ``hosts`` x 8 has printed its first line,
+    tflaunch's own CPU seconds until then)."""
     chosen = doc["hosts"][:hosts]
     cluster = cluster_yaml(work / f"curve-{hosts}.yaml", chosen, 8, doc["ssh_config"])
     logs = work / f"curve-logs-{hosts}-{rep}"  # a folder per run: the newest run folder is this run's
@@ -142,26 +151,31 @@ def start_time(doc: dict, hosts: int, work: Path, rep: int) -> float | None:
         return (run_dir / "merged.log").read_text(errors="replace").count("| up") >= expected
 
     if _bench.wait_for(all_up, timeout=120, interval=0.01):
-        seen_at = time.monotonic() - started
+        seen_at = time.monotonic() - started, cpu_seconds(proc.pid)
     proc.wait()
     return seen_at
 
 
-def curve(doc: dict, sizes: list[int], work: Path) -> None:
-    points = []
-    for hosts in sizes:
-        values = [v for v in (start_time(doc, hosts, work, rep) for rep in range(3)) if v is not None]
-        points.append((hosts, median(values) if values else None))
-    rows = [[f"{h} hosts x 8 tasks", f"{h * 8}", f"{v:.2f}" if v else "-",
-             f"{v / h * 1000:.0f}" if v else "-"] for h, v in points]
+def curve(doc: dict, sizes: list[int], work: Path, reps: int = 3) -> None:
+    found: dict[int, list[tuple[float, float]]] = {hosts: [] for hosts in sizes}
+    for rep, hosts in _bench.interleaved(reps, [str(h) for h in sizes]):
+        value = start_time(doc, int(hosts), work, rep)
+        if value is not None:
+            found[int(hosts)].append(value)
+    points = [(h, median([v[0] for v in found[h]]) if found[h] else None,
+               median([v[1] for v in found[h]]) if found[h] else None) for h in sizes]
+    rows = [[f"{h} hosts x 8 tasks", f"{h * 8}", f"{v:.2f}" if v else "-", f"{v / h * 1000:.0f}" if v else "-",
+             f"{c:.2f}" if c else "-"] for h, v, c in points]
     print()
-    table(["cluster", "tasks", "start s (median of 3)", "ms per host"], rows)
-    good = [(h, v) for h, v in points if v]
+    table(["cluster", "tasks", f"start s (median of {reps})", "ms per host", "tflaunch CPU s"], rows)
+    good = [(h, v, c) for h, v, c in points if v]
     if len(good) >= 2:
-        (h0, v0), (h1, v1) = good[0], good[-1]
+        (h0, v0, c0), (h1, v1, c1) = good[0], good[-1]
         slope = (v1 - v0) / (h1 - h0)
         note(f"cost per extra host: {slope * 1000:.0f} ms (from {h0} to {h1} hosts, all sharing 2 cores here); "
              f"256 hosts at that slope: {v0 + slope * (256 - h0):.1f} s")
+        _bench.verdict(f"tflaunch's CPU at start per extra host ({h0} to {h1} hosts x 8 tasks)",
+                       (c1 - c0) / (h1 - h0) * 1000, START_CPU_TARGET_MS, " ms")
 
 
 def main() -> None:
@@ -169,6 +183,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=7, help="repetitions per side of part 2 (default 7)")
     parser.add_argument("--curve", default="8,16,32", help="host counts of part 3 (default 8,16,32)")
     parser.add_argument("--skip-curve", action="store_true")
+    parser.add_argument("--curve-reps", type=int, default=3, help="runs per size of part 3 (default 3)")
+    parser.add_argument("--only-curve", action="store_true", help="part 3 alone")
     args = parser.parse_args()
     sizes = [int(n) for n in args.curve.split(",") if n]
     _bench.header("bench_host_agent: one agent and one ssh connection per host, sshd at stock limits")
@@ -181,10 +197,11 @@ def main() -> None:
         return
     try:
         with _bench.workdir("hostagent") as work:
-            many_on_one_host(doc, work)
-            eight_by_eight(doc, work, args.reps)
+            if not args.only_curve:
+                many_on_one_host(doc, work)
+                eight_by_eight(doc, work, args.reps)
             if not args.skip_curve:
-                curve(doc, sizes, work)
+                curve(doc, sizes, work, args.curve_reps)
     finally:
         down()
 

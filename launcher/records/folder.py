@@ -127,6 +127,7 @@ class RunFolder:
     def __init__(self, path: Path):
         self.path = Path(path)
         self._milestone: tuple | None = None  # what run.json said when its folder was last synced
+        self._attempt_dirs: set[int] = set()  # attempt folders known to exist
 
     @classmethod
     def create(cls, log_dir: str | Path | None, source: str, option: str | None = None) -> "RunFolder":
@@ -200,13 +201,19 @@ class RunFolder:
     def open_task_log(self, name: str, attempt: int) -> int:
         """A write descriptor for a task's stdout and stderr; the top-level link follows it."""
         path = self.task_log(name, attempt)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if attempt not in self._attempt_dirs:  # once per attempt, not once per task
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._attempt_dirs.add(attempt)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         link = self.latest_task_log(name)
-        tmp = self.path / f".{link.name}.tmp"
-        tmp.unlink(missing_ok=True)
-        tmp.symlink_to(path.relative_to(self.path))
-        tmp.replace(link)
+        target = path.relative_to(self.path)
+        try:
+            os.symlink(target, link)  # the task's first log: no link to replace yet
+        except FileExistsError:
+            tmp = self.path / f".{link.name}.tmp"
+            tmp.unlink(missing_ok=True)
+            tmp.symlink_to(target)
+            tmp.replace(link)
         return fd
 
     def read_metrics(self) -> list[dict[str, Any]]:

@@ -53,6 +53,11 @@ class LiveRecord:
         if time.monotonic() >= self._next_states or all(t.state.ended for t in tasks):
             self._states_if_due(force=True)
 
+    def wrote(self) -> None:
+        """The record was just written (the run's first copy): the next live rewrite waits its turn,
+        so the tasks' start and the pids their agents report go into one rewrite."""
+        self._next_write = time.monotonic() + self.pace
+
     def due(self) -> None:
         """Whatever change waited for its turn goes out if the turn came."""
         self._write_if_due()

@@ -36,6 +36,7 @@ from ..transports import reading_of
 from ..transports.base import Reading
 
 _MB = 1024 * 1024
+INDENTED_TASKS = 64
 
 
 
@@ -184,7 +185,11 @@ class ResourceSampler(threading.Thread):
         """Replace ``resources.json`` atomically; a failed write is skipped."""
         self._unwritten = False
         try:
-            data = json.dumps(self.snapshot(), indent=2) + "\n"
+            snapshot = self.snapshot()
+            # Indented for people up to INDENTED_TASKS tasks; a larger file is written by json's C
+            # encoder (indenting is pure Python, ten times the time), as often as the run writes it.
+            indent = 2 if len(snapshot["tasks"]) <= INDENTED_TASKS else None
+            data = json.dumps(snapshot, indent=indent) + "\n"
             with self._write_lock:
                 write_atomically(self.path, data)
         except Exception:

@@ -161,6 +161,7 @@ class RunSession:
             self.record.tasks = self.live.tasks(plan, [])
             try:
                 self.folder.write_record(self.record)
+                self.live.wrote()
             except OSError as exc:
                 raise EnvironmentProblem(f"{self.folder.record_path}: cannot write the run record: "
                                          f"{exc.strerror or exc}; no task was started") from None

@@ -97,19 +97,21 @@ class AgentLink:
 
     def start(self, process: "AgentProcessBase", fields: dict[str, object]) -> None:
         """Start ``process`` on the agent; a ``tf_config`` field that is a :class:`TfConfig` is sent
-        as its parts, its cluster once per link."""
-        with self._lock:
-            self._processes[process.id] = process
-        if self.lost_reason is not None:
-            process.lose(self.carrier, self.lost_reason, started=False)
-            self.hub.changes.add(process)
-            return
+        as its parts, its cluster once per link. ValueError (from :func:`encode_fields`, before
+        anything is sent for it) when the fields cannot be sent."""
         with self._starting:
             tf_config = fields.get("tf_config")
             if isinstance(tf_config, TfConfig):
                 fields = {**fields, "tf_config": f"{self._cluster_id(tf_config.cluster)} {tf_config.role} "
                                                  f"{tf_config.index}"}
-            self.send(f"{Command.START} {process.id} {encode_fields(fields)}\n".encode())
+            line = f"{Command.START} {process.id} {encode_fields(fields)}\n".encode()
+            with self._lock:
+                self._processes[process.id] = process
+            if self.lost_reason is not None:
+                process.lose(self.carrier, self.lost_reason, started=False)
+                self.hub.changes.add(process)
+                return
+            self.send(line)
 
     def _cluster_id(self, cluster: str) -> int:
         ident = self._clusters.get(cluster)

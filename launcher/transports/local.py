@@ -84,17 +84,16 @@ class LocalTransport:
         fields = {"name": launch.name, "argv": list(launch.argv), "env": env, "tf_config": tf_config,
                   "cwd": launch.workdir, "grace": repr(float(self.grace))}
         try:
-            encode_fields(fields)
-        except ValueError as exc:
-            _close(target)
-            return FailedStart(f"cannot start: {exc}")
-        try:
             link = self.link_for(launch)
         except OSError as exc:
             _close(target)
             return FailedStart(f"cannot start the agent for this machine's tasks: {exc.strerror or exc}")
         task = AgentTask(link, launch.name, target, self.logs)
-        link.start(task, fields)
+        try:
+            link.start(task, fields)
+        except ValueError as exc:  # a NUL, or more than one command line carries: nothing was sent
+            _close(target)
+            return FailedStart(f"cannot start: {exc}")
         return task
 
     def link_for(self, launch: TaskLaunch) -> AgentLink:

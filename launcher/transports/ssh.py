@@ -32,7 +32,7 @@ from ..cluster.spec import DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEEPALIVE_TIMEOUT, S
 from ..options import GRACE
 from .base import ExitStatus, FailedStart
 from .carriers import ProcessCarrier, spawn_carrier
-from .hostagent import EOF_GRACE, beat_for, encode_fields, sample_for
+from .hostagent import EOF_GRACE, beat_for, sample_for
 from .hostlink import AgentLink
 from .linkhub import HUB
 from .proxies import AgentTask, LogWriter, log_target
@@ -158,14 +158,12 @@ class SshTransport:
         except FileNotFoundError:
             _close(target)
             return FailedStart("cannot start: the ssh client is not installed")
-        fields = task_fields(launch, self.grace, self.setups.get(host_key(launch)))
+        task = AgentTask(link, launch.name, target, self.logs)
         try:
-            encode_fields(fields)
-        except ValueError as exc:
+            link.start(task, task_fields(launch, self.grace, self.setups.get(host_key(launch))))
+        except ValueError as exc:  # a NUL, or more than one command line carries: nothing was sent
             _close(target)
             return FailedStart(f"cannot start: {exc}")
-        task = AgentTask(link, launch.name, target, self.logs)
-        link.start(task, fields)
         return task
 
     def close(self) -> None:
