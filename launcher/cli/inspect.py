@@ -132,7 +132,7 @@ def report_command(run_ref: str | None, task: str | None, all_tasks: bool, plot:
         _echo_lines(report_lines(report))
 
 
-@cli.command("compare", epilog="Each RUN is a run id, a unique prefix of one, or 'latest'.")
+@cli.command("compare", epilog=f"Each RUN is {RUN_FORMS}.")
 @click.argument("run_refs", nargs=-1, required=True, metavar="RUN RUN...")
 @log_dir_option
 @json_option
