@@ -37,9 +37,11 @@ MERGED_SHARE = 4  # merged.log may grow to this many times the per-task limit: i
 HEAD_SHARE = 4  # the head is a quarter of the limit, the tail the rest
 PARTS = 8  # the tail is kept in parts of an eighth of it
 ALIGN = 64 << 10  # how far a cut looks for a line end before it cuts inside a line
-# Parts a reader (the pump) has not read yet are kept beyond the tail, up to the limit or this, whichever
-# is more: a reader that falls behind a burst catches up instead of skipping what it missed.
+# Parts a reader (the pump) has not read yet are kept beyond the tail, up to this much or the limit,
+# whichever is more (but not more than LAG_PARTS parts' worth): a reader that falls behind a burst
+# catches up instead of skipping what it missed.
 LAG_ALLOWANCE = 64 << 20
+LAG_PARTS = 512
 
 PART_INFIX = ".part-"
 IOV_MAX = 1024  # pieces one writev takes on Linux
@@ -90,7 +92,8 @@ class BoundedLog:
         self._fd: int | None = None  # write descriptor of the file or the newest part, when open
         self.generation = 0  # counts the files written to: a reader knows when its file is complete
         self.readers: list[Reader] = []  # parts they have not read yet are kept, up to ``lag_allowance`` more
-        self.lag_allowance = max(max_size, LAG_ALLOWANCE)
+        self.lag_allowance = max(max_size, min(LAG_ALLOWANCE, LAG_PARTS * self.part_size))
+        self._kept = 0  # the bytes the parts hold
         from .logview import stitch_leftovers  # a log left behind by a killed writer is made whole first
 
         stitch_leftovers(self.path, self.tail_size)
@@ -124,6 +127,7 @@ class BoundedLog:
                 self._write_all(self._current_fd(), piece)
                 if self.head_end is not None:
                     self.parts[-1][1] += len(piece)
+                    self._kept += len(piece)
                 self.written += len(piece)
                 view = view[len(piece):]
 
@@ -210,7 +214,7 @@ class BoundedLog:
             os.rename(self.path, first)
         os.replace(spare, self.path)
         self.head_end, self.spilled_at = head_end, self.written
-        self.parts = [[0, self.written]]
+        self.parts, self._kept = [[0, self.written]], self.written
         self._next_part()
 
     def _head_cut(self) -> int:
@@ -236,12 +240,13 @@ class BoundedLog:
         self._fd = os.open(part_path(self.path, self.written), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND,
                            0o644)
         dropped = False
-        while len(self.parts) > 1 and sum(size for _, size in self.parts[1:]) >= self.tail_size:
+        while len(self.parts) > 1 and self._kept - self.parts[0][1] >= self.tail_size:
             start, size = self.parts[0]
             unread = any(reader.offset < start + size for reader in self.readers)
-            if unread and sum(size for _, size in self.parts) - self.tail_size <= self.lag_allowance:
+            if unread and self._kept - self.tail_size <= self.lag_allowance:
                 break
             self.parts.pop(0)
+            self._kept -= size
             _unlink(part_path(self.path, start))
             dropped = True
         if dropped:  # the marker says how much is gone so far: rewritten in place, same width
