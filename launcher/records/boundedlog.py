@@ -87,7 +87,6 @@ class BoundedLog:
         self.written = 0  # bytes of output so far
         self.head_end: int | None = None  # once spilled: where the head ends (the file holds it and the marker)
         self.parts: list[list[int]] = []  # [start, size] of the parts kept, oldest first; the last is written to
-        self.spilled_at = 0  # how much output the file held when it spilled
         self.closed = False
         self._fd: int | None = None  # write descriptor of the file or the newest part, when open
         self.generation = 0  # counts the files written to: a reader knows when its file is complete
@@ -175,14 +174,6 @@ class BoundedLog:
                    self.written, self.tail_size)
             self.parts = []
 
-    @property
-    def left_out(self) -> int:
-        """Bytes of output no file holds any more (so far, while the log is open)."""
-        with self.lock:
-            if self.head_end is None or not self.parts:
-                return 0
-            return max(0, self.parts[0][0] - self.head_end)
-
     def _current_fd(self) -> int:
         if self._fd is None:
             target = self.path if self.head_end is None else part_path(self.path, self.parts[-1][0])
@@ -213,7 +204,7 @@ class BoundedLog:
         except OSError:
             os.rename(self.path, first)
         os.replace(spare, self.path)
-        self.head_end, self.spilled_at = head_end, self.written
+        self.head_end = head_end
         self.parts, self._kept = [[0, self.written]], self.written
         self._next_part()
 
