@@ -9,7 +9,7 @@ Built by :mod:`.reader` (a cluster file), :mod:`.local` (``--local N``) and the 
 from __future__ import annotations
 
 import enum
-
+import functools
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -213,6 +213,7 @@ MASK = "<hidden>"  # what is written and shown instead of a hidden value
 ENV_OPTIONS = ("--env", "-e")  # the command-line options that set a variable in every task
 
 
+@functools.lru_cache(maxsize=4096)  # asked for every variable of every task of a large cluster, again and again
 def is_secret_name(name: str) -> bool:
     """Whether ``name`` marks its value as a secret (see SECRET_NAME_PARTS)."""
     upper = name.upper()

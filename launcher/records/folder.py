@@ -206,7 +206,7 @@ class RunFolder:
             self._attempt_dirs.add(attempt)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         link = self.latest_task_log(name)
-        target = path.relative_to(self.path)
+        target = os.path.join(attempt_name(attempt), task_log_name(name))  # relative to the run folder
         try:
             os.symlink(target, link)  # the task's first log: no link to replace yet
         except FileExistsError:
