@@ -31,7 +31,7 @@ from ..options import GRACE
 from .base import CANNOT_START, ExitStatus, FailedStart
 from .connectback import ConnectBack, source_address
 from .carriers import Carrier
-from .hostagent import EOF_GRACE, TOKEN_VARIABLE, encode_fields
+from .hostagent import EOF_GRACE, TOKEN_VARIABLE, beat_for, encode_fields, sample_for
 from .hostlink import AgentLink
 from .linkhub import HUB
 from .proxies import AgentTask, LogWriter, log_target
@@ -62,7 +62,10 @@ def node_addresses(nodes: Sequence[str]) -> list[str]:
 def srun_argv(nodes: Sequence[str], first: TaskLaunch, grace: float, port: int, host: str = "-") -> list[str]:
     """The one srun step that runs an agent on each of ``nodes``, dialling ``host`` (``-``: the
     address srun was started from) at ``port``."""
-    agent = [*remote_agent_argv(first.python), agent_spec(grace, DEFAULT_KEEPALIVE_TIMEOUT, connect=f"{host} {port}")]
+    # Heartbeats and samples spaced out as for as many ssh hosts (see hostagent.beat_for, sample_for).
+    spec = agent_spec(grace, DEFAULT_KEEPALIVE_TIMEOUT, sample=sample_for(len(nodes)), connect=f"{host} {port}",
+                      beat=beat_for(len(nodes), DEFAULT_KEEPALIVE_TIMEOUT))
+    agent = [*remote_agent_argv(first.python), spec]
     if first.setup:
         # The setup line is shell by design; the agent's argv then passes through "$@" unchanged.
         agent = ["/bin/sh", "-c", f'{first.setup}\nexec "$0" "$@"', *agent]
@@ -121,7 +124,8 @@ class AgentStep:
         self.listener = ConnectBack(nodes, token, self._attach, address or "", within=CONNECT_TIMEOUT,
                                     alive=lambda: self.popen.poll() is None)
         self.links = {node: AgentLink(node, SrunCarrier(node, self, keepalive), None, None, keepalive=keepalive,
-                                      hub=HUB, attach_within=CONNECT_TIMEOUT) for node in nodes}
+                                      hub=HUB, attach_within=CONNECT_TIMEOUT, beat=beat_for(len(nodes), keepalive))
+                      for node in nodes}
         self.output = tempfile.TemporaryFile()
         env = {**os.environ, TOKEN_VARIABLE: token}
         try:
