@@ -355,15 +355,6 @@ def host_port(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-@pytest.fixture
-def slurm(testslurm):
-    yield testslurm
-    try:
-        testslurm.wait_idle(timeout=30)
-    finally:
-        testslurm.cancel_all()
-
-
 @pytest.mark.slow
 @pytest.mark.slurm
 def test_strangers_at_the_listener_cannot_keep_the_agents_out(slurm, tmp_path):

@@ -478,16 +478,6 @@ def test_tasks_over_ssh_get_values_by_name_through_the_agent(testhosts, tmp_path
     assert f"env: WANDB_API_KEY='{MASK}'" in dry.stdout.decode()
 
 
-@pytest.fixture
-def slurm(testslurm):
-    """The shared test Slurm, checked to be idle after the test."""
-    yield testslurm
-    try:
-        testslurm.wait_idle(timeout=30)
-    finally:
-        testslurm.cancel_all()
-
-
 @pytest.mark.slow
 @pytest.mark.slurm
 @pytest.mark.timeout(300)

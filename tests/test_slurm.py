@@ -67,16 +67,6 @@ def sbatch_wait(testslurm, tmp_path: Path, body: str, *options: str, timeout: fl
     return done, out.read_text() if out.exists() else ""
 
 
-@pytest.fixture
-def slurm(testslurm):
-    """The shared cluster, checked to be idle after the test: no job and no process on any node."""
-    yield testslurm
-    try:
-        testslurm.wait_idle(timeout=30)
-    finally:
-        testslurm.cancel_all()
-
-
 @pytest.mark.tensorflow
 @pytest.mark.timeout(460)  # its submit waits up to 400 s
 def test_submit_wait_trains_the_builtin_trainer_across_two_nodes(slurm, tmp_path):

@@ -158,3 +158,13 @@ def testslurm(tmp_path_factory):
             cluster, _shared["cluster"] = _shared["cluster"], None
             cluster.cancel_all()
             cluster.down()  # the state dir stays under pytest's tmp dirs, for the daemons' logs
+
+
+@pytest.fixture
+def slurm(testslurm):
+    """The shared cluster, checked to be idle after the test: no job and no process on any node."""
+    yield testslurm
+    try:
+        testslurm.wait_idle(timeout=30)
+    finally:
+        testslurm.cancel_all()
