@@ -17,9 +17,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from launcher.cluster.plan import RunContext, plan_cluster
+from launcher.cluster.plan import RunContext, TaskLaunch, plan_cluster
 from launcher.cluster.tfconfig import ENV_STRING_MAX, TaskEnv, TfConfig
 from launcher.cluster.reader import parse_cluster
+from launcher.run.supervisor import Task
+from launcher.run.wakeups import Wakeups
 from launcher.transports.hostagent import HEARTBEAT, beat_for, sample_for
 from polling import wait_for
 
@@ -94,6 +96,61 @@ def test_heartbeats_and_samples_space_out_with_hosts_but_fit_the_keepalive():
     assert beat_for(1024, 15) == beat_for(100_000, 15) == 15 / 4  # at least 4 beats per keep-alive timeout
     assert beat_for(100_000, 2) == HEARTBEAT  # never tighter than a small run's
     assert sample_for(8) == 2.0 and sample_for(1024) == 8.0 and sample_for(100_000) == 10.0
+
+
+# -- waking the supervisor -----------------------------------------------------------------------
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Noted:
+    """Changes as the link hub keeps them: the processes named since the last take."""
+
+    def __init__(self) -> None:
+        self.named: list[object] = []
+
+    def fileno(self) -> int:
+        return 0
+
+    def take(self) -> list[object]:
+        named, self.named = self.named, []
+        return named
+
+
+def tasks_with_processes(count: int) -> list[Task]:
+    tasks = []
+    for index in range(count):
+        task = Task(TaskLaunch(f"worker-{index}", "worker", index, "h", "h:1", False, ("true",), {}, "/"))
+        task.process = object()
+        tasks.append(task)
+    return tasks
+
+
+def test_the_supervisor_polls_what_changed_and_every_task_only_now_and_then():
+    clock, noted = Clock(), Noted()
+    tasks = tasks_with_processes(1000)
+    wakeups = Wakeups(tasks, noted, clock, tick=0.25, full_poll=10.0)
+    for task in tasks:
+        wakeups.started(task)
+    assert len(wakeups.due()) == 1000  # the first turn: every task, just started
+    clock.now = 1.0
+    assert wakeups.due() == []  # nothing changed: nothing polled
+    noted.named = [tasks[700].process, tasks[3].process, object()]  # a process of no task is ignored
+    assert wakeups.due() == [tasks[3], tasks[700]]  # in the tasks' order
+    assert wakeups.sleep(0.02, watching=False) == (0.25, (0,))  # then it sleeps on the changes
+    clock.now = 10.5
+    assert len(wakeups.due()) == 1000  # the net under a change that went unsaid
+    clock.now = 11.0
+    assert len(wakeups.due(tasks[:10], full_every=0.1)) == 10  # stopping: a shorter period at once
+    clock.now = 11.05
+    assert wakeups.due(tasks[:10], full_every=0.1) == []
+    without = Wakeups(tasks, None, clock, tick=0.25, full_poll=10.0)
+    assert len(without.due()) == 1000 and without.sleep(0.02, watching=True) == (0.02, ())
 
 
 # -- simulated hosts -----------------------------------------------------------------------------

@@ -40,7 +40,8 @@ class Wakeups:
         self._task_of: dict[object, Task] = {}  # each task's current process -> the task
         self._order = {id(task): n for n, task in enumerate(tasks)}  # tasks are unhashable dataclasses
         self._due: dict[int, Task] = {}  # id -> a task to poll at the next turn (just started)
-        self._next_full = 0.0  # clock time of the next poll of every task
+        self._last_full = float("-inf")  # clock time of the last poll of every task
+        self._next_full = 0.0  # and of the next one
         self._next_watch = 0.0  # clock time of the watchdog's next turn
 
     def started(self, task: Task) -> None:
@@ -58,8 +59,9 @@ class Wakeups:
         due, self._due = self._due, {}
         due.update((id(task), task) for task in map(self._task_of.get, self.changes.take()) if task is not None)
         now = self.clock()
-        if now >= self._next_full:
-            self._next_full = now + (self.full_poll if full_every is None else full_every)
+        every = self.full_poll if full_every is None else full_every
+        if now >= min(self._next_full, self._last_full + every):  # a shorter period applies at once
+            self._last_full, self._next_full = now, now + every
             return list(tasks)
         if tasks is not self.tasks:
             due = {key: due[key] for key in {id(task) for task in tasks} & due.keys()}
