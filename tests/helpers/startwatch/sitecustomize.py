@@ -1,4 +1,4 @@
-"""Instrumentation for tests/test_early_signals.py, loaded by Python's site through PYTHONPATH.
+"""Instrumentation for tests/cli/test_early_signals.py, loaded by Python's site through PYTHONPATH.
 
 It watches one process, the tflaunch the test started (its parent is the test, named in
 ``STARTWATCH_PARENT``), through an audit hook, which sees every import, open and exec without

@@ -1,0 +1,51 @@
+"""Every user error on the command line has one format: ``tflaunch: error: <message>`` as the last line
+of stderr, exit code 2, nothing on stdout and no traceback; click's own usage errors (an unknown
+option, a value out of range, a bad choice) included, which keep only their usage line above it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BAD_FILE = "worker: [localhost:70000]\n"
+
+CASES = {
+    "unknown option": (["--local", "2", "--bogus"], "No such option '--bogus'"),
+    "value out of range": (["--local", "0"], "Invalid value for '--local': 0 is not in the range"),
+    "option without its value": (["runs", "--log-dir"], "Option '--log-dir' requires an argument"),
+    "bad choice": (["export", "--local", "1", "--format", "yaml"], "Invalid value for '--format': 'yaml'"),
+    "bad value read by a callback": (["--local", "2", "--gpus", "x", "--dry-run"],
+                                     "expected comma-separated GPU indices such as 0,1, got 'x'"),
+    "bad --env name": (["--local", "1", "-e", "1X=2", "--dry-run"], "expected KEY=VALUE or KEY"),
+    "options that do not go together": (["--local", "2", "--requeue", "--dry-run"],
+                                        "--requeue and --run-dir only apply to --slurm"),
+    "two clusters named": (["check", "--local", "2", "-H", "localhost:2"], "give either a cluster file or --local N"),
+    "too few runs to compare": (["compare", "one", "--log-dir", "{logs}"], "compare needs at least two runs"),
+    "a submit option's bad value": (["submit", "--nodes", "1", "--sbatch-option", "qos", "--dry-run"],
+                                    "expected an sbatch option such as --qos=high, got 'qos'"),
+    "missing cluster file": (["missing.yaml", "--dry-run"], "missing.yaml: no such cluster file"),
+    "bad value in a cluster file": (["bad.yaml", "--dry-run"], "bad.yaml: worker[0]"),
+    "no run to show": (["logs", "--log-dir", "{logs}"], "{logs}"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_user_error_has_the_one_format(tmp_path, case):
+    args, wanted = CASES[case]
+    logs = tmp_path / "logs"
+    args = [a.format(logs=logs) for a in args]
+    wanted = wanted.format(logs=logs)
+    (tmp_path / "bad.yaml").write_text(BAD_FILE)
+    done = subprocess.run([sys.executable, "-m", "launcher", *args], capture_output=True, text=True, timeout=60,
+                          cwd=tmp_path, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    lines = done.stderr.splitlines()
+    assert done.returncode == 2, done.stderr
+    assert lines and lines[-1].startswith("tflaunch: error: ") and wanted in lines[-1], done.stderr
+    assert not any(line.startswith("Error") for line in lines), done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
+    # What may stand above the error line: click's usage line and its pointer to --help, nothing else.
+    assert all(line.startswith(("Usage: tflaunch", "Try 'tflaunch")) for line in lines[:-1]), done.stderr

@@ -1,0 +1,132 @@
+"""Facts with one owner: the launcher compares states through the enums of launcher/records/states.py,
+not through the words they are spelled with; read from the launcher's source with ast, so strings in
+messages and docstrings do not count, only comparisons."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from launcher.records.states import Outcome, RunStatus, TaskState
+
+pytestmark = pytest.mark.unit
+
+LAUNCHER = Path(__file__).resolve().parents[2] / "launcher"
+STATES = LAUNCHER / "records" / "states.py"
+# Programs shipped to hosts as standalone source: they cannot import the launcher's modules.
+SHIPPED = {LAUNCHER / "transports" / "hostagent.py", LAUNCHER / "cluster" / "probe.py",
+           LAUNCHER / "cluster" / "mesh_probe.py"}
+STATE_WORDS = {w.value for enum in (RunStatus, TaskState, Outcome) for w in enum} | {"died"}
+
+
+def launcher_modules() -> list[Path]:
+    return sorted(p for p in LAUNCHER.rglob("*.py") if p not in SHIPPED)
+
+
+def compared_strings(tree: ast.AST) -> list[tuple[int, str]]:
+    """Every string constant a comparison (==, !=, in, not in, is) or a match case holds, with its line."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+        elif isinstance(node, ast.MatchValue):
+            operands = [node.value]
+        else:
+            continue
+        for operand in operands:
+            items = operand.elts if isinstance(operand, (ast.Tuple, ast.List, ast.Set)) else [operand]
+            found += [(item.lineno, item.value) for item in items
+                      if isinstance(item, ast.Constant) and isinstance(item.value, str)]
+    return found
+
+
+def state_word_comparisons(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    return [f"{path.relative_to(LAUNCHER.parent)}:{line}: {word!r}" for line, word in compared_strings(tree)
+            if word in STATE_WORDS]
+
+
+def test_the_finder_sees_every_form_of_comparison(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text('if a == "running" or "failed" != b or c in ("stopped", "x") or d not in {"pending"}:\n'
+                      '    pass\n'
+                      'match e:\n'
+                      '    case "succeeded":\n'
+                      '        pass\n'
+                      'message = "the run failed"; f(status="running")\n')
+    words = [word for _, word in compared_strings(ast.parse(sample.read_text()))]
+    assert sorted(w for w in words if w in STATE_WORDS) == ["failed", "pending", "running", "stopped", "succeeded"]
+
+
+def test_no_module_outside_states_compares_a_state_word():
+    found = [hit for path in launcher_modules() if path != STATES for hit in state_word_comparisons(path)]
+    assert found == [], "compare with RunStatus/TaskState/Outcome from launcher/records/states.py:\n" + "\n".join(found)
+
+
+def test_the_enums_still_compare_equal_to_the_words_run_json_holds():
+    # Readers compare raw JSON values (slurm.json's neighbour run.json, a summary's status) with the enums.
+    assert RunStatus.RUNNING == "running" and "launcher-lost" in (RunStatus.RUNNING, RunStatus.LAUNCHER_LOST)
+    assert TaskState.FAILED == "failed" and Outcome.INTERRUPTED == "interrupted"
+
+
+# -- the run folder's layout -------------------------------------------------------------------
+
+FOLDER = LAUNCHER / "records" / "folder.py"
+
+
+def layout_names() -> tuple[set[str], set[str]]:
+    """(names distinctive enough to look for anywhere in code, plain words looked for only in paths)."""
+    from launcher.records import folder
+
+    names = {value for key, value in vars(folder).items() if key.isupper() and isinstance(value, str)
+             and key not in ("DEFAULT_LOG_DIR",)}
+    plain = {name for name in names if name.isalpha()}  # backup, stacks, tensorboard: words in other senses too
+    return names - plain - {".log", ".txt"}, plain | {".log", ".txt"}
+
+
+def code_strings(tree: ast.AST) -> list[ast.Constant]:
+    docstrings = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                docstrings.add(id(first.value))
+    return [node for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings]
+
+
+def layout_spelled(path: Path) -> list[str]:
+    """Where a module spells a name of the run folder's layout: anywhere in code for a distinctive
+    name (run.json, attempt-), in a path for a plain word (x / "backup", f"{run_dir}/stacks", ".log")."""
+    distinct, plain = layout_names()
+    tree = ast.parse(path.read_text(), str(path))
+    found = [(node.lineno, node.value) for node in code_strings(tree) if any(name in node.value for name in distinct)]
+    for node in ast.walk(tree):
+        sides = [node.left, node.right] if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) else []
+        if isinstance(node, ast.JoinedStr):
+            sides = [v for v in node.values if isinstance(v, ast.Constant)]
+        for side in sides:
+            if isinstance(side, ast.Constant) and isinstance(side.value, str) and side.value.lstrip("/*") in plain:
+                found.append((side.lineno, side.value))
+    where = path.relative_to(LAUNCHER.parent) if path.is_relative_to(LAUNCHER) else path.name
+    return [f"{where}:{line}: {value!r}" for line, value in sorted(set(found))]
+
+
+def test_the_layout_finder_sees_names_in_paths_and_messages(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text('"""Writes run.json."""\n'
+                      'a = folder / "backup"\n'
+                      'b = f"{run_dir}/checkpoints"\n'
+                      'c = run.path / f"{task}.log"\n'
+                      'd = path.glob("attempt-*/stacks")\n'
+                      'e = f"see {x} (merged.log has them all)"\n'
+                      'f = {"op": "stacks"}\n')
+    found = [hit.split(": ", 1)[1] for hit in layout_spelled(sample)]
+    assert found == ["'backup'", "'/checkpoints'", "'.log'", "'attempt-*/stacks'", "' (merged.log has them all)'"]
+
+
+def test_no_module_outside_folder_spells_the_run_folders_layout():
+    found = [hit for path in launcher_modules() if path != FOLDER for hit in layout_spelled(path)]
+    assert found == [], "import the name from launcher/records/folder.py:\n" + "\n".join(found)

@@ -1,0 +1,164 @@
+"""The suite's own rules (tests/tiers.py and pyproject.toml's pytest settings), on a real pytest run of
+small test files in a folder of their own, as a developer's mistake would meet them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+CONFTEST = '''
+import pytest
+
+pytest_plugins = ["tiers"]
+
+
+@pytest.fixture
+def tflaunch():
+    return "a stand-in: only the fixture's name matters to the unit rule"
+'''
+
+
+def pytest_run(folder: Path, body: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run pytest on ``body`` (a test file) with the project's settings, as its own process."""
+    (folder / "conftest.py").write_text(CONFTEST)
+    (folder / "test_sample.py").write_text(textwrap.dedent(body))
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "tests")}
+    env.pop("PYTEST_ADDOPTS", None)
+    return subprocess.run([sys.executable, "-m", "pytest", "-c", str(ROOT / "pyproject.toml"), "--rootdir",
+                           str(folder), "-p", "no:cacheprovider", "-q", "-rA", str(folder / "test_sample.py"),
+                           *args], cwd=folder, env=env, capture_output=True, text=True, timeout=120)
+
+
+def outcomes(done: subprocess.CompletedProcess[str]) -> dict[str, str]:
+    """Each test's outcome by name, read from pytest's -rA summary (an error wins over a pass)."""
+    found: dict[str, str] = {}
+    for line in done.stdout.splitlines():
+        word, _, rest = line.partition(" ")
+        if word in ("PASSED", "FAILED", "ERROR") and "::" in rest:
+            name = rest.split("::", 1)[1].split(" ", 1)[0]
+            if found.get(name) != "ERROR":
+                found[name] = word
+    return found
+
+
+def test_a_unit_test_that_is_also_slow_or_runs_tflaunch_errors_unrun_and_the_others_run(tmp_path):
+    ran = tmp_path / "ran"
+    ran.mkdir()
+    body = f'''
+        import pytest
+        from pathlib import Path
+
+        pytestmark = pytest.mark.unit
+
+        def test_pure():
+            Path({str(ran)!r}, "pure").touch()
+
+        @pytest.mark.slow
+        @pytest.mark.ssh
+        def test_marked_slow():
+            Path({str(ran)!r}, "slow").touch()
+
+        def test_with_tflaunch(tflaunch):
+            Path({str(ran)!r}, "tflaunch").touch()
+        '''
+    done = pytest_run(tmp_path, body)
+    assert outcomes(done) == {"test_pure": "PASSED", "test_marked_slow": "ERROR", "test_with_tflaunch": "ERROR"}, \
+        done.stdout
+    assert sorted(p.name for p in ran.iterdir()) == ["pure"]
+    assert "test_sample.py::test_marked_slow is marked unit (pure logic, no TensorFlow, ssh, Slurm or tflaunch " \
+           "run) but is also marked slow, marked ssh: drop the unit mark or move the test" in done.stdout
+    assert "test_with_tflaunch is marked unit" in done.stdout and "also uses the tflaunch fixture" in done.stdout
+    # Deselected with -m unit: a slow test cannot slip into the fast tier unseen.
+    assert "1 passed, 2 errors" in pytest_run(tmp_path, body, "-m", "unit").stdout
+
+
+def test_a_test_that_leaves_env_cwd_or_a_signal_handler_changed_errors_and_the_next_starts_clean(tmp_path):
+    done = pytest_run(tmp_path, f'''
+        import os, signal
+
+        def test_1_leaves_env():
+            os.environ["TFLAUNCH_TEST_LEFTOVER"] = "1"
+
+        def test_2_sees_no_leftover_env():
+            assert "TFLAUNCH_TEST_LEFTOVER" not in os.environ
+
+        def test_3_leaves_cwd():
+            os.chdir("/")
+
+        def test_4_starts_where_the_others_did():
+            assert os.getcwd() == {str(tmp_path)!r}
+
+        def test_5_leaves_a_handler():
+            signal.signal(signal.SIGTERM, lambda *_: None)
+
+        def test_6_has_the_default_handler():
+            assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+        def test_7_undoes_its_handler_with_the_fixture(signal_handlers):
+            signal.signal(signal.SIGTERM, lambda *_: None)
+
+        def test_8_undoes_its_env_with_monkeypatch(monkeypatch):
+            monkeypatch.setenv("TFLAUNCH_TEST_LEFTOVER", "2")
+            monkeypatch.chdir("/")
+        ''', "-p", "no:randomly")
+    assert outcomes(done) == {
+        "test_1_leaves_env": "ERROR", "test_2_sees_no_leftover_env": "PASSED", "test_3_leaves_cwd": "ERROR",
+        "test_4_starts_where_the_others_did": "PASSED", "test_5_leaves_a_handler": "ERROR",
+        "test_6_has_the_default_handler": "PASSED", "test_7_undoes_its_handler_with_the_fixture": "PASSED",
+        "test_8_undoes_its_env_with_monkeypatch": "PASSED"}, done.stdout
+    assert "the test changed os.environ (added TFLAUNCH_TEST_LEFTOVER) and did not undo it" in done.stdout
+    assert f"the test changed the working directory (/ instead of {tmp_path})" in done.stdout
+    assert "the test changed the handlers of SIGTERM and did not undo it" in done.stdout
+
+
+@pytest.mark.slow
+def test_a_hanging_test_fails_at_its_timeout_and_the_run_goes_on(tmp_path):
+    # The project's settings (timeout method and all) with the default shortened to 5 s.
+    done = pytest_run(tmp_path, '''
+        import threading
+
+        def test_hangs():
+            threading.Event().wait()
+
+        def test_after_the_hang():
+            pass
+        ''', "-o", "timeout=5")
+    assert outcomes(done) == {"test_hangs": "FAILED", "test_after_the_hang": "PASSED"}, done.stdout
+    assert "Timeout (>5.0s) from pytest-timeout" in done.stdout, done.stdout
+
+
+def test_the_project_settings_name_the_unit_marker_a_timeout_and_keep_the_default_order(tmp_path):
+    done = pytest_run(tmp_path, '''
+        def test_config(pytestconfig):
+            import json
+            print("CONFIG", json.dumps({"timeout": pytestconfig.getini("timeout"),
+                                        "method": pytestconfig.getini("timeout_method"),
+                                        "markers": [m.split(":")[0] for m in pytestconfig.getini("markers")]}))
+        ''', "-s")
+    line = next(line for line in done.stdout.splitlines() if line.startswith("CONFIG "))
+    config = json.loads(line[7:])
+    assert float(config["timeout"]) >= 120 and config["method"] == "signal"
+    assert {"unit", "slow", "tensorflow", "ssh", "slurm", "gpu"} <= set(config["markers"])
+    assert "randomly-seed" not in done.stdout  # random order only when asked for (-p randomly)
+
+
+def test_test_files_are_grouped_as_the_code_is_and_named_once():
+    tests = ROOT / "tests"
+    packages = {p.parent.name for p in (ROOT / "launcher").glob("*/__init__.py")}
+    groups = packages | {"api", "trainer", "security", "project"}
+    files = sorted(tests.rglob("test_*.py"))
+    misplaced = [str(f.relative_to(tests)) for f in files
+                 if f.parent.parent != tests or f.parent.name not in groups]
+    assert misplaced == [], f"test files outside tests/<layer>/ ({sorted(groups)}): {misplaced}"
+    names = [f.name for f in files]
+    assert sorted({n for n in names if names.count(n) > 1}) == [], "two test files share a name"
+    # Every layer of the launcher has its folder of tests.
+    assert packages - {f.parent.name for f in files} == set()

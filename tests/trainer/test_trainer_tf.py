@@ -1,0 +1,458 @@
+"""The trainer as a real program: real TensorFlow on CPU, real processes, hand-launched clusters.
+
+Clusters are started the way the launcher does it: one process group per task,
+TF_CONFIG naming every task, TFLAUNCH_TASK, unbuffered output, one thread each.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pytest
+
+from polling import wait_for
+from trainer.metrics import METRIC_PREFIX, parse_line
+
+pytestmark = [pytest.mark.slow, pytest.mark.tensorflow]
+
+REPO = Path(__file__).resolve().parents[2]
+THREAD_LIMITS = {"TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1", "OMP_NUM_THREADS": "1"}
+
+
+# ---------------------------------------------------------------- helpers
+
+class Task:
+    """One `python -m trainer` process in its own process group, output in a log file."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], log: Path, cwd: Path):
+        self.name = name
+        self.log = log
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "trainer", *argv], env=env, cwd=cwd,
+                                         stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def metrics(self, kind: str | None = None) -> list[dict]:
+        records = [parse_line(line) for line in self.output().splitlines() if line.startswith(METRIC_PREFIX)]
+        return [r for r in records if kind is None or r["kind"] == kind]
+
+    def epochs(self) -> list[int]:
+        return [r["epoch"] for r in self.metrics("epoch")]
+
+    def final(self) -> dict:
+        finals = self.metrics("final")
+        assert len(finals) == 1, self.output()
+        return finals[0]
+
+    def signal(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def stop(self, grace: float = 10.0) -> int:
+        """SIGTERM the group, SIGKILL after grace seconds; return the exit code."""
+        if self.proc.poll() is None:
+            self.signal(signal.SIGTERM)
+            try:
+                self.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                self.signal(signal.SIGKILL)
+        return self.proc.wait()
+
+
+class Cluster:
+    """Tasks of one hand-launched cluster; stops every one of them on exit."""
+
+    def __init__(self, tmp_path: Path, roles: dict[str, int], argv: list[str], env: dict[str, str] | None = None,
+                 label: str = "run", only: set[str] | None = None):
+        ports = free_ports(sum(roles.values()))
+        spec = {role: [f"localhost:{ports.pop()}" for _ in range(count)] for role, count in roles.items()}
+        logs = tmp_path / f"logs-{label}"
+        logs.mkdir(exist_ok=True)
+        self.tasks: dict[str, Task] = {}
+        # Servers first, so that a ParameterServerStrategy chief finds them listening.
+        order = sorted(((r, i) for r, n in roles.items() for i in range(n)), key=lambda t: t[0] == "chief")
+        for role, index in order:
+            name = f"{role}-{index}"
+            if only is not None and name not in only:
+                continue
+            task_env = {**os.environ, **THREAD_LIMITS, **(env or {}), "PYTHONUNBUFFERED": "1",
+                        "TFLAUNCH_TASK": name,
+                        "TF_CONFIG": json.dumps({"cluster": spec, "task": {"type": role, "index": index}})}
+            self.tasks[name] = Task(name, argv, task_env, logs / f"{name}.log", tmp_path)
+
+    def __getitem__(self, name: str) -> Task:
+        return self.tasks[name]
+
+    def wait(self, timeout: float, names: list[str] | None = None) -> dict[str, int]:
+        """Exit codes of the named tasks (all by default); fails the test if they outlive timeout."""
+        deadline = time.monotonic() + timeout
+        codes = {}
+        for name in names or list(self.tasks):
+            try:
+                codes[name] = self.tasks[name].proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.stop()
+                pytest.fail(f"{name} still running after {timeout} s:\n{self.tasks[name].output()[-3000:]}")
+        return codes
+
+    def stop(self) -> dict[str, int]:
+        return {name: task.stop() for name, task in self.tasks.items()}
+
+    def __enter__(self) -> "Cluster":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+
+def free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("localhost", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def run_single(tmp_path: Path, argv: list[str], env: dict[str, str] | None = None, timeout: float = 120) -> Task:
+    """One trainer process without TF_CONFIG, waited for."""
+    task_env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "TFLAUNCH_TASK")}
+    task_env.update(PYTHONUNBUFFERED="1", **(env or {}))
+    task = Task("local", argv, task_env, tmp_path / f"local-{time.monotonic_ns()}.log", tmp_path)
+    try:
+        task.proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        task.stop()
+        pytest.fail(f"trainer still running after {timeout} s:\n{task.output()[-3000:]}")
+    return task
+
+
+def wait_for_task(task: Task, reached: Callable[[], bool], what: str, timeout: float) -> None:
+    """Wait until ``reached()``; fail at once, showing the task's output, when the task exits first."""
+    def check() -> bool:
+        if reached():
+            return True
+        if task.proc.poll() is not None:
+            pytest.fail(f"{task.name} exited {task.proc.returncode} before {what}:\n{task.output()[-3000:]}")
+        return False
+
+    wait_for(check, timeout, interval=0.02, message=lambda: f"{task.name}: {what}\n{task.output()[-3000:]}")
+
+
+def wait_for_epoch(task: Task, epoch: int, timeout: float) -> None:
+    wait_for_task(task, lambda: epoch in task.epochs(), f"epoch {epoch}", timeout)
+
+
+def assert_user_error(task: Task, fragment: str) -> None:
+    """Exit 2 with one `trainer: error:` line naming the problem, and no traceback."""
+    out = task.output()
+    assert task.proc.returncode == 2, out
+    assert "Traceback" not in out, out
+    errors = [line for line in out.splitlines() if line.startswith("trainer: error: ")]
+    assert len(errors) == 1, out
+    assert fragment in errors[0], errors[0]
+
+
+# ---------------------------------------------------------------- single process
+
+def test_single_process_learns_digits(tmp_path):
+    task = run_single(tmp_path, ["--epochs", "4"])
+    assert task.proc.returncode == 0, task.output()
+    epochs = task.metrics("epoch")
+    assert [e["epoch"] for e in epochs] == [1, 2, 3, 4]
+    assert all(e["task"] == "local" and e["replicas"] == 1 and e["global_batch"] == 32 for e in epochs)
+    assert epochs[-1]["loss"] < epochs[0]["loss"] / 3
+    assert all(e["samples_per_second"] > 0 and e["epoch_seconds"] > 0 for e in epochs)
+    final = task.final()
+    assert final["test_accuracy"] >= 0.90, final
+    assert final["epochs"] == 4 and final["total_seconds"] > 0
+
+
+def test_custom_loop_learns_digits(tmp_path):
+    task = run_single(tmp_path, ["--loop", "custom", "--epochs", "4"])
+    assert task.proc.returncode == 0, task.output()
+    assert task.epochs() == [1, 2, 3, 4]
+    assert task.final()["test_accuracy"] >= 0.90, task.final()
+
+
+# ---------------------------------------------------------------- two workers, default options
+
+@pytest.fixture(scope="module")
+def default_two_workers(tmp_path_factory):
+    """`python -m trainer` with no training options on two MWMS workers (what `tflaunch --local 2` runs)."""
+    tmp_path = tmp_path_factory.mktemp("two_workers")
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    argv = ["--model-dir", str(tmp_path / "model"), "--tensorboard-dir", str(tmp_path / "tb")]
+    started = time.monotonic()
+    with Cluster(tmp_path, {"worker": 2}, argv, env={"TMPDIR": str(scratch)}) as cluster:
+        codes = cluster.wait(timeout=150)
+        seconds = time.monotonic() - started
+    return {"codes": codes, "cluster": cluster, "seconds": seconds, "path": tmp_path, "scratch": scratch}
+
+
+@pytest.mark.timeout(200)
+def test_two_workers_train_in_lockstep(default_two_workers):
+    cluster = default_two_workers["cluster"]
+    assert default_two_workers["codes"] == {"worker-0": 0, "worker-1": 0}, cluster["worker-0"].output()
+    w0, w1 = cluster["worker-0"].metrics("epoch"), cluster["worker-1"].metrics("epoch")
+    assert [e["epoch"] for e in w0] == list(range(1, len(w0) + 1)) and len(w0) >= 2
+    assert [e["task"] for e in w0 + w1] == ["worker-0"] * len(w0) + ["worker-1"] * len(w1)
+    # Gradients are all-reduced, so both workers hold the same model and report the same losses.
+    assert [e["loss"] for e in w0] == [e["loss"] for e in w1]
+    assert [e["val_accuracy"] for e in w0] == [e["val_accuracy"] for e in w1]
+    for record in w0 + w1:
+        assert record["replicas"] == 2
+        assert record["global_batch"] == 2 * 32
+    assert cluster["worker-0"].final()["test_accuracy"] == cluster["worker-1"].final()["test_accuracy"]
+
+
+@pytest.mark.timeout(200)
+def test_default_two_worker_run_is_quick_and_accurate(default_two_workers):
+    final = default_two_workers["cluster"]["worker-0"].final()
+    print(f"default 2-worker run: {default_two_workers['seconds']:.1f} s wall, "
+          f"test_accuracy {final['test_accuracy']:.4f}")
+    assert final["test_accuracy"] >= 0.90, final
+    assert default_two_workers["seconds"] < 90
+
+
+@pytest.mark.timeout(200)
+def test_no_unshardable_warning(default_two_workers):
+    for task in default_two_workers["cluster"].tasks.values():
+        out = task.output()
+        assert "unshardable" not in out.lower()
+        assert "AutoShardPolicy" not in out
+
+
+@pytest.mark.timeout(200)
+def test_only_the_chief_keeps_the_model(default_two_workers, tmp_path):
+    run_dir, scratch = default_two_workers["path"], default_two_workers["scratch"]
+    assert (run_dir / "model" / "saved_model.pb").is_file()
+    assert sorted(p.name for p in (run_dir / "tb").iterdir()) == ["train", "validation"]
+    # Worker 1 saved into its own temporary directory (under TMPDIR), then removed it.
+    assert list(scratch.iterdir()) == []
+    assert not list(run_dir.rglob("workertemp_*"))
+    # The saved model loads and scores what worker 0 reported on the same test split;
+    # the TensorBoard events hold one loss per epoch.
+    code = (
+        "import glob, json, sys, tf_keras, tensorflow as tf\n"
+        "from trainer.cli import DatasetSpec\n"
+        "from trainer.data import load\n"
+        "splits = load(DatasetSpec('digits'))\n"
+        "model = tf_keras.models.load_model(sys.argv[1])\n"
+        "loss, acc = model.evaluate(splits.x_test, splits.y_test, verbose=0)\n"
+        "losses = {}\n"
+        "for path in glob.glob(sys.argv[2] + '/validation/events.*'):\n"
+        "    for event in tf.compat.v1.train.summary_iterator(path):\n"
+        "        for value in event.summary.value:\n"
+        "            if value.tag == 'epoch_loss':\n"
+        "                losses[event.step] = float(tf.make_ndarray(value.tensor))\n"
+        "print(json.dumps({'loss': loss, 'accuracy': acc, 'val_losses': sorted(losses.items())}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(run_dir / "model"), str(run_dir / "tb")],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    scored = json.loads(out.stdout.strip().splitlines()[-1])
+    worker0 = default_two_workers["cluster"]["worker-0"]
+    reported = worker0.final()
+    assert scored["accuracy"] == pytest.approx(reported["test_accuracy"], abs=1e-4)
+    assert scored["loss"] == pytest.approx(reported["test_loss"], rel=1e-3)
+    epochs = worker0.metrics("epoch")
+    assert [step for step, _ in scored["val_losses"]] == [e["epoch"] for e in epochs]
+    assert [v for _, v in scored["val_losses"]] == pytest.approx([e["val_loss"] for e in epochs], rel=1e-5)
+
+
+# ---------------------------------------------------------------- resuming from a backup
+
+def interrupted_then_resumed(tmp_path: Path, argv: list[str], env: dict[str, str]) -> Cluster:
+    """Run 2 workers for 4 epochs, SIGKILL worker 1 after epoch 2, SIGTERM worker 0, rerun."""
+    with Cluster(tmp_path, {"worker": 2}, argv, env=env, label="first") as first:
+        wait_for_epoch(first["worker-0"], 2, timeout=120)
+        first["worker-1"].signal(signal.SIGKILL)
+        # SIGTERM ends a worker at once, although TensorFlow's preemption notifier wants to catch it.
+        assert first["worker-0"].stop(grace=5) == -signal.SIGTERM
+    assert first["worker-0"].epochs()[:2] == [1, 2]
+    assert 4 not in first["worker-0"].epochs()
+    second = Cluster(tmp_path, {"worker": 2}, argv, env=env, label="second")
+    with second:
+        codes = second.wait(timeout=120)
+    assert codes == {"worker-0": 0, "worker-1": 0}, second["worker-0"].output()[-3000:]
+    return second
+
+
+@pytest.mark.timeout(300)
+def test_fit_resumes_after_a_worker_is_killed(tmp_path):
+    backup = tmp_path / "backup"
+    # The backup directory comes from the environment, as the launcher passes it.
+    second = interrupted_then_resumed(tmp_path, ["--epochs", "4"], {"TFLAUNCH_BACKUP_DIR": str(backup)})
+    for name in ("worker-0", "worker-1"):
+        task = second[name]
+        assert "trainer: resuming from backup at epoch 3" in task.output()
+        assert task.epochs() == [3, 4]
+        assert task.final()["epochs"] == 4
+    assert second["worker-0"].final()["test_accuracy"] >= 0.85
+    # A finished run leaves no backup behind, so the next run starts afresh.
+    assert not (backup / "chief").exists()
+
+
+@pytest.mark.timeout(300)
+def test_custom_loop_resumes_after_a_worker_is_killed(tmp_path):
+    backup = tmp_path / "backup"
+    second = interrupted_then_resumed(tmp_path, ["--loop", "custom", "--collective", "ring", "--epochs", "4",
+                                                 "--backup-dir", str(backup)],
+                                      {})
+    for name in ("worker-0", "worker-1"):
+        task = second[name]
+        assert "trainer: resuming from backup at epoch 3" in task.output()
+        assert task.epochs() == [3, 4]
+    assert second["worker-0"].final()["test_accuracy"] >= 0.85
+    assert not (backup / "chief").exists()
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("loop", ["fit", "custom"])
+def test_step_backups_resume_mid_epoch(tmp_path, loop):
+    # 20 steps per epoch, a backup every 50 steps: at step 10 of epoch 3 and at the end of
+    # epoch 5. Killed after epoch 3, the run resumes from the first one: epoch 3, step 11.
+    argv = ["--loop", loop, "--width", "1", "--batch-per-worker", "64", "--steps-per-epoch", "20",
+            "--epochs", "6", "--backup-dir", str(tmp_path / "backup"), "--backup-every", "50"]
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "TFLAUNCH_TASK")}
+    env.update(PYTHONUNBUFFERED="1", **THREAD_LIMITS)
+    first = Task("local", argv, env, tmp_path / "first.log", tmp_path)
+    try:
+        wait_for_epoch(first, 3, timeout=120)
+        first.signal(signal.SIGKILL)
+    finally:
+        first.stop()
+    assert first.epochs()[:3] == [1, 2, 3] and 5 not in first.epochs(), first.output()
+    second = run_single(tmp_path, argv, env={"TF_NUM_INTRAOP_THREADS": "1"})
+    assert second.proc.returncode == 0, second.output()
+    assert "trainer: resuming from backup at epoch 3 step 11" in second.output()
+    assert second.epochs() == [3, 4, 5, 6]
+
+
+# ---------------------------------------------------------------- parameter servers
+
+@pytest.mark.timeout(240)
+def test_parameter_server_cluster(tmp_path):
+    roles = {"ps": 1, "worker": 2, "chief": 1}
+    with Cluster(tmp_path, roles, ["--epochs", "2"]) as cluster:
+        codes = cluster.wait(timeout=180, names=["chief-0"])
+        assert codes == {"chief-0": 0}, cluster["chief-0"].output()[-3000:]
+        servers = {name: task for name, task in cluster.tasks.items() if name != "chief-0"}
+        for name, task in servers.items():
+            assert task.proc.poll() is None, f"{name} ended early:\n{task.output()[-2000:]}"
+        stopped = {name: task.stop() for name, task in servers.items()}
+    assert stopped == {"ps-0": -signal.SIGTERM, "worker-0": -signal.SIGTERM, "worker-1": -signal.SIGTERM}
+    assert all(task.proc.poll() is not None for task in cluster.tasks.values())
+    chief = cluster["chief-0"]
+    epochs = chief.metrics("epoch")
+    assert [e["epoch"] for e in epochs] == [1, 2]
+    assert all(e["task"] == "chief-0" and e["val_accuracy"] is not None for e in epochs)
+    final = chief.final()
+    assert final["task"] == "chief-0" and final["test_accuracy"] >= 0.80, final
+    assert "ParameterServerStrategy" in chief.output()
+
+
+# ---------------------------------------------------------------- signals
+
+@pytest.mark.timeout(120)
+def test_sigusr1_dumps_stacks_and_sigterm_ends_promptly(tmp_path):
+    # A ps task just serves until it is stopped: a long-running trainer process to poke.
+    with Cluster(tmp_path, {"ps": 1, "worker": 1, "chief": 1}, [], only={"ps-0"}) as cluster:
+        ps = cluster["ps-0"]
+        wait_for_task(ps, lambda: "serving as ps" in ps.output(), "serving", timeout=60)
+        ps.proc.send_signal(signal.SIGUSR1)
+        wait_for_task(ps, lambda: "in serve" in ps.output(), "the stack dump", timeout=10)
+        assert "(most recent call first)" in ps.output() and "trainer/ps.py" in ps.output(), ps.output()
+        assert ps.proc.poll() is None
+        started = time.monotonic()
+        ps.proc.send_signal(signal.SIGTERM)
+        assert ps.proc.wait(5) == -signal.SIGTERM
+        assert time.monotonic() - started < 5
+
+
+# ---------------------------------------------------------------- user errors
+
+def write_npz(path: Path, **arrays) -> str:
+    np.savez(path, **arrays)
+    return str(path)
+
+
+@pytest.mark.timeout(120)
+def test_bad_npz_files_give_one_line_errors(tmp_path):
+    rng = np.random.default_rng(0)
+    x, y = rng.random((50, 8, 8)), rng.integers(0, 10, 50)
+    cases = {
+        write_npz(tmp_path / "nokey.npz", x_train=x): "missing key 'y_train'",
+        write_npz(tmp_path / "shape.npz", x_train=x.reshape(50, 64), y_train=y): "x_train: expected shape",
+        write_npz(tmp_path / "lengths.npz", x_train=x, y_train=y[:49]): "y_train: 49 labels but x_train has 50",
+        str(tmp_path): "not a file",
+        str(tmp_path / "absent.npz"): "not a file",
+    }
+    corrupt = tmp_path / "corrupt.npz"
+    corrupt.write_bytes(b"PK\x03\x04 truncated")
+    cases[str(corrupt)] = "cannot read it as an .npz file"
+    for path, fragment in cases.items():
+        task = run_single(tmp_path, ["--dataset", f"npz:{path}"])
+        assert_user_error(task, f"npz:{path}: {fragment}")
+
+
+@pytest.mark.timeout(120)
+def test_good_npz_trains(tmp_path):
+    rng = np.random.default_rng(0)
+    x = rng.random((60, 8, 8)).astype(np.float32)
+    y = (x.mean(axis=(1, 2)) > 0.5).astype(np.int64)
+    path = write_npz(tmp_path / "good.npz", x_train=x, y_train=y)
+    task = run_single(tmp_path, ["--dataset", f"npz:{path}", "--epochs", "1"])
+    assert task.proc.returncode == 0, task.output()
+    assert "train=42 val=9 test=9" in task.output()
+    assert task.final()["epochs"] == 1
+
+
+@pytest.mark.timeout(120)
+def test_option_and_cluster_errors_give_one_line_errors(tmp_path):
+    task = run_single(tmp_path, ["--no-such-option"])
+    assert_user_error(task, "unrecognized arguments: --no-such-option")
+    task = run_single(tmp_path, ["--batch-per-worker", "-4"])
+    assert_user_error(task, "--batch-per-worker: expected a positive integer")
+    task = run_single(tmp_path, ["--strategy", "parameter_server"])
+    assert_user_error(task, "needs ps tasks in TF_CONFIG")
+    task = run_single(tmp_path, [], env={"TF_CONFIG": "{broken"})
+    assert_user_error(task, "TF_CONFIG: not valid JSON")
+    ps_config = json.dumps({"cluster": {"chief": ["localhost:1"], "ps": ["localhost:2"], "worker": ["localhost:3"]},
+                            "task": {"type": "chief", "index": 0}})
+    task = run_single(tmp_path, ["--loop", "custom"], env={"TF_CONFIG": ps_config})
+    assert_user_error(task, "--strategy parameter_server supports --loop fit only")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", ["mnist", "fashion_mnist"])
+def test_download_failure_is_a_one_line_error(tmp_path, name):
+    # An empty KERAS_HOME: no cached copy, so load_data() has to download (and cannot here).
+    keras_home = tmp_path / "keras_home"
+    keras_home.mkdir()
+    env = {"KERAS_HOME": str(keras_home),
+           # Make sure the download fails even on a machine with internet access.
+           "HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9",
+           "https_proxy": "http://127.0.0.1:9", "http_proxy": "http://127.0.0.1:9"}
+    task = run_single(tmp_path, ["--dataset", name], env=env)
+    assert_user_error(task, f"{name}: could not be downloaded")
+    assert "use --dataset digits or --dataset npz:PATH instead" in task.output()
