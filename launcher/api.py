@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from .errors import LaunchError
-from .options import EVALUATOR_TIMEOUT, GRACE, LOG_MAX_SIZE, RunOptions, bad, count, python_words
+from .options import EVALUATOR_TIMEOUT, GRACE, LOG_MAX_SIZE, RunOptions, bad, python_words
 from .records.folder import DEFAULT_LOG_DIR
 from .run.signals import Signals  # standard library only underneath: importing it stays cheap
 
@@ -139,9 +139,8 @@ def launch(cluster: str | Path | Mapping[str, Any] | None = None, *, local: int 
                          isolate_network=isolate_network, no_check=no_check, tasks=tasks, quiet=quiet,
                          verbose=verbose, tensorboard=tensorboard, log_max_size=log_max_size)
     source = choose_source(None if cluster is None else (cluster if isinstance(cluster, Mapping) else str(cluster)),
-                           None if local is None else count("local", local, 1), hosts=_hosts(hosts),
-                           hostfile=None if hostfile is None else str(hostfile), chief=bool(chief),
-                           ps=count("ps", ps, 0), evaluator=bool(evaluator), gpus=_gpus(gpus))
+                           local, hosts=_hosts(hosts), hostfile=None if hostfile is None else str(hostfile),
+                           chief=bool(chief), ps=ps, evaluator=bool(evaluator), gpus=_gpus(gpus))
     request = LaunchRequest(cluster=source.spec, options=options)
     if output is not None and on_line is not None:
         raise OptionsError("launch(): output and on_line cannot be combined; give one of them")

@@ -92,6 +92,7 @@ RESTART_DELAY = 1.0
 # the sizes --log-max-size takes: a log keeps a head and a tail of it, so not less than a few lines' worth.
 LOG_MAX_SIZE = 1 << 30
 LOG_SIZE_RANGE = (64 << 10, 1 << 50)
+DEFAULT_LOG_DIR = "logs"  # where run folders go when neither --log-dir nor a cluster file's log_dir says
 
 ENV_HELP = ("Set a variable in every task (repeatable): KEY=VALUE, or KEY alone to pass tflaunch's own KEY by "
             "name, its value on no command line and in no file. Wins over every 'env' of the cluster file. "
@@ -122,7 +123,8 @@ class RunOptions:
 
     command: tuple[str, ...] | None = _option()  # the task command; None: the cluster file's, else the trainer
     env: Mapping[str, str | None] = _option(factory=dict, metavar="KEY[=VALUE]", help=ENV_HELP)
-    log_dir: str | None = _option(metavar="DIR", help="Where run folders go (default: the file's log_dir, else ./logs).")
+    log_dir: str | None = _option(
+        metavar="DIR", help=f"Where run folders go (default: the file's log_dir, else ./{DEFAULT_LOG_DIR}).")
     threads: int | str | None = _option(metavar="N|auto|off",
                                         help="Thread limit per task (default auto: cores shared among a host's tasks).")
     grace: float = _option(GRACE, metavar="S", parse=float, help="Seconds between SIGTERM and SIGKILL when stopping tasks.")

@@ -4,7 +4,8 @@ run options as flags.
 :func:`cluster_options` gives a command CLUSTER.yaml, ``--local``, ``-H``/``--hosts``, ``--hostfile``,
 ``--chief``, ``--ps`` and ``--evaluator`` (and ``--gpus`` where the command places GPUs), each with
 one help text, and hands the command their values as one :class:`ClusterChoice`, whose
-:meth:`~ClusterChoice.source` is the source they name (the rule is :mod:`launcher.sources.choose`'s).
+:meth:`~ClusterChoice.source` is the source they name (the rule, and the check of every count, is
+:mod:`launcher.sources.choose`'s: the flags here only parse their text).
 
 :func:`run_option` makes the flag of one of :class:`~launcher.options.RunOptions`' fields, with
 that field's default, help and metavar; its type only parses the text, and RunOptions checks the value.
@@ -21,6 +22,7 @@ import click
 
 from ..options import RunOptions
 from ..options import name as option_name
+from ..sources.choose import RoleOptions
 
 if TYPE_CHECKING:
     from ..sources import ClusterSource
@@ -39,7 +41,7 @@ def _parse_gpus(ctx: click.Context, param: click.Parameter, value: str | None) -
 # has: its own help names the role options it takes.
 _OPTIONS = (
     click.argument("cluster", required=False, metavar="CLUSTER.yaml"),
-    click.option("--local", "local", type=click.IntRange(min=1), metavar="N", help="Run N workers on this machine."),
+    click.option("--local", "local", type=int, metavar="N", help="Run N workers on this machine."),
     click.option("-H", "--hosts", metavar="HOST:SLOTS,...",
                  help="One task per slot on these hosts, e.g. node1:4,node2:4 (localhost: this machine; others "
                       "over ssh); free ports on every host."),
@@ -47,7 +49,7 @@ _OPTIONS = (
                  help="Like -H, from an MPI/DeepSpeed hostfile: one 'HOST slots=N' per line."),
     click.option("--chief", is_flag=True,
                  help="With --local: add a chief task. With -H/--hostfile: the first slot runs the chief."),
-    click.option("--ps", type=click.IntRange(min=0), default=0, metavar="K",
+    click.option("--ps", type=int, default=0, metavar="K",
                  help="With --local: add K parameter-server tasks; with -H/--hostfile: the K slots after the "
                       "chief's (implies --chief)."),
     click.option("--evaluator", is_flag=True, help="With -H/--hostfile: the last slot runs an evaluator."),
@@ -58,18 +60,17 @@ _GPUS = click.option("--gpus", callback=_parse_gpus, metavar="LIST",
 
 
 @dataclass(frozen=True)
-class ClusterChoice:
-    """What the cluster options were given (exactly one of the first four names the cluster)."""
+class ClusterChoice(RoleOptions):
+    """What the cluster options were given: exactly one of these four names the cluster, and the role
+    options (:class:`~launcher.sources.choose.RoleOptions`) place the roles."""
 
     cluster: str | None = None
     local: int | None = None
     hosts: str | None = None
     hostfile: str | None = None
-    chief: bool = False
-    ps: int = 0
-    evaluator: bool = False
-    gpus: tuple[int, ...] = ()
-    takes_gpus: bool = True  # whether the command has --gpus (its messages name only options it has)
+    # Which options the command has, so that its messages name only those.
+    takes_gpus: bool = True
+    takes_slurm: bool = False
 
     @property
     def role_options(self) -> str:
@@ -81,21 +82,23 @@ class ClusterChoice:
         from ..sources.choose import choose_source
 
         return choose_source(self.cluster, self.local, hosts=self.hosts, hostfile=self.hostfile, chief=self.chief,
-                             ps=self.ps, evaluator=self.evaluator, gpus=self.gpus, role_options=self.role_options)
+                             ps=self.ps, evaluator=self.evaluator, gpus=self.gpus, role_options=self.role_options,
+                             slurm=self.takes_slurm)
 
 
-_GIVEN = tuple(f.name for f in fields(ClusterChoice) if f.name != "takes_gpus")
+_GIVEN = tuple(f.name for f in fields(ClusterChoice) if not f.name.startswith("takes_"))
 
 
-def cluster_options(*, gpus: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def cluster_options(*, gpus: bool, slurm: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Add the cluster options to a command (placed right under ``@cli.command``); the command receives
-    their values as ``choice``, a :class:`ClusterChoice`, instead of one parameter each."""
+    their values as ``choice``, a :class:`ClusterChoice`, instead of one parameter each. ``gpus``: the
+    command has ``--gpus``; ``slurm``: it has ``--slurm`` too (its messages may name it)."""
 
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(command)
         def with_choice(*args: Any, **kwargs: Any) -> Any:
             given = {name: kwargs.pop(name) for name in _GIVEN if name in kwargs}
-            return command(*args, choice=ClusterChoice(**given, takes_gpus=gpus), **kwargs)
+            return command(*args, choice=ClusterChoice(**given, takes_gpus=gpus, takes_slurm=slurm), **kwargs)
 
         for option in reversed(_OPTIONS + ((_GPUS,) if gpus else ())):
             with_choice = option(with_choice)

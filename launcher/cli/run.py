@@ -29,7 +29,7 @@ Examples:
 
 
 @cli.command(help=RUN_HELP)
-@cluster_options(gpus=True)
+@cluster_options(gpus=True, slurm=True)
 # The run options' defaults, help and checks are launcher.options.RunOptions'; their flags only parse.
 @run_option("log_dir")
 @run_option("threads")

@@ -34,12 +34,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
-from ..options import name
+from ..options import DEFAULT_LOG_DIR, name
 
 if TYPE_CHECKING:
     from .record import RunRecord
 
-DEFAULT_LOG_DIR = "logs"  # where run folders go when neither --log-dir nor a cluster file's log_dir says
 # The layout (see the module docstring).
 RECORD = "run.json"
 MERGED = "merged.log"

@@ -1,7 +1,9 @@
 """Which source a command line (or a ``launch()`` call) names: exactly one of its cluster options.
 
 A cluster file (or, from Python, a mapping in the same form), ``--local N``, ``-H HOSTS`` or
-``--hostfile FILE``; the role options go with all but a cluster, whose roles are in the file.
+``--hostfile FILE``; the role options (:class:`RoleOptions`) go with all but a cluster, whose
+roles are in the file. :func:`choose_source` checks the counts (``--local``, ``--ps``) for every
+front end, in the words of the one in effect.
 """
 
 from __future__ import annotations
@@ -12,10 +14,27 @@ from typing import Any
 
 from ..cluster.spec import ClusterSpec
 from ..errors import ConfigError, OptionsError
-from ..options import form, name, python_caller
+from ..options import count, form, name
 from . import ClusterSource
 
 MAPPING_LABEL = "cluster"  # how a cluster given as a mapping is named in messages and run lists
+
+
+@dataclass(frozen=True, kw_only=True)
+class RoleOptions:
+    """The role options: a chief (implied by ``ps``), ``ps`` parameter-server tasks and an evaluator
+    carved out of the task slots, and the GPUs dealt to the chief and workers. The sources that carve
+    slots (:class:`~.hosts.HostsSource`) and the command line's choice of cluster are built on it."""
+
+    chief: bool = False
+    ps: int = 0
+    evaluator: bool = False
+    gpus: tuple[int, ...] = ()
+
+    def role_words(self) -> list[tuple[str, Any]]:
+        """The role options given, as a run's label lists them (``--chief --ps 1``; ps implies chief)."""
+        return [*([("chief", True)] if self.chief or self.ps else []), *([("ps", self.ps)] if self.ps else []),
+                *([("evaluator", True)] if self.evaluator else []), *([("gpus", self.gpus)] if self.gpus else [])]
 
 
 @dataclass(frozen=True)
@@ -50,10 +69,11 @@ def _plain(value: Any) -> Any:
 
 def choose_source(cluster: str | Mapping[str, Any] | None = None, local: int | None = None, *,
                   hosts: str | None = None, hostfile: str | None = None, chief: bool = False, ps: int = 0,
-                  evaluator: bool = False, gpus: tuple[int, ...] = (),
-                  role_options: str | None = None) -> ClusterSource:
-    """The one source the options name; ``role_options`` names the command's role options in messages
-    (default: chief, ps, evaluator and gpus, in the words of the front end in effect)."""
+                  evaluator: bool = False, gpus: tuple[int, ...] = (), role_options: str | None = None,
+                  slurm: bool = False) -> ClusterSource:
+    """The one source the options name. ``role_options`` names the command's role options in messages
+    (default: chief, ps, evaluator and gpus, in the words of the front end in effect); ``slurm`` says
+    whether the command also has ``--slurm`` (``tflaunch run`` has; check, export and launch() have not)."""
     from .file import ClusterFileSource
     from .local import LocalSource
 
@@ -63,6 +83,9 @@ def choose_source(cluster: str | Mapping[str, Any] | None = None, local: int | N
     if len(named) != 1:
         raise OptionsError(f"give either {name('cluster')} or {form('local', 'N')}, {form('hosts', 'HOST:SLOTS,...')} "
                            f"or {form('hostfile', 'FILE')}")
+    if local is not None:
+        count("local", local, 1)
+    count("ps", ps, 0)
     if cluster is not None and (chief or ps or gpus or evaluator):
         raise OptionsError(f"{role_options} only apply to {name('local')}, {name('hosts')} and {name('hostfile')}; "
                            "put roles in the cluster file")
@@ -72,8 +95,7 @@ def choose_source(cluster: str | Mapping[str, Any] | None = None, local: int | N
         return ClusterFileSource(str(cluster))
     if local is not None:
         if evaluator:
-            # launch() has no Slurm source
-            places = [name("hosts"), name("hostfile")] + ([] if python_caller() else ["--slurm"])
+            places = [name("hosts"), name("hostfile")] + (["--slurm"] if slurm else [])
             raise OptionsError(f"{name('evaluator')} applies to {', '.join(places[:-1])} and {places[-1]}, "
                                f"not to {name('local')}")
         return LocalSource(local, chief=chief, ps=ps, gpus=gpus)

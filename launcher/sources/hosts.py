@@ -37,6 +37,7 @@ from ..cluster.spec import AUTO, MAX_TASKS_PER_HOST, ClusterSpec, TaskSpec, is_l
 from ..errors import ConfigError
 from ..options import name
 from ..options import label as options_label
+from .choose import RoleOptions
 
 _NAME = re.compile(r"[A-Za-z0-9_.\-]+")  # a host name or an IPv4 address
 _IPV6 = re.compile(r"[0-9A-Fa-f:.]+")
@@ -174,24 +175,18 @@ def _hostfile_host(word: str, path: str, where: str) -> tuple[str, int | None]:
 
 
 @dataclass(frozen=True)
-class HostsSource:
-    """Task slots on named hosts, from ``-H`` (``hosts``) or a hostfile (``hostfile``); exactly one is set."""
+class HostsSource(RoleOptions):
+    """Task slots on named hosts, from ``-H`` (``hosts``) or a hostfile (``hostfile``); exactly one is
+    set. The roles (``chief``, ``ps``, ``evaluator``, ``gpus``) are :class:`~.choose.RoleOptions`'."""
 
     hosts: str | None = None
     hostfile: str | None = None
-    chief: bool = False
-    ps: int = 0
-    evaluator: bool = False
-    gpus: tuple[int, ...] = ()
 
     @property
     def label(self) -> str:
         """The options as the user gave them: ``-H node1:4 --chief``, or ``launch(hosts='node1:4', chief=True)``."""
         named = ("hosts", self.hosts) if self.hosts is not None else ("hostfile", self.hostfile)
-        return options_label([named, *([("chief", True)] if self.chief or self.ps else []),
-                              *([("ps", self.ps)] if self.ps else []),
-                              *([("evaluator", True)] if self.evaluator else []),
-                              *([("gpus", self.gpus)] if self.gpus else [])])
+        return options_label([named, *self.role_words()])
 
     def host_slots(self) -> tuple[HostSlots, ...]:
         if self.hosts is not None:

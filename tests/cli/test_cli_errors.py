@@ -15,7 +15,9 @@ BAD_FILE = "worker: [localhost:70000]\n"
 
 CASES = {
     "unknown option": (["--local", "2", "--bogus"], "No such option '--bogus'"),
-    "value out of range": (["--local", "0"], "Invalid value for '--local': 0 is not in the range"),
+    "value out of range": (["runs", "--last", "0"], "Invalid value for '--last': 0 is not in the range"),
+    "count below its least": (["--local", "0", "--dry-run"], "--local: expected a whole number >= 1, got 0"),
+    "negative ps count": (["check", "--local", "2", "--ps", "-1"], "--ps: expected a whole number >= 0, got -1"),
     "option without its value": (["runs", "--log-dir"], "Option '--log-dir' requires an argument"),
     "bad choice": (["export", "--local", "1", "--format", "yaml"], "Invalid value for '--format': 'yaml'"),
     "bad value read by a callback": (["--local", "2", "--gpus", "x", "--dry-run"],

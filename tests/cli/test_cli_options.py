@@ -94,3 +94,21 @@ def test_each_command_names_the_same_cluster_with_the_shared_options(tmp_path, c
     assert done.returncode == 0, done.stderr
     for task in ("chief-0", "worker-0", "evaluator-0"):
         assert task in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_checks_the_counts_in_the_words_launch_uses(tmp_path, command):
+    # One check (launcher/sources/choose.py) for every front end: the flags only parse the number.
+    from launcher import launch
+    from launcher.errors import OptionsError
+
+    extra = {"run": ["--dry-run", "--log-dir", str(tmp_path)], "check": [], "export": ["--format", "sh"]}[command]
+    for given, kwargs, expected in ((["--local", "0"], {"local": 0}, "local: expected a whole number >= 1, got 0"),
+                                    (["--local", "2", "--ps", "-1"], {"local": 2, "ps": -1},
+                                     "ps: expected a whole number >= 0, got -1")):
+        done = subprocess.run([sys.executable, "-m", "launcher", command, *given, *extra], capture_output=True,
+                              text=True, timeout=60, cwd=tmp_path, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+        assert done.returncode == 2 and done.stderr.splitlines() == [f"tflaunch: error: --{expected}"], done.stderr
+        with pytest.raises(OptionsError) as error:
+            launch(**kwargs, log_dir=tmp_path)
+        assert str(error.value) == expected

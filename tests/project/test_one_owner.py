@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import click
 import pytest
 
 from launcher.records.states import Outcome, RunStatus, TaskState
@@ -130,3 +131,19 @@ def test_the_layout_finder_sees_names_in_paths_and_messages(tmp_path):
 def test_no_module_outside_folder_spells_the_run_folders_layout():
     found = [hit for path in launcher_modules() if path != FOLDER for hit in layout_spelled(path)]
     assert found == [], "import the name from launcher/records/folder.py:\n" + "\n".join(found)
+
+
+# -- defaults shown in help -----------------------------------------------------------------------
+
+def test_no_help_or_message_spells_the_default_log_dir_by_hand():
+    from launcher.cli.group import cli
+    from launcher.options import DEFAULT_LOG_DIR
+
+    spelled = f"./{DEFAULT_LOG_DIR}"
+    found = [f"{path.relative_to(LAUNCHER.parent)}:{node.lineno}: {node.value!r}" for path in launcher_modules()
+             for node in code_strings(ast.parse(path.read_text(), str(path))) if spelled in node.value]
+    assert found == [], "derive it from launcher.options.DEFAULT_LOG_DIR:\n" + "\n".join(found)
+    # ... and the help that names it still does, in its one spelling.
+    run = cli.get_command(click.Context(cli), "run")
+    (log_dir,) = [p for p in run.params if p.name == "log_dir"]
+    assert log_dir.help.endswith(f"else {spelled}).")

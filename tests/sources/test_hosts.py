@@ -266,6 +266,13 @@ def test_usage_of_hosts_with_other_sources_and_options(tflaunch):
     evaluator = tflaunch.run("--local", "2", "--evaluator")
     assert evaluator.returncode == 2 and "--evaluator applies to -H, --hostfile and --slurm" in evaluator.stderr
     assert "Traceback" not in both.stderr + evaluator.stderr
+    # check and export have no --slurm: their message names only the options they have.
+    for command in (["check"], ["export", "--format", "sh"]):
+        done = subprocess.run(tflaunch.argv(*command, "--local", "2", "--evaluator"), cwd=tflaunch.cwd,
+                              env=tflaunch.env(), capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2, (command, done.stderr)
+        assert done.stderr.splitlines() == ["tflaunch: error: --evaluator applies to -H and --hostfile, "
+                                            "not to --local"], command
 
 
 def test_dry_run_and_export_take_hosts(tflaunch):
