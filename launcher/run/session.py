@@ -30,7 +30,6 @@ from ..records.states import Outcome, RunStatus, TaskState
 from ..transports import TransportSet
 from ..transports.base import Reading, signal_name
 from ..transports.hostagent import sample_for
-from ..transports.linkhub import HUB
 from .liverecord import LiveRecord, status_fields
 from .pump import OutputPump, tail_lines
 from .resources import ResourceSampler
@@ -249,7 +248,7 @@ class RunSession:
         supervisor_options = SupervisorOptions(grace=self.options.grace,
                                                evaluator_timeout=self.options.evaluator_timeout,
                                                restart_policy=self.spec.restart_policy,
-                                               task_restarts=self.spec.task_restarts, changes=HUB.changes)
+                                               task_restarts=self.spec.task_restarts, changes=self.transports.changes)
         supervisor = Supervisor(plan.launches, self.transports.for_launch, open_output, self.message, supervisor_options,
                                 watchdog=lambda tasks: (self.live.due() or self._check_logging()
                                                         or (watchdog(tasks) if watchdog else None)),

@@ -15,7 +15,8 @@ task's whole tree when the task ends or tflaunch is gone, and samples each task'
 
 A task's :attr:`~launcher.cluster.plan.TaskLaunch.transport` names which one starts it. A run
 keeps its transports in one :class:`TransportSet`; preflight probes run as helpers through the
-same agents (:meth:`TransportSet.helper`), so a host costs one connection per run.
+same agents (:meth:`TransportSet.helper`), so a host costs one connection per run, and
+:attr:`TransportSet.changes` says which of its tasks' processes changed status.
 """
 
 from __future__ import annotations
@@ -25,11 +26,14 @@ import importlib
 import json
 import os
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from ..cluster.plan import TaskLaunch
 from ..options import GRACE
 from .base import Reading, Transport
+
+if TYPE_CHECKING:
+    from .linkhub import Changes
 
 # name -> (module, class); imported on first use so that a local run never loads ssh or Slurm code.
 TRANSPORTS: dict[str, tuple[str, str]] = {
@@ -73,6 +77,14 @@ class TransportSet:
 
     def for_launch(self, launch: TaskLaunch) -> Transport:
         return self.get(launch.transport)
+
+    @property
+    def changes(self) -> Changes:
+        """The processes whose status changed (started, ended, lost), and a descriptor readable while
+        any is waiting: every transport's agents are served by one hub, which notes them there."""
+        from .linkhub import HUB
+
+        return HUB.changes
 
     def prepare(self, launches) -> None:
         """Bring up every host's agent of ``launches`` at once."""
