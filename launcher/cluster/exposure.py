@@ -17,6 +17,7 @@ from typing import Callable, Iterable
 from .spec import ClusterSpec, is_loopback
 
 RESOLVE_TIMEOUT = 2.0  # all names together; a slow resolver must not hold a launch up
+RESOLVERS = 16  # names resolved at once, each on a thread of its own
 LOOPBACK_NAMES = ("localhost", "ip6-localhost", "::1")
 
 Resolver = Callable[[str], list[str]]
@@ -47,17 +48,24 @@ def public_addresses(names: Iterable[str], resolver: Resolver = resolve,
     import ipaddress
 
     names = [n for n in names if n not in LOOPBACK_NAMES and not is_loopback(n)]
-    found: dict[str, list[str]] = {}
-    # Daemon threads, not an executor: a resolver stuck on an unreachable DNS server must not
-    # hold up tflaunch's exit either.
-    threads = []
-    for name in names:
-        if _is_address(name):  # nothing to resolve: no thread to start
-            found[name] = [name]
-            continue
-        thread = threading.Thread(target=lambda n=name: found.__setitem__(n, resolver(n)), daemon=True)
+    found: dict[str, list[str]] = {name: [name] for name in names if _is_address(name)}  # nothing to resolve
+    pending = iter([name for name in names if name not in found])
+    lock = threading.Lock()
+
+    def resolve_pending() -> None:
+        while True:
+            with lock:
+                name = next(pending, None)
+            if name is None:
+                return
+            found[name] = resolver(name)
+
+    # A few daemon threads, not one per name (a thousand hosts, a thousand threads) nor an
+    # executor: a resolver stuck on an unreachable DNS server must not hold up tflaunch's exit.
+    threads = [threading.Thread(target=resolve_pending, daemon=True)
+               for _ in range(min(RESOLVERS, len(names) - len(found)))]
+    for thread in threads:
         thread.start()
-        threads.append(thread)
     deadline = time.monotonic() + timeout
     for thread in threads:
         thread.join(max(0.0, deadline - time.monotonic()))

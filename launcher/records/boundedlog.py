@@ -93,13 +93,13 @@ class BoundedLog:
         self.readers: list[Reader] = []  # parts they have not read yet are kept, up to ``lag_allowance`` more
         self.lag_allowance = max(max_size, min(LAG_ALLOWANCE, LAG_PARTS * self.part_size))
         self._kept = 0  # the bytes the parts hold
-        from .logview import stitch_leftovers  # a log left behind by a killed writer is made whole first
+        self.key = ""  # its real path, once WRITING has it
+        self.written = _size(self.path)  # an existing file's bytes count as the first output
+        if self.written:  # only a file with bytes can be a killed writer's live log: made whole first
+            from .logview import stitch_leftovers
 
-        stitch_leftovers(self.path, self.tail_size)
-        try:
-            self.written = os.stat(self.path).st_size  # an existing file's bytes count as the first output
-        except FileNotFoundError:
-            pass
+            stitch_leftovers(self.path, self.tail_size)
+            self.written = _size(self.path)
 
     # -- writing ------------------------------------------------------------------------------
 
@@ -238,7 +238,7 @@ class BoundedLog:
                 break
             self.parts.pop(0)
             self._kept -= size
-            _unlink(part_path(self.path, start))
+            part_path(self.path, start).unlink(missing_ok=True)
             dropped = True
         if dropped:  # the marker says how much is gone so far: rewritten in place, same width
             fd = os.open(self.path, os.O_WRONLY)
@@ -282,10 +282,7 @@ class Reader:
         may also be appended to directly); past it, the log's own count."""
         log = self.log
         if log.head_end is None:
-            try:
-                return os.stat(log.path).st_size > self.offset
-            except FileNotFoundError:
-                return False
+            return _size(log.path) > self.offset
         return not log.closed and log.written > self.offset
 
     def read(self, size: int) -> tuple[int, bytes]:
@@ -362,11 +359,11 @@ def copy_range(src: int, offset: int, count: int, dst: int) -> None:
         done += moved
 
 
-def _unlink(path: Path) -> None:
+def _size(path: Path) -> int:
     try:
-        os.unlink(path)
+        return os.stat(path).st_size
     except FileNotFoundError:
-        pass
+        return 0
 
 
 class Writing:
@@ -374,21 +371,30 @@ class Writing:
 
     def __init__(self) -> None:
         self._logs: dict[str, BoundedLog] = {}
+        self._dirs: dict[str, str] = {}  # folder -> its real path: a run's task logs share a few folders
         self._lock = threading.Lock()
 
     def add(self, log: BoundedLog) -> None:
         with self._lock:
-            self._logs[os.path.realpath(log.path)] = log
+            log.key = self._real(log.path)
+            self._logs[log.key] = log
 
     def remove(self, log: BoundedLog) -> None:
         with self._lock:
-            key = os.path.realpath(log.path)
-            if self._logs.get(key) is log:
-                del self._logs[key]
+            if self._logs.get(log.key) is log:
+                del self._logs[log.key]
 
     def get(self, path: str) -> BoundedLog | None:
         with self._lock:
-            return self._logs.get(path) or self._logs.get(os.path.realpath(path))
+            return self._logs.get(path) or self._logs.get(self._real(path))
+
+    def _real(self, path: Path | str) -> str:
+        folder, name = os.path.split(os.path.abspath(path))
+        real = self._dirs.get(folder)
+        if real is None:
+            real = self._dirs[folder] = os.path.realpath(folder)
+        full = os.path.join(real, name)
+        return os.path.realpath(full) if os.path.islink(full) else full
 
 
 WRITING = Writing()

@@ -78,6 +78,7 @@ class OutputPump:
         self.interval = interval
         self.clock = clock
         self._sources: list[_Source] = []
+        self._followed: set[tuple[str, int]] = set()  # (task, attempt) of every source: one lookup per new task
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -97,12 +98,13 @@ class OutputPump:
         A task restarted in place appends to the file already followed: it is not read twice.
         """
         with self._lock:
-            if any(s.name == name and s.attempt == attempt for s in self._sources):
+            if (name, attempt) in self._followed:
                 return
             os.close(os.open(path, os.O_RDONLY | os.O_CREAT, 0o644))
             log = BoundedLog(path, self.log_max_size)
             WRITING.add(log)
             self._sources.append(_Source(name, attempt, log, log.reader()))
+            self._followed.add((name, attempt))
         self.console.register([name])
 
     def finish_all(self) -> None:
@@ -121,6 +123,7 @@ class OutputPump:
                 except OSError as exc:
                     self._failed(exc)
             self._sources.clear()
+            self._followed.clear()
             try:
                 self._flush_files()
             except OSError as exc:
