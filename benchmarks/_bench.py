@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -109,6 +110,30 @@ def workdir(prefix: str) -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+TESTSLURM = ROOT / "scripts" / "testslurm"
+
+
+@contextlib.contextmanager
+def test_slurm(prefix: str, subnet: str, state_dir: Path, *options: str,
+               timeout: float = 120) -> Iterator[dict[str, str] | None]:
+    """A test Slurm cluster (``scripts/testslurm up``, slurmctld here and slurmd nodes in network
+    namespaces; ``options`` such as ``--nodes 8``) for the length of the block, taken down after it
+    whatever happens. Yields the environment that reaches it (``SLURM_CONF``, and ``PYTHONPATH`` for
+    tflaunch from this tree), or None after a note saying why it did not come up."""
+    up = subprocess.run([str(TESTSLURM), "up", "--prefix", prefix, "--subnet", subnet, "--port",
+                         str(random.randint(18000, 19900)), *options, "--state-dir", str(state_dir)],
+                        capture_output=True, text=True, timeout=timeout)
+    if up.returncode != 0:
+        note(f"testslurm up{''.join(' ' + o for o in options)} failed: {up.stderr.strip()}")
+        yield None
+        return
+    try:
+        yield {**os.environ, "SLURM_CONF": json.loads(up.stdout)["slurm_conf"], "PYTHONPATH": str(ROOT)}
+    finally:
+        subprocess.run([str(TESTSLURM), "down", "--prefix", prefix, "--state-dir", str(state_dir)],
+                       capture_output=True, timeout=120)
 
 
 def popen(argv: Sequence[str], **kwargs) -> subprocess.Popen:

@@ -21,17 +21,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import resource
 import shutil
 import socket
 import ssl
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 import psutil
 
@@ -40,7 +37,6 @@ from _bench import PYTHON, ROOT, median, note, spread, table
 
 TARGET = 1.5
 PREFIX, SUBNET = "bcb", "10.126.248"
-TESTSLURM = ROOT / "scripts" / "testslurm"
 POLL = 0.005
 FLOOD = 1000
 
@@ -174,19 +170,12 @@ def main() -> None:
     if os.geteuid() != 0 or not shutil.which("salloc"):
         note("skipped: needs root, munge and slurm-wlm (a test Slurm cluster)")
         return
-    state = Path(tempfile.mkdtemp(prefix="bench-connect-back-"))
-    up = subprocess.run([str(TESTSLURM), "up", "--prefix", PREFIX, "--subnet", SUBNET, "--port",
-                         str(random.randint(18000, 19900)), "--state-dir", str(state / "cluster")],
-                        capture_output=True, text=True, timeout=120)
-    if up.returncode != 0:
-        note(f"testslurm up failed: {up.stderr.strip()}")
-        shutil.rmtree(state, ignore_errors=True)
-        return
-    try:
-        env = {**os.environ, "SLURM_CONF": json.loads(up.stdout)["slurm_conf"], "PYTHONPATH": str(ROOT),
-               "BENCH_LOGS": str(state / "logs")}
+    with _bench.workdir("connect-back") as state, _bench.test_slurm(PREFIX, SUBNET, state / "cluster") as env:
+        if env is None:
+            return
         run = subprocess.run(["salloc", "-N2", "--", PYTHON, __file__, "--inner", "--reps", str(args.reps)],
-                             capture_output=True, text=True, timeout=1800, env=env, cwd=ROOT)
+                             capture_output=True, text=True, timeout=1800,
+                             env={**env, "BENCH_LOGS": str(state / "logs")}, cwd=ROOT)
         sys.stderr.write(run.stderr if "run failed" in run.stderr else "")
         line = next((l for l in run.stdout.splitlines() if l.startswith("RESULTS ")), None)
         if line is None:
@@ -203,11 +192,6 @@ def main() -> None:
         if any(doc["failed"].values()):
             note(f"failed runs: {doc['failed']}")
         _bench.verdict("attach time with strangers / alone", b / a, TARGET)
-    finally:
-        subprocess.run([str(TESTSLURM), "down", "--prefix", PREFIX, "--state-dir", str(state / "cluster")],
-                       capture_output=True, timeout=120)
-        shutil.rmtree(state, ignore_errors=True)
-
 
 if __name__ == "__main__":
     main()

@@ -28,11 +28,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
@@ -43,7 +40,6 @@ from _bench import PYTHON, ROOT, median, note, spread, table
 TARGET = 20.0
 TARGET_256 = 3.0
 PREFIX, SUBNET = "bsl", "10.126.250"
-TESTSLURM = ROOT / "scripts" / "testslurm"
 
 
 def inner(reps: int) -> None:
@@ -108,15 +104,10 @@ def inner_many(reps: int) -> None:
 
 
 def many_nodes(reps: int, state: Path) -> None:
-    port = random.randint(18000, 19900)
-    up = subprocess.run([str(TESTSLURM), "up", "--prefix", "bsm", "--subnet", "10.126.249", "--port", str(port),
-                         "--nodes", "8", "--cpus", "32", "--state-dir", str(state / "cluster8")],
-                        capture_output=True, text=True, timeout=180)
-    if up.returncode != 0:
-        note(f"testslurm up (8 nodes) failed: {up.stderr.strip()}")
-        return
-    try:
-        env = {**os.environ, "SLURM_CONF": json.loads(up.stdout)["slurm_conf"], "PYTHONPATH": str(ROOT)}
+    with _bench.test_slurm("bsm", "10.126.249", state / "cluster8", "--nodes", "8", "--cpus", "32",
+                           timeout=180) as env:
+        if env is None:
+            return
         run = subprocess.run(["salloc", "-N8", "--ntasks-per-node=32", "--", PYTHON, __file__, "--inner-many",
                               "--reps", str(reps)], capture_output=True, text=True, timeout=1800,
                              env={**env, "BENCH_LOGS": str(state / "many-logs")}, cwd=ROOT)
@@ -134,10 +125,6 @@ def many_nodes(reps: int, state: Path) -> None:
              f"({', '.join(steps['steps'])}); one per run is the target")
         a, b = (median(v) for v in times.values())
         _bench.verdict("256 tasks via tflaunch --slurm / one srun -n 256 true", a / b, TARGET_256)
-    finally:
-        subprocess.run([str(TESTSLURM), "down", "--prefix", "bsm", "--state-dir", str(state / "cluster8")],
-                       capture_output=True, timeout=120)
-
 
 def first_step(env: dict, logs: Path) -> tuple[float, float] | None:
     """(job start, first step) in seconds after submit started, or None when the run failed."""
@@ -189,23 +176,14 @@ def main() -> None:
         inner_many(args.reps)
         return
     if args.only_many:
-        state = Path(tempfile.mkdtemp(prefix="bench-slurm-"))
-        try:
+        with _bench.workdir("slurm") as state:
             many_nodes(args.reps, state)
-        finally:
-            shutil.rmtree(state, ignore_errors=True)
         return
     _bench.header("Slurm: submit to first training step; 8 tasks on 2 nodes through srun vs one srun",
                   [f"test cluster: scripts/testslurm up --prefix {PREFIX} --subnet {SUBNET}, {args.reps} reps"])
-    state = Path(tempfile.mkdtemp(prefix="bench-slurm-"))
-    port = random.randint(18000, 19900)
-    up = subprocess.run([str(TESTSLURM), "up", "--prefix", PREFIX, "--subnet", SUBNET, "--port", str(port),
-                         "--state-dir", str(state / "cluster")], capture_output=True, text=True, timeout=120)
-    if up.returncode != 0:
-        note(f"testslurm up failed: {up.stderr.strip()}")
-        return
-    try:
-        env = {**os.environ, "SLURM_CONF": json.loads(up.stdout)["slurm_conf"], "PYTHONPATH": str(ROOT)}
+    with _bench.workdir("slurm") as state, _bench.test_slurm(PREFIX, SUBNET, state / "cluster") as env:
+        if env is None:
+            return
         starts, steps, local = [], [], []
         for rep in range(args.reps):
             got = first_step(env, state / "logs")
@@ -230,10 +208,6 @@ def main() -> None:
         a, b = (median(v) for v in list(times.values())[:2])
         _bench.verdict("8 tasks via tflaunch --slurm / one bare srun", a / b, TARGET)
         many_nodes(args.reps, state)
-    finally:
-        subprocess.run([str(TESTSLURM), "down", "--prefix", PREFIX, "--state-dir", str(state / "cluster")],
-                       capture_output=True, timeout=120)
-        shutil.rmtree(state, ignore_errors=True)
 
 
 if __name__ == "__main__":

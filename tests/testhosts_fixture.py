@@ -38,13 +38,17 @@ import random
 import secrets
 import shutil
 import subprocess
-from dataclasses import dataclass
+import sys
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "testhosts"
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+SCRIPT = SCRIPTS / "testhosts"
 SSHD = "/usr/sbin/sshd"
+if str(SCRIPTS) not in sys.path:
+    sys.path.insert(0, str(SCRIPTS))
+from _testnet import Host  # noqa: E402  (the scripts' own record of a host: .name, .address, .netns, .veth)
 
 
 def unavailable_reason():
@@ -77,14 +81,6 @@ _random = random.SystemRandom()
 def run_script(*args, timeout=60):
     return subprocess.run([str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout,
                           stdin=subprocess.DEVNULL)
-
-
-@dataclass(frozen=True)
-class Host:
-    name: str
-    address: str
-    netns: str
-    veth: str
 
 
 class TestHosts:
