@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
+from typing import TypeVar
 
 import click
 
@@ -18,18 +20,16 @@ from ..records.states import RunStatus
 from .group import cli
 
 RUN_ARG_HELP = f"RUN is {RUN_FORMS}."
+T = TypeVar("T")
 
 log_dir_option = click.option("--log-dir", default=DEFAULT_LOG_DIR, show_default=True, metavar="DIR",
                               help="The directory holding the run folders.")
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts instead of a table.")
 
 
-def _echo_lines(lines: list[str]) -> None:
-    click.echo("\n".join(lines))
-
-
-def _echo_json(data: object) -> None:
-    click.echo(json.dumps(data, indent=2, default=str))
+def _show(as_json: bool, found: T, as_data: Callable[[T], object], as_lines: Callable[[T], list[str]]) -> None:
+    """What a command found: as JSON for scripts (--json), else as the lines people read."""
+    click.echo(json.dumps(as_data(found), indent=2, default=str) if as_json else "\n".join(as_lines(found)))
 
 
 def _regex(ctx: click.Context, param: click.Parameter, value: str | None) -> re.Pattern[str] | None:
@@ -54,12 +54,10 @@ def runs_command(log_dir: str, last: int | None, as_json: bool) -> None:
     from ..slurm.job import job_status
 
     summaries = [summarize(run, job_state=job_status) for run in find_runs(log_dir)[:last]]
-    if as_json:
-        _echo_json([asdict(s) for s in summaries])
-    elif not summaries:
-        click.echo(f"no runs in {log_dir.rstrip('/')}/ yet", err=True)
+    if summaries or as_json:
+        _show(as_json, summaries, lambda found: [asdict(s) for s in found], runs_lines)
     else:
-        _echo_lines(runs_lines(summaries))
+        click.echo(f"no runs in {log_dir.rstrip('/')}/ yet", err=True)
 
 
 @cli.command("logs", epilog=RUN_ARG_HELP)
@@ -97,10 +95,7 @@ def status_command(run_ref: str | None, log_dir: str, as_json: bool) -> None:
     from ..run.resources import measure_tasks
 
     status = run_status(resolve_run(log_dir, run_ref), measure=measure_tasks)
-    if as_json:
-        _echo_json(asdict(status))
-    else:
-        _echo_lines(status_lines(status))
+    _show(as_json, status, asdict, status_lines)
 
 
 @cli.command("report", epilog=RUN_ARG_HELP)
@@ -126,10 +121,7 @@ def report_command(run_ref: str | None, task: str | None, all_tasks: bool, plot:
     if task is not None:
         run.require_task(task)
     report = build_report(run, task=task, all_tasks=all_tasks, plot=plot)
-    if as_json:
-        _echo_json(report.to_json())
-    else:
-        _echo_lines(report_lines(report))
+    _show(as_json, report, lambda found: found.to_json(), report_lines)
 
 
 @cli.command("compare", epilog=f"Each RUN is {RUN_FORMS}.")
@@ -144,10 +136,7 @@ def compare_command(run_refs: tuple[str, ...], log_dir: str, as_json: bool) -> N
     if len(run_refs) < 2:
         raise click.UsageError("compare needs at least two runs: the first is the baseline")
     rows = compare_runs(resolve_runs(log_dir, list(run_refs)))
-    if as_json:
-        _echo_json(compare_json(rows))
-    else:
-        _echo_lines(compare_lines(rows))
+    _show(as_json, rows, compare_json, compare_lines)
 
 
 @cli.command("stacks", epilog=RUN_ARG_HELP)
@@ -163,7 +152,4 @@ def stacks_command(run_ref: str | None, log_dir: str, as_json: bool) -> None:
     from ..inspect.stacks import live_stacks, stacks_lines
 
     answer = live_stacks(resolve_run(log_dir, run_ref))
-    if as_json:
-        _echo_json(answer)
-    else:
-        _echo_lines(stacks_lines(answer))
+    _show(as_json, answer, lambda found: found, stacks_lines)

@@ -18,7 +18,7 @@ from ..records.boundedlog import format_size
 from ..records.folder import LEARNING_CURVES, RECORD, RESOURCES, TASK_LOG_SUFFIX
 from ..records.logview import left_out
 from ..records.states import RunStatus, TaskState
-from .runs import NoMetricsError, Run, RunState, RunSummary, epoch_records, final_record
+from .runs import NoMetricsError, Run, RunState, RunSummary, cause_line, epoch_records, final_record
 
 PLOT_MISSING = "learning curves: not drawn, matplotlib is not installed (pip install 'tflaunch[plot]')"
 EPOCH_NOTE = ("epoch time and samples/s: means over the epochs after the first (the warm-up), or of the first "
@@ -142,6 +142,7 @@ def status_lines(status: RunState, now: float | None = None) -> list[str]:
               for task in status.tasks if task.leftovers]
     if status.error:
         lines.append(f"error: {status.error}")
+    lines += [f"root cause: {status.root_cause}"] if status.root_cause else []
     figures = {t.name: t.resources for t in status.tasks if t.resources}
     if figures:
         lines += ["", f"resource use over the run so far ({RESOURCES}):" if status.status == RunStatus.RUNNING
@@ -242,16 +243,6 @@ def logs_cut(run: Run) -> list[tuple[str, int]]:
     paths.append((run.folder.merged_path.name, run.folder.merged_path))
     counts = [(name, left_out(path)) for name, path in paths]
     return [(name, count) for name, count in counts if count]
-
-
-def cause_line(run: Run) -> str | None:
-    """The run's root cause in one line: the task, and what its diagnosis (a hang's verdict) says."""
-    root = run.record.root_cause
-    if root is None:
-        return None
-    said = (root.diagnosis or {}).get("summary") or root.error or (
-        f"exit code {root.exit_code}" if root.exit_code is not None else None)
-    return f"{root.task} on {root.host}" + (f": {said}" if said else "")
 
 
 def _epoch_row(record: dict[str, Any]) -> dict[str, Any]:

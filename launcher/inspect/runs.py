@@ -333,6 +333,7 @@ class RunState:
     launcher: dict[str, Any]
     tasks: list[TaskStatus] = field(default_factory=list)
     error: str | None = None  # what ended the run from outside its tasks
+    root_cause: str | None = None  # the task that ended the run and why (a hang's verdict), in one line
 
 
 # Measures live tasks of this machine ({task: pid}) over some seconds: {task: {"cpu_percent", "rss_mb",
@@ -374,7 +375,15 @@ def run_status(run: Run, measure_seconds: float = 0.5, measure: Measure | None =
     launcher = asdict(run.record.launcher)
     launcher["alive"] = run.launcher_alive()
     return RunState(run.run_id, str(run.path), run.record.source, status.value, run.record.exit_code, run.attempt,
-                    run.record.started_at, uptime, launcher, tasks, run.record.error)
+                    run.record.started_at, uptime, launcher, tasks, run.record.error, cause_line(run))
+
+
+def cause_line(run: Run) -> str | None:
+    """The run's root cause in one line: the task, and what its diagnosis (a hang's verdict) says."""
+    root = run.record.root_cause
+    said = root and ((root.diagnosis or {}).get("summary") or root.error
+                     or (f"exit code {root.exit_code}" if root.exit_code is not None else None))
+    return None if root is None else f"{root.task} on {root.host}" + (f": {said}" if said else "")
 
 
 def _epoch(iso: str | None) -> float | None:

@@ -295,6 +295,23 @@ def test_status_of_a_live_run_shows_states_pids_uptime_metric_and_usage(tflaunch
     assert re.search(r"^worker-0\s+worker\s+localhost\s+stopped \(exit \d+\)", text, re.M)
 
 
+def test_status_of_a_hung_run_shows_its_root_cause(tflaunch):
+    # A real hang: worker-2 stops in a different line from the others, so the verdict names it.
+    done = tflaunch.run("--local", "3", "--hang-timeout", "3", "--grace", "1", "--", "python", TASK,
+                        "print:started", "sleep-if:worker-2:600", "forever")
+    assert done.returncode == 124, done.stderr[-2000:]
+    summary = done.record["root_cause"]["diagnosis"]["summary"]
+    assert summary.startswith("worker-2 differs from the rest: "), summary
+    text = inspect(tflaunch, "status").stdout
+    assert f"root cause: worker-2 on localhost: {summary}" in text.splitlines(), text
+    assert json.loads(inspect(tflaunch, "status", "--json").stdout)["root_cause"] == \
+        f"worker-2 on localhost: {summary}"
+    # A run that ended on its own has none to show.
+    assert inspect(tflaunch, "--local", "1", "--", "python", TASK, "exit:0").returncode == 0
+    assert "root cause" not in inspect(tflaunch, "status").stdout
+    assert json.loads(inspect(tflaunch, "status", "--json").stdout)["root_cause"] is None
+
+
 # -- resource sampler -------------------------------------------------------------------------
 
 
