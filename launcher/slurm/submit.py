@@ -2,6 +2,12 @@
 
 The folder exists before the job runs, so ``tflaunch runs`` lists the job while it is pending
 (``slurm.json`` holds its id); inside the job ``tflaunch --slurm --run-dir`` writes the run there.
+
+``--env KEY=VALUE`` is written into the script for the job's tflaunch. ``--env KEY`` (by name) is
+written as the name alone: its value reaches the job in the environment sbatch passes on
+(``--export``, ALL unless said otherwise), never in the script. So a by-name variable must be set
+here and passed by the job's ``--export``, and a variable whose name marks a secret must be passed
+by name: its value would otherwise be written into the script.
 """
 
 from __future__ import annotations
@@ -12,11 +18,12 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..cluster.reader import load_cluster_file
+from ..cluster.spec import is_secret_name, value_by_name
 from ..errors import ConfigError
 from ..records.folder import DEFAULT_LOG_DIR, RUN_ID_PLACEHOLDER, SBATCH_SCRIPT, RunFolder, iso_time
 from ..records.slurm import write_slurm_record
@@ -37,6 +44,7 @@ class SubmitOptions:
     run_options: tuple[str, ...] = ()
     log_dir: str | None = None
     argv: tuple[str, ...] = ()
+    env: Mapping[str, str | None] = field(default_factory=dict)  # --env: a value, or None (by name)
 
 
 @dataclass(frozen=True)
@@ -78,10 +86,41 @@ def job_request(options: SubmitOptions, run_dir: str) -> tuple[JobRequest, str]:
         problem = script_text_problem(path)
         if problem:
             raise ConfigError(where, what, problem)
+    env_options = job_env_options(options.env, settings.sbatch_options, os.environ)
     request = JobRequest(run_dir=run_dir, workdir=workdir, python=sys.executable, settings=settings,
-                         cluster_file=cluster_file, command=options.command, run_options=options.run_options,
-                         submitted_argv=options.argv)
+                         cluster_file=cluster_file, command=options.command,
+                         run_options=(*options.run_options, *env_options), submitted_argv=options.argv)
     return request, log_dir or DEFAULT_LOG_DIR
+
+
+def job_env_options(env: Mapping[str, str | None], sbatch_options: Sequence[str],
+                    environ: Mapping[str, str]) -> list[str]:
+    """The job's ``--env`` options: ``KEY=VALUE`` as given, ``KEY`` alone for a variable passed by
+    name, which must be set in ``environ`` and passed on by sbatch (see the module docstring)."""
+    exports = [option for option in sbatch_options if option.startswith("--export=")]
+    if exports:  # sbatch's last --export wins
+        said = exports[-1]
+    else:  # else SBATCH_EXPORT in this environment, else ALL
+        said = f"SBATCH_EXPORT={environ['SBATCH_EXPORT']}" if "SBATCH_EXPORT" in environ else "--export=ALL"
+    export = said.split("=", 1)[1].split(",")
+    words: list[str] = []
+    for name, value in env.items():
+        key = f"--env {name}"
+        if value is None:
+            value_by_name(name, environ, "submit", key)
+            if not {"ALL", name} & set(export):
+                raise ConfigError("submit", key, f"is passed by name, but {said} keeps {name} from the job; pass "
+                                  f"it on with --export=ALL or an --export list that names {name}")
+            words += ["--env", name]
+            continue
+        if is_secret_name(name):
+            raise ConfigError("submit", key, f"its name marks a secret, whose value would be written into "
+                              f"{SBATCH_SCRIPT}; set {name} here and pass it by name: --env {name}")
+        problem = script_text_problem(value)
+        if problem:
+            raise ConfigError("submit", key, problem)
+        words += ["--env", f"{name}={value}"]
+    return words
 
 
 def dry_run(options: SubmitOptions) -> str:

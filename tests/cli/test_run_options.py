@@ -134,11 +134,12 @@ def test_submit_shows_the_same_run_options():
     runs = {param.name: param for param in run.params}
     passed = submit.make_context("submit", ["--nodes", "1"]).params
     shared = [param for param in submit.params if param.name in OPTIONS]
-    assert sorted(param.name for param in shared) == ["grace", "log_dir", "max_restarts"]
+    assert sorted(param.name for param in shared) == ["env", "grace", "log_dir", "max_restarts"]
     for param in shared:
-        assert (param.opts, param.help, param.metavar) == (runs[param.name].opts, runs[param.name].help,
-                                                          runs[param.name].metavar), param.name
-        assert passed[param.name] is None  # passed on to the job's tflaunch only when given
+        assert (param.opts, param.metavar) == (runs[param.name].opts, runs[param.name].metavar), param.name
+        # --env's help says what submit writes into the script and what it refuses.
+        assert param.help == runs[param.name].help or param.name == "env", param.name
+        assert passed[param.name] == ({} if param.name == "env" else None)  # passed on to the job only when given
 
 
 def test_launch_s_defaults_are_the_dataclasss():

@@ -478,6 +478,74 @@ def test_tasks_over_ssh_get_values_by_name_through_the_agent(testhosts, tmp_path
     assert f"env: WANDB_API_KEY='{MASK}'" in dry.stdout.decode()
 
 
+def test_submit_writes_a_by_name_variable_as_its_name_and_refuses_what_would_write_a_secret(tmp_path):
+    by_name = _value("wandb")
+    environ = {"WANDB_API_KEY": by_name}
+    dry = run_tflaunch("submit", "--nodes", "2", "-e", "WANDB_API_KEY", "--env", "USER_PLAIN=shown", "--dry-run",
+                       env=environ, cwd=tmp_path)
+    assert dry.returncode == 0, dry.stderr
+    script = dry.stdout.decode()
+    exec_line = next(line for line in script.splitlines() if line.startswith("exec "))
+    assert exec_line.endswith("--env WANDB_API_KEY --env USER_PLAIN=shown"), exec_line
+    assert_nowhere([by_name], script, dry.stderr.decode())
+    # A by-name variable this environment lacks, or that sbatch's --export keeps from the job.
+    missing = run_tflaunch("submit", "--nodes", "1", "-e", "NOT_SET_ANYWHERE_7", "--dry-run", cwd=tmp_path)
+    one_error_line(missing, "submit: --env NOT_SET_ANYWHERE_7: is passed by name", "export NOT_SET_ANYWHERE_7=")
+    for given in (["--sbatch-option=--export=NONE"], ["--sbatch-option=--export=PATH,HOME"]):
+        refused = run_tflaunch("submit", "--nodes", "1", "-e", "WANDB_API_KEY", *given, "--dry-run",
+                               env=environ, cwd=tmp_path)
+        one_error_line(refused, "submit: --env WANDB_API_KEY: is passed by name, but --export=", "keeps WANDB_API_KEY")
+    refused = run_tflaunch("submit", "--nodes", "1", "-e", "WANDB_API_KEY", "--dry-run",
+                           env={**environ, "SBATCH_EXPORT": "NONE"}, cwd=tmp_path)
+    one_error_line(refused, "but SBATCH_EXPORT=NONE keeps WANDB_API_KEY from the job")
+    allowed = run_tflaunch("submit", "--nodes", "1", "-e", "WANDB_API_KEY",
+                           "--sbatch-option=--export=PATH,WANDB_API_KEY", "--dry-run", env=environ, cwd=tmp_path)
+    assert allowed.returncode == 0, allowed.stderr
+    # A value typed for a secret's name would be written into job.sbatch: refused, the value in no message.
+    inline = _value("hf")
+    refused = run_tflaunch("submit", "--nodes", "1", "-e", f"HF_TOKEN={inline}", "--dry-run", cwd=tmp_path)
+    line = one_error_line(refused, "submit: --env HF_TOKEN: its name marks a secret", "pass it by name: --env HF_TOKEN")
+    assert inline not in line and list(tmp_path.rglob("job.sbatch")) == []
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+@pytest.mark.timeout(300)
+def test_submit_env_by_name_reaches_the_slurm_tasks_and_no_file(slurm, tmp_path):
+    by_name = _value("wandb")
+    release = tmp_path / f"release-{secrets.token_hex(4)}"
+    args = ["submit", "--nodes", "2", "-e", "WANDB_API_KEY", "-e", "USER_PLAIN=shown", "--log-dir",
+            str(tmp_path / "logs"), "--", "python", SECRET_TASK, "WANDB_API_KEY,USER_PLAIN", str(release)]
+    env = {**slurm.env, "PYTHONPATH": str(ROOT), "WANDB_API_KEY": by_name}
+    done, run_dir = submitted_job(args, env, tmp_path, release)
+    slurm.wait_idle(timeout=60)
+    record = check_record(run_dir, ["WANDB_API_KEY"], {"USER_PLAIN": "shown"})
+    assert record["status"] == "succeeded", record
+    check_hashes(merged(run_dir.parent), ["worker-0", "worker-1"], {"WANDB_API_KEY": by_name, "USER_PLAIN": "shown"})
+    assert "--env WANDB_API_KEY --env USER_PLAIN=shown" in (run_dir / "job.sbatch").read_text()
+    assert files_holding(run_dir, [by_name]) == []
+    assert_nowhere([by_name], done.stdout, done.stderr)
+
+
+def submitted_job(args: list[str], env: dict, cwd: Path, release: Path,
+                  while_up=lambda run_dir: None) -> tuple[subprocess.CompletedProcess, Path]:
+    """``tflaunch submit`` with ``args`` (two secret_task.py tasks each printing two hashes), then its job
+    to the end: ``while_up(run_dir)`` runs once every hash is printed, before ``release`` lets the tasks end."""
+    done = subprocess.run(tflaunch_argv(*args), capture_output=True, text=True, env=env, cwd=cwd, timeout=120,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    run_dir = Path(done.stdout.rsplit("run folder ", 1)[1].strip())
+    try:
+        wait_for(lambda: len(hashes(merged(run_dir.parent))) == 4, timeout=180,
+                 message=lambda: "; ".join(p.read_text()[-1500:] for p in run_dir.glob("slurm-*.out")))
+        while_up(run_dir)
+    finally:
+        release.touch()
+    wait_for(lambda: json.loads((run_dir / "run.json").read_text()).get("status") in ("succeeded", "failed", "stopped"),
+             timeout=120, message=f"the end of the job of {run_dir}")
+    return done, run_dir
+
+
 @pytest.mark.slow
 @pytest.mark.slurm
 @pytest.mark.timeout(300)
@@ -491,23 +559,16 @@ def test_a_slurm_job_gets_values_by_name_and_writes_none(slurm, tmp_path):
             "python", SECRET_TASK, ",".join(values), str(release)]
     # sbatch hands the job the environment it was called with (--export=ALL): the value travels there.
     env = {**slurm.env, "PYTHONPATH": str(ROOT), "WANDB_API_KEY": by_name}
-    done = subprocess.run(tflaunch_argv(*args), capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120,
-                          stdin=subprocess.DEVNULL)
-    assert done.returncode == 0, done.stderr
-    run_dir = Path(done.stdout.rsplit("run folder ", 1)[1].strip())
-    try:
-        wait_for(lambda: len(hashes(merged(run_dir.parent))) == 4, timeout=180,
-                 message=lambda: "; ".join(p.read_text()[-1500:] for p in run_dir.glob("slurm-*.out")))
+
+    def on_no_command_line(run_dir: Path) -> None:
         on_nodes = {pid for node in slurm.nodes for pid in slurm.pids(node)}
         assert_on_no_command_line([by_name], {
             "tflaunch in the job": lambda pid, line: b"--slurm" in line and str(run_dir).encode() in line,
             "srun": lambda pid, line: line.startswith(b"srun\0") and b"tflaunch-agents" in line,
             "agent on a node": lambda pid, line: pid in on_nodes and b"-I\0-S\0-c" in line,
             "task on a node": lambda pid, line: pid in on_nodes and str(release).encode() in line})
-    finally:
-        release.touch()
-    wait_for(lambda: json.loads((run_dir / "run.json").read_text()).get("status") in ("succeeded", "failed", "stopped"),
-             timeout=120, message=f"the end of the job of {run_dir}")
+
+    done, run_dir = submitted_job(args, env, tmp_path, release, while_up=on_no_command_line)
     slurm.wait_idle(timeout=60)
     record = check_record(run_dir, list(values), {"USER_PLAIN": "shown"})
     assert record["status"] == "succeeded", record
