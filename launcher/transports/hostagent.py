@@ -76,6 +76,12 @@ PR_SET_CHILD_SUBREAPER = 36
 TICK = 0.25  # how often the setup line's output file is looked at (a regular file cannot be waited on)
 CHUNK = 1 << 16  # one output frame at most, and what the writer sends of one process per turn
 QUEUE_LIMIT = 1 << 20  # output bytes of one process waiting to be sent before its pipe is left unread
+# A relayed process's output pipe holds this much instead of 64 KiB, so a chatty task writes on
+# while the agent sends: fewer wake-ups, larger reads (a log flood's cost). Kernel memory a user's
+# pipes may take is limited (pipe-user-pages-soft, 64 MiB by default; past it every new pipe of
+# that user gets 4 KiB), so only WIDE_PIPES of an agent's processes at a time have one.
+PIPE_SIZE = 1 << 20
+WIDE_PIPES = 16
 
 # -- the protocol: both ends take every fact of it from here ------------------------------------
 
@@ -348,6 +354,7 @@ class Process(object):
         self.hurry = False
         self.exec_fd = None  # until the exec is known to have worked: the child's error pipe
         self.out_fd = None  # relayed output: the read end of its stdout pipe
+        self.wide = False  # whether that pipe holds PIPE_SIZE
         self.in_fd = None  # a helper's stdin pipe
         self.in_pending = b""
         self.in_closing = False
@@ -385,9 +392,11 @@ class Agent(object):
         self.next_setup_read = now
         self.me = os.getpid()
         self.drain_until = {}  # id -> when a process's output pipe is given up on (held by a stranger)
+        self.wide_pipes = 0  # processes whose output pipe holds PIPE_SIZE
         self.wake_r, self.wake_w = os.pipe()
         for fd in (self.wake_r, self.wake_w, self.write_fd):
             set_blocking(fd, False)
+        widen_pipe(self.write_fd)  # the channel too, where it is a pipe (tflaunch's own host)
         signal.set_wakeup_fd(self.wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes select at once
         # SIGTERM (Slurm cancelling the step, an admin) stops every task as if tflaunch were gone.
@@ -592,6 +601,9 @@ class Agent(object):
                 out_w = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             else:
                 process.out_fd, out_w = os.pipe()
+                if self.wide_pipes < WIDE_PIPES and widen_pipe(out_w):
+                    process.wide = True
+                    self.wide_pipes += 1
             if fields.get("stdin") == "pipe":
                 in_r, process.in_fd = os.pipe()
                 set_blocking(process.in_fd, False)
@@ -693,6 +705,7 @@ class Agent(object):
         process.reported = True
 
     def close_pipes(self, process):
+        self.narrowed(process)
         for name in ("out_fd", "in_fd"):
             fd = getattr(process, name)
             if fd is not None:
@@ -832,6 +845,13 @@ class Agent(object):
         else:
             os.close(process.out_fd)
             process.out_fd = None
+            self.narrowed(process)
+
+    def narrowed(self, process):
+        """Its output pipe is gone (or about to be): another process may have a wide one."""
+        if process.wide:
+            process.wide = False
+            self.wide_pipes -= 1
 
     def relay_setup(self):
         """What the setup line (or a job it left running) wrote since the last look: a regular
@@ -963,6 +983,17 @@ class Agent(object):
                 break
             time.sleep(0.05)
         self.reap()
+
+
+def widen_pipe(fd):
+    """Whether the pipe now holds PIPE_SIZE (Linux; a user over the pipe memory limit gets no more)."""
+    import fcntl
+
+    try:
+        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), PIPE_SIZE)
+    except OSError:
+        return False
+    return True
 
 
 def set_blocking(fd, blocking):

@@ -52,6 +52,25 @@ def test_live_rewrites_are_compact_and_the_final_one_indented(tmp_path):
     assert folder.record_path.read_text().startswith("{\n  ")
 
 
+def test_a_large_final_record_has_one_line_per_task(tmp_path):
+    import dataclasses
+
+    from launcher.records.folder import READABLE_TASKS
+
+    record = full_record()
+    task = record.tasks[0]
+    record.tasks = [dataclasses.replace(task, name=f"worker-{i}", index=i) for i in range(READABLE_TASKS + 1)]
+    folder = RunFolder(tmp_path)
+    folder.write_record(record, final=True)
+    text = folder.record_path.read_text()
+    assert folder.read_record() == record
+    lines = text.splitlines()
+    assert lines[0] == "{" and lines[-1] == "}" and '  "tasks": [' in lines
+    task_lines = [line for line in lines if line.startswith('    {"name": "worker-')]
+    assert len(task_lines) == READABLE_TASKS + 1  # each task whole on its own line, for grep
+    assert len(lines) < 2 * (READABLE_TASKS + 1)
+
+
 def test_a_format_1_record_reads_with_defaults_and_the_attempt_from_the_task_env():
     old = {"tflaunch_version": "0.1.0", "run_id": "r", "source": "--local 2", "status": "running",
            "exit_code": None, "launcher": {"pid": 1, "host": "h", "cwd": "/", "argv": ["tflaunch"]},
