@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,15 +89,9 @@ class Tflaunch:
 
     def stop_leftovers(self) -> None:
         """Interrupt any tflaunch this test started and left running (a failed assertion or the
-        per-test timeout cut it short), so that its tasks do not outlive the test; SIGKILL after 60 s."""
+        per-test timeout cut it short), so that its tasks do not outlive the test."""
         for proc in self._started:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
-                try:
-                    proc.communicate(timeout=60)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.communicate()
+            interrupt(proc)
 
     def latest_run(self) -> Path | None:
         """The run folder made last (run ids sort by second only; creation time breaks ties)."""
@@ -113,6 +110,33 @@ class Tflaunch:
             return args if args[0] == "check" else [*args, "--log-dir", str(self.log_dir)]
         cut = args.index("--") if "--" in args else len(args)
         return [*args[:cut], "--log-dir", str(self.log_dir), *args[cut:]]
+
+
+def interrupt(proc: subprocess.Popen) -> None:
+    """Stop a tflaunch still running as Ctrl-C does, so that it stops its tasks; SIGKILL after 60 s."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+
+
+@pytest.fixture
+def folder_for_others() -> Iterator[Callable[[int], Path]]:
+    """Makes folders under /tmp with the mode asked for, which another user (setpriv) can reach as it
+    cannot reach tmp_path, whose parents are private to root; they are removed after the test."""
+    made: list[Path] = []
+
+    def make(mode: int) -> Path:
+        made.append(Path(tempfile.mkdtemp(prefix="tflaunch-shared-", dir="/tmp")))
+        made[-1].chmod(mode)
+        return made[-1]
+
+    yield make
+    for path in made:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

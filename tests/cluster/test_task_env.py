@@ -18,33 +18,21 @@ from launcher.records.metrics import PREFIX as METRIC_PREFIX
 from launcher.run.mesh import LISTENING_MARK, RESULT_MARK
 from launcher.run.preflight import PROBE_MARK
 from launcher.run.liverecord import task_record
+from source_scan import LAUNCHER, code_strings, launcher_modules
 
 pytestmark = pytest.mark.unit
 
-ROOT = Path(__file__).resolve().parents[2]
-LAUNCHER = ROOT / "launcher"
+ROOT = LAUNCHER.parent
 TRAINER = ROOT / "trainer"
 NAMES = set(taskenv.OWNED + taskenv.OFFERED)
-# Programs shipped to hosts as standalone source, which import nothing of the launcher; the agent
-# owns its own variables (TFLAUNCH_AGENT_*), which the launcher imports from it.
-SHIPPED = {LAUNCHER / "transports" / "hostagent.py", LAUNCHER / "cluster" / "probe.py",
-           LAUNCHER / "cluster" / "mesh_probe.py"}
 # Line marks, not variables: each has its own owner (records/metrics.py, run/preflight.py, run/mesh.py).
 MARKS = {mark.strip() for mark in (METRIC_PREFIX.decode(), PROBE_MARK, LISTENING_MARK, RESULT_MARK)}
 WORD = re.compile(r"TFLAUNCH_[A-Z0-9_]*[A-Z0-9]")
 
 
 def strings_in_code(path: Path) -> list[tuple[int, str]]:
-    """Every string constant of a module with its line, f-string parts included, docstrings left out."""
-    tree = ast.parse(path.read_text(), str(path))
-    docstrings = set()
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
-            first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
-                docstrings.add(id(first.value))
-    return [(node.lineno, node.value) for node in ast.walk(tree)
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings]
+    """Every string constant of a module's code with its line (:func:`source_scan.code_strings`)."""
+    return [(node.lineno, node.value) for node in code_strings(ast.parse(path.read_text(), str(path)))]
 
 
 def names_used(path: Path) -> list[tuple[int, str]]:
@@ -63,10 +51,10 @@ def test_the_finder_sees_names_in_code_and_not_in_docstrings(tmp_path):
 def test_no_launcher_module_spells_a_task_variable_itself():
     owner = LAUNCHER / "taskenv.py"
     spelled: dict[str, list[str]] = {}
-    for path in sorted(LAUNCHER.rglob("*.py")):
-        if path not in SHIPPED:
-            for line, word in names_used(path):
-                spelled.setdefault(word, []).append(f"{path.relative_to(ROOT)}:{line}")
+    # The shipped agent owns its own variables (TFLAUNCH_AGENT_*), which the launcher imports from it.
+    for path in launcher_modules():
+        for line, word in names_used(path):
+            spelled.setdefault(word, []).append(f"{path.relative_to(ROOT)}:{line}")
     # A task's variables are spelled in taskenv.py alone; any other TFLAUNCH_ name (tflaunch's own
     # settings) in one module, which the others import it from.
     found = []

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TASK
+from conftest import TASK, interrupt
 from launcher.run.resources import ResourceSampler
 from polling import wait_for
 
@@ -111,16 +111,6 @@ def kill_task_groups(manifest: dict) -> None:
                 os.killpg(task["pid"], signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-
-
-def stop_launcher(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
 
 
 def png_size(path: Path) -> tuple[int, int]:
@@ -223,7 +213,7 @@ def test_logs_follow_prints_lines_as_they_come_and_ends_with_the_run(tflaunch):
         run.communicate(timeout=30)
         assert run.returncode == 0
     finally:
-        stop_launcher(run)
+        interrupt(run)
 
 
 @pytest.mark.timeout(90)
@@ -250,7 +240,7 @@ def test_launcher_gone_shows_launcher_lost_and_ends_follow(tflaunch):
         assert f"launcher lost: run.json says running but the launcher pid {manifest['launcher']['pid']}" in text
     finally:
         kill_task_groups(record_of(tflaunch) or manifest)
-        stop_launcher(run)
+        interrupt(run)
 
 
 # -- tflaunch status --------------------------------------------------------------------------
@@ -288,7 +278,7 @@ def test_status_of_a_live_run_shows_states_pids_uptime_metric_and_usage(tflaunch
             assert row[1:5] == ["worker", "localhost", "running", str(pids[name])]
         assert "epoch 1: loss 0.5000, acc 0.7500, val acc 0.7000" in text
     finally:
-        stop_launcher(run)
+        interrupt(run)
     assert run.returncode == 130
     text = inspect(tflaunch, "status").stdout
     assert "not running: stopped (exit 130)" in text
@@ -527,7 +517,7 @@ def test_report_and_compare_explain_missing_metrics(tflaunch):
             inspect(tflaunch, "compare", live, quiet, code=2).stderr
         assert "running" in data_rows(inspect(tflaunch, "runs").stdout, live)[live]
     finally:
-        stop_launcher(run)
+        interrupt(run)
 
 
 # -- tflaunch compare -------------------------------------------------------------------------

@@ -11,19 +11,12 @@ import click
 import pytest
 
 from launcher.records.states import Outcome, RunStatus, TaskState
+from source_scan import LAUNCHER, code_strings, launcher_modules
 
 pytestmark = pytest.mark.unit
 
-LAUNCHER = Path(__file__).resolve().parents[2] / "launcher"
 STATES = LAUNCHER / "records" / "states.py"
-# Programs shipped to hosts as standalone source: they cannot import the launcher's modules.
-SHIPPED = {LAUNCHER / "transports" / "hostagent.py", LAUNCHER / "cluster" / "probe.py",
-           LAUNCHER / "cluster" / "mesh_probe.py"}
 STATE_WORDS = {w.value for enum in (RunStatus, TaskState, Outcome) for w in enum} | {"died"}
-
-
-def launcher_modules() -> list[Path]:
-    return sorted(p for p in LAUNCHER.rglob("*.py") if p not in SHIPPED)
 
 
 def compared_strings(tree: ast.AST) -> list[tuple[int, str]]:
@@ -85,17 +78,6 @@ def layout_names() -> tuple[set[str], set[str]]:
              and key not in ("DEFAULT_LOG_DIR",)}
     plain = {name for name in names if name.isalpha()}  # backup, stacks, tensorboard: words in other senses too
     return names - plain - {".log", ".txt"}, plain | {".log", ".txt"}
-
-
-def code_strings(tree: ast.AST) -> list[ast.Constant]:
-    docstrings = set()
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
-            first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
-                docstrings.add(id(first.value))
-    return [node for node in ast.walk(tree)
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings]
 
 
 def layout_spelled(path: Path) -> list[str]:

@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -364,12 +362,9 @@ def test_a_folder_that_cannot_hold_the_socket_costs_the_run_nothing_but_stacks(t
 
 
 @pytest.fixture
-def shared_dir():
-    """A folder another user can traverse (tmp_path's parents are private to root)."""
-    path = Path(tempfile.mkdtemp(prefix="tflaunch-hangs-", dir="/tmp"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+def shared_dir(folder_for_others):
+    """A folder another user can traverse but not write."""
+    return folder_for_others(0o755)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user with setpriv")

@@ -14,7 +14,6 @@ import socket
 import stat
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -62,12 +61,9 @@ class Attacker:
 
 
 @pytest.fixture
-def shared_tmp():
+def shared_tmp(folder_for_others):
     """A temp directory shared by every user as /tmp is (1777, its parent traversable)."""
-    path = Path(tempfile.mkdtemp(prefix="tflaunch-shared-", dir="/tmp"))
-    path.chmod(0o1777)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    return folder_for_others(0o1777)
 
 
 @pytest.fixture
