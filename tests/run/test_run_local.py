@@ -178,8 +178,10 @@ def test_port_in_use_is_reported_before_launch(tflaunch, tmp_path):
     assert done.run_dir is None  # nothing started, no run folder
 
 
-def test_concurrent_local_runs_do_not_collide(tflaunch):
-    procs = [tflaunch.start("--local", "4", "--quiet", "--", "python", TASK, "bind", "sleep:2") for _ in range(3)]
+@pytest.mark.parametrize("cluster", [["--local", "4"], ["-H", "localhost:3"]])
+def test_concurrent_local_runs_do_not_collide(tflaunch, cluster):
+    # Three runs at once pick their auto ports on this machine: every task binds its own.
+    procs = [tflaunch.start(*cluster, "--quiet", "--", "python", TASK, "bind", "sleep:2") for _ in range(3)]
     results = [p.communicate(timeout=60) for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0], [r[1] for r in results]
 

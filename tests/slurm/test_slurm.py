@@ -10,12 +10,12 @@ import json
 import re
 import subprocess
 import sys
-import time
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 from conftest import ROOT, TASK
+from polling import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
@@ -46,16 +46,6 @@ def record(run_dir: Path) -> dict:
 def metrics(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def wait_for(what: str, condition, timeout: float = 120.0, interval: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"{what}: not within {timeout:g} s")
 
 
 def sbatch_wait(testslurm, tmp_path: Path, body: str, *options: str, timeout: float = 240):
@@ -148,12 +138,14 @@ def test_scancel_leaves_nothing_on_any_node_and_a_final_run_folder(slurm, tmp_pa
     done, run_dir = submit(slurm, tmp_path, "--nodes", "2", "--ntasks-per-node", "2", "--", "python", TASK,
                            "child", "forever")
     assert done.returncode == 0, done.stderr
-    wait_for("every task running", lambda: (run_dir / "run.json").exists() and all(
-        t["state"] == "running" for t in record(run_dir)["tasks"]) and len(record(run_dir)["tasks"]) == 4)
+    wait_for(lambda: (run_dir / "run.json").exists() and all(
+        t["state"] == "running" for t in record(run_dir)["tasks"]) and len(record(run_dir)["tasks"]) == 4,
+        timeout=120, message="every task running")
     assert all(slurm.pids(node) for node in slurm.nodes)  # the tasks (and their children) are there
     slurm.run("scancel", job_id_of(run_dir))
     slurm.wait_idle(timeout=40)  # nothing left on either node, no job left
-    rec = wait_for("a final run record", lambda: record(run_dir)["status"] != "running" and record(run_dir))
+    rec = wait_for(lambda: record(run_dir)["status"] != "running" and record(run_dir), timeout=120,
+                   message="a final run record")
     assert rec["status"] == "stopped" and rec["ended_at"]
 
 
@@ -162,13 +154,14 @@ def test_a_node_that_dies_is_reported_as_such(slurm, tmp_path):
     done, run_dir = submit(slurm, tmp_path, "--nodes", "2", "--sbatch-option=--no-requeue", "--", "python", TASK,
                            "forever")
     assert done.returncode == 0, done.stderr
-    wait_for("every task running", lambda: (run_dir / "run.json").exists() and len(record(run_dir)["tasks"]) == 2
-             and all(t["state"] == "running" for t in record(run_dir)["tasks"]))
+    wait_for(lambda: (run_dir / "run.json").exists() and len(record(run_dir)["tasks"]) == 2
+             and all(t["state"] == "running" for t in record(run_dir)["tasks"]), timeout=120,
+             message="every task running")
     lost = slurm.nodes[1]
     try:
         slurm.kill_node(lost)
-        rec = wait_for("a final run record", lambda: record(run_dir)["status"] != "running" and record(run_dir),
-                       timeout=90)
+        rec = wait_for(lambda: record(run_dir)["status"] != "running" and record(run_dir), timeout=90,
+                       message="a final run record")
     finally:
         slurm.revive(lost)
     # Slurm cancels the job for the node failure (SIGTERM to tflaunch) while srun reports the lost node:
@@ -191,14 +184,15 @@ def test_a_warned_job_saves_is_requeued_and_resumes_after_its_last_saved_epoch(s
                            "--epochs", "4", "--batch-per-worker", "24", "--steps-per-epoch", "40")
     assert done.returncode == 0, done.stderr
     job = job_id_of(run_dir)
-    wait_for("epoch 2 saved", lambda: any(r["kind"] == "epoch" and r["epoch"] == 2 for r in metrics(run_dir)),
-             timeout=240)
+    wait_for(lambda: any(r["kind"] == "epoch" and r["epoch"] == 2 for r in metrics(run_dir)), timeout=240,
+             message="epoch 2 saved")
     # What Slurm does --warning-seconds before the time limit, or at preemption: USR1 to the batch shell.
     assert slurm.run("scancel", "--batch", "--signal=USR1", job).returncode == 0
     # The test cluster holds a requeued job for about 10 s (cred_expire=10; Slurm's default is 120 s).
-    wait_for("the requeued execution", lambda: (run_dir / "requeue-1").is_dir(), timeout=120)
-    rec = wait_for("the requeued run to finish", lambda: (run_dir / "run.json").exists()
-                   and record(run_dir)["status"] not in ("running",) and record(run_dir), timeout=300)
+    wait_for(lambda: (run_dir / "requeue-1").is_dir(), timeout=120, message="the requeued execution")
+    rec = wait_for(lambda: (run_dir / "run.json").exists()
+                   and record(run_dir)["status"] not in ("running",) and record(run_dir), timeout=300,
+                   message="the requeued run to finish")
     assert rec["status"] == "succeeded", (run_dir / f"slurm-{job}.out").read_text()[-3000:]
     first = json.loads((run_dir / "requeue-1" / "run.json").read_text())
     assert first["status"] == "stopped"
@@ -238,16 +232,17 @@ def test_a_run_is_one_job_step_with_one_agent_per_node(slurm, tmp_path):
     done, run_dir = submit(slurm, tmp_path, "--nodes", "2", "--ntasks-per-node", "4", "--", "sh", "-c",
                            "echo up on $SLURMD_NODENAME; exec sleep 60")
     assert done.returncode == 0, done.stderr
-    wait_for("every task running", lambda: (run_dir / "run.json").exists() and len(record(run_dir)["tasks"]) == 8
-             and all(t["state"] == "running" and t["pid"] for t in record(run_dir)["tasks"]))
+    wait_for(lambda: (run_dir / "run.json").exists() and len(record(run_dir)["tasks"]) == 8
+             and all(t["state"] == "running" and t["pid"] for t in record(run_dir)["tasks"]), timeout=120,
+             message="every task running")
     steps = slurm.run("squeue", "-s", "-h", "-j", job_id_of(run_dir), "-o", "%i %j %N").stdout.split("\n")
     named = sorted(line.split()[1] for line in steps if line.strip())
     assert named == ["batch", "tflaunch-agents"], steps  # one step for all 8 tasks, beside the batch step
     agents = [line for line in steps if "tflaunch-agents" in line]
     assert len(agents) == 1 and agents[0].split()[2] == f"{slurm.nodes[0].rsplit('-', 1)[0]}-[1-2]", agents
     # The agents sample their tasks: the run's resource figures cover both nodes' tasks.
-    wait_for("resource figures of all 8 tasks",
-             lambda: len(json.loads((run_dir / "resources.json").read_text()).get("tasks", {})) == 8
-             if (run_dir / "resources.json").exists() else False)
+    wait_for(lambda: len(json.loads((run_dir / "resources.json").read_text()).get("tasks", {})) == 8
+             if (run_dir / "resources.json").exists() else False, timeout=120,
+             message="resource figures of all 8 tasks")
     slurm.run("scancel", job_id_of(run_dir))
     slurm.wait_idle(timeout=40)

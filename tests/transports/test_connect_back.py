@@ -23,6 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import ROOT
+from polling import wait_for
 
 from launcher.transports.connectback import ConnectBack, source_address
 
@@ -165,7 +166,7 @@ def test_agents_get_in_among_strangers_and_keep_what_follows_their_line(listener
     assert dripper.closed_at is not None
     # Every expected caller is in: the listener's thread closes the port right after its last
     # delivery, which may land a moment after the test has read the delivered descriptors.
-    wait_for("the port to close once every caller is in", lambda: refuses(address), timeout=10.0)
+    wait_for(lambda: refuses(address), timeout=10.0, message="the port to close once every caller is in")
 
 
 def test_a_handshake_has_one_deadline_for_the_whole_line(listener):
@@ -298,8 +299,8 @@ class SlurmRun:
             ["sbatch", "--wait", "--nodes=2", "--time=5", f"--output={self.out}", f"--chdir={tmp_path}",
              f"--export=ALL,PYTHONPATH={ROOT}", str(script)],
             env=testslurm.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
-        self.pid = int(wait_for("tflaunch's pid", lambda: self.pidfile.exists() and self.pidfile.read_text().strip(),
-                                state=self.state))
+        self.pid = int(wait_for(lambda: self.pidfile.exists() and self.pidfile.read_text().strip(), timeout=120,
+                                message=lambda: f"tflaunch's pid {self.state()}"))
         self.netns = None
 
     def listening(self) -> list[str]:
@@ -342,16 +343,6 @@ class SlurmRun:
         return next((self.folder / "logs").iterdir())
 
 
-def wait_for(what: str, condition, timeout: float = 120.0, interval: float = 0.1, state=lambda: ""):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"{what}: not within {timeout:g} s {state()}")
-
-
 def host_port(text: str) -> tuple[str, int]:
     host, port = text.rsplit(":", 1)
     return host.strip("[]"), int(port)
@@ -367,7 +358,7 @@ def test_strangers_at_the_listener_cannot_keep_the_agents_out(slurm, tmp_path):
     sockets: list[socket.socket] = []
     dripper = None
     try:
-        listening = wait_for("tflaunch's listener", run.listening, timeout=60, state=run.state)
+        listening = wait_for(run.listening, timeout=60, message=lambda: f"tflaunch's listener {run.state()}")
         assert len(listening) == 1, listening
         address = run.dialled(listening[0])
         # Slurm knows the nodes' addresses, so tflaunch listens on the one its routes to them leave
@@ -393,7 +384,7 @@ def test_strangers_at_the_listener_cannot_keep_the_agents_out(slurm, tmp_path):
         # The agents are still held back by the setup line: the strangers came first.
         assert run.listening() == listening and psutil.pid_exists(run.pid)
         # Once every agent is in, the listener closes while the run goes on.
-        wait_for("the listener to close", lambda: not run.listening(), timeout=120, state=run.state)
+        wait_for(lambda: not run.listening(), timeout=120, message=lambda: f"the listener to close {run.state()}")
         assert psutil.pid_exists(run.pid)
         code, out = run.finish()
     finally:
@@ -417,15 +408,15 @@ def test_strangers_at_the_listener_cannot_keep_the_agents_out(slurm, tmp_path):
 @pytest.mark.parametrize("end", ["interrupt", "srun killed"])
 def test_the_listener_closes_when_the_run_ends_before_the_agents_are_in(slurm, tmp_path, end):
     run = SlurmRun(slurm, tmp_path, "true", delay=60)
-    listening = wait_for("tflaunch's listener", run.listening, timeout=60, state=run.state)
+    listening = wait_for(run.listening, timeout=60, message=lambda: f"tflaunch's listener {run.state()}")
     pending = socket.create_connection(run.dialled(listening[0]), timeout=30)  # a handshake in progress
     if end == "interrupt":
         os.kill(run.pid, signal.SIGINT)
     else:
-        srun = wait_for("tflaunch's srun", lambda: [p for p in psutil.Process(run.pid).children()
-                                                    if p.name() == "srun"], timeout=30)
+        srun = wait_for(lambda: [p for p in psutil.Process(run.pid).children() if p.name() == "srun"], timeout=30,
+                        message="tflaunch's srun")
         srun[0].kill()
-    wait_for("the listener to close", lambda: not run.listening(), timeout=60, state=run.state)
+    wait_for(lambda: not run.listening(), timeout=60, message=lambda: f"the listener to close {run.state()}")
     assert closed_by_peer(pending, 30.0)
     code, out = run.finish()
     assert code != 0 and "Traceback" not in out, out[-3000:]

@@ -60,13 +60,20 @@ def test_many_tasks_start_on_one_host_whose_sshd_keeps_stock_limits(tflaunch, te
         assert done.task_output(task["name"]) == f"{task['name']} on node1\n"
 
 
+def sleepers_up(tflaunch, cluster: Path, tasks: int, timeout: float) -> subprocess.Popen:
+    """tflaunch running ``cluster`` with each task saying "up", then sleeping 120 s; returned once all
+    ``tasks`` have said it (the tflaunch fixture interrupts it if the wait fails)."""
+    proc = tflaunch.start(str(cluster), "--", "sh", "-c", "echo up; exec sleep 120")
+    wait_for(lambda: tflaunch.merged_text().count("| up") == tasks, timeout=timeout,
+             message=f"all {tasks} tasks to be up")
+    return proc
+
+
 @pytest.mark.ssh
 def test_a_remote_host_costs_one_connection_for_the_checks_and_the_run(tflaunch, testhosts, tmp_path):
     cluster = cluster_file(tmp_path, testhosts, workers(testhosts, 8, hosts=2))
-    proc = tflaunch.start(str(cluster), "--", "sh", "-c", "echo up; exec sleep 30")
+    proc = sleepers_up(tflaunch, cluster, 16, timeout=60)
     try:
-        wait_for(lambda: tflaunch.merged_text().count("| up") == 16,
-                 timeout=60, message="all 16 tasks to be up")
         assert {h: ssh_sessions(testhosts, h) for h in ("node1", "node2")} == {"node1": 1, "node2": 1}
     finally:
         proc.send_signal(signal.SIGINT)
@@ -77,10 +84,8 @@ def test_a_remote_host_costs_one_connection_for_the_checks_and_the_run(tflaunch,
 @pytest.mark.ssh
 def test_a_host_lost_under_8_tasks_fails_them_naming_the_host_once(tflaunch, testhosts, tmp_path):
     cluster = cluster_file(tmp_path, testhosts, workers(testhosts, 8, hosts=2), keepalive=3)
-    proc = tflaunch.start(str(cluster), "--", "sh", "-c", "echo up; exec sleep 120")
+    proc = sleepers_up(tflaunch, cluster, 16, timeout=60)
     try:
-        wait_for(lambda: tflaunch.merged_text().count("| up") == 16,
-                 timeout=60, message="all 16 tasks to be up")
         testhosts.cut("node2")
         cut_at = time.monotonic()
         out, err = proc.communicate(timeout=60)
@@ -185,10 +190,8 @@ def test_one_task_restarted_in_place_leaves_its_neighbours_on_the_host_running(t
 @pytest.mark.ssh
 def test_sigkill_of_tflaunch_with_64_tasks_on_4_hosts_leaves_nothing(tflaunch, testhosts, tmp_path):
     cluster = cluster_file(tmp_path, testhosts, workers(testhosts, 16, hosts=4))
-    proc = tflaunch.start(str(cluster), "--", "sh", "-c", "echo up; exec sleep 120")
+    proc = sleepers_up(tflaunch, cluster, 64, timeout=90)
     try:
-        wait_for(lambda: tflaunch.merged_text().count("| up") == 64,
-                 timeout=90, message="all 64 tasks to be up")
         assert all(len(run_processes(testhosts, h.name)) >= 16 for h in testhosts.hosts[:4])
         proc.kill()
         killed_at = time.monotonic()

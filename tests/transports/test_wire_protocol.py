@@ -9,6 +9,7 @@ namespaced test hosts (scripts/testhosts)."""
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import os
 import resource
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -192,16 +194,30 @@ def test_tflaunchs_keepalive_counts_whole_frames_not_bytes(hosts):
     assert ended(task).error
 
 
-def test_the_agents_keepalive_counts_whole_lines_not_bytes(tmp_path):
-    spec = encode_fields({"keepalive": 2.0, "eof_grace": 0.5})
-    agent = subprocess.Popen([sys.executable, "-I", "-S", "-c", AGENT_BOOT, spec], stdin=subprocess.PIPE,
-                             stdout=subprocess.DEVNULL, start_new_session=True)
+@contextlib.contextmanager
+def agent_with_a_sleeper(keepalive: float, stderr: Path | None = None) -> Iterator[tuple[subprocess.Popen, str]]:
+    """The agent over pipes, as tflaunch starts it on this machine (``stderr`` to that file), running
+    one task that sleeps; yields the agent and the task's marker (:func:`conftest.marked` finds it).
+    An agent still there at the end is killed."""
+    spec = encode_fields({"keepalive": keepalive, "eof_grace": 0.5})
+    with open(stderr or os.devnull, "wb") as err:
+        agent = subprocess.Popen([sys.executable, "-I", "-S", "-c", AGENT_BOOT, spec], stdin=subprocess.PIPE,
+                                 stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
     marker = f"m-{uuid.uuid4().hex}"
     start = encode_fields({"argv": [sys.executable, "-c", "import time; time.sleep(600)", marker], "grace": 1})
     try:
         agent.stdin.write(f"START 1 {start}\n".encode())
         agent.stdin.flush()
         wait_for(lambda: marked(marker), timeout=15, message="the task to start")
+        yield agent, marker
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+
+
+def test_the_agents_keepalive_counts_whole_lines_not_bytes(tmp_path):
+    with agent_with_a_sleeper(keepalive=2.0) as (agent, marker):
         # A command line that trickles in and never ends is not tflaunch alive.
         gave_up = False
         for byte in b"TERM 1 " + b"0" * 80:  # 13 s of bytes
@@ -218,25 +234,12 @@ def test_the_agents_keepalive_counts_whole_lines_not_bytes(tmp_path):
         assert gave_up, "the agent outlived its 2 s timeout while bytes trickled"
         assert agent.wait(timeout=15) == 0
         wait_for(lambda: not marked(marker), timeout=10, message="the task to be stopped")
-    finally:
-        if agent.poll() is None:
-            agent.kill()
-            agent.wait()
 
 
 @pytest.mark.parametrize("line", [b"HELLO 1\n", b"START x abc\n", b"KILL 1 2 3\n", b"Z" * (MAX_FRAME + 2)])
 def test_the_agent_stops_everything_on_a_command_that_is_none(tmp_path, line):
-    spec = encode_fields({"keepalive": 30, "eof_grace": 0.5})
     stderr = tmp_path / "stderr"
-    with open(stderr, "wb") as err:
-        agent = subprocess.Popen([sys.executable, "-I", "-S", "-c", AGENT_BOOT, spec], stdin=subprocess.PIPE,
-                                 stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
-    marker = f"m-{uuid.uuid4().hex}"
-    start = encode_fields({"argv": [sys.executable, "-c", "import time; time.sleep(600)", marker], "grace": 1})
-    try:
-        agent.stdin.write(f"START 1 {start}\n".encode())
-        agent.stdin.flush()
-        wait_for(lambda: marked(marker), timeout=15, message="the task to start")
+    with agent_with_a_sleeper(keepalive=30, stderr=stderr) as (agent, marker):
         try:
             agent.stdin.write(line)
             agent.stdin.flush()
@@ -248,10 +251,6 @@ def test_the_agent_stops_everything_on_a_command_that_is_none(tmp_path, line):
         assert said.count("\n") == 1 and "tflaunch agent on " in said and ": protocol error: read '" in said
         assert said.rstrip().endswith("was expected"), said
         assert line.strip()[:8].decode() in said
-    finally:
-        if agent.poll() is None:
-            agent.kill()
-            agent.wait()
 
 
 def test_a_command_line_over_the_limit_is_refused_before_it_is_sent():
