@@ -26,6 +26,7 @@ from launcher.export import ExportRequest, export
 from launcher.export.pods import POD_RUN_DIR
 from launcher.sources.file import ClusterFileSource
 from launcher.sources.local import LocalSource
+from test_export_schema import sources_of
 
 pytestmark = pytest.mark.unit
 
@@ -51,17 +52,12 @@ worker: [localhost:auto, localhost:auto]
 kubernetes: {name: resnet, port: 3000, image: "train:1", env: {DATA: /data}}
 """,
 }
-LOCAL = [(1, False, 0), (2, False, 0), (2, True, 0), (3, True, 1), (4, True, 3)]
+LOCAL = {"one": (1, False, 0), "two": (2, False, 0), "chief-one": (2, True, 0), "ps-one": (3, True, 1),
+         "ps-three": (4, True, 3)}
 
 
 def _clusters(tmp_path: Path) -> list[tuple[str, Any]]:
-    clusters: list[tuple[str, Any]] = []
-    for label, text in CLUSTER_FILES.items():
-        path = tmp_path / f"{label}.yaml"
-        path.write_text(text)
-        clusters.append((label, ClusterFileSource(str(path))))
-    clusters += [(source.label, source) for source in (LocalSource(n, chief=c, ps=p) for n, c, p in LOCAL)]
-    return clusters
+    return sources_of(tmp_path, CLUSTER_FILES, LOCAL)
 
 
 def k8s_expand(text: str, variables: dict[str, str]) -> str:
@@ -171,7 +167,7 @@ def test_each_pod_exports_the_plans_tf_config_and_env(tmp_path: Path, shell: str
                 assert {k: seen.get(k) for k in want} == want, (label, task)
                 assert "TFLAUNCH_RUN_DIR" not in seen
                 pods += 1
-    assert pods == sum(n + c + p for n, c, p in LOCAL) + 7 + 6 + 2
+    assert pods == sum(n + c + p for n, c, p in LOCAL.values()) + 7 + 6 + 2
 
 
 def test_tf_config_names_pods_by_jobset_dns(tmp_path: Path) -> None:

@@ -91,14 +91,20 @@ kubernetes: {image: "train:1"}
 LOCAL_CLUSTERS = {"one": (1, False, 0), "two": (2, False, 0), "chief-three": (3, True, 0), "ps": (4, True, 2)}
 
 
-def _sources(tmp_path: Path) -> list[tuple[str, Any]]:
+def sources_of(tmp_path: Path, files: dict[str, str], local: dict[str, tuple[int, bool, int]]) -> list[tuple[str, Any]]:
+    """A (label, source) for each cluster file's text, written into ``tmp_path`` under its label, and for
+    each ``--local`` form, (workers, chief, ps) under its label."""
     sources: list[tuple[str, Any]] = []
-    for label, text in FILE_CLUSTERS.items():
+    for label, text in files.items():
         path = tmp_path / f"{label}.yaml"
         path.write_text(text)
         sources.append((label, ClusterFileSource(str(path))))
-    sources += [(label, LocalSource(n, chief=chief, ps=ps)) for label, (n, chief, ps) in LOCAL_CLUSTERS.items()]
+    sources += [(label, LocalSource(n, chief=chief, ps=ps)) for label, (n, chief, ps) in local.items()]
     return sources
+
+
+def _sources(tmp_path: Path) -> list[tuple[str, Any]]:
+    return sources_of(tmp_path, FILE_CLUSTERS, LOCAL_CLUSTERS)
 
 
 def _documents(source: Any, fmt: str, **options: Any) -> list[dict]:
