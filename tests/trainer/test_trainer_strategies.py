@@ -5,12 +5,9 @@ Single processes and hand-launched clusters, as in test_trainer_tf; tflaunch is 
 
 from __future__ import annotations
 
-import os
-import signal
-
 import pytest
 
-from test_trainer_tf import THREAD_LIMITS, Cluster, Task, assert_user_error, run_single, wait_for_epoch
+from test_trainer_tf import Cluster, assert_user_error, killed_after_epoch, run_single
 
 pytestmark = [pytest.mark.slow, pytest.mark.tensorflow]
 
@@ -39,14 +36,7 @@ def test_central_storage_resumes_mid_epoch(tmp_path, loop):
     argv = ["--strategy", "central_storage", "--loop", loop, "--batch-per-worker", "64",
             "--steps-per-epoch", "20", "--epochs", "5", "--backup-dir", str(tmp_path / "backup"),
             "--backup-every", "50"]
-    env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "TFLAUNCH_TASK")}
-    env.update(PYTHONUNBUFFERED="1", **THREAD_LIMITS)
-    first = Task("local", argv, env, tmp_path / "first.log", tmp_path)
-    try:
-        wait_for_epoch(first, 3, timeout=150)
-        first.signal(signal.SIGKILL)
-    finally:
-        first.stop()
+    first = killed_after_epoch(tmp_path, argv, 3, timeout=150)
     assert 5 not in first.epochs(), first.output()
     second = run_single(tmp_path, argv, timeout=150)
     assert second.proc.returncode == 0, second.output()

@@ -130,11 +130,16 @@ def free_ports(count: int) -> list[int]:
             s.close()
 
 
-def run_single(tmp_path: Path, argv: list[str], env: dict[str, str] | None = None, timeout: float = 120) -> Task:
-    """One trainer process without TF_CONFIG, waited for."""
+def start_single(tmp_path: Path, argv: list[str], env: dict[str, str] | None = None) -> Task:
+    """One trainer process without TF_CONFIG, started."""
     task_env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "TFLAUNCH_TASK")}
     task_env.update(PYTHONUNBUFFERED="1", **(env or {}))
-    task = Task("local", argv, task_env, tmp_path / f"local-{time.monotonic_ns()}.log", tmp_path)
+    return Task("local", argv, task_env, tmp_path / f"local-{time.monotonic_ns()}.log", tmp_path)
+
+
+def run_single(tmp_path: Path, argv: list[str], env: dict[str, str] | None = None, timeout: float = 120) -> Task:
+    """One trainer process without TF_CONFIG, waited for."""
+    task = start_single(tmp_path, argv, env)
     try:
         task.proc.wait(timeout)
     except subprocess.TimeoutExpired:
@@ -157,6 +162,18 @@ def wait_for_task(task: Task, reached: Callable[[], bool], what: str, timeout: f
 
 def wait_for_epoch(task: Task, epoch: int, timeout: float) -> None:
     wait_for_task(task, lambda: epoch in task.epochs(), f"epoch {epoch}", timeout)
+
+
+def killed_after_epoch(tmp_path: Path, argv: list[str], epoch: int, timeout: float) -> Task:
+    """One trainer process without TF_CONFIG (one thread each way), killed with SIGKILL once it
+    reported ``epoch``: what a resume starts from."""
+    task = start_single(tmp_path, argv, THREAD_LIMITS)
+    try:
+        wait_for_epoch(task, epoch, timeout=timeout)
+        task.signal(signal.SIGKILL)
+    finally:
+        task.stop()
+    return task
 
 
 def assert_user_error(task: Task, fragment: str) -> None:
@@ -333,14 +350,7 @@ def test_step_backups_resume_mid_epoch(tmp_path, loop):
     # epoch 5. Killed after epoch 3, the run resumes from the first one: epoch 3, step 11.
     argv = ["--loop", loop, "--width", "1", "--batch-per-worker", "64", "--steps-per-epoch", "20",
             "--epochs", "6", "--backup-dir", str(tmp_path / "backup"), "--backup-every", "50"]
-    env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "TFLAUNCH_TASK")}
-    env.update(PYTHONUNBUFFERED="1", **THREAD_LIMITS)
-    first = Task("local", argv, env, tmp_path / "first.log", tmp_path)
-    try:
-        wait_for_epoch(first, 3, timeout=120)
-        first.signal(signal.SIGKILL)
-    finally:
-        first.stop()
+    first = killed_after_epoch(tmp_path, argv, 3, timeout=120)
     assert first.epochs()[:3] == [1, 2, 3] and 5 not in first.epochs(), first.output()
     second = run_single(tmp_path, argv, env={"TF_NUM_INTRAOP_THREADS": "1"})
     assert second.proc.returncode == 0, second.output()
