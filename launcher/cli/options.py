@@ -22,7 +22,7 @@ import click
 
 from ..options import RunOptions
 from ..options import name as option_name
-from ..sources.choose import RoleOptions
+from ..sources.choose import RoleOptions, choose_source
 
 if TYPE_CHECKING:
     from ..sources import ClusterSource
@@ -79,8 +79,6 @@ class ClusterChoice(RoleOptions):
 
     def source(self) -> ClusterSource:
         """The one source these options name: a cluster file, --local N, -H HOSTS or --hostfile FILE."""
-        from ..sources.choose import choose_source
-
         return choose_source(self.cluster, self.local, hosts=self.hosts, hostfile=self.hostfile, chief=self.chief,
                              ps=self.ps, evaluator=self.evaluator, gpus=self.gpus, role_options=self.role_options,
                              slurm=self.takes_slurm)
