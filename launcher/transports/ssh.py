@@ -22,6 +22,7 @@ the channel: nothing but the agent reads from or writes to it (see :func:`agent_
 
 from __future__ import annotations
 
+import functools
 import os
 import shlex
 import time
@@ -79,7 +80,7 @@ def agent_command(first: TaskLaunch, grace: float, hosts: int = 1) -> str:
     keepalive = ssh.keepalive_timeout or DEFAULT_KEEPALIVE_TIMEOUT
     spec = agent_spec(grace, keepalive, sample=sample_for(hosts), setup_log=SETUP_IN if first.setup else None,
                       beat=beat_for(hosts, keepalive))
-    agent = shlex.join([*remote_agent_argv(first.python), spec])
+    agent = f"{_quoted_agent(first.python)} {shlex.quote(spec)}"
     # cd may fail (each task's own workdir is checked when it starts): the agent runs regardless.
     parts = [f"cd -- {shlex.quote(first.workdir)} 2>/dev/null"]
     if first.setup:
@@ -93,6 +94,12 @@ def agent_command(first: TaskLaunch, grace: float, hosts: int = 1) -> str:
     else:
         parts.append(f"exec {agent}")
     return "; ".join(parts)
+
+
+@functools.lru_cache(maxsize=None)
+def _quoted_agent(python: str) -> str:
+    """The agent's command line, quoted once per interpreter: it carries the agent (60 KB)."""
+    return shlex.join(remote_agent_argv(python))
 
 
 def host_key(launch: TaskLaunch) -> tuple:
