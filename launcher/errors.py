@@ -2,6 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
+
+def shown(value: Any, *, limit: int = 60, mapping: str = "a mapping", none: str = "nothing") -> str:
+    """A bad value as a one-line message shows it: a word for a container or for no value (in the
+    vocabulary of the file it came from: YAML's mapping, JSON's object and null), else its repr cut
+    to ``limit`` characters."""
+    if isinstance(value, Mapping):
+        return mapping
+    if isinstance(value, list):
+        return "a list"
+    if value is None:
+        return none
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
 
 class LaunchError(Exception):
     """A problem the user can fix; reported as one line, exit code ``exit_code``."""

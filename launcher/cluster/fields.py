@@ -11,7 +11,7 @@ import difflib
 import shlex
 from typing import Any, Iterable, Mapping
 
-from ..errors import ConfigError
+from ..errors import ConfigError, shown
 from ..taskenv import ENV_NAME
 from .spec import ALL_GPUS, AUTO, RESERVED_ENV
 
@@ -173,12 +173,5 @@ def join_key(key: str, name: str) -> str:
 
 
 def show(value: Any) -> str:
-    """A short rendering of a bad value for messages."""
-    if isinstance(value, dict):
-        return "a mapping"
-    if isinstance(value, list):
-        return "a list"
-    if value is None:
-        return "nothing"
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    """A short rendering of a bad value of a cluster file, for messages."""
+    return shown(value)

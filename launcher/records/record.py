@@ -20,6 +20,7 @@ import typing
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any, Mapping
 
+from ..errors import shown
 from ..taskenv import ATTEMPT
 from .folder import RECORD
 from .states import Outcome, RunStatus, TaskState
@@ -104,15 +105,8 @@ _SCALAR_WORDS = {str: "a string", bool: "true or false", int: "an integer", floa
 
 
 def _shown(value: Any) -> str:
-    """A bad value in a one-line message: its JSON kind for containers, else its short repr."""
-    if isinstance(value, Mapping):
-        return "an object"
-    if isinstance(value, list):
-        return "a list"
-    if value is None:
-        return "null"
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
+    """A bad value of run.json in a one-line message, in JSON's words."""
+    return shown(value, limit=40, mapping="an object", none="null")
 
 
 @dataclass

@@ -254,6 +254,27 @@ def frame(kind, ident, payload=b""):
     return HEADER.pack(kind, ident, len(payload)) + payload
 
 
+def read_some(fd, size):
+    """What a non-blocking descriptor holds now: None when nothing yet, b"" at its end (an error
+    ends it too)."""
+    try:
+        return os.read(fd, size)
+    except (BlockingIOError, InterruptedError):
+        return None
+    except OSError:
+        return b""
+
+
+def write_some(fd, data):
+    """How much of ``data`` a non-blocking descriptor takes now: 0 when it is full, None when it is gone."""
+    try:
+        return os.write(fd, data)
+    except (BlockingIOError, InterruptedError):
+        return 0
+    except OSError:
+        return None
+
+
 def become_subreaper():
     """Orphaned descendants come to this process instead of init (Linux 3.4+)."""
     try:
@@ -436,12 +457,11 @@ class Agent(object):
                 self.outgoing = self.next_outgoing()
                 if not self.outgoing:
                     return
-            try:
-                sent = os.write(self.write_fd, self.outgoing)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
+            sent = write_some(self.write_fd, self.outgoing)
+            if sent is None:
                 self.lost("eof")
+                return
+            if not sent:
                 return
             self.outgoing = self.outgoing[sent:]
             self.next_heartbeat = time.monotonic() + self.beat  # any frame tells tflaunch the agent lives
@@ -452,12 +472,9 @@ class Agent(object):
             self.gone_reason = reason
 
     def read_commands(self):
-        try:
-            chunk = os.read(self.read_fd, 1 << 16)
-        except (BlockingIOError, InterruptedError):
+        chunk = read_some(self.read_fd, 1 << 16)
+        if chunk is None:
             return
-        except OSError:
-            chunk = b""
         if not chunk:
             self.lost("eof")
             return
@@ -717,13 +734,12 @@ class Agent(object):
 
     def write_stdin(self, process):
         while process.in_pending and process.in_fd is not None:
-            try:
-                sent = os.write(process.in_fd, process.in_pending)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
+            sent = write_some(process.in_fd, process.in_pending)
+            if sent is None:
                 process.in_pending = b""
                 break
+            if not sent:
+                return
             process.in_pending = process.in_pending[sent:]
         if process.in_closing and not process.in_pending and process.in_fd is not None:
             os.close(process.in_fd)
@@ -834,12 +850,9 @@ class Agent(object):
         return max(0.0, min(deadlines) - now) + 0.001
 
     def relay(self, process):
-        try:
-            data = os.read(process.out_fd, CHUNK)
-        except (BlockingIOError, InterruptedError):
+        data = read_some(process.out_fd, CHUNK)
+        if data is None:
             return
-        except OSError:
-            data = b""
         if data:
             self.enqueue(process, frame(Frame.OUTPUT, process.id, data))
         else:

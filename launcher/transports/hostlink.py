@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING
 from ..cluster.tfconfig import TfConfig
 from .base import Reading
 from .carriers import Carrier
-from .hostagent import HEADER, HEARTBEAT, MAX_FRAME, SYNC, Command, Frame, Status, encode_fields, printable
+from .hostagent import (HEADER, HEARTBEAT, MAX_FRAME, SYNC, Command, Frame, Status, encode_fields, printable, read_some,
+                        write_some)
 
 if TYPE_CHECKING:
     from .linkhub import LinkHub
@@ -200,12 +201,11 @@ class AgentLink:
 
     def _write_locked(self) -> None:
         while self._out and self.write_fd is not None and not self.closed:
-            try:
-                sent = os.write(self.write_fd, self._out)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
+            sent = write_some(self.write_fd, self._out)
+            if sent is None:
                 self._out.clear()  # the channel is gone: reading says how
+                return
+            if not sent:
                 return
             del self._out[:sent]
 
@@ -213,12 +213,9 @@ class AgentLink:
         if self.closed or self.lost_reason is not None:
             self.hub.remove(self)  # a lost link reads nothing more (a channel attached too late, say)
             return
-        try:
-            chunk = os.read(self.read_fd, READ_SIZE)
-        except (BlockingIOError, InterruptedError):
+        chunk = read_some(self.read_fd, READ_SIZE)
+        if chunk is None:
             return
-        except OSError:
-            chunk = b""
         if not chunk:
             self.hub.remove(self)
             self.hub.watch_end(self)
