@@ -47,7 +47,7 @@ class FakeProcess:
     """A task's process as far as the watchdog uses it: its agent's CPU readings and its stacks."""
 
     def __init__(self, name: str, clock: "FakeClock"):
-        self.text = f'Thread 1 (idle): "MainThread"\n    wait (collective.py:42)\n'
+        self.text = 'Thread 1 (idle): "MainThread"\n    wait (collective.py:42)\n'
         self.clock = clock
         self.pid = 4711
         self.cpu = 0.0  # CPU seconds the task's tree used so far

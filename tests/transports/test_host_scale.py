@@ -163,7 +163,7 @@ def test_a_failure_beside_a_flooding_task_stops_the_cluster(tflaunch, testhosts,
 
 @pytest.mark.ssh
 def test_one_task_restarted_in_place_leaves_its_neighbours_on_the_host_running(tflaunch, testhosts, tmp_path):
-    body = (f"restart_policy:\n  worker: task\ntask_restarts: 2\n" + workers(testhosts, 4, hosts=1))
+    body = ("restart_policy:\n  worker: task\ntask_restarts: 2\n" + workers(testhosts, 4, hosts=1))
     cluster = cluster_file(tmp_path, testhosts, body)
     proc = tflaunch.start(str(cluster), "--", "sh", "-c", "echo up $$; exec sleep 120")
     try:
