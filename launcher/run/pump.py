@@ -44,6 +44,9 @@ if TYPE_CHECKING:
 
 LAUNCHER_NAME = "tflaunch"
 _READ_SIZE = 1 << 20
+# merged.log's bytes of a sweep are written at once, or as soon as they reach this much: a sweep
+# that finds a flood in every log does not hold all of it in memory first.
+_WRITE_AT = 4 << 20
 
 
 # Descriptors the pump keeps open at once: the logs that grew most recently. Every other log is
@@ -73,6 +76,7 @@ class OutputPump:
         os.close(os.open(merged_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644))  # there from the start
         self._merged = BoundedLog(merged_path, MERGED_SHARE * log_max_size)
         self._merged_out: list[bytes | memoryview] = []  # merged.log's bytes of this sweep, written at once
+        self._merged_size = 0  # their length
         self._metrics = open(metrics_path, "ab")
         self.console = console
         self.interval = interval
@@ -236,7 +240,11 @@ class OutputPump:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}"
         prefix = f"{stamp} [{attempt}] {name} | ".encode()
         # One replace over the block; the prefix it leaves after the final newline is cut off.
-        self._merged_out += (prefix, memoryview(block.replace(b"\n", b"\n" + prefix))[:-len(prefix)])
+        prefixed = memoryview(block.replace(b"\n", b"\n" + prefix))[:-len(prefix)]
+        self._merged_out += (prefix, prefixed)
+        self._merged_size += len(prefix) + len(prefixed)
+        if self._merged_size >= _WRITE_AT:
+            self._flush_files()
 
     def _record_metrics(self, source: _Source, records: list[dict | None]) -> None:
         """Complete each record (task, attempt, time) and append it to metrics.jsonl."""
@@ -250,7 +258,7 @@ class OutputPump:
             self._metrics.write(json.dumps(record, separators=(",", ":")).encode() + b"\n")
 
     def _flush_files(self) -> None:
-        out, self._merged_out = self._merged_out, []
+        out, self._merged_out, self._merged_size = self._merged_out, [], 0
         if out:
             self._merged.write_pieces(out)
         self._metrics.flush()
