@@ -14,11 +14,11 @@ A week-long run may print without end, so each task's log and ``merged.log`` hav
   output were left out between the two.
 
 A file is only ever appended to or replaced by a rename, so every file is readable text at every
-moment; each byte is written once to a part, and the head is copied once when the log first spills
-and once more, with the tail, when it is closed: the cost follows the bytes written, not the size of
-the file. If tflaunch is killed, the folder holds the head and a marker in the file and the latest
-output in its parts; :mod:`.logview` shows such a log as head + marker + tail, and the next writer
-of the same file (a requeued Slurm job's ``merged.log``) stitches it first.
+moment; each byte is written once to a part, and the head is copied when the log first spills and
+again, with the tail, when it is closed: the cost follows the bytes written, not the file's size. A
+killed tflaunch leaves the head and a marker in the file and the latest output in its parts (shown
+by :mod:`.logview` as head + marker + tail; the next writer of the file, e.g. a requeued Slurm job's
+``merged.log``, stitches it first).
 
 :data:`WRITING` lists the logs this process writes by their real path, so that relayed output (the
 transports' log writer) and the pump that reads it back share one :class:`BoundedLog` per file.
@@ -30,6 +30,7 @@ import os
 import re
 import threading
 from pathlib import Path
+from typing import Callable
 
 from ..options import LOG_MAX_SIZE
 
@@ -44,6 +45,7 @@ LAG_ALLOWANCE = 64 << 20
 LAG_PARTS = 512
 
 PART_INFIX = ".part-"
+_APPEND = os.O_WRONLY | os.O_CREAT | os.O_APPEND
 IOV_MAX = 1024  # pieces one writev takes on Linux
 _RUNNING = "[... tflaunch: {count:>19,} bytes left out here so far; the latest output is in {name}.part-* " \
            "until this log is closed ...]\n"
@@ -94,10 +96,10 @@ class BoundedLog:
         self.lag_allowance = max(max_size, min(LAG_ALLOWANCE, LAG_PARTS * self.part_size))
         self._kept = 0  # the bytes the parts hold
         self.key = ""  # its real path, once WRITING has it
+        self.on_write: Callable[[], None] | None = None  # told after each write: the pump reads only what changed
         self.written = _size(self.path)  # an existing file's bytes count as the first output
         if self.written:  # only a file with bytes can be a killed writer's live log: made whole first
             from .logview import stitch_leftovers
-
             stitch_leftovers(self.path, self.tail_size)
             self.written = _size(self.path)
 
@@ -108,7 +110,8 @@ class BoundedLog:
         view = memoryview(data)
         with self.lock:
             if self.closed:  # a late word after the close: appended as it is
-                self._write_all(self._open_fd(self.path), view)
+                self._fd = os.open(self.path, _APPEND, 0o644)
+                self._write_all(self._fd, view)
                 self.release_locked()
                 return
             while view:
@@ -129,6 +132,8 @@ class BoundedLog:
                     self._kept += len(piece)
                 self.written += len(piece)
                 view = view[len(piece):]
+        if self.on_write is not None:
+            self.on_write()
 
     def write_pieces(self, pieces: list[bytes | memoryview]) -> None:
         """Append several pieces: in one system call when they fit under the limit (the common case)."""
@@ -177,12 +182,8 @@ class BoundedLog:
     def _current_fd(self) -> int:
         if self._fd is None:
             target = self.path if self.head_end is None else part_path(self.path, self.parts[-1][0])
-            self._fd = self._open_fd(target)
+            self._fd = os.open(target, _APPEND, 0o644)
         return self._fd
-
-    @staticmethod
-    def _open_fd(path: Path) -> int:
-        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
     @staticmethod
     def _write_all(fd: int, view: memoryview) -> None:
@@ -228,8 +229,7 @@ class BoundedLog:
         self.release_locked()
         self.parts.append([self.written, 0])
         self.generation += 1
-        self._fd = os.open(part_path(self.path, self.written), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND,
-                           0o644)
+        self._fd = os.open(part_path(self.path, self.written), _APPEND | os.O_TRUNC, 0o644)
         dropped = False
         while len(self.parts) > 1 and self._kept - self.parts[0][1] >= self.tail_size:
             start, size = self.parts[0]

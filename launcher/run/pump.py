@@ -23,6 +23,7 @@ console decodes them, replacing what is not UTF-8. Nothing of this folding touch
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import threading
@@ -49,14 +50,18 @@ _READ_SIZE = 1 << 20
 _WRITE_AT = 4 << 20
 
 
-# Descriptors the pump keeps open at once: the logs that grew most recently. Every other log is
-# looked at every IDLE_CHECK seconds and reopened once it has grown, so a run of thousands of
-# tasks reads them all within a small, fixed number of descriptors.
+# Descriptors the pump keeps open at once: the logs that grew most recently, so a run of
+# thousands of tasks reads them all within a small, fixed number of descriptors.
 OPEN_FILES = 64
+# A sweep reads the logs the transports wrote to since the last one (their BoundedLog says so).
+# Every log is also looked at now and then, for output appended to it by another writer: an open
+# one every IDLE_CHECK seconds, a closed one that often while it was heard from within the last
+# QUIET seconds, else every QUIET_CHECK seconds.
 IDLE_CHECK = 0.25
+QUIET, QUIET_CHECK = 10.0, 2.0
 
 
-@dataclass
+@dataclass(eq=False)  # kept in a set: one per followed log, compared by identity
 class _Source:
     name: str
     attempt: int
@@ -65,6 +70,7 @@ class _Source:
     last_output: float = 0.0  # monotonic time it last produced bytes
     next_check: float = 0.0  # when a closed source is looked at again
     splitter: LineSplitter = field(default_factory=LineSplitter)
+    done: bool = False  # no longer followed (its attempt ended)
 
 
 class OutputPump:
@@ -83,6 +89,8 @@ class OutputPump:
         self.clock = clock
         self._sources: list[_Source] = []
         self._followed: set[tuple[str, int]] = set()  # (task, attempt) of every source: one lookup per new task
+        self._changed: set[_Source] = set()  # written to since the last sweep (added to by the writers' threads)
+        self._next_look = 0.0  # when every source is looked at next
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -106,8 +114,10 @@ class OutputPump:
                 return
             os.close(os.open(path, os.O_RDONLY | os.O_CREAT, 0o644))
             log = BoundedLog(path, self.log_max_size)
+            source = _Source(name, attempt, log, log.reader(), last_output=time.monotonic())  # new: looked at often
+            log.on_write = functools.partial(self._changed.add, source)
             WRITING.add(log)
-            self._sources.append(_Source(name, attempt, log, log.reader()))
+            self._sources.append(source)
             self._followed.add((name, attempt))
         self.console.register([name])
 
@@ -115,6 +125,7 @@ class OutputPump:
         """Read every source to its end, emit partial last lines, stitch each log, stop following them."""
         with self._lock:
             for source in self._sources:
+                source.log.on_write, source.done = None, True
                 try:
                     self._read(source, force=True)
                     self._emit(source, source.splitter.flush_block())
@@ -128,6 +139,7 @@ class OutputPump:
                     self._failed(exc)
             self._sources.clear()
             self._followed.clear()
+            self._changed.clear()
             try:
                 self._flush_files()
             except OSError as exc:
@@ -157,12 +169,24 @@ class OutputPump:
         while not self._stop.is_set():
             try:
                 with self._lock:
-                    for source in self._sources:
-                        self._read(source)
+                    self._sweep()
                     self._flush_files()
             except OSError as exc:
                 self._failed(exc)
             self._stop.wait(self.interval)
+
+    def _sweep(self) -> None:
+        """Read the logs written to since the last sweep, and now and then look at every log."""
+        changed = self._changed
+        while changed:
+            source = changed.pop()  # the writers' threads only add: what they add now is read now or next time
+            if not source.done:
+                self._read(source, changed=True)
+        now = time.monotonic()
+        if now >= self._next_look:
+            self._next_look = now + IDLE_CHECK
+            for source in self._sources:
+                self._read(source)
 
     @property
     def failure(self) -> str | None:
@@ -188,14 +212,15 @@ class OutputPump:
             except OSError as exc:
                 self._failed(exc)
 
-    def _read(self, source: _Source, force: bool = False) -> bool:
-        """Read what ``source`` wrote since last time; a closed source only when it has grown."""
+    def _read(self, source: _Source, force: bool = False, changed: bool = False) -> bool:
+        """Read what ``source`` wrote since last time; a closed source only when it has grown (and,
+        unless it ``changed``, only when it is due to be looked at)."""
         now = time.monotonic()
         reader = source.reader
         if not reader.is_open:
-            if not force and now < source.next_check:
+            if not (force or changed) and now < source.next_check:
                 return False
-            source.next_check = now + IDLE_CHECK
+            source.next_check = now + (IDLE_CHECK if now - source.last_output < QUIET else QUIET_CHECK)
             if not reader.available():
                 return False
             open_sources = [s for s in self._sources if s.reader.is_open]
