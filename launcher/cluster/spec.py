@@ -166,6 +166,7 @@ def is_local(host: str, local_hosts: frozenset[str]) -> bool:
     return host in local_hosts or host == "localhost" or is_loopback(host)
 
 
+@functools.lru_cache(maxsize=4096)  # asked several times per task, of a few distinct hosts, at every start
 def is_loopback(host: str) -> bool:
     """Whether ``host`` is a loopback address (127.0.0.0/8, ::1, [::1], ::ffff:127.x.y.z).
 
