@@ -58,6 +58,18 @@ def spread(values: Sequence[float]) -> list[float]:
     return [median(values), min(values, default=nan), max(values, default=nan)]
 
 
+def sides_table(results: dict[str, list[dict]], labels: dict[str, str], column: str,
+                figure: Callable[[list[dict]], object]) -> None:
+    """One row per side of a benchmark (labels: side -> its words, in order): the runs that exited 0
+    and the spread of their wall times, then ``column``, ``figure`` of those runs."""
+    rows = []
+    for side, label in labels.items():
+        ok = [r for r in results[side] if r["rc"] == 0]
+        rows.append([label, len(ok), *spread([r["wall"] for r in ok]), figure(ok)])
+    print()
+    table(["side", "ok runs", "median s", "min s", "max s", column], rows)
+
+
 def table(columns: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
     """A plain fixed-width table; the first column is left-aligned, the rest right-aligned."""
     cells = [[str(c) for c in columns]] + [[_cell(v) for v in row] for row in rows]

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import _bench
-from _bench import PYTHON, TFLAUNCH, median, note, spread, table
+from _bench import PYTHON, TFLAUNCH, median, note
 
 TARGET = 1.2
 TEXT = " the quick brown fox jumps over the lazy dog"
@@ -145,14 +145,9 @@ def main() -> None:
 
     labels = {"tflaunch": "tflaunch --local 8 (merged.log)", "direct": "direct to files, same env",
               "buffered": "direct, PYTHONUNBUFFERED unset", "before": f"tflaunch from {args.before}"}
-    rows = []
-    for side in sides:
-        walls = [r["wall"] for r in results[side] if r["rc"] == 0]
-        total = args.tasks * args.lines
-        rows.append([labels[side], len(walls), *spread(walls),
-                     f"{total / median(walls) / 1e6:.2f}" if walls else "-"])
-    print()
-    table(["side", "ok runs", "median s", "min s", "max s", "M lines/s"], rows)
+    total = args.tasks * args.lines
+    _bench.sides_table(results, {side: labels[side] for side in sides}, "M lines/s",
+                       lambda ok: f"{total / median([r['wall'] for r in ok]) / 1e6:.2f}" if ok else "-")
     t = results["tflaunch"]
     print(f"  merged.log check over {len(t)} runs ({args.tasks} x {args.lines:,} lines each): "
           f"lost {sum(r['lost'] for r in t)}, duplicated {sum(r['duplicated'] for r in t)}, "

@@ -25,7 +25,7 @@ from datetime import datetime
 from pathlib import Path
 
 import _bench
-from _bench import TFLAUNCH, median, note, spread, table
+from _bench import TFLAUNCH, median, note
 
 TARGET = 1.03
 FINAL_RE = re.compile(rb'TFLAUNCH_METRIC (\{"kind":"final".*\})')
@@ -129,14 +129,8 @@ def main() -> None:
         bare = fixed_cost(work)
 
     ok = {side: [r for r in rs if r["rc"] == 0] for side, rs in results.items()}
-    rows = []
-    for side, label in (("tflaunch", "tflaunch --local 2 --quiet"), ("hand", "hand-launched (same env)")):
-        rs = ok[side]
-        walls = [r["wall"] for r in rs]
-        trainer = [r["trainer"] for r in rs if r["trainer"] is not None]
-        rows.append([label, len(rs), *spread(walls), median(trainer)])
-    print()
-    table(["side", "ok runs", "median s", "min s", "max s", "trainer's own s"], rows)
+    _bench.sides_table(results, {"tflaunch": "tflaunch --local 2 --quiet", "hand": "hand-launched (same env)"},
+                       "trainer's own s", lambda rs: median([r["trainer"] for r in rs if r["trainer"] is not None]))
     t = ok["tflaunch"]
     print(f"  tflaunch process: median CPU {median([r['cpu'] for r in t]):.2f} s, "
           f"median peak RSS {median([r['rss'] for r in t]) / 2**20:.0f} MB; "
