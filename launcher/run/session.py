@@ -83,31 +83,32 @@ class RunResult:
         return self.attempts[-1]
 
 
+@dataclass(eq=False)
 class RunSession:
     """The state of one run while it executes: its folder, record and attempts."""
 
-    def __init__(self, spec: ClusterSpec, options: SessionOptions, folder: RunFolder, console: Console,
-                 plan_attempt: Callable[[RunContext], Plan], signals: Signals,
-                 transports: TransportSet | None = None):
-        self.spec = spec
-        self.options = options
-        self.folder = folder
-        self.console = console
-        self.plan_attempt = plan_attempt
-        self.signals = signals
+    spec: ClusterSpec
+    options: SessionOptions
+    folder: RunFolder
+    console: Console
+    plan_attempt: Callable[[RunContext], Plan]
+    signals: Signals
+    # One agent per host for the whole run (the preflight may have started them already).
+    transports: TransportSet | None = None
+
+    def __post_init__(self) -> None:
         self.started_at = time.time()
         self.attempts: list[AttemptResult] = []
         self.diagnoses: list[Diagnosis | None] = []  # one per attempt
-        # One agent per host for the whole run (the preflight may have started them already).
-        self.transports = transports or TransportSet(options.grace)
-        self.pump_interval = min(PUMP_AT_MOST, PUMP_INTERVAL * max(1.0, len(spec.tasks) / PUMP_TASKS))
+        self.transports = self.transports or TransportSet(self.options.grace)
+        self.pump_interval = min(PUMP_AT_MOST, PUMP_INTERVAL * max(1.0, len(self.spec.tasks) / PUMP_TASKS))
         self.record = RunRecord(
-            run_id=folder.run_id, source=spec.source, tflaunch_version=__version__,
-            max_restarts=options.max_restarts, started_at=iso_time(self.started_at),
+            run_id=self.folder.run_id, source=self.spec.source, tflaunch_version=__version__,
+            max_restarts=self.options.max_restarts, started_at=iso_time(self.started_at),
             launcher=LauncherRecord(pid=os.getpid(), host=os.uname().nodename, cwd=os.getcwd(),
                                     argv=masked_argv([os.path.basename(sys.argv[0]), *sys.argv[1:]])),
-            cluster=tf_cluster(spec))
-        self.live = LiveRecord(self.record, folder, console, len(spec.tasks))
+            cluster=tf_cluster(self.spec))
+        self.live = LiveRecord(self.record, self.folder, self.console, len(self.spec.tasks))
         self.lock = self.live.lock  # the record is written from the supervisor and the pump's failure path
 
     # -- the run --------------------------------------------------------------------------
