@@ -12,6 +12,7 @@ run folder is found and the signal it watches). Everything here reports through 
 from __future__ import annotations
 
 import errno
+import threading
 import os
 import sys
 from dataclasses import dataclass, replace
@@ -200,7 +201,7 @@ def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS,
             signals.watch(*watch)
         local_hosts = local_host_names()
         spec = build_spec(request, local_hosts)
-        _warn_if_exposed(spec, console)
+        exposure = _warn_if_exposed(spec, console)
         spare = check_open_files(spec, local_hosts)
         reservation = _reserve_auto_ports(spec, local_hosts, hold=spare)
         # One agent per host for the whole run: the preflight's probes go through the same agents.
@@ -229,6 +230,7 @@ def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS,
                     reservation.unhold()
                     return _entered(network, plan_for(spec, context, local_hosts, request))
 
+                exposure.join()  # its warning comes before any task's output
                 session = RunSession(spec, session_options(request, spec), folder, console, plan_attempt,
                                      signals, transports)
                 return session.execute()
@@ -237,12 +239,19 @@ def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS,
             reservation.release()
 
 
-def _warn_if_exposed(spec: ClusterSpec, console: Console) -> None:
+def _warn_if_exposed(spec: ClusterSpec, console: Console) -> threading.Thread:
+    """Resolve the cluster's names while the hosts are being reached (a resolver that does not answer
+    holds this up to RESOLVE_TIMEOUT), and warn when any of them is public."""
     from ..cluster.exposure import exposure_warning
 
-    warning = exposure_warning(spec)
-    if warning:
-        console.message(warning)
+    def warn() -> None:
+        warning = exposure_warning(spec)
+        if warning:
+            console.message(warning)
+
+    thread = threading.Thread(target=warn, name="tflaunch-exposure", daemon=True)
+    thread.start()
+    return thread
 
 
 def _entered(network: NetworkNamespace | None, plan: Plan) -> Plan:
