@@ -104,6 +104,18 @@ class Tflaunch:
         merged = run_dir / "merged.log" if run_dir else None
         return merged.read_text(errors="replace") if merged and merged.exists() else ""
 
+    def live_tasks(self, timeout: float = 30) -> list[dict]:
+        """The latest run's tasks from run.json once each has its pid: the record follows the tasks a
+        moment behind their output, so a test that saw a task's line may not find its pid yet."""
+        from polling import wait_for
+
+        def tasks() -> list[dict] | None:
+            record = self.latest_run() / "run.json"
+            found = json.loads(record.read_text())["tasks"] if record.exists() else []
+            return found if found and all(t["pid"] for t in found) else None
+
+        return wait_for(tasks, timeout=timeout, message="every task's pid in run.json")
+
     def _with_log_dir(self, args: tuple[str, ...]) -> list[str]:
         args = list(args)
         if args and args[0] in ("runs", "logs", "status", "report", "compare", "check"):

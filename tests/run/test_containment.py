@@ -104,8 +104,7 @@ def test_sigkilled_tflaunch_takes_its_tasks_and_their_groups_with_it(tflaunch):
     proc = tflaunch.start("--local", "2", "--", "python", ESCAPE, marker, "escape", "ready", "forever")
     try:
         wait_for(lambda: merged_text(tflaunch).count("READY") == 2, timeout=30, message="both tasks to be ready")
-        run_dir = tflaunch.latest_run()
-        tasks = json.loads((run_dir / "run.json").read_text())["tasks"]
+        tasks = tflaunch.live_tasks()
         task_pids = [t["pid"] for t in tasks]
         groups = [os.getpgid(pid) for pid in task_pids]
         assert len(set(marked(marker)) - {proc.pid}) == 6
@@ -137,7 +136,7 @@ def test_task_pid_is_the_task_not_its_agent(tflaunch):
     proc = tflaunch.start("--local", "1", "--", "python", ESCAPE, new_marker(), "ready", "forever")
     try:
         wait_for(lambda: "READY" in merged_text(tflaunch), timeout=30, message="the task to be ready")
-        (task,) = json.loads((tflaunch.latest_run() / "run.json").read_text())["tasks"]
+        (task,) = tflaunch.live_tasks()
         cmdline = psutil.Process(task["pid"]).cmdline()
         assert cmdline[1] == ESCAPE, cmdline
         agent = psutil.Process(task["pid"]).parent()

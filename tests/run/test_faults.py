@@ -281,7 +281,7 @@ def test_a_task_killed_by_sigkill_takes_the_processes_it_detached_with_it(tflaun
     proc = tflaunch.start("--local", "1", "--", "python", escape, sleep, "escape", "ready", "forever")
     wait_for(lambda: tflaunch.latest_run() and (tflaunch.latest_run() / "merged.log").exists()
              and "READY" in (tflaunch.latest_run() / "merged.log").read_text(), timeout=30, message="the task")
-    (task,) = record_of(tflaunch.latest_run())["tasks"]
+    (task,) = tflaunch.live_tasks()
     os.kill(task["pid"], signal.SIGKILL)  # as the OOM killer would: no chance to clean up
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 128 + signal.SIGKILL and "Traceback" not in err

@@ -74,6 +74,7 @@ def test_isolated_tasks_reach_each_other_and_nothing_outside_sees_their_ports(tf
         wait_for(lambda: merged_text(tflaunch).count("REACHED") == 6 or proc.poll() is not None, timeout=60,
                  message=lambda: f"every task to reach every other; so far:\n{merged_text(tflaunch)[-2000:]}")
         assert proc.poll() is None, proc.communicate()[1]
+        tflaunch.live_tasks()
         ports = task_ports(tflaunch.latest_run())
         assert set(ports.values()).isdisjoint(listening_ports())
         # The ports are there, inside the tasks' namespace: the check above is not vacuous.
