@@ -369,6 +369,8 @@ def test_a_closed_console_does_not_make_a_healthy_run_look_hung_or_unformed(tmp_
             cluster.metric("worker-1", epoch=epoch)
             assert watchdog(tasks) is None, epoch
         assert watchdog.formed
-        assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 10
+        # metrics.jsonl is written just after merged.log, which is what write() waited on.
+        wait_for(lambda: len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 10, timeout=10,
+                 message="metrics.jsonl's 10 lines")
     finally:
         cluster.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import select
 import signal
 import socket
 import ssl
@@ -129,6 +130,10 @@ def listener():
 
 # -- the listener itself, over real sockets ----------------------------------------------------------
 
+def readable(fd: int) -> bool:
+    return bool(select.select([fd], [], [], 10)[0])
+
+
 def test_agents_get_in_among_strangers_and_keep_what_follows_their_line(listener):
     # A 60 s handshake deadline: a listener that waited on its strangers one after the other would
     # take minutes here, not seconds.
@@ -156,6 +161,8 @@ def test_agents_get_in_among_strangers_and_keep_what_follows_their_line(listener
     assert [name for name, _ in got] == ["n1", "n2"] and took < 20.0, (got, took)
     fds = dict(got)
     # Nothing after the line was taken: the agent's first frames are the new owner's to read.
+    # The descriptors are non-blocking: what follows a line may arrive a moment after it.
+    assert readable(fds["n1"]) and readable(fds["n2"])
     assert os.read(fds["n1"], 64) == b"FIRST-FRAME"
     assert os.read(fds["n2"], 64) == b"SECOND-FRAME"
     os.write(fds["n1"], b"reply")
