@@ -379,11 +379,9 @@ def run_status(run: Run, measure_seconds: float = 0.5, measure: Measure | None =
 
 
 def cause_line(run: Run) -> str | None:
-    """The run's root cause in one line: the task, and what its diagnosis (a hang's verdict) says."""
+    """The run's root cause in one line (:meth:`~launcher.records.record.RootCause.line`), if it has one."""
     root = run.record.root_cause
-    said = root and ((root.diagnosis or {}).get("summary") or root.error
-                     or (f"exit code {root.exit_code}" if root.exit_code is not None else None))
-    return None if root is None else f"{root.task} on {root.host}" + (f": {said}" if said else "")
+    return None if root is None else root.line()
 
 
 def _epoch(iso: str | None) -> float | None:

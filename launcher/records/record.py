@@ -176,6 +176,12 @@ class RootCause:
     def from_json(cls, data: Any, key: str = "root_cause") -> "RootCause":
         return _read(cls, data, key, {"task": "?", "host": "?"})
 
+    def line(self) -> str:
+        """The root cause in one line: the task, and what its diagnosis (a hang's verdict) says."""
+        said = (self.diagnosis or {}).get("summary") or self.error or (
+            f"exit code {self.exit_code}" if self.exit_code is not None else None)
+        return f"{self.task} on {self.host}" + (f": {said}" if said else "")
+
 
 @dataclass
 class LauncherRecord:

@@ -12,9 +12,9 @@ run folder is found and the signal it watches). Everything here reports through 
 from __future__ import annotations
 
 import errno
-import threading
 import os
 import sys
+import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
