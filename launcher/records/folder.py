@@ -214,8 +214,9 @@ class RunFolder:
         found = [p for p in self.path.glob(f"{ATTEMPT_PREFIX}*/{STACKS}") if p.is_dir()]
         return sorted(found, key=lambda p: (len(p.parent.name), p.parent.name))  # attempt-9 before attempt-10
 
-    def open_task_log(self, name: str, attempt: int) -> int:
-        """A write descriptor for a task's stdout and stderr; the top-level link follows it."""
+    def open_task_log(self, name: str, attempt: int) -> tuple[int, Path]:
+        """A write descriptor for a task's stdout and stderr, and the log's path (created now); the
+        top-level link follows it."""
         path = self.task_log(name, attempt)
         if attempt not in self._attempt_dirs:  # once per attempt, not once per task
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -230,7 +231,7 @@ class RunFolder:
             tmp.unlink(missing_ok=True)
             tmp.symlink_to(target)
             tmp.replace(link)
-        return fd
+        return fd, path
 
     def read_metrics(self) -> list[dict[str, Any]]:
         """The metric records in the order they arrived; a half-written last line is left out."""

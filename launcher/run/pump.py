@@ -24,6 +24,8 @@ console decodes them, replacing what is not UTF-8. Nothing of this folding touch
 from __future__ import annotations
 
 import functools
+import heapq
+import itertools
 import json
 import os
 import threading
@@ -54,9 +56,10 @@ _WRITE_AT = 4 << 20
 # thousands of tasks reads them all within a small, fixed number of descriptors.
 OPEN_FILES = 64
 # A sweep reads the logs the transports wrote to since the last one (their BoundedLog says so).
-# Every log is also looked at now and then, for output appended to it by another writer: an open
-# one every IDLE_CHECK seconds, a closed one that often while it was heard from within the last
-# QUIET seconds, else every QUIET_CHECK seconds.
+# Every log is also looked at now and then, for output appended to it by another writer: every
+# IDLE_CHECK seconds while it was heard from within the last QUIET seconds, else every QUIET_CHECK
+# seconds; a log whose writes were announced (a relayed one: the agent's output comes through
+# tflaunch) every QUIET_CHECK seconds, for any other writer. A look visits only the logs due.
 IDLE_CHECK = 0.25
 QUIET, QUIET_CHECK = 10.0, 2.0
 
@@ -68,9 +71,9 @@ class _Source:
     log: BoundedLog
     reader: Reader
     last_output: float = 0.0  # monotonic time it last produced bytes
-    next_check: float = 0.0  # when a closed source is looked at again
     splitter: LineSplitter = field(default_factory=LineSplitter)
     done: bool = False  # no longer followed (its attempt ended)
+    relayed: bool = False  # written to through its BoundedLog: its writes are announced
 
 
 class OutputPump:
@@ -90,9 +93,12 @@ class OutputPump:
         self._sources: list[_Source] = []
         self._followed: set[tuple[str, int]] = set()  # (task, attempt) of every source: one lookup per new task
         self._changed: set[_Source] = set()  # written to since the last sweep (added to by the writers' threads)
-        self._next_look = 0.0  # when every source is looked at next
+        self._open: set[_Source] = set()  # whose reader may hold a descriptor: at most OPEN_FILES + 1
+        self._looks: list[tuple[float, int, _Source]] = []  # a heap: when each source is looked at next
+        self._look_order = itertools.count()  # breaks ties in the heap
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._written = threading.Event()  # a log was written to since the pump last looked
         self._thread: threading.Thread | None = None
         self.progress = Progress()  # read by the watchdog and the session
         self.attempt = 1  # the attempt tflaunch's own messages belong to
@@ -103,22 +109,25 @@ class OutputPump:
 
     # -- sources ------------------------------------------------------------------------
 
-    def follow(self, name: str, path: Path, attempt: int = 1) -> None:
-        """Start reading a task's log back, and keep the log within the size limit from now on
-        (whoever appends to it through :data:`~launcher.records.boundedlog.WRITING`).
+    def follow(self, name: str, path: Path, attempt: int = 1, created: bool = False) -> None:
+        """Start reading a task's log back (made here unless ``created``), and keep it within the
+        size limit from now on (whoever appends to it through :data:`~launcher.records.boundedlog.WRITING`).
 
         A task restarted in place appends to the file already followed: it is not read twice.
         """
         with self._lock:
             if (name, attempt) in self._followed:
                 return
-            os.close(os.open(path, os.O_RDONLY | os.O_CREAT, 0o644))
+            if not created:
+                os.close(os.open(path, os.O_RDONLY | os.O_CREAT, 0o644))
             log = BoundedLog(path, self.log_max_size)
             source = _Source(name, attempt, log, log.reader(), last_output=time.monotonic())  # new: looked at often
-            log.on_write = functools.partial(self._changed.add, source)
+            log.on_write = functools.partial(self._announce, source)
             WRITING.add(log)
             self._sources.append(source)
             self._followed.add((name, attempt))
+            heapq.heappush(self._looks, (0.0, next(self._look_order), source))
+        self._written.set()  # looked at once at the next sweep
         self.console.register([name])
 
     def finish_all(self) -> None:
@@ -140,6 +149,8 @@ class OutputPump:
             self._sources.clear()
             self._followed.clear()
             self._changed.clear()
+            self._open.clear()
+            self._looks.clear()
             try:
                 self._flush_files()
             except OSError as exc:
@@ -154,6 +165,7 @@ class OutputPump:
 
     def close(self) -> None:
         self._stop.set()
+        self._written.set()
         if self._thread:
             self._thread.join()
         self.finish_all()
@@ -164,9 +176,11 @@ class OutputPump:
                 self._failed(exc)
 
     def _run(self) -> None:
-        # One sweep per interval, busy or not: a flood is then read in large blocks, each costing
-        # one prefix, one metric scan and one console entry however many lines it holds.
+        # At most one sweep per interval, busy or not: a flood is then read in large blocks, each
+        # costing one prefix, one metric scan and one console entry however many lines it holds.
+        # A quiet run wakes only when a log is written to or a look is due.
         while not self._stop.is_set():
+            self._written.clear()  # before the sweep: a write announced during it wakes the next one
             try:
                 with self._lock:
                     self._sweep()
@@ -174,19 +188,32 @@ class OutputPump:
             except OSError as exc:
                 self._failed(exc)
             self._stop.wait(self.interval)
+            looks = self._looks
+            self._written.wait(max(0.0, looks[0][0] - time.monotonic()) if looks else QUIET_CHECK)
+
+    def _announce(self, source: _Source) -> None:
+        """A writer's thread wrote to ``source``'s log: read it at the next sweep, and wake the pump."""
+        self._changed.add(source)
+        if not self._written.is_set():
+            self._written.set()
 
     def _sweep(self) -> None:
-        """Read the logs written to since the last sweep, and now and then look at every log."""
+        """Read the logs written to since the last sweep, and look at those due a look (see IDLE_CHECK)."""
         changed = self._changed
         while changed:
             source = changed.pop()  # the writers' threads only add: what they add now is read now or next time
             if not source.done:
-                self._read(source, changed=True)
-        now = time.monotonic()
-        if now >= self._next_look:
-            self._next_look = now + IDLE_CHECK
-            for source in self._sources:
+                source.relayed = True
                 self._read(source)
+        now, looks, due = time.monotonic(), self._looks, []
+        while looks and looks[0][0] <= now:
+            due.append(heapq.heappop(looks)[2])
+        for source in due:
+            if source.done:
+                continue
+            self._read(source)
+            quiet = source.relayed or now - source.last_output >= QUIET
+            heapq.heappush(looks, (now + (QUIET_CHECK if quiet else IDLE_CHECK), next(self._look_order), source))
 
     @property
     def failure(self) -> str | None:
@@ -212,20 +239,14 @@ class OutputPump:
             except OSError as exc:
                 self._failed(exc)
 
-    def _read(self, source: _Source, force: bool = False, changed: bool = False) -> bool:
-        """Read what ``source`` wrote since last time; a closed source only when it has grown (and,
-        unless it ``changed``, only when it is due to be looked at)."""
+    def _read(self, source: _Source, force: bool = False) -> bool:
+        """Read what ``source`` wrote since last time (``force``: to its end, then close it)."""
         now = time.monotonic()
         reader = source.reader
         if not reader.is_open:
-            if not (force or changed) and now < source.next_check:
-                return False
-            source.next_check = now + (IDLE_CHECK if now - source.last_output < QUIET else QUIET_CHECK)
             if not reader.available():
                 return False
-            open_sources = [s for s in self._sources if s.reader.is_open]
-            if len(open_sources) >= OPEN_FILES:
-                min(open_sources, key=lambda s: s.last_output).reader.release()
+            self._make_room()
             source.last_output = now
         got = False
         while True:
@@ -239,7 +260,19 @@ class OutputPump:
             self._emit(source, source.splitter.feed_block(chunk))
         if force:
             reader.release()
+        elif reader.is_open:
+            self._open.add(source)
         return got
+
+    def _make_room(self) -> None:
+        """Before a reader opens its file: close the least recently active one if OPEN_FILES are open."""
+        if len(self._open) < OPEN_FILES:
+            return
+        self._open = {s for s in self._open if s.reader.is_open}  # readers also close themselves
+        if len(self._open) >= OPEN_FILES:
+            oldest = min(self._open, key=lambda s: s.last_output)
+            oldest.reader.release()
+            self._open.discard(oldest)
 
     def _skipped(self, source: _Source, count: int) -> None:
         """Output gone from the task's log before the pump read it: merged.log says so, in place."""

@@ -235,9 +235,8 @@ class RunSession:
 
     def _attempt(self, plan: Plan, attempt: int) -> AttemptResult:
         def open_output(launch: TaskLaunch) -> tuple[int, str]:
-            fd = self.folder.open_task_log(launch.name, attempt)
-            path = self.folder.task_log(launch.name, attempt)
-            self.pump.follow(launch.name, path, attempt)
+            fd, path = self.folder.open_task_log(launch.name, attempt)
+            self.pump.follow(launch.name, path, attempt, created=True)
             return fd, str(path)
 
         watchdog = None

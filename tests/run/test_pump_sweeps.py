@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import threading
 
 import pytest
 
@@ -10,6 +11,7 @@ from launcher.records.boundedlog import WRITING
 from launcher.run import pump as pump_module
 from launcher.run.console import Console
 from launcher.run.pump import OutputPump
+from polling import wait_for
 
 pytestmark = pytest.mark.unit
 
@@ -34,3 +36,66 @@ def test_a_sweep_reads_the_logs_written_to_and_leaves_the_others_for_their_look(
         pump.close()  # reads every log to its end
         console.close()
     assert b" [1] worker-7 | appended directly\n" in (tmp_path / "merged.log").read_bytes()
+
+
+def _pump(tmp_path, count):
+    console = Console(io.StringIO(), messages=io.StringIO())
+    pump = OutputPump(tmp_path / "merged.log", tmp_path / "metrics.jsonl", console)
+    paths = [tmp_path / f"worker-{i}.log" for i in range(count)]
+    for i, path in enumerate(paths):
+        pump.follow(f"worker-{i}", path)
+    return pump, console, paths
+
+
+def test_a_relayed_log_is_looked_at_for_other_writers_only_every_quiet_check(tmp_path, monkeypatch):
+    monkeypatch.setattr(pump_module, "IDLE_CHECK", 0.0)  # a log that is not relayed: looked at every sweep
+    monkeypatch.setattr(pump_module, "QUIET_CHECK", 3600.0)
+    pump, console, paths = _pump(tmp_path, 2)
+    try:
+        pump._sweep()
+        WRITING.get(str(paths[0].resolve())).write(b"relayed\n")
+        pump._sweep()  # worker-0 is relayed from now on
+        for path in paths:
+            with open(path, "ab") as handle:
+                handle.write(b"appended directly\n")
+        pump._sweep()
+        pump._flush_files()
+        merged = (tmp_path / "merged.log").read_bytes()
+        assert b"worker-1 | appended directly\n" in merged  # its look came
+        assert b"worker-0 | appended directly\n" not in merged  # its next look is an hour away
+    finally:
+        pump.close()
+        console.close()
+    assert b"worker-0 | appended directly\n" in (tmp_path / "merged.log").read_bytes()  # read at the end
+
+
+def test_the_pump_keeps_at_most_open_files_descriptors_however_many_logs_write(tmp_path):
+    pump, console, paths = _pump(tmp_path, pump_module.OPEN_FILES * 3)
+    try:
+        for path in paths:
+            WRITING.get(str(path.resolve())).write(b"a line\n")
+            pump._sweep()
+        assert len(pump._open) <= pump_module.OPEN_FILES
+        assert sum(1 for s in pump._sources if s.reader.is_open) <= pump_module.OPEN_FILES
+        pump._flush_files()
+        assert (tmp_path / "merged.log").read_bytes().count(b"| a line\n") == len(paths)
+    finally:
+        pump.close()
+        console.close()
+
+
+def test_a_quiet_pump_sleeps_until_a_write_or_a_look_is_due(tmp_path):
+    pump, console, paths = _pump(tmp_path, 50)
+    sweeps = []
+    sweep = pump._sweep
+    pump._sweep = lambda: (sweeps.append(1), sweep())[1]
+    pump.start()
+    try:
+        threading.Event().wait(1.0)
+        # One sweep per look (every IDLE_CHECK = 0.25 s) and the first: not one per 0.02 s interval.
+        assert len(sweeps) <= 1 + 1.0 / pump_module.IDLE_CHECK + 2, len(sweeps)
+        WRITING.get(str(paths[3].resolve())).write(b"heard at once\n")
+        assert wait_for(lambda: b"worker-3 | heard at once" in (tmp_path / "merged.log").read_bytes(), timeout=30)
+    finally:
+        pump.close()
+        console.close()
