@@ -15,7 +15,8 @@ takes them down at the end, whatever happens. Three parts, each printed as a tab
 3. **Start-time curve**: 8 ``sleep`` tasks per host at 8, 16 and 32 hosts: seconds from launch
    until every task has printed its first line, and the cost per host (the slope), from which
    benchmarks/README.md's estimate for 256 hosts comes; and tflaunch's own CPU (user + system,
-   from /proc, its ssh clients apart) until then, whose slope has a target: <= 5 ms per host.
+   from /proc, its ssh clients apart) until then, whose slope has a target: <= 5 ms per host (fitted
+   by least squares to every run of every size).
    Beside each run, the CPU of creating a file and a symbolic link in a new folder of the same
    filesystem (each task's log and its top-level link), which moves a lot on a shared disk.
 """
@@ -207,14 +208,26 @@ def curve(doc: dict, sizes: list[int], work: Path, reps: int = 3, before: str | 
         slope = (v1 - v0) / (h1 - h0)
         note(f"cost per extra host: {slope * 1000:.0f} ms (from {h0} to {h1} hosts, all sharing 2 cores here); "
              f"256 hosts at that slope: {v0 + slope * (256 - h0):.1f} s")
-        cpu_slope = (c1 - c0) / (h1 - h0) * 1000
+        ends_slope = (c1 - c0) / (h1 - h0) * 1000
+        points = [(h, v[1]) for h in sizes for v in mine[h]]
+        cpu_slope = least_squares_slope(points) * 1000
         files = 8 * 1000 * median([v[2] for h in (h0, h1) for v in mine[h]])
-        note(f"of tflaunch's {cpu_slope:.1f} ms of CPU per extra host, creating its 8 task logs and their links "
-             f"took about {files:.1f} ms on this filesystem just then (measured beside each run); "
-             f"the rest: {cpu_slope - files:.1f} ms")
+        note(f"tflaunch's CPU per extra host: {cpu_slope:.1f} ms fitted to all {len(points)} runs "
+             f"(least squares; {ends_slope:.1f} ms between the medians at {h0} and {h1} hosts)")
+        note(f"of it, creating its 8 task logs and their links took about {files:.1f} ms on this filesystem "
+             f"just then (measured beside each run, outside the run); the rest: {cpu_slope - files:.1f} ms")
         if sides[side] is None:
-            _bench.verdict(f"tflaunch's CPU at start per extra host ({h0} to {h1} hosts x 8 tasks)",
+            _bench.verdict(f"tflaunch's CPU at start per extra host ({h0} to {h1} hosts x 8 tasks, all runs fitted)",
                            cpu_slope, START_CPU_TARGET_MS, " ms")
+
+
+def least_squares_slope(points: list[tuple[float, float]]) -> float:
+    """The slope of the straight line that fits ``points`` (x, y) best: one figure from every run,
+    steadier than the difference of two medians when a few runs stray."""
+    n = len(points)
+    mean_x, mean_y = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
+    spread_x = sum((x - mean_x) ** 2 for x, _ in points)
+    return sum((x - mean_x) * (y - mean_y) for x, y in points) / spread_x if spread_x else float("nan")
 
 
 def main() -> None:
@@ -228,7 +241,8 @@ def main() -> None:
                         "(`git archive COMMIT launcher | tar -x -C DIR`), interleaved: before and after in one run")
     args = parser.parse_args()
     sizes = [int(n) for n in args.curve.split(",") if n]
-    _bench.header("bench_host_agent: one agent and one ssh connection per host, sshd at stock limits")
+    _bench.header("bench_host_agent: one agent and one ssh connection per host, sshd at stock limits",
+                  before=args.before)
     missing = _bench.testhosts_missing()
     if missing:
         print(f"RESULT skipped: {missing}; nothing was measured")

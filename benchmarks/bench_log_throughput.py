@@ -126,7 +126,7 @@ def main() -> None:
     args = parser.parse_args()
     _bench.header(f"bench_log_throughput: {args.tasks} tasks x {args.lines:,} lines, tflaunch vs direct to files",
                   [f"{args.reps} interleaved repetitions per side; writer: python -c <print {args.lines:,} "
-                   f"numbered lines of {len(TEXT) + 7} bytes>"])
+                   f"numbered lines of {len(TEXT) + 7} bytes>"], before=args.before)
     sides = ["tflaunch", "direct", "buffered"] + (["before"] if args.before else [])
     results: dict[str, list[dict]] = {s: [] for s in sides}
     with _bench.workdir("logs") as work:
