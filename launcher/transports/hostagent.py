@@ -32,7 +32,9 @@ counts as a heartbeat, and tflaunch sends an empty one only after ``beat`` secon
   address without SO_REUSEADDR (no other user's program can bind it, whatever options it sets,
   nor get it from the kernel) and with SO_REUSEPORT set after the bind (this user's probes, which
   set it too, can still listen there); a task whose ``release`` field names one gets it freed
-  just before it starts, since TensorFlow does not set SO_REUSEPORT;
+  just before it starts, since TensorFlow does not set SO_REUSEPORT. Each port is also claimed for
+  as long as the agent runs (see :func:`claim_port`), so that no other tflaunch run on the host,
+  whoever's, is given it while this run's task starts or restarts on it;
 - ``TERM <id>`` (SIGTERM to the task's process group), ``KILL <id>`` (SIGKILL to its whole tree),
   ``SIG <id> <n>`` (signal n to its main process), ``DUMP <id>`` (its Python stacks, by py-spy).
 
@@ -275,6 +277,32 @@ def write_some(fd, data):
         return None
 
 
+# The name of a port's claim: an abstract Unix socket (Linux), one per port of the host's network
+# namespace, held by the agent whose run was given the port. The port's own socket is let go when
+# the task starts, and from then until the task has bound it (TensorFlow's start-up, seconds) the
+# kernel would hand the port to the next run that asks; the claim makes the next run pass it by.
+PORT_CLAIM = "tflaunch-port-%d"
+CLAIM_TRIES = 256  # ports picked and passed by, at most, before PORTS gives up
+
+
+def claim_port(port):
+    """Claim ``port`` for this agent's run against every other run on the host: the claim (a
+    socket, never listening: no one can connect to it), ``True`` where the system has no abstract
+    sockets, or None when another run holds it. Any user can claim a name, so a stranger's claim
+    only makes a run pass a port by."""
+    import socket
+
+    if not sys.platform.startswith("linux"):
+        return True
+    claim = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        claim.bind("\0" + PORT_CLAIM % port)
+    except OSError as exc:
+        claim.close()
+        return None if exc.errno == errno.EADDRINUSE else True
+    return claim
+
+
 def become_subreaper():
     """Orphaned descendants come to this process instead of init (Linux 3.4+)."""
     try:
@@ -398,6 +426,7 @@ class Agent(object):
         self.clusters = {}  # id of a CLUSTER command -> its JSON text
         self.processes = {}  # id -> Process
         self.held_ports = {}  # port -> the socket that holds it until its task starts
+        self.port_claims = {}  # port -> its claim, held until the agent exits (see claim_port)
         self.by_pid = {}  # main pid -> Process
         self.control = []  # frames that go before any output
         self.outgoing = b""
@@ -562,37 +591,57 @@ class Agent(object):
     def pick_ports(self, ident, count):
         import socket  # here, not at the top: importing it is a third of the agent's start-up
 
-        picked = []
+        picked, passed = [], []  # passed: held until the end, so the kernel hands out others
         try:
-            for _ in range(count):
-                # Without SO_REUSEADDR: the kernel hands out a port nobody holds, and a socket
-                # that set SO_REUSEADDR could otherwise bind it beside this one. Dual-stack where
-                # the host has IPv6, so that no IPv6-only socket can take the port either.
-                try:
-                    sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
-                except OSError:
-                    sock = None
-                if sock is not None:
-                    try:
-                        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-                        sock.bind(("::", 0))
-                    except OSError:
-                        sock.close()  # IPv6 switched off here
-                        sock = None
-                if sock is None:
-                    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                    sock.bind(("0.0.0.0", 0))
-                if hasattr(socket, "SO_REUSEPORT"):  # only this user's sockets may join it
-                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            while len(picked) < count:
+                if len(passed) > CLAIM_TRIES:
+                    raise OSError(errno.EADDRINUSE, "%d free ports in a row were claimed by other runs"
+                                  % len(passed))
+                sock = self.bind_free_port(socket)
                 port = sock.getsockname()[1]
+                claim = claim_port(port)
+                if claim is None:  # another run's task was given it: it may not have bound it yet
+                    passed.append(sock)
+                    continue
+                if claim is not True:
+                    self.port_claims[port] = claim
                 self.held_ports[port] = sock
                 picked.append(port)
             answer = " ".join(str(port) for port in picked)
         except OSError as exc:
             for port in picked:
                 self.held_ports.pop(port).close()
+                claim = self.port_claims.pop(port, None)
+                if claim is not None:
+                    claim.close()
             answer = "%s %s" % (Status.ERROR, exc.strerror or exc)
+        for sock in passed:
+            sock.close()
         self.control.append(frame(Frame.PORTS, ident, answer.encode()))
+
+    @staticmethod
+    def bind_free_port(socket):
+        """A socket bound to a port the kernel picked, which no other socket can bind beside it."""
+        # Without SO_REUSEADDR: the kernel hands out a port nobody holds, and a socket that set
+        # SO_REUSEADDR could otherwise bind it beside this one. Dual-stack where the host has
+        # IPv6, so that no IPv6-only socket can take the port either.
+        try:
+            sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        except OSError:
+            sock = None
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+                sock.bind(("::", 0))
+            except OSError:
+                sock.close()  # IPv6 switched off here
+                sock = None
+        if sock is None:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind(("0.0.0.0", 0))
+        if hasattr(socket, "SO_REUSEPORT"):  # only this user's sockets may join it
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        return sock
 
     # -- starting -------------------------------------------------------------------------
 

@@ -256,3 +256,48 @@ def test_nothing_a_run_leaves_outside_its_run_folder_is_writable_by_another_user
         assert not stat.S_ISLNK(info.st_mode), path
         assert info.st_uid == os.geteuid(), path
         assert stat.S_IMODE(info.st_mode) & 0o077 == 0, f"{path}: {oct(info.st_mode)}"
+
+
+# Run in a network namespace of its own whose kernel hands out only four ports: another user's
+# process claims two of them as a tflaunch run's agent does, and this run's agent must pick the
+# other two (the kernel offers the claimed ones first or among the first).
+_CLAIMED_PORTS_PASSED_BY = r'''
+import subprocess, sys
+from launcher.transports.hostagent import PORT_CLAIM
+from launcher.transports.local import LocalTransport
+
+with open("/proc/sys/net/ipv4/ip_local_port_range", "w") as ranges:
+    ranges.write("40000 40003")
+claimer = subprocess.Popen(
+    ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c",
+     "import socket, sys\n"
+     "claims = []\n"
+     "for port in (40000, 40001):\n"
+     "    claim = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+     "    claim.bind('\\0' + sys.argv[1] % port)\n"
+     "    claims.append(claim)\n"
+     "print('READY', flush=True)\n"
+     "sys.stdin.read()\n", PORT_CLAIM],
+    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={"PATH": "/usr/bin:/bin"}, cwd="/")
+assert claimer.stdout.readline().strip() == "READY"
+transport = LocalTransport()
+try:
+    print(sorted(transport.link_for(None).pick_ports(2, timeout=30.0)))
+    try:
+        transport.link_for(None).pick_ports(1, timeout=30.0)
+    except OSError as exc:
+        print("then:", exc)
+finally:
+    transport.close()
+    claimer.stdin.close()
+    claimer.wait(timeout=30)
+'''
+
+
+def test_a_port_another_run_claimed_on_the_host_is_passed_by_whoever_claimed_it(tmp_path):
+    done = subprocess.run(["unshare", "--net", sys.executable, "-c", _CLAIMED_PORTS_PASSED_BY], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "[40002, 40003]", done.stdout  # never 40000 or 40001, claimed by nobody's process
+    assert lines[1] == "then: cannot pick ports on this machine: Address already in use", done.stdout  # none left
