@@ -74,7 +74,6 @@ def run(ctx: click.Context, choice: ClusterChoice, **options: Any) -> None:
         return
     from ..run.console import Console
     from ..run.launch import run as run_cluster
-    from ..run.summary import describe_result
 
     board = None
     if given.tensorboard:
@@ -96,6 +95,8 @@ def run(ctx: click.Context, choice: ClusterChoice, **options: Any) -> None:
             result = run_cluster(request, console, on_folder=lambda folder: board.start(folder.path) if board else None)
         if board is not None:
             board.stop()  # with the run, before the summary
+        from ..run.summary import describe_result  # after the run: its modules load while hosts are reached
+
         console.message("\n".join(describe_result(result)))
     finally:
         if board is not None:

@@ -7,19 +7,81 @@ from __future__ import annotations
 
 import os
 import socket
+import struct
 
 
 def local_host_names() -> frozenset[str]:
     """Names and addresses under which a task's host is this machine."""
     names = {"localhost", "127.0.0.1", "::1", socket.gethostname()}
     try:
-        import psutil
+        names.update(interface_addresses())
+    except OSError:
+        try:
+            import psutil
 
-        for addresses in psutil.net_if_addrs().values():
-            names.update(a.address.split("%")[0] for a in addresses if a.family in (socket.AF_INET, socket.AF_INET6))
-    except Exception:  # noqa: BLE001 - interface listing is a nicety; names above suffice
-        pass
+            for addresses in psutil.net_if_addrs().values():
+                names.update(a.address.split("%")[0] for a in addresses
+                             if a.family in (socket.AF_INET, socket.AF_INET6))
+        except Exception:  # noqa: BLE001 - interface listing is a nicety; names above suffice
+            pass
     return frozenset(names)
+
+
+# Netlink (Linux): a dump of every interface address, as getifaddrs(3) asks for it.
+_RTM_NEWADDR, _RTM_GETADDR, _NLMSG_ERROR, _NLMSG_DONE = 20, 22, 2, 3
+_NLM_F_REQUEST, _NLM_F_DUMP = 0x1, 0x300
+_IFA_ADDRESS, _IFA_LOCAL = 1, 2
+_NLMSG = struct.Struct("=IHHII")  # length, type, flags, sequence, port id
+_IFADDRMSG = struct.Struct("=BBBBI")  # family, prefix length, flags, scope, interface index
+_RTATTR = struct.Struct("=HH")  # length, type
+
+
+def interface_addresses() -> set[str]:
+    """Every IPv4 and IPv6 address of this machine's interfaces (in its network namespace), from
+    the kernel over netlink: what psutil's ``net_if_addrs`` reports, without importing psutil at
+    every start. OSError where there is no netlink (not Linux) or it answers oddly."""
+    if not hasattr(socket, "AF_NETLINK"):
+        raise OSError("no netlink on this system")
+    found: set[str] = set()
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, 0) as sock:  # NETLINK_ROUTE
+        sock.settimeout(2.0)
+        sock.send(_NLMSG.pack(_NLMSG.size + _IFADDRMSG.size, _RTM_GETADDR, _NLM_F_REQUEST | _NLM_F_DUMP, 1, 0)
+                  + _IFADDRMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0))
+        while True:
+            data = sock.recv(65536)
+            offset = 0
+            while offset + _NLMSG.size <= len(data):
+                length, kind, _, _, _ = _NLMSG.unpack_from(data, offset)
+                if length < _NLMSG.size or offset + length > len(data):
+                    raise OSError("a netlink message that does not fit its reply")
+                if kind == _NLMSG_DONE:
+                    return found
+                if kind == _NLMSG_ERROR:
+                    raise OSError("netlink refused to list addresses")
+                if kind == _RTM_NEWADDR:
+                    found.update(_message_addresses(data[offset + _NLMSG.size:offset + length]))
+                offset += (length + 3) & ~3
+            if not data:
+                raise OSError("netlink closed before the end of the address list")
+
+
+def _message_addresses(message: bytes) -> list[str]:
+    """The address of one RTM_NEWADDR message: its local address (IFA_LOCAL: on a point-to-point
+    link IFA_ADDRESS is the peer's), else IFA_ADDRESS."""
+    family = _IFADDRMSG.unpack_from(message)[0]
+    size = {socket.AF_INET: 4, socket.AF_INET6: 16}.get(family)
+    if size is None:
+        return []
+    attributes: dict[int, bytes] = {}
+    offset = _IFADDRMSG.size
+    while offset + _RTATTR.size <= len(message):
+        length, kind = _RTATTR.unpack_from(message, offset)
+        if length < _RTATTR.size:
+            break
+        attributes[kind] = message[offset + _RTATTR.size:offset + length]
+        offset += (length + 3) & ~3
+    raw = attributes.get(_IFA_LOCAL) or attributes.get(_IFA_ADDRESS)
+    return [socket.inet_ntop(family, raw)] if raw is not None and len(raw) == size else []
 
 
 def cpu_count() -> int:

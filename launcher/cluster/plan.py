@@ -262,6 +262,12 @@ def runs_python(argv: tuple[str, ...], python: str = "") -> bool:
     return False
 
 
+def check_cluster_fits(spec: ClusterSpec) -> None:
+    """Refuse, before anything starts, a cluster whose TF_CONFIG no task could be given (the check
+    :func:`plan_cluster` makes, for a caller that plans only some of the tasks first)."""
+    check_tf_config_size(spec, cluster_texts(tf_cluster(spec)))
+
+
 def tf_cluster(spec: ClusterSpec) -> dict[str, list[str]]:
     """The ``cluster`` part of TF_CONFIG: every role with its tasks' addresses, by index."""
     cluster: dict[str, list[str]] = {}

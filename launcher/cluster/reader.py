@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import yaml
 
@@ -30,6 +30,7 @@ from .spec import (  # noqa: F401  (re-exported: the spec is part of this module
     TaskSpec,
     check_text,
     is_local,
+    text_problem,
 )
 
 CLUSTER_KEYS = ("command", "env", "log_dir", "share_gpus", "threads", "workdir", "python", "setup", "ssh",
@@ -99,7 +100,8 @@ class _ClusterReader(FieldReader):
             raise self.fail("", "the cluster file is empty; expected roles such as 'worker:'")
         if isinstance(data, list):  # short form: a list of host:port workers
             data = {"worker": data}
-        self._check_strings(data, "")
+        if any(text_problem(text) for text in _strings(data)):  # the walk that names the key, only then
+            self._check_strings(data, "")
         mapping = self.expect_mapping(data, "", "a mapping of cluster keys or a list of host:port workers")
         self.check_keys(mapping, CLUSTER_KEYS, "")
         tasks: list[TaskSpec] = []
@@ -249,3 +251,23 @@ class _ClusterReader(FieldReader):
                 env=self.read_env(settings.get("env"), f"{key}.env"),
             )
         return hosts
+
+
+def _strings(value: Any) -> Iterator[str]:
+    """Every string of a YAML document, mapping keys too."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for name, item in value.items():
+            if isinstance(name, str):
+                yield name
+            if isinstance(item, str):
+                yield item
+            elif isinstance(item, (dict, list)):
+                yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            if isinstance(item, str):
+                yield item
+            elif isinstance(item, (dict, list)):
+                yield from _strings(item)

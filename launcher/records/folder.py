@@ -143,7 +143,7 @@ class RunFolder:
     def __init__(self, path: Path):
         self.path = Path(path)
         self._milestone: tuple | None = None  # what run.json said when its folder was last synced
-        self._attempt_dirs: set[int] = set()  # attempt folders known to exist
+        self._attempt_dirs: dict[int, str] = {}  # attempt folders known to exist, by number
 
     @classmethod
     def create(cls, log_dir: str | Path | None, source: str, option: str | None = None) -> "RunFolder":
@@ -214,19 +214,21 @@ class RunFolder:
         found = [p for p in self.path.glob(f"{ATTEMPT_PREFIX}*/{STACKS}") if p.is_dir()]
         return sorted(found, key=lambda p: (len(p.parent.name), p.parent.name))  # attempt-9 before attempt-10
 
-    def open_task_log(self, name: str, attempt: int) -> tuple[int, Path]:
+    def open_task_log(self, name: str, attempt: int) -> tuple[int, str]:
         """A write descriptor for a task's stdout and stderr, and the log's path (created now); the
-        top-level link follows it."""
-        path = self.task_log(name, attempt)
-        if attempt not in self._attempt_dirs:  # once per attempt, not once per task
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._attempt_dirs.add(attempt)
+        top-level link follows it. Paths are joined as text: this runs once per task at a run's start."""
+        folder = self._attempt_dirs.get(attempt)
+        if folder is None:  # once per attempt, not once per task
+            self.attempt_dir(attempt).mkdir(parents=True, exist_ok=True)
+            folder = self._attempt_dirs[attempt] = os.path.join(self.path, attempt_name(attempt))
+        log_name = task_log_name(name)
+        path = os.path.join(folder, log_name)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        link = self.latest_task_log(name)
-        target = os.path.join(attempt_name(attempt), task_log_name(name))  # relative to the run folder
+        target = os.path.join(attempt_name(attempt), log_name)  # relative to the run folder
         try:
-            os.symlink(target, link)  # the task's first log: no link to replace yet
+            os.symlink(target, os.path.join(self.path, log_name))  # the task's first log: no link to replace yet
         except FileExistsError:
+            link = self.latest_task_log(name)
             tmp = self.path / f".{link.name}.tmp"
             tmp.unlink(missing_ok=True)
             tmp.symlink_to(target)

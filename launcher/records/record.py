@@ -18,7 +18,7 @@ import math
 import types
 import typing
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from ..errors import shown
 from ..taskenv import ATTEMPT
@@ -238,7 +238,6 @@ class RunRecord:
         return next((t for t in self.tasks if t.name == name), None)
 
 
-_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 _SCALAR_TYPES = frozenset((str, int, float, bool, type(None)))
 
 
@@ -246,18 +245,30 @@ def _plain(value: Any) -> Any:
     """A record as JSON-ready values: dataclasses to dicts, enums to their values.
 
     Written out rather than ``dataclasses.asdict``, which deep-copies every value: the live record
-    of a run of a thousand tasks is rewritten while the run goes on, and must stay cheap."""
-    if type(value) in _SCALAR_TYPES:  # most values: nothing to convert, and no slower test first
+    of a run of a thousand tasks is rewritten while the run goes on, and must stay cheap. So each
+    type's conversion is worked out once, and a scalar (most values) is passed over without a call."""
+    kind = type(value)
+    if kind in _SCALAR_TYPES:
         return value
-    if is_dataclass(value):
-        names = _FIELD_NAMES.get(type(value))
-        if names is None:
-            names = _FIELD_NAMES[type(value)] = tuple(f.name for f in fields(value))
-        return {name: _plain(getattr(value, name)) for name in names}
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, (list, tuple)):
-        return [_plain(item) for item in value]
-    if isinstance(value, dict):
-        return {key: _plain(item) for key, item in value.items()}
-    return value
+    convert = _CONVERTERS.get(kind)
+    if convert is None:
+        convert = _CONVERTERS[kind] = _converter(kind)
+    return convert(value)
+
+
+def _converter(kind: type) -> Callable[[Any], Any]:
+    scalar = _SCALAR_TYPES
+    if is_dataclass(kind):
+        names = tuple(f.name for f in fields(kind))
+        return lambda value: {name: item if type(item) in scalar else _plain(item)
+                              for name in names for item in (getattr(value, name),)}
+    if issubclass(kind, enum.Enum):
+        return lambda value: value.value
+    if issubclass(kind, (list, tuple)):
+        return lambda value: [item if type(item) in scalar else _plain(item) for item in value]
+    if issubclass(kind, dict):
+        return lambda value: {key: item if type(item) in scalar else _plain(item) for key, item in value.items()}
+    return lambda value: value
+
+
+_CONVERTERS: dict[type, Callable[[Any], Any]] = {}

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from ..cluster.machine import cpu_count, local_host_names
-from ..cluster.plan import Plan, RunContext, plan_cluster
+from ..cluster.plan import Plan, RunContext, TaskLaunch, check_cluster_fits, plan_cluster
 from ..cluster.ports import HELD_AT_MOST, PortReservation, port_is_free, reserve_ports
-from ..cluster.spec import AUTO, DEFAULT_CONNECT_TIMEOUT, ClusterSpec, check_launch_input, is_local
+from ..cluster.spec import AUTO, DEFAULT_CONNECT_TIMEOUT, ClusterSpec, TaskSpec, check_launch_input, is_local
 from ..errors import EnvironmentProblem, PortInUseError, PreflightError, UnknownTaskError
 from ..options import RunOptions, given, python_caller
 from ..options import name as option_name
@@ -30,15 +30,14 @@ from ..records.folder import DEFAULT_LOG_DIR, RUN_ID_PLACEHOLDER, RunFolder
 from ..transports import TransportSet
 from .isolation import NetworkNamespace, isolated_network
 from .limits import check_open_files
-from .session import TAIL_LINES, RunResult, RunSession, SessionOptions
 from .signals import SIGNALS, Signals
-from .watchdog import WatchdogSettings
 
 if TYPE_CHECKING:
     from .console import Console
     from .preflight import CheckReport
+    from .session import RunResult, SessionOptions
 
-__all__ = ["LaunchRequest", "RunResult", "TAIL_LINES", "build_spec", "check", "dry_run", "run"]
+__all__ = ["LaunchRequest", "build_spec", "check", "dry_run", "run"]
 
 @dataclass(frozen=True)
 class LaunchRequest:
@@ -83,6 +82,9 @@ def plan_for(spec: ClusterSpec, context: RunContext, local_hosts: frozenset[str]
 
 def session_options(request: LaunchRequest, spec: ClusterSpec) -> SessionOptions:
     """The run-wide choices: the run options, else the cluster file's."""
+    from .session import SessionOptions
+    from .watchdog import WatchdogSettings
+
     options = request.options
     return SessionOptions(
         grace=options.grace,
@@ -146,15 +148,14 @@ def _agent_ports(spec: ClusterSpec, local_hosts: frozenset[str], request: Launch
     if not remote:
         return spec
     # Plan with stand-in ports only to bring the agents up; TF_CONFIG is written after they answer.
-    launches = {l.name: l for l in _placeholder_plan(spec.with_ports({t.name: 0 for t in remote}), local_hosts,
-                                                     request).launches}
+    launches = {l.host: l for l in _host_launches(spec.with_ports({t.name: 0 for t in remote}), local_hosts, request)}
     transports.prepare(list(launches.values()))
     by_host: dict[str, list[str]] = {}
     for task in remote:
         by_host.setdefault(task.host, []).append(task.name)
     chosen: dict[str, int] = {}
-    for names in by_host.values():
-        first = launches[names[0]]
+    for host, names in by_host.items():
+        first = launches[host]
         try:
             link = transports.for_launch(first).link_for(first)
             timeout = ((first.ssh.connect_timeout if first.ssh else None) or DEFAULT_CONNECT_TIMEOUT) + 20.0
@@ -176,6 +177,17 @@ def _reserve_auto_ports(spec: ClusterSpec, local_hosts: frozenset[str], hold: in
                                      f"{exc.strerror} (raise the limit with 'ulimit -n')") from None
         raise EnvironmentProblem(f"{spec.source}: cannot reserve free ports for {len(spec.tasks)} tasks on this "
                                  f"machine: {exc.strerror or exc}") from None
+
+
+def _host_launches(spec: ClusterSpec, local_hosts: frozenset[str], request: LaunchRequest) -> tuple[TaskLaunch, ...]:
+    """The placeholder launch of the first task on each host: what bringing up every host's agent
+    needs (its connection, interpreter, workdir and setup come from a host's first task), planned
+    without the other tasks, whose plans a run makes once, when it starts them."""
+    check_cluster_fits(spec)  # what the whole plan would refuse is refused before any host is reached
+    firsts: dict[str, TaskSpec] = {}
+    for task in spec.tasks:
+        firsts.setdefault(task.host, task)
+    return _placeholder_plan(replace(spec, tasks=tuple(firsts.values())), local_hosts, request).launches
 
 
 def _placeholder_plan(spec: ClusterSpec, local_hosts: frozenset[str], request: LaunchRequest) -> Plan:
@@ -216,7 +228,10 @@ def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS,
                 _preflight(spec, local_hosts, request, with_mesh=not reservation.ports, transports=transports)
             elif remote:
                 # Open every host's connection now, while the run folder and the session are set up.
-                transports.prepare(_placeholder_plan(spec, local_hosts, request).launches)
+                transports.prepare(_host_launches(spec, local_hosts, request))
+            # The session's modules load while the hosts are being reached, not before.
+            from .session import RunSession
+
             _stop_if_signalled(signals)
             # The namespace comes before the run folder: where it cannot be made, nothing is left.
             with isolated_network(spec) as network:  # None unless the run asked for one

@@ -93,7 +93,8 @@ class OutputPump:
         self._sources: list[_Source] = []
         self._followed: set[tuple[str, int]] = set()  # (task, attempt) of every source: one lookup per new task
         self._changed: set[_Source] = set()  # written to since the last sweep (added to by the writers' threads)
-        self._open: set[_Source] = set()  # whose reader may hold a descriptor: at most OPEN_FILES + 1
+        # Whose reader may hold a descriptor (at most OPEN_FILES + 1), least recently active first.
+        self._open: dict[_Source, None] = {}
         self._looks: list[tuple[float, int, _Source]] = []  # a heap: when each source is looked at next
         self._look_order = itertools.count()  # breaks ties in the heap
         self._lock = threading.Lock()
@@ -109,9 +110,12 @@ class OutputPump:
 
     # -- sources ------------------------------------------------------------------------
 
-    def follow(self, name: str, path: Path, attempt: int = 1, created: bool = False) -> None:
+    def follow(self, name: str, path: Path | str, attempt: int = 1, created: bool = False,
+               relayed: bool = False) -> None:
         """Start reading a task's log back (made here unless ``created``), and keep it within the
         size limit from now on (whoever appends to it through :data:`~launcher.records.boundedlog.WRITING`).
+        ``relayed``: its output will come through tflaunch (a transport relays it), so its writes are
+        announced from the first: it is looked at for other writers only every QUIET_CHECK.
 
         A task restarted in place appends to the file already followed: it is not read twice.
         """
@@ -121,7 +125,7 @@ class OutputPump:
             if not created:
                 os.close(os.open(path, os.O_RDONLY | os.O_CREAT, 0o644))
             log = BoundedLog(path, self.log_max_size)
-            source = _Source(name, attempt, log, log.reader(), last_output=time.monotonic())  # new: looked at often
+            source = _Source(name, attempt, log, log.reader(), last_output=time.monotonic(), relayed=relayed)
             log.on_write = functools.partial(self._announce, source)
             WRITING.add(log)
             self._sources.append(source)
@@ -243,11 +247,12 @@ class OutputPump:
         """Read what ``source`` wrote since last time (``force``: to its end, then close it)."""
         now = time.monotonic()
         reader = source.reader
+        active = False  # opened or read from now: it moves to the end of the open ones
         if not reader.is_open:
             if not reader.available():
                 return False
             self._make_room()
-            source.last_output = now
+            source.last_output, active = now, True
         got = False
         while True:
             skipped, chunk = reader.read(_READ_SIZE)
@@ -255,24 +260,24 @@ class OutputPump:
                 self._skipped(source, skipped)
             if not chunk:
                 break
-            got = True
+            got = active = True
             source.last_output = now
             self._emit(source, source.splitter.feed_block(chunk))
         if force:
             reader.release()
-        elif reader.is_open:
-            self._open.add(source)
+        elif reader.is_open and active:
+            self._open.pop(source, None)
+            self._open[source] = None
         return got
 
     def _make_room(self) -> None:
-        """Before a reader opens its file: close the least recently active one if OPEN_FILES are open."""
-        if len(self._open) < OPEN_FILES:
-            return
-        self._open = {s for s in self._open if s.reader.is_open}  # readers also close themselves
-        if len(self._open) >= OPEN_FILES:
-            oldest = min(self._open, key=lambda s: s.last_output)
-            oldest.reader.release()
-            self._open.discard(oldest)
+        """Before a reader opens its file: close the least recently active one if OPEN_FILES are open
+        (the first in :attr:`_open`; a reader that closed itself is only dropped from it)."""
+        while len(self._open) >= OPEN_FILES:
+            oldest = next(iter(self._open))
+            del self._open[oldest]
+            if oldest.reader.is_open:
+                oldest.reader.release()
 
     def _skipped(self, source: _Source, count: int) -> None:
         """Output gone from the task's log before the pump read it: merged.log says so, in place."""

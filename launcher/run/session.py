@@ -236,8 +236,9 @@ class RunSession:
     def _attempt(self, plan: Plan, attempt: int) -> AttemptResult:
         def open_output(launch: TaskLaunch) -> tuple[int, str]:
             fd, path = self.folder.open_task_log(launch.name, attempt)
-            self.pump.follow(launch.name, path, attempt, created=True)
-            return fd, str(path)
+            # Every transport relays a task's output through tflaunch, which writes it to this log.
+            self.pump.follow(launch.name, path, attempt, created=True, relayed=True)
+            return fd, path
 
         watchdog = None
         if self.options.watchdog.enabled:

@@ -24,7 +24,8 @@ from ..records.slurm import read_slurm_record, write_slurm_record
 from ..slurm.commands import SlurmError, slurm_run
 from ..slurm.job import prepare_folder
 from .console import Console
-from .launch import LaunchRequest, RunResult, run
+from .launch import LaunchRequest, run
+from .session import RunResult
 from .signals import SIGNALS, Signals
 
 WARNING_SIGNAL = signal.SIGUSR1

@@ -17,9 +17,9 @@ from ..records.folder import DEFAULT_LOG_DIR, LEARNING_CURVES, RunFolder
 from ..records.metrics import speaker
 from ..records.states import Outcome, TaskState
 from ..transports.base import signal_name
-from .launch import TAIL_LINES, RunResult
 from .metricview import number as figure
 from .pump import tail_lines
+from .session import TAIL_LINES, RunResult
 from .supervisor import Task
 from .twins import names_text
 

@@ -214,9 +214,10 @@ def encode_fields(pairs):
             tokens += [key, str(len(items))] + items
         else:
             tokens += [key, str(value)]
-    if any("\0" in token for token in tokens):
+    joined = "\0".join(tokens)
+    if joined.count("\0") > max(len(tokens) - 1, 0):  # more than the NULs between tokens: one inside
         raise ValueError("an argument or environment value contains a NUL character")
-    encoded = binascii.b2a_base64("\0".join(tokens).encode("utf-8"), newline=False).decode("ascii")
+    encoded = binascii.b2a_base64(joined.encode("utf-8"), newline=False).decode("ascii")
     if len(encoded) > MAX_FRAME - 64:  # the verb and the id share the line
         raise ValueError("its arguments and environment take %d bytes encoded, more than the %d one command "
                          "to a host's agent may carry" % (len(encoded), MAX_FRAME - 64))

@@ -54,7 +54,9 @@ def _packed_agent() -> tuple[str, str, bytes]:
     code = SourceFileLoader("hostagent", str(AGENT_PATH)).get_code("hostagent")
 
     def pack(data: bytes) -> str:
-        return base64.b64encode(zlib.compress(data, 9)).decode("ascii")
+        # Level 6, not 9: 2% more bytes on the command line, a quarter of the CPU (5 ms, not 19,
+        # at every run's start).
+        return base64.b64encode(zlib.compress(data, 6)).decode("ascii")
 
     return pack(marshal.dumps(code)), pack(AGENT_SOURCE.encode()), MAGIC_NUMBER
 
