@@ -62,6 +62,10 @@ OPEN_FILES = 64
 # tflaunch) every QUIET_CHECK seconds, for any other writer. A look visits only the logs due.
 IDLE_CHECK = 0.25
 QUIET, QUIET_CHECK = 10.0, 2.0
+# A run of many tasks spaces the QUIET_CHECK looks out so that the pump makes about this many a
+# second, whatever its size (2,048 tasks: each looked at every 16 s); output that tflaunch relays is
+# read when it is announced, so only another writer's waits longer.
+LOOKS_PER_SECOND = 128
 
 
 @dataclass(eq=False)  # kept in a set: one per followed log, compared by identity
@@ -212,12 +216,13 @@ class OutputPump:
         now, looks, due = time.monotonic(), self._looks, []
         while looks and looks[0][0] <= now:
             due.append(heapq.heappop(looks)[2])
+        quiet_check = max(QUIET_CHECK, len(self._sources) / LOOKS_PER_SECOND)
         for source in due:
             if source.done:
                 continue
             self._read(source)
             quiet = source.relayed or now - source.last_output >= QUIET
-            heapq.heappush(looks, (now + (QUIET_CHECK if quiet else IDLE_CHECK), next(self._look_order), source))
+            heapq.heappush(looks, (now + (quiet_check if quiet else IDLE_CHECK), next(self._look_order), source))
 
     @property
     def failure(self) -> str | None:

@@ -99,3 +99,54 @@ def test_a_quiet_pump_sleeps_until_a_write_or_a_look_is_due(tmp_path):
     finally:
         pump.close()
         console.close()
+
+
+def test_a_task_log_followed_as_relayed_waits_for_its_quiet_look_from_the_first(tmp_path, monkeypatch):
+    monkeypatch.setattr(pump_module, "IDLE_CHECK", 0.0)  # a log not known to be relayed: looked at every sweep
+    monkeypatch.setattr(pump_module, "QUIET_CHECK", 3600.0)
+    console = Console(io.StringIO(), messages=io.StringIO())
+    pump = OutputPump(tmp_path / "merged.log", tmp_path / "metrics.jsonl", console)
+    relayed, plain = tmp_path / "worker-0.log", tmp_path / "worker-1.log"
+    pump.follow("worker-0", relayed, created=False, relayed=True)
+    pump.follow("worker-1", plain)
+    try:
+        pump._sweep()  # the first look at each
+        for path in (relayed, plain):
+            with open(path, "ab") as handle:
+                handle.write(b"appended directly\n")
+        pump._sweep()
+        pump._flush_files()
+        merged = (tmp_path / "merged.log").read_bytes()
+        assert b"worker-1 | appended directly\n" in merged
+        assert b"worker-0 | appended directly\n" not in merged  # an hour away: its writes are announced
+        WRITING.get(str(relayed.resolve())).write(b"relayed\n")
+        pump._sweep()
+        pump._flush_files()
+        merged = (tmp_path / "merged.log").read_bytes()  # an announced write reads what came before it too
+        assert merged.index(b"worker-0 | appended directly\n") < merged.index(b"worker-0 | relayed\n")
+    finally:
+        pump.close()
+        console.close()
+
+
+def test_the_looks_for_other_writers_space_out_with_the_number_of_logs(tmp_path, monkeypatch):
+    import time
+
+    monkeypatch.setattr(pump_module, "LOOKS_PER_SECOND", 8)
+    for count, spacing in ((4, pump_module.QUIET_CHECK), (80, 10.0)):  # 80 logs at 8 looks a second: 10 s
+        folder = tmp_path / str(count)
+        folder.mkdir()
+        console = Console(io.StringIO(), messages=io.StringIO())
+        pump = OutputPump(folder / "merged.log", folder / "metrics.jsonl", console)
+        for i in range(count):
+            pump.follow(f"worker-{i}", folder / f"worker-{i}.log", relayed=True)
+        try:
+            before = time.monotonic()
+            pump._sweep()
+            after = time.monotonic()
+            looks = sorted(at for at, _, _ in pump._looks)
+            assert len(looks) == count
+            assert before + spacing <= looks[0] and looks[-1] <= after + spacing
+        finally:
+            pump.close()
+            console.close()
