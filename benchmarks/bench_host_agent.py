@@ -210,10 +210,11 @@ def curve(doc: dict, sizes: list[int], work: Path, reps: int = 3, before: str | 
              f"256 hosts at that slope: {v0 + slope * (256 - h0):.1f} s")
         ends_slope = (c1 - c0) / (h1 - h0) * 1000
         points = [(h, v[1]) for h in sizes for v in mine[h]]
-        cpu_slope = least_squares_slope(points) * 1000
+        cpu_slope, error = (x * 1000 for x in least_squares_slope(points, with_error=True))
         files = 8 * 1000 * median([v[2] for h in (h0, h1) for v in mine[h]])
         note(f"tflaunch's CPU per extra host: {cpu_slope:.1f} ms fitted to all {len(points)} runs "
-             f"(least squares; {ends_slope:.1f} ms between the medians at {h0} and {h1} hosts)")
+             f"(least squares, standard error {error:.1f} ms; {ends_slope:.1f} ms between the medians at {h0} "
+             f"and {h1} hosts)")
         note(f"of it, creating its 8 task logs and their links took about {files:.1f} ms on this filesystem "
              f"just then (measured beside each run, outside the run); the rest: {cpu_slope - files:.1f} ms")
         if sides[side] is None:
@@ -221,13 +222,20 @@ def curve(doc: dict, sizes: list[int], work: Path, reps: int = 3, before: str | 
                            cpu_slope, START_CPU_TARGET_MS, " ms")
 
 
-def least_squares_slope(points: list[tuple[float, float]]) -> float:
+def least_squares_slope(points: list[tuple[float, float]], with_error: bool = False):
     """The slope of the straight line that fits ``points`` (x, y) best: one figure from every run,
-    steadier than the difference of two medians when a few runs stray."""
+    steadier than the difference of two medians when a few runs stray. ``with_error``: (slope, its
+    standard error), which says how far apart two such figures may be by the runs' scatter alone."""
     n = len(points)
     mean_x, mean_y = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
     spread_x = sum((x - mean_x) ** 2 for x, _ in points)
-    return sum((x - mean_x) * (y - mean_y) for x, y in points) / spread_x if spread_x else float("nan")
+    if not spread_x:
+        return (float("nan"), float("nan")) if with_error else float("nan")
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / spread_x
+    if not with_error:
+        return slope
+    residuals = sum((y - mean_y - slope * (x - mean_x)) ** 2 for x, y in points)
+    return slope, (residuals / (n - 2) / spread_x) ** 0.5 if n > 2 else float("nan")
 
 
 def main() -> None:
