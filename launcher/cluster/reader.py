@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import shlex
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import yaml
 
@@ -100,8 +100,7 @@ class _ClusterReader(FieldReader):
             raise self.fail("", "the cluster file is empty; expected roles such as 'worker:'")
         if isinstance(data, list):  # short form: a list of host:port workers
             data = {"worker": data}
-        if any(text_problem(text) for text in _strings(data)):  # the walk that names the key, only then
-            self._check_strings(data, "")
+        self._check_strings(data, "")
         mapping = self.expect_mapping(data, "", "a mapping of cluster keys or a list of host:port workers")
         self.check_keys(mapping, CLUSTER_KEYS, "")
         tasks: list[TaskSpec] = []
@@ -149,15 +148,17 @@ class _ClusterReader(FieldReader):
         """Every string of the document can reach a process (no NUL, UTF-8 only): YAML's "\\0" and
         "\\udcff" escapes make either, which would otherwise fail only when a task starts."""
         if isinstance(value, str):
-            check_text(value, self.source, key or "top level")
-        elif isinstance(value, dict):
-            for name, item in value.items():
-                if isinstance(name, str):
+            if text_problem(value):
+                check_text(value, self.source, key or "top level")
+        elif isinstance(value, (dict, list)):
+            # A value's key is put together only to go into a container or to name a bad string:
+            # this walks every value of the file, at every start.
+            mapping = isinstance(value, dict)
+            for name, item in (value.items() if mapping else enumerate(value)):
+                if mapping and isinstance(name, str) and text_problem(name):
                     check_text(name, self.source, f"{key or 'top level'} key {show(name[:20])}")
-                self._check_strings(item, join_key(key, str(name)))
-        elif isinstance(value, list):
-            for i, item in enumerate(value):
-                self._check_strings(item, f"{key}[{i}]")
+                if isinstance(item, (dict, list)) or (isinstance(item, str) and text_problem(item)):
+                    self._check_strings(item, join_key(key, str(name)) if mapping else f"{key}[{name}]")
 
     def _read_restart_policy(self, value: Any) -> dict[str, RestartPolicy]:
         if value is None:
@@ -252,22 +253,3 @@ class _ClusterReader(FieldReader):
             )
         return hosts
 
-
-def _strings(value: Any) -> Iterator[str]:
-    """Every string of a YAML document, mapping keys too."""
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, dict):
-        for name, item in value.items():
-            if isinstance(name, str):
-                yield name
-            if isinstance(item, str):
-                yield item
-            elif isinstance(item, (dict, list)):
-                yield from _strings(item)
-    elif isinstance(value, list):
-        for item in value:
-            if isinstance(item, str):
-                yield item
-            elif isinstance(item, (dict, list)):
-                yield from _strings(item)
