@@ -17,14 +17,18 @@ def local_host_names() -> frozenset[str]:
         names.update(interface_addresses())
     except OSError:
         try:
-            import psutil
-
-            for addresses in psutil.net_if_addrs().values():
-                names.update(a.address.split("%")[0] for a in addresses
-                             if a.family in (socket.AF_INET, socket.AF_INET6))
+            names.update(psutil_addresses())
         except Exception:  # noqa: BLE001 - interface listing is a nicety; names above suffice
             pass
     return frozenset(names)
+
+
+def psutil_addresses() -> set[str]:
+    """What :func:`interface_addresses` reads, as psutil reads it (where there is no netlink)."""
+    import psutil
+
+    return {a.address.split("%")[0] for addresses in psutil.net_if_addrs().values() for a in addresses
+            if a.family in (socket.AF_INET, socket.AF_INET6)}
 
 
 # Netlink (Linux): a dump of every interface address, as getifaddrs(3) asks for it.

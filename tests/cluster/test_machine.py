@@ -8,15 +8,9 @@ import socket
 import subprocess
 import sys
 
-import psutil
 import pytest
 
-from launcher.cluster.machine import interface_addresses, local_host_names
-
-
-def psutil_addresses() -> set[str]:
-    return {a.address.split("%")[0] for addresses in psutil.net_if_addrs().values() for a in addresses
-            if a.family in (socket.AF_INET, socket.AF_INET6)}
+from launcher.cluster.machine import interface_addresses, local_host_names, psutil_addresses
 
 
 def test_the_addresses_are_the_ones_psutil_lists_here():
@@ -27,19 +21,15 @@ def test_the_addresses_are_the_ones_psutil_lists_here():
 # In a network namespace of its own: a secondary address, an address with a peer, IPv6, and an
 # interface that is down. The peer is the other end's address, not this machine's.
 _IN_A_NAMESPACE = """
-import json, socket, subprocess, sys
-import psutil
-from launcher.cluster.machine import interface_addresses
+import json, subprocess
+from launcher.cluster.machine import interface_addresses, psutil_addresses
 for line in (["link", "add", "t0", "type", "veth", "peer", "name", "t1"], ["link", "set", "t0", "up"],
              ["addr", "add", "10.77.0.1/24", "dev", "t0"], ["addr", "add", "10.77.0.2/24", "dev", "t0"],
              ["addr", "add", "10.78.0.1", "peer", "10.78.0.9", "dev", "t0"],
              ["-6", "addr", "add", "fd77::1/64", "dev", "t0", "nodad"],
              ["addr", "add", "10.79.0.1/24", "dev", "t1"]):
     subprocess.run(["ip", *line], check=True)
-mine = interface_addresses()
-theirs = {a.address.split("%")[0] for addresses in psutil.net_if_addrs().values() for a in addresses
-          if a.family in (socket.AF_INET, socket.AF_INET6)}
-print(json.dumps([sorted(mine), sorted(theirs)]))
+print(json.dumps([sorted(interface_addresses()), sorted(psutil_addresses())]))
 """
 
 
