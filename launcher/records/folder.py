@@ -219,8 +219,9 @@ class RunFolder:
         top-level link follows it. Paths are joined as text: this runs once per task at a run's start."""
         folder = self._attempt_dirs.get(attempt)
         if folder is None:  # once per attempt, not once per task
-            self.attempt_dir(attempt).mkdir(parents=True, exist_ok=True)
-            folder = self._attempt_dirs[attempt] = os.path.join(self.path, attempt_name(attempt))
+            made = self.attempt_dir(attempt)
+            made.mkdir(parents=True, exist_ok=True)
+            folder = self._attempt_dirs[attempt] = str(made)
         log_name = task_log_name(name)
         path = os.path.join(folder, log_name)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
