@@ -79,7 +79,7 @@ class BoundedLog:
     """One log file kept within ``max_size`` bytes (see the module docstring). Thread-safe: the
     transports append relayed output while the pump reads it back with a :class:`Reader`."""
 
-    def __init__(self, path: Path | str, max_size: int = LOG_MAX_SIZE):
+    def __init__(self, path: Path | str, max_size: int = LOG_MAX_SIZE, empty: bool = False):
         self.path = Path(path)
         self.max_size = max_size
         self.head_size = max_size // HEAD_SHARE
@@ -97,7 +97,8 @@ class BoundedLog:
         self._kept = 0  # the bytes the parts hold
         self.key = ""  # its real path, once WRITING has it
         self.on_write: Callable[[], None] | None = None  # told after each write: the pump reads only what changed
-        self.written = _size(self.path)  # an existing file's bytes count as the first output
+        # An existing file's bytes count as the first output (``empty``: the caller just made it).
+        self.written = 0 if empty else _size(self.path)
         if self.written:  # only a file with bytes can be a killed writer's live log: made whole first
             from .logview import stitch_leftovers
             stitch_leftovers(self.path, self.tail_size)
@@ -374,9 +375,10 @@ class Writing:
         self._dirs: dict[str, str] = {}  # folder -> its real path: a run's task logs share a few folders
         self._lock = threading.Lock()
 
-    def add(self, log: BoundedLog) -> None:
+    def add(self, log: BoundedLog, real_path: str | None = None) -> None:
+        """Take ``log`` in, under its real path (``real_path`` when the caller has it already)."""
         with self._lock:
-            log.key = self._real(log.path)
+            log.key = real_path or self._real(log.path)
             self._logs[log.key] = log
 
     def remove(self, log: BoundedLog) -> None:

@@ -102,7 +102,7 @@ def disagreement(kind: str, shown: dict[str, Any], other: dict[str, Any]) -> lis
 class MetricBoard:
     """Decides which metric records the console shows, and remembers progress for the status line."""
 
-    tasks: list[str] = field(default_factory=list)  # every task of the run, in plan order
+    tasks: dict[str, None] = field(default_factory=dict)  # every task of the run, in plan order
     shown_tasks: set[str] | None = None  # None: every task is shown
     epoch: int | None = None  # the latest epoch any task reported in the current attempt
     total: int | None = None  # epochs the run trains, when a record says
@@ -113,8 +113,7 @@ class MetricBoard:
 
     def register(self, names: Iterable[str]) -> None:
         for name in names:
-            if name not in self.tasks:
-                self.tasks.append(name)
+            self.tasks.setdefault(name, None)
 
     def _visible(self, task: str) -> bool:
         return self.shown_tasks is None or task in self.shown_tasks
@@ -161,7 +160,7 @@ class MetricBoard:
             if self.reporter(key[1]) not in ended:
                 continue
             held = self._held.pop(key)
-            first = next(t for t in self.tasks + sorted(held) if t in held)
+            first = next(t for t in [*self.tasks, *sorted(held)] if t in held)
             lines.append((first, record_text(held[first], self.total)))
             self._shown[key] = (first, held[first])
             lines += [line for other, rec in held.items() if other != first

@@ -116,8 +116,10 @@ class OutputPump:
 
     def follow(self, name: str, path: Path | str, attempt: int = 1, created: bool = False,
                relayed: bool = False) -> None:
-        """Start reading a task's log back (made here unless ``created``), and keep it within the
-        size limit from now on (whoever appends to it through :data:`~launcher.records.boundedlog.WRITING`).
+        """Start reading a task's log back, and keep it within the size limit from now on (whoever
+        appends to it through :data:`~launcher.records.boundedlog.WRITING`). ``created``: the file
+        was just made, empty, and ``path`` is its real path (:meth:`RunFolder.open_task_log`);
+        otherwise it is made here if missing, and its path resolved.
         ``relayed``: its output will come through tflaunch (a transport relays it), so its writes are
         announced from the first: it is looked at for other writers only every QUIET_CHECK.
 
@@ -128,10 +130,10 @@ class OutputPump:
                 return
             if not created:
                 os.close(os.open(path, os.O_RDONLY | os.O_CREAT, 0o644))
-            log = BoundedLog(path, self.log_max_size)
+            log = BoundedLog(path, self.log_max_size, empty=created)
             source = _Source(name, attempt, log, log.reader(), last_output=time.monotonic(), relayed=relayed)
             log.on_write = functools.partial(self._announce, source)
-            WRITING.add(log)
+            WRITING.add(log, str(path) if created else None)
             self._sources.append(source)
             self._followed.add((name, attempt))
             heapq.heappush(self._looks, (0.0, next(self._look_order), source))

@@ -134,7 +134,7 @@ class Supervisor:
                  signals: Signals | None = None):
         self.tasks = [Task(launch) for launch in launches]
         self.transport_for = transport_for
-        self.open_output = open_output
+        self.open_output = open_output  # a task's log: a write descriptor and the file's real path
         self.message = message  # one of tflaunch's own messages, for the console and merged.log
         self.options = options or SupervisorOptions()
         self.watchdog = watchdog  # returns a Trip to stop the attempt, or None
@@ -174,7 +174,7 @@ class Supervisor:
             task.process = FailedStart(f"cannot open its log file: {exc.strerror or exc}")
             return
         try:
-            task.process = self.transport_for(task.launch).start(task.launch, fd)
+            task.process = self.transport_for(task.launch).start(task.launch, fd, task.log_path)
         except OSError as exc:  # exec format error, too many open files, ...
             program = task.launch.argv[0] if task.launch.argv else "?"
             task.process = FailedStart(f"cannot start {program!r}: {exc.strerror or exc}")

@@ -140,12 +140,13 @@ class HostLink(Protocol):
 
 class Transport(Protocol):
     """Starts tasks of one kind (local, ssh, srun) with stdout and stderr going to ``output_fd``
-    (which the caller keeps and closes). A transport holds one agent per host for the whole run."""
+    (which the caller keeps and closes), the regular file at ``log_path`` when the caller says so.
+    A transport holds one agent per host for the whole run."""
 
     def prepare(self, launches: Sequence[TaskLaunch]) -> None:
         """Before an attempt starts its tasks: bring up every host's agent at once."""
 
-    def start(self, launch: TaskLaunch, output_fd: int) -> TaskProcess:
+    def start(self, launch: TaskLaunch, output_fd: int, log_path: str | None = None) -> TaskProcess:
         """Start ``launch`` through its host's agent; a task that cannot even be created is a
         :class:`FailedStart`, never an exception."""
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import tempfile
 
 from .base import ExitStatus
 
@@ -75,8 +74,11 @@ def spawn_carrier(argv: list[str], **popen_options) -> tuple[subprocess.Popen, o
     (its Popen, its stderr file, the channel's read end, its write end), both non-blocking.
 
     The descriptors are made by hand rather than by Popen's PIPE (which wraps each end in a file
-    object, only for tflaunch to copy it and close it again): three system calls fewer per host."""
-    stderr = tempfile.TemporaryFile()
+    object, only for tflaunch to copy it and close it again): three system calls fewer per host.
+    Its stderr (what an ssh client says about a failed connection: a few lines) goes to a file in
+    memory: a file on disk costs an inode per host, which on a filesystem that has just freed many
+    (ext4 without a journal passes over each) takes a quarter of a millisecond and more."""
+    stderr = open(os.memfd_create("tflaunch-carrier-stderr", os.MFD_CLOEXEC), "w+b")
     to_read, from_carrier = os.pipe2(os.O_CLOEXEC)
     to_carrier, to_write = os.pipe2(os.O_CLOEXEC)
     try:

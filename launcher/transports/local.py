@@ -78,8 +78,8 @@ class LocalTransport:
     def prepare(self, launches: Sequence[TaskLaunch]) -> None:
         """The agent starts with the first task; there is nothing to bring up in parallel."""
 
-    def start(self, launch: TaskLaunch, output_fd: int) -> AgentTask | FailedStart:
-        target = log_target(output_fd)
+    def start(self, launch: TaskLaunch, output_fd: int, log_path: str | None = None) -> AgentTask | FailedStart:
+        target = log_target(output_fd, log_path)
         tf_config, env = tf_config_parts(launch.env)  # the link sends the cluster to the agent once
         fields = {"name": launch.name, "argv": list(launch.argv), "env": env, "tf_config": tf_config,
                   "cwd": launch.workdir, "grace": repr(float(self.grace))}

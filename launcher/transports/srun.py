@@ -201,8 +201,8 @@ class SrunTransport:
             self.prepare([launch])
         return self.links[launch.host]
 
-    def start(self, launch: TaskLaunch, output_fd: int) -> AgentTask | FailedStart:
-        target = log_target(output_fd)
+    def start(self, launch: TaskLaunch, output_fd: int, log_path: str | None = None) -> AgentTask | FailedStart:
+        target = log_target(output_fd, log_path)
         try:
             self.link_for(launch)
         except FileNotFoundError:

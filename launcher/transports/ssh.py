@@ -158,8 +158,8 @@ class SshTransport:
         return AgentLink(launch.host, SshCarrier(launch.host, popen, stderr), read_fd, write_fd,
                          keepalive=keepalive, hub=HUB, beat=beat_for(self.hosts, keepalive))
 
-    def start(self, launch: TaskLaunch, output_fd: int) -> AgentTask | FailedStart:
-        target = log_target(output_fd)
+    def start(self, launch: TaskLaunch, output_fd: int, log_path: str | None = None) -> AgentTask | FailedStart:
+        target = log_target(output_fd, log_path)
         try:
             link = self.link_for(launch)
         except FileNotFoundError:

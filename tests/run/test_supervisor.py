@@ -90,7 +90,7 @@ class FakeTransport:
         self.started: list[str] = []
         self.processes: dict[str, list[FakeProcess]] = {}
 
-    def start(self, launch: TaskLaunch, output_fd: int) -> FakeProcess:
+    def start(self, launch: TaskLaunch, output_fd: int, log_path: str | None = None) -> FakeProcess:
         script = self.scripts.get(launch.name, Script())
         if isinstance(script, Exception):
             raise script
@@ -285,7 +285,7 @@ def test_a_signal_during_the_starts_leaves_the_rest_unstarted_and_stops_the_star
     transport = FakeTransport(clock, {})
     original = transport.start
 
-    def start(launch, fd):
+    def start(launch, fd, log_path=None):
         process = original(launch, fd)
         if launch.name == "worker-1":
             deliver(signals, signal.SIGINT)  # lands while worker-1 is being spawned
