@@ -45,8 +45,7 @@ from typing import Mapping
 
 from ..records.folder import CHECKPOINTS, TENSORBOARD
 from ..taskenv import ATTEMPT, BACKUP_DIR, CHECKPOINT_DIR, RUN_DIR, RUN_ID, TASK, TENSORBOARD_DIR
-from .reader import AUTO, ROLES, ClusterSpec, SshSettings, TaskSpec, is_local
-from .spec import EnvLayer, hidden_names, masked_env, value_by_name
+from .spec import AUTO, ROLES, ClusterSpec, EnvLayer, SshSettings, TaskSpec, hidden_names, is_local, masked_env, value_by_name
 from .tfconfig import TaskEnv, TfConfig, check_tf_config_size
 
 DEFAULT_COMMAND = ("python", "-m", "trainer")

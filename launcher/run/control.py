@@ -27,8 +27,6 @@ from typing import Any, Callable
 from ..records.control import MAX_CLIENTS, MAX_REQUEST, REQUEST_SECONDS, SOCKET, ControlError, short_path
 from ..records.folder import RunFolder, iso_time
 from ..records.states import TaskState
-from .culprit import sample_stacks, verdict
-from .pyspy import parse_dump
 
 DUMP_SECONDS = 10.0  # of REQUEST_SECONDS, at most this long for the stacks themselves
 
@@ -143,6 +141,10 @@ class ControlServer:
         running = [t for t in tasks if t.state is TaskState.RUNNING and t.process is not None]
         if not running:
             raise ControlError(f"run {self.run_id} has no running task right now (starting, restarting or ending)")
+        # Here, not at the top: every run starts this server, and few ever ask it for stacks.
+        from .culprit import sample_stacks, verdict
+        from .pyspy import parse_dump
+
         began = time.monotonic()
         texts = sample_stacks({t.name: t.process for t in running},
                               max(0.5, min(DUMP_SECONDS, deadline - began - 1.0)))

@@ -7,7 +7,6 @@ training figures and ``resources.json`` for each task's peak memory and CPU.
 from __future__ import annotations
 
 import shlex
-import statistics
 from pathlib import Path
 from typing import Any
 
@@ -205,6 +204,8 @@ def training_lines(records: list[dict[str, Any]], attempt: int) -> list[str]:
         if figure(seconds):
             head += f" in {seconds:.1f} s"
         if rates:
+            import statistics  # here: it loads fractions and decimal, and only a run with metrics needs it
+
             head += f", median {statistics.median(rates):,.0f} samples/s"
         figures = [f"{label} {text}" for key, label in
                    (("loss", "loss"), ("accuracy", "acc"), ("val_loss", "val_loss"), ("val_accuracy", "val_acc"))

@@ -29,17 +29,18 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from ..cluster.plan import TaskLaunch
 from ..records.folder import STACKS_SUFFIX, VERDICT, iso_time
 from ..records.record import RootCause
 from ..records.states import TaskState
-from .culprit import Verdict, sample_stacks, verdict
 from .progress import Progress
 from .pump import tail_lines
-from .pyspy import parse_dump
 from .supervisor import Task, Trip
+
+if TYPE_CHECKING:
+    from .culprit import Verdict
 
 CPU_SHARE = 0.10  # of one core, over the window: below it a task waits rather than works
 WATCHED_ROLES = ("chief", "worker")  # ps tasks and evaluators wait by design
@@ -167,6 +168,10 @@ class Watchdog:
         """A hang: sample every task's stacks at once, compare them, file them, and blame the odd ones out."""
         self.message(f"no training progress from any task for {hang:g} s (no new metric line, CPU under "
                      f"{CPU_SHARE:.0%} of a core): sampling every task's stacks")
+        # Here, not at the top: every run arms the watchdog, and few ever hang.
+        from .culprit import sample_stacks, verdict
+        from .pyspy import parse_dump
+
         texts = sample_stacks({t.name: t.process for t in running}, DUMP_TIMEOUT) or {}
         found = verdict({name: parse_dump(text) for name, text in texts.items()}, {t.name: t.role for t in running})
         self.verdict = found

@@ -74,7 +74,6 @@ def choose_source(cluster: str | Mapping[str, Any] | None = None, local: int | N
     """The one source the options name. ``role_options`` names the command's role options in messages
     (default: chief, ps, evaluator and gpus, in the words of the front end in effect); ``slurm`` says
     whether the command also has ``--slurm`` (``tflaunch run`` has; check, export and launch() have not)."""
-    from .file import ClusterFileSource
     from .local import LocalSource
 
     if role_options is None:
@@ -92,6 +91,8 @@ def choose_source(cluster: str | Mapping[str, Any] | None = None, local: int | N
     if isinstance(cluster, Mapping):
         return ClusterMappingSource(cluster)
     if cluster is not None:
+        from .file import ClusterFileSource  # here: it loads PyYAML, which only a cluster file needs
+
         return ClusterFileSource(str(cluster))
     if local is not None:
         if evaluator:
