@@ -17,7 +17,9 @@ A task's states and the only transitions between them (``TaskState.can_become``)
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import Any, Callable, Generic, Sequence, TypeVar
+
+T = TypeVar("T")
 
 
 class _Word(str, enum.Enum):
@@ -98,3 +100,22 @@ class Outcome(_Word):
         """The run's status when this attempt is its last."""
         return {Outcome.SUCCEEDED: RunStatus.SUCCEEDED, Outcome.FAILED: RunStatus.FAILED,
                 Outcome.INTERRUPTED: RunStatus.STOPPED}[self]
+
+
+class AllFinal(Generic[T]):
+    """Whether every item of ``items`` passes ``test``, a test of a final state (one a task never
+    leaves within an attempt: ended, succeeded). The items that passed stay passed, so asking after
+    every change costs one pass over the items in all, not one per change: an attempt's exit wave
+    of a thousand tasks is not a million looks."""
+
+    def __init__(self, items: Sequence[T], test: Callable[[T], bool]):
+        self.items = items
+        self.test = test
+        self._passed = 0  # items[:_passed] passed
+
+    def __call__(self) -> bool:
+        items, test, passed = self.items, self.test, self._passed
+        while passed < len(items) and test(items[passed]):
+            passed += 1
+        self._passed = passed
+        return passed == len(items)

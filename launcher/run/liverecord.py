@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from ..cluster.plan import Plan, TaskLaunch
 from ..records.folder import RunFolder, iso_time
 from ..records.record import RunRecord, TaskRecord
+from ..records.states import AllFinal
 
 if TYPE_CHECKING:
     from .console import Console
@@ -43,6 +44,7 @@ class LiveRecord:
         self._pending_write: tuple[Plan, list[Task]] | None = None  # states not yet in run.json
         self._next_write = 0.0  # monotonic time before which a live rewrite waits
         self._pending_states: list[Task] | None = None  # states not yet shown on the console
+        self._all_ended = AllFinal([], lambda task: task.state.ended)  # of the attempt's task list
         self._next_states = 0.0
         self._shown_env: dict[int, tuple[TaskLaunch, dict[str, str]]] = {}  # id -> (launch, its env in run.json)
 
@@ -50,7 +52,9 @@ class LiveRecord:
         """The tasks' states changed: rewrite run.json and redraw the status line, now or when due."""
         self.write(plan, tasks)
         self._pending_states = tasks
-        if time.monotonic() >= self._next_states or all(t.state.ended for t in tasks):
+        if self._all_ended.items is not tasks:  # a new attempt's list
+            self._all_ended = AllFinal(tasks, self._all_ended.test)
+        if time.monotonic() >= self._next_states or self._all_ended():
             self._states_if_due(force=True)
 
     def wrote(self) -> None:

@@ -38,7 +38,7 @@ from typing import Callable, Mapping, Sequence
 from ..cluster.plan import TaskLaunch
 from ..cluster.spec import DEFAULT_TASK_RESTARTS, RestartPolicy
 from ..options import EVALUATOR_TIMEOUT, GRACE
-from ..records.states import Outcome, TaskState
+from ..records.states import AllFinal, Outcome, TaskState
 from ..transports.base import CANNOT_START, ExitStatus, FailedStart, TaskProcess, Transport, signal_name
 from .signals import Signals
 from .wakeups import Changes, Wakeups
@@ -143,6 +143,10 @@ class Supervisor:
         # stops the attempt before a task starts. A private instance receives nothing: no signals.
         self.signals = signals or Signals()
         self.has_ps = any(t.role == "ps" for t in self.tasks)
+        # Training is done when every chief and worker succeeded (with parameter servers: the chief).
+        roles = ("chief",) if self.has_ps else ("chief", "worker")
+        self._training_done = AllFinal([t for t in self.tasks if t.role in roles],
+                                       lambda t: t.state is TaskState.SUCCEEDED)
         self._notes: list[str] = []
         self.wakeups = Wakeups(self.tasks, self.options.changes, self.options.clock, self.options.tick,
                                self.options.full_poll)
@@ -233,10 +237,6 @@ class Supervisor:
             self.options.sleep(seconds)
         else:
             self.signals.wait(*self.wakeups.sleep(seconds, watching=self.watchdog is not None))
-
-    def _training_done(self) -> bool:
-        roles = ("chief",) if self.has_ps else ("chief", "worker")
-        return all(t.state is TaskState.SUCCEEDED for t in self.tasks if t.role in roles)
 
     def _finish_evaluators(self) -> AttemptResult | None:
         """Training succeeded: let running evaluators end on their own, up to the timeout."""

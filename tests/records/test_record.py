@@ -10,7 +10,7 @@ import pytest
 
 from launcher.records.folder import RunFolder
 from launcher.records.record import FORMAT_VERSION, AttemptRecord, LauncherRecord, RootCause, RunRecord, TaskRecord
-from launcher.records.states import Outcome, RunStatus, TaskState
+from launcher.records.states import AllFinal, Outcome, RunStatus, TaskState
 from launcher.run.signals import Interrupted, Signals
 
 pytestmark = pytest.mark.unit
@@ -33,6 +33,28 @@ def full_record() -> RunRecord:
         attempts=[AttemptRecord(attempt=1, outcome=Outcome.FAILED, exit_code=137, failed_task="worker-0",
                                 blamed_tasks=["worker-0"], diagnosis="oom")],
         error="/x/merged.log: No space left on device")
+
+
+def test_asking_after_every_end_whether_all_ended_looks_at_each_task_about_once():
+    # A thousand tasks ending one by one, in an order the check cannot know: the question after
+    # each end must not scan every task again (a million looks at the end of a large attempt).
+    states = [TaskState.RUNNING] * 1000
+    looks = 0
+
+    def ended(i: int) -> bool:
+        nonlocal looks
+        looks += 1
+        return states[i].ended
+
+    all_ended = AllFinal(range(1000), ended)
+    order = [(i * 7919) % 1000 for i in range(1000)]  # a permutation: 7919 is prime to 1000
+    answers = []
+    for i in order:
+        states[i] = TaskState.SUCCEEDED
+        answers.append(all_ended())
+    assert answers == [False] * 999 + [True]
+    assert looks <= 2 * 1000
+    assert AllFinal([], ended)()  # nothing to wait for
 
 
 def test_a_record_survives_a_round_trip_through_run_json(tmp_path):
