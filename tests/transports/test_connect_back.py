@@ -61,6 +61,10 @@ def refuses(address: tuple[str, int]) -> bool:
         socket.create_connection(address, timeout=5).close()
     except ConnectionRefusedError:
         return True
+    except ConnectionResetError:
+        # The connection landed in the backlog of a listener that closed just then: ask again,
+        # and the next one is refused.
+        return False
     return False
 
 
