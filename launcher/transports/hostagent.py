@@ -87,12 +87,13 @@ WIDE_PIPES = 16
 
 # -- the protocol: both ends take every fact of it from here ------------------------------------
 
-HEARTBEAT = 1.0  # seconds between heartbeats, each way, for a run of up to BEATS_PER_SECOND hosts
-# A large run spaces heartbeats out so that tflaunch handles about this many a second, whatever its
-# size; but at least BEATS_PER_TIMEOUT of them fit in a keep-alive timeout, so that a silent peer is
-# still noticed within that timeout.
-BEATS_PER_SECOND = 128
+# Heartbeats (each way) come BEATS_PER_TIMEOUT to a keep-alive timeout: a peer that falls silent is
+# noticed within the timeout however far apart they are, so more would only cost (every one is a
+# wake-up and a frame on both sides), and a small run pays no more than a large one. Never closer
+# than HEARTBEAT; without a timeout, HEARTBEAT apart up to BEATS_PER_SECOND hosts, then further.
+HEARTBEAT = 1.0
 BEATS_PER_TIMEOUT = 4
+BEATS_PER_SECOND = 128
 # Resource samples likewise: every SAMPLE seconds on a run of up to SAMPLES_PER_SECOND remote hosts,
 # further apart on a larger one, but at most SAMPLE_AT_MOST apart (a hang watchdog judges CPU over
 # its window). tflaunch tells each agent its ``sample`` and ``beat`` in the spec.
@@ -131,12 +132,12 @@ def read_hello(line):
 
 def beat_for(hosts, keepalive):
     """Seconds between heartbeats (each way) in a run of ``hosts`` agents whose keep-alive timeout
-    is ``keepalive`` seconds (None: none): ``HEARTBEAT`` up to ``BEATS_PER_SECOND`` hosts, then
-    growing with them, up to a ``BEATS_PER_TIMEOUT``-th of the timeout (never under ``HEARTBEAT``)."""
-    beat = max(HEARTBEAT, float(hosts) / BEATS_PER_SECOND)
+    is ``keepalive`` seconds (None: none): a ``BEATS_PER_TIMEOUT``-th of the timeout, whatever the
+    run's size; without one, ``HEARTBEAT`` up to ``BEATS_PER_SECOND`` hosts, then growing with them.
+    Never under ``HEARTBEAT``."""
     if keepalive:
-        beat = min(beat, max(HEARTBEAT, float(keepalive) / BEATS_PER_TIMEOUT))
-    return beat
+        return max(HEARTBEAT, float(keepalive) / BEATS_PER_TIMEOUT)
+    return max(HEARTBEAT, float(hosts) / BEATS_PER_SECOND)
 
 
 def sample_for(hosts):

@@ -10,8 +10,8 @@ remote process, the agent's stdin is the control channel:
   agent's stdout, framed, and tflaunch writes it into the task's log;
 - if tflaunch dies (even by SIGKILL) the connection closes, the agent reads EOF and stops every
   task within its grace period;
-- both sides send a heartbeat every second (spaced out in a run of many hosts, see
-  :func:`.hostagent.beat_for`; resource samples likewise, :func:`.hostagent.sample_for`): the agent stops
+- both sides send heartbeats, four to a keep-alive timeout (:func:`.hostagent.beat_for`; resource
+  samples are spaced out in a run of many hosts, :func:`.hostagent.sample_for`): the agent stops
   its tasks when tflaunch falls silent, tflaunch declares the host lost when the agent does (ssh's
   ServerAlive probes end the client too).
 

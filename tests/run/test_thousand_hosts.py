@@ -90,11 +90,12 @@ def test_run_json_keeps_the_cluster_once_for_a_large_cluster(tflaunch):
 
 # -- pacing --------------------------------------------------------------------------------------
 
-def test_heartbeats_and_samples_space_out_with_hosts_but_fit_the_keepalive():
-    assert beat_for(1, 15) == beat_for(128, 15) == HEARTBEAT
-    assert beat_for(256, 15) == 2.0
-    assert beat_for(1024, 15) == beat_for(100_000, 15) == 15 / 4  # at least 4 beats per keep-alive timeout
-    assert beat_for(100_000, 2) == HEARTBEAT  # never tighter than a small run's
+def test_heartbeats_fit_the_keepalive_four_times_and_samples_space_out_with_hosts():
+    # Four beats per keep-alive timeout at any size: a silent peer is noticed within it, no sooner
+    # for more beats; a run of two hosts pays no more than one of a thousand.
+    assert beat_for(1, 15) == beat_for(128, 15) == beat_for(1024, 15) == beat_for(100_000, 15) == 15 / 4
+    assert beat_for(1, 2) == beat_for(100_000, 2) == HEARTBEAT  # never closer than one a second
+    assert beat_for(1, None) == beat_for(128, None) == HEARTBEAT and beat_for(256, None) == 2.0  # no timeout
     assert sample_for(8) == 2.0 and sample_for(1024) == 8.0 and sample_for(100_000) == 10.0
 
 
