@@ -376,7 +376,8 @@ class Writing:
         self._lock = threading.Lock()
 
     def add(self, log: BoundedLog, real_path: str | None = None) -> None:
-        """Take ``log`` in, under its real path (``real_path`` when the caller has it already)."""
+        """Take ``log`` in, under its real path (``real_path``: the caller has it, and its writers
+        name the log by that very text)."""
         with self._lock:
             log.key = real_path or self._real(log.path)
             self._logs[log.key] = log

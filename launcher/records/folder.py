@@ -215,9 +215,9 @@ class RunFolder:
         return sorted(found, key=lambda p: (len(p.parent.name), p.parent.name))  # attempt-9 before attempt-10
 
     def open_task_log(self, name: str, attempt: int) -> tuple[int, str]:
-        """A write descriptor for a task's stdout and stderr, and the log's real path (the file is
-        created now; no link on the way to it); the top-level link follows it. Paths are joined as
-        text: this runs once per task at a run's start."""
+        """A write descriptor for a task's stdout and stderr, and the log's path in its attempt's
+        folder, resolved once (the file is created now); the top-level link follows it. Paths are
+        joined as text: this runs once per task at a run's start."""
         folder = self._attempt_dirs.get(attempt)
         if folder is None:  # once per attempt, not once per task
             made = self.attempt_dir(attempt)

@@ -118,8 +118,8 @@ class OutputPump:
                relayed: bool = False) -> None:
         """Start reading a task's log back, and keep it within the size limit from now on (whoever
         appends to it through :data:`~launcher.records.boundedlog.WRITING`). ``created``: the file
-        was just made, empty, and ``path`` is its real path (:meth:`RunFolder.open_task_log`);
-        otherwise it is made here if missing, and its path resolved.
+        was just made, empty, by :meth:`RunFolder.open_task_log`, whose path the transports name it
+        by too; otherwise it is made here if missing, and its path resolved.
         ``relayed``: its output will come through tflaunch (a transport relays it), so its writes are
         announced from the first: it is looked at for other writers only every QUIET_CHECK.
 

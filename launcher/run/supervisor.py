@@ -134,7 +134,7 @@ class Supervisor:
                  signals: Signals | None = None):
         self.tasks = [Task(launch) for launch in launches]
         self.transport_for = transport_for
-        self.open_output = open_output  # a task's log: a write descriptor and the file's real path
+        self.open_output = open_output  # a task's log: a write descriptor and its path
         self.message = message  # one of tflaunch's own messages, for the console and merged.log
         self.options = options or SupervisorOptions()
         self.watchdog = watchdog  # returns a Trip to stop the attempt, or None

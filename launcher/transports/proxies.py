@@ -240,7 +240,7 @@ def _let_go(held: int | BoundedLog) -> None:
 def log_target(fd: int, path: str | None = None) -> str | int:
     """A task's log as a path that the agent or the hub opens when needed, so a task costs
     tflaunch no descriptor; a copy of ``fd`` when it is not a regular file. The caller keeps ``fd``.
-    ``path``: the caller knows ``fd`` is the regular file at that real path (a run folder's task log)."""
+    ``path``: the caller knows ``fd`` is the regular file at that path (a run folder's task log)."""
     if path is not None:
         return path
     try:
