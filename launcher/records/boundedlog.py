@@ -79,7 +79,7 @@ class BoundedLog:
     """One log file kept within ``max_size`` bytes (see the module docstring). Thread-safe: the
     transports append relayed output while the pump reads it back with a :class:`Reader`."""
 
-    def __init__(self, path: Path | str, max_size: int = LOG_MAX_SIZE, empty: bool = False):
+    def __init__(self, path: Path | str, max_size: int = LOG_MAX_SIZE):
         self.path = Path(path)
         self.max_size = max_size
         self.head_size = max_size // HEAD_SHARE
@@ -97,8 +97,7 @@ class BoundedLog:
         self._kept = 0  # the bytes the parts hold
         self.key = ""  # its real path, once WRITING has it
         self.on_write: Callable[[], None] | None = None  # told after each write: the pump reads only what changed
-        # An existing file's bytes count as the first output (``empty``: the caller just made it).
-        self.written = 0 if empty else _size(self.path)
+        self.written = _size(self.path)  # an existing file's bytes count as the first output
         if self.written:  # only a file with bytes can be a killed writer's live log: made whole first
             from .logview import stitch_leftovers
             stitch_leftovers(self.path, self.tail_size)
@@ -376,9 +375,7 @@ class Writing:
         self._lock = threading.Lock()
 
     def add(self, log: BoundedLog, real_path: str | None = None) -> None:
-        """Take ``log`` in, under its real path (``real_path``: the caller has it, and its writers
-        name the log by that very text)."""
-        with self._lock:
+        with self._lock:  # under its real path: the caller's, when it has it (its writers name it so)
             log.key = real_path or self._real(log.path)
             self._logs[log.key] = log
 

@@ -118,8 +118,8 @@ class OutputPump:
                relayed: bool = False) -> None:
         """Start reading a task's log back, and keep it within the size limit from now on (whoever
         appends to it through :data:`~launcher.records.boundedlog.WRITING`). ``created``: the file
-        was just made, empty, by :meth:`RunFolder.open_task_log`, whose path the transports name it
-        by too; otherwise it is made here if missing, and its path resolved.
+        was just made by :meth:`RunFolder.open_task_log`, whose path the transports name it by too;
+        otherwise it is made here if missing, and its path resolved.
         ``relayed``: its output will come through tflaunch (a transport relays it), so its writes are
         announced from the first: it is looked at for other writers only every QUIET_CHECK.
 
@@ -130,7 +130,7 @@ class OutputPump:
                 return
             if not created:
                 os.close(os.open(path, os.O_RDONLY | os.O_CREAT, 0o644))
-            log = BoundedLog(path, self.log_max_size, empty=created)
+            log = BoundedLog(path, self.log_max_size)
             source = _Source(name, attempt, log, log.reader(), last_output=time.monotonic(), relayed=relayed)
             log.on_write = functools.partial(self._announce, source)
             WRITING.add(log, str(path) if created else None)
