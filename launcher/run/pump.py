@@ -30,6 +30,7 @@ import json
 import os
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -47,6 +48,10 @@ if TYPE_CHECKING:
 
 LAUNCHER_NAME = "tflaunch"
 _READ_SIZE = 1 << 20
+# What one sweep reads of one log at most: a flood faster than the pump then never keeps a sweep
+# going, so the other logs, tflaunch's own messages and the callers waiting on the pump's lock
+# (a task's start, an attempt's end) get their turn; the rest is read at the next sweep.
+_READ_PER_SWEEP = 4 * _READ_SIZE
 # merged.log's bytes of a sweep are written at once, or as soon as they reach this much: a sweep
 # that finds a flood in every log does not hold all of it in memory first.
 _WRITE_AT = 4 << 20
@@ -97,6 +102,7 @@ class OutputPump:
         self._sources: list[_Source] = []
         self._followed: set[tuple[str, int]] = set()  # (task, attempt) of every source: one lookup per new task
         self._changed: set[_Source] = set()  # written to since the last sweep (added to by the writers' threads)
+        self._unread: list[_Source] = []  # read this sweep only in part (a flood): announced again after it
         # Whose reader may hold a descriptor (at most OPEN_FILES + 1), least recently active first.
         self._open: dict[_Source, None] = {}
         self._looks: list[tuple[float, int, _Source]] = []  # a heap: when each source is looked at next
@@ -107,6 +113,9 @@ class OutputPump:
         self._thread: threading.Thread | None = None
         self.progress = Progress()  # read by the watchdog and the session
         self.attempt = 1  # the attempt tflaunch's own messages belong to
+        # tflaunch's own messages waiting for the pump's thread: (time, attempt, text). The supervisor
+        # that says one never waits for a sweep, however far behind a flood the pump is.
+        self._messages: deque[tuple[float, int, bytes]] = deque()
         # Why the run's own files could not be written (a full disk, a removed folder): the run
         # stops its tasks and reports it. Set once; the pump then only drains the task files.
         self._failure: str | None = None
@@ -143,6 +152,10 @@ class OutputPump:
     def finish_all(self) -> None:
         """Read every source to its end, emit partial last lines, stitch each log, stop following them."""
         with self._lock:
+            try:
+                self._write_messages()
+            except OSError as exc:
+                self._failed(exc)
             for source in self._sources:
                 source.log.on_write, source.done = None, True
                 try:
@@ -193,7 +206,9 @@ class OutputPump:
             self._written.clear()  # before the sweep: a write announced during it wakes the next one
             try:
                 with self._lock:
+                    self._write_messages()
                     self._sweep()
+                    self._write_messages()
                     self._flush_files()
             except OSError as exc:
                 self._failed(exc)
@@ -225,6 +240,9 @@ class OutputPump:
             self._read(source)
             quiet = source.relayed or now - source.last_output >= QUIET
             heapq.heappush(looks, (now + (quiet_check if quiet else IDLE_CHECK), next(self._look_order), source))
+        unread, self._unread = self._unread, []
+        for source in unread:
+            self._announce(source)
 
     @property
     def failure(self) -> str | None:
@@ -242,13 +260,26 @@ class OutputPump:
     # -- lines --------------------------------------------------------------------------
 
     def message(self, text: str) -> None:
-        """Record one of tflaunch's own messages in merged.log (the console shows it separately)."""
+        """Record one of tflaunch's own messages in merged.log (the console shows it separately): by
+        the pump's thread at its next turn, or at once when that thread is not running."""
+        self._messages.append((self.clock(), self.attempt, text.encode() + b"\n"))
+        thread = self._thread
+        if thread is not None and thread.is_alive() and not self._stop.is_set():
+            self._written.set()
+            return
         with self._lock:
             try:
-                self._write_merged(LAUNCHER_NAME, self.attempt, text.encode() + b"\n")
+                self._write_messages()
                 self._flush_files()
             except OSError as exc:
                 self._failed(exc)
+
+    def _write_messages(self) -> None:
+        """Write the messages said since the last turn into merged.log (under the pump's lock)."""
+        messages = self._messages
+        while messages:
+            said_at, attempt, text = messages.popleft()
+            self._write_merged(LAUNCHER_NAME, attempt, text, said_at)
 
     def _read(self, source: _Source, force: bool = False) -> bool:
         """Read what ``source`` wrote since last time (``force``: to its end, then close it)."""
@@ -260,16 +291,21 @@ class OutputPump:
                 return False
             self._make_room()
             source.last_output, active = now, True
-        got = False
-        while True:
-            skipped, chunk = reader.read(_READ_SIZE)
+        got, budget = False, _READ_PER_SWEEP
+        while force or budget > 0:
+            skipped, chunk = reader.read(_READ_SIZE if force else min(_READ_SIZE, budget))
             if skipped:
                 self._skipped(source, skipped)
             if not chunk:
                 break
             got = active = True
             source.last_output = now
+            budget -= len(chunk)
             self._emit(source, source.splitter.feed_block(chunk))
+            if self._messages:  # said while this log was read: in merged.log where they were said
+                self._write_messages()
+        else:
+            self._unread.append(source)  # its share of this sweep is read: the rest at the next one
         if force:
             reader.release()
         elif reader.is_open and active:
@@ -305,8 +341,8 @@ class OutputPump:
         # never holds up the files, the metrics or the supervisor.
         self.console.task_block(source.name, block, source.attempt, records)
 
-    def _write_merged(self, name: str, attempt: int, block: bytes) -> None:
-        now = self.clock()
+    def _write_merged(self, name: str, attempt: int, block: bytes, now: float | None = None) -> None:
+        now = self.clock() if now is None else now
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}"
         prefix = f"{stamp} [{attempt}] {name} | ".encode()
         # One replace over the block; the prefix it leaves after the final newline is cut off.

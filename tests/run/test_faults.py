@@ -321,3 +321,48 @@ def test_resource_figures_cover_every_attempt(tflaunch):
     per_attempt = [figures["attempts"][k]["worker-0"]["samples"] for k in ("1", "2")]
     assert all(n >= 1 for n in per_attempt)
     assert figures["tasks"]["worker-0"]["samples"] == sum(per_attempt)
+
+
+# worker-0 floods its output far faster than tflaunch can copy it into merged.log and notes when its
+# SIGTERM came; worker-1 (when told to) notes when it fails, once the flood is well under way.
+FLOOD_BESIDE_A_FAILURE = """\
+import os, signal, sys, time
+where, fail = sys.argv[1], sys.argv[2] == "fail"
+if os.environ["TFLAUNCH_TASK"] == "worker-0":
+    def stop(*_):
+        open(os.path.join(where, "stopped"), "w").write(repr(time.time()))
+        os._exit(143)
+    signal.signal(signal.SIGTERM, stop)
+    lines = b"a line of a flood that never ends\\n" * 2000
+    while True:
+        os.write(1, lines)
+time.sleep(3 if fail else 3600)
+open(os.path.join(where, "failed"), "w").write(repr(time.time()))
+sys.exit(7)
+"""
+
+
+@pytest.mark.slow
+def test_a_failure_beside_a_flood_stops_the_flooding_task_at_once(tflaunch, tmp_path):
+    # tflaunch's own message that the cluster stops used to wait for the output pump, which never
+    # caught up with the flood: the stop never came.
+    done = tflaunch.run("--local", "2", "--log-max-size", "1M", "--", sys.executable, "-c", FLOOD_BESIDE_A_FAILURE,
+                        str(tmp_path), "fail", timeout=120)
+    assert done.returncode == 7, done.stderr[-2000:]
+    stopped = float((tmp_path / "stopped").read_text()) - float((tmp_path / "failed").read_text())
+    assert 0 <= stopped < 5.0, f"the flooding task was stopped {stopped:.2f} s after the failure"
+    assert "failed (exit code 7): stopping the cluster" in done.stderr
+
+
+@pytest.mark.slow
+def test_sigterm_stops_a_run_whose_task_floods_its_output(tflaunch, tmp_path):
+    proc = tflaunch.start("--local", "2", "--log-max-size", "1M", "--", sys.executable, "-c", FLOOD_BESIDE_A_FAILURE,
+                          str(tmp_path), "sleep")
+    merged = lambda: tflaunch.latest_run() and tflaunch.latest_run() / "merged.log"  # noqa: E731
+    wait_for(lambda: merged() and merged().exists() and merged().stat().st_size > 1 << 20, timeout=60,
+             message="the flood to be under way")
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 143 and "Traceback" not in err, err[-2000:]
+    assert (tmp_path / "stopped").exists()
+    wait_for(lambda: not descendants_alive(str(tmp_path)), timeout=5, message="no task left")

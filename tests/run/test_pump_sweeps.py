@@ -150,3 +150,57 @@ def test_the_looks_for_other_writers_space_out_with_the_number_of_logs(tmp_path,
         finally:
             pump.close()
             console.close()
+
+
+def test_a_message_is_never_held_up_by_a_sweep_and_lands_in_merged_log(tmp_path):
+    pump, console, paths = _pump(tmp_path, 1)
+    pump.start()
+    said = threading.Event()
+    try:
+        with pump._lock:  # a sweep that takes long: a flood being read
+            threading.Thread(target=lambda: (pump.message("worker-1 failed: stopping the cluster"), said.set()),
+                             daemon=True).start()
+            assert said.wait(10), "the message waited for the sweep"
+        assert wait_for(lambda: b"] tflaunch | worker-1 failed: stopping the cluster\n"
+                        in (tmp_path / "merged.log").read_bytes(), timeout=30)
+    finally:
+        pump.close()
+        console.close()
+
+
+def test_a_message_said_while_no_pump_thread_runs_is_written_at_once(tmp_path):
+    pump, console, _ = _pump(tmp_path, 1)
+    try:
+        pump.message("before the start")
+        assert (tmp_path / "merged.log").read_bytes().endswith(b"] tflaunch | before the start\n")
+    finally:
+        pump.close()
+        console.close()
+
+
+def test_a_sweep_reads_a_flood_in_part_so_the_other_logs_and_the_messages_get_their_turn(tmp_path, monkeypatch):
+    monkeypatch.setattr(pump_module, "_READ_PER_SWEEP", 64 << 10)
+    pump, console, paths = _pump(tmp_path, 2)
+    line = b"%063d\n"
+    try:
+        pump._sweep()  # the first look at each
+        WRITING.get(str(paths[0].resolve())).write(b"".join(line % i for i in range(16_384)))  # 1 MiB
+        WRITING.get(str(paths[1].resolve())).write(b"the other task's line\n")
+        pump.message("said during the flood")
+        pump._sweep()
+        pump._write_messages()
+        pump._flush_files()
+        merged = (tmp_path / "merged.log").read_bytes()
+        assert b"worker-1 | the other task's line\n" in merged and b"tflaunch | said during the flood\n" in merged
+        assert 0 < merged.count(b"worker-0 | ") <= 2 * (64 << 10) // 64  # a part of the flood: its share
+        sweeps = 1
+        while pump._changed:  # the rest is announced again for the next sweeps
+            pump._sweep()
+            sweeps += 1
+        pump._flush_files()
+        assert sweeps >= 8
+        merged = (tmp_path / "merged.log").read_bytes()
+        assert merged.count(b"worker-0 | ") == 16_384 and (line % 16_383) in merged
+    finally:
+        pump.close()
+        console.close()
