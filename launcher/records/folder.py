@@ -214,10 +214,10 @@ class RunFolder:
         found = [p for p in self.path.glob(f"{ATTEMPT_PREFIX}*/{STACKS}") if p.is_dir()]
         return sorted(found, key=lambda p: (len(p.parent.name), p.parent.name))  # attempt-9 before attempt-10
 
-    def open_task_log(self, name: str, attempt: int) -> tuple[int, str]:
-        """A write descriptor for a task's stdout and stderr, and the log's path in its attempt's
-        folder, resolved once (the file is created now); the top-level link follows it. Paths are
-        joined as text: this runs once per task at a run's start."""
+    def create_task_log(self, name: str, attempt: int) -> str:
+        """Create the log of a task's stdout and stderr in its attempt's folder (kept when it is
+        there: a task restarted in place appends), and point the top-level link at it; returns its
+        path, resolved once. Paths are joined as text: this runs once per task at a run's start."""
         folder = self._attempt_dirs.get(attempt)
         if folder is None:  # once per attempt, not once per task
             made = self.attempt_dir(attempt)
@@ -225,7 +225,7 @@ class RunFolder:
             folder = self._attempt_dirs[attempt] = os.path.realpath(made)
         log_name = task_log_name(name)
         path = os.path.join(folder, log_name)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644))
         target = os.path.join(attempt_name(attempt), log_name)  # relative to the run folder
         try:
             os.symlink(target, os.path.join(self.path, log_name))  # the task's first log: no link to replace yet
@@ -235,7 +235,7 @@ class RunFolder:
             tmp.unlink(missing_ok=True)
             tmp.symlink_to(target)
             tmp.replace(link)
-        return fd, path
+        return path
 
     def read_metrics(self) -> list[dict[str, Any]]:
         """The metric records in the order they arrived; a half-written last line is left out."""

@@ -127,7 +127,7 @@ class OutputPump:
                relayed: bool = False) -> None:
         """Start reading a task's log back, and keep it within the size limit from now on (whoever
         appends to it through :data:`~launcher.records.boundedlog.WRITING`). ``created``: the file
-        was just made by :meth:`RunFolder.open_task_log`, whose path the transports name it by too;
+        was just made by :meth:`RunFolder.create_task_log`, whose path the transports name it by too;
         otherwise it is made here if missing, and its path resolved.
         ``relayed``: its output will come through tflaunch (a transport relays it), so its writes are
         announced from the first: it is looked at for other writers only every QUIET_CHECK.

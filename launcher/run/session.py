@@ -234,11 +234,11 @@ class RunSession:
     # -- one attempt ----------------------------------------------------------------------
 
     def _attempt(self, plan: Plan, attempt: int) -> AttemptResult:
-        def open_output(launch: TaskLaunch) -> tuple[int, str]:
-            fd, path = self.folder.open_task_log(launch.name, attempt)
+        def create_log(launch: TaskLaunch) -> str:
+            path = self.folder.create_task_log(launch.name, attempt)
             # Every transport relays a task's output through tflaunch, which writes it to this log.
             self.pump.follow(launch.name, path, attempt, created=True, relayed=True)
-            return fd, path
+            return path
 
         watchdog = None
         if self.options.watchdog.enabled:
@@ -250,7 +250,7 @@ class RunSession:
                                                evaluator_timeout=self.options.evaluator_timeout,
                                                restart_policy=self.spec.restart_policy,
                                                task_restarts=self.spec.task_restarts, changes=self.transports.changes)
-        supervisor = Supervisor(plan.launches, self.transports.for_launch, open_output, self.message, supervisor_options,
+        supervisor = Supervisor(plan.launches, self.transports.for_launch, create_log, self.message, supervisor_options,
                                 watchdog=lambda tasks: (self.live.due() or self._check_logging()
                                                         or (watchdog(tasks) if watchdog else None)),
                                 listeners=[lambda tasks: self.live.changed(plan, tasks)],

@@ -30,7 +30,6 @@ the tasks that changed (:mod:`.wakeups` says which, and how long to sleep).
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
@@ -127,14 +126,14 @@ class Supervisor:
     """Runs one attempt of a planned cluster to its end."""
 
     def __init__(self, launches: Sequence[TaskLaunch], transport_for: Callable[[TaskLaunch], Transport],
-                 open_output: Callable[[TaskLaunch], tuple[int, str]], message: Callable[[str], None],
+                 create_log: Callable[[TaskLaunch], str], message: Callable[[str], None],
                  options: SupervisorOptions | None = None,
                  watchdog: Callable[[list[Task]], Trip | None] | None = None,
                  listeners: Sequence[Callable[[list[Task]], None]] = (),
                  signals: Signals | None = None):
         self.tasks = [Task(launch) for launch in launches]
         self.transport_for = transport_for
-        self.open_output = open_output  # a task's log: a write descriptor and its path
+        self.create_log = create_log  # a task's log, made for this start: its path
         self.message = message  # one of tflaunch's own messages, for the console and merged.log
         self.options = options or SupervisorOptions()
         self.watchdog = watchdog  # returns a Trip to stop the attempt, or None
@@ -173,17 +172,16 @@ class Supervisor:
     def _start(self, task: Task) -> None:
         """Start (or restart) a task's process; a start that fails becomes a failed process."""
         try:
-            fd, task.log_path = self.open_output(task.launch)
+            task.log_path = self.create_log(task.launch)
         except OSError as exc:
             task.process = FailedStart(f"cannot open its log file: {exc.strerror or exc}")
             return
         try:
-            task.process = self.transport_for(task.launch).start(task.launch, fd, task.log_path)
+            task.process = self.transport_for(task.launch).start(task.launch, task.log_path)
         except OSError as exc:  # exec format error, too many open files, ...
             program = task.launch.argv[0] if task.launch.argv else "?"
             task.process = FailedStart(f"cannot start {program!r}: {exc.strerror or exc}")
         finally:
-            os.close(fd)  # the child (or its client) holds its own copy
             if task.process is not None:
                 self.wakeups.started(task)
 

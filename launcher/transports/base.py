@@ -139,16 +139,17 @@ class HostLink(Protocol):
 
 
 class Transport(Protocol):
-    """Starts tasks of one kind (local, ssh, srun) with stdout and stderr going to ``output_fd``
-    (which the caller keeps and closes), the regular file at ``log_path`` when the caller says so.
-    A transport holds one agent per host for the whole run."""
+    """Starts tasks of one kind (local, ssh, srun), whose stdout and stderr its agents relay to
+    tflaunch, which appends them to each task's log. A transport holds one agent per host for the
+    whole run."""
 
     def prepare(self, launches: Sequence[TaskLaunch]) -> None:
         """Before an attempt starts its tasks: bring up every host's agent at once."""
 
-    def start(self, launch: TaskLaunch, output_fd: int, log_path: str | None = None) -> TaskProcess:
-        """Start ``launch`` through its host's agent; a task that cannot even be created is a
-        :class:`FailedStart`, never an exception."""
+    def start(self, launch: TaskLaunch, log_path: str) -> TaskProcess:
+        """Start ``launch`` through its host's agent, its output appended to the regular file at
+        ``log_path`` (opened only while written to: a task costs tflaunch no descriptor); a task that
+        cannot even be created is a :class:`FailedStart`, never an exception."""
 
     def link_for(self, launch: TaskLaunch) -> HostLink:
         """The link to the agent on ``launch``'s host, brought up first if it is not up yet."""

@@ -25,7 +25,7 @@ from .carriers import ProcessCarrier, spawn_carrier
 from .hostagent import EOF_GRACE, encode_fields
 from .hostlink import AgentLink
 from .linkhub import HUB
-from .proxies import AgentTask, LogWriter, log_target
+from .proxies import AgentTask, LogWriter
 from .shipping import AGENT_PATH
 
 # The local agent's keep-alive timeout: tflaunch alive but no longer answering (wedged, suspended).
@@ -78,21 +78,18 @@ class LocalTransport:
     def prepare(self, launches: Sequence[TaskLaunch]) -> None:
         """The agent starts with the first task; there is nothing to bring up in parallel."""
 
-    def start(self, launch: TaskLaunch, output_fd: int, log_path: str | None = None) -> AgentTask | FailedStart:
-        target = log_target(output_fd, log_path)
+    def start(self, launch: TaskLaunch, log_path: str) -> AgentTask | FailedStart:
         tf_config, env = tf_config_parts(launch.env)  # the link sends the cluster to the agent once
         fields = {"name": launch.name, "argv": list(launch.argv), "env": env, "tf_config": tf_config,
                   "cwd": launch.workdir, "grace": repr(float(self.grace))}
         try:
             link = self.link_for(launch)
         except OSError as exc:
-            _close(target)
             return FailedStart(f"cannot start the agent for this machine's tasks: {exc.strerror or exc}")
-        task = AgentTask(link, launch.name, target, self.logs)
+        task = AgentTask(link, launch.name, log_path, self.logs)
         try:
             link.start(task, fields)
         except ValueError as exc:  # a NUL, or more than one command line carries: nothing was sent
-            _close(target)
             return FailedStart(f"cannot start: {exc}")
         return task
 
@@ -126,8 +123,3 @@ def kill_group(pid: int | None) -> None:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def _close(target: str | int) -> None:
-    if isinstance(target, int):
-        os.close(target)

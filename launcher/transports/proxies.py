@@ -84,9 +84,9 @@ class AgentProcessBase:
 class AgentTask(AgentProcessBase):
     """A task behind a host agent: the one process interface, over its host's link."""
 
-    def __init__(self, link: AgentLink, name: str, log_path: str | int | None, logs: "LogWriter"):
-        """``log_path``: where relayed output and the link's last words go (a path, or a descriptor
-        this task owns); None when the task writes its log itself."""
+    def __init__(self, link: AgentLink, name: str, log_path: str | None, logs: "LogWriter"):
+        """``log_path``: where relayed output and the link's last words go; None when the task
+        writes its log itself."""
         super().__init__(link, name)
         self.log_path = log_path
         self.logs = logs
@@ -143,15 +143,6 @@ class AgentTask(AgentProcessBase):
         carrier.extra_backstop(self.pid)
         super().lose(carrier, detail, started)
 
-    def _end(self, status: ExitStatus) -> None:
-        super()._end(status)
-        if isinstance(self.log_path, int):
-            try:
-                os.close(self.log_path)
-            except OSError:
-                pass
-            self.log_path = None
-
 
 class AgentHelper(AgentProcessBase):
     """A short-lived helper process (a probe): its output is collected, line by line, for a reader."""
@@ -198,13 +189,7 @@ class LogWriter:
         self._open: OrderedDict[str, int | BoundedLog] = OrderedDict()
         self._lock = threading.Lock()
 
-    def append(self, path: str | int, data: bytes) -> None:
-        if isinstance(path, int):  # a descriptor of the task's own (its log is no regular file)
-            try:
-                os.write(path, data)
-            except OSError:
-                pass
-            return
+    def append(self, path: str, data: bytes) -> None:
         with self._lock:
             try:
                 held = self._open.pop(path, None)
@@ -235,18 +220,3 @@ def _let_go(held: int | BoundedLog) -> None:
         held.release()
     else:
         os.close(held)
-
-
-def log_target(fd: int, path: str | None = None) -> str | int:
-    """A task's log as a path that the agent or the hub opens when needed, so a task costs
-    tflaunch no descriptor; a copy of ``fd`` when it is not a regular file. The caller keeps ``fd``.
-    ``path``: the caller knows ``fd`` is the regular file at that path (a run folder's task log)."""
-    if path is not None:
-        return path
-    try:
-        path = os.readlink(f"/proc/self/fd/{fd}")
-    except OSError:
-        return os.dup(fd)
-    if not (path.startswith("/") and os.path.isfile(path)):
-        return os.dup(fd)
-    return path

@@ -34,7 +34,7 @@ from .carriers import Carrier
 from .hostagent import EOF_GRACE, TOKEN_VARIABLE, beat_for, encode_fields, sample_for
 from .hostlink import AgentLink
 from .linkhub import HUB
-from .proxies import AgentTask, LogWriter, log_target
+from .proxies import AgentTask, LogWriter
 from .shipping import agent_spec, remote_agent_argv, task_fields
 
 NODE_FAILURE = "Node failure on"  # how srun reports that slurmctld declared a node dead
@@ -201,23 +201,19 @@ class SrunTransport:
             self.prepare([launch])
         return self.links[launch.host]
 
-    def start(self, launch: TaskLaunch, output_fd: int, log_path: str | None = None) -> AgentTask | FailedStart:
-        target = log_target(output_fd, log_path)
+    def start(self, launch: TaskLaunch, log_path: str) -> AgentTask | FailedStart:
         try:
             self.link_for(launch)
         except FileNotFoundError:
-            _close(target)
             return FailedStart("cannot start: srun is not installed here")
         except OSError as exc:
-            _close(target)
             return FailedStart(f"cannot start the job step for the agents: {exc.strerror or exc}")
         fields = task_fields(launch, self.grace, self.setups.get(launch.host))
         try:
             encode_fields(fields)
         except ValueError as exc:
-            _close(target)
             return FailedStart(f"cannot start: {exc}")
-        task = AgentTask(self.links[launch.host], launch.name, target, self.logs)
+        task = AgentTask(self.links[launch.host], launch.name, log_path, self.logs)
         self.links[launch.host].start(task, fields)
         return task
 
@@ -231,8 +227,3 @@ class SrunTransport:
             step.close(EOF_GRACE + 2.0)
         self.steps = []
         self.logs.close()
-
-
-def _close(target: str | int) -> None:
-    if isinstance(target, int):
-        os.close(target)

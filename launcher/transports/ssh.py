@@ -36,7 +36,7 @@ from .carriers import ProcessCarrier, spawn_carrier
 from .hostagent import EOF_GRACE, beat_for, sample_for
 from .hostlink import AgentLink
 from .linkhub import HUB
-from .proxies import AgentTask, LogWriter, log_target
+from .proxies import AgentTask, LogWriter
 from .shipping import agent_spec, remote_agent_argv, task_fields
 
 # In the remote shell, the setup line's output file: written through SETUP_OUT, read by the agent
@@ -158,18 +158,15 @@ class SshTransport:
         return AgentLink(launch.host, SshCarrier(launch.host, popen, stderr), read_fd, write_fd,
                          keepalive=keepalive, hub=HUB, beat=beat_for(self.hosts, keepalive))
 
-    def start(self, launch: TaskLaunch, output_fd: int, log_path: str | None = None) -> AgentTask | FailedStart:
-        target = log_target(output_fd, log_path)
+    def start(self, launch: TaskLaunch, log_path: str) -> AgentTask | FailedStart:
         try:
             link = self.link_for(launch)
         except FileNotFoundError:
-            _close(target)
             return FailedStart("cannot start: the ssh client is not installed")
-        task = AgentTask(link, launch.name, target, self.logs)
+        task = AgentTask(link, launch.name, log_path, self.logs)
         try:
             link.start(task, task_fields(launch, self.grace, self.setups.get(host_key(launch))))
         except ValueError as exc:  # a NUL, or more than one command line carries: nothing was sent
-            _close(target)
             return FailedStart(f"cannot start: {exc}")
         return task
 
@@ -182,8 +179,3 @@ class SshTransport:
         for link in links:
             link.carrier.close(max(0.0, deadline - time.monotonic()))
         self.logs.close()
-
-
-def _close(target: str | int) -> None:
-    if isinstance(target, int):
-        os.close(target)

@@ -320,11 +320,8 @@ class AgentTasks:
 
     def start(self, name: str, code: str):
         log = self.tmp_path / f"{name}.log"
-        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        try:
-            self.tasks[name] = self.transport.start(self.make_launch(name, code), fd)
-        finally:
-            os.close(fd)
+        log.touch()
+        self.tasks[name] = self.transport.start(self.make_launch(name, code), str(log))
         return self.tasks[name]
 
     def output(self, name: str) -> str:

@@ -90,7 +90,7 @@ class FakeTransport:
         self.started: list[str] = []
         self.processes: dict[str, list[FakeProcess]] = {}
 
-    def start(self, launch: TaskLaunch, output_fd: int, log_path: str | None = None) -> FakeProcess:
+    def start(self, launch: TaskLaunch, log_path: str) -> FakeProcess:
         script = self.scripts.get(launch.name, Script())
         if isinstance(script, Exception):
             raise script
@@ -113,12 +113,8 @@ def supervise(names, scripts, clock=None, signals=None, watchdog=None, **options
     transport = FakeTransport(clock, scripts)
     events: list[str] = []
 
-    def open_output(_launch):
-        import os
-        return os.open(os.devnull, os.O_WRONLY), "/dev/null"
-
     opts = SupervisorOptions(clock=clock, wall=clock, sleep=clock.sleep, **options)
-    supervisor = Supervisor([launch(n) for n in names], lambda _l: transport, open_output, events.append, opts,
+    supervisor = Supervisor([launch(n) for n in names], lambda _l: transport, lambda _l: "/dev/null", events.append, opts,
                             watchdog=watchdog, signals=signals)
     result = supervisor.run()
     return result, {t.name: t for t in result.tasks}, transport, events, clock
