@@ -48,10 +48,12 @@ if TYPE_CHECKING:
 
 LAUNCHER_NAME = "tflaunch"
 _READ_SIZE = 1 << 20
-# What one sweep reads of one log at most: a flood faster than the pump then never keeps a sweep
-# going, so the other logs, tflaunch's own messages and the callers waiting on the pump's lock
-# (a task's start, an attempt's end) get their turn; the rest is read at the next sweep.
+# What one sweep reads of one log, and of all of them, at most: floods faster than the pump then
+# never keep a sweep going, so tflaunch's own messages and the callers waiting on the pump's lock
+# (a task's start, an attempt's end) get their turn, and the logs take turns: what a log had no
+# turn for, or more than its share, waits in line for the next sweep.
 _READ_PER_SWEEP = 4 * _READ_SIZE
+_SWEEP_AT_MOST = 4 * _READ_PER_SWEEP
 # merged.log's bytes of a sweep are written at once, or as soon as they reach this much: a sweep
 # that finds a flood in every log does not hold all of it in memory first.
 _WRITE_AT = 4 << 20
@@ -83,6 +85,7 @@ class _Source:
     splitter: LineSplitter = field(default_factory=LineSplitter)
     done: bool = False  # no longer followed (its attempt ended)
     relayed: bool = False  # written to through its BoundedLog: its writes are announced
+    queued: bool = False  # waiting in the pump's line of logs to read
 
 
 class OutputPump:
@@ -102,7 +105,7 @@ class OutputPump:
         self._sources: list[_Source] = []
         self._followed: set[tuple[str, int]] = set()  # (task, attempt) of every source: one lookup per new task
         self._changed: set[_Source] = set()  # written to since the last sweep (added to by the writers' threads)
-        self._unread: list[_Source] = []  # read this sweep only in part (a flood): announced again after it
+        self._queue: deque[_Source] = deque()  # the logs to read, in turn (the pump's thread only)
         # Whose reader may hold a descriptor (at most OPEN_FILES + 1), least recently active first.
         self._open: dict[_Source, None] = {}
         self._looks: list[tuple[float, int, _Source]] = []  # a heap: when each source is looked at next
@@ -172,6 +175,7 @@ class OutputPump:
             self._sources.clear()
             self._followed.clear()
             self._changed.clear()
+            self._queue.clear()
             self._open.clear()
             self._looks.clear()
             try:
@@ -224,12 +228,18 @@ class OutputPump:
 
     def _sweep(self) -> None:
         """Read the logs written to since the last sweep, and look at those due a look (see IDLE_CHECK)."""
-        changed = self._changed
+        changed, queue = self._changed, self._queue
         while changed:
             source = changed.pop()  # the writers' threads only add: what they add now is read now or next time
+            if not source.queued and not source.done:
+                source.queued, source.relayed = True, True
+                queue.append(source)
+        budget = _SWEEP_AT_MOST
+        while queue and budget > 0:
+            source = queue.popleft()
+            source.queued = False
             if not source.done:
-                source.relayed = True
-                self._read(source)
+                budget -= self._read(source)
         now, looks, due = time.monotonic(), self._looks, []
         while looks and looks[0][0] <= now:
             due.append(heapq.heappop(looks)[2])
@@ -240,9 +250,8 @@ class OutputPump:
             self._read(source)
             quiet = source.relayed or now - source.last_output >= QUIET
             heapq.heappush(looks, (now + (quiet_check if quiet else IDLE_CHECK), next(self._look_order), source))
-        unread, self._unread = self._unread, []
-        for source in unread:
-            self._announce(source)
+        if queue:
+            self._written.set()  # the next sweep comes without waiting for a write
 
     @property
     def failure(self) -> str | None:
@@ -281,37 +290,40 @@ class OutputPump:
             said_at, attempt, text = messages.popleft()
             self._write_merged(LAUNCHER_NAME, attempt, text, said_at)
 
-    def _read(self, source: _Source, force: bool = False) -> bool:
-        """Read what ``source`` wrote since last time (``force``: to its end, then close it)."""
+    def _read(self, source: _Source, force: bool = False) -> int:
+        """Read what ``source`` wrote since last time, up to its share of a sweep (``force``: all of
+        it, then close it); returns how many bytes. A log with more to read waits in line again."""
         now = time.monotonic()
         reader = source.reader
         active = False  # opened or read from now: it moves to the end of the open ones
         if not reader.is_open:
             if not reader.available():
-                return False
+                return 0
             self._make_room()
             source.last_output, active = now, True
-        got, budget = False, _READ_PER_SWEEP
+        budget = _READ_PER_SWEEP
         while force or budget > 0:
             skipped, chunk = reader.read(_READ_SIZE if force else min(_READ_SIZE, budget))
             if skipped:
                 self._skipped(source, skipped)
             if not chunk:
                 break
-            got = active = True
+            active = True
             source.last_output = now
             budget -= len(chunk)
             self._emit(source, source.splitter.feed_block(chunk))
             if self._messages:  # said while this log was read: in merged.log where they were said
                 self._write_messages()
         else:
-            self._unread.append(source)  # its share of this sweep is read: the rest at the next one
+            if not source.queued:  # its share of this sweep is read: the rest at a later one
+                source.queued = True
+                self._queue.append(source)
         if force:
             reader.release()
         elif reader.is_open and active:
             self._open.pop(source, None)
             self._open[source] = None
-        return got
+        return _READ_PER_SWEEP - budget
 
     def _make_room(self) -> None:
         """Before a reader opens its file: close the least recently active one if OPEN_FILES are open

@@ -180,6 +180,7 @@ def test_a_message_said_while_no_pump_thread_runs_is_written_at_once(tmp_path):
 
 def test_a_sweep_reads_a_flood_in_part_so_the_other_logs_and_the_messages_get_their_turn(tmp_path, monkeypatch):
     monkeypatch.setattr(pump_module, "_READ_PER_SWEEP", 64 << 10)
+    monkeypatch.setattr(pump_module, "_SWEEP_AT_MOST", 2 * (64 << 10))
     pump, console, paths = _pump(tmp_path, 2)
     line = b"%063d\n"
     try:
@@ -194,13 +195,42 @@ def test_a_sweep_reads_a_flood_in_part_so_the_other_logs_and_the_messages_get_th
         assert b"worker-1 | the other task's line\n" in merged and b"tflaunch | said during the flood\n" in merged
         assert 0 < merged.count(b"worker-0 | ") <= 2 * (64 << 10) // 64  # a part of the flood: its share
         sweeps = 1
-        while pump._changed:  # the rest is announced again for the next sweeps
+        while pump._changed or pump._queue:  # the rest waits in line for the next sweeps
             pump._sweep()
             sweeps += 1
         pump._flush_files()
         assert sweeps >= 8
         merged = (tmp_path / "merged.log").read_bytes()
         assert merged.count(b"worker-0 | ") == 16_384 and (line % 16_383) in merged
+    finally:
+        pump.close()
+        console.close()
+
+
+def test_floods_in_many_logs_take_turns_and_no_sweep_reads_more_than_its_limit(tmp_path, monkeypatch):
+    monkeypatch.setattr(pump_module, "_READ_PER_SWEEP", 64 << 10)
+    monkeypatch.setattr(pump_module, "_SWEEP_AT_MOST", 4 * (64 << 10))
+    pump, console, paths = _pump(tmp_path, 8)
+    line = b"%063d\n"
+    try:
+        pump._sweep()  # the first look at each
+        for path in paths:
+            WRITING.get(str(path.resolve())).write(b"".join(line % i for i in range(8_192)))  # 512 KiB each
+        seen: list[set[bytes]] = []
+        for _ in range(2):
+            before = (tmp_path / "merged.log").read_bytes()
+            pump._sweep()
+            pump._flush_files()
+            new = (tmp_path / "merged.log").read_bytes()[len(before):]
+            assert len(new) <= 4 * (64 << 10) * 2  # the limit, and the prefixes of its lines
+            seen.append({piece.split(b" | ")[0].rsplit(b" ", 1)[1] for piece in new.splitlines()})
+        assert len(seen[0]) == 4 and len(seen[1]) == 4 and seen[0] | seen[1] == {b"worker-%d" % i for i in range(8)}
+        while pump._changed or pump._queue:
+            pump._sweep()
+        pump._flush_files()
+        merged = (tmp_path / "merged.log").read_bytes()
+        for i in range(8):
+            assert merged.count(b"worker-%d | " % i) == 8_192
     finally:
         pump.close()
         console.close()
