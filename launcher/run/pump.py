@@ -48,12 +48,10 @@ if TYPE_CHECKING:
 
 LAUNCHER_NAME = "tflaunch"
 _READ_SIZE = 1 << 20
-# What one sweep reads of one log, and of all of them, at most: floods faster than the pump then
-# never keep a sweep going, so tflaunch's own messages and the callers waiting on the pump's lock
-# (a task's start, an attempt's end) get their turn, and the logs take turns: what a log had no
-# turn for, or more than its share, waits in line for the next sweep.
-_READ_PER_SWEEP = 4 * _READ_SIZE
-_SWEEP_AT_MOST = 4 * _READ_PER_SWEEP
+# What one sweep reads of one log, and of all of them, at most: floods never keep a sweep going, so
+# tflaunch's messages and the callers waiting on the pump's lock (a task's start, an attempt's end)
+# get their turn, and the logs take turns (what a log had no turn for waits for the next sweep).
+_READ_PER_SWEEP, _SWEEP_AT_MOST = 4 * _READ_SIZE, 16 * _READ_SIZE
 # merged.log's bytes of a sweep are written at once, or as soon as they reach this much: a sweep
 # that finds a flood in every log does not hold all of it in memory first.
 _WRITE_AT = 4 << 20
