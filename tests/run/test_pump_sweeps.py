@@ -178,14 +178,36 @@ def test_a_message_said_while_no_pump_thread_runs_is_written_at_once(tmp_path):
         console.close()
 
 
+FLOOD_LINE = b"%063d\n"  # 64 bytes, numbered
+
+
+def _limited_pump(tmp_path, monkeypatch, count: int, per_log: int, per_sweep: int):
+    """A pump over ``count`` logs that reads at most ``per_log`` of one and ``per_sweep`` in all per sweep."""
+    monkeypatch.setattr(pump_module, "_READ_PER_SWEEP", per_log)
+    monkeypatch.setattr(pump_module, "_SWEEP_AT_MOST", per_sweep)
+    pump, console, paths = _pump(tmp_path, count)
+    pump._sweep()  # the first look at each
+    return pump, console, paths
+
+
+def _flood(path, lines: int) -> None:
+    WRITING.get(str(path.resolve())).write(b"".join(FLOOD_LINE % i for i in range(lines)))
+
+
+def _sweep_until_read(pump) -> int:
+    """Sweep until no log waits to be read; returns how many sweeps that took."""
+    sweeps = 0
+    while pump._changed or pump._queue:
+        pump._sweep()
+        sweeps += 1
+    pump._flush_files()
+    return sweeps
+
+
 def test_a_sweep_reads_a_flood_in_part_so_the_other_logs_and_the_messages_get_their_turn(tmp_path, monkeypatch):
-    monkeypatch.setattr(pump_module, "_READ_PER_SWEEP", 64 << 10)
-    monkeypatch.setattr(pump_module, "_SWEEP_AT_MOST", 2 * (64 << 10))
-    pump, console, paths = _pump(tmp_path, 2)
-    line = b"%063d\n"
+    pump, console, paths = _limited_pump(tmp_path, monkeypatch, 2, per_log=64 << 10, per_sweep=2 * (64 << 10))
     try:
-        pump._sweep()  # the first look at each
-        WRITING.get(str(paths[0].resolve())).write(b"".join(line % i for i in range(16_384)))  # 1 MiB
+        _flood(paths[0], 16_384)  # 1 MiB
         WRITING.get(str(paths[1].resolve())).write(b"the other task's line\n")
         pump.message("said during the flood")
         pump._sweep()
@@ -194,28 +216,19 @@ def test_a_sweep_reads_a_flood_in_part_so_the_other_logs_and_the_messages_get_th
         merged = (tmp_path / "merged.log").read_bytes()
         assert b"worker-1 | the other task's line\n" in merged and b"tflaunch | said during the flood\n" in merged
         assert 0 < merged.count(b"worker-0 | ") <= 2 * (64 << 10) // 64  # a part of the flood: its share
-        sweeps = 1
-        while pump._changed or pump._queue:  # the rest waits in line for the next sweeps
-            pump._sweep()
-            sweeps += 1
-        pump._flush_files()
-        assert sweeps >= 8
+        assert _sweep_until_read(pump) >= 7  # the rest waits in line for the next sweeps
         merged = (tmp_path / "merged.log").read_bytes()
-        assert merged.count(b"worker-0 | ") == 16_384 and (line % 16_383) in merged
+        assert merged.count(b"worker-0 | ") == 16_384 and (FLOOD_LINE % 16_383) in merged
     finally:
         pump.close()
         console.close()
 
 
 def test_floods_in_many_logs_take_turns_and_no_sweep_reads_more_than_its_limit(tmp_path, monkeypatch):
-    monkeypatch.setattr(pump_module, "_READ_PER_SWEEP", 64 << 10)
-    monkeypatch.setattr(pump_module, "_SWEEP_AT_MOST", 4 * (64 << 10))
-    pump, console, paths = _pump(tmp_path, 8)
-    line = b"%063d\n"
+    pump, console, paths = _limited_pump(tmp_path, monkeypatch, 8, per_log=64 << 10, per_sweep=4 * (64 << 10))
     try:
-        pump._sweep()  # the first look at each
         for path in paths:
-            WRITING.get(str(path.resolve())).write(b"".join(line % i for i in range(8_192)))  # 512 KiB each
+            _flood(path, 8_192)  # 512 KiB each
         seen: list[set[bytes]] = []
         for _ in range(2):
             before = (tmp_path / "merged.log").read_bytes()
@@ -225,9 +238,7 @@ def test_floods_in_many_logs_take_turns_and_no_sweep_reads_more_than_its_limit(t
             assert len(new) <= 4 * (64 << 10) * 2  # the limit, and the prefixes of its lines
             seen.append({piece.split(b" | ")[0].rsplit(b" ", 1)[1] for piece in new.splitlines()})
         assert len(seen[0]) == 4 and len(seen[1]) == 4 and seen[0] | seen[1] == {b"worker-%d" % i for i in range(8)}
-        while pump._changed or pump._queue:
-            pump._sweep()
-        pump._flush_files()
+        _sweep_until_read(pump)
         merged = (tmp_path / "merged.log").read_bytes()
         for i in range(8):
             assert merged.count(b"worker-%d | " % i) == 8_192
