@@ -62,6 +62,16 @@ class LiveRecord:
         so the tasks' start and the pids their agents report go into one rewrite."""
         self._next_write = time.monotonic() + self.pace
 
+    def due_in(self, longest: float) -> float:
+        """Seconds until a change waiting for its turn (in run.json or on the console) is due; at most
+        ``longest`` when none waits."""
+        now, wait = time.monotonic(), longest
+        if self._pending_write is not None:
+            wait = min(wait, self._next_write - now)
+        if self._pending_states is not None:
+            wait = min(wait, self._next_states - now)
+        return max(0.0, wait)
+
     def due(self) -> None:
         """Whatever change waited for its turn goes out if the turn came."""
         self._write_if_due()

@@ -51,6 +51,9 @@ TAIL_LINES = 20
 PUMP_INTERVAL, PUMP_TASKS, PUMP_AT_MOST = 0.02, 16, 1.0
 DIAGNOSIS_LINES = 200
 DISK_FULL_EXIT = 1
+# Seconds between the supervisor's turns when nothing waits for one: how soon a full disk stops
+# a run that has no hang watchdog (with one, every SupervisorOptions.tick).
+QUIET_TURN = 1.0
 
 
 @dataclass(frozen=True)
@@ -254,7 +257,10 @@ class RunSession:
                                 watchdog=lambda tasks: (self.live.due() or self._check_logging()
                                                         or (watchdog(tasks) if watchdog else None)),
                                 listeners=[lambda tasks: self.live.changed(plan, tasks)],
-                                signals=self.signals)
+                                signals=self.signals,
+                                # The hang watchdog looks every tick; without it, the next turn comes
+                                # when run.json has a change due, else within QUIET_TURN.
+                                watch_in=None if watchdog else (lambda: self.live.due_in(QUIET_TURN)))
         self.transports.prepare(plan.launches)
         started = time.time()
         self.supervisor, self.attempt_number, self.live.attempt = supervisor, attempt, attempt

@@ -130,7 +130,9 @@ class Supervisor:
                  options: SupervisorOptions | None = None,
                  watchdog: Callable[[list[Task]], Trip | None] | None = None,
                  listeners: Sequence[Callable[[list[Task]], None]] = (),
-                 signals: Signals | None = None):
+                 signals: Signals | None = None, watch_in: Callable[[], float] | None = None):
+        """``watch_in``: seconds until ``watchdog`` next needs a turn (see :class:`.wakeups.Wakeups`);
+        None: every ``options.tick``."""
         self.tasks = [Task(launch) for launch in launches]
         self.transport_for = transport_for
         self.create_log = create_log  # a task's log, made for this start: its path
@@ -148,7 +150,7 @@ class Supervisor:
                                        lambda t: t.state is TaskState.SUCCEEDED)
         self._notes: list[str] = []
         self.wakeups = Wakeups(self.tasks, self.options.changes, self.options.clock, self.options.tick,
-                               self.options.full_poll)
+                               self.options.full_poll, turn_in=watch_in)
 
     # -- the attempt --------------------------------------------------------------------
 

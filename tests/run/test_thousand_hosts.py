@@ -7,6 +7,7 @@ agent started here over pipes, with tflaunch's real links, hub, supervisor and r
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -20,6 +21,10 @@ import pytest
 from launcher.cluster.plan import RunContext, TaskLaunch, plan_cluster
 from launcher.cluster.tfconfig import ENV_STRING_MAX, TaskEnv, TfConfig
 from launcher.cluster.reader import parse_cluster
+from launcher.records.folder import RunFolder
+from launcher.records.record import RunRecord
+from launcher.run.console import Console
+from launcher.run.liverecord import LiveRecord
 from launcher.run.supervisor import Task
 from launcher.run.wakeups import Wakeups
 from launcher.transports.hostagent import HEARTBEAT, beat_for, sample_for
@@ -152,6 +157,38 @@ def test_the_supervisor_polls_what_changed_and_every_task_only_now_and_then():
     assert wakeups.due(tasks[:10], full_every=0.1) == []
     without = Wakeups(tasks, None, clock, tick=0.25, full_poll=10.0)
     assert len(without.due()) == 1000 and without.sleep(0.02, watching=True) == (0.02, ())
+
+
+
+def test_without_a_hang_watchdog_the_supervisor_takes_a_turn_when_one_is_due():
+    clock, noted = Clock(), Noted()
+    due_in = [1.0]  # what the run asks: nothing waits, so the quiet turn
+    wakeups = Wakeups(tasks_with_processes(3), noted, clock, tick=0.25, full_poll=10.0, turn_in=lambda: due_in[0])
+    assert len(wakeups.due()) == 3 and wakeups.watch_due()  # the first turn comes at once
+    assert wakeups.sleep(0.02, watching=True) == (1.0, (0,))  # a second, not a tick
+    clock.now = 0.5
+    assert not wakeups.watch_due()
+    due_in[0] = 0.1  # a change came meanwhile and is due in 0.1 s: the turn comes forward
+    assert wakeups.sleep(0.02, watching=True) == (pytest.approx(0.1), (0,))
+    clock.now = 0.6
+    assert wakeups.watch_due()
+    due_in[0] = 1.0
+    clock.now = 9.9
+    assert wakeups.watch_due() and wakeups.sleep(0.02, watching=True) == (pytest.approx(0.1), (0,))  # the full poll
+    ticking = Wakeups(tasks_with_processes(3), noted, clock, tick=0.25, full_poll=10.0)  # a hang watchdog looks
+    assert ticking.due() and ticking.watch_due() and ticking.sleep(0.02, watching=True) == (0.25, (0,))  # every tick
+
+
+def test_the_live_record_says_when_its_waiting_change_is_due(tmp_path):
+    folder = RunFolder.create(tmp_path, "cluster.yaml")
+    live = LiveRecord(RunRecord(run_id=folder.run_id, source="cluster.yaml"), folder,
+                      Console(io.StringIO(), messages=io.StringIO(), quiet=True), tasks=64)
+    assert live.due_in(1.0) == 1.0  # nothing waits
+    plan = plan_of("worker:\n  - {host: localhost, port: 2222}\n")
+    live.wrote()  # the first copy was just written: the next waits for its pace (1 s at 64 tasks)
+    live.write(plan, [Task(plan.launches[0])])
+    assert 0.9 < live.due_in(5.0) <= live.pace
+    assert live.due_in(0.5) == 0.5
 
 
 # -- simulated hosts -----------------------------------------------------------------------------
