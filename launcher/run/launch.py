@@ -37,6 +37,9 @@ if TYPE_CHECKING:
     from .preflight import CheckReport
     from .session import RunResult, SessionOptions
 
+# How long the start waits for the exposure check's lookups once everything else is ready.
+EXPOSURE_HOLD = 0.2
+
 __all__ = ["LaunchRequest", "build_spec", "check", "dry_run", "run"]
 
 @dataclass(frozen=True)
@@ -245,18 +248,21 @@ def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS,
                     reservation.unhold()
                     return _entered(network, plan_for(spec, context, local_hosts, request))
 
-                exposure.join()  # its warning comes before any task's output
+                # Its warning comes before any task's output when the names resolve at once; slow
+                # lookups do not hold the start (their warning comes when they end).
+                exposure.join(EXPOSURE_HOLD)
                 session = RunSession(spec, session_options(request, spec), folder, console, plan_attempt,
                                      signals, transports)
                 return session.execute()
         finally:
             transports.close()  # after a refused preflight too: nothing is left on any host
             reservation.release()
+            exposure.join()  # its lookups end within RESOLVE_TIMEOUT: a warning is never written after exit
 
 
 def _warn_if_exposed(spec: ClusterSpec, console: Console) -> threading.Thread:
-    """Resolve the cluster's names while the hosts are being reached (a resolver that does not answer
-    holds this up to RESOLVE_TIMEOUT), and warn when any of them is public."""
+    """Resolve the cluster's names while the hosts are being reached, and warn when any of them is
+    public. The thread ends within RESOLVE_TIMEOUT (a resolver that does not answer is given up on)."""
     from ..cluster.exposure import exposure_warning
 
     def warn() -> None:

@@ -9,9 +9,12 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import time
 import uuid
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -310,6 +313,32 @@ def test_a_host_name_that_does_not_resolve_gets_no_exposure_warning_and_no_trace
     warnings = [line for line in done.stderr.splitlines() if "public address" in line]
     assert len(warnings) == 1 and "8.8.8.8" in warnings[0] and "invalid" not in warnings[0]
 
+
+
+def test_a_name_server_that_never_answers_does_not_hold_the_start(tflaunch, tmp_path):
+    """The exposure check's lookups go to a name server that takes every query and answers none
+    (this machine's /etc/resolv.conf replaced in a mount namespace of tflaunch's own): the task
+    starts at once, rather than when the lookups give up (RESOLVE_TIMEOUT, 2 s), and the run ends
+    cleanly, without a warning about a name that never resolved."""
+    silent = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    silent.bind(("127.0.0.99", 53))  # takes the queries, answers none
+    resolv = tmp_path / "resolv.conf"
+    resolv.write_text("nameserver 127.0.0.99\noptions timeout:5 attempts:1\n")
+    cluster = tmp_path / "unanswered.yaml"
+    cluster.write_text("worker:\n  - {host: localhost, port: auto, address: tflaunch-unanswered.example}\n")
+    argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+            'mount --bind "$0" /etc/resolv.conf && exec "$@"', str(resolv),
+            *tflaunch.argv(str(cluster), "--log-dir", str(tflaunch.log_dir), "--", sys.executable, "-c", "print('up')")]
+    launched = time.time()
+    try:
+        done = subprocess.run(argv, cwd=tflaunch.cwd, env=tflaunch.env(), capture_output=True, text=True, timeout=60)
+    finally:
+        silent.close()
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert "public address" not in done.stderr
+    task = json.loads((tflaunch.latest_run() / "run.json").read_text())["tasks"][0]
+    assert task["state"] == "succeeded"
+    assert datetime.fromisoformat(task["started_at"]).timestamp() - launched < 1.5
 
 @pytest.mark.slow
 def test_resource_figures_cover_every_attempt(tflaunch):
