@@ -216,7 +216,8 @@ def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS,
             signals.watch(*watch)
         local_hosts = local_host_names()
         spec = build_spec(request, local_hosts)
-        exposure = _warn_if_exposed(spec, console)
+        exposure = _ExposureCheck(spec, console)
+        exposure.start()
         spare = check_open_files(spec, local_hosts)
         reservation = _reserve_auto_ports(spec, local_hosts, hold=spare)
         # One agent per host for the whole run: the preflight's probes go through the same agents.
@@ -253,26 +254,37 @@ def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS,
                 exposure.join(EXPOSURE_HOLD)
                 session = RunSession(spec, session_options(request, spec), folder, console, plan_attempt,
                                      signals, transports)
-                return session.execute()
+                result = session.execute()
+                exposure.join()  # a run's warning is shown, however late its lookups end
+                return result
         finally:
             transports.close()  # after a refused preflight too: nothing is left on any host
             reservation.release()
-            exposure.join()  # its lookups end within RESOLVE_TIMEOUT: a warning is never written after exit
+            exposure.drop()  # a launch stopped before its run (a refusal, Ctrl-C) does not wait for it
 
 
-def _warn_if_exposed(spec: ClusterSpec, console: Console) -> threading.Thread:
-    """Resolve the cluster's names while the hosts are being reached, and warn when any of them is
-    public. The thread ends within RESOLVE_TIMEOUT (a resolver that does not answer is given up on)."""
-    from ..cluster.exposure import exposure_warning
+class _ExposureCheck(threading.Thread):
+    """Resolves the cluster's names while the hosts are being reached, and warns when any of them is
+    public. It ends within RESOLVE_TIMEOUT (a resolver that does not answer is given up on)."""
 
-    def warn() -> None:
-        warning = exposure_warning(spec)
-        if warning:
-            console.message(warning)
+    def __init__(self, spec: ClusterSpec, console: Console):
+        super().__init__(name="tflaunch-exposure", daemon=True)
+        self.spec, self.console = spec, console
+        self._lock = threading.Lock()
+        self._dropped = False
 
-    thread = threading.Thread(target=warn, name="tflaunch-exposure", daemon=True)
-    thread.start()
-    return thread
+    def run(self) -> None:
+        from ..cluster.exposure import exposure_warning
+
+        warning = exposure_warning(self.spec)
+        with self._lock:
+            if warning and not self._dropped:
+                self.console.message(warning)
+
+    def drop(self) -> None:
+        """A launch that ended before any run: a warning that comes later is not shown (nor waited for)."""
+        with self._lock:
+            self._dropped = True
 
 
 def _entered(network: NetworkNamespace | None, plan: Plan) -> Plan:

@@ -314,31 +314,53 @@ def test_a_host_name_that_does_not_resolve_gets_no_exposure_warning_and_no_trace
     assert len(warnings) == 1 and "8.8.8.8" in warnings[0] and "invalid" not in warnings[0]
 
 
-
-def test_a_name_server_that_never_answers_does_not_hold_the_start(tflaunch, tmp_path):
-    """The exposure check's lookups go to a name server that takes every query and answers none
-    (this machine's /etc/resolv.conf replaced in a mount namespace of tflaunch's own): the task
-    starts at once, rather than when the lookups give up (RESOLVE_TIMEOUT, 2 s), and the run ends
-    cleanly, without a warning about a name that never resolved."""
+@pytest.fixture
+def silent_name_server(tmp_path):
+    """The argv prefix that runs a command with this machine's /etc/resolv.conf replaced (in a mount
+    namespace of its own) by one whose name server takes every query and answers none."""
     silent = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     silent.bind(("127.0.0.99", 53))  # takes the queries, answers none
     resolv = tmp_path / "resolv.conf"
     resolv.write_text("nameserver 127.0.0.99\noptions timeout:5 attempts:1\n")
+    yield ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+           'mount --bind "$0" /etc/resolv.conf && exec "$@"', str(resolv)]
+    silent.close()
+
+
+def test_a_name_server_that_never_answers_does_not_hold_the_start(tflaunch, tmp_path, silent_name_server):
+    """The exposure check's lookups go to a name server that never answers: the task starts at once,
+    rather than when the lookups give up (RESOLVE_TIMEOUT, 2 s), and the run ends cleanly, without a
+    warning about a name that never resolved."""
     cluster = tmp_path / "unanswered.yaml"
     cluster.write_text("worker:\n  - {host: localhost, port: auto, address: tflaunch-unanswered.example}\n")
-    argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-            'mount --bind "$0" /etc/resolv.conf && exec "$@"', str(resolv),
+    argv = [*silent_name_server,
             *tflaunch.argv(str(cluster), "--log-dir", str(tflaunch.log_dir), "--", sys.executable, "-c", "print('up')")]
     launched = time.time()
-    try:
-        done = subprocess.run(argv, cwd=tflaunch.cwd, env=tflaunch.env(), capture_output=True, text=True, timeout=60)
-    finally:
-        silent.close()
+    done = subprocess.run(argv, cwd=tflaunch.cwd, env=tflaunch.env(), capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     assert "public address" not in done.stderr
     task = json.loads((tflaunch.latest_run() / "run.json").read_text())["tasks"][0]
     assert task["state"] == "succeeded"
     assert datetime.fromisoformat(task["started_at"]).timestamp() - launched < 1.5
+
+
+def test_a_launch_refused_while_its_names_are_looked_up_does_not_wait_for_the_lookups(tflaunch, tmp_path,
+                                                                                        silent_name_server):
+    busy = socket.socket()
+    busy.bind(("0.0.0.0", 0))
+    busy.listen()
+    port = busy.getsockname()[1]
+    cluster = tmp_path / "busy.yaml"
+    cluster.write_text(f"worker:\n  - {{host: localhost, port: {port}, address: tflaunch-unanswered.example}}\n")
+    argv = [*silent_name_server, *tflaunch.argv(str(cluster), "--log-dir", str(tflaunch.log_dir), "--", "true")]
+    launched = time.monotonic()
+    try:
+        done = subprocess.run(argv, cwd=tflaunch.cwd, env=tflaunch.env(), capture_output=True, text=True, timeout=60)
+    finally:
+        busy.close()
+    assert done.returncode == 2 and "is already in use on this machine" in done.stderr, done.stderr
+    assert time.monotonic() - launched < 1.5  # the lookups would have held it 2 s
+
 
 @pytest.mark.slow
 def test_resource_figures_cover_every_attempt(tflaunch):
