@@ -150,7 +150,7 @@ class Supervisor:
                                        lambda t: t.state is TaskState.SUCCEEDED)
         self._notes: list[str] = []
         self.wakeups = Wakeups(self.tasks, self.options.changes, self.options.clock, self.options.tick,
-                               self.options.full_poll, turn_in=watch_in)
+                               self.options.full_poll, watch_in)
 
     # -- the attempt --------------------------------------------------------------------
 

@@ -5,7 +5,7 @@ any did: :class:`launcher.transports.linkhub.Changes`), only the tasks whose pro
 just started are polled, so a quiet run of thousands of tasks costs next to nothing and a failure
 is seen at once; every task is still polled every ``full_poll`` seconds (a net under a change
 that went unsaid, and while stopping, the KILL backstops), and the watchdog gets a turn every
-``tick``, or when ``turn_in`` says its next turn is due: a run with no hang watchdog needs a turn
+``tick``, or when ``watch_in`` says its next turn is due: a run with no hang watchdog needs a turn
 only when the run record has a change waiting (and now and then, to notice a full disk), so a
 quiet supervisor wakes about once a second instead of four times. Without ``changes`` (processes
 that say nothing of themselves, as in the unit tests) every task is polled every
@@ -34,15 +34,15 @@ class Wakeups:
     """The supervisor's waiting policy over ``tasks`` (their order is the order they are polled in)."""
 
     def __init__(self, tasks: Sequence[Task], changes: Changes | None, clock: Callable[[], float],
-                 tick: float, full_poll: float, turn_in: Callable[[], float] | None = None):
-        """``turn_in``: seconds until the watchdog next needs a turn, asked after each turn and before
+                 tick: float, full_poll: float, watch_in: Callable[[], float] | None = None):
+        """``watch_in``: seconds until the watchdog next needs a turn, asked after each turn and before
         each sleep (a change that came meanwhile may bring it forward); None: every ``tick``."""
         self.tasks = tasks
         self.changes = changes
         self.clock = clock
         self.tick = tick
         self.full_poll = full_poll
-        self.turn_in = turn_in
+        self.watch_in = watch_in
         self._task_of: dict[object, Task] = {}  # each task's current process -> the task
         self._order = {id(task): n for n, task in enumerate(tasks)}  # tasks are unhashable dataclasses
         self._due: dict[int, Task] = {}  # id -> a task to poll at the next turn (just started)
@@ -80,21 +80,19 @@ class Wakeups:
         now = self.clock()
         if now < self._next_watch:
             return False
-        self._next_watch = now + (self.tick if self.turn_in is None else self.turn_in())
+        self._next_watch = now + (self.tick if self.watch_in is None else self.watch_in())
         return True
 
     def sleep(self, seconds: float, watching: bool) -> tuple[float, tuple[int, ...]]:
         """How long to sleep (at most ``seconds`` without ``changes``; with them, ``tick``, or until
-        the turn ``turn_in`` asks for) and on which descriptors besides the signals' (``watching``:
+        the turn ``watch_in`` asks for) and on which descriptors besides the signals' (``watching``:
         a watchdog waits for its turn)."""
         if self.changes is None:
             return seconds, ()
         if self._due:
             return 0.0, ()
-        now = self.clock()
-        if watching and self.turn_in is not None:
-            self._next_watch = min(self._next_watch, now + self.turn_in())
-            until = min(self._next_full, self._next_watch)
-            return max(0.0, until - now), (self.changes.fileno(),)
+        now, longest = self.clock(), self.tick
+        if watching and self.watch_in is not None:  # its answer bounds the sleep, not the tick
+            self._next_watch, longest = min(self._next_watch, now + self.watch_in()), float("inf")
         until = min(self._next_full, self._next_watch) if watching else self._next_full
-        return min(self.tick, max(0.0, until - now)), (self.changes.fileno(),)
+        return min(longest, max(0.0, until - now)), (self.changes.fileno(),)

@@ -159,11 +159,10 @@ def test_the_supervisor_polls_what_changed_and_every_task_only_now_and_then():
     assert len(without.due()) == 1000 and without.sleep(0.02, watching=True) == (0.02, ())
 
 
-
 def test_without_a_hang_watchdog_the_supervisor_takes_a_turn_when_one_is_due():
     clock, noted = Clock(), Noted()
     due_in = [1.0]  # what the run asks: nothing waits, so the quiet turn
-    wakeups = Wakeups(tasks_with_processes(3), noted, clock, tick=0.25, full_poll=10.0, turn_in=lambda: due_in[0])
+    wakeups = Wakeups(tasks_with_processes(3), noted, clock, tick=0.25, full_poll=10.0, watch_in=lambda: due_in[0])
     assert len(wakeups.due()) == 3 and wakeups.watch_due()  # the first turn comes at once
     assert wakeups.sleep(0.02, watching=True) == (1.0, (0,))  # a second, not a tick
     clock.now = 0.5
