@@ -18,7 +18,7 @@ README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 PAGES = [README, *DOCS, ROOT / "benchmarks" / "README.md"]
 README_MAX_LINES = 200
-INSTALL_COMMAND = "python3 -m venv .venv && .venv/bin/pip install -e . && .venv/bin/tflaunch --local 2"
+INSTALL_COMMAND = "python3 -m venv .venv && .venv/bin/pip install . && .venv/bin/tflaunch --local 2"
 
 # A path into the repository: one of its top-level folders, then anything a path may hold. It must
 # not continue a longer word or path (a URL, /tmp/x/docs/...).
