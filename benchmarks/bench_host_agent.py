@@ -5,13 +5,16 @@ OpenSSH's stock limits (MaxStartups 10:30:100, MaxSessions 10).
         [--before DIR]
 
 Needs root. Brings up hosts with ``scripts/testhosts up --stock-limits`` under its own prefix and
-takes them down at the end, whatever happens. Three parts, each printed as a table:
+takes them down at the end, whatever happens. Four parts, each printed as a table:
 
 1. **Many tasks on one host**: 16 and 32 ``true`` tasks on one stock-sshd host, 10 runs each;
    target: 10 of 10 start and succeed (one connection per task used to fail past ~10).
 2. **8 hosts x 8 tasks**: ``tflaunch CLUSTER --no-check -- true`` against 8 plain ``ssh HOST true``
    started at once (the floor here, where every host shares this machine's 2 cores) and one
-   connection, interleaved; target: tflaunch <= 1.2x the 8 connections.
+   connection, interleaved; target: tflaunch <= 1.2x the 8 connections (the medians' ratio; the
+   median of each repetition's own ratio beside it).
+2b. **One ssh connection's own cost**: client CPU and the whole machine's, with OpenSSH's default key
+   exchange (sntrup761x25519 in OpenSSH 9) and with curve25519 alone, interleaved (no target).
 3. **Start-time curve**: 8 ``sleep`` tasks per host at 8, 16 and 32 hosts: seconds from launch
    until every task has printed its first line, and the cost per host (the slope), from which
    benchmarks/README.md's estimate for 256 hosts comes; and tflaunch's own CPU (user + system,
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import tempfile
 import time
@@ -110,11 +114,13 @@ def eight_by_eight(doc: dict, work: Path, reps: int) -> None:
         "1 ssh": lambda: at_once([["ssh", "-F", cfg, hosts[0]["name"], "true"]], work),
     }
     results: dict[str, list[float]] = {side: [] for side in sides}
+    by_rep: dict[int, dict[str, float]] = {}
     failures = 0
-    for _, side in _bench.interleaved(reps, list(sides)):
+    for rep, side in _bench.interleaved(reps, list(sides)):
         wall, rc = sides[side]()
         if rc == 0:
             results[side].append(wall)
+            by_rep.setdefault(rep, {})[side] = wall
         else:
             failures += 1
     floor, one = median(results["8 ssh"]), median(results["1 ssh"])
@@ -129,6 +135,43 @@ def eight_by_eight(doc: dict, work: Path, reps: int) -> None:
     _bench.verdict("64 tasks on 8 hosts / 8 ssh connections at once", median(results["tflaunch"]) / floor,
                    RATIO_TARGET)
     note(f"and against one connection: {median(results['tflaunch']) / one:.2f}x")
+    # Each repetition's tflaunch run against the 8 connections of the same repetition: the machine's
+    # speed drifts over minutes here (the 8 connections alone moved from 1.45 to 1.97 s in a morning).
+    paired = [r["tflaunch"] / r["8 ssh"] for r in by_rep.values() if "tflaunch" in r and "8 ssh" in r]
+    if paired:
+        note(f"the same, run by run (tflaunch / the 8 connections of its repetition): median {median(paired):.2f}x "
+             f"of {len(paired)} ({min(paired):.2f} to {max(paired):.2f})")
+
+
+def ssh_cost(doc: dict, reps: int) -> None:
+    """What one ssh connection costs this machine by itself, with OpenSSH's default key exchange and
+    with curve25519 alone: the client's CPU, and the whole machine's (the sshd is on it too)."""
+    host, cfg = doc["hosts"][0]["name"], doc["ssh_config"]
+    kinds = {"default key exchange": [], "KexAlgorithms=curve25519-sha256": ["-o", "KexAlgorithms=curve25519-sha256"]}
+    found: dict[str, list[tuple[float, float, float]]] = {kind: [] for kind in kinds}
+    for _, kind in _bench.interleaved(reps, list(kinds)):
+        busy, children, started = _busy_seconds(), _children_cpu(), time.monotonic()
+        done = subprocess.run(["ssh", "-F", cfg, *kinds[kind], host, "true"], capture_output=True)
+        if done.returncode == 0:
+            found[kind].append((time.monotonic() - started, _children_cpu() - children, _busy_seconds() - busy))
+    rows = [[kind, len(v), f"{median([x[0] for x in v]) * 1000:.0f}", f"{median([x[1] for x in v]) * 1000:.0f}",
+             f"{median([x[2] for x in v]) * 1000:.0f}", f"{median([x[1] for x in v]) * 1024 / 60:.1f}"]
+            for kind, v in found.items() if v]
+    print()
+    table(["one ssh HOST true", "runs", "wall ms", "client CPU ms", "machine CPU ms", "1,024 clients: CPU minutes"], rows)
+    note("a run over ssh starts one client per host on this machine: at scale their key exchange, not "
+         "tflaunch, is what a launch costs it")
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _busy_seconds() -> float:
+    """CPU seconds the whole machine has spent busy (not idle, not waiting for a disk)."""
+    ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -264,6 +307,7 @@ def main() -> None:
             if not args.only_curve:
                 many_on_one_host(doc, work)
                 eight_by_eight(doc, work, args.reps)
+                ssh_cost(doc, args.reps)
             if not args.skip_curve:
                 curve(doc, sizes, work, args.curve_reps, args.before)
     finally:
