@@ -12,7 +12,8 @@ takes them down at the end, whatever happens. Four parts, each printed as a tabl
 2. **8 hosts x 8 tasks**: ``tflaunch CLUSTER --no-check -- true`` against 8 plain ``ssh HOST true``
    started at once (the floor here, where every host shares this machine's 2 cores) and one
    connection, interleaved; target: tflaunch <= 1.2x the 8 connections (the medians' ratio; the
-   median of each repetition's own ratio beside it).
+   median of each repetition's own ratio beside it). Beside it, the same run with ``python:
+   /usr/bin/python3`` in the cluster file: the test hosts' ``python3`` is a pyenv shim.
 2b. **One ssh connection's own cost**: client CPU and the whole machine's, with OpenSSH's default key
    exchange (sntrup761x25519 in OpenSSH 9) and with curve25519 alone, interleaved (no target).
 3. **Start-time curve**: 8 ``sleep`` tasks per host at 8, 16 and 32 hosts: seconds from launch
@@ -43,10 +44,12 @@ TESTHOSTS = ROOT / "scripts" / "testhosts"
 STOCK_TARGET = 10
 RATIO_TARGET = 1.2
 START_CPU_TARGET_MS = 5.0  # tflaunch's own CPU at start, per host
+SYSTEM_PYTHON = "/usr/bin/python3"
 
 
-def cluster_yaml(path: Path, hosts: list[dict], per_host: int, ssh_config: str, port_base: int = 20000) -> Path:
-    lines = [f"ssh:\n  options: [\"-F\", \"{ssh_config}\"]", "worker:"]
+def cluster_yaml(path: Path, hosts: list[dict], per_host: int, ssh_config: str, port_base: int = 20000,
+                 python: str | None = None) -> Path:
+    lines = [f"ssh:\n  options: [\"-F\", \"{ssh_config}\"]", *([f"python: {python}"] if python else []), "worker:"]
     for i in range(per_host):
         for h in hosts:
             lines.append(f"  - {{host: {h['name']}, address: {h['address']}, port: {port_base + i}}}")
@@ -108,8 +111,13 @@ def many_on_one_host(doc: dict, work: Path) -> None:
 def eight_by_eight(doc: dict, work: Path, reps: int) -> None:
     hosts, cfg = doc["hosts"][:8], doc["ssh_config"]
     cluster = cluster_yaml(work / "8x8.yaml", hosts, 8, cfg)
+    # The test hosts share this machine's /root, whose .bashrc puts pyenv's shims first on the PATH:
+    # there 'python3', which runs each host's agent, is a shell script that takes 60 ms of CPU
+    # before Python starts. The same run with the interpreter named, beside (no target).
+    named = cluster_yaml(work / "8x8-python.yaml", hosts, 8, cfg, python=SYSTEM_PYTHON)
     sides = {
         "tflaunch": lambda: run(tflaunch(cluster, work, "true"), work)[:2],
+        "tflaunch, python named": lambda: run(tflaunch(named, work, "true"), work)[:2],
         "8 ssh": lambda: at_once([["ssh", "-F", cfg, h["name"], "true"] for h in hosts], work),
         "1 ssh": lambda: at_once([["ssh", "-F", cfg, hosts[0]["name"], "true"]], work),
     }
@@ -126,6 +134,8 @@ def eight_by_eight(doc: dict, work: Path, reps: int) -> None:
     floor, one = median(results["8 ssh"]), median(results["1 ssh"])
     rows = [["tflaunch, 64 tasks on 8 hosts", len(results["tflaunch"]), *spread(results["tflaunch"]),
              f"{median(results['tflaunch']) / floor:.2f}x"],
+            [f"the same, python: {SYSTEM_PYTHON}", len(results["tflaunch, python named"]),
+             *spread(results["tflaunch, python named"]), f"{median(results['tflaunch, python named']) / floor:.2f}x"],
             ["8 plain ssh HOST true at once", len(results["8 ssh"]), *spread(results["8 ssh"]), "1.00x"],
             ["one ssh HOST true", len(results["1 ssh"]), *spread(results["1 ssh"]), f"{one / floor:.2f}x"]]
     print()
@@ -137,10 +147,11 @@ def eight_by_eight(doc: dict, work: Path, reps: int) -> None:
     note(f"and against one connection: {median(results['tflaunch']) / one:.2f}x")
     # Each repetition's tflaunch run against the 8 connections of the same repetition: the machine's
     # speed drifts over minutes here (the 8 connections alone moved from 1.45 to 1.97 s in a morning).
-    paired = [r["tflaunch"] / r["8 ssh"] for r in by_rep.values() if "tflaunch" in r and "8 ssh" in r]
-    if paired:
-        note(f"the same, run by run (tflaunch / the 8 connections of its repetition): median {median(paired):.2f}x "
-             f"of {len(paired)} ({min(paired):.2f} to {max(paired):.2f})")
+    for side in ("tflaunch", "tflaunch, python named"):
+        paired = [r[side] / r["8 ssh"] for r in by_rep.values() if side in r and "8 ssh" in r]
+        if paired:
+            note(f"{side}, run by run (over the 8 connections of its repetition): median {median(paired):.2f}x "
+                 f"of {len(paired)} ({min(paired):.2f} to {max(paired):.2f})")
 
 
 def ssh_cost(doc: dict, reps: int) -> None:
