@@ -230,8 +230,9 @@ def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS,
             remote = spec.transport is not None or not all(is_local(t.host, local_hosts) for t in spec.tasks)
             if not request.options.no_check and remote:
                 _preflight(spec, local_hosts, request, with_mesh=not reservation.ports, transports=transports)
-            elif remote:
-                # Open every host's connection now, while the run folder and the session are set up.
+            else:
+                # Start every host's agent now (this machine's too), while the run folder and the
+                # session are set up.
                 transports.prepare(_host_launches(spec, local_hosts, request))
             # The session's modules load while the hosts are being reached, not before.
             from .session import RunSession

@@ -76,7 +76,12 @@ class LocalTransport:
         self.logs = LogWriter()
 
     def prepare(self, launches: Sequence[TaskLaunch]) -> None:
-        """The agent starts with the first task; there is nothing to bring up in parallel."""
+        """Start the agent now: its interpreter starts while tflaunch sets the run up, not when the
+        first task is due. An agent that cannot start is reported by the tasks' own starts."""
+        try:
+            self.link_for(launches[0])
+        except OSError:
+            pass
 
     def start(self, launch: TaskLaunch, log_path: str) -> AgentTask | FailedStart:
         tf_config, env = tf_config_parts(launch.env)  # the link sends the cluster to the agent once
