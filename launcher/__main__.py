@@ -28,22 +28,20 @@ def main() -> None:
     _end(0)
 
 
-def _end(code: object) -> None:
+def _end(code: int | None) -> None:
     """End the process once the command is done, without tearing the interpreter down.
 
     Every file of a run is closed and every process tflaunch started is waited for by then; what
     Python's own exit would add is freeing each of the 230-odd modules the CLI loaded, which takes
-    20 ms and more after every command. Only the standard streams may still hold output."""
-    if isinstance(code, str):  # sys.exit("message"), as Python's own exit shows it
-        print(code, file=sys.stderr)
-        code = 1
-    code = 0 if code is None else code
+    20 ms and more after every command. Only the standard streams may still hold output. The CLI's
+    boundary exits with a number only (:func:`launcher.cli.main`)."""
+    code = code or 0
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):  # nobody reads any more (a closed pipe), or the stream is closed
             code = code or 1  # as Python's exit after a failed flush: 1, not the command's 0
-    os._exit(code if isinstance(code, int) else 1)
+    os._exit(code)
 
 
 if __name__ == "__main__":
