@@ -132,12 +132,11 @@ def eight_by_eight(doc: dict, work: Path, reps: int) -> None:
         else:
             failures += 1
     floor, one = median(results["8 ssh"]), median(results["1 ssh"])
-    rows = [["tflaunch, 64 tasks on 8 hosts", len(results["tflaunch"]), *spread(results["tflaunch"]),
-             f"{median(results['tflaunch']) / floor:.2f}x"],
-            [f"the same, python: {SYSTEM_PYTHON}", len(results["tflaunch, python named"]),
-             *spread(results["tflaunch, python named"]), f"{median(results['tflaunch, python named']) / floor:.2f}x"],
-            ["8 plain ssh HOST true at once", len(results["8 ssh"]), *spread(results["8 ssh"]), "1.00x"],
-            ["one ssh HOST true", len(results["1 ssh"]), *spread(results["1 ssh"]), f"{one / floor:.2f}x"]]
+    labels = {"tflaunch": "tflaunch, 64 tasks on 8 hosts",
+              "tflaunch, python named": f"the same, python: {SYSTEM_PYTHON}",
+              "8 ssh": "8 plain ssh HOST true at once", "1 ssh": "one ssh HOST true"}
+    rows = [[labels[side], len(results[side]), *spread(results[side]), f"{median(results[side]) / floor:.2f}x"]
+            for side in sides]
     print()
     table(["side", "ok runs", "median s", "min s", "max s", "vs 8 ssh at once"], rows)
     if failures:
