@@ -223,8 +223,8 @@ def encode_fields(pairs):
         raise ValueError("its arguments and environment take %d bytes encoded, more than the %d one command "
                          "to a host's agent may carry" % (len(encoded), MAX_FRAME - 64))
     return encoded
-# posix_spawn with setsid needs Python 3.8; signals the agent ignores or handles go back to their
-# defaults in the task (Python ignores SIGPIPE; the agent catches SIGINT, SIGHUP and SIGTERM).
+# posix_spawn with setpgroup or setsid needs Python 3.8; signals the agent ignores or handles go back
+# to their defaults in the task (Python ignores SIGPIPE; the agent catches SIGINT, SIGHUP and SIGTERM).
 SPAWN = hasattr(os, "posix_spawnp") and hasattr(os, "POSIX_SPAWN_DUP2")
 RESET_SIGNALS = (signal.SIGPIPE, signal.SIGINT, signal.SIGHUP, signal.SIGTERM)
 SETTLE = 0.1  # after a TERM to a task's group: its members get this long to end before counting leftovers
@@ -418,8 +418,11 @@ class Process(object):
 
 
 class Agent(object):
-    def __init__(self, spec, read_fd, write_fd):
+    def __init__(self, spec, read_fd, write_fd, own_session=False):
         self.spec = spec
+        # Whether the agent leads a session of its own (see lead_session): each task then starts in
+        # a process group of its own within it, else in a session of its own.
+        self.own_session = own_session
         self.read_fd, self.write_fd = read_fd, write_fd
         self.keepalive = number(spec.get("keepalive"))
         self.eof_grace = number(spec.get("eof_grace"), EOF_GRACE)
@@ -689,7 +692,8 @@ class Agent(object):
     def spawn(self, process, argv, env, in_r, out_w):
         """posix_spawn (vfork underneath): a task starts in a fraction of fork's time."""
         try:
-            pid = os.posix_spawnp(argv[0], argv, env, setsid=True, setsigdef=RESET_SIGNALS,
+            session = {"setpgroup": 0} if self.own_session else {"setsid": True}
+            pid = os.posix_spawnp(argv[0], argv, env, setsigdef=RESET_SIGNALS, **session,
                                   file_actions=[(os.POSIX_SPAWN_DUP2, in_r, 0), (os.POSIX_SPAWN_DUP2, out_w, 1),
                                                 (os.POSIX_SPAWN_DUP2, out_w, 2)])
         except OSError as exc:
@@ -720,7 +724,10 @@ class Agent(object):
         if pid == 0:  # the process, until exec
             stage = "setup"
             try:
-                os.setsid()
+                if self.own_session:
+                    os.setpgid(0, 0)
+                else:
+                    os.setsid()
                 # The default SIGPIPE for the process; the agent keeps Python's SIG_IGN, so that a
                 # closed channel is an error it can carry on from, not its death mid-cleanup.
                 signal.signal(signal.SIGPIPE, signal.SIG_DFL)
@@ -1114,6 +1121,23 @@ def open_setup_log(spec):
     return int(value)
 
 
+def lead_session():
+    """Whether the agent leads its own session, made now if it can be (the leader of a process group
+    cannot make one: then each task gets a session of its own).
+
+    The tasks share it, each in a process group of its own, rather than a session each: Linux's
+    autogroup scheduling (``kernel.sched_autogroup_enabled``, on by default) shares the CPU between
+    sessions first, so eight busy tasks in eight sessions would hold eight shares against the one of
+    tflaunch, which relays their output and falls behind it, and against each other user's session
+    on a shared host. In one session they hold one share, as torchrun's workers, which share its
+    session, do. No terminal reaches them either way: the agent's session has none."""
+    try:
+        os.setsid()
+    except OSError:
+        pass  # it leads a process group: its session, whoever's, stays as it is
+    return os.getsid(0) == os.getpid()
+
+
 def main():
     spec = decode_fields(sys.argv[1])
     # The agent must outlive a SIGINT/SIGHUP aimed at its session so it can clean up. A no-op
@@ -1126,7 +1150,7 @@ def main():
     except OSError as exc:
         sys.stderr.write("tflaunch agent: cannot reach tflaunch at %s: %s\n" % (spec.get("connect"), exc))
         os._exit(2)
-    agent = Agent(spec, read_fd, write_fd)
+    agent = Agent(spec, read_fd, write_fd, own_session=lead_session())
     agent.setup_fd = open_setup_log(spec)
     agent.outgoing = SYNC
     agent.serve()

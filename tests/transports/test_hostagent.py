@@ -187,6 +187,44 @@ def test_links_closed_and_opened_in_quick_succession_keep_to_their_own_agents(tm
             assert h.proc.poll() is not None  # it saw EOF and ended
 
 
+SESSION_REPORT = ("import os\n"
+                  "try:\n    os.close(os.open('/dev/tty', os.O_RDONLY)); tty = 'tty'\n"
+                  "except OSError:\n    tty = 'no-tty'\n"
+                  "print(os.getsid(0), os.getpgid(0), os.getpid(), tty)\n")
+
+
+def _session_report(task: AgentTask) -> tuple[int, int, int, str]:
+    assert ended(task) == ExitStatus(code=0), log_text(task)
+    sid, pgid, pid, tty = log_text(task).split()
+    return int(sid), int(pgid), int(pid), tty
+
+
+def test_tasks_share_the_agents_session_each_in_a_process_group_of_its_own(host, tmp_path):
+    # One session for a host's tasks: one autogroup for the scheduler, not one per task (see
+    # hostagent.lead_session). Both ways of starting a task: posix_spawn, and fork when it has a cwd.
+    h = host()
+    spawned = [h.start([sys.executable, "-c", SESSION_REPORT]) for _ in range(3)]
+    forked = h.start([sys.executable, "-c", SESSION_REPORT], cwd=str(tmp_path))
+    for task in [*spawned, forked]:
+        sid, pgid, pid, tty = _session_report(task)
+        assert (sid, pgid, tty) == (h.proc.pid, pid, "no-tty")
+
+
+def test_an_agent_that_cannot_lead_a_session_gives_each_task_one(host, tmp_path):
+    # Started as the leader of a process group inside another session, the agent cannot make a
+    # session of its own; its tasks then get one each, never a share of a stranger's session.
+    wrapper = ("import os, sys\n"
+               "pid = os.fork()\n"
+               "if pid == 0:\n    os.setpgid(0, 0)\n    os.execv(sys.executable, [sys.executable, *sys.argv[1:]])\n"
+               "os._exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) & 255)\n")
+    h = host(boot=[sys.executable, "-c", wrapper, "-I", "-S", "-c", AGENT_BOOT])
+    spawned = h.start([sys.executable, "-c", SESSION_REPORT])
+    forked = h.start([sys.executable, "-c", SESSION_REPORT], cwd=str(tmp_path))
+    for task in (spawned, forked):
+        sid, pgid, pid, tty = _session_report(task)
+        assert (sid, pgid, tty) == (pid, pid, "no-tty")
+
+
 def test_missing_program_and_workdir_are_reported(host, tmp_path):
     h = host()
     missing = h.start(["no-such-program-xyz"])

@@ -101,6 +101,24 @@ def test_awkward_env_and_arguments_arrive_intact(tflaunch, testhosts, tmp_path):
         assert testhosts.run(host.name, f"ls /tmp/pwned-{marker} 2>/dev/null | wc -l").stdout.strip() == "0"
 
 
+def test_a_hosts_tasks_share_their_agents_session_each_in_its_own_process_group(tflaunch, testhosts, tmp_path):
+    # The agent leads a session of its own on the host (ssh gives it the shell's), and its tasks
+    # share it: one autogroup for the host's scheduler (see hostagent.lead_session).
+    node1 = testhosts.hosts[0]
+    body = "worker:\n" + "".join(f"  - host: node1\n    address: {node1.address}\n    port: {testhosts.port()}\n"
+                                  for _ in range(2))
+    cluster = cluster_file(tmp_path, testhosts, body)
+    report = "import os; print('ids', os.getsid(0), os.getpgid(0), os.getpid(), os.getppid())"
+    done = tflaunch.run(str(cluster), "--", "python", "-c", report)
+    assert done.returncode == 0, done.stderr
+    ids = [[int(n) for n in line.split()[1:]] for task in done.record["tasks"]
+           for line in done.task_output(task["name"]).splitlines() if line.startswith("ids ")]
+    assert len(ids) == 2, ids
+    (sid_a, pgid_a, pid_a, parent_a), (sid_b, pgid_b, pid_b, parent_b) = ids
+    assert sid_a == sid_b == parent_a == parent_b  # the agent, their parent, leads their session
+    assert (pgid_a, pgid_b) == (pid_a, pid_b) and sid_a not in (pid_a, pid_b)
+
+
 def test_awkward_host_name_is_not_executed(tflaunch, testhosts, tmp_path):
     marker = uuid.uuid4().hex[:8]
     body = f"worker:\n  - host: 'node1;touch /tmp/pwned-{marker}'\n    port: {testhosts.port()}\n"
