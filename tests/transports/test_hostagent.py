@@ -363,6 +363,22 @@ def test_relayed_output_keeps_binary_bytes_partial_lines_and_order(host):
     assert Path(task.log_file).read_bytes() == payload
 
 
+def test_a_chatty_tasks_lines_come_in_a_few_large_frames_not_one_per_write(host):
+    # 2,000 lines, one write every 0.25 ms or so for about half a second: an agent that woke for each
+    # would send about one frame per line; it reads each wide pipe at most every OUTPUT_TICK (5 ms).
+    h = host()
+    writer = ("import os, time\n"
+              "for i in range(2000):\n"
+              "    os.write(1, b'%d a line of a chatty task\\n' % i)\n"
+              "    time.sleep(0.00025)\n")
+    task = h.start([sys.executable, "-c", writer], relay=True)
+    frames, relay = [], task.output
+    task.output = lambda data: (frames.append(len(data)), relay(data))
+    assert ended(task) == ExitStatus(code=0)
+    assert log_text(task).splitlines() == [f"{i} a line of a chatty task" for i in range(2000)]
+    assert 0 < len(frames) <= 400, f"{len(frames)} output frames for 2,000 lines"
+
+
 def test_a_flooding_task_delays_neither_another_tasks_status_nor_a_stop(host):
     h = host()
     flood = h.start(["yes", "flooding the channel with a long line of output"], relay=True)
