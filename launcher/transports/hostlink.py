@@ -28,8 +28,7 @@ from typing import TYPE_CHECKING
 from ..cluster.tfconfig import TfConfig
 from .base import Reading
 from .carriers import Carrier
-from .hostagent import (HEADER, HEARTBEAT, MAX_FRAME, SYNC, Command, Frame, Status, encode_fields, printable, read_some,
-                        write_some)
+from .hostagent import HEADER, HEARTBEAT, MAX_FRAME, SYNC, Command, Frame, Status, encode_fields, printable, write_some
 
 if TYPE_CHECKING:
     from .linkhub import LinkHub
@@ -40,9 +39,9 @@ if TYPE_CHECKING:
 # ServerAlive probes watch the connection meanwhile).
 START_WITHIN = 120.0
 HOST_OUTPUT_KEPT = 1 << 16  # what a host said outside any task, kept for the tasks that start later
-# Bytes asked of a channel per read: an agent's frame is at most this much of output, and a larger
-# buffer is no faster: os.read allocates all of it first (past 128 KiB, a fresh mapping each time).
-READ_SIZE = 1 << 16
+# Bytes asked of a channel per read, into the hub's one buffer (reused, so no read maps fresh memory):
+# a flooding agent's channel holds many frames (up to CHUNK of output each), read in one go.
+READ_SIZE = 1 << 20
 _IDS = itertools.count(1)  # ids of processes and requests, unique in this tflaunch
 _KINDS = frozenset(Frame.OF_HOST + Frame.OF_REQUEST)
 
@@ -80,7 +79,7 @@ class AgentLink:
         self._processes: dict[int, AgentProcessBase] = {}
         self._lock = threading.Lock()
         self._out = bytearray()
-        self._in = bytearray()  # never more than one frame and one read: a longer frame is refused
+        self._in = bytearray()  # the start of a frame cut by the end of a read (or bytes before the sync mark)
         self._last_id = 0  # the newest id given in a command: the agent can speak of no later one
         self._ports: dict[int, tuple[threading.Event, list]] = {}  # request id -> (answered, answer)
         self._clusters: dict[str, int] = {}  # a cluster's JSON text -> the id it was sent under
@@ -209,42 +208,76 @@ class AgentLink:
                 return
             del self._out[:sent]
 
-    def read_ready(self) -> None:
+    def read_ready(self, buffer: bytearray) -> None:
+        """Read what the channel holds into ``buffer`` (the hub's, reused for every read of every
+        link) and act on each whole frame in it."""
         if self.closed or self.lost_reason is not None:
             self.hub.remove(self)  # a lost link reads nothing more (a channel attached too late, say)
             return
-        chunk = read_some(self.read_fd, READ_SIZE)
-        if chunk is None:
+        try:
+            count = os.readv(self.read_fd, [buffer])
+        except (BlockingIOError, InterruptedError):
             return
-        if not chunk:
+        except OSError:
+            count = 0  # a broken channel ends as EOF does
+        if not count:
             self.hub.remove(self)
             self.hub.watch_end(self)
             return
-        self._in += chunk
-        try:
-            self._frames()
-        except ProtocolError as exc:
-            self.end(f"protocol error: {exc}")
+        with memoryview(buffer) as view:
+            try:
+                self._frames(view[:count])
+            except ProtocolError as exc:
+                self.end(f"protocol error: {exc}")
 
-    def _frames(self) -> None:
-        if not self._synced and not self._sync():
-            return
-        data, offset, size = self._in, 0, len(self._in)
-        try:
-            while size - offset >= HEADER.size:
-                kind, ident, length = HEADER.unpack_from(data, offset)
-                if not self._valid(kind, ident, length):
-                    raise ProtocolError(f"read {printable(bytes(data[offset:offset + 40]))} where a frame was "
-                                        "expected; does a login or setup script print after the start?")
-                if size - offset - HEADER.size < length:
-                    break
-                start = offset + HEADER.size
-                payload = bytes(data[start:start + length])
-                offset = start + length
-                self.last_heard = time.monotonic()  # a whole frame: the agent lives
-                self._dispatch(kind, ident, payload)
-        finally:
-            del data[:offset]
+    def _frames(self, data: memoryview) -> None:
+        """Act on every whole frame of ``data`` (a read), after the one an earlier read left unfinished;
+        keep the start of a frame it leaves unfinished for the next."""
+        if not self._synced:
+            self._in += data
+            if not self._sync():
+                return
+            data, self._in = memoryview(bytes(self._in)), bytearray()  # once per link
+        if self._in:
+            data = data[self._finish_frame(data):]
+            if self._in:
+                return  # the read ended inside that frame
+        offset, size = 0, len(data)
+        while size - offset >= HEADER.size:
+            kind, ident, length = self._header(data, offset)
+            start = offset + HEADER.size
+            if size - start < length:
+                break
+            offset = start + length
+            self._dispatch(kind, ident, data[start:offset])
+        self._in += data[offset:]
+
+    def _finish_frame(self, data: memoryview) -> int:
+        """Complete the frame begun in ``_in`` from the start of ``data``, as far as ``data`` goes,
+        and act on it once whole; how many bytes of ``data`` it took."""
+        pending, taken = self._in, 0
+        if len(pending) < HEADER.size:
+            taken = min(HEADER.size - len(pending), len(data))
+            pending += data[:taken]
+            if len(pending) < HEADER.size:
+                return taken
+        kind, ident, length = self._header(pending, 0)
+        more = min(HEADER.size + length - len(pending), len(data) - taken)
+        pending += data[taken:taken + more]
+        if len(pending) == HEADER.size + length:
+            self._in = bytearray()
+            with memoryview(pending) as frame:
+                self._dispatch(kind, ident, frame[HEADER.size:])
+        return taken + more
+
+    def _header(self, data: bytes | bytearray | memoryview, offset: int) -> tuple[bytes, int, int]:
+        """The kind, id and payload length of the frame at ``offset``; a ProtocolError when they are
+        none the agent could send."""
+        kind, ident, length = HEADER.unpack_from(data, offset)
+        if not self._valid(kind, ident, length):
+            raise ProtocolError(f"read {printable(bytes(data[offset:offset + 40]))} where a frame was "
+                                "expected; does a login or setup script print after the start?")
+        return kind, ident, length
 
     def _sync(self) -> bool:
         """Look for the agent's sync mark; what comes before it is the login shell's."""
@@ -277,7 +310,12 @@ class AgentLink:
         if room > 0:
             self.host_output += data[:room]
 
-    def _dispatch(self, kind: bytes, ident: int, payload: bytes) -> None:
+    def _dispatch(self, kind: bytes, ident: int, payload: memoryview) -> None:
+        """Act on one whole frame. An output frame's payload goes on as the view it is, into the
+        read's buffer: its process uses it before this returns (see ``AgentProcessBase.output``)."""
+        self.last_heard = time.monotonic()  # a whole frame: the agent lives
+        if kind != Frame.OUTPUT:
+            payload = bytes(payload)
         if kind == Frame.HEARTBEAT:
             return
         if kind == Frame.SETUP:  # the setup line, or a job it left running: each running task's log gets it

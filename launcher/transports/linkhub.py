@@ -18,7 +18,7 @@ import time
 from typing import TYPE_CHECKING
 
 from .hostagent import HEARTBEAT
-from .hostlink import AgentLink
+from .hostlink import READ_SIZE, AgentLink
 
 if TYPE_CHECKING:
     from .proxies import AgentProcessBase
@@ -82,6 +82,7 @@ class LinkHub:
         # The hub's thread only: what epoll watches, by descriptor and by link.
         self._epoll: select.epoll | None = None
         self._link_of: dict[int, AgentLink] = {}
+        self._read_buffer = bytearray(READ_SIZE)  # every link's reads, one after another
         self._masks_of: dict[AgentLink, dict[int, int]] = {}
 
     def add(self, link: AgentLink) -> None:
@@ -189,7 +190,7 @@ class LinkHub:
                     continue
                 try:
                     if fd == link.read_fd and mask & (_READ | _TROUBLE):
-                        link.read_ready()
+                        link.read_ready(self._read_buffer)
                     if fd == link.write_fd and mask & (_WRITE | _TROUBLE) and link.wants_write():
                         link.write_pending()
                 except Exception as exc:  # one broken link must not take every other host down

@@ -70,8 +70,9 @@ class AgentProcessBase:
     def lose(self, carrier: Carrier, detail: str, started: bool) -> None:
         self._end(carrier.lost(detail) if started else carrier.not_started(detail))
 
-    def output(self, data: bytes) -> None:
-        """Bytes the process wrote (relayed by the agent)."""
+    def output(self, data: bytes | memoryview) -> None:
+        """Bytes the process wrote (relayed by the agent): a view into the hub's read buffer, valid
+        only until this returns, so what is kept of it is copied."""
 
     def host_said(self, data: bytes) -> None:
         """Bytes the host wrote outside any task (its login shell, its setup line) while this ran."""
@@ -131,7 +132,7 @@ class AgentTask(AgentProcessBase):
 
     # -- from the hub -------------------------------------------------------------------------
 
-    def output(self, data: bytes) -> None:
+    def output(self, data: bytes | memoryview) -> None:
         if self.log_path is not None:
             self.logs.append(self.log_path, data)
 
@@ -152,7 +153,7 @@ class AgentHelper(AgentProcessBase):
         self.on_line = on_line
         self._partial = b""
 
-    def output(self, data: bytes) -> None:
+    def output(self, data: bytes | memoryview) -> None:
         lines = (self._partial + data).split(b"\n")
         self._partial = lines.pop()
         for line in lines:
