@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -361,6 +362,24 @@ def test_relayed_output_keeps_binary_bytes_partial_lines_and_order(host):
                    relay=True)
     assert ended(task) == ExitStatus(code=0)
     assert Path(task.log_file).read_bytes() == payload
+
+
+def test_a_binary_flood_in_writes_of_every_size_arrives_byte_for_byte(host):
+    # 24 MiB in writes of random sizes (1 byte to 200 KiB), read by the agent as far as its pipe
+    # holds them, framed, relayed and written down: the log holds exactly what was written.
+    h = host()
+    writer = ("import os, random\n"
+              "rng = random.Random(7)\n"
+              "data = rng.randbytes(24 << 20)\n"
+              "view, at = memoryview(data), 0\n"
+              "while at < len(data):\n"
+              "    size = rng.choice((1, 7, 9, 4096, 65527, 65536, 65545, 200000))\n"
+              "    at += os.write(1, view[at:at + size])\n")
+    task = h.start([sys.executable, "-c", writer], relay=True)
+    assert ended(task, timeout=60) == ExitStatus(code=0)
+    expected = random.Random(7).randbytes(24 << 20)
+    written = Path(task.log_file).read_bytes()
+    assert len(written) == len(expected) and written == expected
 
 
 def test_a_chatty_tasks_lines_come_in_a_few_large_frames_not_one_per_write(host):

@@ -12,6 +12,7 @@ import ast
 import contextlib
 import json
 import os
+import random
 import resource
 import signal
 import subprocess
@@ -109,6 +110,39 @@ def test_the_agent_module_imports_without_side_effects_and_runs_on_its_own():
     agent = subprocess.run([sys.executable, "-I", "-S", str(TRANSPORTS / "hostagent.py"), spec], input=b"",
                            capture_output=True, timeout=60)
     assert agent.returncode == 0 and agent.stdout.startswith(hostagent.SYNC)
+
+
+# -- tflaunch's end: frames however the reads cut them ---------------------------------------------
+
+def test_frames_cut_anywhere_by_the_reads_are_put_together_again(tmp_path):
+    # A read ends wherever the channel's bytes ran out: in a header, in a payload, between frames.
+    # The link must act on every frame exactly once and whole, whatever the cuts. (Pure logic: the
+    # link's channel is attached later, so the test hands it the reads itself.)
+    link = hostlink.AgentLink("cuts", None, None, None, keepalive=30, hub=linkhub.LinkHub(), attach_within=600)
+    logs = proxies.LogWriter()
+    log = tmp_path / "task.log"
+    log.touch()
+    task = proxies.AgentTask(link, "task", str(log), logs)
+    link.start(task, {"name": "task", "argv": ["true"], "env": {}})
+    rng = random.Random(3)
+    outputs = [rng.randbytes(rng.choice((1, 8, 9, 10, 4096, 65527, 65536))) for _ in range(400)]
+    frames = [hostagent.frame(Frame.STATUS, task.id, b"started 4242")]
+    for i, data in enumerate(outputs):
+        frames.append(hostagent.frame(Frame.OUTPUT, task.id, data))
+        if i % 50 == 0:
+            frames.append(hostagent.frame(Frame.HEARTBEAT, 0))
+    frames.append(hostagent.frame(Frame.STATUS, task.id, b"exit code=3"))
+    stream = hostagent.SYNC + b"".join(header + payload for header, payload in frames)
+    at = 0
+    while at < len(stream):
+        size = rng.choice((1, 2, 5, 9, 10, 100, 4096, 65545, 70000, 1 << 20))
+        link._frames(memoryview(stream[at:at + size]))
+        at += size
+    logs.close()
+    link.hub.remove(link)
+    assert (task.pid, task.poll()) == (4242, ExitStatus(code=3))
+    assert log.read_bytes() == b"".join(outputs)
+    assert len(link._in) == 0 and link.lost_reason is None
 
 
 # -- tflaunch's end: a stray, oversize or unknown frame ----------------------------------------------
