@@ -1162,7 +1162,8 @@ def open_setup_log(spec):
 
 def lead_session():
     """Whether the agent leads its own session, made now if it can be (the leader of a process group
-    cannot make one: then each task gets a session of its own).
+    cannot make one, as under srun, which starts each task as one: then each task gets a session of
+    its own).
 
     The tasks share it, each in a process group of its own, rather than a session each: Linux's
     autogroup scheduling (``kernel.sched_autogroup_enabled``, on by default) shares the CPU between
