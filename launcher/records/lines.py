@@ -151,9 +151,14 @@ class LineSplitter:
         self.pending = b""
 
     def feed_block(self, chunk: bytes) -> bytes:
-        data = self.pending + chunk if self.pending else chunk
-        cut = data.rfind(b"\n") + 1
-        block, rest = data[:cut], data[cut:]
+        cut = chunk.rfind(b"\n") + 1
+        if cut:
+            # The chunk's bytes are copied once (a flood's chunks are megabytes): joined to the
+            # line the last one left unfinished, or sliced (a whole chunk is not copied at all).
+            block = b"".join((self.pending, memoryview(chunk)[:cut])) if self.pending else chunk[:cut]
+            rest = chunk[cut:]
+        else:
+            block, rest = b"", self.pending + chunk
         if len(rest) > self.MAX_PENDING:
             if has_controls(rest):
                 # A bar redrawn with \r for a long time without a newline: keep only what it shows.
