@@ -988,6 +988,7 @@ class Agent(object):
             process = self.by_pid.pop(pid, None)
             if process is not None:
                 process.status = status
+                process.read_after = 0.0  # its last output and its pipe's end are read at once
                 process.settle_until = time.monotonic() + (SETTLE if process.termed or process.hurry else 0.0)
 
     def advance(self):
