@@ -481,7 +481,7 @@ class Agent(object):
             set_blocking(fd, False)
         widen_pipe(self.write_fd)  # the channel too, where it is a pipe (tflaunch's own host)
         signal.set_wakeup_fd(self.wake_w)
-        signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes select at once
+        signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes the wait at once
         # SIGTERM (Slurm cancelling the step, an admin) stops every task as if tflaunch were gone.
         signal.signal(signal.SIGTERM, lambda *_: self.lost("terminated"))
 
@@ -901,7 +901,7 @@ class Agent(object):
         if timeout is not None:
             wait = min(wait, timeout)
         try:
-            readable, writable, _ = select.select(readers, writers, [], wait)
+            readable, writable = wait_for(readers, writers, wait)
         except InterruptedError:
             return
         if self.wake_r in readable:
@@ -936,7 +936,7 @@ class Agent(object):
         deadlines += list(self.drain_until.values())
         deadlines += [p.read_after for p in self.processes.values()
                       if p.read_after > now and p.out_fd is not None and p.queued < QUEUE_LIMIT]
-        # A hair past the deadline: select may wake a little early, and then nothing would be due yet.
+        # A hair past the deadline: the wait may end a little early, and then nothing would be due yet.
         return max(0.0, min(deadlines) - now) + 0.001
 
     def relay(self, process):
@@ -1094,6 +1094,33 @@ class Agent(object):
                 break
             time.sleep(0.05)
         self.reap()
+
+
+# What poll reports of a descriptor that makes it worth reading (or writing): data or room, and also
+# its end or an error, which the read (or write) then finds.
+READ_EVENTS = select.POLLIN | select.POLLPRI | select.POLLHUP | select.POLLERR | select.POLLNVAL
+WRITE_EVENTS = select.POLLOUT | select.POLLHUP | select.POLLERR | select.POLLNVAL
+
+
+def wait_for(readers, writers, timeout):
+    """The descriptors of ``readers`` ready to read and of ``writers`` ready to write, once any is or
+    ``timeout`` seconds have passed: poll, not select, whose descriptors must be under 1024 (a host
+    of a thousand tasks under a raised ``ulimit -n`` has more)."""
+    poller = select.poll()
+    wanted = {}
+    for fd in readers:
+        wanted[fd] = wanted.get(fd, 0) | select.POLLIN
+    for fd in writers:
+        wanted[fd] = wanted.get(fd, 0) | select.POLLOUT
+    for fd, mask in wanted.items():
+        poller.register(fd, mask)
+    readable, writable = set(), set()
+    for fd, events in poller.poll(timeout * 1000):
+        if events & READ_EVENTS and wanted[fd] & select.POLLIN:
+            readable.add(fd)
+        if events & WRITE_EVENTS and wanted[fd] & select.POLLOUT:
+            writable.add(fd)
+    return readable, writable
 
 
 def widen_pipe(fd):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import os
 import random
+import resource
 import signal
 import subprocess
 import sys
@@ -380,6 +381,26 @@ def test_a_binary_flood_in_writes_of_every_size_arrives_byte_for_byte(host):
     expected = random.Random(7).randbytes(24 << 20)
     written = Path(task.log_file).read_bytes()
     assert len(written) == len(expected) and written == expected
+
+
+def test_an_agent_whose_descriptors_pass_1024_serves_its_tasks(host):
+    # A host of a thousand tasks under a raised ``ulimit -n`` gives its agent descriptors past 1024,
+    # which select() refuses: the agent waits with poll(). Here the agent inherits 1,100 descriptors
+    # on /dev/null, so every pipe it makes for its tasks is numbered past them.
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"the hard limit on open files here is {hard}, under the 1,200 this needs")
+    wrapper = ("import os, resource, sys\n"
+               "_, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+               "resource.setrlimit(resource.RLIMIT_NOFILE, (1200 if hard == resource.RLIM_INFINITY else min(hard, 4096), hard))\n"
+               "for _ in range(1100):\n"
+               "    os.set_inheritable(os.open(os.devnull, os.O_RDONLY), True)\n"
+               "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])\n")
+    h = host(boot=[sys.executable, "-c", wrapper, "-I", "-S", "-c", AGENT_BOOT])
+    tasks = [h.start(["sh", "-c", f"echo task {i}; sleep 0.2; exit {i}"], relay=True) for i in range(5)]
+    assert [ended(t) for t in tasks] == [ExitStatus(code=i) for i in range(5)]
+    assert [log_text(t) for t in tasks] == [f"task {i}\n" for i in range(5)]
+    assert max(int(fd) for fd in os.listdir(f"/proc/{h.proc.pid}/fd")) > 1100  # it is the agent that holds them
 
 
 def test_a_chatty_tasks_lines_come_in_a_few_large_frames_not_one_per_write(host):
