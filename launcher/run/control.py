@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import shutil
 import socket
 import struct
@@ -27,6 +26,7 @@ from typing import Any, Callable
 from ..records.control import MAX_CLIENTS, MAX_REQUEST, REQUEST_SECONDS, SOCKET, ControlError, short_path
 from ..records.folder import RunFolder, iso_time
 from ..records.states import TaskState
+from .signals import wait_readable
 
 DUMP_SECONDS = 10.0  # of REQUEST_SECONDS, at most this long for the stacks themselves
 
@@ -93,7 +93,7 @@ class ControlServer:
 
     def _serve(self) -> None:
         while True:
-            ready, _, _ = select.select([self._listener, self._wake_r], [], [])
+            ready = wait_readable((self._listener.fileno(), self._wake_r), None)
             if self._wake_r in ready:
                 return
             try:

@@ -46,6 +46,16 @@ class Interrupted(Exception):
         return 128 + self.signum
 
 
+def wait_readable(fds: tuple[int, ...], seconds: float | None) -> set[int]:
+    """Those of ``fds`` with something to read (or at their end), once one has or ``seconds`` have
+    passed (None: however long it takes). poll, not select: select refuses a descriptor numbered
+    1024 or more, and a run of many hosts holds thousands (three per host)."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    return {fd for fd, _ in poller.poll(None if seconds is None else seconds * 1000)}
+
+
 class Signals:
     """The signals received so far, and a pipe that becomes readable when one arrives."""
 
@@ -113,7 +123,7 @@ class Signals:
         ``also`` becomes readable); the first signal or None."""
         if not self.received and seconds > 0:
             try:
-                select.select([self._read_fd, *also], [], [], seconds)
+                wait_readable((self._read_fd, *also), seconds)
             except InterruptedError:
                 pass
         self._drain()

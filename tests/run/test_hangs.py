@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -359,6 +360,48 @@ def test_a_folder_that_cannot_hold_the_socket_costs_the_run_nothing_but_stacks(t
     server.close()
     with pytest.raises(ControlError, match="has no control socket"):
         ask(gone, gone.name, {"op": "stacks"})
+
+
+@pytest.fixture
+def descriptors_past_1024():
+    """This process holds 1,100 more descriptors while the test runs: every one it makes now is
+    numbered past 1024, as in a tflaunch of a few hundred hosts (three descriptors each)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1300:
+        pytest.skip(f"the hard limit on open files here is {hard}, under the 1,300 this needs")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1300) if hard == resource.RLIM_INFINITY
+                                                else min(hard, max(soft, 1300)), hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        yield
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_the_control_server_and_the_signal_wait_serve_descriptors_past_1024(tmp_path, descriptors_past_1024):
+    # select() refuses a descriptor numbered 1024 or more; these waits use poll().
+    from launcher.records.control import ControlError, ask
+    from launcher.records.folder import RunFolder
+    from launcher.run.control import ControlServer
+    from launcher.run.signals import Signals
+
+    run_dir = tmp_path / "20261128-101500-abcd"
+    run_dir.mkdir()
+    server = ControlServer(RunFolder(run_dir), lambda: None).start()
+    try:
+        assert server._listener.fileno() > 1024
+        with pytest.raises(ControlError, match="has no running task right now"):
+            ask(run_dir, run_dir.name, {"op": "stacks"}, timeout=5)
+    finally:
+        server.close()
+    signals = Signals()
+    try:
+        started = time.monotonic()
+        assert signals.wait(0.05) is None and time.monotonic() - started >= 0.04
+    finally:
+        signals.close()
 
 
 @pytest.fixture
