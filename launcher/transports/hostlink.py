@@ -1,8 +1,8 @@
 """tflaunch's end of one host agent (:mod:`.hostagent`): the link that carries its commands and frames.
 
 An :class:`AgentLink` is one agent and its channel: the commands tflaunch writes (buffered, so a
-busy agent never blocks the supervisor), the frames it reads (sorted into each process's log,
-status and stacks), and the keep-alive each way: a heartbeat every ``beat`` seconds without another
+busy agent never blocks the supervisor), the frames it reads (cut from the channel's reads by
+:mod:`.framing`, then sorted into each process's log, status and stacks), and the keep-alive each way: a heartbeat every ``beat`` seconds without another
 command (``beat`` grows with the run's hosts, see :func:`.hostagent.beat_for`), and a peer silent
 for ``keepalive`` seconds is lost. A TensorFlow cluster goes to the agent once per link (a
 ``CLUSTER`` command), however many of its tasks see it: each task's start names it. How the
@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING
 from ..cluster.tfconfig import TfConfig
 from .base import Reading
 from .carriers import Carrier
-from .hostagent import HEADER, HEARTBEAT, MAX_FRAME, SYNC, Command, Frame, Status, encode_fields, printable, write_some
+from .framing import FrameReader, ProtocolError
+from .hostagent import HEARTBEAT, MAX_FRAME, Command, Frame, Status, encode_fields, printable, write_some
 
 if TYPE_CHECKING:
     from .linkhub import LinkHub
@@ -44,10 +45,6 @@ HOST_OUTPUT_KEPT = 1 << 16  # what a host said outside any task, kept for the ta
 READ_SIZE = 1 << 20
 _IDS = itertools.count(1)  # ids of processes and requests, unique in this tflaunch
 _KINDS = frozenset(Frame.OF_HOST + Frame.OF_REQUEST)
-
-
-class ProtocolError(Exception):
-    """The agent's channel carried something that is not the protocol; the message says what."""
 
 
 class AgentLink:
@@ -68,8 +65,6 @@ class AgentLink:
         # What the host said outside any task: the login shell before the agent's sync mark, the
         # setup line (relayed by the agent). Each task's log starts with it.
         self.host_output = bytearray()
-        self._synced = False
-        self._before_sync = 0  # bytes read before the sync mark
         self.lost_reason: str | None = None
         self.closed = False
         self.last_heard = time.monotonic()  # the last whole frame (or the connection's start)
@@ -79,7 +74,7 @@ class AgentLink:
         self._processes: dict[int, AgentProcessBase] = {}
         self._lock = threading.Lock()
         self._out = bytearray()
-        self._in = bytearray()  # the start of a frame cut by the end of a read (or bytes before the sync mark)
+        self.frames = FrameReader(self._valid, self._dispatch, self._host_said)  # what the agent sends
         self._last_id = 0  # the newest id given in a command: the agent can speak of no later one
         self._ports: dict[int, tuple[threading.Event, list]] = {}  # request id -> (answered, answer)
         self._clusters: dict[str, int] = {}  # a cluster's JSON text -> the id it was sent under
@@ -224,79 +219,15 @@ class AgentLink:
             self.hub.remove(self)
             self.hub.watch_end(self)
             return
+        synced = self.frames.synced
         with memoryview(buffer) as view:
             try:
-                self._frames(view[:count])
+                self.frames.feed(view[:count])
             except ProtocolError as exc:
                 self.end(f"protocol error: {exc}")
-
-    def _frames(self, data: memoryview) -> None:
-        """Act on every whole frame of ``data`` (a read), after the one an earlier read left unfinished;
-        keep the start of a frame it leaves unfinished for the next."""
-        if not self._synced:
-            self._in += data
-            if not self._sync():
                 return
-            data, self._in = memoryview(bytes(self._in)), bytearray()  # once per link
-        if self._in:
-            data = data[self._finish_frame(data):]
-            if self._in:
-                return  # the read ended inside that frame
-        offset, size = 0, len(data)
-        while size - offset >= HEADER.size:
-            kind, ident, length = self._header(data, offset)
-            start = offset + HEADER.size
-            if size - start < length:
-                break
-            offset = start + length
-            self._dispatch(kind, ident, data[start:offset])
-        self._in += data[offset:]
-
-    def _finish_frame(self, data: memoryview) -> int:
-        """Complete the frame begun in ``_in`` from the start of ``data``, as far as ``data`` goes,
-        and act on it once whole; how many bytes of ``data`` it took."""
-        pending, taken = self._in, 0
-        if len(pending) < HEADER.size:
-            taken = min(HEADER.size - len(pending), len(data))
-            pending += data[:taken]
-            if len(pending) < HEADER.size:
-                return taken
-        kind, ident, length = self._header(pending, 0)
-        more = min(HEADER.size + length - len(pending), len(data) - taken)
-        pending += data[taken:taken + more]
-        if len(pending) == HEADER.size + length:
-            self._in = bytearray()
-            with memoryview(pending) as frame:
-                self._dispatch(kind, ident, frame[HEADER.size:])
-        return taken + more
-
-    def _header(self, data: bytes | bytearray | memoryview, offset: int) -> tuple[bytes, int, int]:
-        """The kind, id and payload length of the frame at ``offset``; a ProtocolError when they are
-        none the agent could send."""
-        kind, ident, length = HEADER.unpack_from(data, offset)
-        if not self._valid(kind, ident, length):
-            raise ProtocolError(f"read {printable(bytes(data[offset:offset + 40]))} where a frame was "
-                                "expected; does a login or setup script print after the start?")
-        return kind, ident, length
-
-    def _sync(self) -> bool:
-        """Look for the agent's sync mark; what comes before it is the login shell's."""
-        mark = self._in.find(SYNC)
-        if mark < 0:
-            keep = len(SYNC) - 1  # the mark may be cut between two reads
-            if len(self._in) > keep:
-                self._before_sync += len(self._in) - keep
-                self._host_said(bytes(self._in[:-keep]))
-                del self._in[:-keep]
-            if self._before_sync > MAX_FRAME:
-                raise ProtocolError(f"read {printable(bytes(self.host_output))} and then {self._before_sync} bytes "
-                                    "more, but never the agent's start")
-            return False
-        self._host_said(bytes(self._in[:mark]))
-        del self._in[:mark + len(SYNC)]
-        self._synced = True
-        self.last_heard = time.monotonic()
-        return True
+        if not synced and self.frames.synced:
+            self.last_heard = time.monotonic()  # the agent has started
 
     def _valid(self, kind: bytes, ident: int, length: int) -> bool:
         if kind not in _KINDS or length > MAX_FRAME:
@@ -372,11 +303,11 @@ class AgentLink:
             elif self.attach_by is not None and now > self.attach_by:
                 self.lose(f"its agent did not connect back to tflaunch within {self.attach_within:g} s")
             return
-        limit = self.keepalive if self._synced else max(self.keepalive, START_WITHIN)
+        limit = self.keepalive if self.frames.synced else max(self.keepalive, START_WITHIN)
         if now - self.last_heard > limit:
             self.hub.remove(self)
             self.carrier.close(0.0)  # a wedged or unreachable agent: end our side of it
-            if self._synced:
+            if self.frames.synced:
                 self.lose(f"no word from its agent within the {self.keepalive:g} s keep-alive timeout")
             else:
                 self.lose(f"its agent did not start within {limit:g} s (is the host's setup line still running?)")
@@ -389,7 +320,7 @@ class AgentLink:
         """This link cannot go on: its processes without an exit are lost with ``detail``, and the
         agent gets EOF, so it stops them on its host."""
         self.hub.remove(self)
-        self._in.clear()
+        self.frames.pending.clear()
         self.lose(detail)
         self.close_channel()
 

@@ -100,7 +100,7 @@ def state_of(task: AgentTask) -> str:
         pass
     under_agent = subprocess.run(["ps", "-o", "pid,stat,args", "--ppid", str(agent.pid)], capture_output=True,
                                  text=True).stdout.strip().replace("\n", "; ")
-    return (f"(synced {link._synced}, lost {link.lost_reason!r}, agent exit {agent.poll()}, task pid {task.pid}, "
+    return (f"(synced {link.frames.synced}, lost {link.lost_reason!r}, agent exit {agent.poll()}, task pid {task.pid}, "
             f"status {task.poll()}, under the agent: {under_agent!r}, agent stderr: {said!r})")
 
 

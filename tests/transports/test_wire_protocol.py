@@ -26,7 +26,7 @@ import psutil
 import pytest
 
 from conftest import TASK, marked
-from launcher.transports import hostagent, hostlink, linkhub, proxies
+from launcher.transports import framing, hostagent, hostlink, linkhub, proxies
 from launcher.transports.base import ExitStatus
 from launcher.transports.hostagent import HEADER, MAX_FRAME, Frame, encode_fields
 from launcher.transports.local import AGENT_BOOT
@@ -70,7 +70,7 @@ def alive(pid: int | None) -> bool:
 # -- one owner -----------------------------------------------------------------------------------
 
 def test_tflaunch_takes_every_fact_of_the_protocol_from_the_agent_module():
-    assert hostlink.HEADER is hostagent.HEADER and hostlink.SYNC is hostagent.SYNC
+    assert framing.HEADER is hostagent.HEADER and framing.SYNC is hostagent.SYNC
     assert hostlink.MAX_FRAME == hostagent.MAX_FRAME and linkhub.HEARTBEAT is hostagent.HEARTBEAT
     assert hostlink.encode_fields is hostagent.encode_fields
     assert hostlink.Frame is hostagent.Frame and hostlink.Command is hostagent.Command
@@ -136,13 +136,13 @@ def test_frames_cut_anywhere_by_the_reads_are_put_together_again(tmp_path):
     at = 0
     while at < len(stream):
         size = rng.choice((1, 2, 5, 9, 10, 100, 4096, 65545, 70000, 1 << 20))
-        link._frames(memoryview(stream[at:at + size]))
+        link.frames.feed(memoryview(stream[at:at + size]))
         at += size
     logs.close()
     link.hub.remove(link)
     assert (task.pid, task.poll()) == (4242, ExitStatus(code=3))
     assert log.read_bytes() == b"".join(outputs)
-    assert len(link._in) == 0 and link.lost_reason is None
+    assert len(link.frames.pending) == 0 and link.lost_reason is None
 
 
 # -- tflaunch's end: a stray, oversize or unknown frame ----------------------------------------------
@@ -196,7 +196,7 @@ def test_a_stray_line_amid_a_flood_ends_the_link_and_buffers_nothing_behind_it(h
     size = os.path.getsize(flood.log_file)
     time.sleep(1)
     assert os.path.getsize(flood.log_file) == size  # nothing more is read from the ended link
-    assert len(h.link._in) == 0
+    assert len(h.link.frames.pending) == 0
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak < 64 * 1024
 
 
