@@ -51,10 +51,12 @@ class AgentLink:
     """One host's agent, as tflaunch sees it."""
 
     def __init__(self, host: str, carrier: Carrier, read_fd: int | None, write_fd: int | None,
-                 keepalive: float, hub: "LinkHub", attach_within: float | None = None, beat: float = HEARTBEAT):
+                 keepalive: float, hub: "LinkHub", attach_within: float | None = None, beat: float = HEARTBEAT,
+                 preamble: bytes = b""):
         """``read_fd``/``write_fd`` None: the channel arrives later (:meth:`attach`), within
         ``attach_within`` seconds or the link is lost. ``beat``: the seconds between heartbeats
-        both ways, as the agent was told."""
+        both ways, as the agent was told. ``preamble``: what the channel carries before any
+        command (the agent itself, for one that reads it from its stdin)."""
         self.host = host
         self.carrier = carrier
         self.read_fd = read_fd
@@ -73,7 +75,7 @@ class AgentLink:
         self.readings: dict[int, Reading] = {}  # process id -> its newest resource reading
         self._processes: dict[int, AgentProcessBase] = {}
         self._lock = threading.Lock()
-        self._out = bytearray()
+        self._out = bytearray(preamble)  # written by the hub once it has the link
         self.frames = FrameReader(self._valid, self._dispatch, self._host_said)  # what the agent sends
         self._last_id = 0  # the newest id given in a command: the agent can speak of no later one
         self._ports: dict[int, tuple[threading.Event, list]] = {}  # request id -> (answered, answer)

@@ -1,6 +1,7 @@
 """Shipping the host agent (:mod:`.hostagent`) to a host that has only a Python: the command line
-that runs it, with its bytecode and its source on that line, the agent's one argument, and what it
-needs to start a task. The remote transports (ssh, srun) share these; neither imports the other."""
+that runs it, with its bytecode and its source on that line (srun) or first on its stdin (ssh),
+the agent's one argument, and what it needs to start a task. The remote transports (ssh, srun)
+share these; neither imports the other."""
 
 from __future__ import annotations
 
@@ -18,47 +19,88 @@ AGENT_SOURCE = AGENT_PATH.read_text()
 
 # The agent on a host that has only a Python: its bytecode, which the host runs without compiling
 # when its Python reads this one's bytecode (the same magic number), else its source. Both travel
-# compressed on the command line; the agent's own spec follows them.
-_REMOTE_BOOT = """import binascii, sys, zlib
-code, source = sys.argv.pop(1), sys.argv.pop(1)
-magic = getattr(sys.modules.get("_frozen_importlib_external"), "MAGIC_NUMBER", b"")
+# compressed: over ssh on the agent's stdin, ahead of the protocol (the command line stays short,
+# so neither the login shell nor an interpreter shim such as pyenv's copies them, and `ps` on the
+# host shows a line, not 70 KB); under srun, which gives the agent no stdin, on its command line.
+_RUN_SHIPPED = """magic = getattr(sys.modules.get("_frozen_importlib_external"), "MAGIC_NUMBER", b"")
 if binascii.hexlify(magic).decode() == %r:
     import marshal
-    code = marshal.loads(zlib.decompress(binascii.a2b_base64(code)))
+    code = marshal.loads(unpack(code))
 else:
-    code = compile(zlib.decompress(binascii.a2b_base64(source)), "tflaunch-agent", "exec")
-del source, magic
+    code = compile(unpack(source), "tflaunch-agent", "exec")
+del source, magic, unpack
 exec(code)
 """
 
+_ARGV_BOOT = """import binascii, sys, zlib
+code, source = sys.argv.pop(1), sys.argv.pop(1)
+def unpack(text):
+    return zlib.decompress(binascii.a2b_base64(text))
+""" + _RUN_SHIPPED
+
+_STDIN_BOOT = """import binascii, os, sys, zlib
+def take(size):
+    # Exactly size bytes, unbuffered: the protocol's frames follow them on stdin.
+    parts = []
+    while size:
+        part = os.read(0, size)
+        if not part:
+            sys.exit(0)  # tflaunch went away before the agent arrived
+        parts.append(part)
+        size -= len(part)
+    return b"".join(parts)
+code, source = take(int(sys.argv.pop(1))), take(int(sys.argv.pop(1)))
+unpack = zlib.decompress
+del take
+""" + _RUN_SHIPPED
+
 
 def remote_agent_argv(python: str, magic: bytes | None = None) -> list[str]:
-    """The command line that runs the agent with ``python`` on any host; the caller appends the spec.
+    """The command line that carries the agent and runs it with ``python`` on any host (srun's
+    way); the caller appends the spec.
 
     -I -S: the agent needs only the standard library; skipping site and the user's paths saves
     start-up on every host, and keeps a PYTHONPATH meant for the tasks from shadowing a module the
     agent uses. ``magic`` is the bytecode version the shipped bytecode claims (this Python's, by default)."""
-    packed_code, packed_source, own_magic = _packed_agent()
-    boot = _REMOTE_BOOT % (own_magic if magic is None else magic).hex()
-    return [python, "-I", "-S", "-c", boot, packed_code, packed_source]
+    code, source = _agent_in_base64()
+    return [python, "-I", "-S", "-c", _boot(_ARGV_BOOT, magic), code, source]
+
+
+def stdin_agent_argv(python: str, magic: bytes | None = None) -> list[str]:
+    """The command line that runs the agent with ``python`` on any host from what its stdin
+    carries first, :func:`agent_payload` (ssh's way); the caller appends the spec. As
+    :func:`remote_agent_argv` otherwise."""
+    code, source, _ = _packed_agent()
+    return [python, "-I", "-S", "-c", _boot(_STDIN_BOOT, magic), str(len(code)), str(len(source))]
+
+
+def agent_payload() -> bytes:
+    """What a channel carries ahead of every command to an agent started by :func:`stdin_agent_argv`."""
+    code, source, _ = _packed_agent()
+    return code + source
+
+
+def _boot(text: str, magic: bytes | None) -> str:
+    return text % (_packed_agent()[2] if magic is None else magic).hex()
 
 
 @functools.lru_cache(maxsize=None)
-def _packed_agent() -> tuple[str, str, bytes]:
-    """(bytecode, source, magic number): the bytecode comes from Python's own cache of the agent
-    module when it is fresh, so a run does not compile the agent either."""
+def _packed_agent() -> tuple[bytes, bytes, bytes]:
+    """(bytecode, source, magic number), the first two compressed: the bytecode comes from
+    Python's own cache of the agent module when it is fresh, so a run does not compile the agent either."""
     import marshal
     from importlib.machinery import SourceFileLoader
     from importlib.util import MAGIC_NUMBER
 
     code = SourceFileLoader("hostagent", str(AGENT_PATH)).get_code("hostagent")
+    # Level 6, not 9: 2% more bytes, a quarter of the CPU (5 ms, not 19, at every run's start).
+    return zlib.compress(marshal.dumps(code), 6), zlib.compress(AGENT_SOURCE.encode(), 6), MAGIC_NUMBER
 
-    def pack(data: bytes) -> str:
-        # Level 6, not 9: 2% more bytes on the command line, a quarter of the CPU (5 ms, not 19,
-        # at every run's start).
-        return base64.b64encode(zlib.compress(data, 6)).decode("ascii")
 
-    return pack(marshal.dumps(code)), pack(AGENT_SOURCE.encode()), MAGIC_NUMBER
+@functools.lru_cache(maxsize=None)
+def _agent_in_base64() -> tuple[str, str]:
+    code, source, _ = _packed_agent()
+    return base64.b64encode(code).decode("ascii"), base64.b64encode(source).decode("ascii")
 
 
 def agent_spec(grace: float, keepalive: float, sample: float = SAMPLE, connect: str | None = None,

@@ -22,13 +22,10 @@ import signal
 
 from ..cluster.machine import restore_open_files_limit
 from ..cluster.plan import TaskLaunch
-from ..cluster.spec import SshSettings
 from .carriers import spawn_carrier
-from .hostagent import beat_for
 from .hostlink import AgentLink
-from .linkhub import HUB
 from .local import kill_group
-from .ssh import DEFAULT_KEEPALIVE_TIMEOUT, SshCarrier, SshTransport, agent_command
+from .ssh import SshCarrier, SshTransport, agent_command, agent_link
 
 
 class SimulatedCarrier(SshCarrier):
@@ -49,10 +46,7 @@ class SimulatedTransport(SshTransport):
     """The ssh transport with each host's agent started here, over pipes, instead of through ssh."""
 
     def _connect(self, launch: TaskLaunch) -> AgentLink:
-        settings = launch.ssh or SshSettings()
-        keepalive = settings.keepalive_timeout or DEFAULT_KEEPALIVE_TIMEOUT
         popen, stderr, read_fd, write_fd = spawn_carrier(["/bin/sh", "-c", agent_command(launch, self.grace,
                                                                                          self.hosts)])
         restore_open_files_limit(popen.pid)  # as a real host's: the user's limit, not tflaunch's raised one
-        return AgentLink(launch.host, SimulatedCarrier(launch.host, popen, stderr), read_fd, write_fd,
-                         keepalive=keepalive, hub=HUB, beat=beat_for(self.hosts, keepalive))
+        return agent_link(launch, SimulatedCarrier(launch.host, popen, stderr), read_fd, write_fd, self.hosts)

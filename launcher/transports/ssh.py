@@ -32,12 +32,12 @@ from ..cluster.plan import TaskLaunch
 from ..cluster.spec import DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEEPALIVE_TIMEOUT, SshSettings
 from ..options import GRACE
 from .base import ExitStatus, FailedStart
-from .carriers import ProcessCarrier, spawn_carrier
+from .carriers import Carrier, ProcessCarrier, spawn_carrier
 from .hostagent import EOF_GRACE, beat_for, sample_for
 from .hostlink import AgentLink
 from .linkhub import HUB
 from .proxies import AgentTask, LogWriter
-from .shipping import agent_spec, remote_agent_argv, task_fields
+from .shipping import agent_payload, agent_spec, stdin_agent_argv, task_fields
 
 # In the remote shell, the setup line's output file: written through SETUP_OUT, read by the agent
 # through SETUP_IN (see agent_command).
@@ -98,8 +98,18 @@ def agent_command(first: TaskLaunch, grace: float, hosts: int = 1) -> str:
 
 @functools.lru_cache(maxsize=None)
 def _quoted_agent(python: str) -> str:
-    """The agent's command line, quoted once per interpreter: it carries the agent (60 KB)."""
-    return shlex.join(remote_agent_argv(python))
+    """The agent's command line, quoted once per interpreter; the agent itself comes on its stdin
+    (:func:`agent_link`)."""
+    return shlex.join(stdin_agent_argv(python))
+
+
+def agent_link(launch: TaskLaunch, carrier: Carrier, read_fd: int, write_fd: int, hosts: int) -> AgentLink:
+    """The link to the agent that :func:`agent_command` starts, over ``carrier``'s channel: the
+    agent goes out first on it."""
+    settings = launch.ssh or SshSettings()
+    keepalive = settings.keepalive_timeout or DEFAULT_KEEPALIVE_TIMEOUT
+    return AgentLink(launch.host, carrier, read_fd, write_fd, keepalive=keepalive, hub=HUB,
+                     beat=beat_for(hosts, keepalive), preamble=agent_payload())
 
 
 def host_key(launch: TaskLaunch) -> tuple:
@@ -151,12 +161,9 @@ class SshTransport:
         return link
 
     def _connect(self, launch: TaskLaunch) -> AgentLink:
-        settings = launch.ssh or SshSettings()
-        keepalive = settings.keepalive_timeout or DEFAULT_KEEPALIVE_TIMEOUT
-        argv = ssh_argv(launch.host, settings, agent_command(launch, self.grace, self.hosts))
+        argv = ssh_argv(launch.host, launch.ssh or SshSettings(), agent_command(launch, self.grace, self.hosts))
         popen, stderr, read_fd, write_fd = spawn_carrier(argv)
-        return AgentLink(launch.host, SshCarrier(launch.host, popen, stderr), read_fd, write_fd,
-                         keepalive=keepalive, hub=HUB, beat=beat_for(self.hosts, keepalive))
+        return agent_link(launch, SshCarrier(launch.host, popen, stderr), read_fd, write_fd, self.hosts)
 
     def start(self, launch: TaskLaunch, log_path: str) -> AgentTask | FailedStart:
         try:

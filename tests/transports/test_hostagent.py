@@ -24,7 +24,7 @@ from launcher.transports.hostagent import encode_fields
 from launcher.transports.hostlink import AgentLink
 from launcher.transports.linkhub import HUB
 from launcher.transports.proxies import AgentTask, LogWriter
-from launcher.transports.shipping import AGENT_PATH, AGENT_SOURCE, remote_agent_argv
+from launcher.transports.shipping import AGENT_PATH, AGENT_SOURCE, agent_payload, remote_agent_argv, stdin_agent_argv
 from launcher.transports.local import AGENT_BOOT, LocalCarrier
 from polling import wait_for
 
@@ -42,9 +42,10 @@ class Host:
     """A real host agent (a child of the test) and tflaunch's link to it."""
 
     def __init__(self, tmp_path: Path, *, eof_grace: float = 1.0, agent_keepalive: float | None = None,
-                 sample: float = 0.5, boot: list[str] | None = None, keepalive: float = 30):
-        """``boot``: the agent's command line without its spec (by default, the local transport's);
-        ``keepalive``: how long tflaunch's end waits for a frame; ``agent_keepalive``: the agent's."""
+                 sample: float = 0.5, boot: list[str] | None = None, keepalive: float = 30, preamble: bytes = b""):
+        """``boot``: the agent's command line without its spec (by default, the local transport's),
+        ``preamble`` what its stdin carries first; ``keepalive``: how long tflaunch's end waits
+        for a frame; ``agent_keepalive``: the agent's."""
         self.tmp_path = tmp_path
         spec = encode_fields({"keepalive": agent_keepalive, "eof_grace": eof_grace, "sample": sample})
         self.stderr = tempfile.TemporaryFile()
@@ -57,7 +58,7 @@ class Host:
         os.set_blocking(read_fd, False)
         os.set_blocking(write_fd, False)
         self.link = AgentLink("testhost", LocalCarrier(self.proc, self.stderr), read_fd, write_fd, keepalive=keepalive,
-                              hub=HUB)
+                              hub=HUB, preamble=preamble)
         self.logs = LogWriter()
 
     def start(self, argv: list[str], *, name: str | None = None, grace: float = 2.0, relay: bool = False,
@@ -160,9 +161,40 @@ def test_the_shipped_agent_runs_from_its_bytecode_or_else_its_source(host, which
     assert ended(task) == ExitStatus(code=4) and log_text(task) == "shipped\n"
 
 
+@pytest.mark.parametrize("which", ["bytecode", "source"])
+def test_the_agent_shipped_on_its_stdin_runs_from_its_bytecode_or_else_its_source(host, which):
+    # As over ssh: a short command line, the agent first on the channel, the protocol right after it.
+    payload = agent_payload()
+    argv = stdin_agent_argv(sys.executable)
+    code_size, source_size = int(argv[-2]), int(argv[-1])
+    assert code_size + source_size == len(payload)
+    if which == "bytecode":
+        payload = payload[:code_size] + b"x" * source_size
+    else:
+        argv = stdin_agent_argv(sys.executable, magic=b"\x00\x00\r\n")
+        payload = b"x" * code_size + payload[code_size:]
+    h = host(boot=argv, preamble=payload)
+    tasks = [h.start(["sh", "-c", f"echo shipped {i}; exit {i}"]) for i in range(3)]
+    assert [ended(t) for t in tasks] == [ExitStatus(code=i) for i in range(3)]
+    assert [log_text(t) for t in tasks] == [f"shipped {i}\n" for i in range(3)]
+
+
+@pytest.mark.parametrize("sent", [0, 1000, "all but one"])
+def test_an_agent_whose_channel_closes_before_it_arrived_ends_quietly(sent):
+    # tflaunch killed while the agent was on its way: no traceback on the host, nothing left running.
+    payload = agent_payload()
+    cut = len(payload) - 1 if sent == "all but one" else sent
+    proc = subprocess.Popen([*stdin_agent_argv(sys.executable), encode_fields({"keepalive": 5.0})],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = proc.communicate(payload[:cut], timeout=30)
+    assert (proc.returncode, out, err) == (0, b"", b"")
+
+
 def test_the_shipped_agent_fits_one_command_line_argument():
     # Linux refuses a single argument over 128 KiB (MAX_ARG_STRLEN); the remote shell gets all in one.
     assert len(" ".join(remote_agent_argv("/usr/bin/python3"))) < 96 * 1024
+    # Over ssh the agent is not on the line at all: what ps shows on the host stays short.
+    assert len(" ".join(stdin_agent_argv("/usr/bin/python3"))) < 2 * 1024
 
 
 # -- many tasks under one agent ------------------------------------------------------------------
