@@ -63,14 +63,17 @@ OPEN_FILES = 64
 # A sweep reads the logs the transports wrote to since the last one (their BoundedLog says so).
 # Every log is also looked at now and then, for output appended to it by another writer: every
 # IDLE_CHECK seconds while it was heard from within the last QUIET seconds, else every QUIET_CHECK
-# seconds; a log whose writes were announced (a relayed one: the agent's output comes through
-# tflaunch) every QUIET_CHECK seconds, for any other writer. A look visits only the logs due.
+# seconds; a log whose writes are announced (a relayed one: the agent's output comes through
+# tflaunch, which is every task's in a run) every RELAYED_CHECK seconds, as nothing but a hand
+# appending to the file writes to it otherwise. A look visits only the logs due.
 IDLE_CHECK = 0.25
 QUIET, QUIET_CHECK = 10.0, 2.0
-# A run of many tasks spaces the QUIET_CHECK looks out so that the pump makes about this many a
-# second, whatever its size (2,048 tasks: each looked at every 16 s); output that tflaunch relays is
-# read when it is announced, so only another writer's waits longer.
-LOOKS_PER_SECOND = 128
+RELAYED_CHECK = 30.0
+# A run of many tasks spaces the looks out so that the pump makes about this many a second,
+# whatever its size (2,048 tasks: each looked at every 64 s); output that tflaunch relays is read
+# when it is announced, so only another writer's waits longer. A look is a stat of the file: 128 a
+# second were the most of the pump's running cost, and of tflaunch's at a run's start.
+LOOKS_PER_SECOND = 32
 
 
 @dataclass(eq=False)  # kept in a set: one per followed log, compared by identity
@@ -131,7 +134,7 @@ class OutputPump:
         was just made by :meth:`RunFolder.create_task_log`, whose path the transports name it by too;
         otherwise it is made here if missing, and its path resolved.
         ``relayed``: its output will come through tflaunch (a transport relays it), so its writes are
-        announced from the first: it is looked at for other writers only every QUIET_CHECK.
+        announced from the first: it is looked at for other writers only every RELAYED_CHECK.
 
         A task restarted in place appends to the file already followed: it is not read twice.
         """
@@ -241,13 +244,16 @@ class OutputPump:
         now, looks, due = time.monotonic(), self._looks, []
         while looks and looks[0][0] <= now:
             due.append(heapq.heappop(looks)[2])
-        quiet_check = max(QUIET_CHECK, len(self._sources) / LOOKS_PER_SECOND)
+        spacing = len(self._sources) / LOOKS_PER_SECOND
         for source in due:
             if source.done:
                 continue
             self._read(source)
-            quiet = source.relayed or now - source.last_output >= QUIET
-            heapq.heappush(looks, (now + (quiet_check if quiet else IDLE_CHECK), next(self._look_order), source))
+            if source.relayed:
+                wait = max(RELAYED_CHECK, spacing)
+            else:
+                wait = max(QUIET_CHECK, spacing) if now - source.last_output >= QUIET else IDLE_CHECK
+            heapq.heappush(looks, (now + wait, next(self._look_order), source))
         if queue:
             self._written.set()  # the next sweep comes without waiting for a write
 

@@ -47,9 +47,9 @@ def _pump(tmp_path, count):
     return pump, console, paths
 
 
-def test_a_relayed_log_is_looked_at_for_other_writers_only_every_quiet_check(tmp_path, monkeypatch):
+def test_a_relayed_log_is_looked_at_for_other_writers_only_every_relayed_check(tmp_path, monkeypatch):
     monkeypatch.setattr(pump_module, "IDLE_CHECK", 0.0)  # a log that is not relayed: looked at every sweep
-    monkeypatch.setattr(pump_module, "QUIET_CHECK", 3600.0)
+    monkeypatch.setattr(pump_module, "RELAYED_CHECK", 3600.0)
     pump, console, paths = _pump(tmp_path, 2)
     try:
         pump._sweep()
@@ -103,7 +103,7 @@ def test_a_quiet_pump_sleeps_until_a_write_or_a_look_is_due(tmp_path):
 
 def test_a_task_log_followed_as_relayed_waits_for_its_quiet_look_from_the_first(tmp_path, monkeypatch):
     monkeypatch.setattr(pump_module, "IDLE_CHECK", 0.0)  # a log not known to be relayed: looked at every sweep
-    monkeypatch.setattr(pump_module, "QUIET_CHECK", 3600.0)
+    monkeypatch.setattr(pump_module, "RELAYED_CHECK", 3600.0)
     console = Console(io.StringIO(), messages=io.StringIO())
     pump = OutputPump(tmp_path / "merged.log", tmp_path / "metrics.jsonl", console)
     relayed, plain = tmp_path / "worker-0.log", tmp_path / "worker-1.log"
@@ -133,7 +133,7 @@ def test_the_looks_for_other_writers_space_out_with_the_number_of_logs(tmp_path,
     import time
 
     monkeypatch.setattr(pump_module, "LOOKS_PER_SECOND", 8)
-    for count, spacing in ((4, pump_module.QUIET_CHECK), (80, 10.0)):  # 80 logs at 8 looks a second: 10 s
+    for count, spacing in ((4, pump_module.RELAYED_CHECK), (400, 50.0)):  # 400 logs at 8 looks a second: 50 s
         folder = tmp_path / str(count)
         folder.mkdir()
         console = Console(io.StringIO(), messages=io.StringIO())
