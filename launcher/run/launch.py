@@ -256,7 +256,8 @@ def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS,
                 session = RunSession(spec, session_options(request, spec), folder, console, plan_attempt,
                                      signals, transports)
                 result = session.execute()
-                exposure.join()  # a run's warning is shown, however late its lookups end
+                if signals.first is None:  # a run stopped by a signal does not wait for its lookups
+                    exposure.join()  # a run's warning is shown, however late its lookups end
                 return result
         finally:
             transports.close()  # after a refused preflight too: nothing is left on any host

@@ -362,6 +362,44 @@ def test_a_launch_refused_while_its_names_are_looked_up_does_not_wait_for_the_lo
     assert time.monotonic() - launched < 1.5  # the lookups would have held it 2 s
 
 
+@pytest.mark.parametrize("when, signum", [("run folder made", signal.SIGINT), ("task running", signal.SIGINT),
+                                          ("task running", signal.SIGHUP)])
+def test_ctrl_c_while_the_names_are_looked_up_ends_the_run_at_once(tflaunch, tmp_path, silent_name_server, when,
+                                                                   signum):
+    """Ctrl-C (or a hang-up) while the exposure check's lookups wait on a name server that never
+    answers (they give up after RESOLVE_TIMEOUT, 2 s): tflaunch stops its task and exits 128+N at
+    once, without waiting for them, without a traceback, and leaves nothing running."""
+    marker = f"tflaunch-lookups-{uuid.uuid4().hex[:8]}"
+    ready = tmp_path / "ready"
+    cluster = tmp_path / "unanswered.yaml"
+    cluster.write_text("worker:\n  - {host: localhost, port: auto, address: tflaunch-unanswered.example}\n")
+    task = f"import pathlib, time; pathlib.Path({str(ready)!r}).touch(); time.sleep(60)  # {marker}"
+    argv = [*silent_name_server,
+            *tflaunch.argv(str(cluster), "--log-dir", str(tflaunch.log_dir), "--", sys.executable, "-c", task)]
+    launched = time.monotonic()
+    proc = subprocess.Popen(argv, cwd=tflaunch.cwd, env=tflaunch.env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        if when == "task running":
+            wait_for(ready.exists, timeout=1.5, message="the task to start while the names are looked up")
+        else:  # the lookups began before the run folder, whose run.json comes before the task starts
+            wait_for(lambda: any(Path(tflaunch.log_dir).glob("*/run.json")), timeout=1.5, interval=0.005,
+                     message="the run folder")
+        signalled = time.monotonic()
+        assert signalled - launched < 1.5  # the lookups still wait: they give up 2 s after the start
+        os.killpg(proc.pid, signum)  # as a terminal does: the whole foreground group
+        out, err = proc.communicate(timeout=30)
+        ended = time.monotonic()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 128 + signum, err
+    assert "Traceback" not in err and "public address" not in err, err
+    assert ended - signalled < 1.0, f"exit {ended - signalled:.2f} s after the signal"
+    wait_for(lambda: not descendants_alive(marker), timeout=5, message="nothing of the run left")
+
+
 @pytest.mark.slow
 def test_resource_figures_cover_every_attempt(tflaunch):
     script = 'sleep 2.5; [ "$TFLAUNCH_ATTEMPT" = 2 ]'  # attempt 1 fails, attempt 2 succeeds
