@@ -143,6 +143,8 @@ def test_fields_refuse_a_nul_character():
 
 def test_agent_source_is_python_3_6_syntax():
     ast.parse(AGENT_SOURCE, feature_version=(3, 6))
+    for argv in (remote_agent_argv("python3"), stdin_agent_argv("python3")):  # and each boot that runs it
+        ast.parse(argv[4], feature_version=(3, 6))
 
 
 # -- the agent on another host ----------------------------------------------------------------
