@@ -1,4 +1,5 @@
-"""Reading a bounded log (:mod:`.boundedlog`) from anywhere: whole, its tail, or followed as it grows.
+"""Reading a bounded log (:mod:`.boundedlog`) from anywhere: whole, its tail (raw, or its last lines
+for display), or followed as it grows.
 
 A log is in one of three shapes: one plain file (under its limit, or stitched when it was closed,
 its marker lines part of the text), or a live one: the file ends with the running marker after its
@@ -14,7 +15,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .boundedlog import ALIGN, MARKER, MARKER_START, PART_INFIX, copy_range, final_marker
+from .boundedlog import ALIGN, MARKER, MARKER_START, PART_INFIX, copy_range, final_marker, format_size
+from .lines import LineSplitter
 
 
 def is_marker(line: str) -> bool:
@@ -98,6 +100,25 @@ def read_tail(path: Path, max_bytes: int) -> tuple[bytes, bool, int]:
         return b"", False, 0
     return data, size > max_bytes, markers_total(path)
 
+
+def tail_lines(path: Path, count: int = 20, max_bytes: int = 1 << 16) -> list[str]:
+    """The last ``count`` lines of a task's log, decoded for display. When the log left output out
+    (it outgrew its limit), a first line says how much, unless its marker is among the lines."""
+    try:
+        data, cut, left_out = read_tail(Path(path), max_bytes)
+    except OSError:
+        return []
+    splitter = LineSplitter()
+    lines = splitter.feed(data) + splitter.flush()
+    if cut and lines:
+        lines = lines[1:]  # the first one is probably cut
+    shown = [line.decode("utf-8", "replace") for line in lines[-count:]] if count > 0 else []
+    if left_out and shown and not any(line.startswith("[... tflaunch: ") for line in shown):
+        # In place of the oldest line: callers ask for a number of lines to show.
+        shown[:1 if len(shown) == count else 0] = [
+            f"[... tflaunch: {left_out:,} bytes ({format_size(left_out)}) of this log's output left out "
+            f"before these lines ...]"]
+    return shown
 
 def left_out(path: Path) -> int:
     """How many bytes of output the log left out (0 for a log that never outgrew its limit)."""

@@ -39,7 +39,6 @@ from ..options import LOG_MAX_SIZE
 from ..records.boundedlog import MERGED_SHARE, WRITING, BoundedLog, Reader, format_size
 from ..records.folder import MERGED
 from ..records.lines import LineSplitter
-from ..records.logview import read_tail
 from ..records.metrics import parse_block
 from .progress import Progress
 
@@ -384,23 +383,3 @@ class OutputPump:
         if out:
             self._merged.write_pieces(out)
         self._metrics.flush()
-
-
-def tail_lines(path: Path, count: int = 20, max_bytes: int = 1 << 16) -> list[str]:
-    """The last ``count`` lines of a task's log, decoded for display. When the log left output out
-    (it outgrew its limit), a first line says how much, unless its marker is among the lines."""
-    try:
-        data, cut, left_out = read_tail(Path(path), max_bytes)
-    except OSError:
-        return []
-    splitter = LineSplitter()
-    lines = splitter.feed(data) + splitter.flush()
-    if cut and lines:
-        lines = lines[1:]  # the first one is probably cut
-    shown = [line.decode("utf-8", "replace") for line in lines[-count:]] if count > 0 else []
-    if left_out and shown and not any(line.startswith("[... tflaunch: ") for line in shown):
-        # In place of the oldest line: callers ask for a number of lines to show.
-        shown[:1 if len(shown) == count else 0] = [
-            f"[... tflaunch: {left_out:,} bytes ({format_size(left_out)}) of this log's output left out "
-            f"before these lines ...]"]
-    return shown

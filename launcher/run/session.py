@@ -25,13 +25,14 @@ from ..errors import EnvironmentProblem
 from ..options import EVALUATOR_TIMEOUT, GRACE, LOG_MAX_SIZE, MAX_RESTARTS, RESTART_DELAY
 from ..records.folder import RunFolder, iso_time
 from ..records.folder import BACKUP
+from ..records.logview import tail_lines
 from ..records.record import AttemptRecord, LauncherRecord, RootCause, RunRecord
 from ..records.states import Outcome, RunStatus, TaskState
 from ..transports import TransportSet
 from ..transports.base import Reading, signal_name
 from ..transports.hostagent import sample_for
 from .liverecord import LiveRecord, status_fields
-from .pump import OutputPump, tail_lines
+from .pump import OutputPump
 from .resources import ResourceSampler
 from .signals import Signals
 from .control import ControlServer

@@ -13,11 +13,11 @@ from typing import Any
 from ..cluster.plan import Plan
 from ..cluster.spec import ClusterSpec
 from ..records.folder import DEFAULT_LOG_DIR, LEARNING_CURVES, RunFolder
+from ..records.logview import tail_lines
 from ..records.metrics import speaker
 from ..records.states import Outcome, TaskState
 from ..transports.base import signal_name
 from .metricview import number as figure
-from .pump import tail_lines
 from .session import TAIL_LINES, RunResult
 from .supervisor import Task
 from .twins import names_text

@@ -33,10 +33,10 @@ from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from ..cluster.plan import TaskLaunch
 from ..records.folder import STACKS_SUFFIX, VERDICT, iso_time
+from ..records.logview import tail_lines
 from ..records.record import RootCause
 from ..records.states import TaskState
 from .progress import Progress
-from .pump import tail_lines
 from .supervisor import Task, Trip
 
 if TYPE_CHECKING:

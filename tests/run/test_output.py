@@ -14,7 +14,8 @@ import pytest
 
 from launcher.run.console import Console
 from launcher.records.metrics import PREFIX as METRIC_PREFIX
-from launcher.run.pump import LineSplitter, OutputPump, tail_lines
+from launcher.records.logview import tail_lines
+from launcher.run.pump import LineSplitter, OutputPump
 from launcher.transports.base import CANNOT_START, UNREACHABLE, ExitStatus, signal_name
 from polling import wait_for
 
