@@ -2,12 +2,13 @@
 
 An :class:`AgentLink` is one agent and its channel: the commands tflaunch writes (buffered, so a
 busy agent never blocks the supervisor), the frames it reads (cut from the channel's reads by
-:mod:`.framing`, then sorted into each process's log, status and stacks), and the keep-alive each way: a heartbeat every ``beat`` seconds without another
-command (``beat`` grows with the run's hosts, see :func:`.hostagent.beat_for`), and a peer silent
-for ``keepalive`` seconds is lost. A TensorFlow cluster goes to the agent once per link (a
-``CLUSTER`` command), however many of its tasks see it: each task's start names it. How the
-channel is carried (a local pipe, one ssh connection, a connection back from a Slurm step) is a
-:class:`Carrier`, which also says what a lost channel means for the processes on it (:mod:`.carriers`).
+:mod:`.framing`, then sorted into each process's log, status and stacks), and the keep-alive each
+way: a heartbeat every ``beat`` seconds without another command (``beat`` grows with the run's
+hosts, see :func:`.hostagent.beat_for`), and a peer silent for ``keepalive`` seconds is lost. A
+TensorFlow cluster goes to the agent once per link (a ``CLUSTER`` command), however many of its
+tasks see it: each task's start names it. How the channel is carried (a local pipe, one ssh
+connection, a connection back from a Slurm step) is a :class:`Carrier`, which also says what a lost
+channel means for the processes on it (:mod:`.carriers`).
 
 Every fact of the protocol (frame header, kinds and size limit, sync mark, verbs, status words,
 field codec, heartbeat) is the agent module's, imported from it. Bytes that break it end this

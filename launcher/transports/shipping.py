@@ -74,8 +74,10 @@ def stdin_agent_argv(python: str, magic: bytes | None = None) -> list[str]:
     return [python, "-I", "-S", "-c", _boot(_STDIN_BOOT, magic), str(len(code)), str(len(source))]
 
 
+@functools.lru_cache(maxsize=None)
 def agent_payload() -> bytes:
-    """What a channel carries ahead of every command to an agent started by :func:`stdin_agent_argv`."""
+    """What a channel carries ahead of every command to an agent started by :func:`stdin_agent_argv`
+    (joined once: every host gets the same bytes)."""
     code, source, _ = _packed_agent()
     return code + source
 
