@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import difflib
 import shlex
 from typing import Any, Iterable, Mapping
 
@@ -124,6 +123,8 @@ class FieldReader:
     def check_keys(self, mapping: Mapping[Any, Any], known: tuple[str, ...], key: str) -> None:
         for name in mapping:
             if name not in known:
+                import difflib  # only a mistake needs it
+
                 close = difflib.get_close_matches(str(name), known, n=1)
                 hint = f"; did you mean '{close[0]}'?" if close else f"; expected one of {', '.join(known)}"
                 raise self.fail(join_key(key, str(name)), f"unknown key{hint}")

@@ -33,7 +33,6 @@ import os
 import socket
 import stat
 import struct
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -76,6 +75,8 @@ class PortReservation:
 
 def lock_folders() -> list[Path]:
     """Where this user's port lock may live, in the order tried."""
+    import tempfile  # with shutil and random behind it: loaded where a lock is taken, not at every start
+
     folders = [Path(tempfile.gettempdir()) / f"tflaunch-{os.geteuid()}"]
     cache = os.environ.get("XDG_CACHE_HOME", "")
     if not os.path.isabs(cache):  # the XDG rule: a relative path is ignored

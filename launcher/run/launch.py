@@ -217,7 +217,6 @@ def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS,
         local_hosts = local_host_names()
         spec = build_spec(request, local_hosts)
         exposure = _ExposureCheck(spec, console)
-        exposure.start()
         spare = check_open_files(spec, local_hosts)
         reservation = _reserve_auto_ports(spec, local_hosts, hold=spare)
         # One agent per host for the whole run: the preflight's probes go through the same agents.
@@ -227,13 +226,13 @@ def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS,
             spec = _agent_ports(spec, local_hosts, request, transports)
             if not spec.isolate_network:  # in a namespace of its own, the machine's ports do not matter
                 check_local_ports(spec, local_hosts, set(reservation.ports))
+            # Every host's agent starts first (this machine's too): the name lookups, the preflight's
+            # probes, the run folder and the session are set up while the hosts are being reached.
+            transports.prepare(_host_launches(spec, local_hosts, request))
+            exposure.start()
             remote = spec.transport is not None or not all(is_local(t.host, local_hosts) for t in spec.tasks)
             if not request.options.no_check and remote:
                 _preflight(spec, local_hosts, request, with_mesh=not reservation.ports, transports=transports)
-            else:
-                # Start every host's agent now (this machine's too), while the run folder and the
-                # session are set up.
-                transports.prepare(_host_launches(spec, local_hosts, request))
             # The session's modules load while the hosts are being reached, not before.
             from .session import RunSession
 

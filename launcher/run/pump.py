@@ -40,6 +40,7 @@ from ..records.boundedlog import MERGED_SHARE, WRITING, BoundedLog, Reader, form
 from ..records.folder import MERGED
 from ..records.lines import LineSplitter
 from ..records.metrics import parse_block
+from .limits import OPEN_FILES
 from .progress import Progress
 
 if TYPE_CHECKING:
@@ -56,9 +57,6 @@ _READ_PER_SWEEP, _SWEEP_AT_MOST = 4 * _READ_SIZE, 16 * _READ_SIZE
 _WRITE_AT = 4 << 20
 
 
-# Descriptors the pump keeps open at once: the logs that grew most recently, so a run of
-# thousands of tasks reads them all within a small, fixed number of descriptors.
-OPEN_FILES = 64
 # A sweep reads the logs the transports wrote to since the last one (their BoundedLog says so).
 # Every log is also looked at now and then, for output appended to it by another writer: every
 # IDLE_CHECK seconds while it was heard from within the last QUIET seconds, else every QUIET_CHECK

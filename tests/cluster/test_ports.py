@@ -6,6 +6,7 @@ import errno
 import os
 import socket
 import stat
+import tempfile
 from contextlib import closing
 from pathlib import Path
 
@@ -403,7 +404,7 @@ def test_past_what_it_may_hold_a_reservation_locks_distinct_ports_only(folder, m
 def test_the_default_folders_are_the_users_own_in_the_temp_dir_then_the_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
-    monkeypatch.setattr(ports_module.tempfile, "tempdir", None)  # gettempdir reads TMPDIR again
+    monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir reads TMPDIR again
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     assert lock_folders() == [tmp_path / "tmp" / f"tflaunch-{os.geteuid()}", tmp_path / "home" / ".cache" / "tflaunch"]
