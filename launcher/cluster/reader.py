@@ -7,7 +7,6 @@ Nothing starts before the whole file has been checked.
 
 from __future__ import annotations
 
-import difflib
 import shlex
 from pathlib import Path
 from typing import Any
@@ -139,6 +138,8 @@ class _ClusterReader(FieldReader):
         task_hosts = sorted({t.host for t in spec.tasks})
         for name in spec.hosts:
             if name not in task_hosts:
+                import difflib  # only a mistake needs it
+
                 close = difflib.get_close_matches(name, task_hosts, n=1)
                 hint = f"did you mean '{close[0]}'?" if close else f"expected one of the tasks' hosts: {', '.join(task_hosts)}"
                 raise self.fail(f"hosts.{name}", f"no task runs on this host; {hint}")

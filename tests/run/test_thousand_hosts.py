@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -222,6 +223,40 @@ def release(fifo: Path, proc: subprocess.Popen) -> None:
             proc.wait(timeout=1)
         except subprocess.TimeoutExpired:
             pass
+
+
+# What a run needs before its first host connection starts, and only that: the name lookups, the
+# session, the output pump and the modules of rare paths load while the hosts are being reached.
+_FIRST_CONNECTION = """
+import json, os, sys, threading
+import launcher.__main__ as entry
+import launcher.transports.simulated as simulated
+
+def first_connection(*args, **kwargs):
+    print(json.dumps({"modules": sorted(sys.modules), "threads": [t.name for t in threading.enumerate()]}))
+    sys.stdout.flush()
+    os._exit(0)
+
+simulated.spawn_carrier = first_connection
+sys.argv = ["tflaunch", *sys.argv[1:]]
+entry.main()
+"""
+
+
+def test_every_host_connection_starts_before_what_it_does_not_need_is_loaded(tmp_path):
+    path = hosts_file(tmp_path / "h4.yaml", 4, 2)
+    done = subprocess.run([sys.executable, "-c", _FIRST_CONNECTION, str(path), "--no-check", "--log-dir",
+                           str(tmp_path / "logs"), "--", "true"], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "TFLAUNCH_SIMULATE_HOSTS": "1"}, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    seen = json.loads(done.stdout)
+    loaded = set(seen["modules"])
+    assert "launcher.transports.simulated" in loaded and "yaml" in loaded  # the cluster file was read
+    later = {"launcher.run.session", "launcher.run.pump", "launcher.run.supervisor", "launcher.cluster.exposure",
+             "tempfile", "difflib"}
+    assert not loaded & later, sorted(loaded & later)
+    assert "tflaunch-exposure" not in seen["threads"]
+    assert not (tmp_path / "logs").exists()  # nor is the run folder made yet
 
 
 @pytest.mark.slow
