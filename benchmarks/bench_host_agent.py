@@ -33,6 +33,7 @@ import os
 import resource
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -206,9 +207,10 @@ def file_cost(work: Path, count: int = 64) -> float:
 
 
 def start_time(doc: dict, hosts: int, work: Path, rep: int, source: str | None = None) \
-        -> tuple[float, float, float] | None:
+        -> tuple[float, float, float, float] | None:
     """(seconds from launch until every task of ``hosts`` x 8 has printed its first line,
-    tflaunch's own CPU seconds until then, the file cost beside it: see :func:`file_cost`).
+    tflaunch's own CPU seconds until then, the file cost beside it in quiet moments (before and after
+    the run) and while its hosts log in: see :func:`file_cost`).
     ``source``: a folder whose launcher package tflaunch runs instead of this tree's."""
     files = file_cost(work)  # before the run, and again after it
     chosen = doc["hosts"][:hosts]
@@ -219,6 +221,11 @@ def start_time(doc: dict, hosts: int, work: Path, rep: int, source: str | None =
     started = time.monotonic()
     env = {**os.environ, "PYTHONPATH": source} if source else None
     proc = _bench.popen(argv, cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    # The same cost while the hosts log in: the test hosts share this machine's filesystem, and their
+    # login shells (pyenv's rehash in root's .bashrc) create and delete files on it meanwhile.
+    during: list[float] = []
+    beside = threading.Timer(0.3, lambda: during.append(file_cost(work)))
+    beside.start()
     expected = hosts * 8
     seen_at = None
 
@@ -231,14 +238,15 @@ def start_time(doc: dict, hosts: int, work: Path, rep: int, source: str | None =
     if _bench.wait_for(all_up, timeout=120, interval=0.01):
         seen_at = time.monotonic() - started, cpu_seconds(proc.pid)
     proc.wait()
+    beside.join()
     if seen_at is None:
         return None
-    return (*seen_at, (files + file_cost(work)) / 2)
+    return (*seen_at, (files + file_cost(work)) / 2, during[0] if during else float("nan"))
 
 
 def curve(doc: dict, sizes: list[int], work: Path, reps: int = 3, before: str | None = None) -> None:
     sides = {"this tree": None, **({f"launcher from {before}": before} if before else {})}
-    found: dict[tuple[str, int], list[tuple[float, float, float]]] = {(s, h): [] for s in sides for h in sizes}
+    found: dict[tuple[str, int], list[tuple[float, float, float, float]]] = {(s, h): [] for s in sides for h in sizes}
     runs = [f"{side}|{h}" for side in sides for h in sizes]
     for rep, run_name in _bench.interleaved(reps, runs):
         side, hosts = run_name.split("|")
@@ -247,14 +255,15 @@ def curve(doc: dict, sizes: list[int], work: Path, reps: int = 3, before: str | 
             found[side, int(hosts)].append(value)
     for side in sides:
         mine = {h: found[side, h] for h in sizes}
-        points = [(h, *(median([v[i] for v in mine[h]]) if mine[h] else None for i in range(3))) for h in sizes]
+        points = [(h, *(median([v[i] for v in mine[h]]) if mine[h] else None for i in range(4))) for h in sizes]
         rows = [[f"{h} hosts x 8 tasks", f"{h * 8}", f"{v:.2f}" if v else "-", f"{v / h * 1000:.0f}" if v else "-",
-                 f"{c:.2f}" if c else "-", f"{f * 1000:.3f}" if f else "-"] for h, v, c, f in points]
+                 f"{c:.2f}" if c else "-", f"{f * 1000:.3f}" if f else "-", f"{d * 1000:.3f}" if d else "-"]
+                for h, v, c, f, d in points]
         print()
         print(f"  {side}:")
         table(["cluster", "tasks", f"start s (median of {reps})", "ms per host", "tflaunch CPU s",
-               "file + link CPU ms"], rows)
-        good = [(h, v, c) for h, v, c, _ in points if v]
+               "file + link CPU ms, quiet", "the same, hosts logging in"], rows)
+        good = [(h, v, c) for h, v, c, _, _ in points if v]
         if len(good) < 2:
             continue
         (h0, v0, c0), (h1, v1, c1) = good[0], good[-1]
@@ -265,11 +274,13 @@ def curve(doc: dict, sizes: list[int], work: Path, reps: int = 3, before: str | 
         points = [(h, v[1]) for h in sizes for v in mine[h]]
         cpu_slope, error = (x * 1000 for x in least_squares_slope(points, with_error=True))
         files = 8 * 1000 * median([v[2] for h in (h0, h1) for v in mine[h]])
+        crowded = 8 * 1000 * median([v[3] for h in (h0, h1) for v in mine[h]])
         note(f"tflaunch's CPU per extra host: {cpu_slope:.1f} ms fitted to all {len(points)} runs "
              f"(least squares, standard error {error:.1f} ms; {ends_slope:.1f} ms between the medians at {h0} "
              f"and {h1} hosts)")
-        note(f"of it, creating its 8 task logs and their links took about {files:.1f} ms on this filesystem "
-             f"just then (measured beside each run, outside the run); the rest: {cpu_slope - files:.1f} ms")
+        note(f"of it, creating its 8 task logs and their links took about {crowded:.1f} ms on this filesystem "
+             f"while the hosts logged in ({files:.1f} ms in quiet moments; measured beside each run); "
+             f"the rest: {cpu_slope - crowded:.1f} ms")
         if sides[side] is None:
             _bench.verdict(f"tflaunch's CPU at start per extra host ({h0} to {h1} hosts x 8 tasks, all runs fitted)",
                            cpu_slope, START_CPU_TARGET_MS, " ms")
