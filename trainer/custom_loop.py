@@ -41,7 +41,12 @@ class CustomLoop:
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
 
     @tf.function
-    def train_step(self, iterator):
+    def train_step(self, iterator, stop_asked):
+        """One step on every replica: (the global batch's mean loss, how many replicas' workers
+        had been asked to stop before it). Both are reduced together, so every worker learns of a
+        SIGTERM that reached any of them after the same step, and all save there: workers that
+        each looked only at their own signal could stop a step apart, one saving while another
+        waits in the next step's collective for a peer that is gone."""
         global_batch = self.session.global_batch
 
         def step_fn(batch):
@@ -53,10 +58,11 @@ class CustomLoop:
             grads = tape.gradient(loss, self.model.trainable_variables)
             self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
             self.train_accuracy.update_state(y, probs)
-            return loss
+            return tf.stack([tf.cast(loss, tf.float32), stop_asked])
 
         per_replica = self.strategy.run(step_fn, args=(next(iterator),))
-        return self.strategy.reduce(SUM, per_replica, axis=None)
+        loss, stops = tf.unstack(self.strategy.reduce(SUM, per_replica, axis=None))
+        return loss, stops
 
     @tf.function
     def eval_step(self, batch):
@@ -103,14 +109,15 @@ class CustomLoop:
             self.train_accuracy.reset_state()
             total_loss, steps = 0.0, 0
             for step in range(first_step if epoch == first_epoch else 0, session.steps_per_epoch):
-                total_loss += float(self.train_step(iterator))
+                loss, stops = self.train_step(iterator, tf.constant(float(termination.requested())))
+                total_loss += float(loss)
                 steps += 1
                 clock.step_done()
                 steps_since_backup += 1
                 if backup and args.backup_every and steps_since_backup >= args.backup_every:
                     backup.save(epoch, step + 1)
                     steps_since_backup = 0
-                if backup and termination.requested():
+                if backup and float(stops) > 0:
                     backup.save(epoch, step + 1)
                     session.reporter.say(f"SIGTERM: backup saved in epoch {epoch + 1} after step {step + 1}; "
                                         "the next run resumes after it")

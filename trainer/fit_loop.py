@@ -161,12 +161,28 @@ class SaveOnTermination(keras.callbacks.Callback):
         self.session = session
         self.backup = backup
         self.epoch = 0
+        self._any_asked = None  # the cross-worker reduction of each worker's request, once traced
+
+    def _stop_asked(self) -> bool:
+        """Whether any worker was asked to stop. Under MultiWorkerMirroredStrategy each worker's own
+        request is summed over every replica after each step, so all of them save after the same
+        step: a worker that looked only at its own signal could go on into the next step's
+        collective and wait there for a peer that is saving and gone."""
+        strategy = self.model.distribute_strategy
+        if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+            return termination.requested()
+        if self._any_asked is None:
+            @tf.function
+            def any_asked(asked):
+                return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: asked), axis=None)
+            self._any_asked = any_asked
+        return float(self._any_asked(tf.constant(float(termination.requested())))) > 0
 
     def on_epoch_begin(self, epoch, logs=None) -> None:
         self.epoch = epoch
 
     def on_train_batch_end(self, batch, logs=None) -> None:
-        if not termination.requested():
+        if not self._stop_asked():
             return
         where = f"in epoch {self.epoch + 1} after step {batch + 1}"
         # BackupAndRestore keeps the epoch and batch to record in two variables of its training

@@ -51,3 +51,30 @@ def test_sigterm_saves_a_backup_and_the_restart_resumes_from_it(tflaunch, option
     assert expected in second, second[:2000]
     final = json.loads(run_dir.joinpath("run.json").read_text())
     assert final["attempts"][0]["exit_code"] == 128 + signal.SIGTERM  # ended by SIGTERM, as before
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("options", [("--loop", "custom"), ("--backup-every", "5")])
+def test_a_sigterm_that_reaches_one_worker_stops_every_worker_after_the_same_step(tflaunch, options):
+    # Each worker's "asked to stop" is summed over the cluster after every step (the custom loop
+    # reduces it with the step's loss, the fit loop's callback on its own), so a signal that reached
+    # one worker is known to all after the same step, and each saves there: looking at its own
+    # signal only, the other worker would go on into the next step's collective and wait there for
+    # a peer that is saving and gone.
+    proc = tflaunch.start("--local", "2", "--max-restarts", "1", "--restart-delay", "0", "--",
+                          "python", "-m", "trainer", "--epochs", "4", *options)
+    run_dir = wait_for(tflaunch.latest_run, timeout=60, message="the run folder")
+    wait_for(lambda: epoch_done(run_dir, 2) or proc.poll() is not None, timeout=180, message="epoch 2")
+    assert proc.poll() is None, "the run ended before the task could be stopped"
+    record = json.loads((run_dir / "run.json").read_text())
+    psutil.Process(next(t["pid"] for t in record["tasks"] if t["name"] == "worker-1")).send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err[-3000:]
+    pattern = r"SIGTERM: backup saved in epoch (\d+) after step (\d+)"
+    saved = {name: re.search(pattern, (run_dir / "attempt-1" / f"{name}.log").read_text())
+             for name in ("worker-0", "worker-1")}
+    assert saved["worker-0"] and saved["worker-1"], (run_dir / "attempt-1" / "worker-0.log").read_text()[-2000:]
+    assert saved["worker-0"].groups() == saved["worker-1"].groups()
+    epoch, step = (int(x) for x in saved["worker-0"].groups())
+    second = (run_dir / "attempt-2" / "worker-0.log").read_text()
+    assert f"resuming from backup at epoch {epoch} step {step + 1}" in second, second[:2000]
