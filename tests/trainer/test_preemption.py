@@ -21,6 +21,17 @@ def epoch_done(run_dir, epoch: int) -> bool:
         for line in metrics.read_text().splitlines() if line.strip())
 
 
+def running_at_epoch_2(tflaunch, options):
+    """A 2-worker trainer run with one restart allowed, once epoch 2 is done: (its process, its run
+    folder, its run.json then)."""
+    proc = tflaunch.start("--local", "2", "--max-restarts", "1", "--restart-delay", "0", "--",
+                          "python", "-m", "trainer", "--epochs", "4", *options)
+    run_dir = wait_for(tflaunch.latest_run, timeout=60, message="the run folder")
+    wait_for(lambda: epoch_done(run_dir, 2) or proc.poll() is not None, timeout=180, message="epoch 2")
+    assert proc.poll() is None, "the run ended before the tasks could be stopped"
+    return proc, run_dir, json.loads((run_dir / "run.json").read_text())
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("options, resumes_after_step", [
     ((), False),                         # epoch-level backups: the interrupted epoch is repeated
@@ -28,12 +39,7 @@ def epoch_done(run_dir, epoch: int) -> bool:
     (("--loop", "custom"), True),
 ])
 def test_sigterm_saves_a_backup_and_the_restart_resumes_from_it(tflaunch, options, resumes_after_step):
-    proc = tflaunch.start("--local", "2", "--max-restarts", "1", "--restart-delay", "0", "--",
-                          "python", "-m", "trainer", "--epochs", "4", *options)
-    run_dir = wait_for(tflaunch.latest_run, timeout=60, message="the run folder")
-    wait_for(lambda: epoch_done(run_dir, 2) or proc.poll() is not None, timeout=180, message="epoch 2")
-    assert proc.poll() is None, "the run ended before the tasks could be stopped"
-    record = json.loads((run_dir / "run.json").read_text())
+    proc, run_dir, record = running_at_epoch_2(tflaunch, options)
     for task in record["tasks"]:  # as a scheduler's preemption does: every task at once
         try:
             psutil.Process(task["pid"]).send_signal(signal.SIGTERM)
@@ -61,12 +67,7 @@ def test_a_sigterm_that_reaches_one_worker_stops_every_worker_after_the_same_ste
     # one worker is known to all after the same step, and each saves there: looking at its own
     # signal only, the other worker would go on into the next step's collective and wait there for
     # a peer that is saving and gone.
-    proc = tflaunch.start("--local", "2", "--max-restarts", "1", "--restart-delay", "0", "--",
-                          "python", "-m", "trainer", "--epochs", "4", *options)
-    run_dir = wait_for(tflaunch.latest_run, timeout=60, message="the run folder")
-    wait_for(lambda: epoch_done(run_dir, 2) or proc.poll() is not None, timeout=180, message="epoch 2")
-    assert proc.poll() is None, "the run ended before the task could be stopped"
-    record = json.loads((run_dir / "run.json").read_text())
+    proc, run_dir, record = running_at_epoch_2(tflaunch, options)
     psutil.Process(next(t["pid"] for t in record["tasks"] if t["name"] == "worker-1")).send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=240)
     assert proc.returncode == 0, err[-3000:]
