@@ -120,6 +120,7 @@ def tail_lines(path: Path, count: int = 20, max_bytes: int = 1 << 16) -> list[st
             f"before these lines ...]"]
     return shown
 
+
 def left_out(path: Path) -> int:
     """How many bytes of output the log left out (0 for a log that never outgrew its limit)."""
     layout = live_layout(path)
