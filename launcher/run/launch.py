@@ -226,13 +226,16 @@ def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS,
             spec = _agent_ports(spec, local_hosts, request, transports)
             if not spec.isolate_network:  # in a namespace of its own, the machine's ports do not matter
                 check_local_ports(spec, local_hosts, set(reservation.ports))
+            remote = spec.transport is not None or not all(is_local(t.host, local_hosts) for t in spec.tasks)
+            # The preflight checks every task's plan; without it, each host's first task is enough.
+            checked = (_placeholder_plan(spec, local_hosts, request).launches
+                       if not request.options.no_check and remote else None)
             # Every host's agent starts first (this machine's too): the name lookups, the preflight's
             # probes, the run folder and the session are set up while the hosts are being reached.
-            transports.prepare(_host_launches(spec, local_hosts, request))
+            transports.prepare(checked or _host_launches(spec, local_hosts, request))
             exposure.start()
-            remote = spec.transport is not None or not all(is_local(t.host, local_hosts) for t in spec.tasks)
-            if not request.options.no_check and remote:
-                _preflight(spec, local_hosts, request, with_mesh=not reservation.ports, transports=transports)
+            if checked:
+                _preflight(checked, spec, with_mesh=not reservation.ports, transports=transports)
             # The session's modules load while the hosts are being reached, not before.
             from .session import RunSession
 
@@ -293,12 +296,11 @@ def _entered(network: NetworkNamespace | None, plan: Plan) -> Plan:
     return network.enter(plan) if network else plan
 
 
-def _preflight(spec: ClusterSpec, local_hosts: frozenset[str], request: LaunchRequest, with_mesh: bool,
+def _preflight(launches: tuple[TaskLaunch, ...], spec: ClusterSpec, with_mesh: bool,
                transports: TransportSet) -> None:
     from .preflight import check_hosts
 
-    report = check_hosts(_placeholder_plan(spec, local_hosts, request).launches, with_mesh=with_mesh,
-                         transports=transports)
+    report = check_hosts(launches, with_mesh=with_mesh, transports=transports)
     if not report.ok:
         problems = "; ".join(i.line for i in report.failures)
         see = "" if python_caller() else f"see 'tflaunch check {spec.source}', or "  # a launch() call is no CLI source
