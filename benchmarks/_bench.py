@@ -128,8 +128,12 @@ def free_ports(count: int) -> list[int]:
 
 
 @contextlib.contextmanager
-def workdir(prefix: str) -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix=f"tflaunch-bench-{prefix}-"))
+def workdir(prefix: str, parent: Path | None = None) -> Iterator[Path]:
+    """A fresh folder for one benchmark (in ``parent``, else the system's temporary folder),
+    removed with everything in it at the end."""
+    if parent is not None:
+        parent.mkdir(parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix=f"tflaunch-bench-{prefix}-", dir=parent))
     try:
         yield path
     finally:

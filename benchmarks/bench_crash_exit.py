@@ -103,7 +103,7 @@ def tf_tflaunch(work: Path, command: list[str], rep: int) -> dict:
 
         def worker1_log():
             run_dir = _bench.last_run_dir(log_dir) if log_dir.exists() else None
-            return run_dir / "attempt-1" / "worker-1.log" if run_dir else None
+            return run_dir / "worker-1.log" if run_dir else None
 
         if not wait_for_epoch(worker1_log, lambda: proc.poll() is None, 180):
             _bench.cleanup()  # SIGTERM: tflaunch stops its tasks

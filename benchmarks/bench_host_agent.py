@@ -21,8 +21,9 @@ takes them down at the end, whatever happens. Four parts, each printed as a tabl
    benchmarks/README.md's estimate for 256 hosts comes; and tflaunch's own CPU (user + system,
    from /proc, its ssh clients apart) until then, whose slope has a target: <= 5 ms per host (fitted
    by least squares to every run of every size).
-   Beside each run, the CPU of creating a file and a symbolic link in a new folder of the same
-   filesystem (each task's log and its top-level link), which moves a lot on a shared disk.
+   Beside each run, the CPU of creating a file in the run's own folder (each task's log), which
+   moves a lot on a shared disk; the run folders are made
+   under ``--runs-under`` (default: the working tree's logs/, where tflaunch makes them by default).
 """
 
 from __future__ import annotations
@@ -32,8 +33,6 @@ import json
 import os
 import resource
 import subprocess
-import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -190,29 +189,26 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def file_cost(work: Path, count: int = 64) -> float:
-    """CPU seconds this process spends creating one file and one symbolic link beside it in a new
-    folder under ``work``: what a run folder needs per task (its log and the top-level link to it).
-    On this machine's ext4 it moved between 0.02 and 1 ms over one afternoon: that filesystem has no
-    journal, and then ext4 passes over every inode freed in the last minutes when it allocates one
-    (``recently_deleted``), so files deleted shortly before make new ones dear. The folder is
-    therefore left in place until the whole benchmark ends, as every run's folder is."""
-    folder = Path(tempfile.mkdtemp(dir=work))
-    (folder / "attempt-1").mkdir()
+def file_cost(run_dir: Path, tag: str, count: int = 64) -> float:
+    """CPU seconds this process spends creating one file in a run folder: what the run needs per
+    task (its log), in the same folder, so in the same ext4 block group. This machine's ext4 has no
+    journal, and then ext4 passes over every inode of the group freed in the last minutes when it
+    allocates one (``recently_deleted``): a new file costs 0.01 ms in a quiet group and 0.2 ms or
+    more in one where many were just deleted (under /tmp, where the tests and benchmarks come and
+    go, at times all day). What is created here stays until the whole benchmark ends, as every
+    run's folder does."""
     started = time.thread_time()
     for i in range(count):
-        os.close(os.open(folder / "attempt-1" / f"worker-{i}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644))
-        os.symlink(f"attempt-1/worker-{i}.log", folder / f"worker-{i}.log")
+        os.close(os.open(run_dir / f".probe-{tag}-{i}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644))
     return (time.thread_time() - started) / count
 
 
 def start_time(doc: dict, hosts: int, work: Path, rep: int, source: str | None = None) \
         -> tuple[float, float, float, float] | None:
     """(seconds from launch until every task of ``hosts`` x 8 has printed its first line,
-    tflaunch's own CPU seconds until then, the file cost beside it in quiet moments (before and after
-    the run) and while its hosts log in: see :func:`file_cost`).
+    tflaunch's own CPU seconds until then, the file cost in the run's own folders after the run
+    and while its hosts log in: see :func:`file_cost`).
     ``source``: a folder whose launcher package tflaunch runs instead of this tree's."""
-    files = file_cost(work)  # before the run, and again after it
     chosen = doc["hosts"][:hosts]
     cluster = cluster_yaml(work / f"curve-{hosts}.yaml", chosen, 8, doc["ssh_config"])
     logs = work / f"curve-logs-{hosts}-{rep}-{'before' if source else 'this'}"  # the newest run folder is this run's
@@ -221,27 +217,28 @@ def start_time(doc: dict, hosts: int, work: Path, rep: int, source: str | None =
     started = time.monotonic()
     env = {**os.environ, "PYTHONPATH": source} if source else None
     proc = _bench.popen(argv, cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    # The same cost while the hosts log in: the test hosts share this machine's filesystem, and their
-    # login shells (pyenv's rehash in root's .bashrc) create and delete files on it meanwhile.
-    during: list[float] = []
-    beside = threading.Timer(0.3, lambda: during.append(file_cost(work)))
-    beside.start()
     expected = hosts * 8
     seen_at = None
+    during: list[float] = []
 
     def all_up() -> bool:
         run_dir = _bench.last_run_dir(logs)
-        if run_dir is None or not (run_dir / "merged.log").exists():
+        if run_dir is None or not (run_dir / "run.json").exists():
             return False
-        return (run_dir / "merged.log").read_text(errors="replace").count("| up") >= expected
+        if not during:
+            # The same cost while the hosts log in: the test hosts share this machine's filesystem,
+            # and their login shells (pyenv's rehash in root's .bashrc) create and delete files on it.
+            during.append(file_cost(run_dir, "during"))
+        return (run_dir / "merged.log").exists() and \
+            (run_dir / "merged.log").read_text(errors="replace").count("| up") >= expected
 
     if _bench.wait_for(all_up, timeout=120, interval=0.01):
         seen_at = time.monotonic() - started, cpu_seconds(proc.pid)
     proc.wait()
-    beside.join()
-    if seen_at is None:
+    run_dir = _bench.last_run_dir(logs)
+    if seen_at is None or run_dir is None:
         return None
-    return (*seen_at, (files + file_cost(work)) / 2, during[0] if during else float("nan"))
+    return (*seen_at, file_cost(run_dir, "after"), during[0])
 
 
 def curve(doc: dict, sizes: list[int], work: Path, reps: int = 3, before: str | None = None) -> None:
@@ -262,7 +259,7 @@ def curve(doc: dict, sizes: list[int], work: Path, reps: int = 3, before: str | 
         print()
         print(f"  {side}:")
         table(["cluster", "tasks", f"start s (median of {reps})", "ms per host", "tflaunch CPU s",
-               "file + link CPU ms, quiet", "the same, hosts logging in"], rows)
+               "file CPU ms, after", "the same, hosts logging in"], rows)
         good = [(h, v, c) for h, v, c, _, _ in points if v]
         if len(good) < 2:
             continue
@@ -278,8 +275,8 @@ def curve(doc: dict, sizes: list[int], work: Path, reps: int = 3, before: str | 
         note(f"tflaunch's CPU per extra host: {cpu_slope:.1f} ms fitted to all {len(points)} runs "
              f"(least squares, standard error {error:.1f} ms; {ends_slope:.1f} ms between the medians at {h0} "
              f"and {h1} hosts)")
-        note(f"of it, creating its 8 task logs and their links took about {crowded:.1f} ms on this filesystem "
-             f"while the hosts logged in ({files:.1f} ms in quiet moments; measured beside each run); "
+        note(f"of it, creating its 8 task logs took about {crowded:.1f} ms on this filesystem "
+             f"while the hosts logged in ({files:.1f} ms after the run; measured in each run's own folder); "
              f"the rest: {cpu_slope - crowded:.1f} ms")
         if sides[side] is None:
             _bench.verdict(f"tflaunch's CPU at start per extra host ({h0} to {h1} hosts x 8 tasks, all runs fitted)",
@@ -310,6 +307,8 @@ def main() -> None:
     parser.add_argument("--curve-reps", type=int, default=6, help="runs per size of part 3 (default 6: with 3, the fitted "
                         "slope's standard error was 1.8 ms here; with 6 to 8, 0.7 to 1.1)")
     parser.add_argument("--only-curve", action="store_true", help="part 3 alone")
+    parser.add_argument("--runs-under", metavar="DIR", type=Path, default=ROOT / "logs",
+                        help="where the benchmark's run folders are made (default: logs/ of this tree)")
     parser.add_argument("--before", metavar="DIR", help="part 3 also with the launcher package in DIR "
                         "(`git archive COMMIT launcher | tar -x -C DIR`), interleaved: before and after in one run")
     args = parser.parse_args()
@@ -324,7 +323,7 @@ def main() -> None:
     if doc is None:
         return
     try:
-        with _bench.workdir("hostagent") as work:
+        with _bench.workdir("hostagent", args.runs_under) as work:
             if not args.only_curve:
                 many_on_one_host(doc, work)
                 eight_by_eight(doc, work, args.reps)

@@ -79,7 +79,7 @@ def run_tflaunch(work: Path, tasks: int, lines: int, source: str | None = None) 
     if run_dir is None:
         raise RuntimeError(f"tflaunch exited {rc} without a run folder; see {work / 'tflaunch.console'}")
     names = [f"worker-{i}" for i in range(tasks)]
-    last_write = max(os.stat(run_dir / "attempt-1" / f"{n}.log").st_mtime for n in names)
+    last_write = max(os.stat(run_dir / f"{n}.log").st_mtime for n in names)
     check = check_merged(run_dir / "merged.log", names, lines)
     s = sampler.result
     pump = sum(cpu for tid, cpu in s.threads.items() if tid != str(proc.pid))

@@ -46,10 +46,11 @@ def run_tflaunch(work: Path, command: list[str]) -> dict:
         start = time.perf_counter()
         proc = _bench.popen(argv, cwd=work, stdout=console, stderr=console)
         with _bench.Sampler(proc.pid, interval=0.05) as sampler:
-            rc, exited, _ = _bench.wait4(proc)
+            rc, exited, usage = _bench.wait4(proc)
         wall = time.perf_counter() - start
     result = {"wall": wall, "rc": rc, "trainer": None, "before": None, "after": None,
-              "cpu": sampler.result.cpu_self, "rss": sampler.result.peak_rss}
+              "cpu": sampler.result.cpu_self, "rss": sampler.result.peak_rss,
+              "all_cpu": usage.ru_utime + usage.ru_stime}  # tflaunch, its agent and the trainers it reaped
     run_dir = _bench.last_run_dir(log_dir)
     if run_dir is None:
         return result
@@ -84,13 +85,15 @@ def run_by_hand(work: Path, planned: list[_bench.PlannedTask], rep: int) -> dict
         start = time.perf_counter()
         procs = [_bench.popen(t.argv, cwd=work, env=env, stdout=fd, stderr=fd, close_fds=True)
                  for t, env, fd in zip(planned, envs, fds)]
-        codes = [p.wait() for p in procs]
+        waited = [_bench.wait4(p) for p in procs]
         wall = time.perf_counter() - start
+        codes = [rc for rc, _, _ in waited]
+        all_cpu = sum(usage.ru_utime + usage.ru_stime for _, _, usage in waited)
     finally:
         for fd in fds:
             os.close(fd)
     text = b"".join((run_dir / f"{t.name}.log").read_bytes() for t in planned)
-    return {"wall": wall, "rc": max(codes, key=abs), "trainer": trainer_seconds(text)}
+    return {"wall": wall, "rc": max(codes, key=abs), "trainer": trainer_seconds(text), "all_cpu": all_cpu}
 
 
 def fixed_cost(work: Path, reps: int = 3) -> float:
@@ -148,6 +151,9 @@ def main() -> None:
                  if ta["rc"] == 0 and hb["rc"] == 0]
         print(f"  difference of medians: {a - b:+.2f} s; median of per-repetition ratios: {median(pairs):.3f}")
         cpu = median([r["cpu"] for r in t])
+        everything = {side: median([r["all_cpu"] for r in rs]) for side, rs in ok.items()}
+        print(f"  CPU of everything each side ran (median): tflaunch side {everything['tflaunch']:.2f} s "
+              f"(tflaunch, its agent and the trainers), hand side {everything['hand']:.2f} s (the trainers)")
         print(f"  upper bound free of training noise: (hand median + latency {before + after:.2f} s "
               f"+ launcher CPU {cpu:.2f} s) / hand median = {(b + before + after + cpu) / b:.3f}")
         _bench.verdict("ratio tflaunch / hand-launched", a / b, TARGET)

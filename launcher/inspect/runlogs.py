@@ -1,7 +1,8 @@
 """A run's logs as lines: the merged log or one task's output, filtered, read once or followed.
 
 ``merged.log`` lines read ``<date> <time> [<attempt>] <task> | <text>``; a task's own log holds its
-output as it wrote it, and ``<task>.log`` in the run folder links to its latest attempt's file.
+output as it wrote it: ``<task>.log`` in the run folder is its latest attempt's, and an earlier
+attempt's moves into ``attempt-<k>/`` when the next attempt starts.
 A log that outgrew its size limit reads as its head, a marker line saying how many bytes were left
 out, and its latest output (:mod:`launcher.records.logview`); marker lines pass every filter.
 """
@@ -73,18 +74,22 @@ def follow_log(run: Run, query: LogQuery, poll: float = 0.25,
 
     The run has ended when run.json no longer says ``running`` or its launcher is gone; since
     tflaunch finishes writing the logs before it records the end, everything is read by then.
-    A task's latest log moves to a new file on each attempt; the follower moves with it.
+    A task's log moves into its attempt's folder when the next attempt starts: the follower reads
+    the moved file to its end, then (following the latest log) goes on with the new one.
     """
-    path = log_path(run, query)
     reader: _Tail | None = None
+    later = 1  # the attempt a new reader of the latest log reads at least (run.json may lag behind)
     while True:
         ended = not run.reload().live
+        path = log_path(run, query)
+        if reader is not None and query.task is not None:
+            reader.moved_to(run.folder.task_log(query.task, reader.attempt))
         current = path.resolve() if path.exists() else None
         if reader is not None and current is not None and current != reader.path:
             yield from (line for line in reader.finish() if _wanted(line, query))
-            reader = None
+            later, reader = reader.attempt + 1, None
         if reader is None and current is not None:
-            reader = _Tail(current)
+            reader = _Tail(current, query.attempt or max(run.attempt, later))
         if reader is not None:
             yield from (line for line in reader.read() if _wanted(line, query))
         if ended:
@@ -97,10 +102,16 @@ def follow_log(run: Run, query: LogQuery, poll: float = 0.25,
 class _Tail:
     """Complete lines added to one log since the last read (through its changes of shape)."""
 
-    def __init__(self, path: Path):
-        self.path = path
+    def __init__(self, path: Path, attempt: int):
+        self.path, self.attempt = path, attempt  # the attempt whose log it reads
         self.follower = Follower(path)
         self.splitter = LineSplitter()
+
+    def moved_to(self, path: Path) -> None:
+        """Read on from where the log now is (the same file, moved into its attempt's folder)."""
+        where = path.resolve() if path.exists() else self.path
+        if where != self.path:
+            self.path = self.follower.path = where
 
     def read(self) -> list[str]:
         try:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..options import LOG_MAX_SIZE
+from .folder import PART_INFIX
 
 MERGED_SHARE = 4  # merged.log may grow to this many times the per-task limit: it carries every task, prefixed
 HEAD_SHARE = 4  # the head is a quarter of the limit, the tail the rest
@@ -44,11 +45,10 @@ ALIGN = 64 << 10  # how far a cut looks for a line end before it cuts inside a l
 LAG_ALLOWANCE = 64 << 20
 LAG_PARTS = 512
 
-PART_INFIX = ".part-"
 _APPEND = os.O_WRONLY | os.O_CREAT | os.O_APPEND
 IOV_MAX = 1024  # pieces one writev takes on Linux
-_RUNNING = "[... tflaunch: {count:>19,} bytes left out here so far; the latest output is in {name}.part-* " \
-           "until this log is closed ...]\n"
+_RUNNING = "[... tflaunch: {count:>19,} bytes left out here so far; the latest output is in {name}" + PART_INFIX + \
+           "* until this log is closed ...]\n"
 _FINAL = "[... tflaunch: {count:,} bytes ({size}) left out here ...]\n"
 # A marker line of either kind; group 1: the count, group 2: " so far" on a live log's marker.
 MARKER = re.compile(rb"\[\.\.\. tflaunch: +([0-9,]+) bytes (?:\([^)\n]*\) )?left out here( so far)?[^\n]*\n")

@@ -8,8 +8,8 @@ Layout of one run::
         merged.log          every line of every task: "<date> <time> [<attempt>] <task> | <text>"
         metrics.jsonl       the metric records tasks printed (the line format is in records/metrics.py)
         resources.json      each task's CPU and memory figures, when they were sampled
-        attempt-1/worker-0.log   each task's own stdout and stderr, byte for byte
-        worker-0.log -> attempt-1/worker-0.log   (the latest attempt)
+        worker-0.log        each task's own stdout and stderr of its latest attempt, byte for byte
+        attempt-1/worker-0.log   an earlier attempt's, moved there when the next attempt started
         attempt-1/stacks/   each task's stacks (<task>.txt) and verdict.json, when a hang watchdog sampled them
         backup/             the trainer's backup, when the run may restart
         checkpoints/        the chief's per-epoch checkpoints, when there is an evaluator
@@ -19,8 +19,12 @@ Layout of one run::
         control.sock        while the run lasts: where 'tflaunch stacks' asks (records/control.py)
 
 A Slurm run's folder also holds ``job.sbatch``, ``slurm.json`` (:mod:`launcher.records.slurm`), the
-job's own output ``slurm-<job id>.out`` and, after requeues, ``requeue-<k>/`` with the run.json and
-attempt folders of earlier executions.
+job's own output ``slurm-<job id>.out`` and, after requeues, ``requeue-<k>/`` with the run.json,
+task logs and attempt folders of earlier executions.
+
+A task's log is one file, at the top of the folder, for as long as the task runs in one attempt:
+a run that never restarts has no attempt folder (a run of 8,192 tasks makes 8,192 files, not also
+a link to each: on a shared or network filesystem each one is a metadata operation of its own).
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ METRICS = "metrics.jsonl"
 RESOURCES = "resources.json"
 ATTEMPT_PREFIX = "attempt-"  # attempt-<k>/
 TASK_LOG_SUFFIX = ".log"  # <task>.log
+PART_INFIX = ".part-"  # <log>.part-<offset>: a log's latest output past its size limit (records/boundedlog.py)
 STACKS = "stacks"  # attempt-<k>/stacks/
 STACKS_SUFFIX = ".txt"  # attempt-<k>/stacks/<task>.txt
 VERDICT = "verdict.json"  # attempt-<k>/stacks/verdict.json
@@ -144,6 +149,8 @@ class RunFolder:
         self.path = Path(path)
         self._milestone: tuple | None = None  # what run.json said when its folder was last synced
         self._attempt_dirs: dict[int, str] = {}  # attempt folders known to exist, by number
+        self._log_attempts: dict[str, int] = {}  # task -> the attempt its log at the top belongs to
+        self._real_path: str | None = None
 
     @classmethod
     def create(cls, log_dir: str | Path | None, source: str, option: str | None = None) -> "RunFolder":
@@ -200,10 +207,13 @@ class RunFolder:
         return self.path / attempt_name(attempt)
 
     def task_log(self, name: str, attempt: int) -> Path:
-        return self.attempt_dir(attempt) / task_log_name(name)
+        """The task's log of one attempt: in the attempt's folder once a later attempt has started
+        (or in a folder written before logs lived at the top), else at the top of the run folder."""
+        earlier = self.attempt_dir(attempt) / task_log_name(name)
+        return earlier if os.path.lexists(earlier) else self.latest_task_log(name)
 
     def latest_task_log(self, name: str) -> Path:
-        """The link to the task's log of the latest attempt it ran in."""
+        """The task's log of the latest attempt it ran in."""
         return self.path / task_log_name(name)
 
     def stacks_dir(self, attempt: int) -> Path:
@@ -215,27 +225,35 @@ class RunFolder:
         return sorted(found, key=lambda p: (len(p.parent.name), p.parent.name))  # attempt-9 before attempt-10
 
     def create_task_log(self, name: str, attempt: int) -> str:
-        """Create the log of a task's stdout and stderr in its attempt's folder (kept when it is
-        there: a task restarted in place appends), and point the top-level link at it; returns its
-        path, resolved once. Paths are joined as text: this runs once per task at a run's start."""
+        """Create the log of a task's stdout and stderr at the top of the run folder (kept when it is
+        there: a task restarted in place appends), after moving its log of an earlier attempt into
+        that attempt's folder; returns its path, resolved once. Paths are joined as text: this runs
+        once per task at a run's start."""
+        if self._real_path is None:
+            self._real_path = os.path.realpath(self.path)
+        log_name = task_log_name(name)
+        path = os.path.join(self._real_path, log_name)
+        earlier = self._log_attempts.get(name)
+        if earlier is not None and earlier != attempt:
+            self._move_aside(log_name, earlier)
+        self._log_attempts[name] = attempt
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644))
+        return path
+
+    def _move_aside(self, log_name: str, attempt: int) -> None:
+        """Move a task's log of an ended attempt, with any part files a full disk kept from being
+        stitched into it, into that attempt's folder: renames, which keep every byte."""
         folder = self._attempt_dirs.get(attempt)
         if folder is None:  # once per attempt, not once per task
             made = self.attempt_dir(attempt)
             made.mkdir(parents=True, exist_ok=True)
             folder = self._attempt_dirs[attempt] = os.path.realpath(made)
-        log_name = task_log_name(name)
-        path = os.path.join(folder, log_name)
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644))
-        target = os.path.join(attempt_name(attempt), log_name)  # relative to the run folder
-        try:
-            os.symlink(target, os.path.join(self.path, log_name))  # the task's first log: no link to replace yet
-        except FileExistsError:
-            link = self.latest_task_log(name)
-            tmp = self.path / f".{link.name}.tmp"
-            tmp.unlink(missing_ok=True)
-            tmp.symlink_to(target)
-            tmp.replace(link)
-        return path
+        parts = f"{log_name}{PART_INFIX}"
+        for moved in [log_name, *(n for n in os.listdir(self._real_path) if n.startswith(parts))]:
+            try:
+                os.rename(os.path.join(self._real_path, moved), os.path.join(folder, moved))
+            except FileNotFoundError:
+                pass  # removed by hand while the run went on: nothing to keep
 
     def read_metrics(self) -> list[dict[str, Any]]:
         """The metric records in the order they arrived; a half-written last line is left out."""

@@ -15,7 +15,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .boundedlog import ALIGN, MARKER, MARKER_START, PART_INFIX, copy_range, final_marker, format_size
+from .boundedlog import ALIGN, MARKER, MARKER_START, copy_range, final_marker, format_size
+from .folder import PART_INFIX
 from .lines import LineSplitter
 
 

@@ -7,7 +7,7 @@ the log directory, tagged with the job id in ``slurm.json`` (:mod:`launcher.reco
 
 **Requeued jobs** (``SLURM_RESTART_COUNT`` > 0) rerun the batch script with the same job id. Their
 run takes the same folder again (found by ``--run-dir`` or by the job id), after moving the
-previous execution's ``run.json`` and ``attempt-*`` folders into ``requeue-<k>/``. ``merged.log``
+previous execution's ``run.json``, task logs and ``attempt-*`` folders into ``requeue-<k>/``. ``merged.log``
 and ``metrics.jsonl`` carry on, and ``backup/`` stays where the tasks' ``TFLAUNCH_BACKUP_DIR``
 points, so the requeued job resumes from the last backup.
 
@@ -22,7 +22,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..records.folder import ATTEMPT_PREFIX, DEFAULT_LOG_DIR, RECORD, TASK_LOG_SUFFIX, RunFolder, iso_time, requeue_name
+from ..records.folder import (ATTEMPT_PREFIX, DEFAULT_LOG_DIR, MERGED, PART_INFIX, RECORD, TASK_LOG_SUFFIX,
+                              RunFolder, TENSORBOARD_LOG, iso_time, requeue_name)
 from ..records.slurm import read_slurm_record, write_slurm_record
 from ..records.states import RunStatus
 from .commands import job_states
@@ -39,18 +40,24 @@ def find_job_folder(log_dir: Path, job_id: str) -> Path | None:
 
 
 def archive_previous_execution(folder: Path, restart_count: int) -> Path | None:
-    """Move the last execution's record and attempt folders aside so this one starts clean."""
-    old = [p for p in folder.iterdir() if p.name == RECORD or p.name.startswith(ATTEMPT_PREFIX)]
+    """Move the last execution's record, task logs and attempt folders aside so this one starts
+    clean (merged.log stays: it goes on across executions)."""
+    old = [p for p in folder.iterdir()
+           if p.name == RECORD or p.name.startswith(ATTEMPT_PREFIX) or _task_log(p.name)]
     if not old:
         return None
     target = folder / requeue_name(restart_count)
     target.mkdir(exist_ok=True)
     for path in old:
         path.rename(target / path.name)
-    for link in folder.glob(f"*{TASK_LOG_SUFFIX}"):
-        if link.is_symlink():
-            link.unlink()
     return target
+
+
+def _task_log(name: str) -> bool:
+    """A task's log at the top of a run folder, or a part file of one (merged.log and
+    tensorboard.log are the run's own)."""
+    stem = name.split(PART_INFIX)[0]
+    return stem.endswith(TASK_LOG_SUFFIX) and stem not in (MERGED, TENSORBOARD_LOG)
 
 
 def prepare_folder(run_dir: str | None, log_dir: str | None, environ: Mapping[str, str], source: str) -> RunFolder:

@@ -216,6 +216,40 @@ def test_logs_follow_prints_lines_as_they_come_and_ends_with_the_run(tflaunch):
         interrupt(run)
 
 
+ATTEMPT_LINES = ("import os, sys, time\n"
+                 "attempt = os.environ['TFLAUNCH_ATTEMPT']\n"
+                 "print(f'attempt {attempt} first', flush=True)\n"
+                 "time.sleep(1.5)\n"
+                 "print(f'attempt {attempt} second', flush=True)\n"
+                 "sys.exit(3 if attempt == '1' else 0)\n")
+
+
+@pytest.mark.timeout(90)
+def test_logs_follow_reads_on_across_a_restart_that_moves_the_log_into_its_attempt_folder(tflaunch):
+    # Attempt 1's log is at the top of the run folder while it runs; when attempt 2 starts it moves
+    # into attempt-1/ and a new one takes its place: the follower finishes the moved file, then the new.
+    run = tflaunch.start("--local", "1", "--max-restarts", "1", "--restart-delay", "1", "--",
+                         "python", "-c", ATTEMPT_LINES)
+    try:
+        started(tflaunch)
+        follow = subprocess.Popen(tflaunch.argv("logs", "--follow", "--task", "worker-0", "--log-dir",
+                                                str(tflaunch.log_dir)), cwd=tflaunch.cwd, env=tflaunch.env(),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        out, errors = follow.communicate(timeout=60)
+        assert follow.returncode == 0, errors
+        assert out == "attempt 1 first\nattempt 1 second\nattempt 2 first\nattempt 2 second\n"
+        run.communicate(timeout=30)
+        assert run.returncode == 0
+    finally:
+        interrupt(run)
+    run_dir = newest_run(tflaunch)
+    assert sorted(p.name for p in (run_dir / "attempt-1").iterdir()) == ["worker-0.log"]
+    assert not (run_dir / "attempt-2").exists()
+    for attempt in ("1", "2"):
+        shown = inspect(tflaunch, "logs", "--task", "worker-0", "--attempt", attempt).stdout
+        assert shown == f"attempt {attempt} first\nattempt {attempt} second\n"
+
+
 @pytest.mark.timeout(90)
 def test_launcher_gone_shows_launcher_lost_and_ends_follow(tflaunch):
     run = tflaunch.start("--local", "2", "--", "python", TASK, "print:up", "forever")

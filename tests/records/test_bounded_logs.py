@@ -313,11 +313,11 @@ def test_a_flood_past_the_limit_leaves_every_log_within_it_with_its_exact_head_t
     done = tflaunch.run("--local", "2", "--quiet", "--log-max-size", "1M", "--", "python", "-c", FLOOD,
                         str(lines), "0", timeout=240)
     assert done.returncode == 0, done.stderr[-2000:]
-    attempt = done.run_dir / "attempt-1"
-    assert sorted(p.name for p in attempt.iterdir()) == ["worker-0.log", "worker-1.log"]  # no parts left
+    logs = sorted(p.name for p in done.run_dir.iterdir() if ".log" in p.name)
+    assert logs == ["merged.log", "worker-0.log", "worker-1.log"]  # no parts left
     names = ["worker-0", "worker-1"]
     for name in names:
-        data = (attempt / f"{name}.log").read_bytes()
+        data = (done.run_dir / f"{name}.log").read_bytes()
         assert len(data) <= (1 << 20) + 80
         assert_head_marker_tail(data, output_of(name, lines))
     merged = done.merged
@@ -335,7 +335,7 @@ def test_a_flood_past_the_limit_leaves_every_log_within_it_with_its_exact_head_t
     assert count == left  # the marker counts exactly the merged lines left out
     # tflaunch logs shows each marker; report names the logs over their limit.
     shown = tflaunch.run("logs", done.run_dir.name, "--task", "worker-1")
-    assert shown.returncode == 0 and shown.stdout.encode() == (attempt / "worker-1.log").read_bytes()
+    assert shown.returncode == 0 and shown.stdout.encode() == (done.run_dir / "worker-1.log").read_bytes()
     merged_shown = tflaunch.run("logs", done.run_dir.name, "--grep", "nothing matches this")
     assert merged_shown.stdout == f"[... tflaunch: {count:,} bytes ({format_size(count)}) left out here ...]\n"
     report = tflaunch.run("report", done.run_dir.name)
@@ -348,7 +348,7 @@ def test_tflaunch_sigkilled_mid_flood_leaves_readable_logs_with_head_marker_and_
     proc = tflaunch.start("--local", "1", "--quiet", "--log-max-size", "64k", "--", "python", "-c", FLOOD, "-1",
                           "0.01", marker)
     run_dir = wait_for(tflaunch.latest_run, timeout=60, message="the run folder")
-    log, merged = run_dir / "attempt-1" / "worker-0.log", run_dir / "merged.log"
+    log, merged = run_dir / "worker-0.log", run_dir / "merged.log"
 
     def past_limits() -> bool:  # both logs have parts, and both have deleted some already
         starts = [[int(p.name.rsplit("-", 1)[1]) for p in parts_of(path)] for path in (log, merged)]

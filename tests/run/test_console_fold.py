@@ -333,7 +333,7 @@ def test_256_local_tasks_print_their_shared_lines_a_handful_of_times(tflaunch, t
     run_dir = tflaunch.latest_run()
     expected = "ready\n" + "".join(f"{line}\n" for line in SHARED)
     for name in names:
-        assert (run_dir / "attempt-1" / f"{name}.log").read_bytes() == f"{expected}unique {name}\n".encode()
+        assert (run_dir / f"{name}.log").read_bytes() == f"{expected}unique {name}\n".encode()
     merged = (run_dir / "merged.log").read_text()
     for line in SHARED:
         assert merged.count(f" | {line}\n") == 256

@@ -50,9 +50,10 @@ def test_worker_killed_mid_epoch_two_restarts_and_resumes_from_backup(tflaunch):
     assert 2 <= first_epoch_of_second <= 3  # resumed from the backup, not from epoch 1
     assert [m["epoch"] for m in second] == list(range(first_epoch_of_second, 6))
     assert any(m["kind"] == "final" and m["attempt"] == 2 for m in records)
-    assert (run_dir / "attempt-1" / "worker-1.log").exists() and (run_dir / "attempt-2" / "worker-1.log").exists()
+    assert (run_dir / "attempt-1" / "worker-1.log").exists() and (run_dir / "worker-1.log").exists()
     assert b"[2] worker-0 | " in (run_dir / "merged.log").read_bytes()
-    assert "resum" in (run_dir / "attempt-2" / "worker-0.log").read_text().lower()
+    assert "resum" in (run_dir / "worker-0.log").read_text().lower()
+    assert "resum" not in (run_dir / "attempt-1" / "worker-0.log").read_text().lower()
 
 
 def test_attempt_number_reaches_tasks_and_logs(tflaunch):
@@ -64,7 +65,13 @@ def test_attempt_number_reaches_tasks_and_logs(tflaunch):
     assert all(s["TFLAUNCH_BACKUP_DIR"] == str(done.run_dir.resolve() / "backup") for s in seen)
     assert [m["attempt"] for m in metrics_of(done.run_dir)] == [1, 2]
     assert len(done.record["attempts"]) == 2 and done.record["max_restarts"] == 1
-    assert (done.run_dir / "worker-0.log").resolve() == (done.run_dir / "attempt-2" / "worker-0.log").resolve()
+    # Each attempt's own log: the latest at the top of the run folder, the first moved into attempt-1/.
+    logs = {"1": done.run_dir / "attempt-1" / "worker-0.log", "2": done.run_dir / "worker-0.log"}
+    for attempt, path in logs.items():
+        assert path.is_file() and not path.is_symlink()
+        shown = [json.loads(line.split("ENV ", 1)[1]) for line in path.read_text().splitlines() if "ENV " in line]
+        assert [s["TFLAUNCH_ATTEMPT"] for s in shown] == [attempt]
+    assert not (done.run_dir / "attempt-2").exists()
 
 
 def test_failure_with_progress_exhausts_every_restart(tflaunch):

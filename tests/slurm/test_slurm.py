@@ -131,7 +131,7 @@ def test_restarts_inside_the_allocation(slurm, tmp_path):
     assert done.returncode == 0, done.stderr
     rec = record(run_dir)
     assert [a["outcome"] for a in rec["attempts"]] == ["failed", "succeeded"]
-    assert f"backup {run_dir.resolve()}/backup" in (run_dir / "attempt-2" / "worker-0.log").read_text()
+    assert f"backup {run_dir.resolve()}/backup" in (run_dir / "worker-0.log").read_text()
 
 
 def test_scancel_leaves_nothing_on_any_node_and_a_final_run_folder(slurm, tmp_path):

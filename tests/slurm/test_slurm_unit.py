@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 
 from launcher.errors import ConfigError
+from launcher.slurm.job import archive_previous_execution
 from launcher.slurm.allocation import (
     Allocation,
     carve_roles,
@@ -212,3 +213,20 @@ def test_a_run_is_one_step_with_one_agent_per_node():
     with_setup = srun_argv(["gpu02"], replace(launch, setup="source /opt/env.sh"), grace=5, port=4711)
     assert with_setup[-len(agent) - 4:-len(agent) - 1] == ["/bin/sh", "-c", 'source /opt/env.sh\nexec "$0" "$@"']
     assert with_setup[-len(agent) - 1:-1] == agent  # the agent's argv passes through "$@" untouched
+
+
+def test_a_requeue_moves_the_last_executions_record_task_logs_and_attempts_aside(tmp_path):
+    kept = ["merged.log", "merged.log.part-4096", "metrics.jsonl", "slurm.json", "tensorboard.log", "job.sbatch"]
+    moved = ["run.json", "worker-0.log", "worker-0.log.part-8192", "ps-0.log"]
+    for name in kept + moved:
+        (tmp_path / name).write_text(name)
+    (tmp_path / "attempt-1").mkdir()
+    (tmp_path / "attempt-1" / "worker-0.log").write_text("attempt 1")
+    (tmp_path / "backup").mkdir()
+    target = archive_previous_execution(tmp_path, 1)
+    assert target == tmp_path / "requeue-1"
+    assert sorted(p.name for p in target.iterdir()) == sorted([*moved, "attempt-1"])
+    assert (target / "attempt-1" / "worker-0.log").read_text() == "attempt 1"
+    assert all((target / name).read_text() == name for name in moved)  # renamed, every byte kept
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*kept, "backup", "requeue-1"])
+    assert archive_previous_execution(tmp_path, 2) is None  # nothing of an execution left to move

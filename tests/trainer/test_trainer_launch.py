@@ -12,6 +12,7 @@ import time
 import pytest
 
 from conftest import HELPERS
+from launcher.records.folder import RunFolder
 from polling import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.tensorflow]
@@ -74,7 +75,7 @@ def test_parameter_server_run_resumes_from_backup_after_a_ps_dies(tflaunch):
         run_dir = wait_for(lambda: tflaunch.latest_run(), timeout=60, message="the run folder")
 
         def chief_epochs() -> list[int]:
-            path = run_dir / "attempt-1" / "chief-0.log"
+            path = RunFolder(run_dir).task_log("chief-0", 1)  # at the top until attempt 2 starts
             text = path.read_text(errors="replace") if path.exists() else ""
             return [json.loads(line[16:])["epoch"] for line in text.splitlines()
                     if line.startswith("TFLAUNCH_METRIC ") and '"kind":"epoch"' in line]
@@ -97,7 +98,7 @@ def test_parameter_server_run_resumes_from_backup_after_a_ps_dies(tflaunch):
     assert len(manifest["attempts"]) == 2, manifest["attempts"]
     first_epochs = chief_epochs()
     assert first_epochs[:2] == [1, 2] and 6 not in first_epochs, first_epochs
-    second = (run_dir / "attempt-2" / "chief-0.log").read_text(errors="replace")
+    second = (run_dir / "chief-0.log").read_text(errors="replace")
     resumed_at = max(first_epochs) + 1
     assert f"trainer: resuming from backup at epoch {resumed_at}" in second, second[-3000:]
     records = [r for r in metrics_of(run_dir) if r["task"] == "chief-0"]

@@ -152,7 +152,7 @@ def test_a_failure_beside_a_flooding_task_stops_the_cluster(tflaunch, testhosts,
     assert 0 <= stopped < 5.0, f"the flooding task was stopped {stopped:.2f} s after the failure"
     # The flood came over the channel into a log kept within its limit: its start, one marker line
     # counting what was left out, its latest lines; merged.log within four times that.
-    flood = (done.run_dir / "attempt-1" / "worker-0.log").read_bytes()
+    flood = (done.run_dir / "worker-0.log").read_bytes()
     cut = list(MARKER.finditer(flood))
     assert len(cut) == 1 and int(cut[0][1].replace(b",", b"")) > 1 << 20 and len(flood) <= (1 << 20) + 80
     kept = flood[:cut[0].start()] + flood[cut[0].end():]
@@ -216,7 +216,7 @@ def test_a_thousand_local_tasks_run_under_a_common_open_files_limit(tmp_path):
     (run_dir,) = [p for p in logs.iterdir() if p.is_dir()]
     record = json.loads((run_dir / "run.json").read_text())
     assert len(record["tasks"]) == 1000 and {t["state"] for t in record["tasks"]} == {"succeeded"}
-    assert (run_dir / "attempt-1" / "worker-999.log").read_text() == "worker-999\n"
+    assert (run_dir / "worker-999.log").read_text() == "worker-999\n"
     assert "worker-[0-999] (1000 tasks)" in done.stderr  # one folded row, not a thousand
     merged = (run_dir / "merged.log").read_text()
     assert all(f"worker-{i} | worker-{i}\n" in merged for i in range(0, 1000, 37))
