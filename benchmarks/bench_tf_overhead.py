@@ -29,6 +29,7 @@ from _bench import TFLAUNCH, median, note
 
 TARGET = 1.03
 FINAL_RE = re.compile(rb'TFLAUNCH_METRIC (\{"kind":"final".*\})')
+EPOCH_RE = re.compile(rb'TFLAUNCH_METRIC (\{"kind":"epoch".*\})')
 
 
 def trainer_seconds(text: bytes) -> float | None:
@@ -36,6 +37,18 @@ def trainer_seconds(text: bytes) -> float | None:
     found = [json.loads(m.group(1)).get("total_seconds") for m in FINAL_RE.finditer(text)]
     found = [f for f in found if isinstance(f, (int, float))]
     return max(found) if found else None
+
+
+def epoch_seconds(text: bytes) -> float | None:
+    """The seconds the epochs themselves took (their epoch_seconds summed per task), the largest
+    over the tasks: the rest of the trainer's own time is its start (TensorFlow's import, the
+    cluster's connection) and its end."""
+    per_task: dict[str, float] = {}
+    for match in EPOCH_RE.finditer(text):
+        record = json.loads(match.group(1))
+        if isinstance(record.get("epoch_seconds"), (int, float)):
+            per_task[record.get("task", "")] = per_task.get(record.get("task", ""), 0.0) + record["epoch_seconds"]
+    return max(per_task.values()) if per_task else None
 
 
 def run_tflaunch(work: Path, command: list[str]) -> dict:
@@ -48,13 +61,14 @@ def run_tflaunch(work: Path, command: list[str]) -> dict:
         with _bench.Sampler(proc.pid, interval=0.05) as sampler:
             rc, exited, usage = _bench.wait4(proc)
         wall = time.perf_counter() - start
-    result = {"wall": wall, "rc": rc, "trainer": None, "before": None, "after": None,
+    result = {"wall": wall, "rc": rc, "trainer": None, "epochs": None, "before": None, "after": None,
               "cpu": sampler.result.cpu_self, "rss": sampler.result.peak_rss,
               "all_cpu": usage.ru_utime + usage.ru_stime}  # tflaunch, its agent and the trainers it reaped
     run_dir = _bench.last_run_dir(log_dir)
     if run_dir is None:
         return result
-    result["trainer"] = trainer_seconds((run_dir / "merged.log").read_bytes())
+    merged = (run_dir / "merged.log").read_bytes()
+    result["trainer"], result["epochs"] = trainer_seconds(merged), epoch_seconds(merged)
     # Launcher latency, free of training noise: before the first task starts and after the last one ends.
     tasks = _bench.read_manifest(run_dir)["tasks"]
     starts = [datetime.fromisoformat(t["started_at"]).timestamp() for t in tasks if t.get("started_at")]
@@ -93,7 +107,8 @@ def run_by_hand(work: Path, planned: list[_bench.PlannedTask], rep: int) -> dict
         for fd in fds:
             os.close(fd)
     text = b"".join((run_dir / f"{t.name}.log").read_bytes() for t in planned)
-    return {"wall": wall, "rc": max(codes, key=abs), "trainer": trainer_seconds(text), "all_cpu": all_cpu}
+    return {"wall": wall, "rc": max(codes, key=abs), "trainer": trainer_seconds(text), "epochs": epoch_seconds(text),
+            "all_cpu": all_cpu}
 
 
 def fixed_cost(work: Path, reps: int = 3) -> float:
@@ -127,6 +142,7 @@ def main() -> None:
             results[side].append(r)
             extra = f" launcher cpu {r['cpu']:.2f} s, peak rss {r['rss'] / 2**20:.0f} MB" if side == "tflaunch" else ""
             trainer = f"{r['trainer']:.2f}" if r["trainer"] is not None else "?"
+            trainer += f" (epochs {r['epochs']:.2f})" if r["epochs"] is not None else ""
             note(f"rep {rep + 1} {side:8s} wall {r['wall']:.2f} s, trainer total_seconds {trainer}, "
                  f"exit {r['rc']}{extra}")
         bare = fixed_cost(work)
@@ -134,6 +150,10 @@ def main() -> None:
     ok = {side: [r for r in rs if r["rc"] == 0] for side, rs in results.items()}
     _bench.sides_table(results, {"tflaunch": "tflaunch --local 2 --quiet", "hand": "hand-launched (same env)"},
                        "trainer's own s", lambda rs: median([r["trainer"] for r in rs if r["trainer"] is not None]))
+    epochs = {side: [r["epochs"] for r in rs if r["epochs"] is not None] for side, rs in ok.items()}
+    if epochs["tflaunch"] and epochs["hand"]:
+        print(f"  of the trainer's own time, its epochs (median): {median(epochs['tflaunch']):.2f} s under tflaunch, "
+              f"{median(epochs['hand']):.2f} s by hand; the rest is its start and end")
     t = ok["tflaunch"]
     print(f"  tflaunch process: median CPU {median([r['cpu'] for r in t]):.2f} s, "
           f"median peak RSS {median([r['rss'] for r in t]) / 2**20:.0f} MB; "
