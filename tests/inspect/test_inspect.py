@@ -195,25 +195,33 @@ def test_logs_show_merged_or_task_lines_filtered_by_attempt_and_pattern(tflaunch
     assert inspect(tflaunch, "logs", "--attempt", "1", "--grep", "beta").stdout.count("beta") == 2
 
 
-@pytest.mark.timeout(90)
-def test_logs_follow_prints_lines_as_they_come_and_ends_with_the_run(tflaunch):
-    run = tflaunch.start("--local", "1", "--", "python", TASK, "print:tick-1", "sleep:2", "print:tick-2", "sleep:1",
-                         "partial:last words")
+def followed_to_the_end(tflaunch, run: subprocess.Popen, first: str | None = None) -> str:
+    """What ``tflaunch logs --follow --task worker-0`` prints of ``run`` (started now) until it ends
+    by itself, as the run succeeds; ``first``: the line it must print while the run still goes."""
     try:
         started(tflaunch)
         follow = subprocess.Popen(tflaunch.argv("logs", "--follow", "--task", "worker-0", "--log-dir",
                                                 str(tflaunch.log_dir)), cwd=tflaunch.cwd, env=tflaunch.env(),
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        first = follow.stdout.readline()
-        assert first == "tick-1\n"
-        assert run.poll() is None, "the first line must arrive while the run is still going"
-        rest, errors = follow.communicate(timeout=30)
+        shown = ""
+        if first is not None:
+            shown = follow.stdout.readline()
+            assert shown == first
+            assert run.poll() is None, "the first line must arrive while the run is still going"
+        rest, errors = follow.communicate(timeout=60)
         assert follow.returncode == 0, errors
-        assert rest == "tick-2\nlast words\n"
         run.communicate(timeout=30)
         assert run.returncode == 0
+        return shown + rest
     finally:
         interrupt(run)
+
+
+@pytest.mark.timeout(90)
+def test_logs_follow_prints_lines_as_they_come_and_ends_with_the_run(tflaunch):
+    run = tflaunch.start("--local", "1", "--", "python", TASK, "print:tick-1", "sleep:2", "print:tick-2", "sleep:1",
+                         "partial:last words")
+    assert followed_to_the_end(tflaunch, run, first="tick-1\n") == "tick-1\ntick-2\nlast words\n"
 
 
 ATTEMPT_LINES = ("import os, sys, time\n"
@@ -230,18 +238,8 @@ def test_logs_follow_reads_on_across_a_restart_that_moves_the_log_into_its_attem
     # into attempt-1/ and a new one takes its place: the follower finishes the moved file, then the new.
     run = tflaunch.start("--local", "1", "--max-restarts", "1", "--restart-delay", "1", "--",
                          "python", "-c", ATTEMPT_LINES)
-    try:
-        started(tflaunch)
-        follow = subprocess.Popen(tflaunch.argv("logs", "--follow", "--task", "worker-0", "--log-dir",
-                                                str(tflaunch.log_dir)), cwd=tflaunch.cwd, env=tflaunch.env(),
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        out, errors = follow.communicate(timeout=60)
-        assert follow.returncode == 0, errors
-        assert out == "attempt 1 first\nattempt 1 second\nattempt 2 first\nattempt 2 second\n"
-        run.communicate(timeout=30)
-        assert run.returncode == 0
-    finally:
-        interrupt(run)
+    out = followed_to_the_end(tflaunch, run)
+    assert out == "attempt 1 first\nattempt 1 second\nattempt 2 first\nattempt 2 second\n"
     run_dir = newest_run(tflaunch)
     assert sorted(p.name for p in (run_dir / "attempt-1").iterdir()) == ["worker-0.log"]
     assert not (run_dir / "attempt-2").exists()
