@@ -13,7 +13,8 @@ takes them down at the end, whatever happens. Four parts, each printed as a tabl
    started at once (the floor here, where every host shares this machine's 2 cores) and one
    connection, interleaved; target: tflaunch <= 1.2x the 8 connections (the medians' ratio; the
    median of each repetition's own ratio beside it). Beside it, the same run with ``python:
-   /usr/bin/python3`` in the cluster file: the test hosts' ``python3`` is a pyenv shim.
+   /usr/bin/python3`` in the cluster file: the test hosts' ``python3`` is a pyenv shim. With
+   ``--before DIR``, also the same run with the launcher package in DIR, interleaved.
 2b. **One ssh connection's own cost**: client CPU and the whole machine's, with OpenSSH's default key
    exchange (sntrup761x25519 in OpenSSH 9) and with curve25519 alone, interleaved (no target).
 3. **Start-time curve**: 8 ``sleep`` tasks per host at 8, 16 and 32 hosts: seconds from launch
@@ -57,9 +58,11 @@ def cluster_yaml(path: Path, hosts: list[dict], per_host: int, ssh_config: str, 
     return path
 
 
-def run(argv: list[str], cwd: Path) -> tuple[float, int, str]:
+def run(argv: list[str], cwd: Path, source: str | None = None) -> tuple[float, int, str]:
+    """``source``: a folder whose launcher package tflaunch runs instead of this tree's."""
+    env = {**os.environ, "PYTHONPATH": source} if source else None
     started = time.monotonic()
-    done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True)
+    done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, env=env)
     return time.monotonic() - started, done.returncode, done.stderr
 
 
@@ -108,7 +111,7 @@ def many_on_one_host(doc: dict, work: Path) -> None:
     table(["run", "started and succeeded", "median s", "target 10/10"], rows)
 
 
-def eight_by_eight(doc: dict, work: Path, reps: int) -> None:
+def eight_by_eight(doc: dict, work: Path, reps: int, before: str | None = None) -> None:
     hosts, cfg = doc["hosts"][:8], doc["ssh_config"]
     cluster = cluster_yaml(work / "8x8.yaml", hosts, 8, cfg)
     # The test hosts share this machine's /root, whose .bashrc puts pyenv's shims first on the PATH:
@@ -120,6 +123,7 @@ def eight_by_eight(doc: dict, work: Path, reps: int) -> None:
         "tflaunch, python named": lambda: run(tflaunch(named, work, "true"), work)[:2],
         "8 ssh": lambda: at_once([["ssh", "-F", cfg, h["name"], "true"] for h in hosts], work),
         "1 ssh": lambda: at_once([["ssh", "-F", cfg, hosts[0]["name"], "true"]], work),
+        **({"before": lambda: run(tflaunch(cluster, work, "true"), work, before)[:2]} if before else {}),
     }
     results: dict[str, list[float]] = {side: [] for side in sides}
     by_rep: dict[int, dict[str, float]] = {}
@@ -134,7 +138,8 @@ def eight_by_eight(doc: dict, work: Path, reps: int) -> None:
     floor, one = median(results["8 ssh"]), median(results["1 ssh"])
     labels = {"tflaunch": "tflaunch, 64 tasks on 8 hosts",
               "tflaunch, python named": f"the same, python: {SYSTEM_PYTHON}",
-              "8 ssh": "8 plain ssh HOST true at once", "1 ssh": "one ssh HOST true"}
+              "8 ssh": "8 plain ssh HOST true at once", "1 ssh": "one ssh HOST true",
+              "before": f"tflaunch with the launcher from {before}"}
     rows = [[labels[side], len(results[side]), *spread(results[side]), f"{median(results[side]) / floor:.2f}x"]
             for side in sides]
     print()
@@ -146,7 +151,7 @@ def eight_by_eight(doc: dict, work: Path, reps: int) -> None:
     note(f"and against one connection: {median(results['tflaunch']) / one:.2f}x")
     # Each repetition's tflaunch run against the 8 connections of the same repetition: the machine's
     # speed drifts over minutes here (the 8 connections alone moved from 1.45 to 1.97 s in a morning).
-    for side in ("tflaunch", "tflaunch, python named"):
+    for side in ("tflaunch", "tflaunch, python named", *(("before",) if before else ())):
         paired = [r[side] / r["8 ssh"] for r in by_rep.values() if side in r and "8 ssh" in r]
         if paired:
             note(f"{side}, run by run (over the 8 connections of its repetition): median {median(paired):.2f}x "
@@ -309,7 +314,7 @@ def main() -> None:
     parser.add_argument("--only-curve", action="store_true", help="part 3 alone")
     parser.add_argument("--runs-under", metavar="DIR", type=Path, default=ROOT / "logs",
                         help="where the benchmark's run folders are made (default: logs/ of this tree)")
-    parser.add_argument("--before", metavar="DIR", help="part 3 also with the launcher package in DIR "
+    parser.add_argument("--before", metavar="DIR", help="parts 2 and 3 also with the launcher package in DIR "
                         "(`git archive COMMIT launcher | tar -x -C DIR`), interleaved: before and after in one run")
     args = parser.parse_args()
     sizes = [int(n) for n in args.curve.split(",") if n]
@@ -326,7 +331,7 @@ def main() -> None:
         with _bench.workdir("hostagent", args.runs_under) as work:
             if not args.only_curve:
                 many_on_one_host(doc, work)
-                eight_by_eight(doc, work, args.reps)
+                eight_by_eight(doc, work, args.reps, args.before)
                 ssh_cost(doc, args.reps)
             if not args.skip_curve:
                 curve(doc, sizes, work, args.curve_reps, args.before)
