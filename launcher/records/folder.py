@@ -151,6 +151,7 @@ class RunFolder:
         self._attempt_dirs: dict[int, str] = {}  # attempt folders known to exist, by number
         self._log_attempts: dict[str, int] = {}  # task -> the attempt its log at the top belongs to
         self._real_path: str | None = None
+        self._parts_left: dict[str, list[str]] = {}  # log -> its part files at the top, when an attempt ended
 
     @classmethod
     def create(cls, log_dir: str | Path | None, source: str, option: str | None = None) -> "RunFolder":
@@ -248,8 +249,15 @@ class RunFolder:
             made = self.attempt_dir(attempt)
             made.mkdir(parents=True, exist_ok=True)
             folder = self._attempt_dirs[attempt] = os.path.realpath(made)
-        parts = f"{log_name}{PART_INFIX}"
-        for moved in [log_name, *(n for n in os.listdir(self._real_path) if n.startswith(parts))]:
+            # Every log of the attempt was closed before the next one started: its part files are
+            # all there now, found in one listing rather than one per task (8,192 of them, each a
+            # listing of the 8,192 logs, at a restart of 1,024 hosts x 8 tasks).
+            self._parts_left = {}
+            for entry in os.listdir(self._real_path):
+                log, infix, offset = entry.rpartition(PART_INFIX)
+                if infix and offset.isdigit():
+                    self._parts_left.setdefault(log, []).append(entry)
+        for moved in [log_name, *self._parts_left.pop(log_name, ())]:
             try:
                 os.rename(os.path.join(self._real_path, moved), os.path.join(folder, moved))
             except FileNotFoundError:

@@ -93,6 +93,29 @@ def test_a_large_final_record_has_one_line_per_task(tmp_path):
     assert len(lines) < 2 * (READABLE_TASKS + 1)
 
 
+def test_a_new_attempt_moves_each_tasks_log_and_its_unstitched_parts_into_the_last_attempts_folder(tmp_path):
+    folder = RunFolder(tmp_path)
+    names = ["worker-0", "worker-1", "a.part-x"]  # a name that holds the part infix is no part file
+    for name in names:
+        with open(folder.create_task_log(name, 1), "a") as log:
+            log.write(f"{name} attempt 1\n")
+    assert not (tmp_path / "attempt-1").exists()  # a first attempt makes no attempt folder
+    (tmp_path / "worker-0.log.part-4096").write_text("kept from a stitch a full disk stopped\n")
+    (tmp_path / "merged.log.part-8192").write_text("the run's own\n")
+    assert folder.create_task_log("worker-0", 1) == str(tmp_path.resolve() / "worker-0.log")  # in place: kept
+    for name in names:
+        folder.create_task_log(name, 2)
+    moved = tmp_path / "attempt-1"
+    assert sorted(p.name for p in moved.iterdir()) == ["a.part-x.log", "worker-0.log", "worker-0.log.part-4096",
+                                                      "worker-1.log"]
+    for name in names:
+        assert (moved / f"{name}.log").read_text() == f"{name} attempt 1\n"
+        assert folder.task_log(name, 1) == moved / f"{name}.log"
+        assert folder.task_log(name, 2) == folder.latest_task_log(name) == tmp_path / f"{name}.log"
+        assert (tmp_path / f"{name}.log").read_text() == ""
+    assert (tmp_path / "merged.log.part-8192").exists()
+
+
 def test_a_format_1_record_reads_with_defaults_and_the_attempt_from_the_task_env():
     old = {"tflaunch_version": "0.1.0", "run_id": "r", "source": "--local 2", "status": "running",
            "exit_code": None, "launcher": {"pid": 1, "host": "h", "cwd": "/", "argv": ["tflaunch"]},
