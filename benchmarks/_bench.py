@@ -164,6 +164,13 @@ def test_slurm(prefix: str, subnet: str, state_dir: Path, *options: str,
                        capture_output=True, timeout=120)
 
 
+def launcher_env(source: str | None) -> dict[str, str] | None:
+    """The environment in which tflaunch runs the launcher package found in ``source`` (a folder
+    from ``git archive COMMIT launcher | tar -x -C DIR``: an older tree, for a before/after run);
+    None, the inherited one, without it."""
+    return {**os.environ, "PYTHONPATH": source} if source else None
+
+
 def popen(argv: Sequence[str], **kwargs) -> subprocess.Popen:
     """Popen in a new session, remembered so that :func:`cleanup` can kill its whole group."""
     kwargs.setdefault("stdin", subprocess.DEVNULL)

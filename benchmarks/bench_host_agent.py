@@ -60,9 +60,8 @@ def cluster_yaml(path: Path, hosts: list[dict], per_host: int, ssh_config: str, 
 
 def run(argv: list[str], cwd: Path, source: str | None = None) -> tuple[float, int, str]:
     """``source``: a folder whose launcher package tflaunch runs instead of this tree's."""
-    env = {**os.environ, "PYTHONPATH": source} if source else None
     started = time.monotonic()
-    done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, env=env)
+    done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, env=_bench.launcher_env(source))
     return time.monotonic() - started, done.returncode, done.stderr
 
 
@@ -220,8 +219,8 @@ def start_time(doc: dict, hosts: int, work: Path, rep: int, source: str | None =
     argv = [TFLAUNCH, str(cluster), "--quiet", "--no-check", "--log-dir", str(logs), "--",
             "sh", "-c", "echo up; exec sleep 3"]
     started = time.monotonic()
-    env = {**os.environ, "PYTHONPATH": source} if source else None
-    proc = _bench.popen(argv, cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    proc = _bench.popen(argv, cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                        env=_bench.launcher_env(source))
     expected = hosts * 8
     seen_at = None
     during: list[float] = []

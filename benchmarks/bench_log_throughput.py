@@ -68,10 +68,9 @@ def run_tflaunch(work: Path, tasks: int, lines: int, source: str | None = None) 
     log_dir = work / "logs"
     argv = [TFLAUNCH, "--local", str(tasks), "--quiet", "--threads", "off", "--log-dir", str(log_dir),
             "--", "python", "-c", WRITER, str(lines)]
-    env = {**os.environ, "PYTHONPATH": source} if source else None  # the launcher of another tree
     with open(work / "tflaunch.console", "wb") as console:
         start = time.perf_counter()
-        proc = _bench.popen(argv, cwd=work, stdout=console, stderr=console, env=env)
+        proc = _bench.popen(argv, cwd=work, stdout=console, stderr=console, env=_bench.launcher_env(source))
         with _bench.Sampler(proc.pid, interval=0.05, per_thread=True) as sampler:
             rc, ended, usage = _bench.wait4(proc)
         wall = time.perf_counter() - start
