@@ -14,6 +14,7 @@ in-memory data in TF 2.21 ("Could not apply FILE based sharding").
 
 from __future__ import annotations
 
+import time
 from typing import Callable
 
 import tensorflow as tf
@@ -154,29 +155,59 @@ def train(session: Session, model: keras.Model, checkpoints=None) -> None:
 
 
 class SaveOnTermination(keras.callbacks.Callback):
-    """After SIGTERM (trainer.termination): write the backup at the end of the current step, then end."""
+    """After SIGTERM (trainer.termination): write the backup at the end of the current step, then end.
+
+    Under MultiWorkerMirroredStrategy the workers must stop after the same step: a worker that looked
+    only at its own signal could go on into the next step's collective and wait there for a peer
+    that is saving and gone. So each worker's request is summed over every replica, after the same
+    steps on every worker: after each of the first TIMED_STEPS + 1 steps, which also time the steps;
+    the reduction after the last of them also sums each worker's proposed spacing
+    (:func:`termination.agreed_every`), and from then on the workers agree every that many steps
+    (about termination.AGREE_SECONDS of training), counted from the start of fit on each of them.
+    A lone worker, or another strategy, looks at its own request after every step.
+    """
+
+    TIMED_STEPS = 8  # after the first step, which traces the step function
 
     def __init__(self, session: Session, backup: keras.callbacks.Callback):
         super().__init__()
         self.session = session
         self.backup = backup
         self.epoch = 0
-        self._any_asked = None  # the cross-worker reduction of each worker's request, once traced
+        self._reduce = None  # the cross-worker sum of (asked, proposed spacing), once traced
+        self._steps = 0  # steps ended since fit started, then since the spacing was agreed: the same on every worker
+        self._every: int | None = None  # steps between two agreements, once the workers have agreed on it
+        self._timed_from: float | None = None  # when the first step ended (the timing starts there)
 
     def _stop_asked(self) -> bool:
-        """Whether any worker was asked to stop. Under MultiWorkerMirroredStrategy each worker's own
-        request is summed over every replica after each step, so all of them save after the same
-        step: a worker that looked only at its own signal could go on into the next step's
-        collective and wait there for a peer that is saving and gone."""
+        """Whether this worker, or any worker when they agree after this step, was asked to stop."""
+        asked = termination.requested()
         strategy = self.model.distribute_strategy
-        if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-            return termination.requested()
-        if self._any_asked is None:
+        if (not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+                or self.session.task.num_training_tasks <= 1):
+            return asked
+        self._steps += 1
+        steps = self._steps
+        if steps == 1 and self._every is None:
+            self._timed_from = time.monotonic()
+        timing_ends = self._every is None and steps == self.TIMED_STEPS + 1
+        if self._every is not None and steps % self._every:
+            return False  # between agreements: a request waits for the next one
+        proposal = 0.0
+        if timing_ends:
+            proposal = float(termination.agreed_every((time.monotonic() - self._timed_from) / self.TIMED_STEPS))
+        if self._reduce is None:
             @tf.function
-            def any_asked(asked):
-                return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: asked), axis=None)
-            self._any_asked = any_asked
-        return float(self._any_asked(tf.constant(float(termination.requested())))) > 0
+            def reduce(values):
+                return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: values), axis=None)
+            self._reduce = reduce
+        any_asked, proposals = (float(x) for x in self._reduce(tf.constant([float(asked), proposal])))
+        if timing_ends:
+            self._every = termination.shared_every(proposals, strategy.num_replicas_in_sync)
+            self._steps = 0  # the agreements fall every _every steps from here, on every worker
+            self.session.reporter.say(f"SIGTERM: the workers agree on stopping every {self._every} "
+                                      f"step{'s' if self._every > 1 else ''}")
+        return any_asked > 0
 
     def on_epoch_begin(self, epoch, logs=None) -> None:
         self.epoch = epoch

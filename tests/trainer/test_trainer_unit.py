@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from trainer import cli, cluster, data, handoff, metrics
+from trainer import cli, cluster, data, handoff, metrics, termination
 from trainer.cli import DatasetSpec
 from trainer.cluster import ClusterError, TaskInfo
 
@@ -471,3 +471,26 @@ def test_pure_modules_do_not_import_tensorflow():
             "print(sorted(m for m in ('tensorflow', 'tf_keras', 'keras') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("step_seconds, proposed", [
+    (0.010, 50),        # as many steps as fit in AGREE_SECONDS
+    (0.6, 1),           # a step longer than that: every step
+    (1e-6, termination.AGREE_AT_MOST),
+    (0.0, 1), (float("nan"), 1), (-1.0, 1),  # no usable timing: every step
+])
+def test_a_worker_proposes_agreeing_as_many_steps_apart_as_fit_in_half_a_second(step_seconds, proposed):
+    assert termination.AGREE_SECONDS == 0.5
+    assert termination.agreed_every(step_seconds) == proposed
+
+
+def test_every_worker_derives_the_same_spacing_from_the_summed_proposals():
+    # Two workers of 8 replicas each, proposing 25 and 10: each replica adds its worker's proposal.
+    proposals = [25] * 8 + [10] * 8
+    total = float(np.float32(sum(proposals)))  # what the float32 reduction gives, exactly
+    assert termination.shared_every(total, len(proposals)) == 17  # the mean, rounded down
+    assert termination.shared_every(float(np.float32(8)), 16) == 1  # never 0
+    assert termination.shared_every(0.0, 0) == 1
+    # The largest sum the spacing can reach (1,024 workers of 8 replicas at AGREE_AT_MOST) is exact in float32.
+    largest = termination.AGREE_AT_MOST * 8 * 1024
+    assert float(np.float32(largest)) == largest
