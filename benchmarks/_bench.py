@@ -105,6 +105,28 @@ def verdict(name: str, value: float, target: float, unit: str = "") -> None:
     print(f"RESULT {name}: {value:.3f}{unit} (target <= {target:g}{unit}): {status}", flush=True)
 
 
+def ratio_interval(numerator: Sequence[float], denominator: Sequence[float], level: float = 0.9,
+                   draws: int = 4000) -> tuple[float, float]:
+    """The ``level`` bootstrap interval of median(numerator) / median(denominator): each side's runs
+    resampled with replacement, ``draws`` times, with a fixed seed (the same runs give the same
+    interval). On a shared machine a ratio whose interval holds its target is not told apart from
+    it by this many runs."""
+    if not numerator or not denominator:
+        return float("nan"), float("nan")
+    pick = random.Random(0).choices
+    ratios = sorted(statistics.median(pick(numerator, k=len(numerator)))
+                    / statistics.median(pick(denominator, k=len(denominator))) for _ in range(draws))
+    low = ratios[int((1 - level) / 2 * draws)]
+    high = ratios[min(draws - 1, int((1 + level) / 2 * draws))]
+    return low, high
+
+
+def interval_note(numerator: Sequence[float], denominator: Sequence[float]) -> None:
+    """One line: the ratio's 90 % bootstrap interval (:func:`ratio_interval`), under its RESULT."""
+    low, high = ratio_interval(numerator, denominator)
+    note(f"90 % bootstrap interval of that ratio over these runs: {low:.3f} to {high:.3f}")
+
+
 def interleaved(reps: int, sides: Sequence[str]) -> Iterator[tuple[int, str]]:
     """(repetition, side) pairs, the order of the sides reversed every other repetition."""
     for rep in range(reps):

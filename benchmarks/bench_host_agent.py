@@ -147,6 +147,7 @@ def eight_by_eight(doc: dict, work: Path, reps: int, before: str | None = None) 
         note(f"{failures} runs failed")
     _bench.verdict("64 tasks on 8 hosts / 8 ssh connections at once", median(results["tflaunch"]) / floor,
                    RATIO_TARGET)
+    _bench.interval_note(results["tflaunch"], results["8 ssh"])
     note(f"and against one connection: {median(results['tflaunch']) / one:.2f}x")
     # Each repetition's tflaunch run against the 8 connections of the same repetition: the machine's
     # speed drifts over minutes here (the 8 connections alone moved from 1.45 to 1.97 s in a morning).

@@ -168,6 +168,7 @@ def main() -> None:
         print(f"  for information: before ({args.before}) / direct (same env) = {d / b:.3f}; "
               f"this tree / direct = {a / b:.3f}")
     _bench.verdict("ratio tflaunch / direct (same env)", a / b, TARGET)
+    _bench.interval_note([r["wall"] for r in t if r["rc"] == 0], [r["wall"] for r in results["direct"] if r["rc"] == 0])
 
 
 if __name__ == "__main__":

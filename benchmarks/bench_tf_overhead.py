@@ -177,6 +177,7 @@ def main() -> None:
         print(f"  upper bound free of training noise: (hand median + latency {before + after:.2f} s "
               f"+ launcher CPU {cpu:.2f} s) / hand median = {(b + before + after + cpu) / b:.3f}")
         _bench.verdict("ratio tflaunch / hand-launched", a / b, TARGET)
+        _bench.interval_note([r["wall"] for r in ok["tflaunch"]], [r["wall"] for r in ok["hand"]])
     else:
         print("RESULT ratio tflaunch / hand-launched: no successful runs on one side")
 

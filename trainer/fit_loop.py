@@ -163,8 +163,9 @@ class SaveOnTermination(keras.callbacks.Callback):
     steps on every worker: after each of the first TIMED_STEPS + 1 steps, which also time the steps;
     the reduction after the last of them also sums each worker's proposed spacing
     (:func:`termination.agreed_every`), and from then on the workers agree every that many steps
-    (about termination.AGREE_SECONDS of training), counted from the start of fit on each of them.
-    A lone worker, or another strategy, looks at its own request after every step.
+    (about termination.AGREE_SECONDS of training), counted from that step on each of them (fit runs
+    the same steps on every worker). A lone worker, or another strategy, looks at its own request
+    after every step.
     """
 
     TIMED_STEPS = 8  # after the first step, which traces the step function
