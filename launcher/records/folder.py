@@ -90,6 +90,15 @@ def readable_json(data: dict[str, Any], tasks: int) -> str:
     return "{\n" + ",\n".join(lines) + "\n}"
 
 
+def part_of(name: str) -> tuple[str, int] | None:
+    """(the log a part file belongs to, its offset) for a name ``<log>.part-<offset>``; None for
+    any other name, also one that holds the infix without a number after it."""
+    log, infix, offset = name.rpartition(PART_INFIX)
+    if not infix or not (offset.isascii() and offset.isdigit()):
+        return None
+    return log, int(offset)
+
+
 def write_atomically(path: Path, text: str, sync_folder: bool = False) -> None:
     """Replace ``path`` through a temporary file and a rename: readers never see half a file.
 
@@ -254,9 +263,9 @@ class RunFolder:
             # listing of the 8,192 logs, at a restart of 1,024 hosts x 8 tasks).
             self._parts_left = {}
             for entry in os.listdir(self._real_path):
-                log, infix, offset = entry.rpartition(PART_INFIX)
-                if infix and offset.isdigit():
-                    self._parts_left.setdefault(log, []).append(entry)
+                part = part_of(entry)
+                if part is not None:
+                    self._parts_left.setdefault(part[0], []).append(entry)
         for moved in [log_name, *self._parts_left.pop(log_name, ())]:
             try:
                 os.rename(os.path.join(self._real_path, moved), os.path.join(folder, moved))

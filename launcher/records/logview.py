@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .boundedlog import ALIGN, MARKER, MARKER_START, copy_range, final_marker, format_size
-from .folder import PART_INFIX
+from .folder import part_of
 from .lines import LineSplitter
 
 
@@ -57,15 +57,15 @@ def live_layout(path: Path) -> LiveLayout | None:
         return None
     parts = []
     real = Path(os.path.realpath(path))  # the parts are beside the file, not beside a link to it
-    prefix = real.name + PART_INFIX
     try:
         names = os.listdir(real.parent)
     except OSError:
         names = []
     for name in names:
-        if name.startswith(prefix) and name[len(prefix):].isdigit():
+        part = part_of(name)
+        if part is not None and part[0] == real.name:
             try:
-                parts.append((int(name[len(prefix):]), real.parent / name, os.stat(real.parent / name).st_size))
+                parts.append((part[1], real.parent / name, os.stat(real.parent / name).st_size))
             except FileNotFoundError:
                 continue  # deleted by the writer just now
     return LiveLayout(size - len(tail) + line_start, sorted(parts))

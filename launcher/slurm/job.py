@@ -22,8 +22,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..records.folder import (ATTEMPT_PREFIX, DEFAULT_LOG_DIR, MERGED, PART_INFIX, RECORD, TASK_LOG_SUFFIX,
-                              RunFolder, TENSORBOARD_LOG, iso_time, requeue_name)
+from ..records.folder import (ATTEMPT_PREFIX, DEFAULT_LOG_DIR, MERGED, RECORD, TASK_LOG_SUFFIX, RunFolder,
+                              TENSORBOARD_LOG, iso_time, part_of, requeue_name)
 from ..records.slurm import read_slurm_record, write_slurm_record
 from ..records.states import RunStatus
 from .commands import job_states
@@ -56,7 +56,8 @@ def archive_previous_execution(folder: Path, restart_count: int) -> Path | None:
 def _task_log(name: str) -> bool:
     """A task's log at the top of a run folder, or a part file of one (merged.log and
     tensorboard.log are the run's own)."""
-    stem = name.split(PART_INFIX)[0]
+    part = part_of(name)
+    stem = part[0] if part is not None else name
     return stem.endswith(TASK_LOG_SUFFIX) and stem not in (MERGED, TENSORBOARD_LOG)
 
 

@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from launcher.records.folder import RunFolder
+from launcher.records.folder import RunFolder, part_of
 from launcher.records.record import FORMAT_VERSION, AttemptRecord, LauncherRecord, RootCause, RunRecord, TaskRecord
 from launcher.records.states import AllFinal, Outcome, RunStatus, TaskState
 from launcher.run.signals import Interrupted, Signals
@@ -114,6 +114,14 @@ def test_a_new_attempt_moves_each_tasks_log_and_its_unstitched_parts_into_the_la
         assert folder.task_log(name, 2) == folder.latest_task_log(name) == tmp_path / f"{name}.log"
         assert (tmp_path / f"{name}.log").read_text() == ""
     assert (tmp_path / "merged.log.part-8192").exists()
+
+
+def test_a_part_file_is_a_log_name_the_infix_and_a_number_and_nothing_else():
+    assert part_of("worker-0.log.part-4096") == ("worker-0.log", 4096)
+    assert part_of("a.part-x.log.part-7") == ("a.part-x.log", 7)  # the last infix counts
+    for name in ("worker-0.log", "a.part-x.log", "worker-0.log.part-", "worker-0.log.part-12a",
+                 "worker-0.log.part-\u00b2"):  # a superscript two is a digit to str.isdigit, not to int
+        assert part_of(name) is None, name
 
 
 def test_a_format_1_record_reads_with_defaults_and_the_attempt_from_the_task_env():
