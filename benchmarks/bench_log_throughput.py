@@ -155,8 +155,8 @@ def main() -> None:
           f"of which non-main threads (pump, sampler) {median([r['pump_cpu'] for r in t]):.2f} s; "
           f"peak RSS {median([r['rss'] for r in t]) / 2**20:.0f} MB; "
           f"drain after the last task write {median([r['drain'] for r in t]):.2f} s")
-    a = median([r["wall"] for r in t if r["rc"] == 0])
-    b = median([r["wall"] for r in results["direct"] if r["rc"] == 0])
+    walls = {side: [r["wall"] for r in results[side] if r["rc"] == 0] for side in ("tflaunch", "direct")}
+    a, b = median(walls["tflaunch"]), median(walls["direct"])
     c = median([r["wall"] for r in results["buffered"] if r["rc"] == 0])
     cpu = {side: median([r["all_cpu"] for r in results[side]]) for side in sides if side != "buffered"}
     print(f"  CPU of everything each side ran (median): tflaunch side {cpu['tflaunch']:.2f} s (tflaunch, its agent "
@@ -168,7 +168,7 @@ def main() -> None:
         print(f"  for information: before ({args.before}) / direct (same env) = {d / b:.3f}; "
               f"this tree / direct = {a / b:.3f}")
     _bench.verdict("ratio tflaunch / direct (same env)", a / b, TARGET)
-    _bench.interval_note([r["wall"] for r in t if r["rc"] == 0], [r["wall"] for r in results["direct"] if r["rc"] == 0])
+    _bench.interval_note(walls["tflaunch"], walls["direct"])
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -56,9 +55,7 @@ def main() -> None:
     _bench.header("bench_stop_agreement: 2-worker fit loop, backups on (stop agreements) vs off",
                   [f"job: python -m trainer --epochs {args.epochs}; {args.reps} interleaved repetitions per side"])
     with _bench.workdir("stop") as work:
-        (work / "this").mkdir()
-        shutil.copytree(ROOT / "trainer", work / "this" / "trainer", ignore=shutil.ignore_patterns("__pycache__"))
-        sides = {"backups": (work / "this", True), "none": (work / "this", False),
+        sides = {"backups": (ROOT, True), "none": (ROOT, False),
                  **({"before": (Path(args.before).resolve(), True)} if args.before else {})}
         rates: dict[str, list[float]] = {side: [] for side in sides}
         for rep, side in _bench.interleaved(args.reps, list(sides)):
