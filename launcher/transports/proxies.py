@@ -194,6 +194,11 @@ class LogWriter:
         with self._lock:
             try:
                 held = self._open.pop(path, None)
+                if isinstance(held, BoundedLog) and held.closed:
+                    # Its attempt ended: a restart's new log at the same path is another BoundedLog,
+                    # followed by the pump, and writes to the closed one would not be announced.
+                    held.release()
+                    held = None
                 if held is None:
                     held = WRITING.get(path) or os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
                     if len(self._open) >= self.limit:
