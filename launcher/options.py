@@ -137,7 +137,9 @@ class RunOptions:
         help=f"Seconds to wait before a restart (default: the file's restart_delay, else {RESTART_DELAY:g}).")
     start_timeout: float | None = _option(
         metavar="S", parse=float,
-        help="Fail the attempt when some training task reports no progress (metric line) within S seconds.")
+        help="Fail the attempt when some training task shows no progress within S seconds: progress is a metric "
+             "line (the built-in trainer's, or an epoch line Keras prints), or over 10% of a core over the "
+             "last S/2 seconds (the first half, where TensorFlow starts up, does not count).")
     hang_timeout: float | None = _option(
         metavar="S", parse=float,
         help="When no chief or worker makes progress for S seconds (no new metric line, under 10% of a core; "

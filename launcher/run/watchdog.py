@@ -1,8 +1,11 @@
 """Watchdogs for one attempt: a cluster that never forms, and a cluster that hangs.
 
 - start timeout: every training task (the chief with ``ps`` tasks, else the chief and workers)
-  must report progress (a metric line, see :mod:`launcher.records.metrics`) within S seconds of
-  the start.
+  must show progress within S seconds of the start (:func:`never_formed`): a metric line (see
+  :mod:`launcher.records.metrics`), or, as the hang rule counts it, more than :data:`CPU_SHARE` of
+  one core over the timeout's second half, so that a script that prints no metric lines is judged
+  by its work. The first half is left out: importing TensorFlow and building a model take seconds
+  of CPU even in a cluster that then waits forever for a peer.
   When it trips on a cluster that spans hosts, the mesh probe (:mod:`launcher.run.mesh`) checks,
   while the tasks still hold their ports, that every host reaches every task, and the reason
   names the pairs that cannot connect;
@@ -89,6 +92,29 @@ def stalled(tasks: Mapping[str, Activity], now: float, since: float, window: flo
     return Stall(cpu)
 
 
+def never_formed(silent: Mapping[str, Sequence[tuple[float, float]]], now: float, since: float, timeout: float,
+                 share: float = CPU_SHARE) -> list[str] | None:
+    """The start rule, for the training tasks that printed no metric line yet (``silent``: each one's
+    CPU readings, as :class:`Activity` holds them): once ``timeout`` seconds have passed since
+    ``since``, those that did not use more than ``share`` of a core over the timeout's second half.
+    None before then, or while a task's readings cover too little of that half to tell (a task
+    never sampled is judged by metrics alone after :data:`UNSAMPLED_GRACE`); [] when every one worked.
+    """
+    if now - since <= timeout:
+        return None
+    window = timeout / 2
+    idle = []
+    for name, readings in silent.items():
+        used = cpu_over(readings, now - window, window)
+        if used is None:
+            if readings or now - since <= timeout + UNSAMPLED_GRACE:
+                return None
+        elif used > share:
+            continue
+        idle.append(name)
+    return idle
+
+
 def cpu_over(readings: Sequence[tuple[float, float]], start: float, window: float) -> float | None:
     """Cores used from ``start`` (or the first reading after it) to the newest reading; None when
     the readings cover less than half the window."""
@@ -134,21 +160,47 @@ class Watchdog:
     def __call__(self, tasks: list[Task]) -> Trip | None:
         now = self.clock()
         if not self.formed:
-            missing = self.progress.silent(self.attempt, self.trainers)
-            if not missing:
-                self.formed = True
-            elif now - self.started > self.settings.start_timeout:
-                reason = (f"start timeout: {', '.join(missing)} made no training progress within "
-                          f"{self.settings.start_timeout:g} s (the cluster never formed)")
-                return Trip(reason + self.explain_stall(tasks), tuple(missing))
+            trip = self._check_start(tasks, now)
+            if trip is not None:
+                return trip
         hang = self.settings.hang_timeout
         if not hang:
             return None
         running = [t for t in tasks if t.state is TaskState.RUNNING and t.process is not None]
         activity = {t.name: Activity(t.role, self.progress.last_metric(self.attempt, t.name),
-                                     self._readings(t, now - hang)) for t in running}
+                                     self._readings(t, self._keep_from(now))) for t in running}
         stall = stalled(activity, now, self.started, hang)
         return self.declare(running, stall, hang) if stall else None
+
+    def _check_start(self, tasks: list[Task], now: float) -> Trip | None:
+        """The start rule (:func:`never_formed`): sets :attr:`formed` once every training task
+        progressed, or trips naming those that did not."""
+        timeout = self.settings.start_timeout
+        silent = set(self.progress.silent(self.attempt, self.trainers))
+        # Their CPU is read on every turn, so that the readings cover the timeout's second half.
+        readings = {t.name: self._readings(t, self._keep_from(now)) for t in tasks
+                    if t.name in silent and t.state is TaskState.RUNNING and t.process is not None}
+        if not silent:
+            self.formed = True
+            return None
+        idle = never_formed({name: readings.get(name, ()) for name in sorted(silent)}, now, self.started, timeout)
+        if idle is None:
+            return None
+        if not idle:
+            self.formed = True  # every silent task works: from here on, a stall is the hang rule's
+            return None
+        missing = [name for name in self.trainers if name in idle]
+        reason = (f"start timeout: {', '.join(missing)} made no training progress within {timeout:g} s "
+                  f"(no metric line, and under {CPU_SHARE:.0%} of a core over its last {timeout / 2:g} s: "
+                  "the cluster never formed)")
+        return Trip(reason + self.explain_stall(tasks), tuple(missing))
+
+    def _keep_from(self, now: float) -> float:
+        """The start of the longest window a rule still reads: readings older than it can go."""
+        windows = [self.settings.hang_timeout or 0.0]
+        if not self.formed:
+            windows.append(self.settings.start_timeout / 2)
+        return now - max(windows)
 
     def _readings(self, task: Task, start: float) -> tuple[tuple[float, float], ...]:
         """The task's CPU readings that the window needs (the newest one before it, and those after)."""

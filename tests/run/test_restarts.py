@@ -110,6 +110,15 @@ def test_hang_then_restart_per_policy(tflaunch):
     assert (done.run_dir / "attempt-2" / "stacks" / "worker-0.txt").exists()
 
 
+def test_start_timeout_spares_a_script_that_works_without_metric_lines(tflaunch):
+    # Like a Keras script training under MultiWorkerMirroredStrategy: busy, and no TFLAUNCH_METRIC line.
+    busy = "import time\nend = time.time() + 12\nwhile time.time() < end:\n    sum(range(10000))\nprint('trained')"
+    done = tflaunch.run("--local", "2", "--start-timeout", "4", "--", "python", "-c", busy)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "start timeout" not in done.stderr
+    assert [a["outcome"] for a in done.record["attempts"]] == ["succeeded"]
+
+
 def test_start_timeout_names_the_task_that_never_joined(tflaunch):
     done = tflaunch.run("--local", "2", "--start-timeout", "3", "--", "python", TASK,
                         "sleep-if:worker-1:600", 'print:TFLAUNCH_METRIC {"kind":"progress"}', "forever")

@@ -23,7 +23,7 @@ from launcher.records.metrics import PREFIX as METRIC_PREFIX
 from launcher.run.pump import OutputPump
 from launcher.records.states import TaskState
 from launcher.run.supervisor import Task, Trip
-from launcher.run.watchdog import Watchdog, WatchdogSettings, training_tasks
+from launcher.run.watchdog import Watchdog, WatchdogSettings, never_formed, training_tasks
 from launcher.transports.base import Reading
 from polling import wait_for
 
@@ -188,12 +188,52 @@ def test_start_timeout_fires_naming_the_trainers_without_progress(cluster):
     cluster.metric("chief-0")
     cluster.metric("worker-0")
     cluster.write("worker-1", "loading data", "still loading")  # output, but no progress
-    cluster.clock.advance(25)
-    assert watchdog(tasks) is None  # exactly 30 s: not yet over
-    cluster.clock.advance(0.5)
-    assert watchdog(tasks) == Trip("start timeout: worker-1 made no training progress within 30 s "
-                                   "(the cluster never formed)", ("worker-1",))
+    assert cluster.run(watchdog, tasks, seconds=25) is None  # exactly 30 s: not yet over
+    assert cluster.run(watchdog, tasks, seconds=0.5) == Trip(
+        "start timeout: worker-1 made no training progress within 30 s (no metric line, and under 10% of a "
+        "core over its last 15 s: the cluster never formed)", ("worker-1",))
     assert cluster.events == []  # the supervisor announces the trip; the start watchdog adds nothing
+
+
+def test_start_timeout_counts_a_silent_trainer_that_works_as_progress(cluster):
+    # A Keras script that prints no metric lines, training on every worker: busy, so formed.
+    watchdog, tasks = cluster.workers(2, start_timeout=20)
+    assert cluster.run(watchdog, tasks, seconds=25, busy={"worker-0": 0.9, "worker-1": 0.12}) is None
+    assert watchdog.formed
+    # Later quiet is the hang rule's to judge (none armed here), not the start rule's.
+    assert cluster.run(watchdog, tasks, seconds=600) is None
+
+
+def test_start_timeout_does_not_count_the_cpu_of_starting_up(cluster):
+    # Both import TensorFlow (busy for 8 s), then worker-1 waits for a peer that never comes.
+    watchdog, tasks = cluster.workers(2, start_timeout=20)
+    cluster.metric("worker-0")
+    assert cluster.run(watchdog, tasks, seconds=8, busy={"worker-1": 1.0}) is None
+    trip = cluster.run(watchdog, tasks, seconds=13)
+    assert trip is not None and trip.tasks == ("worker-1",)
+    assert not watchdog.formed
+
+
+def test_start_timeout_with_a_hang_timeout_keeps_the_readings_its_window_needs(cluster):
+    # The hang window (4 s) is shorter than the start rule's (15 s): worker-1 busy in between counts.
+    watchdog, tasks = cluster.workers(2, start_timeout=30, hang_timeout=4)
+    cluster.metric("worker-0")
+    assert cluster.run(watchdog, tasks, seconds=20, busy={"worker-1": 0.5}) is None
+    assert cluster.run(watchdog, tasks, seconds=11, busy={"worker-1": 0.5}) is None
+    assert watchdog.formed
+
+
+@pytest.mark.parametrize("readings, now, verdict", [
+    ({"worker-1": ()}, 20.0, None),  # not yet past the timeout
+    ({"worker-1": ((10.0, 1.0), (20.5, 1.1))}, 20.5, ["worker-1"]),  # 1 % of a core over the second half
+    ({"worker-1": ((10.0, 1.0), (20.5, 3.0))}, 20.5, []),  # 19 %: it works
+    ({"worker-1": ((20.5, 1.0),)}, 20.5, None),  # one reading: cannot tell yet
+    ({"worker-1": ()}, 25.0, None),  # never sampled: metrics alone only after the grace
+    ({"worker-1": ()}, 30.5, ["worker-1"]),
+    ({"worker-0": ((10.0, 1.0), (20.5, 9.0)), "worker-1": ((10.0, 1.0), (20.5, 1.0))}, 20.5, ["worker-1"]),
+])
+def test_never_formed_judges_the_silent_trainers_by_their_cpu(readings, now, verdict):
+    assert never_formed(readings, now, since=0.0, timeout=20.0) == verdict
 
 
 def test_start_timeout_does_not_fire_once_every_trainer_reported(cluster):
@@ -212,8 +252,7 @@ def test_start_timeout_counts_only_the_current_attempts_progress(cluster):
     cluster.follow("worker-0", attempt=2)
     cluster.metric("worker-0", attempt=1)
     watchdog = cluster.watchdog(["worker-0"], attempt=2, start_timeout=10)
-    cluster.clock.advance(11)
-    trip = watchdog([task("worker-0")])
+    trip = cluster.run(watchdog, [task("worker-0")], seconds=11)
     assert trip is not None and trip.tasks == ("worker-0",)
 
     second = cluster.watchdog(["worker-0"], attempt=2, start_timeout=10)
@@ -236,8 +275,8 @@ def test_progress_of_a_task_that_is_not_a_trainer_does_not_count(cluster):
     cluster.follow("chief-0", "evaluator-0")
     watchdog = cluster.watchdog(["chief-0"], start_timeout=10)
     cluster.metric("evaluator-0")
-    cluster.clock.advance(10.5)
-    assert watchdog([task("chief-0"), task("evaluator-0")]).tasks == ("chief-0",)
+    trip = cluster.run(watchdog, [task("chief-0"), task("evaluator-0")], seconds=10.5, busy={"evaluator-0": 1.0})
+    assert trip.tasks == ("chief-0",)
 
 
 # -- hang timeout ----------------------------------------------------------------------------------
