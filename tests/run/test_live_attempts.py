@@ -116,11 +116,14 @@ def live_record(run_dir: Path) -> dict:
 def test_local_attempts_two_and_three_are_live(tflaunch, tmp_path):
     gates = tmp_path / "gates"
     gates.mkdir()
-    proc = tflaunch.start("--local", "3", "--max-restarts", "2", "--restart-delay", "0", "--",
-                          "python", ATTEMPTS, str(gates), "3")
+    proc = tflaunch.start("--local", "3", "--max-restarts", "2", "--restart-delay", "0", "--start-timeout", "3",
+                          "--", "python", ATTEMPTS, str(gates), "3")
     console = Console(proc)
 
     def status_shows(run_dir: Path, attempt: int) -> None:
+        if attempt == 2:  # the start watchdog sees the attempt's progress: it lets it run past 3 s
+            time.sleep(5)
+            assert "start timeout" not in console.text()
         done = subprocess.run(tflaunch.argv("status", "--json", "--log-dir", str(tflaunch.log_dir), str(run_dir)),
                               capture_output=True, text=True, env=tflaunch.env(), timeout=60)
         state = json.loads(done.stdout)
