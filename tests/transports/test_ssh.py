@@ -15,6 +15,7 @@ import pytest
 
 from conftest import TASK, env_lines_of
 from polling import wait_for
+from watching import ATTEMPTS, Console, live_record, watch_rounds
 
 pytestmark = [pytest.mark.slow, pytest.mark.ssh, pytest.mark.timeout(240)]
 
@@ -261,3 +262,15 @@ def test_ssh_settings_and_setup_line_without_an_ssh_config(tflaunch, testhosts, 
     assert second["USER_FROM_HOST"] == "node2-env" and "USER_FROM_SETUP" not in second
     launches = {t["name"]: t for t in done.record["tasks"]}
     assert launches["worker-0"]["argv"][0] == "python3" and launches["worker-0"]["workdir"] == str(tmp_path)
+
+
+def test_attempts_two_and_three_over_ssh_are_live(tflaunch, testhosts, tmp_path):
+    gates = tmp_path / "gates"
+    gates.mkdir()
+    cluster = cluster_file(tmp_path, testhosts, two_workers(testhosts))
+    proc = tflaunch.start(str(cluster), "--max-restarts", "2", "--restart-delay", "0", "--",
+                          "python", ATTEMPTS, str(gates), "3")
+    console = Console(proc)
+    run_dir = watch_rounds(console, tflaunch.latest_run, gates, lambda _: {"worker-0", "worker-1"}, 3)
+    assert proc.wait(timeout=60) == 0, console.text()[-3000:]
+    assert [a["outcome"] for a in live_record(run_dir)["attempts"]] == ["failed", "failed", "succeeded"]
