@@ -197,7 +197,7 @@ def runs(log_dir: str | Path = DEFAULT_LOG_DIR) -> list[Run]:
 
 @python_words()
 def run_record(run: str | None = None, log_dir: str | Path = DEFAULT_LOG_DIR) -> RunRecord:
-    """The run record of a run: its id, a unique prefix of one, ``latest`` (the default), or the path of
+    """The run record of a run: its id, a unique prefix or suffix of one, ``latest`` (the default), or the path of
     its run folder."""
     from .inspect.runs import resolve_run
 

@@ -2,7 +2,7 @@
 
 A run is a folder with a ``run.json`` (a :class:`~launcher.records.record.RunRecord`; see
 :mod:`launcher.records.folder` for the layout). Runs are named by their full id, a unique prefix
-of it, ``latest``, or its folder's path (:data:`RUN_FORMS`). Everything here reads files (and, for a
+or suffix of it, ``latest``, or its folder's path (:data:`RUN_FORMS`). Everything here reads files (and, for a
 live run on this machine, its processes); nothing changes a run.
 
 A run whose record still says ``running`` while its launcher process is gone from this host
@@ -29,7 +29,8 @@ from ..records.states import TaskState
 from ..records.slurm import pending_record
 
 LATEST = "latest"
-RUN_FORMS = "a run id, a unique prefix of one, 'latest' (the default), or the path of a run folder"
+RUN_FORMS = ("a run id, a unique prefix or suffix of one (20261125-1015, ab12), 'latest' (the default), "
+             "or the path of a run folder")
 
 
 class TaskNotFoundError(LaunchError):
@@ -225,12 +226,14 @@ def _resolve(log_dir: Path | str, ref: str | None) -> Run:
     exact = [r for r in runs if r.run_id == ref]
     if exact:
         return exact[0]
-    matches = [r for r in runs if r.run_id.startswith(ref)]
+    # The start of an id (its time) or its end (the random part that tells apart runs started together).
+    matches = [r for r in runs if r.run_id.startswith(ref) or r.run_id.endswith(ref)]
     if len(matches) == 1:
         return matches[0]
     if matches:
+        more = f" and {len(matches) - 5} more" if len(matches) > 5 else ""
         raise RunNotFoundError(f"run id '{ref}' is ambiguous in {_shown(log_dir)}: it matches "
-                               f"{', '.join(r.run_id for r in matches[:5])}; give more of it")
+                               f"{', '.join(r.run_id for r in matches[:5])}{more}; give more of it")
     latest = ", ".join(r.run_id for r in runs[:3])
     raise RunNotFoundError(f"no run '{ref}' in {_shown(log_dir)}; the latest runs are: {latest}")
 
