@@ -8,15 +8,19 @@ from typing import Any
 
 def shown(value: Any, *, limit: int = 60, mapping: str = "a mapping", none: str = "nothing") -> str:
     """A bad value as a one-line message shows it: a word for a container or for no value (in the
-    vocabulary of the file it came from: YAML's mapping, JSON's object and null), else its repr cut
-    to ``limit`` characters."""
+    vocabulary of the file it came from: YAML's mapping, JSON's object and null), a boolean as YAML
+    and JSON write it (``true``), a number as the file wrote it where it was kept (``text``), else
+    its repr cut to ``limit`` characters."""
     if isinstance(value, Mapping):
         return mapping
     if isinstance(value, list):
         return "a list"
     if value is None:
         return none
-    text = repr(value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    text = getattr(value, "text", None) if isinstance(value, (int, float)) else None
+    text = text if isinstance(text, str) else repr(value)
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
@@ -37,6 +41,21 @@ class ConfigError(LaunchError):
         self.key = key
         where = f"{source}: {key}" if key else source
         super().__init__(f"{where}: {message}")
+
+
+class ConfigErrors(ConfigError):
+    """Every problem found in one cluster file, each a :class:`ConfigError` of one line; the message
+    is their lines, one under the other (the CLI shows each in the one format)."""
+
+    def __init__(self, errors: list[ConfigError]):
+        self.errors = tuple(error for each in errors for error in getattr(each, "errors", (each,)))
+        LaunchError.__init__(self, "\n".join(str(error) for error in self.errors))
+        self.source, self.key = self.errors[0].source, self.errors[0].key
+
+    @staticmethod
+    def of(errors: list[ConfigError]) -> ConfigError:
+        """The one error to raise for ``errors`` (at least one): itself when it is alone."""
+        return errors[0] if len(errors) == 1 else ConfigErrors(errors)
 
 
 class OptionsError(LaunchError):

@@ -45,6 +45,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _fail(message: str, exit_code: int) -> None:
-    """The one format of every user error: ``tflaunch: error: <message>`` on stderr, then the exit."""
-    click.echo(f"tflaunch: error: {message}", err=True)
+    """The one format of every user error: ``tflaunch: error: <message>`` on stderr, then the exit; an
+    error of several lines (every mistake of a cluster file) has that form on each of them."""
+    for line in message.splitlines() or [message]:
+        click.echo(f"tflaunch: error: {line}", err=True)
     sys.exit(exit_code)

@@ -4,21 +4,30 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ConfigErrors
 from .spec import AUTO, ClusterSpec, TaskSpec, is_local
 
 
 def check_cluster(spec: ClusterSpec, local_hosts: frozenset[str]) -> None:
+    """Raise every whole-cluster problem of ``spec`` together (see :func:`cluster_problems`)."""
+    problems = cluster_problems(spec, local_hosts)
+    if problems:
+        raise ConfigErrors.of(problems)
+
+
+def cluster_problems(spec: ClusterSpec, local_hosts: frozenset[str]) -> list[ConfigError]:
+    """The roles' problems, every duplicate host:port and every GPU claimed twice, one error each."""
     fail: Callable[[str, str], ConfigError] = lambda key, msg: ConfigError(spec.source, key, msg)  # noqa: E731
+    problems = []
     chiefs, workers = spec.role_tasks("chief"), spec.role_tasks("worker")
     if not chiefs and not workers:
-        raise fail("worker", "missing; expected at least one 'worker' (or a 'chief') task")
+        problems.append(fail("worker", "missing; expected at least one 'worker' (or a 'chief') task"))
     if len(chiefs) > 1:
-        raise fail("chief", f"expected at most one chief, got {len(chiefs)}")
+        problems.append(fail("chief", f"expected at most one chief, got {len(chiefs)}"))
     if len(spec.role_tasks("evaluator")) > 1:
-        raise fail("evaluator", f"expected at most one evaluator, got {len(spec.role_tasks('evaluator'))}")
+        problems.append(fail("evaluator", f"expected at most one evaluator, got {len(spec.role_tasks('evaluator'))}"))
     if spec.has_ps and not chiefs:
-        raise fail("chief", "missing; a cluster with 'ps' tasks needs a chief to coordinate training")
+        problems.append(fail("chief", "missing; a cluster with 'ps' tasks needs a chief to coordinate training"))
     seen_ports: dict[tuple[str, int], TaskSpec] = {}
     for task in spec.tasks:
         local = is_local(task.host, local_hosts)
@@ -26,14 +35,17 @@ def check_cluster(spec: ClusterSpec, local_hosts: frozenset[str]) -> None:
             where = ("this machine" if local else task.host, int(task.port))
             if where in seen_ports:
                 other = seen_ports[where]
-                raise fail(f"{task.key}.port", f"{task.host}:{task.port} is also used by {other.key}; expected a distinct host:port")
+                problems.append(fail(f"{task.key}.port", f"{task.host}:{task.port} is also used by {other.key}; "
+                                                         "expected a distinct host:port"))
+                continue
             seen_ports[where] = task
-    _check_gpu_sharing(spec, local_hosts)
+    return problems + _gpu_sharing_problems(spec, local_hosts)
 
 
-def _check_gpu_sharing(spec: ClusterSpec, local_hosts: frozenset[str]) -> None:
+def _gpu_sharing_problems(spec: ClusterSpec, local_hosts: frozenset[str]) -> list[ConfigError]:
     if spec.share_gpus:
-        return
+        return []
+    problems = []
     claims: dict[tuple[str, int | None], TaskSpec] = {}
     for task in spec.tasks:
         host = "this machine" if is_local(task.host, local_hosts) else task.host
@@ -43,7 +55,9 @@ def _check_gpu_sharing(spec: ClusterSpec, local_hosts: frozenset[str]) -> None:
             clashes = [t for (h, g), t in claims.items() if h == host and (g == gpu or g is None or gpu is None)]
             if clashes:
                 label = "all GPUs" if gpu is None else f"GPU {gpu}"
-                raise ConfigError(spec.source, f"{task.key}.gpus",
-                                  f"{label} on {task.host} is also claimed by {clashes[0].key}; "
-                                  "expected distinct GPUs per host or 'share_gpus: true'")
+                problems.append(ConfigError(spec.source, f"{task.key}.gpus",
+                                            f"{label} on {task.host} is also claimed by {clashes[0].key}; "
+                                            "expected distinct GPUs per host or 'share_gpus: true'"))
+                break  # one line per task
             claims[(host, gpu)] = task
+    return problems

@@ -8,11 +8,13 @@
 from __future__ import annotations
 
 import shlex
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, TypeVar
 
-from ..errors import ConfigError, shown
+from ..errors import ConfigError, ConfigErrors, shown
 from ..taskenv import ENV_NAME
 from .spec import ALL_GPUS, AUTO, RESERVED_ENV
+
+T = TypeVar("T")
 
 
 def env_items(items: Iterable[str]) -> dict[str, str | None]:
@@ -30,13 +32,23 @@ def env_items(items: Iterable[str]) -> dict[str, str | None]:
 
 
 class FieldReader:
-    """Reads values of one file; ``fail`` builds the error for a key path."""
+    """Reads values of one file; ``fail`` builds the error for a key path, and ``collect`` keeps
+    reading past one, so that a file's every mistake is found in one go (``problems``)."""
 
     def __init__(self, source: str):
         self.source = source
+        self.problems: list[ConfigError] = []
 
     def fail(self, key: str, message: str) -> ConfigError:
         return ConfigError(self.source, key, message)
+
+    def collect(self, read: Callable[[], T], default: T) -> T:
+        """What ``read`` returns; when it raises a ConfigError, ``default``, the error kept in ``problems``."""
+        try:
+            return read()
+        except ConfigError as error:
+            self.problems.append(error)
+            return default
 
     def read_port(self, value: Any, key: str) -> int | str:
         if value == AUTO:
@@ -121,13 +133,18 @@ class FieldReader:
         raise self.fail("threads", f"expected 'auto', 'off' or a thread count >= 1, got {show(value)}")
 
     def check_keys(self, mapping: Mapping[Any, Any], known: tuple[str, ...], key: str) -> None:
-        for name in mapping:
-            if name not in known:
-                import difflib  # only a mistake needs it
+        """Every unknown key of ``mapping`` (one error each, raised together)."""
+        unknown = [name for name in mapping if name not in known]
+        if not unknown:
+            return
+        import difflib  # only a mistake needs it
 
-                close = difflib.get_close_matches(str(name), known, n=1)
-                hint = f"; did you mean '{close[0]}'?" if close else f"; expected one of {', '.join(known)}"
-                raise self.fail(join_key(key, str(name)), f"unknown key{hint}")
+        errors = []
+        for name in unknown:
+            close = difflib.get_close_matches(str(name), known, n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else f"; expected one of {', '.join(known)}"
+            errors.append(self.fail(join_key(key, str(name)), f"unknown key{hint}"))
+        raise ConfigErrors.of(errors)
 
     def expect_mapping(self, value: Any, key: str, expected: str) -> Mapping[Any, Any]:
         if not isinstance(value, dict):
@@ -174,5 +191,5 @@ def join_key(key: str, name: str) -> str:
 
 
 def show(value: Any) -> str:
-    """A short rendering of a bad value of a cluster file, for messages."""
-    return shown(value)
+    """A short rendering of a bad value of a cluster file, for messages, as YAML writes it (``true``, ``null``)."""
+    return shown(value, none="null")

@@ -1,22 +1,24 @@
 """Cluster files turned into a validated :class:`ClusterSpec` (``--local N`` is :mod:`.local`'s).
 
 Everything here is pure: YAML text in, frozen dataclasses out. Each validation error is a
-:class:`ConfigError` naming the file, the key path, the bad value and what was expected.
+:class:`ConfigError` naming the file, the key path, the bad value and what was expected; the
+reader goes on past one, and raises every error it found together (:class:`ConfigErrors`).
 Nothing starts before the whole file has been checked.
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ConfigErrors
 from ..options import MAX_RESTARTS, RESTART_DELAY
 from .yamlfile import ClusterLoader, DuplicateKey
-from .checks import check_cluster
+from .checks import cluster_problems
 from .fields import FieldReader, join_key, show
 from .spec import (  # noqa: F401  (re-exported: the spec is part of this module's interface)
     AUTO,
@@ -95,54 +97,66 @@ class _ClusterReader(FieldReader):
         self.slurm_template = slurm_template
 
     def read(self, data: Any) -> ClusterSpec:
+        """The spec of the whole document; every problem found in it is raised together (one line each)."""
         if data is None:
             raise self.fail("", "the cluster file is empty; expected roles such as 'worker:'")
         if isinstance(data, list):  # short form: a list of host:port workers
             data = {"worker": data}
-        self._check_strings(data, "")
+        self.collect(lambda: self._check_strings(data, ""), None)
         mapping = self.expect_mapping(data, "", "a mapping of cluster keys or a list of host:port workers")
-        self.check_keys(mapping, CLUSTER_KEYS, "")
+        self.collect(lambda: self.check_keys(mapping, CLUSTER_KEYS, ""), None)
         tasks: list[TaskSpec] = []
         for role in ROLES:
             if role in mapping:
                 tasks += self._read_role(role, mapping[role])
+        tasks_read = not self.problems  # the whole-cluster checks below need every task
+        get, collect = mapping.get, self.collect
         spec = ClusterSpec(
             source=self.source,
             tasks=tuple(tasks),
-            command=self.read_command(mapping["command"], "command") if "command" in mapping else None,
-            env=self.read_env(mapping.get("env"), "env"),
-            log_dir=self.optional_str(mapping, "log_dir", ""),
-            share_gpus=self.read_bool(mapping.get("share_gpus", False), "share_gpus"),
-            threads=self.read_threads(mapping.get("threads", AUTO)),
-            workdir=self.optional_str(mapping, "workdir", ""),
-            python=self.optional_str(mapping, "python", ""),
-            setup=self.optional_str(mapping, "setup", ""),
-            ssh=self._read_ssh(mapping.get("ssh"), "ssh"),
-            hosts=self._read_hosts(mapping.get("hosts")),
-            max_restarts=self.read_count(mapping.get("max_restarts", MAX_RESTARTS), "max_restarts"),
-            restart_delay=self.read_seconds(mapping.get("restart_delay", RESTART_DELAY), "restart_delay", allow_zero=True),
-            restart_policy_by_role=self._read_restart_policy(mapping.get("restart_policy")),
-            task_restarts=int(self.read_count(mapping.get("task_restarts", DEFAULT_TASK_RESTARTS), "task_restarts")),
-            isolate_network=self.read_bool(mapping.get("isolate_network", False), "isolate_network"),
-            kubernetes=None if mapping.get("kubernetes") is None else self.expect_mapping(
-                mapping["kubernetes"], "kubernetes", "a mapping of Kubernetes settings"),
-            slurm=None if mapping.get("slurm") is None else self.expect_mapping(
-                mapping["slurm"], "slurm", "a mapping of Slurm settings"),
+            command=collect(lambda: self.read_command(mapping["command"], "command"), None) if "command" in mapping else None,
+            env=collect(lambda: self.read_env(get("env"), "env"), {}),
+            log_dir=collect(lambda: self.optional_str(mapping, "log_dir", ""), None),
+            share_gpus=collect(lambda: self.read_bool(get("share_gpus", False), "share_gpus"), False),
+            threads=collect(lambda: self.read_threads(get("threads", AUTO)), AUTO),
+            workdir=collect(lambda: self.optional_str(mapping, "workdir", ""), None),
+            python=collect(lambda: self.optional_str(mapping, "python", ""), None),
+            setup=collect(lambda: self.optional_str(mapping, "setup", ""), None),
+            ssh=collect(lambda: self._read_ssh(get("ssh"), "ssh"), SshSettings()),
+            hosts=self._read_hosts(get("hosts")),
+            max_restarts=collect(lambda: self.read_count(get("max_restarts", MAX_RESTARTS), "max_restarts"), 0),
+            restart_delay=collect(lambda: self.read_seconds(get("restart_delay", RESTART_DELAY), "restart_delay",
+                                                            allow_zero=True), RESTART_DELAY),
+            restart_policy_by_role=collect(lambda: self._read_restart_policy(get("restart_policy")), {}),
+            task_restarts=int(collect(lambda: self.read_count(get("task_restarts", DEFAULT_TASK_RESTARTS),
+                                                              "task_restarts"), 0)),
+            isolate_network=collect(lambda: self.read_bool(get("isolate_network", False), "isolate_network"), False),
+            kubernetes=None if get("kubernetes") is None else collect(lambda: self.expect_mapping(
+                mapping["kubernetes"], "kubernetes", "a mapping of Kubernetes settings"), None),
+            slurm=None if get("slurm") is None else collect(lambda: self.expect_mapping(
+                mapping["slurm"], "slurm", "a mapping of Slurm settings"), None),
         )
-        if spec.slurm is not None and not spec.tasks:
-            if self.slurm_template:
+        if spec.slurm is not None and not spec.tasks and tasks_read:
+            if self.slurm_template and not self.problems:
                 return spec  # the roles come from the Slurm allocation
-            raise self.fail("slurm", "this file's roles come from a Slurm allocation; run it with 'tflaunch "
-                            f"submit {self.source}', or inside an allocation with 'tflaunch --slurm {self.source}'")
-        check_cluster(spec, self.local_hosts)
+            if not self.slurm_template:
+                self.problems.append(self.fail("slurm", "this file's roles come from a Slurm allocation; run it with "
+                                               f"'tflaunch submit {self.source}', or inside an allocation with "
+                                               f"'tflaunch --slurm {self.source}'"))
+        elif tasks_read:
+            self.problems += cluster_problems(spec, self.local_hosts)
         task_hosts = sorted({t.host for t in spec.tasks})
-        for name in spec.hosts:
+        for name in spec.hosts if tasks_read else ():
             if name not in task_hosts:
                 import difflib  # only a mistake needs it
 
                 close = difflib.get_close_matches(name, task_hosts, n=1)
                 hint = f"did you mean '{close[0]}'?" if close else f"expected one of the tasks' hosts: {', '.join(task_hosts)}"
-                raise self.fail(f"hosts.{name}", f"no task runs on this host; {hint}")
+                self.problems.append(self.fail(f"hosts.{name}", f"no task runs on this host; {hint}"))
+        if self.problems:
+            # In the file's order of its top-level keys: the lines read as the file does.
+            order = {str(name): place for place, name in enumerate(mapping)}
+            raise ConfigErrors.of(sorted(self.problems, key=lambda e: order.get(re.split(r"[.\[]", e.key)[0], -1)))
         return spec
 
     def _check_strings(self, value: Any, key: str) -> None:
@@ -178,39 +192,46 @@ class _ClusterReader(FieldReader):
         if isinstance(value, (dict, str)):
             value = [value]  # a single task written without the list
         if not isinstance(value, list):
-            raise self.fail(role, f"expected a list of tasks, got {show(value)}")
-        return [self._read_task(role, i, item) for i, item in enumerate(value)]
+            self.problems.append(self.fail(role, f"expected a list of tasks, got {show(value)}"))
+            return []
+        tasks = [self.collect(lambda: self._read_task(role, i, item), None) for i, item in enumerate(value)]
+        return [task for task in tasks if task is not None]
 
     def _read_task(self, role: str, index: int, item: Any) -> TaskSpec:
         key = f"{role}[{index}]"
         if isinstance(item, str):
             item = {"host": item}  # "host:port" short form, split below
         mapping = self.expect_mapping(item, key, "a task mapping or a 'host:port' string")
-        self.check_keys(mapping, TASK_KEYS, key)
+        problems = len(self.problems)
+        collect = self.collect
+        collect(lambda: self.check_keys(mapping, TASK_KEYS, key), None)
         if "host" not in mapping:
             raise self.fail(f"{key}.host", "missing; expected the task's host name")
         host = self.read_host(mapping["host"], f"{key}.host")
         port: Any = mapping.get("port")
-        if port is None:
+        if port is None:  # "host:port", else any free port ('auto')
             try:
                 host, port = parse_host_port(host)
             except ValueError:
-                raise self.fail(f"{key}.port", f"missing; expected a port 1-65535 or 'auto' (host is {host!r})") from None
+                if ":" in host and not host.startswith("["):
+                    raise self.fail(f"{key}.host", f"expected HOST or HOST:PORT, got {host!r}") from None
+                port = AUTO
         elif ":" in host and not host.startswith("[") and host.count(":") == 1:
             raise self.fail(f"{key}.host", f"{host!r} has a port and 'port' is also set; expected one of them")
-        return TaskSpec(
+        task = TaskSpec(
             role=role,
             index=index,
             host=host.strip("[]"),
-            port=self.read_port(port, f"{key}.port"),
-            address=self.optional_str(mapping, "address", key),
-            gpus=self.read_gpus(mapping.get("gpus", []), f"{key}.gpus"),
-            env=self.read_env(mapping.get("env"), f"{key}.env"),
-            workdir=self.optional_str(mapping, "workdir", key),
-            python=self.optional_str(mapping, "python", key),
-            setup=self.optional_str(mapping, "setup", key),
+            port=collect(lambda: self.read_port(port, f"{key}.port"), AUTO),
+            address=collect(lambda: self.optional_str(mapping, "address", key), None),
+            gpus=collect(lambda: self.read_gpus(mapping.get("gpus", []), f"{key}.gpus"), ()),
+            env=collect(lambda: self.read_env(mapping.get("env"), f"{key}.env"), {}),
+            workdir=collect(lambda: self.optional_str(mapping, "workdir", key), None),
+            python=collect(lambda: self.optional_str(mapping, "python", key), None),
+            setup=collect(lambda: self.optional_str(mapping, "setup", key), None),
             key=key,
         )
+        return task if len(self.problems) == problems else None
 
     def _read_ssh(self, value: Any, key: str) -> SshSettings:
         if value is None:
@@ -238,19 +259,24 @@ class _ClusterReader(FieldReader):
     def _read_hosts(self, value: Any) -> dict[str, HostSettings]:
         if value is None:
             return {}
-        mapping = self.expect_mapping(value, "hosts", "a mapping of host name to host settings")
+        mapping = self.collect(lambda: self.expect_mapping(value, "hosts", "a mapping of host name to host settings"), {})
         hosts: dict[str, HostSettings] = {}
         for name, raw in mapping.items():
-            key = f"hosts.{name}"
-            name = self.read_host(name, key)
-            settings = self.expect_mapping(raw or {}, key, "a mapping of host settings")
-            self.check_keys(settings, HOST_KEYS, key)
-            hosts[str(name)] = HostSettings(
-                ssh=self._read_ssh(settings.get("ssh"), f"{key}.ssh"),
-                workdir=self.optional_str(settings, "workdir", key),
-                python=self.optional_str(settings, "python", key),
-                setup=self.optional_str(settings, "setup", key),
-                env=self.read_env(settings.get("env"), f"{key}.env"),
-            )
+            settings = self.collect(lambda: self._read_host_settings(name, raw), None)
+            if settings is not None:
+                hosts[str(name)] = settings
         return hosts
+
+    def _read_host_settings(self, name: Any, raw: Any) -> HostSettings:
+        key = f"hosts.{name}"
+        self.read_host(name, key)
+        settings = self.expect_mapping(raw or {}, key, "a mapping of host settings")
+        self.check_keys(settings, HOST_KEYS, key)
+        return HostSettings(
+            ssh=self._read_ssh(settings.get("ssh"), f"{key}.ssh"),
+            workdir=self.optional_str(settings, "workdir", key),
+            python=self.optional_str(settings, "python", key),
+            setup=self.optional_str(settings, "setup", key),
+            env=self.read_env(settings.get("env"), f"{key}.env"),
+        )
 

@@ -51,3 +51,16 @@ def test_every_user_error_has_the_one_format(tmp_path, case):
     assert "Traceback" not in done.stderr and done.stdout == ""
     # What may stand above the error line: click's usage line and its pointer to --help, nothing else.
     assert all(line.startswith(("Usage: tflaunch", "Try 'tflaunch")) for line in lines[:-1]), done.stderr
+
+
+def test_every_mistake_of_a_cluster_file_is_one_error_line(tmp_path):
+    (tmp_path / "bad.yaml").write_text("threads: many\nworker:\n  - {host: localhost, port: 70000}\n"
+                                       "  - {host: localhost, prot: 2222}\n")
+    done = subprocess.run([sys.executable, "-m", "launcher", "bad.yaml", "--dry-run"], capture_output=True, text=True,
+                          timeout=60, cwd=tmp_path, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.splitlines() == [
+        "tflaunch: error: bad.yaml: threads: expected 'auto', 'off' or a thread count >= 1, got 'many'",
+        "tflaunch: error: bad.yaml: worker[0].port: expected a port 1-65535, got 70000",
+        "tflaunch: error: bad.yaml: worker[1].prot: unknown key; did you mean 'port'?",
+    ]

@@ -17,6 +17,7 @@ from launcher.cluster.reader import (
     is_local,
     load_cluster_file,
     parse_cluster,
+    TASK_KEYS,
     parse_host_port,
 )
 from launcher.errors import ConfigError, LaunchError
@@ -375,7 +376,7 @@ def test_a_remote_name_is_not_this_machine():
     ("65536", "expected a port 1-65535, got 65536"),
     ("-1", "expected a port 1-65535, got -1"),
     ("abc", "expected a port 1-65535 or 'auto', got 'abc'"),
-    ("true", "expected a port 1-65535 or 'auto', got True"),
+    ("true", "expected a port 1-65535 or 'auto', got true"),
     ("2222.5", "expected a port 1-65535 or 'auto', got 2222.5"),
     ("[2222]", "expected a port 1-65535 or 'auto', got a list"),
     ("AUTO", "expected a port 1-65535 or 'auto', got 'AUTO'"),
@@ -393,12 +394,15 @@ def test_bad_port_in_short_form(item, bad):
     expect_error(f"worker: [{item}]", "worker[0].port", bad, "1-65535")
 
 
-@pytest.mark.parametrize("item, shown", [
-    ("localhost", "'localhost'"), ("{host: node1}", "'node1'"), ("'[::1]'", "'[::1]'"), ("':2222'", "':2222'"),
+@pytest.mark.parametrize("item, host", [
+    ("localhost", "localhost"), ("{host: node1}", "node1"), ("'[::1]'", "::1"), ("{host: node1, port: null}", "node1"),
 ])
-def test_missing_port(item, shown):
-    expect_error(f"worker: [{item}]", "worker[0].port",
-                 f"missing; expected a port 1-65535 or 'auto' (host is {shown})")
+def test_a_task_without_a_port_takes_auto(item, host):
+    assert [(t.host, t.port) for t in parse(f"worker: [{item}]").tasks] == [(host, AUTO)]
+
+
+def test_a_host_with_an_empty_name_before_its_port():
+    expect_error("worker: [':2222']", "worker[0].host", "expected HOST or HOST:PORT, got ':2222'")
 
 
 def test_port_given_twice():
@@ -410,7 +414,7 @@ def test_port_given_twice():
     ("{port: 2222}", "worker[0].host", "missing; expected the task's host name"),
     ("{host: '', port: 2222}", "worker[0].host", "expected a non-empty string, got ''"),
     ("{host: [a], port: 2222}", "worker[0].host", "expected a non-empty string, got a list"),
-    ("{host: true, port: 2222}", "worker[0].host", "expected a non-empty string, got True"),
+    ("{host: true, port: 2222}", "worker[0].host", "expected a non-empty string, got true"),
     ("{host: localhost, port: 2222, address: {}}", "worker[0].address", "expected a non-empty string, got a mapping"),
     ("{host: localhost, port: 2222, workdir: ''}", "worker[0].workdir", "expected a non-empty string, got ''"),
 ])
@@ -428,7 +432,7 @@ def test_auto_port_on_a_remote_host_is_left_for_its_agent_to_pick():
     ("-2", "worker[0].gpus[0]", "expected a GPU index >= 0, got -2"),
     ("[0, 1, 0]", "worker[0].gpus[2]", "GPU 0 is listed twice; expected distinct indices"),
     ("[x]", "worker[0].gpus[0]", "expected a GPU index (integer >= 0), got 'x'"),
-    ("[true]", "worker[0].gpus[0]", "expected a GPU index (integer >= 0), got True"),
+    ("[true]", "worker[0].gpus[0]", "expected a GPU index (integer >= 0), got true"),
     ("[1.5]", "worker[0].gpus[0]", "expected a GPU index (integer >= 0), got 1.5"),
     ("'0,1'", "worker[0].gpus", "expected a list of GPU indices or 'all', got '0,1'"),
     ("ALL", "worker[0].gpus", "expected a list of GPU indices or 'all', got 'ALL'"),
@@ -465,7 +469,7 @@ def test_gpu_clash_between_roles_on_a_remote_host():
     ("5", "top level", "expected a mapping of cluster keys or a list of host:port workers, got 5"),
     ("just text", "top level", "expected a mapping of cluster keys or a list of host:port workers, got 'just text'"),
     ("worker: 5", "worker", "expected a list of tasks, got 5"),
-    ("worker:", "worker", "expected a list of tasks, got nothing"),
+    ("worker:", "worker", "expected a list of tasks, got null"),
     ("worker: [5]", "worker[0]", "expected a task mapping or a 'host:port' string, got 5"),
     ("worker: [[localhost, 2222]]", "worker[0]", "expected a task mapping or a 'host:port' string, got a list"),
     ("env: [A=1]\nworker: [localhost:2222]", "env", "expected a mapping of environment variables, got a list"),
@@ -481,7 +485,7 @@ def test_gpu_clash_between_roles_on_a_remote_host():
      "expected a string or number, got a mapping"),
     ("command: {}\nworker: [localhost:2222]", "command", "expected a command string or a list of arguments, got a mapping"),
     ("command: 5\nworker: [localhost:2222]", "command", "expected a command string or a list of arguments, got 5"),
-    ("command:\nworker: [localhost:2222]", "command", "expected a command string or a list of arguments, got nothing"),
+    ("command:\nworker: [localhost:2222]", "command", "expected a command string or a list of arguments, got null"),
     ("command: [python, [x]]\nworker: [localhost:2222]", "command",
      "expected a command string or a list of arguments, got a list"),
     ("command: [python, true]\nworker: [localhost:2222]", "command",
@@ -502,11 +506,11 @@ def test_gpu_clash_between_roles_on_a_remote_host():
     ("threads: 2.5\nworker: [localhost:2222]", "threads", "expected 'auto', 'off' or a thread count >= 1, got 2.5"),
     ("max_restarts: -1\nworker: [localhost:2222]", "max_restarts", "expected an integer >= 0, got -1"),
     ("max_restarts: 1.5\nworker: [localhost:2222]", "max_restarts", "expected an integer >= 0, got 1.5"),
-    ("max_restarts: true\nworker: [localhost:2222]", "max_restarts", "expected an integer >= 0, got True"),
+    ("max_restarts: true\nworker: [localhost:2222]", "max_restarts", "expected an integer >= 0, got true"),
     ("restart_delay: -1\nworker: [localhost:2222]", "restart_delay", "expected a number of seconds >= 0, got -1"),
     ("restart_delay: soon\nworker: [localhost:2222]", "restart_delay",
      "expected a number of seconds >= 0, got 'soon'"),
-    ("log_dir: true\nworker: [localhost:2222]", "log_dir", "expected a non-empty string, got True"),
+    ("log_dir: false\nworker: [localhost:2222]", "log_dir", "expected a non-empty string, got false"),
     ("workdir: ''\nworker: [localhost:2222]", "workdir", "expected a non-empty string, got ''"),
     ("python: [python3]\nworker: [localhost:2222]", "python", "expected a non-empty string, got a list"),
     ("setup: {}\nworker: [localhost:2222]", "setup", "expected a non-empty string, got a mapping"),
@@ -816,3 +820,35 @@ def test_a_number_where_a_host_name_goes_is_one_line_that_suggests_quoting(text,
 
 def test_a_quoted_numeric_host_name_is_a_host_name():
     assert parse("worker:\n  - host: '12'\n    port: 2222\n").tasks[0].host == "12"
+
+
+def test_every_mistake_of_a_file_is_listed_in_the_file_order():
+    text = """
+        threads: many
+        share_gpus: 1
+        worker:
+          - {host: localhost, port: 70000, gpus: [true]}
+          - {host: localhost, prot: 2222, colour: red}
+          - 5
+        hosts: {node9: {ssh: {port: 0}}}
+    """
+    assert error(text).splitlines() == [
+        f"{SOURCE}: threads: expected 'auto', 'off' or a thread count >= 1, got 'many'",
+        f"{SOURCE}: share_gpus: expected true or false, got 1",
+        f"{SOURCE}: worker[0].port: expected a port 1-65535, got 70000",
+        f"{SOURCE}: worker[0].gpus[0]: expected a GPU index (integer >= 0), got true",
+        f"{SOURCE}: worker[1].prot: unknown key; did you mean 'port'?",
+        f"{SOURCE}: worker[1].colour: unknown key; expected one of {', '.join(TASK_KEYS)}",
+        f"{SOURCE}: worker[2]: expected a task mapping or a 'host:port' string, got 5",
+        f"{SOURCE}: hosts.node9.ssh.port: expected a port 1-65535, got 0",
+    ]
+
+
+def test_every_whole_cluster_problem_is_listed():
+    text = """
+        chief: [localhost:2222, localhost:2223]
+        worker: [localhost:2222, localhost:2223]
+        evaluator: [localhost:auto, localhost:auto]
+    """
+    assert [line.split(": ", 2)[1] for line in error(text).splitlines()] == [
+        "chief", "worker[0].port", "worker[1].port", "evaluator"]
