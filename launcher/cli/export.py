@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from ..errors import ConfigError
-from .group import cli
+from .group import RUN_SOURCES, TaskCommand, cli
 from ..options import MAX_RESTARTS
 from .options import ClusterChoice, cluster_options, run_option, run_options
 
@@ -26,19 +26,12 @@ Examples:
 """
 
 
-class _ExportCommand(click.Command):
-    """Everything after ``--`` is the task command, kept apart from the options."""
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        if "--" in args:
-            cut = args.index("--")
-            ctx.meta["tflaunch.command"] = tuple(args[cut + 1:])
-            args = args[:cut]
-        return super().parse_args(ctx, args)
-
-
-@cli.command("export", cls=_ExportCommand, help=EXPORT_HELP)
-@cluster_options(gpus=False)
+@cli.command("export", cls=TaskCommand, help=EXPORT_HELP, sources=RUN_SOURCES,
+             choosers=("--local", "-H", "--hosts", "--hostfile"))
+@cluster_options(gpus=False, words={
+    "local": "N worker tasks: N worker pods (with --format sh, N commands for this machine).",
+    "hosts": "One task per slot of these hosts, e.g. node1:4,node2:4: a pod per task (with --format sh, the "
+             "commands to paste on each host)."})
 @click.option("--format", "fmt", type=click.Choice(["jobset", "tfjob", "trainjob", "sh"]), default="jobset", show_default=True,
               help="What to print.")
 @click.option("--image", metavar="IMAGE", help="Container image with TensorFlow and the training code "

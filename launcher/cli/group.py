@@ -1,12 +1,16 @@
-"""The ``tflaunch`` click group: ``run`` is the default command and ``--`` marks the task command."""
+"""The ``tflaunch`` click group: ``run`` is the default command and ``--`` marks the task command
+(:class:`TaskCommand`, the class of the commands that take one)."""
 
 from __future__ import annotations
 
 import importlib
+import re
+import shlex
 
 import click
 
 from .. import __version__
+from ..errors import OptionsError
 
 # The module of this package that defines each command. A command's module is imported when that
 # command is used (or listed by --help), so a run does not pay for loading every other command.
@@ -35,11 +39,95 @@ class _DefaultRunGroup(click.Group):
         if (first is not None and first not in COMMAND_MODULES and first not in self.commands
                 and first not in ("--help", "-h", "--version")):
             args = ["run", *args]
-        if args and args[0] in ("run", "submit") and "--" in args:  # both take a task command
+            ctx.meta[_IMPLIED] = True  # messages then show the command line as it was typed
+        return super().parse_args(ctx, args)
+
+    def format_usage(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # Unwrapped, as TaskCommand's: "[-- CMD...]" must not be split at its "--".
+        formatter.write(f"Usage: {ctx.command_path} {RUN_SOURCES} [OPTIONS] [-- CMD...]\n"
+                        f"   or: {ctx.command_path} COMMAND [ARGS]...\n")
+
+
+_IMPLIED = "tflaunch.implied_run"
+# How the commands that run a cluster are told which one, as their usage lines show it.
+RUN_SOURCES = "(CLUSTER.yaml | --local N | -H HOSTS)"
+# A first word that is a program rather than a cluster file: a Python script or an interpreter.
+_PROGRAM = re.compile(r"(.*\.py|python[0-9.]*|.*/python[0-9.]*)")
+
+
+class TaskCommand(click.Command):
+    """A command that takes a task command after ``--`` (kept apart from the options, in
+    ``ctx.meta["tflaunch.command"]``). ``sources``: how its usage line names the cluster;
+    ``choosers``: its options that name a cluster without a file. A task command given without
+    ``--`` is one line saying so, with the command line corrected."""
+
+    def __init__(self, *args, sources: str, choosers: tuple[str, ...], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.sources, self.choosers = sources, choosers
+
+    def format_usage(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # One line, unwrapped: "[-- CMD...]" must not be split at its "--". The command as typed:
+        # "tflaunch [OPTIONS] ..." where run was implied.
+        formatter.write(f"Usage: {_typed(ctx)} [OPTIONS] {self.sources} [-- CMD...]\n")
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if "--" in args:
             cut = args.index("--")
             ctx.meta["tflaunch.command"] = tuple(args[cut + 1:])
             args = args[:cut]
+        else:
+            self._refuse_misplaced_command(ctx, args)
         return super().parse_args(ctx, args)
+
+    def _refuse_misplaced_command(self, ctx: click.Context, args: list[str]) -> None:
+        """OptionsError when ``args`` hold a task command without ``--``: a program where the cluster
+        file goes (``tflaunch train.py``), or words after the cluster (``tflaunch --local 2 python
+        train.py``, ``tflaunch c.yaml python train.py``)."""
+        words = _positionals(args, self.get_params(ctx))
+        if not words:
+            return
+        chosen = any(arg.split("=", 1)[0] in self.choosers for arg in args[:words[0]])
+        first = args[words[0]]
+        cluster_file = first.endswith((".yaml", ".yml"))
+        if cluster_file:
+            start = words[1] if len(words) > 1 else None
+        else:
+            start = words[0] if chosen or len(words) > 1 or _PROGRAM.fullmatch(first) else None
+        if start is None:
+            return  # a cluster file, or a name the cluster reader answers for
+        command = args[start:]
+        if command[0].endswith(".py"):
+            command = ["python", *command]
+        choose = [] if chosen or cluster_file else ["--local", "N"]
+        fixed = f"{_typed(ctx)} {shlex.join([*args[:start], *choose, '--', *command])}"
+        if start == words[0] and not chosen and first.endswith(".py"):
+            raise OptionsError(f"{first} is a Python script, not a cluster file; the task command goes after '--': {fixed}")
+        raise OptionsError(f"the task command goes after '--': {fixed}")
+
+
+def _typed(ctx: click.Context) -> str:
+    """The command as the user typed it: ``tflaunch`` alone where ``run`` was implied."""
+    return ctx.find_root().command_path if ctx.meta.get(_IMPLIED) else ctx.command_path
+
+
+def _positionals(args: list[str], params: list[click.Parameter]) -> list[int]:
+    """Where the words of ``args`` that are no option nor an option's value are; empty at an unknown
+    option before any word (click names it)."""
+    takes_value = {name: not (param.is_flag or param.count) for param in params if isinstance(param, click.Option)
+                   for name in (*param.opts, *param.secondary_opts)}
+    found, index = [], 0
+    while index < len(args):
+        arg = args[index]
+        if arg.startswith("-") and arg != "-":
+            name = arg.split("=", 1)[0] if arg.startswith("--") else arg[:2]
+            if name not in takes_value:
+                return found
+            attached = "=" in arg if arg.startswith("--") else len(arg) > 2
+            index += 2 if takes_value[name] and not attached else 1
+            continue
+        found.append(index)
+        index += 1
+    return found
 
 
 @click.group(cls=_DefaultRunGroup, invoke_without_command=True,
@@ -52,6 +140,7 @@ def cli(ctx: click.Context) -> None:
     \b
     tflaunch CLUSTER.yaml [OPTIONS] [-- CMD ARGS...]   run a cluster file
     tflaunch --local N [OPTIONS] [-- CMD ARGS...]      N workers on this machine
+    tflaunch --local 2 -- python my_train.py           your own script on 2 workers
     See "tflaunch run --help" for the run options.
     """
     if ctx.invoked_subcommand is None:

@@ -37,23 +37,23 @@ def _parse_gpus(ctx: click.Context, param: click.Parameter, value: str | None) -
         raise click.BadParameter(f"expected comma-separated GPU indices such as 0,1, got {value!r}") from None
 
 
-# Outermost first, as they show in --help. The role options say nothing of --slurm, which only run
-# has: its own help names the role options it takes.
-_OPTIONS = (
-    click.argument("cluster", required=False, metavar="CLUSTER.yaml"),
-    click.option("--local", "local", type=int, metavar="N", help="Run N workers on this machine."),
-    click.option("-H", "--hosts", metavar="HOST:SLOTS,...",
-                 help="One task per slot on these hosts, e.g. node1:4,node2:4 (localhost: this machine; others "
-                      "over ssh); free ports on every host."),
-    click.option("--hostfile", metavar="FILE",
-                 help="Like -H, from an MPI/DeepSpeed hostfile: one 'HOST slots=N' per line."),
-    click.option("--chief", is_flag=True,
-                 help="With --local: add a chief task. With -H/--hostfile: the first slot runs the chief."),
-    click.option("--ps", type=int, default=0, metavar="K",
-                 help="With --local: add K parameter-server tasks; with -H/--hostfile: the K slots after the "
-                      "chief's (implies --chief)."),
-    click.option("--evaluator", is_flag=True, help="With -H/--hostfile: the last slot runs an evaluator."),
-)
+# Outermost first, as they show in --help: each parameter's declarations and settings. The role
+# options say nothing of --slurm, which only run has: its own help names the role options it takes.
+_OPTIONS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
+    "cluster": (("cluster",), {"required": False, "metavar": "CLUSTER.yaml"}),
+    "local": (("--local", "local"), {"type": int, "metavar": "N", "help": "Run N workers on this machine."}),
+    "hosts": (("-H", "--hosts"), {"metavar": "HOST:SLOTS,...",
+                                  "help": "One task per slot on these hosts, e.g. node1:4,node2:4 (localhost: this "
+                                          "machine; others over ssh); free ports on every host."}),
+    "hostfile": (("--hostfile",), {"metavar": "FILE",
+                                   "help": "Like -H, from an MPI/DeepSpeed hostfile: one 'HOST slots=N' per line."}),
+    "chief": (("--chief",), {"is_flag": True, "help": "With --local: add a chief task. With -H/--hostfile: the "
+                                                      "first slot runs the chief."}),
+    "ps": (("--ps",), {"type": int, "default": 0, "metavar": "K",
+                       "help": "With --local: add K parameter-server tasks; with -H/--hostfile: the K slots after the "
+                               "chief's (implies --chief)."}),
+    "evaluator": (("--evaluator",), {"is_flag": True, "help": "With -H/--hostfile: the last slot runs an evaluator."}),
+}
 _GPUS = click.option("--gpus", callback=_parse_gpus, metavar="LIST",
                      help="With --local: GPU indices (e.g. 0,1) dealt round-robin to chief and workers; with "
                           "-H/--hostfile: each host's GPUs, dealt to that host's chief and workers.")
@@ -87,10 +87,15 @@ class ClusterChoice(RoleOptions):
 _GIVEN = tuple(f.name for f in fields(ClusterChoice) if not f.name.startswith("takes_"))
 
 
-def cluster_options(*, gpus: bool, slurm: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def cluster_options(*, gpus: bool, slurm: bool = False,
+                    words: dict[str, str] | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Add the cluster options to a command (placed right under ``@cli.command``); the command receives
     their values as ``choice``, a :class:`ClusterChoice`, instead of one parameter each. ``gpus``: the
-    command has ``--gpus``; ``slurm``: it has ``--slurm`` too (its messages may name it)."""
+    command has ``--gpus``; ``slurm``: it has ``--slurm`` too (its messages may name it); ``words``:
+    the help of the options whose meaning differs for this command, by option (``local``)."""
+    options = [click.argument(*names, **settings) if name == "cluster"
+               else click.option(*names, **{**settings, **({"help": words[name]} if name in (words or {}) else {})})
+               for name, (names, settings) in _OPTIONS.items()]
 
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(command)
@@ -98,7 +103,7 @@ def cluster_options(*, gpus: bool, slurm: bool = False) -> Callable[[Callable[..
             given = {name: kwargs.pop(name) for name in _GIVEN if name in kwargs}
             return command(*args, choice=ClusterChoice(**given, takes_gpus=gpus, takes_slurm=slurm), **kwargs)
 
-        for option in reversed(_OPTIONS + ((_GPUS,) if gpus else ())):
+        for option in reversed([*options, *((_GPUS,) if gpus else ())]):
             with_choice = option(with_choice)
         return with_choice
 

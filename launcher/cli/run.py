@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from .group import cli
+from .group import RUN_SOURCES, TaskCommand, cli
 from .options import ClusterChoice, cluster_options, run_option, run_options
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ Examples:
 """
 
 
-@cli.command(help=RUN_HELP)
+@cli.command(help=RUN_HELP, cls=TaskCommand, sources=RUN_SOURCES, choosers=("--local", "-H", "--hosts", "--hostfile", "--slurm"))
 @cluster_options(gpus=True, slurm=True)
 # The run options' defaults, help and checks are launcher.options.RunOptions'; their flags only parse.
 @run_option("log_dir")

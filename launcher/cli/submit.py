@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from ..records.folder import SBATCH_SCRIPT
-from .group import cli
+from .group import TaskCommand, cli
 from .options import run_option, run_options
 
 SUBMIT_HELP = f"""Submit a TensorFlow cluster to Slurm: (CLUSTER.yaml with a 'slurm:' section | --nodes N).
@@ -26,7 +26,7 @@ Examples:
 """
 
 
-@cli.command("submit", help=SUBMIT_HELP)
+@cli.command("submit", cls=TaskCommand, help=SUBMIT_HELP, sources="(CLUSTER.yaml | --nodes N)", choosers=("--nodes",))
 @click.argument("cluster", required=False, metavar="CLUSTER.yaml")
 @click.option("--nodes", type=click.IntRange(min=1), metavar="N", help="Nodes to allocate.")
 @click.option("--ntasks-per-node", type=click.IntRange(min=1), metavar="K", help="Task slots per node (default 1).")

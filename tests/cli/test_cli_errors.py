@@ -32,6 +32,20 @@ CASES = {
     "missing cluster file": (["missing.yaml", "--dry-run"], "missing.yaml: no such cluster file"),
     "bad value in a cluster file": (["bad.yaml", "--dry-run"], "bad.yaml: worker[0]"),
     "no run to show": (["logs", "--log-dir", "{logs}"], "{logs}"),
+    "a Python script for a cluster file": (["my_train.py"], "my_train.py is a Python script, not a cluster file; the "
+                                           "task command goes after '--': tflaunch --local N -- python my_train.py"),
+    "a command without --": (["--local", "2", "python", "train.py", "--lr", "0.1"],
+                             "the task command goes after '--': tflaunch --local 2 -- python train.py --lr 0.1"),
+    "a script without --": (["-H", "localhost:2", "--chief", "train.py"],
+                            "the task command goes after '--': tflaunch -H localhost:2 --chief -- python train.py"),
+    "a command after a cluster file": (["bad.yaml", "--dry-run", "python3", "t.py"],
+                                       "the task command goes after '--': tflaunch bad.yaml --dry-run -- python3 t.py"),
+    "a program for a cluster file": (["python", "t.py"], "the task command goes after '--': tflaunch --local N -- "
+                                                         "python t.py"),
+    "export's command without --": (["export", "--local", "2", "python", "t.py"],
+                                    "the task command goes after '--': tflaunch export --local 2 -- python t.py"),
+    "submit's command without --": (["submit", "--nodes", "1", "python", "t.py"],
+                                    "the task command goes after '--': tflaunch submit --nodes 1 -- python t.py"),
 }
 
 
@@ -64,3 +78,23 @@ def test_every_mistake_of_a_cluster_file_is_one_error_line(tmp_path):
         "tflaunch: error: bad.yaml: worker[0].port: expected a port 1-65535, got 70000",
         "tflaunch: error: bad.yaml: worker[1].prot: unknown key; did you mean 'port'?",
     ]
+
+
+def test_a_file_that_is_no_cluster_file_and_no_script_is_read_as_one(tmp_path):
+    (tmp_path / "notes.txt").write_text("just some notes\n")
+    done = subprocess.run([sys.executable, "-m", "launcher", "notes.txt", "--dry-run"], capture_output=True, text=True,
+                          timeout=60, cwd=tmp_path, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert (done.returncode, done.stderr) == (2, "tflaunch: error: notes.txt: top level: expected a mapping of cluster "
+                                                 "keys or a list of host:port workers, got 'just some notes'\n")
+
+
+@pytest.mark.parametrize("args, usage", [
+    (["--help"], "Usage: tflaunch (CLUSTER.yaml | --local N | -H HOSTS) [OPTIONS] [-- CMD...]"),
+    (["run", "--help"], "Usage: tflaunch run [OPTIONS] (CLUSTER.yaml | --local N | -H HOSTS) [-- CMD...]"),
+    (["--local", "x"], "Usage: tflaunch [OPTIONS] (CLUSTER.yaml | --local N | -H HOSTS) [-- CMD...]"),
+    (["export", "--bogus"], "Usage: tflaunch export [OPTIONS] (CLUSTER.yaml | --local N | -H HOSTS) [-- CMD...]"),
+])
+def test_the_usage_line_shows_local_n_and_the_task_command(args, usage):
+    done = subprocess.run([sys.executable, "-m", "launcher", *args], capture_output=True, text=True, timeout=60,
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "COLUMNS": "60"})
+    assert (done.stdout + done.stderr).splitlines()[0] == usage

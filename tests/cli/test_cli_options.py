@@ -1,5 +1,6 @@
 """The options that choose a cluster are written once (launcher/cli/options.py): run, check and export
-show them with the same names, values and help, and name the same cluster with them."""
+show them with the same names and values, and the same help where they mean the same (export's
+--local and -H say what they become in a manifest), and name the same cluster with them."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from launcher.cli.group import cli
 ROOT = Path(__file__).resolve().parents[2]
 COMMANDS = ("run", "check", "export")
 SHARED = ("--local", "--hosts", "--hostfile", "--chief", "--ps", "--evaluator")
+EXPORT_WORDS = ("--local", "--hosts")  # what export's --local and -H make: pods, not tasks on this machine
 WITH_GPUS = ("run", "check")  # export writes manifests, where GPUs are the cluster's to hand out
 
 
@@ -52,12 +54,17 @@ def test_run_check_and_export_show_the_cluster_options_identically():
     entries = {command: option_entries(text) for command, text in texts.items()}
     for option in SHARED:
         shown = {command: entries[command].get(option) for command in COMMANDS}
-        assert None not in shown.values() and len(set(shown.values())) == 1, shown
+        assert None not in shown.values(), shown
+        assert len(set(shown.values())) == (2 if option in EXPORT_WORDS else 1), shown
+        if option in EXPORT_WORDS:
+            assert shown["run"] == shown["check"] and "pod" in shown["export"], shown
     gpus = {command: entries[command].get("--gpus") for command in WITH_GPUS}
     assert None not in gpus.values() and len(set(gpus.values())) == 1, gpus
     assert "--gpus" not in entries["export"]
-    for command, text in texts.items():
-        assert text.startswith(f"Usage: tflaunch {command} [OPTIONS] CLUSTER.yaml"), text.splitlines()[0]
+    assert texts["check"].startswith("Usage: tflaunch check [OPTIONS] CLUSTER.yaml"), texts["check"]
+    for command in ("run", "export"):  # the commands that take a task command
+        usage = texts[command].splitlines()[0]
+        assert usage == f"Usage: tflaunch {command} [OPTIONS] (CLUSTER.yaml | --local N | -H HOSTS) [-- CMD...]"
 
 
 @pytest.mark.unit
@@ -72,7 +79,8 @@ def test_the_cluster_options_are_one_set_of_click_parameters():
     found = {command: records(command) for command in COMMANDS}
     names = ("cluster", "local", "hosts", "hostfile", "chief", "ps", "evaluator")
     for name in names:
-        assert found["run"][name] == found["check"][name] == found["export"][name], name
+        assert found["run"][name] == found["check"][name], name
+        assert (found["export"][name] == found["run"][name]) == (f"--{name}" not in EXPORT_WORDS), name
     assert found["run"]["gpus"] == found["check"]["gpus"]
     # The cluster options come first, in one order, in every command.
     for command in COMMANDS:

@@ -63,7 +63,7 @@ def test_cluster_file_refuses_a_section_that_is_not_a_mapping() -> None:
     ({"namespace": "x" * 64}, "kubernetes.namespace: expected a namespace"),
     ({"workdir": "app"}, "kubernetes.workdir: expected an absolute path in the image, got 'app'"),
     ({"resources": {"cpu": True}}, "kubernetes.resources.cpu: expected a Kubernetes quantity such as 2, 500m or 1.5, "
-                                   "got True"),
+                                   "got true"),
     ({"resources": "4"}, "kubernetes.resources: expected a mapping with cpu and memory, got '4'"),
     ({"node_selector": {"bad key!": "x"}}, "kubernetes.node_selector: expected node label keys"),
     ({"node_selector": {"pool": "a b"}}, "kubernetes.node_selector.pool: expected a label value"),
