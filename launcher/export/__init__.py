@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..cluster.machine import cpu_count, local_host_names
+from ..cluster.plan import DEFAULT_COMMAND
 from ..cluster.spec import ClusterSpec, EnvLayer, check_launch_input
 from ..errors import ConfigError
 from ..sources import ClusterSource
@@ -103,9 +104,21 @@ def export(request: ExportRequest) -> Export:
         plan = replace(plan, notes=plan.notes + tuple(trainjob_format.trainjob_notes(plan, request.cluster_runtime)))
     else:
         documents, kind = [jobset_format.jobset(plan)], "JobSet"
+    notes = plan.notes
+    if (request.command or spec.command or DEFAULT_COMMAND) == DEFAULT_COMMAND:
+        # Said twice: now, and in the manifest, where whoever builds the image reads it.
+        notes += (trainer_image_note(settings.image),)
+        header += "\n# " + notes[-1]
     if plan.hidden:  # the Secret goes with the manifests, also into a file written with -o
         header += "\n# " + secret_note(plan)
-    return Export(dump_documents(documents, header), plan.notes, f"{kind} {name}: {_role_counts(spec)}")
+    return Export(dump_documents(documents, header), notes, f"{kind} {name}: {_role_counts(spec)}")
+
+
+def trainer_image_note(image: str) -> str:
+    """What an image needs to run the built-in trainer, which tflaunch's own package holds."""
+    return (f"the task command is tflaunch's built-in trainer (python -m trainer): the image {image} must contain "
+            "its 'trainer' package (copy tflaunch's source folder into the image and pip install it there), or "
+            "give your own command after '--'")
 
 
 def default_name(label: str) -> str:

@@ -323,3 +323,18 @@ def test_cluster_runtime_only_with_trainjob() -> None:
     assert kinds == [("ClusterTrainingRuntime", "mnist"), ("TrainJob", "mnist")]
     assert ("tflaunch: note: trainjob: the ClusterTrainingRuntime mnist serves only a TrainJob named mnist, since "
             "TF_CONFIG names the pods by it") in done.stderr
+
+
+@pytest.mark.parametrize("fmt", ["jobset", "tfjob", "trainjob"])
+def test_the_built_in_trainer_needs_tflaunch_in_the_image(tmp_path: Path, fmt: str) -> None:
+    note = ("the task command is tflaunch's built-in trainer (python -m trainer): the image img:1 must contain its "
+            "'trainer' package (copy tflaunch's source folder into the image and pip install it there), or give "
+            "your own command after '--'")
+    done = tflaunch("export", "--format", fmt, "--local", "2", "--chief", "--image", "img:1")
+    assert done.returncode == 0, done.stderr
+    assert f"tflaunch: note: {note}" in done.stderr.splitlines()
+    assert f"# {note}" in done.stdout.split("\n---\n", 1)[0].splitlines()  # the manifest's header says it too
+    for own in (["--", "python", "train.py"], []):  # a command of its own, on the command line or in the file
+        source = ["--local", "2"] if own else [cluster_file(tmp_path, "command: python train.py\nworker: [a, b]\n")]
+        done = tflaunch("export", "--format", fmt, *source, "--image", "img:1", *own)
+        assert done.returncode == 0 and "built-in trainer" not in done.stderr + done.stdout, done.stderr
