@@ -1,4 +1,5 @@
-"""Whole-cluster checks that no single value shows: roles, duplicate host:port, GPU claims."""
+"""Whole-cluster checks that no single value shows: roles, duplicate host:port, GPU claims; and the
+warning for GPUs asked of this machine that it does not have."""
 
 from __future__ import annotations
 
@@ -61,3 +62,23 @@ def _gpu_sharing_problems(spec: ClusterSpec, local_hosts: frozenset[str]) -> lis
                 break  # one line per task
             claims[(host, gpu)] = task
     return problems
+
+
+def missing_gpus_warning(spec: ClusterSpec, local_hosts: frozenset[str], gpus_here: int | None) -> str | None:
+    """One line when tasks on this machine are given GPU indices it does not have (``gpus_here``, as
+    :func:`launcher.cluster.machine.gpu_count` counts them; None: unknown, no warning): TensorFlow
+    then runs them on the CPU without a word, which a run that asked for GPUs should hear of."""
+    if gpus_here is None:
+        return None
+    wanting = [t for t in spec.tasks if t.gpus and is_local(t.host, local_hosts)]
+    missing = sorted({gpu for t in wanting for gpu in t.gpus if gpu >= gpus_here})
+    if not missing:
+        return None
+    asked = [t.name for t in wanting if any(gpu in missing for gpu in t.gpus)]
+    ids = ",".join(map(str, missing))
+    to = f"{', '.join(asked[:3])}{' and others' if len(asked) > 3 else ''}"
+    if gpus_here == 0:
+        return (f"warning: this machine has no GPU, but GPU {ids} is given to {to}; "
+                f"{'they' if len(asked) > 1 else 'it'} will run on the CPU")
+    return (f"warning: this machine has {gpus_here} GPU{'s' if gpus_here > 1 else ''} (0-{gpus_here - 1}), but GPU "
+            f"{ids} is given to {to}; TensorFlow will not see {'them' if len(missing) > 1 else 'it'}")

@@ -1,4 +1,4 @@
-"""This machine: the names and addresses that mean it, its core count, and tflaunch's open-files
+"""This machine: the names and addresses that mean it, its core and GPU counts, and tflaunch's open-files
 limit (raised for a run, given back to the tasks it starts here). Unlike the spec and the plan,
 this module asks the system (interfaces, affinity, rlimits); whether an address is a loopback one
 is pure and lives with the spec (:func:`launcher.cluster.spec.is_loopback`)."""
@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import socket
 import struct
+import sys
 
 
 def local_host_names() -> frozenset[str]:
@@ -86,6 +87,22 @@ def _message_addresses(message: bytes) -> list[str]:
         offset += (length + 3) & ~3
     raw = attributes.get(_IFA_LOCAL) or attributes.get(_IFA_ADDRESS)
     return [socket.inet_ntop(family, raw)] if raw is not None and len(raw) == size else []
+
+
+def gpu_count() -> int | None:
+    """The NVIDIA GPUs this machine shows, from the driver's files (no process started): the entries of
+    /proc/driver/nvidia/gpus, else the /dev/nvidiaN devices (a container may have those alone); 0
+    where there are neither, None where this cannot be told (not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        pass
+    try:
+        return sum(1 for name in os.listdir("/dev") if name.startswith("nvidia") and name[6:].isdigit())
+    except OSError:
+        return None
 
 
 def cpu_count() -> int:

@@ -19,7 +19,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from ..cluster.machine import cpu_count, local_host_names
+from ..cluster.checks import missing_gpus_warning
+from ..cluster.machine import cpu_count, gpu_count, local_host_names
 from ..cluster.plan import Plan, RunContext, TaskLaunch, check_cluster_fits, plan_cluster
 from ..cluster.ports import HELD_AT_MOST, PortReservation, port_is_free, reserve_ports
 from ..cluster.spec import AUTO, DEFAULT_CONNECT_TIMEOUT, ClusterSpec, TaskSpec, check_launch_input, is_local
@@ -216,6 +217,9 @@ def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS,
             signals.watch(*watch)
         local_hosts = local_host_names()
         spec = build_spec(request, local_hosts)
+        missing_gpus = missing_gpus_warning(spec, local_hosts, gpu_count())
+        if missing_gpus:
+            console.message(missing_gpus)  # the run goes on: TensorFlow falls back to what there is
         exposure = _ExposureCheck(spec, console)
         spare = check_open_files(spec, local_hosts)
         reservation = _reserve_auto_ports(spec, local_hosts, hold=spare)

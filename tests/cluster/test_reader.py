@@ -20,6 +20,7 @@ from launcher.cluster.reader import (
     TASK_KEYS,
     parse_host_port,
 )
+from launcher.cluster.checks import missing_gpus_warning
 from launcher.errors import ConfigError, LaunchError
 
 pytestmark = pytest.mark.unit
@@ -852,3 +853,14 @@ def test_every_whole_cluster_problem_is_listed():
     """
     assert [line.split(": ", 2)[1] for line in error(text).splitlines()] == [
         "chief", "worker[0].port", "worker[1].port", "evaluator"]
+
+
+@pytest.mark.parametrize("gpus_here, expected", [
+    (0, "warning: this machine has no GPU, but GPU 0,1 is given to worker-0, worker-1; they will run on the CPU"),
+    (1, "warning: this machine has 1 GPU (0-0), but GPU 1 is given to worker-1; TensorFlow will not see it"),
+    (2, None), (None, None),
+])
+def test_gpus_this_machine_does_not_have_are_one_warning(gpus_here, expected):
+    spec = parse("worker:\n - {host: localhost, gpus: [0]}\n - {host: localhost, gpus: [1]}\n"
+                 " - {host: node2, gpus: [5]}\n - {host: localhost}")
+    assert missing_gpus_warning(spec, LOCAL, gpus_here) == expected

@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from conftest import TASK, descendants_alive, env_lines_of
+from launcher.cluster.machine import gpu_count
 from polling import wait_for
 
 pytestmark = pytest.mark.timeout(120)
@@ -280,3 +281,15 @@ def test_the_closing_summary_of_forty_tasks_folds_alike_tasks_while_status_and_r
     status = subprocess.run(tflaunch.argv("status", "--log-dir", str(tflaunch.log_dir)), cwd=tflaunch.cwd,
                             env=tflaunch.env(), capture_output=True, text=True, timeout=60)
     assert len(re.findall(r"^worker-\d+ ", status.stdout, re.M)) == 40
+
+
+@pytest.mark.skipif(gpu_count() != 0, reason="needs a machine without GPUs")
+def test_gpus_on_a_machine_without_gpus_is_one_warning_and_the_run_goes_on(tflaunch):
+    done = tflaunch.run("--local", "2", "--chief", "--gpus", "0,1", "--", "python", TASK, "env")
+    assert done.returncode == 0, done.stderr
+    warnings = [line for line in done.stderr.splitlines() if "GPU" in line]
+    assert warnings == ["tflaunch: warning: this machine has no GPU, but GPU 0,1 is given to chief-0, worker-0, "
+                        "worker-1; they will run on the CPU"], done.stderr
+    # The tasks get what was asked, as on a machine with GPUs.
+    assert [env_lines_of(done.task_output(name))[0]["CUDA_VISIBLE_DEVICES"] for name in ("chief-0", "worker-0")] == \
+        ["0", "1"]
