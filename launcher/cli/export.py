@@ -14,7 +14,8 @@ from .options import ClusterChoice, cluster_options, run_option, run_options
 EXPORT_HELP = """Print CLUSTER (a cluster YAML file) or --local N as manifests that run the same TensorFlow
 cluster elsewhere: a JobSet (default), a Kubeflow TFJob, or a Kubeflow Trainer runtime and
 TrainJob to 'kubectl apply -f', or one shell command per task (--format sh). Everything after --
-is the command each task runs.
+is the command each task runs (default: the file's command, else python -m trainer, tflaunch's
+built-in trainer, which the image must then contain).
 
 \b
 Examples:
