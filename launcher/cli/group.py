@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import re
 import shlex
 
@@ -88,7 +89,7 @@ class TaskCommand(click.Command):
             return
         chosen = any(arg.split("=", 1)[0] in self.choosers for arg in args[:words[0]])
         first = args[words[0]]
-        cluster_file = first.endswith((".yaml", ".yml"))
+        cluster_file = first.endswith((".yaml", ".yml")) or (not first.endswith(".py") and os.path.isfile(first))
         if cluster_file:
             start = words[1] if len(words) > 1 else None
         else:

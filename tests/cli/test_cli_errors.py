@@ -40,6 +40,8 @@ CASES = {
                             "the task command goes after '--': tflaunch -H localhost:2 --chief -- python train.py"),
     "a command after a cluster file": (["bad.yaml", "--dry-run", "python3", "t.py"],
                                        "the task command goes after '--': tflaunch bad.yaml --dry-run -- python3 t.py"),
+    "a command after a cluster file of another name": (["cluster.txt", "python", "t.py"], "the task command goes "
+                                                       "after '--': tflaunch cluster.txt -- python t.py"),
     "a program for a cluster file": (["python", "t.py"], "the task command goes after '--': tflaunch --local N -- "
                                                          "python t.py"),
     "export's command without --": (["export", "--local", "2", "python", "t.py"],
@@ -56,6 +58,7 @@ def test_every_user_error_has_the_one_format(tmp_path, case):
     args = [a.format(logs=logs) for a in args]
     wanted = wanted.format(logs=logs)
     (tmp_path / "bad.yaml").write_text(BAD_FILE)
+    (tmp_path / "cluster.txt").write_text(BAD_FILE)
     done = subprocess.run([sys.executable, "-m", "launcher", *args], capture_output=True, text=True, timeout=60,
                           cwd=tmp_path, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     lines = done.stderr.splitlines()
