@@ -105,12 +105,12 @@ def export(request: ExportRequest) -> Export:
     else:
         documents, kind = [jobset_format.jobset(plan)], "JobSet"
     notes = plan.notes
+    if plan.hidden:  # the Secret goes with the manifests, also into a file written with -o
+        header += "\n# " + secret_note(plan)
     if (request.command or spec.command or DEFAULT_COMMAND) == DEFAULT_COMMAND:
         # Said twice: now, and in the manifest, where whoever builds the image reads it.
         notes += (trainer_image_note(settings.image),)
         header += "\n# " + notes[-1]
-    if plan.hidden:  # the Secret goes with the manifests, also into a file written with -o
-        header += "\n# " + secret_note(plan)
     return Export(dump_documents(documents, header), notes, f"{kind} {name}: {_role_counts(spec)}")
 
 
