@@ -4,6 +4,8 @@
 - record.py: the typed ``run.json`` that runs write and the inspection commands read;
 - states.py: the words the record uses (run status, task state, attempt outcome);
 - metrics.py: the metric line tasks print, its parser, and which task speaks for the run;
+- kerasepochs.py: the epoch lines Keras prints, read as epoch records for tasks that print no metric lines;
+- metrictext.py: a metric record as the console shows it (and ``logs --grep`` matches it);
 - lines.py: how task output is cut into lines and folded as a terminal shows it (merged.log, ``logs``);
 - boundedlog.py: a log kept within its size limit (head, marker line, latest output), as it is written;
 - logview.py: such a log read whole, by its tail or followed, also one a killed tflaunch left behind;

@@ -1,10 +1,11 @@
 """The metric line contract: how a task reports a figure, how tflaunch reads it, and who speaks for the run.
 
 A task prints one JSON object per line after :data:`PREFIX` (``TFLAUNCH_METRIC {"kind": "epoch", ...}``).
-The output pump parses each such line once (:func:`parse_block`), adds ``task``, ``attempt`` and
-``time``, appends it to ``metrics.jsonl`` and hands the parsed records to the console. The
-built-in trainer writes these lines with its own copy of the prefix (trainer/metrics.py): it
-never imports the launcher.
+A task that prints none has the epoch lines Keras prints read instead (:mod:`.kerasepochs`).
+The output pump finds every metric line of a block once (:func:`metric_lines`), adds ``task``,
+``attempt`` and ``time`` to its record, appends it to ``metrics.jsonl`` and hands the records to
+the console. The built-in trainer writes these lines with its own copy of the prefix
+(trainer/metrics.py): it never imports the launcher.
 
 Under MultiWorkerMirroredStrategy every worker reports the same all-reduced figures, so one
 task speaks for the run (:func:`speaker`): chief-0, else worker-0, else the first task to report.
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import json
 from typing import Any, Iterable
+
+from .kerasepochs import KerasState, may_hold, read_line
 
 PREFIX = b"TFLAUNCH_METRIC "
 
@@ -32,11 +35,29 @@ def parse_line(line: bytes) -> Record | None:
     return record if isinstance(record, dict) else None
 
 
-def parse_block(block: bytes) -> list[Record | None]:
-    """One entry per line of ``block`` that holds the prefix, in order: its record, or None when malformed."""
-    if PREFIX not in block:
-        return []
-    return [parse_line(line) for line in block.split(b"\n") if PREFIX in line]
+MetricLines = list[tuple[int, "Record | None"]]
+
+
+def metric_lines(block: bytes, keras: KerasState = KerasState()) -> tuple[KerasState, MetricLines]:
+    """The metric lines of a block of one task's complete lines, with the task's Keras state after it.
+
+    One ``(index of the line in the block, record)`` per line that holds the prefix (its record,
+    or None when malformed: it stays a plain line) and per Keras epoch result of a task that has
+    printed no such line (see :mod:`.kerasepochs`), in order.
+    """
+    has_prefix = PREFIX in block
+    if not has_prefix and not may_hold(block, keras):
+        return keras, []
+    found: MetricLines = []
+    for index, line in enumerate(block.split(b"\n")):
+        if has_prefix and PREFIX in line:
+            found.append((index, parse_line(line)))
+            keras = KerasState(explicit=True)
+        elif not keras.explicit:
+            keras, record = read_line(keras, line.decode("utf-8", "replace"))
+            if record is not None:
+                found.append((index, record))
+    return keras, found
 
 
 def speaker(tasks: Iterable[str], reported: Iterable[str] = ()) -> str | None:

@@ -10,7 +10,8 @@ and the run goes on to its end and its own exit code.
 
 What a task line becomes on the console (the files are untouched by any of this):
 
-- a metric line (see :mod:`launcher.records.metrics`), which arrives already parsed by the output
+- a metric line (see :mod:`launcher.records.metrics`: a ``TFLAUNCH_METRIC`` line, or the line that
+  ends a Keras epoch of a task that prints none), which arrives already parsed by the output
   pump, is rendered for people (:mod:`.metricview`), lock-step duplicates once;
 - TensorFlow's routine C++ start-up chatter is hidden (:class:`.render.Chatter`);
 - the same line from several tasks within half a second prints once under all their names,
@@ -35,7 +36,7 @@ from typing import IO, Any, Iterable, Mapping
 import click
 
 from ..records.folder import MERGED
-from ..records.metrics import PREFIX, Record
+from ..records.metrics import MetricLines
 from ..records.states import TaskState
 from .metricview import Line, MetricBoard
 from .render import Chatter, may_hold_chatter
@@ -167,12 +168,12 @@ class Console:
     def shows(self, name: str) -> bool:
         return not self.quiet and (self.only is None or name in self.only)
 
-    def task_block(self, name: str, block: bytes, attempt: int = 1, metrics: list[Record | None] = ()) -> None:
+    def task_block(self, name: str, block: bytes, attempt: int = 1, metrics: MetricLines = ()) -> None:
         """Queue a block of complete lines (each ending in ``\\n``) that a task wrote.
 
-        ``metrics`` holds the parsed record of each line of the block that carries the metric
-        prefix, in order (None for a malformed one: shown as the line it is); see
-        :func:`launcher.records.metrics.parse_block`.
+        ``metrics`` holds ``(index of the line in the block, its record)`` for each metric line
+        of the block, in order (None for a malformed one: shown as the line it is); see
+        :func:`launcher.records.metrics.metric_lines`.
         """
         if not block:
             return
@@ -192,8 +193,9 @@ class Console:
                 if not metrics:
                     return
                 # The lines are dropped, but the status line still learns the epoch from them.
-                block, shown = b"".join(line + b"\n" for line in block.split(b"\n") if PREFIX in line), False
-                lines = len(metrics)
+                split = block.split(b"\n")
+                block, shown = b"".join(split[index] + b"\n" for index, _ in metrics), False
+                metrics, lines = [(n, record) for n, (_, record) in enumerate(metrics)], len(metrics)
             self._queue.append(("task", name, attempt, block, shown, list(metrics)))
             self._queued += len(block) + LINE_COST * lines
             self._wake()
@@ -340,9 +342,9 @@ class Console:
             out += (label, line, b"\n")
         return b"".join(out)
 
-    def _task_text(self, name: str, attempt: int, block: bytes, shown: bool, metrics: list[Record | None]) -> str | bytes:
+    def _task_text(self, name: str, attempt: int, block: bytes, shown: bool, metrics: MetricLines) -> str | bytes:
         if self.verbose or not (metrics or may_hold_chatter(block)):
-            for record in metrics:  # raw lines shown: the records only move the status line on
+            for _, record in metrics:  # raw lines shown: the records only move the status line on
                 if record is not None:
                     self._board.add(name, attempt, record)
             if not shown:
@@ -356,9 +358,9 @@ class Console:
             # The common case stays in bytes, one C-level replace: floods of output are cheap.
             return prefix + block[:-1].replace(b"\n", b"\n" + prefix) + b"\n"
         lines: list[Line] = []
-        records = iter(metrics)
-        for raw in block[:-1].split(b"\n"):
-            record = next(records, None) if PREFIX in raw else None
+        records = dict(metrics)
+        for index, raw in enumerate(block[:-1].split(b"\n")):
+            record = records.get(index)
             if record is not None:
                 lines += self._board.add(name, attempt, record)
                 continue

@@ -1,13 +1,10 @@
-"""Metric records (``TFLAUNCH_METRIC {json}``) as lines for people, each shown once.
+"""Metric records as lines for people, each shown once (their text: :mod:`launcher.records.metrictext`).
 
 Under MultiWorkerMirroredStrategy every worker prints the same epoch record (the values are
 all-reduced), so the console shows those of the task that speaks for the run
 (:func:`launcher.records.metrics.speaker`). The others are compared with it, and a disagreement is shown as a line
 of its own rather than hidden. Records of other kinds, and those of an evaluator, are shown as
 they come, labelled with their task.
-
-    epoch 3/8  loss 0.262  acc 0.920  val_loss 0.242  val_acc 0.911  2,575 samples/s  0.84 s
-    test  loss 0.110  acc 0.963  8 epochs  14.78 s
 """
 
 from __future__ import annotations
@@ -17,69 +14,11 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from ..records.metrics import speaker
+from ..records.metrictext import number, record_text
 
-# (field, label, digits) in the order they are shown.
-_EPOCH_VALUES = (("loss", "loss", 3), ("accuracy", "acc", 3), ("val_loss", "val_loss", 3),
-                 ("val_accuracy", "val_acc", 3))
-_FINAL_VALUES = (("test_loss", "loss", 3), ("test_accuracy", "acc", 3))
 _COMPARED = {"epoch": ("loss", "accuracy", "val_loss", "val_accuracy"), "final": ("test_loss", "test_accuracy")}
-_NOT_SHOWN = {"kind", "task", "time", "attempt"}
 
 Line = tuple[str, str]  # (the task it is shown under, its text)
-
-
-def number(value: Any, digits: int = 3) -> str | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return str(value) if isinstance(value, int) else f"{value:.{digits}f}"
-
-
-def epoch_text(record: dict[str, Any], total: int | None = None) -> str:
-    """``epoch 3/8  loss 0.262  acc 0.920  val_loss 0.242  val_acc 0.911  2,575 samples/s  0.84 s``."""
-    epoch = record.get("epoch")
-    total = record.get("epochs") if isinstance(record.get("epochs"), int) else total
-    parts = [f"epoch {epoch}/{total}" if total else f"epoch {epoch}"]
-    parts += [f"{label} {text}" for key, label, digits in _EPOCH_VALUES
-              if (text := number(record.get(key), digits)) is not None]
-    rate = record.get("samples_per_second")
-    if number(rate) is not None:
-        parts.append(f"{rate:,.0f} samples/s")
-    seconds = record.get("epoch_seconds")
-    if number(seconds) is not None:
-        parts.append(f"{seconds:.2f} s")
-    return "  ".join(parts)
-
-
-def final_text(record: dict[str, Any]) -> str:
-    """``test  loss 0.110  acc 0.963  8 epochs  14.78 s``."""
-    parts = ["test"]
-    parts += [f"{label} {text}" for key, label, digits in _FINAL_VALUES
-              if (text := number(record.get(key), digits)) is not None]
-    if isinstance(record.get("epochs"), int):
-        parts.append(f"{record['epochs']} epochs")
-    if number(record.get("total_seconds")) is not None:
-        parts.append(f"{record['total_seconds']:.2f} s")
-    return "  ".join(parts)
-
-
-def other_text(record: dict[str, Any]) -> str:
-    """Any other record: its kind, then its scalar fields in the order they came."""
-    parts = [str(record.get("kind") or "metric")]
-    for key, value in record.items():
-        if key in _NOT_SHOWN or isinstance(value, (dict, list)):
-            continue
-        text = number(value, 4) if isinstance(value, float) else value
-        parts.append(f"{key} {text}")
-    return "  ".join(str(p) for p in parts)
-
-
-def record_text(record: dict[str, Any], total: int | None = None) -> str:
-    kind = record.get("kind")
-    if kind == "epoch" and record.get("epoch") is not None:
-        return epoch_text(record, total)
-    if kind == "final":
-        return final_text(record)
-    return other_text(record)
 
 
 def _role(task: str) -> str:

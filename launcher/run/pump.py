@@ -39,7 +39,8 @@ from ..options import LOG_MAX_SIZE
 from ..records.boundedlog import MERGED_SHARE, WRITING, BoundedLog, Reader, format_size
 from ..records.folder import MERGED
 from ..records.lines import LineSplitter
-from ..records.metrics import parse_block
+from ..records.kerasepochs import KerasState
+from ..records.metrics import MetricLines, metric_lines
 from .limits import OPEN_FILES
 from .progress import Progress
 
@@ -81,6 +82,7 @@ class _Source:
     reader: Reader
     last_output: float = 0.0  # monotonic time it last produced bytes
     splitter: LineSplitter = field(default_factory=LineSplitter)
+    keras: KerasState = KerasState()  # what its Keras epoch lines said so far (records.kerasepochs)
     done: bool = False  # no longer followed (its attempt ended)
     relayed: bool = False  # written to through its BoundedLog: its writes are announced
     queued: bool = False  # waiting in the pump's line of logs to read
@@ -347,7 +349,7 @@ class OutputPump:
         if not block:
             return
         self._write_merged(source.name, source.attempt, block)
-        records = parse_block(block)  # the one place metric lines are parsed
+        source.keras, records = metric_lines(block, source.keras)  # the one place metric lines are read
         if records:
             self._record_metrics(source, records)
         # Only queued here: the console's own thread writes it, so a closed or stalled terminal
@@ -365,9 +367,9 @@ class OutputPump:
         if self._merged_size >= _WRITE_AT:
             self._flush_files()
 
-    def _record_metrics(self, source: _Source, records: list[dict | None]) -> None:
+    def _record_metrics(self, source: _Source, records: MetricLines) -> None:
         """Complete each record (task, attempt, time) and append it to metrics.jsonl."""
-        for record in records:
+        for _, record in records:
             if record is None:
                 continue  # a malformed record stays in the logs, but is no metric
             record.setdefault("task", source.name)

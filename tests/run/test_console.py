@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from launcher.records.metrics import parse_block
+from launcher.records.metrics import metric_lines
 from launcher.records.states import TaskState
 from launcher.run.console import Console, wants_colour
-from launcher.run.metricview import MetricBoard, epoch_text, final_text
+from launcher.records.metrictext import epoch_text, final_text
+from launcher.run.metricview import MetricBoard
 from launcher.run.render import Chatter, may_hold_chatter
 from launcher.run.summary import task_table, training_lines
 from launcher.run.supervisor import Task
@@ -29,7 +30,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "console"
 
 def feed(console: Console, task: str, block: bytes) -> None:
     """A block of a task's lines, with its metric lines parsed as the output pump hands them on."""
-    console.task_block(task, block, 1, parse_block(block))
+    console.task_block(task, block, 1, metric_lines(block)[1])
 
 
 def metric(task: str, epoch: int | None = None, kind: str = "epoch", **values) -> bytes:
