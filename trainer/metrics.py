@@ -29,6 +29,11 @@ by compact single-line JSON (no spaces after separators). Three kinds:
 
 task is $TFLAUNCH_TASK when set, else "<task type>-<index>" from TF_CONFIG,
 else "local". Every line is flushed as soon as it is written.
+
+A script of one's own prints the same epoch line with :func:`print_epoch`, a Keras
+``on_epoch_end`` (standard library only, so it can be imported or copied):
+
+    model.fit(..., callbacks=[tf.keras.callbacks.LambdaCallback(on_epoch_end=print_epoch)])
 """
 
 from __future__ import annotations
@@ -58,6 +63,15 @@ def parse_line(line: str) -> dict[str, Any] | None:
     if not line.startswith(METRIC_PREFIX):
         return None
     return json.loads(line[len(METRIC_PREFIX):])
+
+
+def print_epoch(epoch: int, logs: dict[str, Any] | None = None, stream: IO[str] | None = None) -> None:
+    """Print one epoch's metric line from Keras's ``on_epoch_end(epoch, logs)``: every figure in
+    ``logs`` under its own name, epoch counted from 1 as Keras prints it. tflaunch adds the task."""
+    line = format_line({"kind": "epoch", "epoch": epoch + 1, **(logs or {})})
+    out = stream or sys.stdout
+    out.write(line + "\n")
+    out.flush()
 
 
 def _jsonable(value: Any) -> Any:

@@ -22,7 +22,7 @@ from .runs import NoMetricsError, Run, RunState, RunSummary, cause_line, epoch_r
 
 PLOT_MISSING = "learning curves: not drawn, matplotlib is not installed (pip install 'tflaunch[plot]')"
 EPOCH_NOTE = ("epoch time and samples/s: means over the epochs after the first (the warm-up), or of the first "
-              "when it is the only one; step time = global batch / samples/s")
+              "when it is the only one; step time = global batch / samples/s, or Keras's time per step")
 SPEEDUP_NOTE = "(speedup: epoch time of the first run / epoch time of this run)"
 
 
@@ -174,6 +174,10 @@ def resources_lines(figures: dict[str, dict[str, Any]]) -> list[str]:
 
 
 EPOCH_KEYS = ("epoch", "loss", "accuracy", "val_loss", "val_accuracy", "epoch_seconds", "samples_per_second")
+# Fields of an epoch record that are no figure of the model's (a Keras script's other figures,
+# sparse_categorical_accuracy or lr, get columns of their own).
+_NOT_FIGURES = {"kind", "task", "time", "attempt", "epochs", "global_batch", "replicas", "steps", "step_seconds",
+                "source"}
 
 
 @dataclass
@@ -218,7 +222,8 @@ def build_report(run: Run, task: str | None = None, all_tasks: bool = False, plo
                                  f"watch it with 'tflaunch logs --follow {run.run_id}'")
         cause = cause_line(run)
         cut = ", ".join(f"{name} ({format_size(count)} left out)" for name, count in logs_cut(run))
-        raise NoMetricsError(f"run {run.run_id} has no epoch metrics: {whose} printed no TFLAUNCH_METRIC lines"
+        raise NoMetricsError(f"run {run.run_id} has no epoch metrics: {whose} printed no TFLAUNCH_METRIC lines "
+                             f"and no Keras epoch lines"
                              + (f"; root cause: {cause}" if cause else "")
                              + (f"; logs over their size limit: {cut}" if cut else ""))
     report = Report(run.run_id, str(run.record.source), status, run.record.exit_code,
@@ -248,7 +253,16 @@ def logs_cut(run: Run) -> list[tuple[str, int]]:
 def _epoch_row(record: dict[str, Any]) -> dict[str, Any]:
     row = {key: record.get(key) for key in EPOCH_KEYS}
     row["attempt"] = record.get("attempt")
+    row.update((key, value) for key, value in record.items() if key not in row and key not in _NOT_FIGURES
+               and (value is None or _is_number(value)))
     return row
+
+
+def _figure(value: Any) -> Any:
+    """A figure of any size in a table cell: a learning rate of 1e-05 is not 0.0000."""
+    if isinstance(value, float) and value and abs(value) < 1e-3:
+        return f"{value:.2e}"
+    return value
 
 
 def report_lines(report: Report) -> list[str]:
@@ -264,6 +278,9 @@ def report_lines(report: Report) -> list[str]:
         headers = ["EPOCH", "LOSS", "ACCURACY", "VAL LOSS", "VAL ACC", "EPOCH S", "SAMPLES/S"]
         body = [[r["epoch"], r["loss"], r["accuracy"], r["val_loss"], r["val_accuracy"], num(r["epoch_seconds"], 3),
                  num(r["samples_per_second"], 1)] for r in rows]
+        others = list(dict.fromkeys(key for r in rows for key in r if key not in EPOCH_KEYS and key != "attempt"))
+        headers += [key.upper() for key in others]
+        body = [row + [_figure(r.get(key)) for key in others] for row, r in zip(body, rows)]
         if len(attempts) > 1:
             headers.append("ATTEMPT")
             body = [row + [r["attempt"]] for row, r in zip(body, rows)]
@@ -362,7 +379,9 @@ def _compare_one(run: Run) -> Comparison:
     rate = _mean(rates)
     # step time = epoch time / steps, with steps = samples/s x epoch time / global batch, which is
     # global batch / samples/s: the steady-state time of one training step, validation left out.
-    step = batch / rate if batch and rate else None
+    # Keras's own epoch lines give no batch, but that step time itself (step_seconds).
+    steps = [r["step_seconds"] for r in steady if _is_number(r.get("step_seconds"))]
+    step = batch / rate if batch and rate else _mean(steps)
     workers = sum(1 for t in run.tasks if t.role in ("chief", "worker"))
     return Comparison(run.run_id, run.record.source, run.status.value, workers, batch, len(records),
                       [r["epoch"] for r in steady], _mean(seconds), step, rate,

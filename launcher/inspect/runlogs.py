@@ -5,6 +5,13 @@ output as it wrote it: ``<task>.log`` in the run folder is its latest attempt's,
 attempt's moves into ``attempt-<k>/`` when the next attempt starts.
 A log that outgrew its size limit reads as its head, a marker line saying how many bytes were left
 out, and its latest output (:mod:`launcher.records.logview`); marker lines pass every filter.
+
+A pattern keeps a line when it matches the line as the log holds it (folded as a terminal shows
+it, :mod:`launcher.records.lines`) or as the console showed it: the task's text alone, and a
+metric line (a ``TFLAUNCH_METRIC`` line, or a Keras epoch line read as one) as the epoch line
+the console printed for it (:mod:`launcher.records.metrictext`), alone and after ``<task> | ``
+(with ``--task``, that task's name).
+The line printed is always the log's.
 """
 
 from __future__ import annotations
@@ -15,8 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
+from ..records.kerasepochs import KerasState
 from ..records.lines import LineSplitter
 from ..records.logview import Follower, is_marker, read_view
+from ..records.metrics import metric_lines
+from ..records.metrictext import record_text
 from .runs import Run, TaskNotFoundError
 
 _MERGED_LINE = re.compile(r"^\S+ \S+ \[(\d+)\] (\S+) \| ")
@@ -44,14 +54,34 @@ def log_path(run: Run, query: LogQuery) -> Path:
     return run.folder.latest_task_log(query.task)
 
 
-def _wanted(line: str, query: LogQuery) -> bool:
-    if is_marker(line):
-        return True
-    if query.task is None and query.attempt is not None:
-        match = _MERGED_LINE.match(line)
-        if match is None or int(match.group(1)) != query.attempt:
-            return False
-    return query.pattern is None or query.pattern.search(line) is not None
+class _Filter:
+    """Which lines of one log a query keeps; it reads every line in order, to know each task's
+    Keras epochs as the console did (:func:`launcher.records.metrics.metric_lines`)."""
+
+    def __init__(self, query: LogQuery):
+        self.query = query
+        self._keras: dict[tuple[str | None, str | None], KerasState] = {}  # by (attempt, task) in merged.log
+
+    def __call__(self, line: str) -> bool:
+        query = self.query
+        if is_marker(line):
+            return True
+        match = _MERGED_LINE.match(line) if query.task is None else None
+        if query.task is None and query.attempt is not None:
+            if match is None or int(match.group(1)) != query.attempt:
+                return False
+        if query.pattern is None:
+            return True
+        return any(query.pattern.search(text) is not None for text in self.forms(line, match))
+
+    def forms(self, line: str, match: re.Match[str] | None) -> list[str]:
+        """The line as the log holds it, then as the console showed it."""
+        key, text = (match.groups(), line[match.end():]) if match else ((None, self.query.task), line)
+        state, found = metric_lines(text.encode("utf-8", "surrogateescape") + b"\n",
+                                    self._keras.get(key, KerasState()))
+        self._keras[key] = state
+        shown = record_text(found[0][1]) if found and found[0][1] is not None else text
+        return [line, text, shown] + ([f"{key[1]} | {shown}"] if key[1] else [])
 
 
 def read_log(run: Run, query: LogQuery) -> Iterator[str]:
@@ -62,9 +92,10 @@ def read_log(run: Run, query: LogQuery) -> Iterator[str]:
     except FileNotFoundError:
         return
     splitter = LineSplitter()
+    wanted = _Filter(query)
     for raw in splitter.feed(data) + splitter.flush():
         line = raw.decode("utf-8", "replace")
-        if _wanted(line, query):
+        if wanted(line):
             yield line
 
 
@@ -78,6 +109,7 @@ def follow_log(run: Run, query: LogQuery, poll: float = 0.25,
     the moved file to its end, then (following the latest log) goes on with the new one.
     """
     reader: _Tail | None = None
+    wanted = _Filter(query)
     later = 1  # the attempt a new reader of the latest log reads at least (run.json may lag behind)
     while True:
         ended = not run.reload().live
@@ -86,15 +118,15 @@ def follow_log(run: Run, query: LogQuery, poll: float = 0.25,
             reader.moved_to(run.folder.task_log(query.task, reader.attempt))
         current = path.resolve() if path.exists() else None
         if reader is not None and current is not None and current != reader.path:
-            yield from (line for line in reader.finish() if _wanted(line, query))
+            yield from (line for line in reader.finish() if wanted(line))
             later, reader = reader.attempt + 1, None
         if reader is None and current is not None:
             reader = _Tail(current, query.attempt or max(run.attempt, later))
         if reader is not None:
-            yield from (line for line in reader.read() if _wanted(line, query))
+            yield from (line for line in reader.read() if wanted(line))
         if ended:
             if reader is not None:
-                yield from (line for line in reader.finish() if _wanted(line, query))
+                yield from (line for line in reader.finish() if wanted(line))
             return
         sleep(poll)
 

@@ -1,0 +1,49 @@
+"""A real tf_keras script that prints no metric lines, trained by tflaunch: its own epoch lines are the run's metrics."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from conftest import HELPERS
+
+pytestmark = [pytest.mark.slow, pytest.mark.tensorflow, pytest.mark.timeout(300)]
+
+
+def metrics_of(done) -> list[dict]:
+    return [json.loads(line) for line in (done.run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_keras_script_gets_metrics_console_epochs_and_a_report(tflaunch):
+    done = tflaunch.run("--local", "2", "--", "python", str(HELPERS / "keras_fit.py"), "1", timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "TFLAUNCH_METRIC" not in done.task_output("worker-0")
+    records = metrics_of(done)
+    for task in ("worker-0", "worker-1"):
+        mine = [r for r in records if r["task"] == task]
+        assert [(r["kind"], r["epoch"], r["epochs"], r["steps"], r["source"]) for r in mine] == \
+            [("epoch", n, 3, 5, "keras") for n in (1, 2, 3)]
+        assert all(isinstance(r["loss"], float) and 0 <= r["sparse_categorical_accuracy"] <= 1 for r in mine)
+    # All-reduced under MultiWorkerMirroredStrategy: the chief's line once, no disagreement.
+    epoch_lines = [line for line in done.stdout.splitlines() if re.match(r"worker-\S+ \| epoch \d", line)]
+    assert [line.split("  ")[0] for line in epoch_lines] == [f"worker-0 | epoch {n}/3" for n in (1, 2, 3)]
+    assert "differs" not in done.stdout
+    loss = [r["loss"] for r in records if r["task"] == "worker-0"]
+    assert f"loss {loss[2]:.3f}" in epoch_lines[2]
+
+    report = tflaunch.run("report")
+    assert report.returncode == 0, report.stderr
+    rows = [line.split() for line in report.stdout.splitlines() if re.match(r"\s+\d+\s+\d", line)]
+    assert [(int(row[0]), float(row[1])) for row in rows] == [(n, loss[n - 1]) for n in (1, 2, 3)]
+    assert "worker-0 (chief):" in report.stdout and "SPARSE_CATEGORICAL_ACCURACY" in report.stdout
+
+
+def test_the_documented_callback_is_the_only_source(tflaunch):
+    done = tflaunch.run("--local", "1", "--", "python", str(HELPERS / "keras_fit.py"), "2", "callback", timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = metrics_of(done)
+    assert [(r["epoch"], r.get("source")) for r in records] == [(1, None), (2, None), (3, None)]
+    assert all("sparse_categorical_accuracy" in r and r["task"] == "worker-0" for r in records)
+    assert re.search(r"^worker-0 \| 5/5 - \d+s - .*loss: ", done.stdout, re.MULTILINE)  # Keras's line, plain
