@@ -5,6 +5,7 @@ None of these import TensorFlow.
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -494,3 +495,21 @@ def test_every_worker_derives_the_same_spacing_from_the_summed_proposals():
     # The largest sum the spacing can reach (1,024 workers of 8 replicas at AGREE_AT_MOST) is exact in float32.
     largest = termination.AGREE_AT_MOST * 8 * 1024
     assert float(np.float32(largest)) == largest
+
+
+@pytest.mark.unit
+def test_print_epoch_is_a_keras_callback_whose_line_the_launcher_reads():
+    """trainer.metrics.print_epoch, as LambdaCallback(on_epoch_end=...) calls it: epoch from 0, numpy figures."""
+    from launcher.records.metrics import parse_line as launcher_parse
+
+    class Scalar(float):  # a numpy scalar's one method that matters here
+        def item(self):
+            return float(self)
+
+    stream = io.StringIO()
+    metrics.print_epoch(2, {"loss": Scalar(0.25), "sparse_categorical_accuracy": 0.5, "lr": 1e-4,
+                            "val_loss": float("nan")}, stream=stream)
+    line = stream.getvalue()
+    assert line.endswith("\n") and line.count("\n") == 1
+    assert launcher_parse(line[:-1].encode()) == {"kind": "epoch", "epoch": 3, "loss": 0.25,
+                                                  "sparse_categorical_accuracy": 0.5, "lr": 0.0001, "val_loss": None}
