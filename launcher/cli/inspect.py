@@ -65,7 +65,9 @@ def runs_command(log_dir: str, last: int | None, as_json: bool) -> None:
 @click.option("--task", metavar="NAME", help="Show this task's own output instead of the merged log.")
 @click.option("--attempt", type=click.IntRange(min=1), metavar="K", help="Only attempt K (default: all lines of "
               "the merged log; a task's latest attempt).")
-@click.option("--grep", "pattern", callback=_regex, metavar="RE", help="Only lines matching this regular expression.")
+@click.option("--grep", "pattern", callback=_regex, metavar="RE",
+              help="Only lines matching this regular expression, as the log holds them or as the console "
+                   "showed them (a metric line as its epoch line).")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new lines until the run ends.")
 @log_dir_option
 def logs_command(run_ref: str | None, task: str | None, attempt: int | None, pattern: re.Pattern[str] | None,

@@ -120,6 +120,7 @@ def follow_log(run: Run, query: LogQuery, poll: float = 0.25,
         if reader is not None and current is not None and current != reader.path:
             yield from (line for line in reader.finish() if wanted(line))
             later, reader = reader.attempt + 1, None
+            wanted = _Filter(query)  # a new attempt's log: its Keras epochs start afresh
         if reader is None and current is not None:
             reader = _Tail(current, query.attempt or max(run.attempt, later))
         if reader is not None:

@@ -536,7 +536,7 @@ def test_report_and_compare_explain_missing_metrics(tflaunch):
     quiet = run_ok(tflaunch, "--local", "1", "--", "python", TASK, "print:no metrics here").run_dir.name
     done = inspect(tflaunch, "report", code=2)
     assert done.stderr.strip() == (f"tflaunch: error: run {quiet} has no epoch metrics: its tasks printed "
-                                   f"no TFLAUNCH_METRIC lines")
+                                   f"no TFLAUNCH_METRIC lines and no Keras epoch lines")
     run = tflaunch.start("--local", "1", "--", "python", TASK, "forever")
     try:
         live = started(tflaunch)["run_id"]
