@@ -107,8 +107,8 @@ def result(text: str) -> dict[str, Any] | None:
                 return None  # not a line Keras writes at the end of an epoch
     if "step" not in timing or not figures:
         return None
-    return {**figures, "steps": int(count.group(1)),
-            "epoch_seconds": round(timing.get("epoch", elapsed if elapsed is not None else math.nan), 6),
+    seconds = timing.get("epoch", elapsed)
+    return {**figures, "steps": int(count.group(1)), "epoch_seconds": None if seconds is None else round(seconds, 6),
             "step_seconds": round(timing["step"], 6)}
 
 
@@ -124,8 +124,6 @@ def read_line(state: KerasState, text: str) -> tuple[KerasState, dict[str, Any] 
     figures = result(text)
     if figures is None:
         return state, None
-    if not math.isfinite(figures["epoch_seconds"]):
-        figures["epoch_seconds"] = None
     record = {"kind": "epoch", "epoch": state.epoch, "epochs": state.epochs, **figures, "source": SOURCE}
     return replace(state, epoch=None), record
 

@@ -35,7 +35,7 @@ def parse_line(line: bytes) -> Record | None:
     return record if isinstance(record, dict) else None
 
 
-MetricLines = list[tuple[int, "Record | None"]]
+MetricLines = list[tuple[int, Record | None]]  # (index of the line in its block, its record)
 
 
 def metric_lines(block: bytes, keras: KerasState = KerasState()) -> tuple[KerasState, MetricLines]:

@@ -114,6 +114,7 @@ def test_headers_and_other_lines():
     for line in ("57/57 [====] - 2s 30ms/step - loss: high", "57/57 steps done", "3/4 of the data - loss: 1.0",
                  "57/57 - 2s - 30ms/step", "10/10 [====] - 1s 3ms/step - loss: 0.5 and more"):
         assert result(line) is None, line
+    assert result("10/10 - 3ms/step - loss: 0.5000")["epoch_seconds"] is None  # no time for the epoch given
 
 
 def test_verbose1_line_from_the_brief():
