@@ -2,8 +2,8 @@
 
 Sent to remote hosts as ``python -c <source> <base64 JSON>`` and run locally the same way.
 Input: {"ports": [...], "workdirs": [...], "gpus": [...]}. Output: one JSON line with the
-hostname, Python version, TensorFlow's version (found without importing it), which ports are
-free, which working directories exist, and the GPUs ``nvidia-smi`` lists.
+hostname, Python version, the versions of TensorFlow, tf_keras and Keras (found without importing
+them), which ports are free, which working directories exist, and the GPUs ``nvidia-smi`` lists.
 Python 3.6+ compatible on purpose: it runs on whatever interpreter a host has.
 """
 
@@ -76,19 +76,50 @@ def _in_use(port):
     return not read
 
 
-def tensorflow_version():
+# The distributions that install each module the tasks import, in the order they are looked for.
+DISTRIBUTIONS = (
+    ("tensorflow", ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tensorflow-intel", "tensorflow-macos",
+                    "tensorflow-aarch64", "tensorflow-rocm", "intel-tensorflow", "tf-nightly", "tf-nightly-cpu",
+                    "tf-nightly-gpu")),
+    ("tf_keras", ("tf-keras", "tf-keras-nightly")),
+    ("keras", ("keras", "keras-nightly")),
+)
+
+
+def package_versions():
+    """{module: version} for each module of DISTRIBUTIONS, None when this Python cannot import it,
+    "unknown" when it can but no distribution of it is found; {} without importlib.metadata.
+
+    Nothing is imported: importlib.metadata finds a distribution's version as the task's own
+    ``importlib.metadata.version()`` would (the first one on sys.path, so PYTHONPATH comes first).
+    """
     try:
         from importlib import metadata, util
     except ImportError:
-        return None, "importlib.metadata needs Python 3.8+"
-    if util.find_spec("tensorflow") is None:
-        return None, "tensorflow is not installed for %s" % sys.executable
-    for name in ("tensorflow", "tensorflow-cpu", "tf-nightly"):
-        try:
-            return metadata.version(name), None
-        except metadata.PackageNotFoundError:
+        return {}
+    versions = {}
+    for module, names in DISTRIBUTIONS:
+        if util.find_spec(module) is None:
+            versions[module] = None
             continue
-    return "unknown", None
+        versions[module] = "unknown"
+        # Python 3.8 and 3.9 match a dist-info folder's name as written: "tf_keras-2.x" for "tf-keras".
+        for name in [spelling for name in names for spelling in (name, name.replace("-", "_"))]:
+            try:
+                versions[module] = metadata.version(name)
+                break
+            except metadata.PackageNotFoundError:
+                continue
+    return versions
+
+
+def tensorflow_error(versions):
+    """Why the task's Python has no TensorFlow version to show, or None."""
+    if not versions:
+        return "importlib.metadata needs Python 3.8+"
+    if versions["tensorflow"] is None:
+        return "tensorflow is not installed for %s" % sys.executable
+    return None
 
 
 def gpu_count():
@@ -102,13 +133,13 @@ def gpu_count():
 
 
 def probe(request):
-    version, tf_error = tensorflow_version()
+    versions = package_versions()
     return {
         "hostname": socket.gethostname(),
         "python": sys.version.split()[0],
         "executable": sys.executable,
-        "tensorflow": version,
-        "tensorflow_error": tf_error,
+        "versions": versions,
+        "tensorflow_error": tensorflow_error(versions),
         "ports": {str(p): port_is_free(int(p)) for p in request.get("ports", [])},
         "workdirs": {d: os.path.isdir(d) for d in request.get("workdirs", [])},
         "gpus": gpu_count(),

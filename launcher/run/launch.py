@@ -239,7 +239,7 @@ def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS,
             transports.prepare(checked or _host_launches(spec, local_hosts, request))
             exposure.start()
             if checked:
-                _preflight(checked, spec, with_mesh=not reservation.ports, transports=transports)
+                _preflight(checked, spec, console, with_mesh=not reservation.ports, transports=transports)
             # The session's modules load while the hosts are being reached, not before.
             from .session import RunSession
 
@@ -300,7 +300,7 @@ def _entered(network: NetworkNamespace | None, plan: Plan) -> Plan:
     return network.enter(plan) if network else plan
 
 
-def _preflight(launches: tuple[TaskLaunch, ...], spec: ClusterSpec, with_mesh: bool,
+def _preflight(launches: tuple[TaskLaunch, ...], spec: ClusterSpec, console: Console, with_mesh: bool,
                transports: TransportSet) -> None:
     from .preflight import check_hosts
 
@@ -310,6 +310,9 @@ def _preflight(launches: tuple[TaskLaunch, ...], spec: ClusterSpec, with_mesh: b
         see = "" if python_caller() else f"see 'tflaunch check {spec.source}', or "  # a launch() call is no CLI source
         raise PreflightError(f"{spec.source}: preflight failed: {problems} "
                              f"({see}skip with {given('no_check', True)})")
+    for item in report.items:
+        if item.check == "versions" and item.warning:  # hosts that differ in patch releases only: the run goes on
+            console.message(f"preflight: {item.detail}")
 
 
 def _stop_if_signalled(signals: Signals) -> None:

@@ -1,11 +1,11 @@
 """Preflight checks of every host of a planned cluster, run in parallel (``tflaunch check``).
 
 Per host, through that host's agent (one ssh connection per remote host, which the run then
-keeps using): reachable, the task's Python runs, TensorFlow is
-installed (and the same version everywhere, else a warning), each task's port is free, each
-working directory exists, and requested GPU indices exist where ``nvidia-smi`` is present.
-Then, for clusters that span hosts, the mesh: every host reaches every task's TF_CONFIG address
-(see :mod:`launcher.run.mesh`).
+keeps using): reachable, the task's Python runs, TensorFlow is installed, each task's port is
+free, each working directory exists, and requested GPU indices exist where ``nvidia-smi`` is
+present. Across hosts: the versions of Python, TensorFlow, tf_keras and Keras the tasks would
+import (see :mod:`launcher.run.versions`). Then, for clusters that span hosts, the mesh: every
+host reaches every task's TF_CONFIG address (see :mod:`launcher.run.mesh`).
 """
 
 from __future__ import annotations
@@ -23,12 +23,15 @@ from ..cluster.plan import TaskLaunch
 from ..cluster.spec import DEFAULT_CONNECT_TIMEOUT
 from ..transports import TransportSet
 from . import mesh
+from .versions import PACKAGES, compare_versions, version_lines
 
 # The probe runs on each host as ``python -c SOURCE``: its source is shipped, read from the
 # module the import found, so it goes wherever the package is installed.
 PROBE_SOURCE = Path(probe.__file__).read_text()
 PROBE_MARK = "TFLAUNCH_PROBE "
 PROBE_SLACK = 30.0  # seconds a probe may take once connected (nvidia-smi can be slow)
+# Checks whose detail names its hosts itself (their host column is "*" or one host of several).
+NAMING_CHECKS = ("mesh", "versions")
 
 
 @dataclass(frozen=True)
@@ -41,8 +44,8 @@ class CheckItem:
 
     @property
     def line(self) -> str:
-        """The item as one line of text; mesh lines already name their hosts."""
-        return self.detail if self.check == "mesh" else f"{self.host} {self.check}: {self.detail}"
+        """The item as one line of text; mesh and versions lines already name their hosts."""
+        return self.detail if self.check in NAMING_CHECKS else f"{self.host} {self.check}: {self.detail}"
 
 
 @dataclass
@@ -89,10 +92,11 @@ def _check(launches: Sequence[TaskLaunch], with_mesh: bool, transports: Transpor
     report = CheckReport()
     for (host, tasks), (answer, connect_error, elapsed) in zip(by_host.items(), answers):
         report.items += _judge(host, tasks, answer, connect_error, elapsed)
-    versions = {i.detail.split()[0] for i in report.items if i.check == "tensorflow" and i.ok}
-    if len(versions) > 1:
-        report.items.append(CheckItem("*", "tensorflow", False, f"versions differ across hosts: {', '.join(sorted(versions))}",
-                                      warning=True))
+    versions = {host: probed_versions(answer) for host, (answer, _, _) in zip(by_host, answers)
+                if answer is not None and "python" in answer}
+    chief = next((host for host, tasks in by_host.items() if any(t.role == "chief" for t in tasks)), None)
+    for text, fails in version_lines(compare_versions(versions, chief=chief)):
+        report.items.append(CheckItem("*", "versions", False, text, warning=not fails))
     if with_mesh and mesh.applies(launches):
         report.items += _check_mesh(launches, report, transports)
     exposed = exposure_text(unique_names(n for l in launches for n in (l.host, l.address.rsplit(":", 1)[0])))
@@ -123,6 +127,19 @@ def _check_mesh(launches: Sequence[TaskLaunch], hosts: CheckReport, transports: 
     return items
 
 
+def probe_env(launch: TaskLaunch) -> dict[str, str]:
+    """The variables of the task's environment that change what its Python imports (PYTHONPATH,
+    PYTHONHOME, PYTHONNOUSERSITE...): with them the probe finds the packages the task would."""
+    return {name: value for name, value in launch.env.items() if name.startswith("PYTHON")}
+
+
+def probed_versions(answer: dict) -> dict[str, str | None]:
+    """A probe's answer as :func:`~.versions.compare_versions` takes it: what could not be told
+    (no importlib.metadata, or a module with no distribution found) is left out."""
+    found = {"python": answer["python"], **answer["versions"]}
+    return {package: found[package] for package in PACKAGES if package in found and found[package] != "unknown"}
+
+
 class _HostCheck:
     """One host's probe, a helper of its agent, started at once; :meth:`answer` waits for it."""
 
@@ -137,7 +154,7 @@ class _HostCheck:
         self.started = time.monotonic()
         self.start_error: str | None = None
         try:
-            self.helper = transports.helper(first, PROBE_SOURCE, request, self._line)
+            self.helper = transports.helper(first, PROBE_SOURCE, request, self._line, env=probe_env(first))
         except OSError as exc:
             self.helper, self.start_error = None, f"cannot run {exc.filename or exc.strerror or exc}"
             self.done.set()
@@ -183,10 +200,14 @@ def _judge(host: str, tasks: list[TaskLaunch], answer: dict | None, connect_erro
     if "python_error" in answer:
         return items + [CheckItem(host, "python", False, answer["python_error"])]
     items.append(CheckItem(host, "python", True, f"{answer['python']} ({answer['executable']}) on {answer['hostname']}"))
-    if answer["tensorflow"]:
-        items.append(CheckItem(host, "tensorflow", True, f"{answer['tensorflow']} installed"))
-    else:
+    versions = answer["versions"]
+    if answer["tensorflow_error"]:
         items.append(CheckItem(host, "tensorflow", False, answer["tensorflow_error"]))
+    else:
+        items.append(CheckItem(host, "tensorflow", True, f"{versions['tensorflow']} installed"))
+    if versions:
+        items.append(CheckItem(host, "keras", True, ", ".join(f"{name} {versions[name] or 'not installed'}"
+                                                             for name in ("tf_keras", "keras"))))
     for task in tasks:
         port = task.address.rsplit(":", 1)[1]
         free = answer["ports"].get(port, True)

@@ -26,6 +26,7 @@ import importlib
 import json
 import os
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Callable
 
 from ..cluster.plan import TaskLaunch
@@ -91,9 +92,11 @@ class TransportSet:
         for name in dict.fromkeys(launch.transport for launch in launches):
             self.get(name).prepare(launches)
 
-    def helper(self, launch: TaskLaunch, source: str, request: dict, on_line: Callable[[str | None], None]):
+    def helper(self, launch: TaskLaunch, source: str, request: dict, on_line: Callable[[str | None], None],
+               env: Mapping[str, str] | None = None):
         """Run a standard-library script (a probe) with ``launch``'s interpreter on its host, through
-        that host's agent. ``on_line`` gets each line of its output, then None when it has ended."""
+        that host's agent, with ``env`` added to the agent's environment. ``on_line`` gets each line
+        of its output, then None when it has ended."""
         from .proxies import AgentHelper
 
         link = self.get(launch.transport).link_for(launch)
@@ -102,7 +105,7 @@ class TransportSet:
         # cd first, ignoring failure (the workdir check reports it), so that a relative python works.
         argv = ["/bin/sh", "-c", 'cd -- "$0" 2>/dev/null; exec "$@"', launch.workdir, launch.python, "-c", source,
                 encoded]
-        link.start(helper, {"name": "probe", "argv": argv, "env": {}, "stdin": "pipe", "kind": "helper",
+        link.start(helper, {"name": "probe", "argv": argv, "env": dict(env or {}), "stdin": "pipe", "kind": "helper",
                             "grace": "1.0"})
         return helper
 
