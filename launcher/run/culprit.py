@@ -2,9 +2,9 @@
 
 :func:`verdict` is pure: parsed stacks (:mod:`.pyspy`) and roles in, a :class:`Verdict` out.
 Each thread is reduced to where it is stopped: its *owner*, the innermost frame outside the
-standard library (a ``time.sleep`` belongs to the code that called it), compared by function
-and file, and by line too when the thread is idle (a running thread's line changes from one
-moment to the next). A task's *signature* is the set of its threads' places. Then:
+standard library (a ``time.sleep`` belongs to the code that called it), compared by function,
+file and line, whether py-spy saw the thread idle or active. A task's *signature* is the set of
+its threads' places. Then:
 
 1. tasks are compared with their peers only: chief and workers together under
    MultiWorkerMirroredStrategy; with ``ps`` tasks (ParameterServerStrategy, where the chief
@@ -44,11 +44,17 @@ class Place:
     innermost: Frame
     owner: Frame        # the innermost frame outside the standard library
     user: Frame | None  # the innermost frame of the user's code
-    idle: bool = True   # py-spy saw it waiting (not running Python code)
 
     @property
     def key(self) -> tuple[str, str, str, int | None]:
-        return (self.owner.kind, self.owner.function, self.owner.file, self.owner.line if self.idle else None)
+        # The line is kept, and for every thread alike. A stuck task is often in the same function
+        # as its peers but at another line (one more wait, one sleep before the collective), and
+        # the line is what sets it apart. A thread that is stuck stays at its line whether py-spy
+        # calls it idle or active: that flag is the OS's view of the thread at the sampling moment
+        # (a spin on a lock, a busy poll in C), so two tasks at the same line can get different
+        # flags and must still be in the same place. (A thread that really computes moves from line
+        # to line, but a task that computes is not the one holding a hang up.)
+        return (self.owner.kind, self.owner.function, self.owner.file, self.owner.line)
 
     @property
     def in_user_code(self) -> bool:
@@ -69,7 +75,7 @@ def places_of(dump: Dump) -> tuple[Place, ...]:
 
 
 def _place(thread: Thread) -> Place:
-    return Place(thread.label, thread.frames[0], thread.owner, thread.user_frame, thread.state == "idle")
+    return Place(thread.label, thread.frames[0], thread.owner, thread.user_frame)
 
 
 @dataclass(frozen=True)

@@ -191,6 +191,41 @@ def test_every_task_in_the_same_place_blames_none():
     assert (found.kind, found.tasks) == (SAME_PLACE, ())
 
 
+def flagged(case: str, task: str, state: str):
+    """A real dump with py-spy's idle/active flag of every thread set to ``state``."""
+    text = (STACKS / case / f"{task}.txt").read_text()
+    return parse_dump(text.replace(" (idle)", f" ({state})"))
+
+
+@pytest.mark.parametrize("state", ["active", "active+gil"])
+def test_the_same_frames_are_the_same_place_whether_idle_or_active(state):
+    # py-spy's flag is the OS's view of the thread at the sampling moment: one of three tasks
+    # waiting at the same line may come out active, and it is still where the others are.
+    dumps = dumps_of("all-wait")
+    dumps["worker-1"] = flagged("all-wait", "worker-1", state)
+    found = judge(dumps)
+    assert (found.kind, found.tasks) == (SAME_PLACE, ())
+    (crowd,) = found.others
+    assert crowd.tasks == ("worker-0", "worker-1", "worker-2")
+    real = dumps_of("barrier-wait-chief")
+    found = judge({"worker-0": real["worker-0"], "worker-1": flagged("barrier-wait-chief", "worker-1", state)})
+    assert (found.kind, found.tasks) == (SAME_PLACE, ())
+
+
+@pytest.mark.parametrize("state", ["idle", "active"])
+def test_a_task_at_another_line_of_the_same_function_differs_whether_idle_or_active(state):
+    # The line is what tells a stuck task from peers stopped in the same function.
+    dumps = dumps_of("all-wait")
+    moved = (STACKS / "all-wait" / "worker-2.txt").read_text().replace(" (idle)", f" ({state})").replace(
+        "wait_for_barrier_file (mwms_hang.py:86)", "wait_for_barrier_file (mwms_hang.py:84)")
+    dumps["worker-2"] = parse_dump(moved)
+    found = judge(dumps)
+    assert (found.kind, found.tasks) == (CULPRIT, ("worker-2",))
+    assert found.culprits[0].describe() == "MainThread in wait_for_barrier_file (mwms_hang.py:84)"
+    waiting = flagged("barrier-wait-chief", "chief-0", state)
+    assert judge({**dumps_of("barrier-wait-chief"), "chief-0": waiting}).tasks == ("chief-0",)
+
+
 def test_a_parameter_server_cluster_blames_neither_its_servers_nor_its_waiting_evaluator():
     found = judge(dumps_of("parameter-server"))
     assert found.tasks == ()
