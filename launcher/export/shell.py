@@ -18,6 +18,7 @@ from ..cluster.plan import RunContext, plan_cluster
 from ..cluster.spec import AUTO, ClusterSpec, EnvLayer, SshSettings, is_local
 from .pods import NO_RUN_FOLDER_ENV
 from ..records.folder import DEFAULT_LOG_DIR
+from ..records.states import plural
 
 FIRST_PORT = 2222
 
@@ -40,7 +41,7 @@ def shell_commands(spec: ClusterSpec, name: str, *, local_hosts: frozenset[str],
                         cores_by_host=cores_by_host, default_python=default_python,
                         default_workdir=default_workdir, command=command, override_env=override_env,
                         pass_values=False)
-    lines = [f"# {len(plan.launches)} tasks; run each command on the machine named above it, all at about the same time."]
+    lines = [f"# {plural(len(plan.launches), 'task')}; run each command on the machine named above it, all at about the same time."]
     hidden: set[str] = set()
     for launch in plan.launches:
         env = {k: v for k, v in launch.env.items() if k not in NO_RUN_FOLDER_ENV}

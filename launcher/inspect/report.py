@@ -7,7 +7,6 @@ curves, and its absence costs the plot alone.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
@@ -17,7 +16,9 @@ from typing import Any, Sequence
 from ..records.boundedlog import format_size
 from ..records.folder import LEARNING_CURVES, RECORD, RESOURCES, TASK_LOG_SUFFIX
 from ..records.logview import left_out
-from ..records.states import RunStatus, TaskState
+from ..records.metrics import trained_seconds
+from ..records.exits import exit_words
+from ..records.states import RunStatus, TaskState, duration_text, plural
 from .runs import NoMetricsError, Run, RunState, RunSummary, cause_line, epoch_records, final_record
 
 PLOT_MISSING = "learning curves: not drawn, matplotlib is not installed (pip install 'tflaunch[plot]')"
@@ -58,14 +59,8 @@ def num(value: float | None, digits: int) -> str:
     return f"{value:.{digits}f}"
 
 
-def duration(seconds: float | None) -> str:
-    if not _is_number(seconds) or not math.isfinite(seconds):
-        return "-" if seconds is None else str(seconds)
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    if seconds < 3600:
-        return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
-    return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
+def _epochs(count: Any) -> str:
+    return plural(count, "epoch") if isinstance(count, int) and not isinstance(count, bool) else f"{count} epochs"
 
 
 def _is_number(value: Any) -> bool:
@@ -100,7 +95,7 @@ def _mean(values: list[float]) -> float | None:
 
 def runs_lines(summaries: list[RunSummary]) -> list[str]:
     rows = [[s.run_id, clock_time(s.started_at), s.source, s.tasks, s.attempts, status_text(s.status, s.exit_code),
-             duration(s.duration_seconds), s.test_accuracy] for s in summaries]
+             duration_text(s.duration_seconds), s.test_accuracy] for s in summaries]
     lines = table(["RUN", "STARTED", "CLUSTER", "TASKS", "ATTEMPTS", "STATUS", "DURATION", "TEST ACC"], rows,
                   "lllrrlrr")
     return lines + [s.problem for s in summaries if s.problem]
@@ -113,7 +108,7 @@ def status_lines(status: RunState, now: float | None = None) -> list[str]:
     launcher = status.launcher
     where = f"launcher pid {launcher.get('pid')} on {launcher.get('host')}"
     if status.status == RunStatus.RUNNING:
-        head = f"running for {duration(status.uptime_seconds)}, attempt {status.attempt}; {where}"
+        head = f"running for {duration_text(status.uptime_seconds)}, attempt {status.attempt}; {where}"
         if launcher.get("alive") is None:
             head += " (another host: not checked from here)"
     elif status.status == RunStatus.LAUNCHER_LOST:
@@ -121,24 +116,26 @@ def status_lines(status: RunState, now: float | None = None) -> list[str]:
                 f"task states below are the last ones recorded")
     else:
         head = (f"not running: {status_text(status.status, status.exit_code)} after "
-                f"{duration(status.uptime_seconds)}, {status.attempt} attempt(s)")
+                f"{duration_text(status.uptime_seconds)}, {plural(status.attempt, 'attempt')}")
     lines = [f"run {status.run_id} ({status.source}): {head}"]
     rows = []
     for task in status.tasks:
         state = task.state
-        if task.state in (TaskState.FAILED, TaskState.STOPPED, TaskState.SUCCEEDED) and task.exit_code is not None:
-            state += f" (exit {task.exit_code})"
+        if task.state in (TaskState.FAILED, TaskState.STOPPED, TaskState.SUCCEEDED) and (
+                task.exit_code is not None or task.signal is not None or task.error is not None):
+            state += f" ({exit_words(task.exit_code, task.signal, task.error)})"
         elif task.state == TaskState.RUNNING and task.alive is False:
             state += " (process gone)"
         if task.restarts:
             state += f", restarted {task.restarts}x in place"
         usage = task.usage or {}
-        rows.append([task.name, task.role, task.host, state, task.pid, duration(task.uptime_seconds),
+        rows.append([task.name, task.role, task.host, state, task.pid, duration_text(task.uptime_seconds),
                      num(usage.get("cpu_percent"), 1), num(usage.get("rss_mb"), 1),
                      describe_metric(task.last_metric, now)])
     lines += table(["TASK", "ROLE", "HOST", "STATE", "PID", "UPTIME", "CPU%", "RSS MB", "LAST METRIC"], rows,
                    "llllrrrrl")
-    lines += [f"{task.name} left {len(task.leftovers)} process(es) behind: {', '.join(task.leftovers)}, stopped"
+    lines += [f"{task.name} left {plural(len(task.leftovers), 'process', 'processes')} behind: "
+              f"{', '.join(task.leftovers)}, stopped"
               for task in status.tasks if task.leftovers]
     if status.error:
         lines.append(f"error: {status.error}")
@@ -160,7 +157,7 @@ def describe_metric(record: dict[str, Any] | None, now: float | None = None) -> 
         text = (f"epoch {record.get('epoch')}: loss {_cell(record.get('loss'))}, "
                 f"acc {_cell(record.get('accuracy'))}, val acc {_cell(record.get('val_accuracy'))}")
     if isinstance(record.get("time"), (int, float)):
-        text += f" ({duration(max(0.0, (now or time.time()) - record['time']))} ago)"
+        text += f" ({duration_text(max(0.0, (now or time.time()) - record['time']))} ago)"
     return text
 
 
@@ -194,6 +191,8 @@ class Report:
     plot_note: str | None = None  # why there is none, when one was asked for
     notes: list[str] = field(default_factory=list)
     root_cause: str | None = None  # one line on what ended a failed run (a hang's culprit and where it stopped)
+    seconds: float | None = None  # the run's duration (RunRecord.seconds): so far, while it runs
+    trained_seconds: float | None = None  # training time over every attempt (records.metrics.trained_seconds)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -227,7 +226,9 @@ def build_report(run: Run, task: str | None = None, all_tasks: bool = False, plo
                              + (f"; root cause: {cause}" if cause else "")
                              + (f"; logs over their size limit: {cut}" if cut else ""))
     report = Report(run.run_id, str(run.record.source), status, run.record.exit_code,
-                    chief, epochs, final_record(run, metrics), run.resources(), root_cause=cause_line(run))
+                    chief, epochs, final_record(run, metrics), run.resources(), root_cause=cause_line(run),
+                    seconds=run.record.seconds(time.time() if status is RunStatus.RUNNING else None),
+                    trained_seconds=trained_seconds(metrics))
     report.notes += [f"{name} outgrew its size limit: {format_size(count)} ({count:,} bytes) of output left out "
                      f"between its start and its latest output" for name, count in logs_cut(run)]
     if status == RunStatus.RUNNING:
@@ -267,8 +268,9 @@ def _figure(value: Any) -> Any:
 
 def report_lines(report: Report) -> list[str]:
     epochs_total = max(len(rows) for rows in report.epochs.values())
-    lines = [f"run {report.run_id} ({report.source}): {status_text(report.status, report.exit_code)}, "
-             f"{epochs_total} epoch(s)"]
+    took = f"{' for' if report.status == RunStatus.RUNNING else ' in'} {duration_text(report.seconds)}"
+    lines = [f"run {report.run_id} ({report.source}): {status_text(report.status, report.exit_code)}"
+             f"{took if report.seconds is not None else ''}, {plural(epochs_total, 'epoch')}"]
     lines += [f"root cause: {report.root_cause}"] if report.root_cause else []
     lines += [f"note: {n}" for n in report.notes]
     for name, rows in report.epochs.items():
@@ -288,8 +290,8 @@ def report_lines(report: Report) -> list[str]:
     final = report.final
     if final:
         lines += ["", f"final ({final.get('task')}): test accuracy {_cell(final.get('test_accuracy'))}, "
-                      f"test loss {_cell(final.get('test_loss'))}, {final.get('epochs')} epochs in "
-                      f"{duration(final.get('total_seconds'))}"]
+                      f"test loss {_cell(final.get('test_loss'))}, {_epochs(final.get('epochs'))} in "
+                      f"{duration_text(report.trained_seconds)}"]
     lines.append("")
     if report.resources:
         lines += [f"resource use per task ({RESOURCES}):", *resources_lines(report.resources)]

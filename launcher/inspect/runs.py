@@ -271,9 +271,7 @@ def summarize(run: Run, now: float | None = None, job_state: JobState | None = N
     if run.problem:
         return RunSummary(run.run_id, None, "?", 0, 0, run.status.value, None, None, None, run.problem)
     status = run.status
-    duration = run.record.duration_seconds
-    if status is RunStatus.RUNNING and run.started is not None:
-        duration = round((now or time.time()) - run.started, 3)
+    duration = run.record.seconds((now or time.time()) if status is RunStatus.RUNNING else None)
     shown = job_state(run.path, status.value) if job_state and (run.path / SLURM_RECORD).is_file() else None
     return RunSummary(run.run_id, run.record.started_at, run.record.source, len(run.tasks), run.attempt,
                       shown or status.value, run.record.exit_code, duration, final_record(run).get("test_accuracy"))
@@ -372,9 +370,7 @@ def run_status(run: Run, measure_seconds: float = 0.5, measure: Measure | None =
     usage = measure(live_local, measure_seconds, run.path) if live_local and measure else {}
     for task in tasks:
         task.usage = usage.get(task.name)
-    uptime = None
-    if run.started is not None:
-        uptime = round(now - run.started, 3) if status is RunStatus.RUNNING else run.record.duration_seconds
+    uptime = run.record.seconds(now if status is RunStatus.RUNNING else None)
     launcher = asdict(run.record.launcher)
     launcher["alive"] = run.launcher_alive()
     return RunState(run.run_id, str(run.path), run.record.source, status.value, run.record.exit_code, run.attempt,

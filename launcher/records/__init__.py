@@ -2,8 +2,9 @@
 
 - folder.py: where run folders go, how one is made, and its layout;
 - record.py: the typed ``run.json`` that runs write and the inspection commands read;
-- states.py: the words the record uses (run status, task state, attempt outcome);
-- metrics.py: the metric line tasks print, its parser, and which task speaks for the run;
+- states.py: the words the record uses (run status, task state, attempt outcome), durations and counts;
+- exits.py: how a task ended, in the words every view uses (``exit code 1``, ``killed by SIGKILL``);
+- metrics.py: the metric line tasks print, its parser, which task speaks for the run, and its training time;
 - kerasepochs.py: the epoch lines Keras prints, read as epoch records for tasks that print no metric lines;
 - metrictext.py: a metric record as the console shows it (and ``logs --grep`` matches it);
 - lines.py: how task output is cut into lines and folded as a terminal shows it (merged.log, ``logs``);

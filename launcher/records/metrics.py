@@ -68,3 +68,27 @@ def speaker(tasks: Iterable[str], reported: Iterable[str] = ()) -> str | None:
         if name in tasks:
             return name
     return next(iter(reported), None)
+
+
+def trained_seconds(records: Iterable[Record]) -> float | None:
+    """How long the run trained, summed over its attempts: for each attempt, what the task that
+    speaks for it (:func:`speaker`) reported: its ``final`` record's ``total_seconds``, or, for an
+    attempt that ended before one, the sum of its epochs' ``epoch_seconds``. None when no attempt
+    reported either. The closing summary and ``tflaunch report`` both show this figure."""
+    by_attempt: dict[Any, list[Record]] = {}
+    for record in records:
+        if record.get("kind") in ("epoch", "final"):
+            by_attempt.setdefault(record.get("attempt", 1), []).append(record)
+    total = None
+    for found in by_attempt.values():
+        tasks = [r.get("task") for r in found]
+        mine = [r for r in found if r.get("task") == speaker(tasks, tasks)]
+        finals = [r["total_seconds"] for r in mine if r.get("kind") == "final" and _seconds(r.get("total_seconds"))]
+        epochs = [r["epoch_seconds"] for r in mine if r.get("kind") == "epoch" and _seconds(r.get("epoch_seconds"))]
+        if finals or epochs:
+            total = (total or 0.0) + (finals[-1] if finals else sum(epochs))
+    return total
+
+
+def _seconds(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0 and value != float("inf")

@@ -17,6 +17,7 @@ import enum
 import math
 import types
 import typing
+from datetime import datetime
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any, Callable, Mapping
 
@@ -227,6 +228,17 @@ class RunRecord:
         # Format 1 had no format_version, and a record without a status did not succeed.
         return _read(cls, data, "", {"run_id": "?", "source": "?", "format_version": 1,
                                      "status": RunStatus.parse(None)})
+
+    def seconds(self, now: float | None = None) -> float | None:
+        """How long the run took, the one figure the closing summary, ``runs``, ``status`` and
+        ``report`` show: the recorded duration once it ended (its launcher's start to its end,
+        every attempt and the pauses between them); with ``now`` for a run still going, its start to now."""
+        if self.duration_seconds is not None or now is None or not self.started_at:
+            return self.duration_seconds
+        try:
+            return round(now - datetime.fromisoformat(self.started_at).timestamp(), 3)
+        except ValueError:
+            return None
 
     @property
     def attempt(self) -> int:

@@ -1,4 +1,5 @@
-"""The words a run record uses for how things stand: a run's status, a task's state, an attempt's outcome.
+"""The words a run record uses for how things stand: a run's status, a task's state, an attempt's outcome,
+how long something took (:func:`duration_text`) and how many (:func:`plural`).
 
 The supervisor changes task states, the session decides outcomes and statuses, the console shows
 them and the inspection commands read them back: all of them take these enums from here.
@@ -7,16 +8,20 @@ A task's states and the only transitions between them (``TaskState.can_become``)
 
     PENDING --started--> RUNNING --exit 0--> SUCCEEDED
        |                   |  |---exit != 0, signal, lost host--> FAILED
-       |                   |  '---ended after tflaunch asked it to stop--> STOPPED
+       |                   |  '---ended after tflaunch's stop reached it--> STOPPED
        |                   '---failed, restart policy "task", budget left--> RESTARTING
        |                                          RESTARTING --started again--> RUNNING
        |--could not start--> FAILED
        '--never started (run stopped first)--> STOPPED
+
+A task that exits on its own, even while tflaunch is stopping the others (it failed in the same
+moment as the root cause), is FAILED (or SUCCEEDED) by its own exit, not STOPPED.
 """
 
 from __future__ import annotations
 
 import enum
+import math
 from typing import Any, Callable, Generic, Sequence, TypeVar
 
 T = TypeVar("T")
@@ -119,3 +124,19 @@ class AllFinal(Generic[T]):
             passed += 1
         self._passed = passed
         return passed == len(items)
+
+
+def duration_text(seconds: float | None) -> str:
+    """``8.1 s``, ``2m05s``, ``1h03m``: every view of a run's or task's time says it this way."""
+    if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or not math.isfinite(seconds):
+        return "-" if seconds is None else str(seconds)
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    if seconds < 3600:
+        return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+    return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
+
+
+def plural(count: int, word: str, many: str | None = None) -> str:
+    """``1 task``, ``2 tasks``, ``0 tasks`` (``many`` for a word that takes more than an s)."""
+    return f"{count:,} {word if count == 1 else many or word + 's'}"

@@ -37,7 +37,7 @@ import click
 
 from ..records.folder import MERGED
 from ..records.metrics import MetricLines
-from ..records.states import TaskState
+from ..records.states import TaskState, plural
 from .metricview import Line, MetricBoard
 from .render import Chatter, may_hold_chatter
 from .twins import TwinFolder, names_text
@@ -45,6 +45,7 @@ from .twins import TwinFolder, names_text
 _COLOURS = ("cyan", "yellow", "green", "magenta", "blue", "red",
             "bright_cyan", "bright_yellow", "bright_green", "bright_magenta", "bright_blue", "bright_red")
 _ERASE = "\r\x1b[K"
+STATUS_MIN_WIDTH = 20  # columns a terminal needs for the status line to be drawn at all
 # What a line costs the writer besides its bytes (folding it with its twins, labelling it), in bytes
 # of queue: so a flood of short lines is cut off at a backlog the writer clears in a second or so,
 # and tflaunch's own messages behind it still print before close() gives up on the console.
@@ -382,11 +383,13 @@ class Console:
         if board.epoch is not None:
             parts.append(f"epoch {board.epoch}/{board.total}" if board.total else f"epoch {board.epoch}")
         width = _terminal_width(self._out)
+        if width < STATUS_MIN_WIDTH:
+            return ""  # a terminal of 0 columns (size unknown) or a sliver: a cut status line says nothing
         states = "  ".join(f"{name} {TaskState(state).value}" for name, state in self._states.items())
         tail = f"restarts {self._restarts}"
         if len(" | ".join([*parts, states, tail])) >= width:
             counts = collections.Counter(TaskState(state).value for state in self._states.values())
-            states = f"{len(self._states)} tasks: " + ", ".join(f"{n} {s}" for s, n in counts.items())
+            states = f"{plural(len(self._states), 'task')}: " + ", ".join(f"{n} {s}" for s, n in counts.items())
         parts += [states or "starting", tail]
         text = " | ".join(parts)[:max(1, width - 1)]  # one column spare: a full line would wrap
         return click.style(text, reverse=True) if self.colour else text

@@ -27,9 +27,10 @@ from ..records.folder import RunFolder, iso_time
 from ..records.folder import BACKUP
 from ..records.logview import tail_lines
 from ..records.record import AttemptRecord, LauncherRecord, RootCause, RunRecord
-from ..records.states import Outcome, RunStatus, TaskState
+from ..records.exits import signal_name
+from ..records.states import Outcome, RunStatus, TaskState, plural
 from ..transports import TransportSet
-from ..transports.base import Reading, signal_name
+from ..transports.base import Reading
 from ..transports.hostagent import sample_for
 from .liverecord import LiveRecord, status_fields
 from .pump import OutputPump
@@ -136,7 +137,7 @@ class RunSession:
         try:
             for note in plan.notes:
                 self.message(note)
-            self.message(f"run {self.folder.run_id}: {len(plan.launches)} tasks from {self.spec.source}; "
+            self.message(f"run {self.folder.run_id}: {plural(len(plan.launches), 'task')} from {self.spec.source}; "
                          f"logs in {self.folder.path}")
             result, interrupted = self._attempts(plan)
         except OSError as exc:  # the run folder itself failed us (full disk, removed, read-only)

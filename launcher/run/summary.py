@@ -14,9 +14,8 @@ from ..cluster.plan import Plan
 from ..cluster.spec import ClusterSpec
 from ..records.folder import DEFAULT_LOG_DIR, LEARNING_CURVES, RunFolder
 from ..records.logview import tail_lines
-from ..records.metrics import speaker
-from ..records.states import Outcome, TaskState
-from ..transports.base import signal_name
+from ..records.metrics import speaker, trained_seconds
+from ..records.states import Outcome, TaskState, duration_text, plural
 from .metricview import number as figure
 from .session import TAIL_LINES, RunResult
 from .supervisor import Task
@@ -26,7 +25,7 @@ from .twins import names_text
 def describe_plan(spec: ClusterSpec, plan: Plan) -> list[str]:
     """What ``--dry-run`` shows: per task, host, workdir, command and the env tflaunch adds (hidden
     values masked: variables passed by name and secrets' names, see launcher.cluster.spec)."""
-    lines = [f"{len(plan.launches)} tasks from {spec.source} (nothing started)"]
+    lines = [f"{plural(len(plan.launches), 'task')} from {spec.source} (nothing started)"]
     if spec.isolate_network:
         lines.append("network: isolated (every task in one network namespace of the run's own; "
                      "nothing outside reaches it)")
@@ -47,12 +46,12 @@ def describe_plan(spec: ClusterSpec, plan: Plan) -> list[str]:
 def describe_result(result: RunResult) -> list[str]:
     """The closing lines of a run: a success line, or the failure summary, root cause first."""
     final = result.final
-    duration = _duration(final.tasks)
-    attempts = f" after {len(result.attempts)} attempts" if len(result.attempts) > 1 else ""
+    duration = duration_text(result.record.seconds() if result.record else None)
+    attempts = f" after {plural(len(result.attempts), 'attempt')}" if len(result.attempts) > 1 else ""
     usage = RunFolder(Path(result.run_dir)).read_resources()
     if final.outcome is Outcome.SUCCEEDED:
         training = training_lines(RunFolder(Path(result.run_dir)).read_metrics(), len(result.attempts))
-        return [f"run {result.run_id} succeeded{attempts} in {duration} ({len(final.tasks)} tasks)",
+        return [f"run {result.run_id} succeeded{attempts} in {duration} ({plural(len(final.tasks), 'task')})",
                 *task_table(final.tasks, usage), *leftover_lines(result), *training,
                 f"logs in {result.run_dir}", *([_report_hint(result)] if training else [])]
     lines: list[str] = []
@@ -61,8 +60,8 @@ def describe_result(result: RunResult) -> list[str]:
         lines.append(f"run {result.run_id} stopped{attempts}: {final.reason or 'interrupted'}; exit code {result.exit_code}")
     elif root is not None:
         lines.append(f"run {result.run_id} failed: {root.name} on {root.launch.host}: {root.status.describe()}")
-        lines.append(f"root cause: {root.name} (host {root.launch.host}, {root.status.describe()}); "
-                     f"last {len(result.root_cause_tail)} lines of its output:")
+        lines.append(f"root cause: {root.name} (host {root.launch.host}, {root.status.describe()})"
+                     + (f"; {_last_lines(len(result.root_cause_tail))} of its output:" if result.root_cause_tail else ""))
         lines += [f"  {root.name} | {line}" for line in result.root_cause_tail]
         known = result.diagnosis
         if known is not None:
@@ -73,8 +72,9 @@ def describe_result(result: RunResult) -> list[str]:
         for task in final.tasks:
             if task.name in final.blamed:
                 tail = tail_lines(Path(task.log_path), TAIL_LINES // 2) if task.log_path else []
-                lines.append(f"{task.name} (host {task.launch.host}): last {len(tail)} lines of its output:")
-                lines += [f"  {task.name} | {line}" for line in tail]
+                if tail:
+                    lines.append(f"{task.name} (host {task.launch.host}): {_last_lines(len(tail))} of its output:")
+                    lines += [f"  {task.name} | {line}" for line in tail]
     if root is not None and len(result.attempts) > 1:
         lines[0] += attempts
     others = [t for t in final.tasks if t is not root]
@@ -95,7 +95,7 @@ def leftover_lines(result: RunResult) -> list[str]:
         for task in attempt.tasks:
             if task.leftovers:
                 count = len(task.leftovers)
-                lines.append(f"{task.name} left {count} process{'es' if count != 1 else ''} behind{where}: "
+                lines.append(f"{task.name} left {plural(count, 'process', 'processes')} behind{where}: "
                              f"{', '.join(task.leftovers)}, stopped")
     return lines
 
@@ -124,12 +124,12 @@ def task_table(tasks: list[Task], usage: dict[str, dict[str, Any]], fold: bool |
         means = [m for f in figures if figure(m := f.get("cpu_percent_mean"))]
         mean = sum(means) / len(means) if means else None
         hosts = sorted({task.launch.host for task in group})
-        name = first.name if len(group) == 1 else f"{names_text(t.name for t in group)} ({len(group)} tasks)"
+        name = first.name if len(group) == 1 else f"{names_text(t.name for t in group)} ({plural(len(group), 'task')})"
         rows.append((name, hosts[0] if len(hosts) == 1 else f"{len(hosts)} hosts", _state(first), _exit(first),
                      f"{rss:,.0f} MB" if figure(rss) else "-", f"{mean:.0f} %" if figure(mean) else "-",
                      f"{peak:.0f} %" if figure(peak) else "-"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return ["  " + "  ".join(cell.rjust(w) if i >= 3 else cell.ljust(w)
+    return ["  " + "  ".join(cell.rjust(w) if i >= 4 else cell.ljust(w)
                              for i, (cell, w) in enumerate(zip(row, widths))).rstrip() for row in rows]
 
 
@@ -187,7 +187,9 @@ def _state(task: Task) -> str:
 
 
 def training_lines(records: list[dict[str, Any]], attempt: int) -> list[str]:
-    """Epochs, the last epoch's figures, throughput and the test result of the final attempt."""
+    """Epochs, the last epoch's figures, throughput and the test result of the final attempt, and
+    the training time of every attempt together."""
+    trained = trained_seconds(records)
     records = [r for r in records if r.get("attempt", 1) == attempt]
     reporter = _reporter(records)
     epochs = [r for r in records if r.get("kind") == "epoch" and r.get("task") == reporter
@@ -199,10 +201,9 @@ def training_lines(records: list[dict[str, Any]], attempt: int) -> list[str]:
     if epochs:
         last = epochs[-1]
         rates = [r["samples_per_second"] for r in epochs if figure(r.get("samples_per_second"))]
-        seconds = final.get("total_seconds") if final else None
-        head = f"training: {last['epoch']} epochs"
-        if figure(seconds):
-            head += f" in {seconds:.1f} s"
+        head = f"training: {plural(last['epoch'], 'epoch')}"
+        if trained is not None:
+            head += f" in {duration_text(trained)}"
         if rates:
             import statistics  # here: it loads fractions and decimal, and only a run with metrics needs it
 
@@ -233,17 +234,8 @@ def _report_hint(result: RunResult) -> str:
 
 
 def _exit(task: Task) -> str:
-    status = task.status
-    if status is None:
-        return "-"
-    if status.signal is not None:
-        return signal_name(status.signal)
-    return str(status.code) if status.code is not None else str(status.shell_code)
+    return "-" if task.status is None else task.status.describe()
 
 
-def _duration(tasks: list[Task]) -> str:
-    starts = [t.started_at for t in tasks if t.started_at]
-    ends = [t.ended_at for t in tasks if t.ended_at]
-    if not starts or not ends:
-        return "0.0 s"
-    return f"{max(ends) - min(starts):.1f} s"
+def _last_lines(count: int) -> str:
+    return "last line" if count == 1 else f"last {count} lines"

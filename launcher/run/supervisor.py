@@ -37,8 +37,9 @@ from typing import Callable, Mapping, Sequence
 from ..cluster.plan import TaskLaunch
 from ..cluster.spec import DEFAULT_TASK_RESTARTS, RestartPolicy
 from ..options import EVALUATOR_TIMEOUT, GRACE
-from ..records.states import AllFinal, Outcome, TaskState
-from ..transports.base import CANNOT_START, ExitStatus, FailedStart, TaskProcess, Transport, signal_name
+from ..records.exits import signal_name
+from ..records.states import AllFinal, Outcome, TaskState, plural
+from ..transports.base import CANNOT_START, ExitStatus, FailedStart, TaskProcess, Transport
 from .signals import Signals
 from .wakeups import Changes, Wakeups
 
@@ -281,11 +282,13 @@ class Supervisor:
         if status is None:
             return False
         task.status = status
-        if task.stop_requested:
+        # Stopped: tflaunch's stop ended it (or its host went with it). A task asked to stop
+        # that exited on its own first (in the same moment as the root cause) keeps its own end.
+        if task.stop_requested and (status.termed or status.error is not None):
             task.to(TaskState.STOPPED, self.options.wall())
         elif status.ok:
             task.to(TaskState.SUCCEEDED, self.options.wall())
-        elif self._restarts_in_place(task, status):
+        elif not task.stop_requested and self._restarts_in_place(task, status):
             self._restart_in_place(task)
         else:
             task.to(TaskState.FAILED, self.options.wall())
@@ -305,8 +308,8 @@ class Supervisor:
         if policy is not RestartPolicy.TASK or status.error_code == CANNOT_START and status.error:
             return False
         if task.restarts >= self.options.task_restarts:
-            self.message(f"{task.name} failed again ({status.describe()}) after {task.restarts} in-place "
-                          "restart(s): no restarts left for it")
+            self.message(f"{task.name} failed again ({status.describe()}) after "
+                         f"{plural(task.restarts, 'in-place restart')}: no restarts left for it")
             return False
         return True
 

@@ -8,12 +8,12 @@ process reports, and the descriptors a transport keeps open (:data:`OPEN_LOGS`).
 
 from __future__ import annotations
 
-import signal as signal_module
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 from ..cluster.plan import TaskLaunch
+from ..records.exits import exit_words
 
 # Exit code for a task that could not be started or reached (as shells use 127 and ssh 255).
 CANNOT_START = 127
@@ -29,6 +29,8 @@ class ExitStatus:
     signal: int | None = None
     error: str | None = None  # the task never ran or its host was lost: not the task's own exit
     error_code: int = UNREACHABLE
+    # tflaunch's stop (SIGTERM) is what ended the process; False: it ended on its own
+    termed: bool = field(default=False, compare=False)
 
     @property
     def ok(self) -> bool:
@@ -44,18 +46,7 @@ class ExitStatus:
         return int(self.code or 0)
 
     def describe(self) -> str:
-        if self.signal is not None:
-            return f"killed by {signal_name(self.signal)}"
-        if self.error is not None:
-            return self.error
-        return f"exit code {self.code}"
-
-
-def signal_name(number: int) -> str:
-    try:
-        return signal_module.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
+        return exit_words(self.code, self.signal, self.error)
 
 
 @dataclass(frozen=True)

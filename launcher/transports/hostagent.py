@@ -46,7 +46,8 @@ comes before it), each ``HEADER``: ``kind (1 byte), id (4), length (4)``, then a
 bytes of payload: ``H`` heartbeat, ``P`` the ports picked for ``PORTS <id>``
 (space-separated; empty with ``error <reason>`` when they could not be had), ``O`` output of process ``id``,
 ``S`` a status line of process ``id`` (``Status``: ``started <pid>``, ``error <reason>``, ``leftover
-<pid> <name>``, ``exit code=<n>`` or ``exit signal=<n>``, always last), ``D`` a stack dump, ``R``
+<pid> <name>``, ``exit code=<n>`` or ``exit signal=<n>``, always last, with `` termed`` when
+tflaunch's ``TERM`` is what ended the process), ``D`` a stack dump, ``R``
 resource samples of each task's tree (``id rss_bytes cpu_seconds processes`` per line), ``L`` what
 the host's setup line printed. ``H``, ``R`` and ``L`` carry id 0; the others an id tflaunch gave
 in a command. A heartbeat goes out only after ``beat`` seconds without another frame. Status
@@ -187,6 +188,7 @@ class Status(object):
     EXIT = "exit"
     CODE = "code="  # after EXIT
     SIGNAL = "signal="  # after EXIT
+    TERMED = "termed"  # after the code or signal: tflaunch's TERM is what ended the process
 
 
 def printable(data, limit=32):
@@ -396,6 +398,16 @@ def alive(pid):
         return False
 
 
+def handles(pid, signum):
+    """Whether process ``pid`` catches or ignores ``signum`` (True when that cannot be read)."""
+    try:
+        with open("/proc/%d/status" % pid, "rb") as status:
+            masks = [line.split()[1] for line in status if line.startswith((b"SigCgt:", b"SigIgn:"))]
+        return len(masks) != 2 or any(int(mask, 16) >> (signum - 1) & 1 for mask in masks)
+    except (OSError, ValueError, IndexError):
+        return True
+
+
 def send(pid, signum, group=False):
     try:
         (os.killpg if group else os.kill)(pid, signum)
@@ -429,6 +441,7 @@ class Process(object):
         self.pid = None
         self.status = None  # wait status once reaped
         self.termed = False
+        self.catches_term = True  # whether it caught or ignored SIGTERM when tflaunch sent it one
         self.hurry = False
         self.exec_fd = None  # until the exec is known to have worked: the child's error pipe
         self.out_fd = None  # relayed output: the read end of its stdout pipe
@@ -596,9 +609,12 @@ class Agent(object):
                 self.write_stdin(process)
         elif process is None:
             return True  # a command for a process that has ended and gone
-        elif command == Command.TERM and process.status is None:
-            process.termed = True
-            send(process.pid, signal.SIGTERM, group=True)
+        elif command == Command.TERM:
+            self.reap()  # a task that ended before the TERM came keeps its exit as its own
+            if process.status is None:
+                process.termed = True
+                process.catches_term = handles(process.pid, signal.SIGTERM)
+                send(process.pid, signal.SIGTERM, group=True)
         elif command == Command.KILL:
             process.hurry = True
             self.signal_tree(process, signal.SIGKILL)
@@ -1032,10 +1048,14 @@ class Agent(object):
         for pid in sorted(process.leftovers):
             self.say(process, "%s %d %s" % (Status.LEFTOVER, pid, process.leftovers[pid]))
         status = process.status
+        # The TERM ended it when it died of a signal, or exited after it while catching SIGTERM;
+        # an exit code from a process that leaves SIGTERM to its default came before the TERM.
+        stopped = process.termed and (os.WIFSIGNALED(status) or process.catches_term)
+        termed = " " + Status.TERMED if stopped else ""
         if os.WIFSIGNALED(status):
-            self.say(process, "%s %s%d" % (Status.EXIT, Status.SIGNAL, os.WTERMSIG(status)))
+            self.say(process, "%s %s%d%s" % (Status.EXIT, Status.SIGNAL, os.WTERMSIG(status), termed))
         else:
-            self.say(process, "%s %s%d" % (Status.EXIT, Status.CODE, os.WEXITSTATUS(status)))
+            self.say(process, "%s %s%d%s" % (Status.EXIT, Status.CODE, os.WEXITSTATUS(status), termed))
         process.reported = True
 
     def tree_of(self, process):

@@ -54,10 +54,8 @@ class AgentProcessBase:
         elif word == Status.LEFTOVER:
             pid, _, name = rest.partition(" ")
             self._leftovers.append(f"{name or '?'} (pid {pid})")
-        elif word == Status.EXIT and rest.startswith(Status.CODE) and rest[len(Status.CODE):].isdigit():
-            self._end(ExitStatus(code=int(rest[len(Status.CODE):])))
-        elif word == Status.EXIT and rest.startswith(Status.SIGNAL) and rest[len(Status.SIGNAL):].isdigit():
-            self._end(ExitStatus(signal=int(rest[len(Status.SIGNAL):])))
+        elif word == Status.EXIT and (ended := _exit_status(rest)) is not None:
+            self._end(ended)
         else:
             return False
         return True
@@ -226,3 +224,14 @@ def _let_go(held: int | BoundedLog) -> None:
         held.release()
     else:
         os.close(held)
+
+
+def _exit_status(text: str) -> ExitStatus | None:
+    """``code=<n>`` or ``signal=<n>``, then `` termed`` when tflaunch's stop ended the process; None if neither."""
+    value, _, flag = text.partition(" ")
+    if flag not in ("", Status.TERMED):
+        return None
+    for prefix, key in ((Status.CODE, "code"), (Status.SIGNAL, "signal")):
+        if value.startswith(prefix) and value[len(prefix):].isdigit():
+            return ExitStatus(**{key: int(value[len(prefix):])}, termed=bool(flag))
+    return None

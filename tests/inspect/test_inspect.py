@@ -57,7 +57,7 @@ def launch(tflaunch, *args: str, code: int = 0, timeout: float = 120):
     """A finished run and its own folder (found from the run's first message, not by sorting ids)."""
     done = tflaunch.run(*args, timeout=timeout)
     assert done.returncode == code, done.stderr[-3000:]
-    run_id = re.search(r"^tflaunch: run (\S+): \d+ tasks from ", done.stderr, re.M).group(1)
+    run_id = re.search(r"^tflaunch: run (\S+): \d+ tasks? from ", done.stderr, re.M).group(1)
     return dataclasses.replace(done, run_dir=tflaunch.log_dir / run_id)
 
 
@@ -248,6 +248,36 @@ def test_logs_follow_reads_on_across_a_restart_that_moves_the_log_into_its_attem
         assert shown == f"attempt {attempt} first\nattempt {attempt} second\n"
 
 
+TWO_ATTEMPTS = ("import json, os, sys\n"
+                "attempt = os.environ['TFLAUNCH_ATTEMPT']\n"
+                "def say(**record): print('TFLAUNCH_METRIC ' + json.dumps(record), flush=True)\n"
+                "if attempt == '1':\n"
+                "    say(kind='epoch', epoch=1, loss=0.5, accuracy=0.5, epoch_seconds=0.5)\n"
+                "    sys.exit(3)\n"
+                "say(kind='epoch', epoch=2, loss=0.25, accuracy=0.75, epoch_seconds=0.75)\n"
+                "say(kind='final', test_loss=0.3, test_accuracy=0.7, total_seconds=1.25, epochs=2)\n")
+
+
+@pytest.mark.timeout(90)
+def test_a_runs_duration_and_training_time_read_the_same_everywhere(tflaunch):
+    from launcher.records.states import duration_text
+
+    done = run_ok(tflaunch, "--local", "1", "--max-restarts", "1", "--restart-delay", "1", "--",
+                  "python", "-c", TWO_ATTEMPTS)
+    took = duration_text(json.loads((done.run_dir / "run.json").read_text())["duration_seconds"])
+    assert float(took.split()[0]) >= 1.0  # both attempts and the restart delay, not the last attempt alone
+    assert f"succeeded after 2 attempts in {took} (1 task)" in done.stderr
+    # Trained: attempt 1's epoch (0.5 s, it never sent a final record) and attempt 2's total (1.25 s).
+    assert "training: 2 epochs in 1.8 s" in done.stderr
+    runs = inspect(tflaunch, "runs").stdout.splitlines()
+    assert re.search(rf"\s{re.escape(took)}\s", next(line for line in runs if done.run_dir.name in line))
+    report = inspect(tflaunch, "report").stdout.splitlines()
+    assert report[0] == f"run {done.run_dir.name} (--local 1): succeeded in {took}, 2 epochs"
+    assert "final (worker-0): test accuracy 0.7000, test loss 0.3000, 2 epochs in 1.8 s" in report
+    status = inspect(tflaunch, "status").stdout.splitlines()
+    assert f"not running: succeeded after {took}, 2 attempts;" in status[0] + ";"
+
+
 @pytest.mark.timeout(90)
 def test_launcher_gone_shows_launcher_lost_and_ends_follow(tflaunch):
     run = tflaunch.start("--local", "2", "--", "python", TASK, "print:up", "forever")
@@ -314,7 +344,7 @@ def test_status_of_a_live_run_shows_states_pids_uptime_metric_and_usage(tflaunch
     assert run.returncode == 130
     text = inspect(tflaunch, "status").stdout
     assert "not running: stopped (exit 130)" in text
-    assert re.search(r"^worker-0\s+worker\s+localhost\s+stopped \(exit \d+\)", text, re.M)
+    assert re.search(r"^worker-0\s+worker\s+localhost\s+stopped \(killed by SIG[A-Z]+\)", text, re.M)
 
 
 def test_status_of_a_hung_run_shows_its_root_cause(tflaunch):
@@ -475,7 +505,7 @@ def test_report_shows_exact_epoch_figures_and_writes_a_png_only_with_plot(tflaun
     assert "learning curves" not in text and text.splitlines()[-1].startswith("resource use")
     text = inspect(tflaunch, "report", "--plot").stdout
     lines = text.splitlines()
-    assert lines[0] == f"run {done.run_dir.name} (--local 2): succeeded, 3 epoch(s)"
+    assert re.fullmatch(rf"run {done.run_dir.name} \(--local 2\): succeeded in \d+\.\d s, 3 epochs", lines[0])
     assert "worker-0 (chief):" in lines and "worker-1:" not in lines
     assert data_rows(text, r"\s+\d+\s") == {
         "1": ["1", "0.9000", "0.5000", "1.3500", "0.4500", "3.000", "-"],

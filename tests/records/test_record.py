@@ -197,3 +197,56 @@ def test_a_watched_extra_signal_takes_the_same_path(signal_handlers):
             assert signals.wait(5.0) == signal.SIGUSR2
     finally:
         signal.signal(signal.SIGUSR2, previous)
+
+
+# -- the numbers every view shows ---------------------------------------------------------------
+
+
+def test_a_runs_duration_is_the_recorded_one_once_it_ended_and_runs_on_until_then():
+    from datetime import datetime
+
+    start = "2026-11-25T14:24:02.000+00:00"
+    started = datetime.fromisoformat(start).timestamp()
+    ended = RunRecord("r", "--local 2", started_at=start, duration_seconds=8.125)
+    assert ended.seconds() == ended.seconds(started + 99) == 8.125
+    running = RunRecord("r", "--local 2", started_at=start)
+    assert running.seconds() is None and running.seconds(started + 12.5) == 12.5
+    assert RunRecord("r", "x", started_at="not a time").seconds(started) is None
+
+
+@pytest.mark.parametrize("seconds, text", [(None, "-"), (0, "0.0 s"), (8.14, "8.1 s"), (59.94, "59.9 s"),
+                                           (125, "2m05s"), (3780, "1h03m"), (float("nan"), "nan")])
+def test_durations_read_one_way(seconds, text):
+    from launcher.records.states import duration_text
+
+    assert duration_text(seconds) == text
+
+
+def test_counts_are_plural_in_english():
+    from launcher.records.states import plural
+
+    assert [plural(n, "task") for n in (0, 1, 2, 1000)] == ["0 tasks", "1 task", "2 tasks", "1,000 tasks"]
+    assert plural(1, "process", "processes") == "1 process" and plural(3, "process", "processes") == "3 processes"
+
+
+def epoch(task, attempt, number, seconds):
+    return {"kind": "epoch", "task": task, "attempt": attempt, "epoch": number, "epoch_seconds": seconds}
+
+
+def final(task, attempt, seconds):
+    return {"kind": "final", "task": task, "attempt": attempt, "total_seconds": seconds}
+
+
+@pytest.mark.parametrize("records, trained", [
+    ([], None),
+    ([epoch("worker-0", 1, 1, 2.0), epoch("worker-1", 1, 1, 2.5), final("worker-0", 1, 3.0)], 3.0),  # the speaker's
+    # attempt 1 ended before its final record: its epochs count; attempt 2's total (not counting epoch 2 twice)
+    ([epoch("worker-0", 1, 1, 2.0), epoch("worker-0", 1, 2, 1.5), epoch("worker-0", 2, 2, 1.0),
+      final("worker-0", 2, 1.25)], 4.75),
+    ([epoch("chief-0", 1, 1, 1.0), epoch("worker-0", 1, 1, 9.0), epoch("chief-0", 2, 1, "x")], 1.0),
+    ([{"kind": "epoch", "task": "worker-0", "epoch": 1, "epoch_seconds": 0.5}], 0.5),  # no attempt: the first
+])
+def test_training_time_is_what_every_attempt_trained(records, trained):
+    from launcher.records.metrics import trained_seconds
+
+    assert trained_seconds(records) == trained

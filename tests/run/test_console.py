@@ -349,8 +349,27 @@ def test_task_table_has_state_exit_memory_and_cpu(tmp_path):
     lines = task_table([task("worker-0", TaskState.SUCCEEDED, ExitStatus(code=0)),
                         task("worker-1", TaskState.STOPPED, ExitStatus(signal=15))], usage)
     assert lines[0].split() == ["task", "host", "state", "exit", "peak", "RSS", "CPU", "mean", "CPU", "peak"]
-    assert lines[1].split() == ["worker-0", "localhost", "succeeded", "0", "431", "MB", "93", "%", "101", "%"]
-    assert lines[2].split() == ["worker-1", "localhost", "stopped", "SIGTERM", "-", "-", "-"]
+    cells = [[cell.strip() for cell in line.split("  ") if cell.strip()] for line in lines[1:]]
+    assert cells[0] == ["worker-0", "localhost", "succeeded", "exit code 0", "431 MB", "93 %", "101 %"]
+    assert cells[1] == ["worker-1", "localhost", "stopped", "killed by SIGTERM", "-", "-", "-"]
+
+
+@pytest.mark.parametrize("status, words", [(ExitStatus(code=1), "exit code 1"),
+                                           (ExitStatus(signal=9), "killed by SIGKILL"),
+                                           (ExitStatus(error="lost the agent on node2 (eof)"), "lost the agent on node2 (eof)")])
+def test_the_closing_summary_and_status_word_a_tasks_exit_alike(status, words):
+    from launcher.cluster.plan import TaskLaunch
+    from launcher.inspect.report import status_lines
+    from launcher.inspect.runs import RunState, TaskStatus
+
+    launch = TaskLaunch(name="worker-1", role="worker", index=1, host="node2", address="node2:1",
+                        local=False, argv=("true",), env={}, workdir="/")
+    summary = task_table([Task(launch=launch, state=TaskState.FAILED, status=status)], {})
+    assert words in summary[1] and status.describe() == words
+    shown = TaskStatus("worker-1", "worker", "node2", False, "failed", 7, None, None, status.shell_code,
+                       status.signal, status.error, None, None, None, None)
+    lines = status_lines(RunState("r", "/r", "--local 2", "failed", 1, 1, None, 3.0, {}, [shown]))
+    assert f"failed ({words})" in lines[2]
 
 
 def test_a_table_of_many_tasks_folds_alike_tasks_and_names_tasks_that_never_started():
@@ -369,8 +388,8 @@ def test_a_table_of_many_tasks_folds_alike_tasks_and_names_tasks_that_never_star
     rows = [line.split("  ") for line in task_table(tasks, usage)[1:]]
     cells = [[cell.strip() for cell in row if cell.strip()] for row in rows]
     assert cells == [
-        ["worker-[0-4] (5 tasks)", "localhost", "stopped", "SIGTERM", "120 MB", "20 %", "50 %"],
-        ["worker-[5,6] (2 tasks)", "localhost", "succeeded", "0", "-", "-", "-"],
+        ["worker-[0-4] (5 tasks)", "localhost", "stopped", "killed by SIGTERM", "120 MB", "20 %", "50 %"],
+        ["worker-[5,6] (2 tasks)", "localhost", "succeeded", "exit code 0", "-", "-", "-"],
         ["worker-[7-29] (23 tasks)", "localhost", "not started", "-", "-", "-", "-"],
     ]
     assert len(task_table(tasks[:7], usage)) == 8  # 7 tasks: one row each

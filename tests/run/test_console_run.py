@@ -72,6 +72,57 @@ def test_a_terminal_nobody_reads_cannot_stall_the_run(tflaunch, tmp_path):
     assert json.loads((run_dir / "run.json").read_text())["status"] == "succeeded"
 
 
+def on_a_pty(tflaunch, tmp_path, columns: int, env: dict | None = None) -> tuple[int, bytes]:
+    """tflaunch's exit code and every byte it wrote to a real terminal (a pty) of ``columns`` columns."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
+    proc = subprocess.Popen(tflaunch.argv("--local", "2", "--log-dir", str(tflaunch.log_dir), "--",
+                                          "python", TASK, "print:first", "sleep:2.5", "print:second"),
+                            cwd=tmp_path, env=tflaunch.env(env), stdin=slave, stdout=slave, stderr=slave,
+                            start_new_session=True)
+    os.close(slave)
+    out = b""
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if select.select([master], [], [], 0.2)[0]:
+                try:
+                    data = os.read(master, 65536)
+                except OSError:  # EIO: every writer of the terminal has closed it
+                    break
+                if not data:
+                    break
+                out += data
+            elif proc.poll() is not None:
+                break
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+    return proc.wait(10), out
+
+
+@pytest.mark.slow
+def test_a_terminal_of_no_columns_gets_the_lines_and_no_status_line(tflaunch, tmp_path):
+    # A pty of 0 columns (its size unknown, as some consoles and CI runners report): the status
+    # line is left out rather than cut to nothing; the task lines and the summary come whole.
+    code, out = on_a_pty(tflaunch, tmp_path, 0)
+    text = out.decode("utf-8", "replace")
+    assert code == 0, text
+    assert "Traceback" not in text and "\x1b[7m" not in text and "\x1b[K" not in text, text
+    assert re.search(r"worker-\[0,1\]\S* \| first\r\n", text) and re.search(r"\| second\r\n", text), text
+    assert re.search(r"succeeded in \d+\.\d s \(2 tasks\)\r\n", text), text
+    # COLUMNS=0 is no size at all: the terminal's own 100 columns hold the status line.
+    code, out = on_a_pty(tflaunch, tmp_path, 100, env={"COLUMNS": "0"})
+    assert code == 0 and STATUS.search(out.decode("utf-8", "replace")), out[-2000:]
+
+
 def test_a_pipe_gets_plain_text_without_a_status_line(tflaunch):
     done = tflaunch.run("--local", "2", "--", "python", TASK, "print:hello", "sleep:1.5", "print:bye")
     assert done.returncode == 0, done.stderr

@@ -16,7 +16,8 @@ from launcher.run.console import Console
 from launcher.records.metrics import PREFIX as METRIC_PREFIX
 from launcher.records.logview import tail_lines
 from launcher.run.pump import LineSplitter, OutputPump
-from launcher.transports.base import CANNOT_START, UNREACHABLE, ExitStatus, signal_name
+from launcher.records.exits import signal_name
+from launcher.transports.base import CANNOT_START, UNREACHABLE, ExitStatus
 from polling import wait_for
 
 pytestmark = pytest.mark.unit

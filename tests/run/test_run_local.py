@@ -46,6 +46,32 @@ def test_tf_config_arrives_intact_in_every_task(tflaunch):
     assert all(t["state"] == "succeeded" and t["exit_code"] == 0 for t in manifest["tasks"])
 
 
+def test_tasks_failing_in_the_same_moment_are_failed_and_only_those_the_stop_ended_are_stopped(tflaunch):
+    # Six tasks exit 1 within a few milliseconds: the first is the root cause, and the others whose
+    # exit came while tflaunch was stopping the cluster failed on their own all the same.
+    for _ in range(3):
+        done = tflaunch.run("--local", "6", "--", "python", TASK, "sleep:0.5", "exit:1")
+        assert done.returncode == 1, done.stderr
+        for task in done.record["tasks"]:
+            own = task["signal"] is None
+            assert task["state"] == ("failed" if own and task["exit_code"] == 1 else "stopped"), task
+        rows = [line.split() for line in done.stderr.splitlines() if re.match(r"tflaunch:   worker-", line)]
+        assert rows and all(row[3:5] == ["failed", "exit"] or row[3:6] == ["stopped", "killed", "by"] for row in rows)
+
+
+def test_a_closing_summary_counts_in_english_and_prints_no_empty_tail(tflaunch):
+    done = tflaunch.run("--local", "1", "--", "python", TASK, "exit:1")
+    assert done.returncode == 1
+    lines = [line.removeprefix("tflaunch: ") for line in done.stderr.splitlines()]
+    assert f"run {done.run_dir.name}: 1 task from --local 1; logs in {done.run_dir}" in lines
+    assert "root cause: worker-0 (host localhost, exit code 1)" in lines  # and no "last 0 lines" header
+    assert not any("last 0" in line or "1 tasks" in line for line in lines), lines
+    done = tflaunch.run("--local", "1", "--", "python", TASK, "print:the only line", "exit:1")
+    assert "root cause: worker-0 (host localhost, exit code 1); last line of its output:" in done.stderr
+    done = tflaunch.run("--local", "1", "--", "python", TASK, "exit:0")
+    assert re.search(r"^tflaunch: run \S+ succeeded in \d+\.\d s \(1 task\)$", done.stderr, re.M), done.stderr
+
+
 def test_cluster_file_env_layers_reach_the_task(tflaunch, tmp_path):
     cluster = tmp_path / "c.yaml"
     cluster.write_text(
@@ -275,7 +301,7 @@ def test_the_closing_summary_of_forty_tasks_folds_alike_tasks_while_status_and_r
     assert done.returncode == 3, done.stderr[-3000:]
     rows = [line.split() for line in done.stderr.splitlines() if re.match(r"tflaunch:   worker-", line)]
     assert [row[1:3] for row in rows] == [["worker-[0-6,8-19,21-39]", "(38"], ["worker-20", "localhost"]]
-    assert rows[0][4:7] == ["localhost", "stopped", "SIGTERM"]
+    assert rows[0][4:9] == ["localhost", "stopped", "killed", "by", "SIGTERM"]
     record = done.record
     assert len(record["tasks"]) == 40 and record["root_cause"]["task"] == "worker-7"
     status = subprocess.run(tflaunch.argv("status", "--log-dir", str(tflaunch.log_dir)), cwd=tflaunch.cwd,

@@ -41,6 +41,8 @@ class Script:
     ends_at: float | None = None  # ends on its own at this clock time (None: runs until stopped)
     status: ExitStatus = field(default_factory=lambda: ExitStatus(code=0))
     stop_delay: float | None = 0.0  # after SIGTERM it ends this much later (None: ignores SIGTERM)
+    # It had ended on its own with this status just before the SIGTERM; the report came after it.
+    ended_first: ExitStatus | None = None
     leftovers: tuple[str, ...] = ()
 
 
@@ -64,12 +66,14 @@ class FakeProcess:
 
     def terminate(self) -> None:
         self.signals.append(signal.SIGTERM)
-        if self.script.stop_delay is not None:
-            self._end(self.clock() + self.script.stop_delay, ExitStatus(signal=signal.SIGTERM))
+        if self.script.ended_first is not None:
+            self._end(self.clock(), self.script.ended_first)
+        elif self.script.stop_delay is not None:
+            self._end(self.clock() + self.script.stop_delay, ExitStatus(signal=signal.SIGTERM, termed=True))
 
     def kill(self) -> None:
         self.signals.append(signal.SIGKILL)
-        self._end(self.clock(), ExitStatus(signal=signal.SIGKILL))
+        self._end(self.clock(), ExitStatus(signal=signal.SIGKILL, termed=True))
 
     def send_signal(self, signum: int) -> None:
         self.signals.append(signum)
@@ -157,6 +161,20 @@ def test_a_task_that_ended_on_its_own_keeps_its_exit_status_when_the_others_are_
     assert transport.processes["worker-0"][0].signals == []
 
 
+@pytest.mark.parametrize("own, state", [(ExitStatus(code=4), TaskState.FAILED),
+                                         (ExitStatus(signal=signal.SIGSEGV), TaskState.FAILED),
+                                         (ExitStatus(code=0), TaskState.SUCCEEDED)])
+def test_a_task_that_ended_on_its_own_just_before_the_stop_is_not_called_stopped(own, state):
+    # Its exit (not one the stop caused: no "termed") was on its way when tflaunch asked it to stop.
+    scripts = {"worker-0": Script(1.0, ExitStatus(code=3)), "worker-1": Script(ended_first=own), "worker-2": Script()}
+    result, tasks, _, _, _ = supervise(["worker-0", "worker-1", "worker-2"], scripts,
+                                       restart_policy={"worker": RestartPolicy.TASK})
+    assert result.root_cause.name == "worker-0" and result.exit_code == 3
+    assert (tasks["worker-1"].state, tasks["worker-1"].status) == (state, own)
+    assert tasks["worker-1"].restarts == 0  # a task ending while the attempt stops is not restarted
+    assert tasks["worker-2"].state is TaskState.STOPPED
+
+
 def test_a_worker_with_the_task_policy_restarts_alone_while_the_others_keep_running():
     scripts = {"chief-0": Script(10.0), "ps-0": Script(),
                "worker-0": [Script(3.0, ExitStatus(signal=signal.SIGKILL)), Script()]}
@@ -176,7 +194,7 @@ def test_in_place_restarts_stop_at_the_budget_and_then_fail_the_attempt():
                                                     restart_policy={"worker": RestartPolicy.TASK}, task_restarts=2)
     assert result.outcome is Outcome.FAILED and result.root_cause.name == "worker-0" and result.exit_code == 9
     assert len(transport.processes["worker-0"]) == 3  # the first start and two restarts
-    assert any("after 2 in-place restart(s): no restarts left" in e for e in events)
+    assert any("after 2 in-place restarts: no restarts left" in e for e in events)
 
 
 def test_a_chief_failure_is_never_restarted_in_place_under_the_default_policy():

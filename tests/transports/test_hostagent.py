@@ -280,6 +280,29 @@ def test_term_stops_one_task_and_leaves_its_neighbours_running(host):
     assert ended(neighbour) == ExitStatus(signal=signal.SIGTERM)
 
 
+def test_an_exit_says_whether_the_term_ended_it(host):
+    # "termed": the TERM is what ended it (the supervisor calls such a task stopped, and any other
+    # that exits on its own failed or succeeded).
+    h = host()
+    killed = h.start(["sleep", "60"])
+    catches = h.start([sys.executable, "-c", "import signal, sys, time\n"
+                       "signal.signal(signal.SIGTERM, lambda *_: sys.exit(4))\nprint('ready', flush=True)\n"
+                       "time.sleep(60)"], relay=True)
+    # SIGTERM blocked: the TERM stays pending and the task ends by its own exit, as one whose exit
+    # was on its way when the TERM came.
+    own = h.start([sys.executable, "-c", "import signal, sys, time\n"
+                   "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})\nprint('ready', flush=True)\n"
+                   "time.sleep(1)\nsys.exit(3)"], relay=True)
+    running(killed), ready(catches), ready(own)
+    for task in (killed, catches, own):
+        task.terminate()
+    assert (ended(killed), ended(killed).termed) == (ExitStatus(signal=signal.SIGTERM), True)
+    assert (ended(catches), ended(catches).termed) == (ExitStatus(code=4), True)
+    assert (ended(own), ended(own).termed) == (ExitStatus(code=3), False)
+    alone = h.start(["sh", "-c", "exit 5"])
+    assert (ended(alone), ended(alone).termed) == (ExitStatus(code=5), False)
+
+
 def test_sig_reaches_the_main_process_only(host):
     h = host()
     code = ("import signal, subprocess, sys, time\n"
