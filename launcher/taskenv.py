@@ -22,6 +22,11 @@ TASK = "TFLAUNCH_TASK"  # the task's name: worker-0, chief-0
 RUN_ID = "TFLAUNCH_RUN_ID"
 RUN_DIR = "TFLAUNCH_RUN_DIR"
 ATTEMPT = "TFLAUNCH_ATTEMPT"  # 1, then one more for each restart of the whole cluster
+# Ranks and sizes, as torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE (launcher.cluster.ranks)
+RANK = "TFLAUNCH_RANK"  # chief and workers only: 0 for the chief, then the workers by index
+WORLD_SIZE = "TFLAUNCH_WORLD_SIZE"  # every task: the number of training tasks (chief and workers)
+LOCAL_RANK = "TFLAUNCH_LOCAL_RANK"  # chief and workers only: its place among those on its host
+LOCAL_WORLD_SIZE = "TFLAUNCH_LOCAL_WORLD_SIZE"  # chief and workers only: how many of those its host runs
 
 # Offered by tflaunch (paths in the run folder); a value in tflaunch's own environment or an env
 # layer wins.
@@ -29,5 +34,5 @@ BACKUP_DIR = "TFLAUNCH_BACKUP_DIR"  # when the run may restart: the trainer's Ba
 CHECKPOINT_DIR = "TFLAUNCH_CHECKPOINT_DIR"  # when there is an evaluator: the chief's per-epoch checkpoints
 TENSORBOARD_DIR = "TFLAUNCH_TENSORBOARD_DIR"  # always: where TensorBoard scalars go
 
-OWNED = (TASK, RUN_ID, RUN_DIR, ATTEMPT)
+OWNED = (TASK, RUN_ID, RUN_DIR, ATTEMPT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE)
 OFFERED = (BACKUP_DIR, CHECKPOINT_DIR, TENSORBOARD_DIR)

@@ -4,7 +4,7 @@ The pure core starts no process, opens no socket and changes nothing: a cluster 
 validated :class:`~.spec.ClusterSpec` (reader.py on top of yamlfile.py, fields.py and checks.py),
 and so does ``--local N`` (local.py); roles.py carves roles out of task slots (``-H``, hostfiles,
 Slurm allocations); :func:`~.plan.plan_cluster` turns a spec into one :class:`~.plan.TaskLaunch` per
-task with its argv and environment.
+task with its argv and environment (ranks.py numbers the tasks as TensorFlow does).
 
 Beside it, three modules ask the system, and the pure core never imports them (a contract in
 ``.importlinter`` holds it to that): machine.py knows this machine (its names, cores, open-files

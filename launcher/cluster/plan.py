@@ -21,7 +21,8 @@ environment each task gets is layered, later layers winning:
 7. what tflaunch owns and nobody overrides: ``TF_CONFIG`` (the evaluator is in its own only, see
    ``task_cluster``; kept in parts, see below), ``CUDA_VISIBLE_DEVICES``
    (and ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` with it), ``TFLAUNCH_TASK``, ``TFLAUNCH_RUN_ID``,
-   ``TFLAUNCH_RUN_DIR``, ``TFLAUNCH_ATTEMPT``.
+   ``TFLAUNCH_RUN_DIR``, ``TFLAUNCH_ATTEMPT``, and the rank variables of :mod:`.ranks`
+   (``TFLAUNCH_RANK``, ``TFLAUNCH_WORLD_SIZE``, ``TFLAUNCH_LOCAL_RANK``, ``TFLAUNCH_LOCAL_WORLD_SIZE``).
 
 Thread rule: when ``n`` tasks share a host with ``c`` known cores, each gets
 ``TF_NUM_INTRAOP_THREADS = OMP_NUM_THREADS = max(1, c // n)`` and ``TF_NUM_INTEROP_THREADS = 2``
@@ -46,6 +47,7 @@ from typing import Mapping
 from ..records.folder import CHECKPOINTS, TENSORBOARD
 from ..taskenv import ATTEMPT, BACKUP_DIR, CHECKPOINT_DIR, RUN_DIR, RUN_ID, TASK, TENSORBOARD_DIR
 from .spec import AUTO, ROLES, ClusterSpec, EnvLayer, SshSettings, TaskSpec, hidden_names, is_local, masked_env, value_by_name
+from .ranks import rank_env
 from .tfconfig import TaskEnv, TfConfig, check_tf_config_size
 
 DEFAULT_COMMAND = ("python", "-m", "trainer")
@@ -141,6 +143,7 @@ def plan_cluster(
     for host in host_of.values():
         per_host[host] = per_host.get(host, 0) + 1
     shared_gpu_tasks = _tasks_sharing_gpus(spec, host_of)
+    ranks = rank_env(spec.tasks, host_of)
     legacy_keras = len(spec.tasks) > 1
     has_evaluator = bool(spec.role_tasks("evaluator"))
 
@@ -167,7 +170,7 @@ def plan_cluster(
             (f"hosts.{task.host}.env", host_env),
             (f"{task.key}.env", task.env),
             ("--env", override_env),
-            (OWNED_SOURCE, owned_env(task, cluster_text, context)),
+            (OWNED_SOURCE, {**owned_env(task, cluster_text, context), **ranks[task.name]}),
         ])
         by_name = [name for name, value in env.items() if value is None]
         for name in by_name:

@@ -23,7 +23,7 @@ import shlex
 from typing import Any, Mapping
 
 from ..cluster.spec import RestartPolicy
-from ..taskenv import ATTEMPT, TASK
+from ..taskenv import ATTEMPT, RANK, TASK
 from .pods import PodPlan, RolePods
 from .podspec import CONTAINER_NAME, container, pod_spec
 
@@ -102,7 +102,8 @@ def _replicated_job(plan: PodPlan, role: RolePods, container_name: str, labels: 
 
 
 def start_script(role: RolePods, jobset_name: str | None = None) -> str:
-    """POSIX sh that exports this pod's TF_CONFIG, TFLAUNCH_TASK and TFLAUNCH_ATTEMPT, then execs the command.
+    """POSIX sh that exports this pod's TF_CONFIG, TFLAUNCH_TASK, TFLAUNCH_ATTEMPT and (chief and
+    workers) TFLAUNCH_RANK, then execs the command.
 
     With ``jobset_name``, the pod first checks that its JobSet has that name (the peers' DNS
     names in TF_CONFIG start with it).
@@ -126,6 +127,7 @@ def start_script(role: RolePods, jobset_name: str | None = None) -> str:
         f"export TF_CONFIG={shlex.quote(before)}\"$i\"{shlex.quote(after)}",
         f'export {TASK}="{role.role}-$i"',
         f"export {ATTEMPT}=$((${{{RESTART_ATTEMPT_ENV}:-0}} + 1))",
+        *([] if role.rank_offset is None else [f"export {RANK}=$((i + {role.rank_offset}))"]),
         'exec "$@"',
         "",
     ])

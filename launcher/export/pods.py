@@ -24,11 +24,12 @@ from ..cluster.spec import (ROLES, ClusterSpec, EnvLayer, RestartPolicy, SshSett
 from ..cluster.spec import restarts_possible as spec_restarts_possible
 from ..errors import ConfigError
 from ..records.folder import BACKUP
-from ..taskenv import ATTEMPT, BACKUP_DIR, CHECKPOINT_DIR, RUN_DIR, TASK
+from ..taskenv import ATTEMPT, BACKUP_DIR, CHECKPOINT_DIR, RANK, RUN_DIR, TASK
 from .settings import SECTION, KubernetesSettings, Storage
 
 # Variables that differ between the pods of one role: the start command or the operator sets them.
-PER_POD_ENV = ("TF_CONFIG", TASK, ATTEMPT)
+# (Every pod is a host of its own: TFLAUNCH_LOCAL_RANK 0 of TFLAUNCH_LOCAL_WORLD_SIZE 1, as the plan says.)
+PER_POD_ENV = ("TF_CONFIG", TASK, ATTEMPT, RANK)
 # A pod has no run folder: its output goes to the container log (kubectl logs).
 NO_RUN_FOLDER_ENV = (RUN_DIR,)
 # Where the plan's run-folder paths (such as TFLAUNCH_CHECKPOINT_DIR) point inside a pod: a
@@ -56,6 +57,18 @@ class RolePods:
 
     def tf_config(self, index: int) -> dict:
         return json.loads(self.launches[index].env["TF_CONFIG"])
+
+    @property
+    def rank_offset(self) -> int | None:
+        """The rank of the role's pod 0, every pod's being its index past it; None for a role
+        without ranks (ps, evaluator). ValueError when the plan's ranks are not so."""
+        if RANK not in self.launches[0].env:
+            return None
+        offset = int(self.launches[0].env[RANK]) - self.launches[0].index
+        for launch in self.launches:
+            if launch.env.get(RANK) != str(launch.index + offset):
+                raise ValueError(f"the plan's rank of {launch.name} is not its index past {offset}")
+        return offset
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,8 @@
 The operator starts one pod per replica of ``tfReplicaSpecs`` (Chief, Worker, PS, Evaluator) and
 writes TF_CONFIG itself, into the container named ``tensorflow`` only, with the port of that
 container's ``tfjob-port``. So the container gets the plan's env without TF_CONFIG (and without
-TFLAUNCH_TASK and TFLAUNCH_ATTEMPT, which differ from pod to pod; the trainer reads its task from
-TF_CONFIG).
+TFLAUNCH_TASK, TFLAUNCH_ATTEMPT and TFLAUNCH_RANK, which differ from pod to pod; the trainer reads
+its task from TF_CONFIG, and a rank is TensorFlow's id of the task in it).
 
 Run policy: the operator restarts a failed pod in place (``restartPolicy: OnFailure``) for a role
 whose tflaunch policy is ``task`` (ParameterServer workers by default), and for every role when

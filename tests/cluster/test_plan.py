@@ -422,7 +422,8 @@ def test_env_holds_only_what_tflaunch_adds():
     launch = plan("worker: [localhost:1]").launches[0]
     assert set(launch.env) == {"PYTHONUNBUFFERED", "TF_CONFIG", "TFLAUNCH_TASK", "TFLAUNCH_RUN_ID",
                                "TFLAUNCH_RUN_DIR", "TFLAUNCH_ATTEMPT", "CUDA_VISIBLE_DEVICES",
-                               "TFLAUNCH_TENSORBOARD_DIR"}
+                               "TFLAUNCH_TENSORBOARD_DIR", "TFLAUNCH_RANK", "TFLAUNCH_WORLD_SIZE",
+                               "TFLAUNCH_LOCAL_RANK", "TFLAUNCH_LOCAL_WORLD_SIZE"}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -100,3 +100,78 @@ def test_a_task_record_takes_the_attempt_from_the_launch_not_from_its_environmen
     launch = TaskLaunch(name="worker-0", role="worker", index=0, host="localhost", address="localhost:2222",
                         local=True, argv=("true",), env={}, workdir="/", attempt=2)
     assert task_record(launch, None).attempt == 2
+
+
+# -- ranks and sizes (launcher/cluster/ranks.py) --------------------------------------------------
+
+RANKS = (taskenv.RANK, taskenv.WORLD_SIZE, taskenv.LOCAL_RANK, taskenv.LOCAL_WORLD_SIZE)
+
+
+def planned(text: str, local: frozenset = frozenset({"localhost"})):
+    spec = parse_cluster(text, "c.yaml", local)
+    return plan_cluster(spec, RunContext(run_id="r1", run_dir="/logs/r1"), local_hosts=local, cores_by_host={},
+                        default_python="python3", default_workdir="/").launches
+
+
+def ranks_of(launches) -> dict[str, tuple]:
+    """Each task's (rank, world size, local rank, local world size); None where a variable is not set."""
+    return {l.name: tuple(int(l.env[k]) if k in l.env else None for k in RANKS) for l in launches}
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("worker: [localhost:1, localhost:2, localhost:3]\n",
+     {"worker-0": (0, 3, 0, 3), "worker-1": (1, 3, 1, 3), "worker-2": (2, 3, 2, 3)}),
+    ("worker: [localhost:1]\n", {"worker-0": (0, 1, 0, 1)}),
+    # the chief first, then the workers by index: TensorFlow's id_in_cluster
+    ("chief: [localhost:1]\nworker: [localhost:2, localhost:3, localhost:4]\n",
+     {"chief-0": (0, 4, 0, 4), "worker-0": (1, 4, 1, 4), "worker-1": (2, 4, 2, 4), "worker-2": (3, 4, 3, 4)}),
+    # the workers listed before the chief in the file: the order is TensorFlow's, not the file's
+    ("worker: [localhost:2, localhost:3]\nchief: [localhost:1]\n",
+     {"chief-0": (0, 3, 0, 3), "worker-0": (1, 3, 1, 3), "worker-1": (2, 3, 2, 3)}),
+    # ps and evaluator train no replica: the world size, and no rank
+    ("chief: [localhost:1]\nworker: [localhost:2, localhost:3]\nps: [localhost:4, localhost:5]\n"
+     "evaluator: [localhost:6]\n",
+     {"chief-0": (0, 3, 0, 3), "worker-0": (1, 3, 1, 3), "worker-1": (2, 3, 2, 3), "ps-0": (None, 3, None, None),
+      "ps-1": (None, 3, None, None), "evaluator-0": (None, 3, None, None)}),
+    ("chief: [localhost:1]\nps: [localhost:2]\n", {"chief-0": (0, 1, 0, 1), "ps-0": (None, 1, None, None)}),
+    # local ranks count the training tasks of each host, in rank order; a ps shares a host uncounted
+    ("chief: [a:1]\nworker: [b:1, a:2, b:2, c:1]\nps: [a:3]\n",
+     {"chief-0": (0, 5, 0, 2), "worker-0": (1, 5, 0, 2), "worker-1": (2, 5, 1, 2), "worker-2": (3, 5, 1, 2),
+      "worker-3": (4, 5, 0, 1), "ps-0": (None, 5, None, None)}),
+])
+def test_every_task_gets_its_rank_and_the_sizes(text, expected):
+    assert ranks_of(planned(text)) == expected
+
+
+def test_the_names_this_machine_goes_by_are_one_host_for_local_ranks():
+    launches = planned("worker: [localhost:1, 127.0.0.1:2, node2:1, localhost:3]\n",
+                       frozenset({"localhost", "127.0.0.1"}))
+    assert ranks_of(launches) == {"worker-0": (0, 4, 0, 3), "worker-1": (1, 4, 1, 3), "worker-2": (2, 4, 0, 1),
+                                  "worker-3": (3, 4, 2, 3)}
+
+
+@pytest.mark.parametrize("chiefs, workers, others", [(0, 1, ""), (0, 5, ""), (1, 0, ""), (1, 7, ""),
+                                                     (1, 3, "ps: [h:9, h:10]\nevaluator: [h:11]\n"),
+                                                     (0, 4, "evaluator: [h:11]\n")])
+def test_the_rank_is_tensorflows_id_in_the_cluster_of_tf_config(chiefs, workers, others):
+    import json
+
+    text = (f"chief: [h:1]\n" if chiefs else "") + (
+        f"worker: [{', '.join(f'h:{100 + i}' for i in range(workers))}]\n" if workers else "") + others
+    for launch in planned(text):
+        config = json.loads(launch.env["TF_CONFIG"])
+        role, index, cluster = config["task"]["type"], config["task"]["index"], config["cluster"]
+        # multi_worker_util.worker_count and id_in_cluster, written out
+        assert int(launch.env[taskenv.WORLD_SIZE]) == len(cluster.get("chief", [])) + len(cluster.get("worker", []))
+        if role in ("chief", "worker"):
+            expected = 0 if role == "chief" else index + len(cluster.get("chief", []))
+            assert int(launch.env[taskenv.RANK]) == expected
+        else:
+            assert taskenv.RANK not in launch.env and taskenv.LOCAL_RANK not in launch.env
+
+
+def test_a_cluster_file_may_not_set_a_rank():
+    from launcher.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="TFLAUNCH_RANK"):
+        planned("env: {TFLAUNCH_RANK: '3'}\nworker: [localhost:1]\n")

@@ -37,6 +37,10 @@ def test_tf_config_arrives_intact_in_every_task(tflaunch):
         assert seen["CUDA_VISIBLE_DEVICES"] == "-1"
         assert seen["PYTHONUNBUFFERED"] == "1"
         assert seen["TFLAUNCH_RUN_DIR"] == str(done.run_dir.resolve())
+        # Ranks as TensorFlow numbers the tasks: the chief 0, then the workers by index; one host.
+        rank = 0 if task["role"] == "chief" else task["index"] + 1
+        assert [seen[f"TFLAUNCH_{k}"] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")] == [
+            str(rank), "4", str(rank), "4"], task["name"]
         clusters.append(config["cluster"])
     assert all(c == clusters[0] for c in clusters)
     assert len(clusters[0]["worker"]) == 3 and len(clusters[0]["chief"]) == 1

@@ -62,7 +62,8 @@ def configs(run_dir: Path) -> dict[str, dict]:
 def test_hosts_option_runs_on_each_host_with_ports_its_agent_picked(as_user, hosts, testhosts, tmp_path):
     logs = tmp_path / "logs"
     done = subprocess.run(as_user(tflaunch_argv(logs, "-H", hosts(2, 2), "--", "sh", "-c",
-                                                'echo "$TF_CONFIG"; hostname')),
+                                                'echo "$TF_CONFIG"; hostname; echo "$TFLAUNCH_RANK '
+                                                '$TFLAUNCH_WORLD_SIZE $TFLAUNCH_LOCAL_RANK $TFLAUNCH_LOCAL_WORLD_SIZE"')),
                           capture_output=True, text=True, timeout=120, env=env(), cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     (run_dir,) = logs.iterdir()
@@ -75,8 +76,10 @@ def test_hosts_option_runs_on_each_host_with_ports_its_agent_picked(as_user, hos
     node1, node2 = testhosts.hosts[:2]
     assert [t["host"] for t in record["tasks"]] == [node1.address, node1.address, node2.address, node2.address]
     for task in record["tasks"]:
-        ran_on = (run_dir / f"{task['name']}.log").read_text().splitlines()[1]
+        ran_on, ranks = (run_dir / f"{task['name']}.log").read_text().splitlines()[1:3]
         assert ran_on == (node1 if task["host"] == node1.address else node2).name
+        # rank, world size, and the place among the tasks of its host (two on each)
+        assert ranks == f"{task['index']} 4 {task['index'] % 2} 2", task["name"]
 
 
 def test_two_runs_at_once_on_the_same_hosts_never_collide(as_user, hosts, tmp_path):
