@@ -150,6 +150,7 @@ class Supervisor:
         self._training_done = AllFinal([t for t in self.tasks if t.role in roles],
                                        lambda t: t.state is TaskState.SUCCEEDED)
         self._notes: list[str] = []
+        self._stopping = False  # the attempt is being stopped (see _shutdown)
         self.wakeups = Wakeups(self.tasks, self.options.changes, self.options.clock, self.options.tick,
                                self.options.full_poll, watch_in)
 
@@ -288,7 +289,7 @@ class Supervisor:
             task.to(TaskState.STOPPED, self.options.wall())
         elif status.ok:
             task.to(TaskState.SUCCEEDED, self.options.wall())
-        elif not task.stop_requested and self._restarts_in_place(task, status):
+        elif not self._stopping and self._restarts_in_place(task, status):
             self._restart_in_place(task)
         else:
             task.to(TaskState.FAILED, self.options.wall())
@@ -331,6 +332,7 @@ class Supervisor:
 
     def _shutdown(self, grace: float | None = None) -> None:
         """The one shutdown protocol; safe to call more than once."""
+        self._stopping = True  # from here a task that fails has failed: none is restarted in place
         for task in self.tasks:
             if task.state in (TaskState.PENDING, TaskState.RESTARTING):
                 task.to(TaskState.STOPPED, self.options.wall())

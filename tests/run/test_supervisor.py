@@ -175,6 +175,41 @@ def test_a_task_that_ended_on_its_own_just_before_the_stop_is_not_called_stopped
     assert tasks["worker-2"].state is TaskState.STOPPED
 
 
+class ChiefChanges:
+    """Changes that report only the chief's end: another task's end is first seen by a later poll."""
+
+    def __init__(self) -> None:
+        self.transport: FakeTransport | None = None
+        self.told: set[int] = set()
+
+    def fileno(self) -> int:
+        return -1
+
+    def take(self) -> list[object]:
+        ended = [p for p in self.transport.processes.get("chief-0", []) if p.poll() is not None and id(p) not in self.told]
+        self.told.update(id(p) for p in ended)
+        return ended
+
+
+def test_a_task_found_ended_while_the_attempt_stops_is_not_restarted_in_place():
+    # worker-0 failed in the same moment as the chief, but only the chief's end woke the
+    # supervisor: the stop's first poll finds worker-0 ended. It failed; it is not restarted
+    # (a restart then would start a process nobody stops).
+    clock, changes = Clock(), ChiefChanges()
+    transport = FakeTransport(clock, {"chief-0": Script(1.0, ExitStatus(code=3)),
+                                      "worker-0": [Script(1.0, ExitStatus(code=4)), Script()]})
+    changes.transport = transport
+    opts = SupervisorOptions(clock=clock, wall=clock, sleep=clock.sleep, changes=changes,
+                             restart_policy={"worker": RestartPolicy.TASK})
+    result = Supervisor([launch("chief-0"), launch("worker-0")], lambda _l: transport, lambda _l: "/dev/null",
+                        lambda _m: None, opts).run()
+    tasks = {t.name: t for t in result.tasks}
+    assert result.root_cause.name == "chief-0" and clock.now < 5.0
+    assert (tasks["worker-0"].state, tasks["worker-0"].status, tasks["worker-0"].restarts) == (
+        TaskState.FAILED, ExitStatus(code=4), 0)
+    assert len(transport.processes["worker-0"]) == 1
+
+
 def test_a_worker_with_the_task_policy_restarts_alone_while_the_others_keep_running():
     scripts = {"chief-0": Script(10.0), "ps-0": Script(),
                "worker-0": [Script(3.0, ExitStatus(signal=signal.SIGKILL)), Script()]}
