@@ -28,6 +28,7 @@ from ..errors import EnvironmentProblem, PortInUseError, PreflightError, Unknown
 from ..options import RunOptions, given, python_caller
 from ..options import name as option_name
 from ..records.folder import DEFAULT_LOG_DIR, RUN_ID_PLACEHOLDER, RunFolder
+from ..records.states import plural
 from ..transports import TransportSet
 from .isolation import NetworkNamespace, isolated_network
 from .limits import check_open_files
@@ -177,9 +178,9 @@ def _reserve_auto_ports(spec: ClusterSpec, local_hosts: frozenset[str], hold: in
                              hold=hold)
     except OSError as exc:
         if exc.errno == errno.EMFILE:
-            raise EnvironmentProblem(f"{spec.source}: cannot reserve ports for {len(spec.tasks)} tasks: "
+            raise EnvironmentProblem(f"{spec.source}: cannot reserve ports for {plural(len(spec.tasks), 'task')}: "
                                      f"{exc.strerror} (raise the limit with 'ulimit -n')") from None
-        raise EnvironmentProblem(f"{spec.source}: cannot reserve free ports for {len(spec.tasks)} tasks on this "
+        raise EnvironmentProblem(f"{spec.source}: cannot reserve free ports for {plural(len(spec.tasks), 'task')} on this "
                                  f"machine: {exc.strerror or exc}") from None
 
 

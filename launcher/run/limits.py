@@ -13,6 +13,7 @@ from __future__ import annotations
 from ..cluster.machine import raise_open_files_limit
 from ..cluster.spec import ClusterSpec, is_local
 from ..errors import EnvironmentProblem
+from ..records.states import plural
 from ..transports.base import OPEN_LOGS
 
 # Descriptors the output pump keeps open at once: the logs that grew most recently, so a run of
@@ -36,8 +37,8 @@ def check_open_files(spec: ClusterSpec, local_hosts: frozenset[str]) -> int:
     hosts = len({"localhost" if here else task.host for task, here in zip(spec.tasks, local)})
     needed = descriptors_needed(len(spec.tasks), hosts, local.count(False))
     if needed > limit:
-        raise EnvironmentProblem(f"{spec.source}: this run needs about {needed} open files ({len(spec.tasks)} tasks on "
-                                 f"{hosts} host{'s' if hosts != 1 else ''}), but the limit is {limit} and cannot "
+        raise EnvironmentProblem(f"{spec.source}: this run needs about {needed} open files ({plural(len(spec.tasks), 'task')} on "
+                                 f"{plural(hosts, 'host')}), but the limit is {limit} and cannot "
                                  f"be raised further; raise it with 'ulimit -n {needed}' (or in "
                                  "/etc/security/limits.conf) and run again")
     return limit - needed

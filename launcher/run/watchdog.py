@@ -38,7 +38,7 @@ from ..cluster.plan import TaskLaunch
 from ..records.folder import STACKS_SUFFIX, VERDICT, iso_time
 from ..records.logview import tail_lines
 from ..records.record import RootCause
-from ..records.states import TaskState
+from ..records.states import TaskState, plural
 from .progress import Progress
 from .supervisor import Task, Trip
 
@@ -232,7 +232,7 @@ class Watchdog:
         if found.culprits:
             self.root_cause = self.blame(by_name[found.culprits[0].task], found)
         return Trip(f"hang timeout: no training progress for {hang:g} s; {found.summary()}; stack traces of "
-                    f"{len(texts)} tasks in {self.stacks_dir}", found.tasks)
+                    f"{plural(len(texts), 'task')} in {self.stacks_dir}", found.tasks)
 
     def file_stacks(self, texts: Mapping[str, str], found: Verdict, stall: Stall, hang: float) -> None:
         """Each task's stacks in ``<task>.txt`` and the verdict in ``verdict.json``; a failed write costs only itself."""

@@ -292,6 +292,12 @@ def stalled_workers(cluster, count: int = 3, hang: float = 10) -> tuple[Watchdog
     return watchdog, tasks
 
 
+def test_a_lone_hung_task_is_one_task_in_the_reason(cluster):
+    watchdog, tasks = stalled_workers(cluster, count=1)
+    trip = cluster.run(watchdog, tasks, seconds=11)
+    assert trip.reason.endswith(f"stack traces of 1 task in {cluster.folder / 'attempt-1' / 'stacks'}"), trip.reason
+
+
 def test_a_cluster_without_progress_is_declared_hung_and_the_odd_task_named(cluster):
     watchdog, tasks = stalled_workers(cluster)
     cluster.clock.advance(4)
