@@ -15,9 +15,9 @@ from typing import Any, Sequence
 
 from ..records.boundedlog import format_size
 from ..records.folder import LEARNING_CURVES, RECORD, RESOURCES, TASK_LOG_SUFFIX
+from ..records.exits import exit_words
 from ..records.logview import left_out
 from ..records.metrics import trained_seconds
-from ..records.exits import exit_words
 from ..records.states import RunStatus, TaskState, duration_text, plural
 from .runs import NoMetricsError, Run, RunState, RunSummary, cause_line, epoch_records, final_record
 
