@@ -59,6 +59,11 @@ def num(value: float | None, digits: int) -> str:
     return f"{value:.{digits}f}"
 
 
+def _first_known(*values: Any) -> Any:
+    """The first value that is not None (a figure of the wrong type shows as it is)."""
+    return next((v for v in values if v is not None), None)
+
+
 def _epochs(count: Any) -> str:
     return plural(count, "epoch") if isinstance(count, int) and not isinstance(count, bool) else f"{count} epochs"
 
@@ -291,7 +296,7 @@ def report_lines(report: Report) -> list[str]:
     if final:
         lines += ["", f"final ({final.get('task')}): test accuracy {_cell(final.get('test_accuracy'))}, "
                       f"test loss {_cell(final.get('test_loss'))}, {_epochs(final.get('epochs'))} in "
-                      f"{duration_text(report.trained_seconds)}"]
+                      f"{duration_text(_first_known(report.trained_seconds, final.get('total_seconds')))}"]
     lines.append("")
     if report.resources:
         lines += [f"resource use per task ({RESOURCES}):", *resources_lines(report.resources)]

@@ -365,7 +365,7 @@ def test_a_line_is_shown_long_before_its_task_sleeps_to_the_end(tflaunch):
 def test_a_real_table_of_eight_tasks_is_one_row(tflaunch):
     done = tflaunch.run("--local", "8", "--", "sh", "-c", "exit 0")
     assert done.returncode == 0, done.stderr
-    assert re.search(r"^tflaunch:   worker-\[0-7\] \(8 tasks\)\s+localhost\s+succeeded\s+0 ", done.stderr, re.M), \
+    assert re.search(r"^tflaunch:   worker-\[0-7\] \(8 tasks\)\s+localhost\s+succeeded\s+exit code 0 ", done.stderr, re.M), \
         done.stderr
     assert "worker-3" not in done.stderr
 
