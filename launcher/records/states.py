@@ -8,7 +8,7 @@ A task's states and the only transitions between them (``TaskState.can_become``)
 
     PENDING --started--> RUNNING --exit 0--> SUCCEEDED
        |                   |  |---exit != 0, signal, lost host--> FAILED
-       |                   |  '---ended after tflaunch's stop reached it--> STOPPED
+       |                   |  '---ended by tflaunch's stop (SIGTERM, SIGKILL)--> STOPPED
        |                   '---failed, restart policy "task", budget left--> RESTARTING
        |                                          RESTARTING --started again--> RUNNING
        |--could not start--> FAILED
