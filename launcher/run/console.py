@@ -149,7 +149,7 @@ class Console:
         self._board = MetricBoard(shown_tasks=set() if quiet else self.only)
         self._chatter = Chatter()
         self._states: dict[str, str] = {}
-        self._restarts = 0
+        self._attempt = 1
         self._status_shown = ""
         self._queue: collections.deque[tuple] = collections.deque()
         self._queued = 0
@@ -205,9 +205,9 @@ class Console:
         """One of tflaunch's own messages; shown even with --quiet."""
         self._put(("message", text))
 
-    def task_states(self, states: Mapping[str, TaskState], attempt: int, restarts: int) -> None:
-        """The tasks' states changed (``{"worker-0": TaskState.RUNNING, ...}``): redraw the status line."""
-        self._put(("states", dict(states), attempt, restarts))
+    def task_states(self, states: Mapping[str, TaskState], attempt: int) -> None:
+        """The tasks' states changed (``{"worker-0": TaskState.RUNNING, ...}``) in ``attempt``: redraw the status line."""
+        self._put(("states", dict(states), attempt))
 
     def close(self, timeout: float = 5.0) -> None:
         """Write what is queued and erase the status line; give up after ``timeout`` on a stalled terminal."""
@@ -279,7 +279,7 @@ class Console:
             # Task lines still waiting for twins came first: they print before the message.
             return [(self._out, self._twin_text(self._twins.flush())), (self._err, self._message_text(text))]
         if kind == "states":
-            self._states, self._restarts = item[1], item[3]
+            self._states, self._attempt = item[1], item[2]
             ended = [name for name, state in self._states.items() if TaskState(state).ended]
             return [(self._out, self._lines_text(self._board.release(ended)))]
         text = self._lines_text(self._board.release_all())
@@ -386,7 +386,7 @@ class Console:
         if width < STATUS_MIN_WIDTH:
             return ""  # a terminal of 0 columns (size unknown) or a sliver: a cut status line says nothing
         states = "  ".join(f"{name} {TaskState(state).value}" for name, state in self._states.items())
-        tail = f"restarts {self._restarts}"
+        tail = f"attempt {self._attempt}"
         if len(" | ".join([*parts, states, tail])) >= width:
             counts = collections.Counter(TaskState(state).value for state in self._states.values())
             states = f"{plural(len(self._states), 'task')}: " + ", ".join(f"{n} {s}" for s, n in counts.items())

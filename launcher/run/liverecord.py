@@ -109,7 +109,7 @@ class LiveRecord:
         if tasks is None or (not force and time.monotonic() < self._next_states):
             return
         self._pending_states, self._next_states = None, time.monotonic() + self.pace
-        self.console.task_states({t.name: t.state for t in tasks}, self.attempt, self.attempt - 1)
+        self.console.task_states({t.name: t.state for t in tasks}, self.attempt)
 
     def _env(self, launch: TaskLaunch, plan: Plan) -> dict[str, str]:
         shown = self._shown_env.get(id(launch))

@@ -205,7 +205,7 @@ def test_verbose_shows_every_line_as_written():
 def test_quiet_still_follows_the_epochs_for_the_status_line():
     console, out, _ = console_of(quiet=True, status=True, clock=lambda: 0.0)
     feed(console, "worker-0", b"noise\n" + metric("worker-0", 2, epochs=5))
-    console.task_states({"worker-0": TaskState.RUNNING, "worker-1": TaskState.RUNNING}, 1, 0)
+    console.task_states({"worker-0": TaskState.RUNNING, "worker-1": TaskState.RUNNING}, 1)
     wait_for(lambda: "epoch 2/5" in out.getvalue(), timeout=10, message="the epoch in the status line")
     console.close()
     assert "noise" not in out.getvalue()
@@ -253,10 +253,10 @@ def test_a_stalled_stream_never_blocks_the_caller_and_the_backlog_is_bounded():
 def test_the_status_line_sits_under_the_output_and_is_erased_at_the_end():
     now = [100.0]
     console, out, _ = console_of(status=True, clock=lambda: now[0])
-    console.task_states({"worker-0": TaskState.RUNNING, "worker-1": TaskState.PENDING}, 1, 0)
+    console.task_states({"worker-0": TaskState.RUNNING, "worker-1": TaskState.PENDING}, 1)
     now[0] += 75
     feed(console, "worker-0", b"hello\n" + metric("worker-0", 3, **EPOCH3))
-    status = "tflaunch 1:15 | epoch 3/8 | worker-0 running  worker-1 pending | restarts 0"
+    status = "tflaunch 1:15 | epoch 3/8 | worker-0 running  worker-1 pending | attempt 1"
     wait_for(lambda: out.getvalue().endswith(status), timeout=10, message=lambda: f"the status line in {out.getvalue()!r}")
     console.close()
     text = out.getvalue()
@@ -268,7 +268,7 @@ def test_the_status_line_sits_under_the_output_and_is_erased_at_the_end():
 
 def test_no_status_line_and_no_colour_when_not_a_terminal():
     console, out, err = console_of()
-    console.task_states({"worker-0": TaskState.RUNNING}, 1, 0)
+    console.task_states({"worker-0": TaskState.RUNNING}, 1)
     console.task_block("worker-0", b"hello\n")
     console.message("done")
     console.close()
@@ -285,8 +285,8 @@ def test_a_message_after_close_is_still_written():
 
 def test_many_tasks_are_counted_by_state_in_the_status_line():
     console = Console(io.StringIO(), messages=io.StringIO(), status=True, clock=lambda: 0.0)
-    console.task_states({f"worker-{i}": (TaskState.RUNNING if i < 60 else TaskState.SUCCEEDED) for i in range(64)}, 2, 1)
-    wait_for(lambda: "64 tasks: 60 running, 4 succeeded | restarts 1" in console.stream.getvalue(), timeout=10,
+    console.task_states({f"worker-{i}": (TaskState.RUNNING if i < 60 else TaskState.SUCCEEDED) for i in range(64)}, 2)
+    wait_for(lambda: "64 tasks: 60 running, 4 succeeded | attempt 2" in console.stream.getvalue(), timeout=10,
              message=lambda: f"the counted states in {console.stream.getvalue()!r}")
     console.close()
 

@@ -19,7 +19,7 @@ from conftest import ROOT, TASK
 from console_names import tasks_saying
 from polling import wait_for
 
-STATUS = re.compile(r"tflaunch \d+:\d\d \| .*restarts \d")
+STATUS = re.compile(r"tflaunch \d+:\d\d \| .*attempt \d")
 
 
 def test_a_closed_console_leaves_the_run_whole(tflaunch, tmp_path):
@@ -187,7 +187,7 @@ def test_status_line_on_a_terminal_and_ctrl_c_stops_the_run_at_once(tflaunch, te
         lambda s: STATUS.search(s) and "worker-1 running" in s and len(tasks_saying(s, "started")) == 2,
         "both tasks' first line and a status line on the terminal")
     status_line = STATUS.search(screen).group(0)
-    assert "worker-0 running" in status_line and "restarts 0" in status_line
+    assert "worker-0 running" in status_line and "attempt 1" in status_line
     assert sorted(tasks_saying(screen, "started")) == ["worker-0", "worker-1"]
     # The status line is the bottom line of the output, under the task lines.
     lines = [line for line in screen.splitlines() if line.strip()]
