@@ -14,6 +14,7 @@ import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from .boundedlog import ALIGN, MARKER, MARKER_START, copy_range, final_marker, format_size
 from .folder import part_of
@@ -102,9 +103,11 @@ def read_tail(path: Path, max_bytes: int) -> tuple[bytes, bool, int]:
     return data, size > max_bytes, markers_total(path)
 
 
-def tail_lines(path: Path, count: int = 20, max_bytes: int = 1 << 16) -> list[str]:
-    """The last ``count`` lines of a task's log, decoded for display. When the log left output out
-    (it outgrew its limit), a first line says how much, unless its marker is among the lines."""
+def tail_lines(path: Path, count: int = 20, max_bytes: int = 1 << 16,
+               keep: Callable[[str], bool] | None = None) -> list[str]:
+    """The last ``count`` lines of a task's log, decoded for display; with ``keep``, the last
+    ``count`` of the lines it keeps (it sees every line of the tail, in order). When the log left
+    output out (it outgrew its limit), a first line says how much, unless its marker is among the lines."""
     try:
         data, cut, left_out = read_tail(Path(path), max_bytes)
     except OSError:
@@ -113,7 +116,11 @@ def tail_lines(path: Path, count: int = 20, max_bytes: int = 1 << 16) -> list[st
     lines = splitter.feed(data) + splitter.flush()
     if cut and lines:
         lines = lines[1:]  # the first one is probably cut
-    shown = [line.decode("utf-8", "replace") for line in lines[-count:]] if count > 0 else []
+    if keep is None:
+        shown = [line.decode("utf-8", "replace") for line in lines[-count:]] if count > 0 else []
+    else:
+        shown = [text for line in lines if keep(text := line.decode("utf-8", "replace"))]
+        shown = shown[-count:] if count > 0 else []
     if left_out and shown and not any(line.startswith("[... tflaunch: ") for line in shown):
         # In place of the oldest line: callers ask for a number of lines to show.
         shown[:1 if len(shown) == count else 0] = [

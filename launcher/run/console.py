@@ -27,11 +27,10 @@ from __future__ import annotations
 
 import collections
 import os
-import select
 import sys
 import threading
 import time
-from typing import IO, Any, Iterable, Mapping
+from typing import IO, Iterable, Mapping
 
 import click
 
@@ -40,6 +39,8 @@ from ..records.metrics import MetricLines
 from ..records.states import TaskState, plural
 from .metricview import Line, MetricBoard
 from .render import Chatter, may_hold_chatter
+from .stopfold import StopFold
+from .terminal import Sink, terminal_width, wants_colour
 from .twins import TwinFolder, names_text
 
 _COLOURS = ("cyan", "yellow", "green", "magenta", "blue", "red",
@@ -50,72 +51,6 @@ STATUS_MIN_WIDTH = 20  # columns a terminal needs for the status line to be draw
 # of queue: so a flood of short lines is cut off at a backlog the writer clears in a second or so,
 # and tflaunch's own messages behind it still print before close() gives up on the console.
 LINE_COST = 64
-
-
-def wants_colour(stream: IO[Any], environ: Mapping[str, str] = os.environ) -> bool:
-    """Colour on a terminal, unless ``NO_COLOR`` is set to anything (https://no-color.org)."""
-    return _isatty(stream) and not environ.get("NO_COLOR")
-
-
-def _isatty(stream: IO[Any]) -> bool:
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError, OSError):
-        return False
-
-
-class _Sink:
-    """One stream the writer thread writes to: straight to its file descriptor when it has one.
-
-    Raw descriptor writes hold no lock of the stream object, so a write stuck on a stalled
-    terminal cannot block the interpreter's own flush of ``sys.stdout`` at exit.
-    """
-
-    def __init__(self, stream: IO[str]):
-        self.stream = stream
-        self.tty = _isatty(stream)
-        self.closed = False
-        self.encoding = getattr(stream, "encoding", None) or "utf-8"
-        self.utf8 = self.encoding.lower().replace("-", "").replace("_", "") == "utf8"
-        self.fd: int | None = None
-        try:
-            stream.flush()
-            self.fd = stream.fileno()
-        except (AttributeError, OSError, ValueError):
-            pass
-
-    def write(self, data: bytes) -> None:
-        """Write UTF-8 ``data`` (re-encoded when the stream wants another encoding)."""
-        if self.closed or not data:
-            return
-        try:
-            if self.fd is None:
-                self.stream.write(data.decode("utf-8", "replace"))
-                self.stream.flush()
-                return
-            if not self.utf8:
-                data = data.decode("utf-8", "replace").encode(self.encoding, "replace")
-            view = memoryview(data)
-            while view:
-                try:
-                    view = view[os.write(self.fd, view):]
-                except BlockingIOError:  # a descriptor someone set non-blocking: wait until it drains
-                    select.select([], [self.fd], [], 1.0)
-        except (OSError, ValueError):
-            # Closed pipe (EPIPE), hung-up terminal (EIO), closed stream: nobody reads any more.
-            self.closed = True
-            self._silence()
-
-    def _silence(self) -> None:
-        """Point a closed stdout or stderr at /dev/null, so the interpreter's exit flush stays quiet."""
-        if self.fd not in (1, 2):
-            return
-        try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, self.fd)
-            os.close(devnull)
-        except OSError:
-            pass
 
 
 class Console:
@@ -142,12 +77,13 @@ class Console:
         self._colour_of: dict[str, str] = {}
         self._rank: dict[str, int] = {}  # the order tasks were registered in: folded names follow it
         self._twins = TwinFolder()  # only the writer thread touches it
-        self._out = _Sink(self.stream)
-        self._err = self._out if self.messages is self.stream else _Sink(self.messages)
+        self._out = Sink(self.stream)
+        self._err = self._out if self.messages is self.stream else Sink(self.messages)
         term = os.environ.get("TERM", "")
         self.status = (self._out.tty and term not in ("", "dumb")) if status is None else status
         self._board = MetricBoard(shown_tasks=set() if quiet else self.only)
         self._chatter = Chatter()
+        self._stop = StopFold()  # only the writer thread touches it
         self._states: dict[str, str] = {}
         self._attempt = 1
         self._status_shown = ""
@@ -204,6 +140,12 @@ class Console:
     def message(self, text: str) -> None:
         """One of tflaunch's own messages; shown even with --quiet."""
         self._put(("message", text))
+
+    def stop_began(self, attempt: int, root: str, text: str) -> None:
+        """``root`` failed and the cluster is being stopped, as ``text`` (one of tflaunch's messages)
+        says: the other tasks' lines of ``attempt`` are counted from now on, and shown as one line
+        per task before the next message (:mod:`.stopfold`)."""
+        self._put(("stop", attempt, root, text))
 
     def task_states(self, states: Mapping[str, TaskState], attempt: int) -> None:
         """The tasks' states changed (``{"worker-0": TaskState.RUNNING, ...}``) in ``attempt``: redraw the status line."""
@@ -266,7 +208,7 @@ class Console:
         wait = max(0.0, due - time.monotonic())
         return min(wait, self.refresh) if self.status else wait
 
-    def _render(self, item: tuple) -> list[tuple[_Sink, str | bytes]]:
+    def _render(self, item: tuple) -> list[tuple[Sink, str | bytes]]:
         kind = item[0]
         if kind == "task":
             return [(self._out, self._task_text(*item[1:]))]
@@ -277,15 +219,25 @@ class Console:
             else:
                 text = item[1]
             # Task lines still waiting for twins came first: they print before the message.
+            folded = self._lines_text(self._stop.due())
+            return [(self._out, folded), (self._out, self._twin_text(self._twins.flush())),
+                    (self._err, self._message_text(text))]
+        if kind == "stop":
+            attempt, root, text = item[1:]
+            self._stop.began(attempt, root)
+            # The failure's errors reach the other tasks a moment before tflaunch sees it fail:
+            # their lines still waiting for twins (the last half second's) are folded too.
+            for task, lines in self._twins.withdraw(lambda task: self._stop.folds(task, attempt)).items():
+                self._stop.count(task, lines)
             return [(self._out, self._twin_text(self._twins.flush())), (self._err, self._message_text(text))]
         if kind == "states":
             self._states, self._attempt = item[1], item[2]
             ended = [name for name, state in self._states.items() if TaskState(state).ended]
             return [(self._out, self._lines_text(self._board.release(ended)))]
-        text = self._lines_text(self._board.release_all())
+        text = self._lines_text(self._board.release_all() + self._stop.due())
         return [(self._out, self._twin_text(self._twins.flush()) + text.encode())]
 
-    def _write(self, pieces: list[tuple[_Sink, str | bytes]], final: bool) -> None:
+    def _write(self, pieces: list[tuple[Sink, str | bytes]], final: bool) -> None:
         pieces = [(sink, text) for sink, text in pieces if text and not sink.closed]
         status = "" if final or not self.status or self._out.closed else self._status_text()
         if not pieces and status == self._status_shown:
@@ -344,7 +296,10 @@ class Console:
         return b"".join(out)
 
     def _task_text(self, name: str, attempt: int, block: bytes, shown: bool, metrics: MetricLines) -> str | bytes:
-        if self.verbose or not (metrics or may_hold_chatter(block)):
+        if shown and not self.verbose and self._stop.folds(name, attempt):
+            self._stop.count(name, block.count(b"\n") - sum(record is not None for _, record in metrics))
+            shown = False
+        if self.verbose or not (metrics or may_hold_chatter(block) or self._chatter.continues(name)):
             for _, record in metrics:  # raw lines shown: the records only move the status line on
                 if record is not None:
                     self._board.add(name, attempt, record)
@@ -382,7 +337,7 @@ class Console:
         board = self._board
         if board.epoch is not None:
             parts.append(f"epoch {board.epoch}/{board.total}" if board.total else f"epoch {board.epoch}")
-        width = _terminal_width(self._out)
+        width = terminal_width(self._out)
         if width < STATUS_MIN_WIDTH:
             return ""  # a terminal of 0 columns (size unknown) or a sliver: a cut status line says nothing
         states = "  ".join(f"{name} {TaskState(state).value}" for name, state in self._states.items())
@@ -394,9 +349,3 @@ class Console:
         text = " | ".join(parts)[:max(1, width - 1)]  # one column spare: a full line would wrap
         return click.style(text, reverse=True) if self.colour else text
 
-
-def _terminal_width(sink: _Sink) -> int:
-    try:
-        return os.get_terminal_size(sink.fd).columns if sink.fd is not None else 80
-    except OSError:
-        return 80

@@ -2,7 +2,10 @@
 
 :class:`Chatter` recognises what TensorFlow's C++ runtime prints at start-up on every task (INFO
 lines, the oneDNN notice, the absl pre-init warning, "no cuda drivers" and the cuInit error that
-follows it on a CPU-only machine). The console hides these unless ``--verbose``. :func:`twin_key`
+follows it on a CPU-only machine), with the lines that continue such a message (the CPU feature
+notice's "To enable the following instructions" line, the stragglers' task names). The console
+hides these unless ``--verbose``, and a failure summary leaves them out of a task's last lines
+(:func:`meaningful`). :func:`twin_key`
 says which lines of different tasks are the same line for the console's folding (:mod:`.twins`):
 the same bytes, but for the stamp of a TensorFlow log line. Lines reach the console already
 folded as a terminal shows them (:mod:`launcher.records.lines`).
@@ -11,6 +14,7 @@ folded as a terminal shows them (:mod:`launcher.records.lines`).
 from __future__ import annotations
 
 import re
+from typing import Callable
 
 # -- TensorFlow's chatter ------------------------------------------------------------------------
 
@@ -30,6 +34,12 @@ _SOURCE_LINE = re.compile(rb"\.(?:cc|h):\d+\] ")
 _ABSL_PREINIT = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
 _NO_DRIVER = "Could not find cuda drivers on your machine, GPU will not be used."
 _CUINIT = "failed call to cuInit"
+# The lines after the first of a multi-line C++ log message, which TensorFlow writes unstamped:
+#   I0000 00:00:1795919977.849097    5353 cpu_feature_guard.cc:227] This TensorFlow binary is optimized ...
+#   To enable the following instructions: AVX2 FMA, in other operations, rebuild TensorFlow with ...
+# and a task name per line after "Example stragglers:". Only these shapes count, and only right
+# after a line that is hidden: a program's own line after the chatter is never taken for part of it.
+_CONTINUATION = re.compile(r"To enable the following instructions: |/job:[\w-]+/replica:\d+/task:\d+\s*$")
 # Warnings TensorFlow prints for every run of an ordinary program, whatever the program does.
 _ROUTINE_WARNINGS = (
     "will not be optimized because the dataset does not implement the AsGraphDefInternal()",
@@ -69,13 +79,28 @@ class Chatter:
 
     Hidden: every INFO line of the C++ runtime, the absl pre-init warning, the routine warnings
     above, and the cuInit error, but only after the same task said it found no cuda driver (then
-    the error only repeats that there is no GPU). Every other warning or error stays.
+    the error only repeats that there is no GPU); and the continuation lines of a hidden message.
+    Every other warning or error stays. A task's lines must be given in order, every one of them
+    while :meth:`continues` says so.
     """
 
     def __init__(self) -> None:
         self._no_driver: set[str] = set()
+        self._hid_last: set[str] = set()  # tasks whose last line was hidden: the next may continue it
+
+    def continues(self, task: str) -> bool:
+        """Whether ``task``'s next line may be the continuation of a message just hidden."""
+        return task in self._hid_last
 
     def hides(self, task: str, line: str) -> bool:
+        hidden = (task in self._hid_last and _CONTINUATION.match(line) is not None) or self._hides_line(task, line)
+        if hidden:
+            self._hid_last.add(task)
+        else:
+            self._hid_last.discard(task)
+        return hidden
+
+    def _hides_line(self, task: str, line: str) -> bool:
         if line.startswith(_ABSL_PREINIT):
             return True
         match = _NATIVE.match(line)
@@ -92,3 +117,9 @@ class Chatter:
         if level in ("W", "E"):
             return any(routine in text for routine in _ROUTINE_WARNINGS)
         return False
+
+
+def meaningful() -> Callable[[str], bool]:
+    """A test for one task's lines, given in order: False for TensorFlow's chatter (see :class:`Chatter`)."""
+    chatter = Chatter()
+    return lambda line: not chatter.hides("", line)

@@ -34,10 +34,11 @@ from ..transports.base import Reading
 from ..transports.hostagent import sample_for
 from .liverecord import LiveRecord, status_fields
 from .pump import OutputPump
+from .render import meaningful
 from .resources import ResourceSampler
 from .signals import Signals
 from .control import ControlServer
-from .supervisor import AttemptResult, Supervisor, SupervisorOptions, Trip
+from .supervisor import AttemptResult, Supervisor, SupervisorOptions, Task, Trip
 from .watchdog import Watchdog, WatchdogSettings, training_tasks
 
 if TYPE_CHECKING:
@@ -151,7 +152,7 @@ class RunSession:
             exit_code, status = self._outcome(result, interrupted, error)
             tail = []
             if result is not None and result.root_cause is not None:
-                tail = tail_lines(Path(result.root_cause.log_path), TAIL_LINES)
+                tail = tail_lines(Path(result.root_cause.log_path), TAIL_LINES, keep=meaningful())
             diagnosis = self.diagnoses[-1] if self.diagnoses else None
             self._finish(plan, result, status, exit_code, tail, diagnosis, error)
         return RunResult(self.folder.run_id, self.folder.path, exit_code, self.attempts, tail, diagnosis,
@@ -228,6 +229,11 @@ class RunSession:
         self.console.message(text)
         self.pump.message(text)
 
+    def _stopping(self, attempt: int, root: Task, text: str) -> None:
+        """The message that ``root``'s failure stops the other tasks: the console folds their output from here."""
+        self.console.stop_began(attempt, root.name, text)
+        self.pump.message(text)
+
     def _plan(self, attempt: int) -> Plan:
         run_dir = self.folder.path.resolve()
         # With restarts, the trainer backs up into the run folder so a restarted cluster resumes;
@@ -259,7 +265,7 @@ class RunSession:
                                 watchdog=lambda tasks: (self.live.due() or self._check_logging()
                                                         or (watchdog(tasks) if watchdog else None)),
                                 listeners=[lambda tasks: self.live.changed(plan, tasks)],
-                                signals=self.signals,
+                                signals=self.signals, stopping=lambda root, text: self._stopping(attempt, root, text),
                                 # The hang watchdog looks every tick; without it, the next turn comes
                                 # when run.json has a change due, else within QUIET_TURN.
                                 watch_in=None if watchdog else (lambda: self.live.due_in(QUIET_TURN)))

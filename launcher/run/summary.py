@@ -17,6 +17,7 @@ from ..records.logview import tail_lines
 from ..records.metrics import speaker, trained_seconds
 from ..records.states import Outcome, TaskState, duration_text, plural
 from .metricview import number as figure
+from .render import meaningful
 from .session import TAIL_LINES, RunResult
 from .supervisor import Task
 from .twins import names_text
@@ -63,6 +64,7 @@ def describe_result(result: RunResult) -> list[str]:
         lines.append(f"root cause: {root.name} (host {root.launch.host}, {root.status.describe()})"
                      + (f"; {_last_lines(len(result.root_cause_tail))} of its output:" if result.root_cause_tail else ""))
         lines += [f"  {root.name} | {line}" for line in result.root_cause_tail]
+        lines.append(f"  (TensorFlow's start-up chatter left out; all of its output: {root.log_path})")
         known = result.diagnosis
         if known is not None:
             lines.append(f"diagnosis ({known.rule}): {known.summary}")
@@ -71,7 +73,7 @@ def describe_result(result: RunResult) -> list[str]:
         lines.append(f"run {result.run_id} failed{attempts}: {final.reason}")
         for task in final.tasks:
             if task.name in final.blamed:
-                tail = tail_lines(Path(task.log_path), TAIL_LINES // 2) if task.log_path else []
+                tail = tail_lines(Path(task.log_path), TAIL_LINES // 2, keep=meaningful()) if task.log_path else []
                 if tail:
                     lines.append(f"{task.name} (host {task.launch.host}): {_last_lines(len(tail))} of its output:")
                     lines += [f"  {task.name} | {line}" for line in tail]

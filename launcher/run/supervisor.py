@@ -131,13 +131,17 @@ class Supervisor:
                  options: SupervisorOptions | None = None,
                  watchdog: Callable[[list[Task]], Trip | None] | None = None,
                  listeners: Sequence[Callable[[list[Task]], None]] = (),
-                 signals: Signals | None = None, watch_in: Callable[[], float] | None = None):
+                 signals: Signals | None = None, watch_in: Callable[[], float] | None = None,
+                 stopping: Callable[[Task, str], None] | None = None):
         """``watch_in``: seconds until ``watchdog`` next needs a turn (see :class:`.wakeups.Wakeups`);
-        None: every ``options.tick``."""
+        None: every ``options.tick``. ``stopping(root, text)`` says the message ``text`` that a task's
+        failure stops the others (the console folds what they print from then on); by default
+        ``message(text)``."""
         self.tasks = [Task(launch) for launch in launches]
         self.transport_for = transport_for
         self.create_log = create_log  # a task's log, made for this start: its path
         self.message = message  # one of tflaunch's own messages, for the console and merged.log
+        self.stopping = stopping or (lambda root, text: message(text))
         self.options = options or SupervisorOptions()
         self.watchdog = watchdog  # returns a Trip to stop the attempt, or None
         self.listeners = tuple(listeners)  # called after tasks start and after any task's state changes
@@ -218,7 +222,8 @@ class Supervisor:
             failed = [t for t in due if t.state is TaskState.FAILED]
             if failed:
                 root = min(failed, key=lambda t: (t.ended_at or 0.0))
-                self.message(f"{root.name} on {root.launch.host} failed ({root.status.describe()}): stopping the cluster")
+                self.stopping(root, f"{root.name} on {root.launch.host} failed ({root.status.describe()}): "
+                                    "stopping the cluster")
                 self._shutdown(min(self.options.grace, self.options.failure_grace))
                 return AttemptResult(Outcome.FAILED, root.status.shell_code, self.tasks, root_cause=root,
                                      reason=f"{root.name} {root.status.describe()}")
@@ -270,6 +275,8 @@ class Supervisor:
         failed = [t for t in self.tasks if t.role == "evaluator" and t.state is TaskState.FAILED]
         if failed:
             root = failed[0]
+            self.stopping(root, f"{root.name} on {root.launch.host} failed ({root.status.describe()}): "
+                                "stopping the other tasks")
             self._shutdown(min(self.options.grace, self.options.failure_grace))
             return AttemptResult(Outcome.FAILED, root.status.shell_code, self.tasks, root_cause=root,
                                  reason=f"{root.name} {root.status.describe()}")

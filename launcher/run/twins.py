@@ -22,7 +22,7 @@ from __future__ import annotations
 import bisect
 import collections
 from operator import itemgetter
-from typing import Iterable
+from typing import Callable, Iterable
 
 from .render import may_be_stamped, twin_key
 
@@ -86,6 +86,19 @@ class TwinFolder:
         self._seq = seq
         self._last[task] = last
 
+    def withdraw(self, picked: Callable[[str], bool]) -> dict[str, int]:
+        """Take back the waiting lines of the tasks ``picked`` says: ``{task: lines taken}``. A line
+        left with no task prints nothing."""
+        taken: dict[str, int] = {}
+        for twin in self._waiting:
+            tasks = twin[_TASKS]
+            if any(map(picked, tasks)):
+                for task in tasks:
+                    if picked(task):
+                        taken[task] = taken.get(task, 0) + 1
+                tasks[:] = [task for task in tasks if not picked(task)]
+        return taken
+
     def next_due(self) -> float | None:
         """When the oldest waiting line prints at the latest; None when none waits."""
         return self._waiting[0][_DUE] if self._waiting else None
@@ -109,7 +122,8 @@ class TwinFolder:
                 del opened[done[_KEY]]
             else:
                 twins.popleft()
-            out.append((done[_TASKS], done[_LINE]))
+            if done[_TASKS]:
+                out.append((done[_TASKS], done[_LINE]))
         return out
 
 

@@ -8,7 +8,9 @@ Actions run in order: ``env`` prints TF_CONFIG and TFLAUNCH_* as one JSON line; 
 ``stderr:TEXT``; ``child`` starts a grandchild that sleeps (to check group kills);
 ``signal-if:TASK:SIG`` kills itself with SIG in TASK; ``ignore-term`` ignores SIGTERM;
 ``forever`` sleeps until killed; ``bind`` listens on this task's TF_CONFIG port (exit 5 if
-taken); ``flood:N`` writes N numbered lines, odd ones to stderr; ``raw:HEX`` writes raw bytes.
+taken); ``flood:N`` writes N numbered lines, odd ones to stderr; ``raw:HEX`` writes raw bytes;
+``traceback-on-term`` makes SIGTERM raise, so the task ends with a Python traceback (as a
+TensorFlow worker whose collective a stop broke does).
 """
 
 import json
@@ -20,6 +22,10 @@ import sys
 import time
 
 _keep = []
+
+
+def _raise_stopped(signum, frame):
+    raise RuntimeError("collective operation cancelled: the task was stopped")
 
 
 def main(actions):
@@ -54,6 +60,8 @@ def main(actions):
         elif kind == "child":
             child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
             print(f"CHILD {child.pid}", flush=True)
+        elif kind == "traceback-on-term":
+            signal.signal(signal.SIGTERM, _raise_stopped)
         elif kind == "ignore-term":
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
         elif kind == "bind":
