@@ -6,9 +6,9 @@ signal path; limits.py the open-files budget checked before anything starts.
 
 What a run watches, writes and shows: pump.py (task output into the logs), progress.py (what
 the metric lines say), watchdog.py (a cluster that never forms, or hangs), resources.py (CPU and
-memory), console.py with render.py, twins.py and metricview.py (the terminal), summary.py (the
-closing table). What it checks and seals: preflight.py, versions.py (the hosts' versions
-compared), mesh.py, isolation.py, and diagnose.py (known failures named). A hang's culprit:
-pyspy.py reads the stacks, culprit.py compares them, and control.py serves them to
-``tflaunch stacks`` over the run's control socket.
+memory), console.py with terminal.py, render.py, twins.py, stopfold.py and metricview.py (the
+terminal), summary.py (the closing table). What it checks and seals: preflight.py, versions.py
+(the hosts' versions compared), mesh.py, isolation.py, and diagnose.py (known failures named).
+A hang's culprit: pyspy.py reads the stacks, culprit.py compares them, and control.py serves
+them to ``tflaunch stacks`` over the run's control socket.
 """

@@ -14,6 +14,8 @@ What a task line becomes on the console (the files are untouched by any of this)
   ends a Keras epoch of a task that prints none), which arrives already parsed by the output
   pump, is rendered for people (:mod:`.metricview`), lock-step duplicates once;
 - TensorFlow's routine C++ start-up chatter is hidden (:class:`.render.Chatter`);
+- once a task's failure stops the cluster, the other tasks' lines are counted, not shown: one
+  line per task says how many (:mod:`.stopfold`);
 - the same line from several tasks within half a second prints once under all their names,
   ``worker-[0-15] | ...`` (:mod:`.twins`);
 - with ``verbose`` every line is shown as the task wrote it, under its own task's name.
