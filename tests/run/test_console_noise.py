@@ -145,38 +145,41 @@ def test_after_the_stop_the_survivors_lines_fold_to_one_line_and_the_root_causes
     assert err.getvalue().splitlines()[-1] == "tflaunch: run failed"
 
 
-def test_the_folded_line_prints_at_the_end_when_no_message_follows():
-    console, out, _ = console_of(tasks=["worker-0"])
+FOLDED_ONE = f"worker-0 | {folded_text(1, 'worker-0', 'worker-1')}\n"
+
+
+def shown_after_a_stop(data: bytes, **options) -> str:
+    """The console's output when worker-0 writes ``data`` after worker-1's failure stopped the cluster."""
+    console, out, _ = console_of(**options)
     console.stop_began(1, "worker-1", "stopping")
-    feed(console, "worker-0", b"Traceback (most recent call last):\n")
+    feed(console, "worker-0", data)
     console.close()
-    assert out.getvalue() == f"worker-0 | {folded_text(1, 'worker-0', 'worker-1')}\n"
+    return out.getvalue()
+
+
+def test_the_folded_line_prints_at_the_end_when_no_message_follows():
+    assert shown_after_a_stop(b"Traceback (most recent call last):\n", tasks=["worker-0"]) == FOLDED_ONE
     assert folded_text(1, "worker-0", "worker-1").startswith("… 1 line since worker-1 failed,")
 
 
-def test_the_next_attempt_is_shown_again_and_verbose_folds_nothing():
+def test_verbose_folds_nothing():
+    assert shown_after_a_stop(b"Traceback (most recent call last):\n", verbose=True) == (
+        "worker-0 | Traceback (most recent call last):\n")
+
+
+def test_a_metric_line_after_the_stop_still_counts_for_the_run_and_is_not_counted_as_noise():
+    data = b'TFLAUNCH_METRIC {"kind":"epoch","task":"worker-0","epoch":3}\nerror\n'
+    assert shown_after_a_stop(data, tasks=["worker-0"]) == "worker-0 | epoch 3\n" + FOLDED_ONE
+
+
+def test_the_next_attempt_is_shown_again():
     console, out, _ = console_of(tasks=["worker-0"])
     console.stop_began(1, "worker-1", "stopping")
     feed(console, "worker-0", b"CancelledError\n")
     console.message("attempt 1 failed; restarting the whole cluster")
     feed(console, "worker-0", b"attempt 2 starts\n", attempt=2)
     console.close()
-    assert out.getvalue() == f"worker-0 | {folded_text(1, 'worker-0', 'worker-1')}\nworker-0 | attempt 2 starts\n"
-
-    console, out, _ = console_of(verbose=True)
-    console.stop_began(1, "worker-1", "stopping")
-    feed(console, "worker-0", b"Traceback (most recent call last):\n")
-    console.close()
-    assert out.getvalue() == "worker-0 | Traceback (most recent call last):\n"
-
-
-def test_a_metric_line_after_the_stop_still_counts_for_the_run_and_is_not_counted_as_noise():
-    console, out, _ = console_of(tasks=["worker-0"])
-    console.stop_began(1, "worker-1", "stopping")
-    feed(console, "worker-0", b'TFLAUNCH_METRIC {"kind":"epoch","task":"worker-0","epoch":3}\nerror\n')
-    console.close()
-    assert out.getvalue() == f"worker-0 | epoch 3\nworker-0 | {folded_text(1, 'worker-0', 'worker-1')}\n"
-
+    assert out.getvalue() == FOLDED_ONE + "worker-0 | attempt 2 starts\n"
 
 def test_the_errors_a_survivor_printed_just_before_tflaunch_saw_the_failure_fold_too():
     # Measured here: worker-0's collective errors reached its log 35 ms before the supervisor saw
