@@ -64,7 +64,7 @@ def describe_result(result: RunResult) -> list[str]:
         lines.append(f"root cause: {root.name} (host {root.launch.host}, {root.status.describe()})"
                      + (f"; {_last_lines(len(result.root_cause_tail))} of its output:" if result.root_cause_tail else ""))
         lines += [f"  {root.name} | {line}" for line in result.root_cause_tail]
-        lines.append(f"  (TensorFlow's start-up chatter left out; all of its output: {root.log_path})")
+        lines.append(f"  (all of its output, TensorFlow's start-up chatter included: {root.log_path})")
         known = result.diagnosis
         if known is not None:
             lines.append(f"diagnosis ({known.rule}): {known.summary}")

@@ -48,7 +48,7 @@ def test_a_failure_shows_its_meaningful_last_lines_and_folds_the_survivors_trace
     summary = done.stderr[done.stderr.index("root cause: worker-0"):]
     tail = summary.splitlines()[1:4]
     assert tail == ["tflaunch:   worker-0 | ready", "tflaunch:   worker-0 | worker-0 gives up",
-                    f"tflaunch:   (TensorFlow's start-up chatter left out; all of its output: "
+                    f"tflaunch:   (all of its output, TensorFlow's start-up chatter included: "
                     f"{run_dir / 'worker-0.log'})"], summary
     assert all(line in (run_dir / "worker-0.log").read_text() for line in CHATTER)
     record = json.loads((run_dir / "run.json").read_text())
