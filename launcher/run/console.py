@@ -40,7 +40,7 @@ from ..records.folder import MERGED
 from ..records.metrics import MetricLines
 from ..records.states import TaskState, plural
 from .metricview import Line, MetricBoard
-from .render import Chatter, may_hold_chatter
+from .render import Chatter, may_hold_chatter, starts_error
 from .stopfold import StopFold
 from .terminal import Sink, terminal_width, wants_colour
 from .twins import TwinFolder, names_text
@@ -227,9 +227,10 @@ class Console:
         if kind == "stop":
             attempt, root, text = item[1:]
             self._stop.began(attempt, root)
-            # The failure's errors reach the other tasks a moment before tflaunch sees it fail:
-            # their lines still waiting for twins (the last half second's) are folded too.
-            for task, lines in self._twins.withdraw(lambda task: self._stop.folds(task, attempt)).items():
+            # The failure's errors reach the other tasks a moment before tflaunch sees it fail: their
+            # lines still waiting for twins (the last half second's) fold too, from their first error on.
+            taken = self._twins.withdraw(lambda task: self._stop.folds(task, attempt), starts_error)
+            for task, lines in taken.items():
                 self._stop.count(task, lines)
             return [(self._out, self._twin_text(self._twins.flush())), (self._err, self._message_text(text))]
         if kind == "states":

@@ -29,6 +29,9 @@ _OLD_STAMP = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: "
 _SOURCE = r"([\w./-]+):\d+\] "
 _NATIVE = re.compile(rf"^(?:([IWEF]){_GLOG_STAMP}{_SOURCE}|{_OLD_STAMP}([IWEF]) {_SOURCE})")
 _STAMPED = re.compile(rf"^(?:([IWEF]){_GLOG_STAMP}(?={_SOURCE})|{_OLD_STAMP}(?=[IWEF] {_SOURCE}))".encode())
+# Where a task's report of an error starts: a C++ warning, error or fatal line, or a Python traceback.
+_ERROR_START = re.compile(rf"^(?:[WEF]{_GLOG_STAMP}{_SOURCE}|{_OLD_STAMP}[WEF] {_SOURCE}|Traceback \(most recent call last\):)"
+                          .encode())
 _MAYBE_STAMPED = re.compile(rb"^(?:[IWEF]\d{4} |\d{4}-\d\d-\d\d )", re.MULTILINE)
 _SOURCE_LINE = re.compile(rb"\.(?:cc|h):\d+\] ")
 _ABSL_PREINIT = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
@@ -54,6 +57,12 @@ _ROUTINE_WARNINGS = (
 def may_hold_chatter(block: bytes) -> bool:
     """A cheap test over a whole block before any of its lines is looked at one by one."""
     return _SOURCE_LINE.search(block) is not None or _ABSL_PREINIT.encode() in block
+
+
+def starts_error(line: bytes) -> bool:
+    """Whether ``line`` starts a report of an error: a TensorFlow C++ warning, error or fatal log
+    line, or a Python traceback."""
+    return _ERROR_START.match(line) is not None
 
 
 def may_be_stamped(block: bytes) -> bool:

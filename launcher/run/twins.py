@@ -86,17 +86,17 @@ class TwinFolder:
         self._seq = seq
         self._last[task] = last
 
-    def withdraw(self, picked: Callable[[str], bool]) -> dict[str, int]:
-        """Take back the waiting lines of the tasks ``picked`` says: ``{task: lines taken}``. A line
-        left with no task prints nothing."""
+    def withdraw(self, picked: Callable[[str], bool], first: Callable[[bytes], bool]) -> dict[str, int]:
+        """Take back the waiting lines of each task ``picked`` says, from its first that ``first``
+        accepts on: ``{task: lines taken}``. A line left with no task prints nothing."""
         taken: dict[str, int] = {}
         for twin in self._waiting:
             tasks = twin[_TASKS]
-            if any(map(picked, tasks)):
-                for task in tasks:
-                    if picked(task):
-                        taken[task] = taken.get(task, 0) + 1
-                tasks[:] = [task for task in tasks if not picked(task)]
+            gone = [task for task in tasks if task in taken or (picked(task) and first(twin[_LINE]))]
+            for task in gone:
+                taken[task] = taken.get(task, 0) + 1
+            if gone:
+                tasks[:] = [task for task in tasks if task not in gone]
         return taken
 
     def next_due(self) -> float | None:

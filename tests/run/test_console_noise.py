@@ -14,7 +14,7 @@ import pytest
 from launcher.records.logview import tail_lines
 from launcher.records.metrics import parse_block
 from launcher.run.console import Console
-from launcher.run.render import Chatter, meaningful
+from launcher.run.render import Chatter, meaningful, starts_error
 from launcher.run.stopfold import folded_text
 
 pytestmark = pytest.mark.unit
@@ -184,10 +184,13 @@ def test_the_next_attempt_is_shown_again():
 def test_the_errors_a_survivor_printed_just_before_tflaunch_saw_the_failure_fold_too():
     # Measured here: worker-0's collective errors reached its log 35 ms before the supervisor saw
     # worker-1 die (tests/fixtures/console/tf_peer_lost.txt). Lines still waiting for their twins
-    # then (the last half second's) fold with what follows; older lines were shown already.
+    # then (the last half second's) fold with what follows, from the first error on; older
+    # lines were shown already.
     console, out, err = console_of()
     feed(console, "worker-0", b"earlier line\n")
     time.sleep(0.8)  # printed by now: more than half a second old
+    feed(console, "worker-0", b'TFLAUNCH_METRIC {"kind":"epoch","task":"worker-0","epoch":2}\n'
+                              b"the program's own line just before\n")
     feed(console, "worker-0", block(captured("console/tf_peer_lost.txt")))
     feed(console, "worker-1", b"worker-1's last words\n")
     console.stop_began(1, "worker-1", "worker-1 on localhost failed (killed by SIGKILL): stopping the cluster")
@@ -196,7 +199,22 @@ def test_the_errors_a_survivor_printed_just_before_tflaunch_saw_the_failure_fold
     console.close()
     count = len(captured("console/tf_peer_lost.txt")) + len(after_stop())
     assert out.getvalue() == ("worker-0 | earlier line\n"
+                              "worker-0 | epoch 2\n"
+                              "worker-0 | the program's own line just before\n"
                               "worker-1 | worker-1's last words\n"
                               f"worker-0 | {folded_text(count, 'worker-0', 'worker-1')}\n")
     assert err.getvalue() == ("tflaunch: worker-1 on localhost failed (killed by SIGKILL): stopping the cluster\n"
                               "tflaunch: run failed\n")
+
+
+@pytest.mark.parametrize("line, starts", [
+    (captured("console/tf_peer_lost.txt")[0], True),   # E0000 ... ring_alg.cc:291] Aborting RingReduce
+    (captured("console/tf_peer_lost.txt")[6], True),   # W0000 ... local_rendezvous.cc:412]
+    ("Traceback (most recent call last):", True),
+    ("2024-01-01 12:00:00.123456: E tensorflow/core/x.cc:9] an error in the old format", True),
+    (captured("console/tf_startup_info.txt")[1], False),  # an INFO line
+    (captured("console/tf_peer_lost.txt")[1], False),  # a continuation: not where a report starts
+    ("epoch 2  loss 0.717", False),
+])
+def test_where_a_report_of_an_error_starts(line, starts):
+    assert starts_error(line.encode()) is starts

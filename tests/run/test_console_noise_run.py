@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -55,26 +56,37 @@ def test_a_failure_shows_its_meaningful_last_lines_and_folds_the_survivors_trace
     assert record["root_cause"]["tail"] == ["ready", "worker-0 gives up"]
 
 
-@pytest.mark.tensorflow
-def test_a_worker_killed_mid_training_leaves_one_line_for_the_survivors_errors(tflaunch, tmp_path):
-    # Two workers of the built-in trainer; worker-1 is SIGKILLed after its first epoch. worker-0's
-    # collective breaks: its gRPC errors (and whatever it prints while it is stopped) are in its
-    # log and merged.log, and one line on the console.
+def kill_mid_training(tflaunch) -> tuple[str, str, Path, list[str]]:
+    """Two workers of the built-in trainer, worker-1 SIGKILLed as their third epoch starts:
+    tflaunch's output and error, the run folder, and the lines worker-0 wrote after its last epoch."""
+    before = tflaunch.latest_run()
     proc = tflaunch.start("--local", "2", "--", sys.executable, "-m", "trainer", "--epochs", "20",
-                          "--steps-per-epoch", "10", "--batch-per-worker", "16")
-    wait_for(lambda: '"epoch":1,' in tflaunch.merged_text(), timeout=240, interval=0.1,
-             message="the first epoch")
+                          "--steps-per-epoch", "40")
+    wait_for(lambda: tflaunch.latest_run() != before and '"task":"worker-0","epoch":2,' in tflaunch.merged_text(),
+             timeout=240, interval=0.1, message="worker-0's second epoch")
     victim = next(task["pid"] for task in tflaunch.live_tasks() if task["name"] == "worker-1")
     os.kill(victim, signal.SIGKILL)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGKILL, err
     run_dir = tflaunch.latest_run()
     survivor = (run_dir / "worker-0.log").read_text()
-    after = survivor[survivor.rindex('"epoch":'):].splitlines()[1:]  # what worker-0 wrote after its last epoch
-    assert after, survivor  # its collective broke: it said so
-    assert "worker-0 | … " in out and "since worker-1 failed, not shown here (worker-0.log has them all)" in out, out
+    return out, err, run_dir, survivor[survivor.rindex('"epoch":'):].splitlines()[1:]
+
+
+@pytest.mark.tensorflow
+def test_a_worker_killed_mid_training_leaves_one_line_for_the_survivors_errors(tflaunch):
+    # worker-0's collective breaks: its gRPC errors (and whatever it prints while it is stopped)
+    # are in its log and merged.log, and one line on the console. Whether it says anything before
+    # tflaunch's SIGTERM ends it is TensorFlow's race (about half the runs here, under load): a
+    # second run when the first left nothing to fold; the cheap test above always has some.
+    for _ in range(2):
+        out, err, run_dir, after = kill_mid_training(tflaunch)
+        if after:
+            break
+    assert "root cause: worker-1" in err, err
     for line in after:
         assert f"worker-0 | {line}\n" not in out, out
+        assert f"] worker-0 | {line}" in (run_dir / "merged.log").read_text()
+    folded = "since worker-1 failed, not shown here (worker-0.log has them all)"
+    assert (f"worker-0 | … {len(after)} lines {folded}\n" in out) == bool(after), out
     assert "Traceback" not in out and "Additional GRPC error information" not in out, out
-    assert all(f"] worker-0 | {line}" in (run_dir / "merged.log").read_text() for line in after)
-    assert "root cause: worker-1" in err, err
