@@ -40,6 +40,7 @@ from ..records.logview import tail_lines
 from ..records.record import RootCause
 from ..records.states import TaskState, plural
 from .progress import Progress
+from .render import meaningful
 from .supervisor import Task, Trip
 
 if TYPE_CHECKING:
@@ -257,7 +258,7 @@ class Watchdog:
                      "fix": f"look at {where} in {task.name} ({place.thread}): the task stopped there while the "
                             f"others waited for it; every task's stacks are in {self.stacks_dir}",
                      "peer": None, "evidence": found.to_json(), "stacks": str(self.stacks_dir)}
-        tail = tail_lines(Path(task.log_path), TAIL_LINES) if task.log_path else []
+        tail = tail_lines(Path(task.log_path), TAIL_LINES, keep=meaningful()) if task.log_path else []
         return RootCause(task=task.name, host=task.launch.host, tail=tail, diagnosis=diagnosis)
 
     def explain_stall(self, tasks: list[Task]) -> str:
