@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from launcher.records.logview import tail_lines
-from launcher.records.metrics import parse_block
+from launcher.records.metrics import metric_lines
 from launcher.run.console import Console
 from launcher.run.render import Chatter, meaningful, starts_error
 from launcher.run.stopfold import folded_text
@@ -38,7 +38,7 @@ def console_of(**options) -> tuple[Console, io.StringIO, io.StringIO]:
 
 
 def feed(console: Console, task: str, data: bytes, attempt: int = 1) -> None:
-    console.task_block(task, data, attempt, parse_block(data))
+    console.task_block(task, data, attempt, metric_lines(data)[1])
 
 
 # ---------------------------------------------------------------------------------------------
