@@ -125,7 +125,8 @@ def _source(choice: ClusterChoice, options: dict[str, Any]) -> ClusterSource:
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 @click.pass_context
 def check_command(ctx: click.Context, choice: ClusterChoice, as_json: bool) -> None:
-    """Check every host of the cluster in parallel: ssh, python, tensorflow, ports, workdirs, GPUs."""
+    """Check every host of the cluster in parallel: ssh, python, tensorflow, ports, workdirs, GPUs, and
+    whether the hosts' Python, TensorFlow, tf_keras and Keras versions agree."""
     import json
     from dataclasses import asdict
 
