@@ -91,10 +91,13 @@ def main(argv: list[str] | None = None) -> int:
 
     termination.install(saves=bool(args.backup_dir) and name != "parameter_server")
 
-    from trainer import train
+    from trainer import resize, train
 
     try:
         train.run(args, task, splits, reporter, distribution, started)
+    except resize.RecordError as exc:
+        print(f"trainer: error: {exc}", file=sys.stderr, flush=True)
+        return USER_ERROR_EXIT
     except Exception:
         if termination.requested():
             # Stopping broke a collective (a peer went first): the stop was asked for, so end as

@@ -138,8 +138,13 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     train.add_argument("--epochs", type=positive_int, default=DEFAULT_EPOCHS, help="epochs to train")
     train.add_argument("--steps-per-epoch", type=positive_int, default=None,
                        help="steps per epoch; none means one pass over the training split")
-    train.add_argument("--batch-per-worker", type=positive_int, default=DEFAULT_BATCH_PER_WORKER,
-                       help="per-replica batch; the global batch is this times the replica count")
+    batch = train.add_mutually_exclusive_group()
+    batch.add_argument("--batch-per-worker", type=positive_int, default=DEFAULT_BATCH_PER_WORKER,
+                       help="per-replica batch of the first attempt: the global batch is this times its replica "
+                            "count, kept by restarted attempts with another replica count")
+    batch.add_argument("--global-batch", type=positive_int, default=None,
+                       help="global batch of every attempt: each replica takes this divided by the replica count "
+                            "(rounded to the nearest whole number when it does not divide evenly)")
     train.add_argument("--lr", type=positive_float, default=DEFAULT_LR, help="learning rate")
     train.add_argument("--optimizer", choices=OPTIMIZERS, default=DEFAULT_OPTIMIZER,
                        help="adam, or sgd with momentum 0.9")

@@ -54,6 +54,14 @@ class TaskInfo:
         return sum(len(self.cluster.get(kind, ())) for kind in TRAINING_TYPES)
 
     @property
+    def num_workers(self) -> int:
+        """Tasks that take training steps: the workers under a ps cluster's chief, else the
+        chief and workers (1 for a lone process)."""
+        if self.has_ps:
+            return len(self.cluster.get("worker", ()))
+        return max(1, self.num_training_tasks)
+
+    @property
     def is_chief(self) -> bool:
         """The chief task, else worker 0 when there is no chief, else the lone process."""
         if self.task_type is None:

@@ -161,9 +161,11 @@ class Backup:
         """(epoch, step) to start from: (0, 0) without a backup."""
         if self.reader.restore_or_initialize() is None:
             return 0, 0
-        epoch, step = int(self.loop.epoch.numpy()), int(self.loop.step.numpy())
-        if step >= self.session.steps_per_epoch:
-            epoch, step = epoch + 1, 0
+        keeper = self.session.keeper
+        epoch, step = keeper.resume_point(int(self.loop.epoch.numpy()), int(self.loop.step.numpy()))
+        note = keeper.note(epoch)
+        if note:
+            self.session.reporter.say(note)
         where = f"epoch {epoch + 1}" + (f" step {step + 1}" if step else "")
         self.session.reporter.say(f"resuming from backup at {where}")
         return epoch, step
@@ -171,7 +173,9 @@ class Backup:
     def save(self, epoch: int, step: int) -> None:
         self.loop.epoch.assign(epoch)
         self.loop.step.assign(step)
+        self.session.keeper.before_backup()
         self.writer.save()
+        self.session.keeper.after_backup()
         if self.writer is not self.reader:
             shutil.rmtree(self.writer.directory, ignore_errors=True)
 

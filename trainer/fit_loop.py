@@ -234,11 +234,52 @@ class SaveOnTermination(keras.callbacks.Callback):
         termination.end()
 
 
+class ResizableBackup(keras.callbacks.BackupAndRestore):
+    """BackupAndRestore that resumes a backup written by a cluster of another shape at the start of
+    its epoch, and keeps the record of the shape beside the checkpoint (trainer.resize).
+
+    BackupAndRestore restores the saved epoch and batch in on_train_begin, and fit then derives where
+    to start from them; setting them here, to the epoch and batch before the start chosen, moves it.
+    """
+
+    def __init__(self, session: Session):
+        super().__init__(session.args.backup_dir, save_freq=session.args.backup_every or "epoch",
+                         delete_checkpoint=True)
+        self.session = session
+
+    def on_train_begin(self, logs=None):
+        super().on_train_begin(logs)
+        state, keeper = self._training_state, self.session.keeper
+        back_up = state.back_up
+
+        def back_up_and_record(epoch, batch=0):  # every backup, SaveOnTermination's too, goes here
+            keeper.before_backup()
+            back_up(epoch, batch)
+            keeper.after_backup()
+
+        state.back_up = back_up_and_record
+        epoch = int(keras.backend.get_value(state._ckpt_saved_epoch))
+        batch = int(keras.backend.get_value(state._ckpt_saved_batch))
+        if epoch < 0:
+            return  # no backup: a fresh start
+        if isinstance(self.save_freq, int) and batch >= 0:
+            first_epoch, first_step = keeper.resume_point(epoch, batch + 1)
+        else:  # an epoch-level backup is taken after its epoch
+            first_epoch, first_step = epoch + 1, 0
+        note = keeper.note(first_epoch)
+        if note:
+            self.session.reporter.say(note)
+        if first_step:
+            saved = (first_epoch, first_step - 1)
+        else:  # as after the last step of the epoch before (for save_freq="epoch" only the epoch counts)
+            saved = (first_epoch - 1, self.session.steps_per_epoch - 1)
+        state._ckpt_saved_epoch.assign(saved[0])
+        state._ckpt_saved_batch.assign(saved[1])
+
+
 def backup_callback(session: Session) -> keras.callbacks.Callback:
-    """BackupAndRestore into --backup-dir, also under CentralStorageStrategy."""
-    args = session.args
-    callback = keras.callbacks.BackupAndRestore(
-        args.backup_dir, save_freq=args.backup_every or "epoch", delete_checkpoint=True)
+    """ResizableBackup into --backup-dir, also under CentralStorageStrategy."""
+    callback = ResizableBackup(session)
     central_storage = tf.distribute.experimental.CentralStorageStrategy
     if isinstance(session.strategy, central_storage) and hasattr(callback, "_supported_strategies"):
         # tf_keras refuses strategies outside a fixed list, although its training-state

@@ -22,6 +22,7 @@ from typing import Any
 from trainer.cluster import TaskInfo
 from trainer.data import Splits
 from trainer.metrics import Reporter
+from trainer.resize import Keeper
 
 
 @dataclass
@@ -37,6 +38,11 @@ class Session:
     global_batch: int
     steps_per_epoch: int
     scratch: "Scratch" = field(default=None)
+    keeper: Keeper | None = None  # with --backup-dir: the record of the cluster's shape (trainer.resize)
+
+    @property
+    def per_replica_batch(self) -> int:
+        return self.global_batch // self.replicas
 
     @property
     def is_chief(self) -> bool:

@@ -10,7 +10,7 @@ import argparse
 import time
 
 from trainer import checkpoints as epoch_checkpoints
-from trainer import custom_loop, fit_loop, inputs
+from trainer import custom_loop, fit_loop, inputs, resize
 from trainer.kerasapi import LABEL as KERAS_LABEL
 from trainer.kerasapi import keras, save_model
 from trainer.cluster import TaskInfo
@@ -28,17 +28,29 @@ def run(args: argparse.Namespace, task: TaskInfo, splits: Splits, reporter: Repo
     # which the DATA sharding of the input relies on.
     keras.utils.set_random_seed(args.seed)
     replicas = strategy.num_replicas_in_sync
-    global_batch = args.batch_per_worker * replicas
+    # The global batch is what attempts with another replica count keep (trainer.resize).
+    found = resize.read_record(args.backup_dir) if args.backup_dir else None
+    target = resize.target_global_batch(args.global_batch, args.batch_per_worker, replicas, found)
+    per_replica, global_batch = resize.split_batch(target, replicas)
     steps_per_epoch = args.steps_per_epoch or inputs.default_steps_per_epoch(len(splits.x_train), global_batch)
+    keeper = None
+    if args.backup_dir:
+        shape = resize.Shape(task.num_workers, replicas, global_batch, steps_per_epoch)
+        keeper = resize.Keeper(args.backup_dir, found, target, shape, writes=task.is_chief)
     with Scratch(task.name) as scratch:
         session = Session(args=args, task=task, strategy=strategy, splits=splits, reporter=reporter,
                           replicas=replicas, global_batch=global_batch, steps_per_epoch=steps_per_epoch,
-                          scratch=scratch)
+                          scratch=scratch, keeper=keeper)
+        uneven = resize.uneven_note(target, replicas)
+        if uneven:
+            reporter.say(uneven)
         reporter.say(
             f"{reporter.task}: {strategy_label(strategy)} replicas={replicas} global_batch={global_batch} "
-            f"steps_per_epoch={steps_per_epoch} loop={args.loop} keras={KERAS_LABEL.replace(' ', '-')} "
-            f"dataset={splits.name} ({splits.sizes()})"
+            f"per_replica_batch={per_replica} steps_per_epoch={steps_per_epoch} loop={args.loop} "
+            f"keras={KERAS_LABEL.replace(' ', '-')} dataset={splits.name} ({splits.sizes()})"
         )
+        if keeper is not None:
+            keeper.start()
         with strategy.scope():
             model = build_model(splits.input_shape, args.width)
             optimizer = build_optimizer(args.optimizer, args.lr)
