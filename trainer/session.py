@@ -41,10 +41,6 @@ class Session:
     keeper: Keeper | None = None  # with --backup-dir: the record of the cluster's shape (trainer.resize)
 
     @property
-    def per_replica_batch(self) -> int:
-        return self.global_batch // self.replicas
-
-    @property
     def is_chief(self) -> bool:
         return self.task.is_chief
 
