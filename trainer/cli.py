@@ -140,8 +140,8 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
                        help="steps per epoch; none means one pass over the training split")
     batch = train.add_mutually_exclusive_group()
     batch.add_argument("--batch-per-worker", type=positive_int, default=DEFAULT_BATCH_PER_WORKER,
-                       help="per-replica batch of the first attempt: the global batch is this times its replica "
-                            "count, kept by restarted attempts with another replica count")
+                       help="per-replica batch: the global batch is this times the replica count; an attempt "
+                            "resuming from --backup-dir keeps the global batch of the run's first attempt")
     batch.add_argument("--global-batch", type=positive_int, default=None,
                        help="global batch of every attempt: each replica takes this divided by the replica count "
                             "(rounded to the nearest whole number when it does not divide evenly)")

@@ -31,7 +31,9 @@ ACCURACY_TOLERANCE = 0.04
 
 def records(run_dir, task: str = "worker-0", kind: str = "epoch") -> list[dict]:
     metrics = run_dir / "metrics.jsonl"
-    found = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.exists() else []
+    if not metrics.exists():
+        return []
+    found = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
     return [r for r in found if r.get("kind") == kind and r.get("task") == task]
 
 
@@ -101,7 +103,8 @@ def test_a_record_that_cannot_be_read_is_one_line_and_exit_2(tmp_path):
     (tmp_path / "backup" / "chief").mkdir(parents=True)
     record = tmp_path / "backup" / "chief" / "trainer-shape.json"
     record.write_text('{"global_batch": "96"}')
-    result = subprocess.run([sys.executable, "-m", "trainer", "--epochs", "1", "--backup-dir", str(tmp_path / "backup")],
+    argv = [sys.executable, "-m", "trainer", "--epochs", "1", "--backup-dir", str(tmp_path / "backup")]
+    result = subprocess.run(argv,
                             capture_output=True, text=True, timeout=240,
                             env={k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "TFLAUNCH_BACKUP_DIR")})
     assert result.returncode == 2, result.stderr[-3000:]
