@@ -145,6 +145,7 @@ def status_lines(status: RunState, now: float | None = None) -> list[str]:
     if status.error:
         lines.append(f"error: {status.error}")
     lines += [f"root cause: {status.root_cause}"] if status.root_cause else []
+    lines += [f"excluded: {line}" for line in status.excluded]
     figures = {t.name: t.resources for t in status.tasks if t.resources}
     if figures:
         lines += ["", f"resource use over the run so far ({RESOURCES}):" if status.status == RunStatus.RUNNING
@@ -198,6 +199,7 @@ class Report:
     root_cause: str | None = None  # one line on what ended a failed run (a hang's culprit and where it stopped)
     seconds: float | None = None  # the run's duration (RunRecord.seconds): so far, while it runs
     trained_seconds: float | None = None  # training time over every attempt (records.metrics.trained_seconds)
+    excluded: list[str] = field(default_factory=list)  # hosts left out of an attempt, and why (one line each)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -233,7 +235,7 @@ def build_report(run: Run, task: str | None = None, all_tasks: bool = False, plo
     report = Report(run.run_id, str(run.record.source), status, run.record.exit_code,
                     chief, epochs, final_record(run, metrics), run.resources(), root_cause=cause_line(run),
                     seconds=run.record.seconds(time.time() if status is RunStatus.RUNNING else None),
-                    trained_seconds=trained_seconds(metrics))
+                    trained_seconds=trained_seconds(metrics), excluded=[host.line() for host in run.record.excluded])
     report.notes += [f"{name} outgrew its size limit: {format_size(count)} ({count:,} bytes) of output left out "
                      f"between its start and its latest output" for name, count in logs_cut(run)]
     if status == RunStatus.RUNNING:
@@ -277,6 +279,7 @@ def report_lines(report: Report) -> list[str]:
     lines = [f"run {report.run_id} ({report.source}): {status_text(report.status, report.exit_code)}"
              f"{took if report.seconds is not None else ''}, {plural(epochs_total, 'epoch')}"]
     lines += [f"root cause: {report.root_cause}"] if report.root_cause else []
+    lines += [f"excluded: {line}" for line in report.excluded]
     lines += [f"note: {n}" for n in report.notes]
     for name, rows in report.epochs.items():
         role = " (chief)" if name == report.chief else ""

@@ -335,6 +335,7 @@ class RunState:
     tasks: list[TaskStatus] = field(default_factory=list)
     error: str | None = None  # what ended the run from outside its tasks
     root_cause: str | None = None  # the task that ended the run and why (a hang's verdict), in one line
+    excluded: list[str] = field(default_factory=list)  # hosts left out of an attempt, and why (one line each)
 
 
 # Measures live tasks of this machine ({task: pid}) over some seconds: {task: {"cpu_percent", "rss_mb",
@@ -374,7 +375,8 @@ def run_status(run: Run, measure_seconds: float = 0.5, measure: Measure | None =
     launcher = asdict(run.record.launcher)
     launcher["alive"] = run.launcher_alive()
     return RunState(run.run_id, str(run.path), run.record.source, status.value, run.record.exit_code, run.attempt,
-                    run.record.started_at, uptime, launcher, tasks, run.record.error, cause_line(run))
+                    run.record.started_at, uptime, launcher, tasks, run.record.error, cause_line(run),
+                    [host.line() for host in run.record.excluded])
 
 
 def cause_line(run: Run) -> str | None:

@@ -157,10 +157,28 @@ class AttemptRecord:
     reason: str = ""
     blamed_tasks: list[str] = field(default_factory=list)
     diagnosis: str | None = None  # the rule name of the matching diagnosis
+    hosts: dict[str, str] = field(default_factory=dict)  # where each task of the attempt ran
 
     @classmethod
     def from_json(cls, data: Any, key: str = "attempt") -> "AttemptRecord":
         return _read(cls, data, key, {"attempt": 0})
+
+
+@dataclass
+class ExcludedHost:
+    """A host left out of an attempt, and why (a host that did not answer before a restart)."""
+
+    host: str
+    reason: str
+    attempt: int  # the first attempt it was left out of
+
+    def line(self) -> str:
+        """The host and why, as ``status`` and ``report`` show it."""
+        return f"{self.host} left out of attempt {self.attempt}: {self.reason}"
+
+    @classmethod
+    def from_json(cls, data: Any, key: str = "excluded") -> "ExcludedHost":
+        return _read(cls, data, key, {"host": "?", "reason": "", "attempt": 0})
 
 
 @dataclass
@@ -217,6 +235,7 @@ class RunRecord:
     tasks: list[TaskRecord] = field(default_factory=list)
     root_cause: RootCause | None = None
     attempts: list[AttemptRecord] = field(default_factory=list)
+    excluded: list[ExcludedHost] = field(default_factory=list)  # hosts left out of an attempt
     error: str | None = None  # what ended the run from outside the tasks (a full disk, a vanished folder)
 
     def to_json(self) -> dict[str, Any]:

@@ -226,3 +226,49 @@ def _judge(host: str, tasks: list[TaskLaunch], answer: dict | None, connect_erro
                                f"{task.name}: GPU {','.join(map(str, task.gpus))} of {answer['gpus']}" if not missing
                                else f"{task.name}: GPU {','.join(map(str, missing))} missing ({host} has {answer['gpus']})"))
     return items
+
+
+# Before a restart, a host has its connect timeout and this much more to run an empty script.
+ANSWER_SLACK = 5.0
+
+
+def unreachable_hosts(launches: Sequence[TaskLaunch], transports: TransportSet) -> dict[str, str]:
+    """The ssh hosts of ``launches`` that do not run an empty script within their connect timeout
+    (and :data:`ANSWER_SLACK`), each with why: checked in parallel before a restart, through the
+    run's own agents (a host whose link was lost is dialled again), so that no attempt is spent
+    dialling a dead host. This machine's tasks are not checked, nor a Slurm allocation's nodes,
+    whose agents come with each attempt's job step."""
+    first_by_host: dict[str, TaskLaunch] = {}
+    for launch in launches:
+        if not launch.local and launch.transport == "ssh":
+            first_by_host.setdefault(launch.host, launch)
+    if not first_by_host:
+        return {}
+    transports.prepare(list(first_by_host.values()))
+    checks = {host: _Answer(launch, transports) for host, launch in first_by_host.items()}
+    return {host: reason for host, check in checks.items() if (reason := check.problem()) is not None}
+
+
+class _Answer:
+    """One host running an empty script through its agent; :meth:`problem` waits for it."""
+
+    def __init__(self, launch: TaskLaunch, transports: TransportSet):
+        connect = (launch.ssh.connect_timeout if launch.ssh else None) or DEFAULT_CONNECT_TIMEOUT
+        self.timeout = connect + ANSWER_SLACK
+        self.deadline = time.monotonic() + self.timeout
+        self.done = threading.Event()
+        try:
+            self.helper = transports.helper(launch, "pass", {}, lambda line: line is None and self.done.set())
+            self.error = None
+        except OSError as exc:
+            self.helper, self.error = None, f"cannot run {exc.filename or exc.strerror or exc}"
+
+    def problem(self) -> str | None:
+        """None when the host answered; else why not, in a few words."""
+        if self.helper is None:
+            return self.error
+        if not self.done.wait(max(0.0, self.deadline - time.monotonic())):
+            self.helper.stop()
+            return f"no answer in {self.timeout:g} s"
+        status = self.helper.status
+        return status.error if status is not None and status.error else None

@@ -26,7 +26,7 @@ from ..options import EVALUATOR_TIMEOUT, GRACE, LOG_MAX_SIZE, MAX_RESTARTS, REST
 from ..records.folder import RunFolder, iso_time
 from ..records.folder import BACKUP
 from ..records.logview import tail_lines
-from ..records.record import AttemptRecord, LauncherRecord, RootCause, RunRecord
+from ..records.record import AttemptRecord, ExcludedHost, LauncherRecord, RootCause, RunRecord
 from ..records.exits import signal_name
 from ..records.states import Outcome, RunStatus, TaskState, plural
 from ..transports import TransportSet
@@ -191,6 +191,8 @@ class RunSession:
                 self.message(f"attempt {attempt} failed exactly like attempt {attempt - 1} before any training "
                          f"progress ({result.reason}): not restarting again")
                 return result, None
+            if self._hosts_lost(plan, attempt + 1):
+                return result, None
             self.message(f"attempt {attempt} failed ({result.reason}); restarting the whole cluster in "
                      f"{self.options.restart_delay:g} s (restart {attempt} of {self.options.max_restarts})")
             self.live.write(plan, result.tasks, now=True)
@@ -200,6 +202,23 @@ class RunSession:
                 self.message(f"received {signal_name(signum)} between attempts: not restarting")
                 return result, signum
             attempt += 1
+
+    def _hosts_lost(self, plan: Plan, attempt: int) -> bool:
+        """Before attempt ``attempt``: whether a host of the cluster is lost (it does not answer within
+        its connect timeout), which ends the run at once rather than spend the attempt dialling it.
+        Each lost host is one console line and one entry of run.json's ``excluded``."""
+        from .preflight import unreachable_hosts  # only a restart needs it
+
+        lost = unreachable_hosts(plan.launches, self.transports)
+        if not lost:
+            return False
+        with self.lock:
+            self.record.excluded += [ExcludedHost(host, reason, attempt) for host, reason in lost.items()]
+        for host, reason in lost.items():
+            tasks = [launch.name for launch in plan.launches if launch.host == host]
+            self.message(f"{host} lost ({reason}): attempt {attempt} cannot run {', '.join(tasks)} without it; "
+                         "not restarting")
+        return True
 
     def _outcome(self, result: AttemptResult | None, interrupted: int | None,
                  error: str | None) -> tuple[int, RunStatus]:
@@ -290,7 +309,8 @@ class RunSession:
             attempt=attempt, started_at=iso_time(started), ended_at=iso_time(time.time()),
             outcome=result.outcome, exit_code=result.exit_code,
             failed_task=result.root_cause.name if result.root_cause else None, reason=result.reason,
-            blamed_tasks=list(result.blamed), diagnosis=known.rule if known else None))
+            blamed_tasks=list(result.blamed), diagnosis=known.rule if known else None,
+            hosts={launch.name: launch.host for launch in plan.launches}))
         return result
 
     def _check_logging(self) -> Trip | None:

@@ -274,3 +274,38 @@ def test_attempts_two_and_three_over_ssh_are_live(tflaunch, testhosts, tmp_path)
     run_dir = watch_rounds(console, tflaunch.latest_run, gates, lambda _: {"worker-0", "worker-1"}, 3)
     assert proc.wait(timeout=60) == 0, console.text()[-3000:]
     assert [a["outcome"] for a in live_record(run_dir)["attempts"]] == ["failed", "failed", "succeeded"]
+
+
+def test_a_host_lost_for_good_costs_no_restart(tflaunch, testhosts, tmp_path):
+    cluster = cluster_file(tmp_path, testhosts, two_workers(testhosts), keepalive=3)
+    proc = tflaunch.start(str(cluster), "--max-restarts", "3", "--restart-delay", "0", "--", "python", TASK,
+                          'print:TFLAUNCH_METRIC {"kind": "epoch", "epoch": 1, "loss": 0.5}', "print:up", "forever")
+    wait_for(lambda: len(re.findall(r" worker-\d \| up$", tflaunch.merged_text(), re.M)) == 2, timeout=30,
+             message="both tasks to be up")
+    testhosts.cut("node2")
+    try:
+        cut_at = time.monotonic()
+        out, err = proc.communicate(timeout=90)
+        ended = time.monotonic() - cut_at
+    finally:
+        testhosts.restore("node2")
+    assert proc.returncode == 255, err
+    # Lost after the keep-alive timeout (3 s), then not answering within the connect timeout (3 s)
+    # and the answer's slack (5 s): one line, and no attempt spent dialling it.
+    lost = [line for line in err.splitlines() if "node2 lost" in line]
+    assert len(lost) == 1 and lost[0].startswith("tflaunch: node2 lost (") and lost[0].endswith(
+        "): attempt 2 cannot run worker-1 without it; not restarting"), err
+    assert "restarting the whole cluster" not in err
+    assert ended < 3 + 2 + 8 + 6, ended
+    run_dir = tflaunch.latest_run()
+    record = json.loads((run_dir / "run.json").read_text())
+    assert [a["outcome"] for a in record["attempts"]] == ["failed"]
+    assert record["attempts"][0]["hosts"] == {"worker-0": "node1", "worker-1": "node2"}
+    assert [(e["host"], e["attempt"]) for e in record["excluded"]] == [("node2", 2)]
+    assert record["status"] == "failed" and record["exit_code"] == 255
+    for command in ("status", "report"):  # both say where the run could not go on
+        shown = tflaunch.run(command, str(run_dir))
+        excluded = [line for line in shown.stdout.splitlines() if line.startswith("excluded: ")]
+        assert len(excluded) == 1 and excluded[0].startswith("excluded: node2 left out of attempt 2: cannot reach node2"), \
+            shown.stdout + shown.stderr
+    assert wait_until_empty(testhosts, 8) == {"node1": [], "node2": []}
