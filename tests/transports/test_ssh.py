@@ -174,24 +174,32 @@ def test_unreachable_host_reported_within_connect_timeout(tflaunch, testhosts, t
     assert wait_until_empty(testhosts, 5) == {"node1": [], "node2": []}
 
 
-def test_host_cut_off_mid_run_is_detected(tflaunch, testhosts, tmp_path):
-    cluster = cluster_file(tmp_path, testhosts, two_workers(testhosts), keepalive=3)
-    proc = tflaunch.start(str(cluster), "--", "python", TASK, "print:up", "forever")
+def while_node2_is_cut(tflaunch, testhosts, proc, timeout: float, check=lambda: True) -> tuple[str, float]:
+    """Once both tasks printed 'up', node2 is cut off until tflaunch has ended and ``check`` held;
+    returns tflaunch's stderr and the seconds from the cut to its end."""
     wait_for(lambda: len(re.findall(r" worker-\d \| up$", tflaunch.merged_text(), re.M)) == 2, timeout=30,
              message="both tasks to be up")
     testhosts.cut("node2")
     try:
         cut_at = time.monotonic()
-        out, err = proc.communicate(timeout=60)
-        detected = time.monotonic() - cut_at
-        assert proc.returncode == 255, err
-        root = next(line for line in err.splitlines() if "root cause" in line)
-        assert "worker-1" in root and "node2" in root and "lost connection" in root
-        assert detected < 12
-        # The agent on the cut-off host stops its task by itself when heartbeats stop.
-        assert wait_until_empty(testhosts, 8)["node2"] == []
+        _, err = proc.communicate(timeout=timeout)
+        ended = time.monotonic() - cut_at
+        assert check(), "the check while node2 is cut"
     finally:
         testhosts.restore("node2")
+    return err, ended
+
+
+def test_host_cut_off_mid_run_is_detected(tflaunch, testhosts, tmp_path):
+    cluster = cluster_file(tmp_path, testhosts, two_workers(testhosts), keepalive=3)
+    proc = tflaunch.start(str(cluster), "--", "python", TASK, "print:up", "forever")
+    # The agent on the cut-off host stops its task by itself when heartbeats stop.
+    err, detected = while_node2_is_cut(tflaunch, testhosts, proc, 60,
+                                       lambda: wait_until_empty(testhosts, 8)["node2"] == [])
+    assert proc.returncode == 255, err
+    root = next(line for line in err.splitlines() if "root cause" in line)
+    assert "worker-1" in root and "node2" in root and "lost connection" in root
+    assert detected < 12
     assert wait_until_empty(testhosts, 5) == {"node1": [], "node2": []}
 
 
@@ -280,15 +288,7 @@ def test_a_host_lost_for_good_costs_no_restart(tflaunch, testhosts, tmp_path):
     cluster = cluster_file(tmp_path, testhosts, two_workers(testhosts), keepalive=3)
     proc = tflaunch.start(str(cluster), "--max-restarts", "3", "--restart-delay", "0", "--", "python", TASK,
                           'print:TFLAUNCH_METRIC {"kind": "epoch", "epoch": 1, "loss": 0.5}', "print:up", "forever")
-    wait_for(lambda: len(re.findall(r" worker-\d \| up$", tflaunch.merged_text(), re.M)) == 2, timeout=30,
-             message="both tasks to be up")
-    testhosts.cut("node2")
-    try:
-        cut_at = time.monotonic()
-        out, err = proc.communicate(timeout=90)
-        ended = time.monotonic() - cut_at
-    finally:
-        testhosts.restore("node2")
+    err, ended = while_node2_is_cut(tflaunch, testhosts, proc, 90)
     assert proc.returncode == 255, err
     # Lost after the keep-alive timeout (3 s), then not answering within the connect timeout (3 s)
     # and the answer's slack (5 s): one line, and no attempt spent dialling it.
