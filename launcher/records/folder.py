@@ -322,13 +322,33 @@ class RunFolder:
             except OSError as exc:
                 if exc.errno != errno.ENOSPC or not self.record_path.exists():
                     raise
-                with open(self.record_path, "r+b") as handle:
-                    handle.truncate(0)
-                    handle.write(json.dumps(data, separators=(",", ":")).encode() + b"\n")
-                    handle.flush()
-                    os.fsync(handle.fileno())
+                self._record_in_place(data)
         if sync:
             self._milestone = milestone
+
+    def _record_in_place(self, data: dict) -> None:
+        """The final record over the old copy, on a disk with no room for a new one: compact, and
+        when even that outgrows the old copy's space, without what only details the run (each
+        task's argv and env, each attempt's hosts), so that run.json stays one whole record."""
+        slim = {**data, "tasks": [{k: v for k, v in task.items() if k not in ("argv", "env")}
+                                  for task in data.get("tasks", [])],
+                "attempts": [{k: v for k, v in attempt.items() if k != "hosts"} for attempt in data.get("attempts", [])]}
+        fd = os.open(self.record_path, os.O_WRONLY)
+        try:
+            for copy in (data, slim):
+                os.ftruncate(fd, 0)
+                view = memoryview(json.dumps(copy, separators=(",", ":")).encode() + b"\n")
+                try:
+                    offset = 0
+                    while offset < len(view):
+                        offset += os.pwrite(fd, view[offset:], offset)
+                    os.fsync(fd)
+                    return
+                except OSError as exc:
+                    if exc.errno != errno.ENOSPC or copy is slim:
+                        raise
+        finally:
+            os.close(fd)
 
     def read_record(self) -> "RunRecord":
         """The run's record; ValueError when run.json is not a run record, OSError when unreadable."""
