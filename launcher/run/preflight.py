@@ -143,18 +143,19 @@ def probed_versions(answer: dict) -> dict[str, str | None]:
 class _HostCheck:
     """One host's probe, a helper of its agent, started at once; :meth:`answer` waits for it."""
 
-    def __init__(self, host: str, tasks: list[TaskLaunch], transports: TransportSet):
+    def __init__(self, host: str, tasks: list[TaskLaunch], transports: TransportSet, source: str = PROBE_SOURCE,
+                 slack: float = PROBE_SLACK):
         self.host, self.tasks = host, tasks
         first = tasks[0]
         request = {"ports": sorted({int(t.address.rsplit(":", 1)[1]) for t in tasks}),
                    "workdirs": sorted({t.workdir for t in tasks}), "gpus": []}
-        self.timeout = ((first.ssh.connect_timeout if first.ssh else None) or DEFAULT_CONNECT_TIMEOUT) + PROBE_SLACK
+        self.timeout = ((first.ssh.connect_timeout if first.ssh else None) or DEFAULT_CONNECT_TIMEOUT) + slack
         self.lines: list[str] = []
         self.done = threading.Event()
         self.started = time.monotonic()
         self.start_error: str | None = None
         try:
-            self.helper = transports.helper(first, PROBE_SOURCE, request, self._line, env=probe_env(first))
+            self.helper = transports.helper(first, source, request, self._line, env=probe_env(first))
         except OSError as exc:
             self.helper, self.start_error = None, f"cannot run {exc.filename or exc.strerror or exc}"
             self.done.set()
@@ -245,30 +246,7 @@ def unreachable_hosts(launches: Sequence[TaskLaunch], transports: TransportSet) 
     if not first_by_host:
         return {}
     transports.prepare(list(first_by_host.values()))
-    checks = {host: _Answer(launch, transports) for host, launch in first_by_host.items()}
-    return {host: reason for host, check in checks.items() if (reason := check.problem()) is not None}
-
-
-class _Answer:
-    """One host running an empty script through its agent; :meth:`problem` waits for it."""
-
-    def __init__(self, launch: TaskLaunch, transports: TransportSet):
-        connect = (launch.ssh.connect_timeout if launch.ssh else None) or DEFAULT_CONNECT_TIMEOUT
-        self.timeout = connect + ANSWER_SLACK
-        self.deadline = time.monotonic() + self.timeout
-        self.done = threading.Event()
-        try:
-            self.helper = transports.helper(launch, "pass", {}, lambda line: line is None and self.done.set())
-            self.error = None
-        except OSError as exc:
-            self.helper, self.error = None, f"cannot run {exc.filename or exc.strerror or exc}"
-
-    def problem(self) -> str | None:
-        """None when the host answered; else why not, in a few words."""
-        if self.helper is None:
-            return self.error
-        if not self.done.wait(max(0.0, self.deadline - time.monotonic())):
-            self.helper.stop()
-            return f"no answer in {self.timeout:g} s"
-        status = self.helper.status
-        return status.error if status is not None and status.error else None
+    # The host check's own wait and its reading of a lost link, with an empty script for a probe.
+    checks = [_HostCheck(host, [launch], transports, source="pass", slack=ANSWER_SLACK)
+              for host, launch in first_by_host.items()]
+    return {check.host: error for check in checks if (error := check.answer()[1]) is not None}
