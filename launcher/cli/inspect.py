@@ -132,7 +132,7 @@ def report_command(run_ref: str | None, task: str | None, all_tasks: bool, plot:
 @json_option
 def compare_command(run_refs: tuple[str, ...], log_dir: str, as_json: bool) -> None:
     """Compare runs: workers, global batch, epoch and step time, samples/s, accuracy, speedup vs the first."""
-    from ..inspect.report import compare_json, compare_lines, compare_runs
+    from ..inspect.compare import compare_json, compare_lines, compare_runs
     from ..inspect.runs import resolve_runs
 
     if len(run_refs) < 2:

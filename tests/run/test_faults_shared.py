@@ -21,7 +21,8 @@ from conftest import ROOT, TASK
 from polling import wait_for
 from launcher.cluster.reader import parse_cluster
 from launcher.errors import ConfigError, LaunchError
-from launcher.inspect.report import build_report, compare_runs, report_lines, runs_lines, status_lines
+from launcher.inspect.compare import compare_runs
+from launcher.inspect.report import build_report, report_lines, runs_lines, status_lines
 from launcher.inspect.runs import find_runs, read_run, resolve_run, run_status, summarize
 from launcher.records.folder import RunFolder
 from launcher.records.record import RecordError, RunRecord
