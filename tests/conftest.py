@@ -159,11 +159,11 @@ def tflaunch(tmp_path: Path):
 
 
 def descendants_alive(marker: str) -> list[psutil.Process]:
-    """Processes whose command line contains ``marker`` (a per-test unique string)."""
+    """Living processes (not zombies) whose command line contains ``marker`` (a per-test unique string)."""
     found = []
-    for proc in psutil.process_iter(["cmdline"]):
+    for proc in psutil.process_iter(["cmdline", "status"]):
         try:
-            if any(marker in part for part in proc.info["cmdline"] or []):
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and any(marker in part for part in proc.info["cmdline"] or []):
                 found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass

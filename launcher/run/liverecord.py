@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from ..cluster.plan import Plan, TaskLaunch
 from ..records.folder import RunFolder, iso_time
@@ -35,6 +35,10 @@ class LiveRecord:
 
     def __init__(self, record: RunRecord, folder: RunFolder, console: Console, tasks: int):
         self.record = record
+        # Called with the tasks that just ended, before the console hears of it: their output is read
+        # first, so nothing the console holds for a task's word is let go while that word is on its way.
+        self.read_out: Callable[[list[str], int], None] | None = None
+        self._ended: set[str] = set()  # the tasks ended when the console last heard
         self.folder = folder
         self.console = console
         self.pace = min(LIVE_WRITE_AT_MOST, LIVE_WRITE_INTERVAL * max(1.0, tasks / LIVE_WRITE_TASKS))
@@ -109,6 +113,10 @@ class LiveRecord:
         if tasks is None or (not force and time.monotonic() < self._next_states):
             return
         self._pending_states, self._next_states = None, time.monotonic() + self.pace
+        ended = {t.name for t in tasks if t.state.ended}
+        if self.read_out is not None and ended - self._ended:
+            self.read_out(sorted(ended - self._ended), self.attempt)
+        self._ended = ended
         self.console.task_states({t.name: t.state for t in tasks}, self.attempt)
 
     def _env(self, launch: TaskLaunch, plan: Plan) -> dict[str, str]:

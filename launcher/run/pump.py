@@ -33,7 +33,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable
 
 from ..options import LOG_MAX_SIZE
 from ..records.boundedlog import MERGED_SHARE, WRITING, BoundedLog, Reader, format_size
@@ -182,6 +182,19 @@ class OutputPump:
                 self._flush_files()
             except OSError as exc:
                 self._failed(exc)
+
+    def read_out(self, names: Iterable[str], attempt: int) -> None:
+        """Read now what the tasks ``names`` of ``attempt`` wrote: they ended, and their output must
+        reach the console before their end does (the console then shows what waited on them). Their
+        agent sent all of it before word of the end, so all of it is in their logs by now."""
+        wanted = set(names)
+        with self._lock:
+            for source in self._sources:
+                if source.attempt == attempt and source.name in wanted and not source.done:
+                    try:
+                        self._read(source, force=True)
+                    except OSError as exc:
+                        self._failed(exc)
 
     # -- thread -------------------------------------------------------------------------
 

@@ -126,6 +126,7 @@ class RunSession:
         plan: Plan | None = self._begin()
         self.pump = OutputPump(self.folder.merged_path, self.folder.metrics_path, self.console,
                                interval=self.pump_interval, log_max_size=self.options.log_max_size).start()
+        self.live.read_out = self.pump.read_out
         control = ControlServer(self.folder, lambda: self.supervisor).start()  # serves 'tflaunch stacks'
         hosts = len({task.host for task in self.spec.tasks})
         every = 1.0 if hosts == 1 else sample_for(hosts)

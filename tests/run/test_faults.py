@@ -29,7 +29,7 @@ def marker() -> str:
 
 def sleeping(sleep: str) -> list:
     """The task processes of a test: ``sleep <marker>`` itself (not tflaunch, whose argv names it too)."""
-    return [p for p in descendants_alive(sleep) if (p.cmdline() or [""])[0].endswith("sleep")]
+    return [p for p in descendants_alive(sleep) if (p.info["cmdline"] or [""])[0].endswith("sleep")]
 
 
 def handles_sighup(pid: int) -> bool:

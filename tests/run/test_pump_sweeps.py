@@ -245,3 +245,29 @@ def test_floods_in_many_logs_take_turns_and_no_sweep_reads_more_than_its_limit(t
     finally:
         pump.close()
         console.close()
+
+
+def test_an_ended_tasks_output_reaches_the_console_before_its_end_does(tmp_path):
+    """The console holds a worker's epoch record for the chief's; the chief ended with its own record
+    in its log but not yet read: it must be read first, not the worker's shown in its place."""
+    from launcher.records.states import TaskState
+
+    out = io.StringIO()
+    console = Console(out, messages=io.StringIO(), colour=False, status=False)
+    pump = OutputPump(tmp_path / "merged.log", tmp_path / "metrics.jsonl", console)
+    chief, worker = tmp_path / "chief-0.log", tmp_path / "worker-0.log"
+    pump.follow("chief-0", chief)
+    pump.follow("worker-0", worker)
+    record = b'TFLAUNCH_METRIC {"kind": "epoch", "epoch": 1, "epochs": 1, "loss": 0.5}\n'
+    try:
+        pump._sweep()
+        WRITING.get(str(worker.resolve())).write(record)
+        pump._sweep()  # the worker's record: held for the chief's
+        WRITING.get(str(chief.resolve())).write(record)  # written, the pump not yet round to it
+        pump.read_out(["chief-0"], 1)
+        console.task_states({"chief-0": TaskState.SUCCEEDED, "worker-0": TaskState.RUNNING}, 1)
+    finally:
+        console.close()
+        pump.close()
+    epoch_lines = [line for line in out.getvalue().splitlines() if "epoch 1" in line]
+    assert len(epoch_lines) == 1 and epoch_lines[0].lstrip().startswith("chief-0"), out.getvalue()

@@ -49,7 +49,7 @@ def get_json(url: str):
 
 def servers_under(path: Path) -> list[psutil.Process]:
     """TensorBoard servers (and the data servers they start) reading a folder under ``path``."""
-    return [p for p in descendants_alive(str(path)) if any(arg.startswith("--logdir") for arg in p.cmdline())]
+    return [p for p in descendants_alive(str(path)) if any(arg.startswith("--logdir") for arg in p.info["cmdline"])]
 
 
 def wait_for_line(path: Path, text: str, proc: subprocess.Popen, timeout: float = 120) -> str:

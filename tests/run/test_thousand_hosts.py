@@ -24,6 +24,7 @@ from launcher.cluster.tfconfig import ENV_STRING_MAX, TaskEnv, TfConfig
 from launcher.cluster.reader import parse_cluster
 from launcher.records.folder import RunFolder
 from launcher.records.record import RunRecord
+from launcher.records.states import TaskState
 from launcher.run.console import Console
 from launcher.run.liverecord import LiveRecord
 from launcher.run.supervisor import Task
@@ -190,6 +191,29 @@ def test_the_live_record_says_when_its_waiting_change_is_due(tmp_path):
     assert 0.9 < live.due_in(5.0) <= live.pace
     assert live.due_in(0.5) == 0.5
 
+
+
+def test_the_live_record_has_the_ended_tasks_output_read_before_the_console_hears_they_ended(tmp_path):
+    folder = RunFolder.create(tmp_path, "cluster.yaml")
+    heard: list[tuple] = []
+
+    class Listening(Console):
+        def task_states(self, states, attempt):
+            heard.append(("states", sorted(name for name, state in states.items() if state.ended)))
+
+    live = LiveRecord(RunRecord(run_id=folder.run_id, source="cluster.yaml"), folder,
+                      Listening(io.StringIO(), messages=io.StringIO(), quiet=True), tasks=2)
+    live.read_out = lambda names, attempt: heard.append(("read", names, attempt))
+    live.pace = 0.0  # every change shown at once
+    plan = plan_of("worker:\n  - {host: localhost, port: 2222}\n  - {host: localhost, port: 2223}\n")
+    tasks = [Task(launch) for launch in plan.launches]
+    live.changed(plan, tasks)
+    tasks[1].state = TaskState.FAILED
+    live.changed(plan, tasks)
+    tasks[0].state = TaskState.SUCCEEDED
+    live.changed(plan, tasks)  # the last to end: shown at once
+    assert heard == [("states", []), ("read", ["worker-1"], 1), ("states", ["worker-1"]),
+                     ("read", ["worker-0"], 1), ("states", ["worker-0", "worker-1"])]
 
 # -- simulated hosts -----------------------------------------------------------------------------
 
