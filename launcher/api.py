@@ -108,8 +108,9 @@ def launch(cluster: str | Path | Mapping[str, Any] | None = None, *, local: int 
            command: Sequence[str] | str | None = None, chief: bool = False, ps: int = 0, evaluator: bool = False,
            gpus: Sequence[int] | str | None = None, env: Mapping[str, str | None] | None = None,
            log_dir: str | Path | None = None, threads: int | str | None = None, grace: float = GRACE,
-           max_restarts: int | None = None, restart_delay: float | None = None, start_timeout: float | None = None,
-           hang_timeout: float | None = None, evaluator_timeout: float = EVALUATOR_TIMEOUT, isolate_network: bool = False,
+           max_restarts: int | None = None, restart_delay: float | None = None, min_workers: int | None = None,
+           cooldown: float | None = None, spares: str | Mapping[str, int] | Sequence[str] | None = None,
+           start_timeout: float | None = None, hang_timeout: float | None = None, evaluator_timeout: float = EVALUATOR_TIMEOUT, isolate_network: bool = False,
            log_max_size: int | str = LOG_MAX_SIZE, no_check: bool = False, tasks: Iterable[str] | str | None = None,
            quiet: bool = False, verbose: bool = False, tensorboard: bool = False, output: IO[str] | None = None,
            on_line: Callable[[str], None] | None = None, check: bool = False) -> LaunchResult:
@@ -117,7 +118,8 @@ def launch(cluster: str | Path | Mapping[str, Any] | None = None, *, local: int 
 
     The cluster is one of: ``cluster`` (a cluster file's path, or a mapping in the same form),
     ``local=N``, ``hosts`` (``"node1:4,node2:4"``, ``{"node1": 4}`` or ``["node1:4", ...]``) or
-    ``hostfile``. ``command`` is the task command (a list, or a string split as a shell would);
+    ``hostfile``; ``spares`` (with ``hosts`` or ``hostfile``) names spare hosts in the form ``hosts``
+    takes. ``command`` is the task command (a list, or a string split as a shell would);
     the default is the built-in trainer. Every other argument is the run option of the same name
     (``log_max_size``: bytes, or a string such as ``"512M"``, as ``--log-max-size`` takes).
     ``env`` maps names to values; a name mapped to None passes this process's own value by name
@@ -134,13 +136,15 @@ def launch(cluster: str | Path | Mapping[str, Any] | None = None, *, local: int 
     from .sources.choose import OptionsError, choose_source
 
     options = RunOptions(command=command, env=env, log_dir=log_dir, threads=threads, grace=grace,
-                         max_restarts=max_restarts, restart_delay=restart_delay, start_timeout=start_timeout,
+                         max_restarts=max_restarts, restart_delay=restart_delay, min_workers=min_workers,
+                         cooldown=cooldown, start_timeout=start_timeout,
                          hang_timeout=hang_timeout, evaluator_timeout=evaluator_timeout,
                          isolate_network=isolate_network, no_check=no_check, tasks=tasks, quiet=quiet,
                          verbose=verbose, tensorboard=tensorboard, log_max_size=log_max_size)
     source = choose_source(None if cluster is None else (cluster if isinstance(cluster, Mapping) else str(cluster)),
                            local, hosts=_hosts(hosts), hostfile=None if hostfile is None else str(hostfile),
-                           chief=bool(chief), ps=ps, evaluator=bool(evaluator), gpus=_gpus(gpus))
+                           chief=bool(chief), ps=ps, evaluator=bool(evaluator), gpus=_gpus(gpus),
+                           spares=None if spares is None else _hosts(spares))
     request = LaunchRequest(cluster=source.spec, options=options)
     if output is not None and on_line is not None:
         raise OptionsError("launch(): output and on_line cannot be combined; give one of them")

@@ -144,6 +144,14 @@ class RunOptions:
         metavar="S", parse=float,
         help="When no chief or worker makes progress for S seconds (no new metric line, under 10% of a core; "
              "output does not count): sample every task's stacks, name the task that differs, fail the attempt.")
+    min_workers: int | None = _option(
+        metavar="N", parse=int,
+        help="When a host is lost for good and no spare is left, restart with the training tasks (chief and workers) "
+             "that remain, down to N; below N the run ends (default: the file's min_workers, else no shrinking).")
+    cooldown: float | None = _option(
+        metavar="S", parse=float,
+        help="Seconds a host left out of the run waits before it may rejoin at a restart, once it answers again "
+             "(default: the file's cooldown, else 300).")
     evaluator_timeout: float = _option(
         EVALUATOR_TIMEOUT, metavar="S", parse=float,
         help="After training succeeds, seconds a running evaluator may take to finish its last evaluation "
@@ -174,6 +182,8 @@ class RunOptions:
         put(self, "threads", _threads(self.threads))
         put(self, "grace", seconds("grace", self.grace))
         put(self, "max_restarts", None if self.max_restarts is None else count("max_restarts", self.max_restarts, 0))
+        put(self, "min_workers", None if self.min_workers is None else count("min_workers", self.min_workers, 1))
+        put(self, "cooldown", None if self.cooldown is None else seconds("cooldown", self.cooldown))
         for option in ("restart_delay", "start_timeout", "hang_timeout"):
             value = getattr(self, option)
             put(self, option, None if value is None else seconds(option, value, positive=option != "restart_delay"))

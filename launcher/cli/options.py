@@ -53,6 +53,9 @@ _OPTIONS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
                        "help": "With --local: add K parameter-server tasks; with -H/--hostfile: the K slots after the "
                                "chief's (implies --chief)."}),
     "evaluator": (("--evaluator",), {"is_flag": True, "help": "With -H/--hostfile: the last slot runs an evaluator."}),
+    "spares": (("--spares",), {"metavar": "HOST[:SLOTS],...|K",
+                               "help": "With -H/--hostfile: spare hosts; a lost host's tasks move to a spare slot at "
+                                       "the next restart. With --slurm: hold K nodes of the allocation back as spares."}),
 }
 _GPUS = click.option("--gpus", callback=_parse_gpus, metavar="LIST",
                      help="With --local: GPU indices (e.g. 0,1) dealt round-robin to chief and workers; with "
@@ -68,6 +71,7 @@ class ClusterChoice(RoleOptions):
     local: int | None = None
     hosts: str | None = None
     hostfile: str | None = None
+    spares: str | None = None
     # Which options the command has, so that its messages name only those.
     takes_gpus: bool = True
     takes_slurm: bool = False
@@ -81,7 +85,7 @@ class ClusterChoice(RoleOptions):
         """The one source these options name: a cluster file, --local N, -H HOSTS or --hostfile FILE."""
         return choose_source(self.cluster, self.local, hosts=self.hosts, hostfile=self.hostfile, chief=self.chief,
                              ps=self.ps, evaluator=self.evaluator, gpus=self.gpus, role_options=self.role_options,
-                             slurm=self.takes_slurm)
+                             slurm=self.takes_slurm, spares=self.spares)
 
 
 _GIVEN = tuple(f.name for f in fields(ClusterChoice) if not f.name.startswith("takes_"))

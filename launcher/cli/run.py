@@ -43,6 +43,8 @@ Examples:
 @run_option("isolate_network")
 @run_option("max_restarts")
 @run_option("restart_delay")
+@run_option("min_workers")
+@run_option("cooldown")
 @run_option("start_timeout")
 @run_option("hang_timeout")
 @run_option("env", "-e")

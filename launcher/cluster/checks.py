@@ -29,8 +29,12 @@ def cluster_problems(spec: ClusterSpec, local_hosts: frozenset[str]) -> list[Con
         problems.append(fail("evaluator", f"expected at most one evaluator, got {len(spec.role_tasks('evaluator'))}"))
     if spec.has_ps and not chiefs:
         problems.append(fail("chief", "missing; a cluster with 'ps' tasks needs a chief to coordinate training"))
+    training = len(chiefs) + len(workers)
+    if spec.min_workers is not None and training and spec.min_workers > training:
+        problems.append(fail("min_workers", f"{spec.min_workers} is more than the cluster's {training} training tasks "
+                                            f"(chief and workers); expected 1 to {training}"))
     seen_ports: dict[tuple[str, int], TaskSpec] = {}
-    for task in spec.tasks:
+    for task in spec.slots:
         local = is_local(task.host, local_hosts)
         if task.port != AUTO:
             where = ("this machine" if local else task.host, int(task.port))

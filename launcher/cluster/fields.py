@@ -171,9 +171,9 @@ class FieldReader:
             raise self.fail(key, f"expected true or false, got {show(value)}")
         return value
 
-    def read_count(self, value: Any, key: str) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise self.fail(key, f"expected an integer >= 0, got {show(value)}")
+    def read_count(self, value: Any, key: str, least: int = 0) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise self.fail(key, f"expected an integer >= {least}, got {show(value)}")
         return value
 
     def read_seconds(self, value: Any, key: str, allow_zero: bool = False) -> float:

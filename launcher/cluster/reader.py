@@ -20,8 +20,10 @@ from ..options import MAX_RESTARTS, RESTART_DELAY
 from .yamlfile import ClusterLoader, DuplicateKey
 from .checks import cluster_problems
 from .fields import FieldReader, join_key, show
+from .placement import SPARE_ROLE
 from .spec import (  # noqa: F401  (re-exported: the spec is part of this module's interface)
     AUTO,
+    DEFAULT_COOLDOWN,
     DEFAULT_TASK_RESTARTS,
     ROLES,
     ClusterSpec,
@@ -35,7 +37,8 @@ from .spec import (  # noqa: F401  (re-exported: the spec is part of this module
 )
 
 CLUSTER_KEYS = ("command", "env", "log_dir", "share_gpus", "threads", "workdir", "python", "setup", "ssh",
-                "hosts", "max_restarts", "restart_delay", "restart_policy", "task_restarts", "kubernetes", "slurm", "isolate_network") + ROLES
+                "hosts", "max_restarts", "restart_delay", "restart_policy", "task_restarts", "kubernetes", "slurm", "isolate_network",
+                "spares", "min_workers", "cooldown") + ROLES
 TASK_KEYS = ("host", "port", "address", "gpus", "env", "workdir", "python", "setup")
 HOST_KEYS = ("ssh", "workdir", "python", "setup", "env")
 SSH_KEYS = ("user", "port", "identity_file", "options", "connect_timeout", "keepalive_timeout")
@@ -131,6 +134,11 @@ class _ClusterReader(FieldReader):
             task_restarts=int(collect(lambda: self.read_count(get("task_restarts", DEFAULT_TASK_RESTARTS),
                                                               "task_restarts"), 0)),
             isolate_network=collect(lambda: self.read_bool(get("isolate_network", False), "isolate_network"), False),
+            spares=tuple(self._read_role("spares", get("spares"))) if get("spares") is not None else (),
+            min_workers=None if get("min_workers") is None else collect(
+                lambda: self.read_count(mapping["min_workers"], "min_workers", least=1), None),
+            cooldown=collect(lambda: self.read_seconds(get("cooldown", DEFAULT_COOLDOWN), "cooldown",
+                                                       allow_zero=True), DEFAULT_COOLDOWN),
             kubernetes=None if get("kubernetes") is None else collect(lambda: self.expect_mapping(
                 mapping["kubernetes"], "kubernetes", "a mapping of Kubernetes settings"), None),
             slurm=None if get("slurm") is None else collect(lambda: self.expect_mapping(
@@ -145,7 +153,7 @@ class _ClusterReader(FieldReader):
                                                f"'tflaunch --slurm {self.source}'"))
         elif tasks_read:
             self.problems += cluster_problems(spec, self.local_hosts)
-        task_hosts = sorted({t.host for t in spec.tasks})
+        task_hosts = sorted({t.host for t in spec.slots})
         for name in spec.hosts if tasks_read else ():
             if name not in task_hosts:
                 import difflib  # only a mistake needs it
@@ -199,6 +207,7 @@ class _ClusterReader(FieldReader):
 
     def _read_task(self, role: str, index: int, item: Any) -> TaskSpec:
         key = f"{role}[{index}]"
+        role = SPARE_ROLE if role == "spares" else role
         if isinstance(item, str):
             item = {"host": item}  # "host:port" short form, split below
         mapping = self.expect_mapping(item, key, "a task mapping or a 'host:port' string")

@@ -42,6 +42,7 @@ class RestartPolicy(str, enum.Enum):
 
 DEFAULT_CONNECT_TIMEOUT = 10.0  # seconds for an ssh connection when ssh.connect_timeout is not set
 DEFAULT_KEEPALIVE_TIMEOUT = 15.0  # seconds of silence before a host is lost when ssh.keepalive_timeout is not set
+DEFAULT_COOLDOWN = 300.0  # seconds a host left out of a run waits before it may rejoin at a restart
 DEFAULT_TASK_RESTARTS = 3  # in-place restarts allowed per task under the "task" policy, unless task_restarts says
 
 
@@ -130,6 +131,12 @@ class ClusterSpec:
     restart_policy_by_role: Mapping[str, RestartPolicy] = field(default_factory=dict)  # as the file says
     task_restarts: int = DEFAULT_TASK_RESTARTS
     isolate_network: bool = False  # every task in one network namespace of the run's own (all local)
+    # Hosts that stand in for lost ones (one slot each, role "spare"; see cluster/placement.py), the
+    # fewest training tasks an attempt may run with (None: never shrink), and how long a host left out
+    # waits before it may rejoin.
+    spares: tuple[TaskSpec, ...] = ()
+    min_workers: int | None = None
+    cooldown: float = DEFAULT_COOLDOWN
 
     @property
     def restart_policy(self) -> dict[str, RestartPolicy]:
@@ -155,10 +162,16 @@ class ClusterSpec:
     def has_ps(self) -> bool:
         return any(t.role == "ps" for t in self.tasks)
 
+    @property
+    def slots(self) -> tuple[TaskSpec, ...]:
+        """The tasks and the spare slots: every place a task may run, each with a port."""
+        return self.tasks + self.spares
+
     def with_ports(self, ports: Mapping[str, int]) -> "ClusterSpec":
-        """The same cluster with the ``auto`` ports of the named tasks filled in."""
+        """The same cluster with the ``auto`` ports of the named tasks and spare slots filled in."""
         tasks = tuple(replace(t, port=ports[t.name]) if t.name in ports else t for t in self.tasks)
-        return replace(self, tasks=tasks)
+        spares = tuple(replace(t, port=ports[t.name]) if t.name in ports else t for t in self.spares)
+        return replace(self, tasks=tasks, spares=spares)
 
 
 def is_local(host: str, local_hosts: frozenset[str]) -> bool:

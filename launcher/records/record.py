@@ -166,19 +166,22 @@ class AttemptRecord:
 
 @dataclass
 class ExcludedHost:
-    """A host left out of an attempt, and why (a host that did not answer before a restart)."""
+    """A host left out of the run from an attempt on, and why: lost (it did not answer before a
+    restart), its task failed the machine's way, named as the culprit twice, or a spare the preflight refused."""
 
     host: str
     reason: str
     attempt: int  # the first attempt it was left out of
+    rejoined: int | None = None  # the attempt it rejoined at, after its cooldown
 
     def line(self) -> str:
         """The host and why, as ``status`` and ``report`` show it."""
-        return f"{self.host} left out of attempt {self.attempt}: {self.reason}"
+        back = f" (rejoined at attempt {self.rejoined})" if self.rejoined else ""
+        return f"{self.host} left out of attempt {self.attempt}: {self.reason}{back}"
 
     @classmethod
     def from_json(cls, data: Any, key: str = "excluded") -> "ExcludedHost":
-        return _read(cls, data, key, {"host": "?", "reason": "", "attempt": 0})
+        return _read(cls, data, key, {"host": "?", "reason": "", "attempt": 0, "rejoined": None})
 
 
 @dataclass

@@ -12,6 +12,8 @@ so a specific root cause wins over the generic errors that follow from it:
 - ``threads-after-init``: intra/inter-op thread counts changed too late;
 - ``keras3-multiworker``: Keras 3's PerReplica conversion error under MultiWorkerMirroredStrategy;
 - ``gpu-library-init``: cuDNN or cuBLAS failed to initialise (usually GPU memory already taken);
+- ``gpu-hardware``: the GPU itself failed: an uncorrectable ECC error, an Xid, a GPU fallen off the bus;
+- ``disk-full``: a write failed with "No space left on device" (errno 28) on the task's host;
 - ``tensor-oom``: "OOM when allocating tensor";
 - ``peer-heartbeat``: "tasks are unhealthy (stopped sending heartbeats)": that peer died first;
 - ``peer-connection-lost``: a connection to a peer closed mid-operation (peer named when TF says);
@@ -32,6 +34,14 @@ from dataclasses import dataclass
 from ..records.metrics import speaker
 
 SIGKILL = 9
+# The rules that point at the task's machine rather than at the program: the same failure would come
+# again on that host, so a restart leaves the host out where a spare or min_workers allows
+# (docs/fault-tolerance.md, "A host lost for good").
+MACHINE_RULES = frozenset({"gpu-library-init", "gpu-hardware", "disk-full"})
+# The rules that name a mistake of the program or its setup: it fails the same way on any host, so
+# such a failure lays no blame on the task's host.
+PROGRAM_RULES = frozenset({"module-not-found", "strategy-after-op", "device-config-after-init", "threads-after-init",
+                           "keras3-multiworker", "port-in-use"})
 
 
 @dataclass(frozen=True)
@@ -77,6 +87,10 @@ _GPU_LIBRARY = re.compile(r"could not create cudnn handle|cuDNN failed to initia
                           r"algorithm|CUDNN_STATUS_(?:INTERNAL_ERROR|NOT_INITIALIZED|ALLOC_FAILED)|"
                           r"(CUBLAS_STATUS_\w+|failed to create cublas handle|Blas \w*GEMM launch failed)",
                           re.IGNORECASE)
+_GPU_HARDWARE = re.compile(r"uncorrectable ECC error|CUDA_ERROR_ECC_UNCORRECTABLE|\bNVRM: Xid\b|\bXid \(PCI:|"
+                           r"GPU has fallen off the bus|CUDA_ERROR_(?:HARDWARE_STACK_ERROR|ILLEGAL_INSTRUCTION)",
+                           re.IGNORECASE)
+_DISK_FULL = re.compile(r"No space left on device|\[Errno 28\]|ENOSPC")
 _TENSOR_OOM = re.compile(r"OOM when allocating tensor with shape\s*\[([^\]]*)\][^\n]*? on (\S+) by allocator")
 _HEARTBEAT = re.compile(r"stopped sending heartbeats\)?:?\s*((?:/job:\w+/replica:\d+/task:\d+[\s,]*)+)")
 _CONNECTION_LOST = re.compile(r"Socket closed|Connection reset by peer|Broken pipe")
@@ -192,6 +206,23 @@ def _gpu_library_init(t: _Tail) -> Diagnosis | None:
                      "GPU, `share_gpus`), put fewer tasks on each GPU, and check nvidia-smi for other processes")
 
 
+def _gpu_hardware(t: _Tail) -> Diagnosis | None:
+    found = _GPU_HARDWARE.search(t.text)
+    if not found:
+        return None
+    return Diagnosis("gpu-hardware", f"the GPU failed ({found.group(0)}): a fault of the machine, not of the program",
+                     "leave the host out (tflaunch does at the next restart when a spare or min_workers allows) and "
+                     "have its GPU checked (nvidia-smi -q, dmesg)")
+
+
+def _disk_full(t: _Tail) -> Diagnosis | None:
+    if not _DISK_FULL.search(t.final):
+        return None
+    return Diagnosis("disk-full", "a write failed: no space left on device on the task's host",
+                     "free space on that host (or move the workdir, backup or TMPDIR to a larger disk); tflaunch "
+                     "leaves the host out at the next restart when a spare or min_workers allows")
+
+
 def _tensor_oom(t: _Tail) -> Diagnosis | None:
     found = _TENSOR_OOM.search(t.final)
     if not found:
@@ -258,6 +289,6 @@ def _cluster_not_formed(t: _Tail) -> Diagnosis | None:
 
 _RULES: tuple[Callable[[_Tail], Diagnosis | None], ...] = (
     _killed, _port_in_use, _module_not_found, _strategy_after_op, _device_config_after_init, _threads_after_init,
-    _keras3_multiworker, _gpu_library_init, _tensor_oom, _peer_heartbeat, _peer_connection_lost, _peer_unreachable,
+    _keras3_multiworker, _gpu_hardware, _gpu_library_init, _disk_full, _tensor_oom, _peer_heartbeat, _peer_connection_lost, _peer_unreachable,
     _cluster_not_formed,
 )

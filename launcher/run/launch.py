@@ -17,14 +17,15 @@ import sys
 import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Mapping
 
 from ..cluster.checks import missing_gpus_warning
 from ..cluster.machine import cpu_count, gpu_count, local_host_names
+from ..cluster.placement import checked_spec
 from ..cluster.plan import Plan, RunContext, TaskLaunch, check_cluster_fits, plan_cluster
 from ..cluster.ports import HELD_AT_MOST, PortReservation, port_is_free, reserve_ports
 from ..cluster.spec import AUTO, DEFAULT_CONNECT_TIMEOUT, ClusterSpec, TaskSpec, check_launch_input, is_local
-from ..errors import EnvironmentProblem, PortInUseError, PreflightError, UnknownTaskError
+from ..errors import EnvironmentProblem, OptionsError, PortInUseError, PreflightError, UnknownTaskError
 from ..options import RunOptions, given, python_caller
 from ..options import name as option_name
 from ..records.folder import DEFAULT_LOG_DIR, RUN_ID_PLACEHOLDER, RunFolder
@@ -65,6 +66,14 @@ def build_spec(request: LaunchRequest, local_hosts: frozenset[str]) -> ClusterSp
         spec = replace(spec, log_dir=options.log_dir)
     if options.threads is not None:
         spec = replace(spec, threads=options.threads)
+    if options.cooldown is not None:
+        spec = replace(spec, cooldown=options.cooldown)
+    if options.min_workers is not None:
+        training = sum(1 for task in spec.tasks if task.role in ("chief", "worker"))
+        if options.min_workers > training:
+            raise OptionsError(f"{option_name('min_workers')}: {options.min_workers} is more than the cluster's "
+                               f"{training} training tasks (chief and workers); expected 1 to {training}")
+        spec = replace(spec, min_workers=options.min_workers)
     if options.isolate_network or spec.isolate_network:
         from .isolation import check_isolation
 
@@ -134,7 +143,7 @@ def check(request: LaunchRequest) -> CheckReport:
         with _reserve_auto_ports(spec, local_hosts) as reservation:
             spec = _agent_ports(spec.with_ports(reservation.ports), local_hosts, request, transports)
             # No mesh probe with 'auto' ports on this machine, as in a run (see check_hosts).
-            return check_hosts(_placeholder_plan(spec, local_hosts, request).launches,
+            return check_hosts(_placeholder_plan(checked_spec(spec), local_hosts, request).launches,
                                with_mesh=not reservation.ports, transports=transports)
     finally:
         transports.close()
@@ -142,7 +151,7 @@ def check(request: LaunchRequest) -> CheckReport:
 
 def _remote_auto(spec: ClusterSpec, local_hosts: frozenset[str]) -> list:
     """Tasks whose port is ``auto`` on another host (their host's agent picks it)."""
-    return [t for t in spec.tasks if t.port == AUTO and not is_local(t.host, local_hosts)]
+    return [t for t in spec.slots if t.port == AUTO and not is_local(t.host, local_hosts)]
 
 
 def _agent_ports(spec: ClusterSpec, local_hosts: frozenset[str], request: LaunchRequest,
@@ -153,7 +162,8 @@ def _agent_ports(spec: ClusterSpec, local_hosts: frozenset[str], request: Launch
     if not remote:
         return spec
     # Plan with stand-in ports only to bring the agents up; TF_CONFIG is written after they answer.
-    launches = {l.host: l for l in _host_launches(spec.with_ports({t.name: 0 for t in remote}), local_hosts, request)}
+    launches = {l.host: l for l in _host_launches(checked_spec(spec.with_ports({t.name: 0 for t in remote})),
+                                                  local_hosts, request)}
     transports.prepare(list(launches.values()))
     by_host: dict[str, list[str]] = {}
     for task in remote:
@@ -174,7 +184,7 @@ def _reserve_auto_ports(spec: ClusterSpec, local_hosts: frozenset[str], hold: in
     """Free, locked ports for the tasks on this machine whose port is ``auto``; at most ``hold``
     of them held as sockets (the descriptors the run can spare)."""
     try:
-        return reserve_ports([t.name for t in spec.tasks if t.port == AUTO and is_local(t.host, local_hosts)],
+        return reserve_ports([t.name for t in spec.slots if t.port == AUTO and is_local(t.host, local_hosts)],
                              hold=hold)
     except OSError as exc:
         if exc.errno == errno.EMFILE:
@@ -231,16 +241,19 @@ def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS,
             spec = _agent_ports(spec, local_hosts, request, transports)
             if not spec.isolate_network:  # in a namespace of its own, the machine's ports do not matter
                 check_local_ports(spec, local_hosts, set(reservation.ports))
-            remote = spec.transport is not None or not all(is_local(t.host, local_hosts) for t in spec.tasks)
-            # The preflight checks every task's plan; without it, each host's first task is enough.
-            checked = (_placeholder_plan(spec, local_hosts, request).launches
+            remote = spec.transport is not None or not all(is_local(t.host, local_hosts) for t in spec.slots)
+            # The preflight checks every task's plan, and every spare slot's; without it, each
+            # host's first task is enough.
+            checked = (_placeholder_plan(checked_spec(spec), local_hosts, request).launches
                        if not request.options.no_check and remote else None)
             # Every host's agent starts first (this machine's too): the name lookups, the preflight's
             # probes, the run folder and the session are set up while the hosts are being reached.
-            transports.prepare(checked or _host_launches(spec, local_hosts, request))
+            transports.prepare(checked or _host_launches(checked_spec(spec), local_hosts, request))
             exposure.start()
+            refused: dict[str, str] = {}
             if checked:
-                _preflight(checked, spec, console, with_mesh=not reservation.ports, transports=transports)
+                refused = _preflight(checked, spec, console, with_mesh=not reservation.ports, transports=transports)
+                spec = without_spares(spec, refused)
             # The session's modules load while the hosts are being reached, not before.
             from .session import RunSession
 
@@ -251,17 +264,17 @@ def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS,
                 if on_folder is not None:
                     on_folder(folder)
 
-                def plan_attempt(context: RunContext) -> Plan:
+                def plan_attempt(context: RunContext, cluster: ClusterSpec) -> Plan:
                     # The first attempt's tasks start right after it is planned and bind their ports
                     # themselves: the sockets that held them go now (the locks stay for the run).
                     reservation.unhold()
-                    return _entered(network, plan_for(spec, context, local_hosts, request))
+                    return _entered(network, plan_for(cluster, context, local_hosts, request))
 
                 # Its warning comes before any task's output when the names resolve at once; slow
                 # lookups do not hold the start (their warning comes when they end).
                 exposure.join(EXPOSURE_HOLD)
                 session = RunSession(spec, session_options(request, spec), folder, console, plan_attempt,
-                                     signals, transports)
+                                     signals, transports, refused_spares=refused)
                 result = session.execute()
                 if signals.first is None:  # a run stopped by a signal does not wait for its lookups
                     exposure.join()  # a run's warning is shown, however late its lookups end
@@ -302,18 +315,30 @@ def _entered(network: NetworkNamespace | None, plan: Plan) -> Plan:
 
 
 def _preflight(launches: tuple[TaskLaunch, ...], spec: ClusterSpec, console: Console, with_mesh: bool,
-               transports: TransportSet) -> None:
-    from .preflight import check_hosts
+               transports: TransportSet) -> dict[str, str]:
+    """Check every host; raise PreflightError when a host of the run fails. Returns the spare hosts
+    that failed, {host: why}: they are not used (one console line each)."""
+    from .preflight import check_hosts, refused_spares
 
     report = check_hosts(launches, with_mesh=with_mesh, transports=transports)
-    if not report.ok:
-        problems = "; ".join(i.line for i in report.failures)
+    refused = refused_spares(report, launches)
+    failures = [item for item in report.failures if item.host not in refused]
+    for host, why in refused.items():
+        console.message(f"preflight: spare {host} not used: {why}")
+    if failures:
+        problems = "; ".join(i.line for i in failures)
         see = "" if python_caller() else f"see 'tflaunch check {spec.source}', or "  # a launch() call is no CLI source
         raise PreflightError(f"{spec.source}: preflight failed: {problems} "
                              f"({see}skip with {given('no_check', True)})")
     for item in report.items:
         if item.check == "versions" and item.warning:  # hosts that differ in patch releases only: the run goes on
             console.message(f"preflight: {item.detail}")
+    return refused
+
+
+def without_spares(spec: ClusterSpec, hosts: Mapping[str, str]) -> ClusterSpec:
+    """The cluster without the spare slots on ``hosts``."""
+    return replace(spec, spares=tuple(slot for slot in spec.spares if slot.host not in hosts)) if hosts else spec
 
 
 def _stop_if_signalled(signals: Signals) -> None:
@@ -330,7 +355,7 @@ def _new_folder(spec: ClusterSpec) -> RunFolder:
 
 def check_local_ports(spec: ClusterSpec, local_hosts: frozenset[str], reserved: set[str]) -> None:
     """Refuse to start when a fixed port of a task on this machine is already taken."""
-    for task in spec.tasks:
+    for task in spec.slots:
         if task.name in reserved or not is_local(task.host, local_hosts):
             continue
         if not port_is_free(int(task.port)):

@@ -13,12 +13,13 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..cluster.exposure import exposure_text, unique_names
 from ..cluster import probe
+from ..cluster.placement import SPARE_ROLE
 from ..cluster.plan import TaskLaunch
 from ..cluster.spec import DEFAULT_CONNECT_TIMEOUT
 from ..transports import TransportSet
@@ -94,15 +95,40 @@ def _check(launches: Sequence[TaskLaunch], with_mesh: bool, transports: Transpor
         report.items += _judge(host, tasks, answer, connect_error, elapsed)
     versions = {host: probed_versions(answer) for host, (answer, _, _) in zip(by_host, answers)
                 if answer is not None and "python" in answer}
+    spares = spare_hosts(by_host)
     chief = next((host for host, tasks in by_host.items() if any(t.role == "chief" for t in tasks)), None)
-    for text, fails in version_lines(compare_versions(versions, chief=chief)):
+    findings = compare_versions({h: v for h, v in versions.items() if h not in spares},
+                                candidates={h: v for h, v in versions.items() if h in spares}, chief=chief)
+    for text, fails in version_lines([f for f in findings if not f.candidate]):
         report.items.append(CheckItem("*", "versions", False, text, warning=not fails))
+    for finding in (f for f in findings if f.candidate):  # one line each: each spare is refused on its own
+        text, fails = version_lines([finding])[0]
+        report.items.append(CheckItem(finding.host, "versions", False, f"spare {text}", warning=not fails))
     if with_mesh and mesh.applies(launches):
         report.items += _check_mesh(launches, report, transports)
     exposed = exposure_text(unique_names(n for l in launches for n in (l.host, l.address.rsplit(":", 1)[0])))
     if exposed:
         report.items.append(CheckItem("*", "exposure", False, exposed, warning=True))
     return report
+
+
+def spare_hosts(by_host: Mapping[str, Sequence[TaskLaunch]]) -> set[str]:
+    """The hosts that hold only spare slots (:func:`~launcher.cluster.placement.checked_spec`)."""
+    return {host for host, tasks in by_host.items() if all(t.role == SPARE_ROLE for t in tasks)}
+
+
+def refused_spares(report: CheckReport, launches: Sequence[TaskLaunch]) -> dict[str, str]:
+    """{spare host: the first failed check's line}: spares that cannot stand in for a host. A spare
+    that fails is not used; the run's own hosts must pass."""
+    by_host: dict[str, list[TaskLaunch]] = {}
+    for launch in launches:
+        by_host.setdefault("localhost" if launch.local else launch.host, []).append(launch)
+    spares = spare_hosts(by_host)
+    refused: dict[str, str] = {}
+    for item in report.failures:
+        if item.host in spares:
+            refused.setdefault(item.host, item.line)
+    return refused
 
 
 def _check_mesh(launches: Sequence[TaskLaunch], hosts: CheckReport, transports: TransportSet) -> list[CheckItem]:

@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Mapping
 
 from .. import __version__
 from ..cluster.plan import Plan, RunContext, TaskLaunch, tf_cluster
@@ -32,6 +32,8 @@ from ..records.states import Outcome, RunStatus, TaskState, plural
 from ..transports import TransportSet
 from ..transports.base import Reading
 from ..transports.hostagent import sample_for
+from ..cluster.placement import checked_spec
+from .hostpool import HostPool
 from .liverecord import LiveRecord, status_fields
 from .pump import OutputPump
 from .render import meaningful
@@ -97,10 +99,12 @@ class RunSession:
     options: SessionOptions
     folder: RunFolder
     console: Console
-    plan_attempt: Callable[[RunContext], Plan]
+    # The plan of an attempt's cluster (the whole one, or the one its hosts allow: see .hostpool).
+    plan_attempt: Callable[[RunContext, ClusterSpec], Plan]
     signals: Signals
     # One agent per host for the whole run (the preflight may have started them already).
     transports: TransportSet | None = None
+    refused_spares: Mapping[str, str] = field(default_factory=dict)  # spare hosts the preflight refused: why
 
     def __post_init__(self) -> None:
         self.started_at = time.time()
@@ -115,6 +119,10 @@ class RunSession:
                                     argv=masked_argv([os.path.basename(sys.argv[0]), *sys.argv[1:]])),
             cluster=tf_cluster(self.spec))
         self.live = LiveRecord(self.record, self.folder, self.console, len(self.spec.tasks))
+        self.pool = HostPool(self.spec)
+        self.record.excluded += [ExcludedHost(host, f"spare not used: {why}", 1) for host, why in self.refused_spares.items()]
+        self._culprits: list[str | None] = []  # the host each failed attempt was laid on
+        self._launches_by_host: dict[str, TaskLaunch] | None = None
         self.lock = self.live.lock  # the record is written from the supervisor and the pump's failure path
 
     # -- the run --------------------------------------------------------------------------
@@ -188,11 +196,13 @@ class RunSession:
             if result.outcome is not Outcome.FAILED or attempt > self.options.max_restarts or self._storage_failure():
                 return result, None
             signatures.append(self._failure_signature(result, attempt))
-            if len(signatures) >= 2 and signatures[-1] == signatures[-2] and not signatures[-1][-1]:
-                self.message(f"attempt {attempt} failed exactly like attempt {attempt - 1} before any training "
-                         f"progress ({result.reason}): not restarting again")
+            changed = self._next_cluster(plan, result, attempt + 1)
+            if changed is None:
                 return result, None
-            if self._hosts_lost(plan, attempt + 1):
+            if (not changed and len(signatures) >= 2 and signatures[-1] == signatures[-2]
+                    and not signatures[-1][-1]):
+                self.message(f"attempt {attempt} failed exactly like attempt {attempt - 1} before any training "
+                         f"progress ({result.reason}): not restarting")
                 return result, None
             self.message(f"attempt {attempt} failed ({result.reason}); restarting the whole cluster in "
                      f"{self.options.restart_delay:g} s (restart {attempt} of {self.options.max_restarts})")
@@ -204,22 +214,59 @@ class RunSession:
                 return result, signum
             attempt += 1
 
-    def _hosts_lost(self, plan: Plan, attempt: int) -> bool:
-        """Before attempt ``attempt``: whether a host of the cluster is lost (it does not answer within
-        its connect timeout), which ends the run at once rather than spend the attempt dialling it.
-        Each lost host is one console line and one entry of run.json's ``excluded``."""
+    def _next_cluster(self, plan: Plan, result: AttemptResult, attempt: int) -> bool | None:
+        """Before attempt ``attempt``: leave out the hosts that are lost, failed the machine's way or
+        were the culprit twice, put spares in their place or shrink to ``min_workers``
+        (:mod:`.hostpool`), and say so, one line per change. Whether a host was left out or came
+        back; None when no attempt can run: the run ends."""
         from .preflight import unreachable_hosts  # only a restart needs it
 
-        lost = unreachable_hosts(plan.launches, self.transports)
-        if not lost:
-            return False
+        pool = self.pool
+        launches = self._host_launches()
+        lost = unreachable_hosts([launches[host] for host in pool.to_check() if host in launches], self.transports)
+        culprit = self._culprit_host(plan, result)
+        self._culprits.append(culprit)
+        repeated = [culprit] if culprit and self._culprits[-2:] == [culprit, culprit] else []
+        decision = pool.decide(attempt, lost, machine=self._machine_fault(plan), culprits=repeated)
         with self.lock:
-            self.record.excluded += [ExcludedHost(host, reason, attempt) for host, reason in lost.items()]
-        for host, reason in lost.items():
-            tasks = [launch.name for launch in plan.launches if launch.host == host]
-            self.message(f"{host} lost ({reason}): attempt {attempt} cannot run {', '.join(tasks)} without it; "
-                         "not restarting")
-        return True
+            self.record.excluded += [ExcludedHost(out.host, out.reason, attempt) for out in decision.left_out]
+            for entry in self.record.excluded:
+                if entry.host in decision.rejoined and entry.rejoined is None:
+                    entry.rejoined = attempt
+        for line in decision.lines:
+            self.message(line)
+        return None if decision.ends_run else bool(decision.left_out or decision.rejoined)
+
+    def _host_launches(self) -> dict[str, TaskLaunch]:
+        """{host: a launch of a task or spare slot on it}: how the check before a restart reaches each host."""
+        if self._launches_by_host is None:
+            context = RunContext(self.folder.run_id, str(self.folder.path.resolve()))
+            checked = self.plan_attempt(context, checked_spec(self.spec))
+            self._launches_by_host = {}
+            for launch in checked.launches:
+                self._launches_by_host.setdefault(launch.host, launch)
+        return self._launches_by_host
+
+    def _culprit_host(self, plan: Plan, result: AttemptResult) -> str | None:
+        """The host of the task the attempt's failure is laid on (its root cause, or the task a hang
+        watchdog named), unless the failure is a known mistake of the program (:data:`~.diagnose.PROGRAM_RULES`)."""
+        from .diagnose import PROGRAM_RULES
+
+        known = self.diagnoses[-1] if self.diagnoses else None
+        if known is not None and known.rule in PROGRAM_RULES:
+            return None
+        name = result.root_cause.name if result.root_cause else (result.blamed[0] if len(result.blamed) == 1 else None)
+        return next((launch.host for launch in plan.launches if launch.name == name and not launch.local), None)
+
+    def _machine_fault(self, plan: Plan) -> dict[str, str]:
+        """{host: why} when the attempt's root cause failed in a way that points at its machine."""
+        from .diagnose import MACHINE_RULES
+
+        known = self.diagnoses[-1] if self.diagnoses else None
+        root = self.attempts[-1].root_cause if self.attempts else None
+        if known is None or root is None or known.rule not in MACHINE_RULES or root.launch.local:
+            return {}
+        return {root.launch.host: f"left out after {root.name} failed the machine's way ({known.rule}: {known.summary})"}
 
     def _outcome(self, result: AttemptResult | None, interrupted: int | None,
                  error: str | None) -> tuple[int, RunStatus]:
@@ -260,7 +307,8 @@ class RunSession:
         # in-place restarts of ParameterServer workers resume from it too.
         restarts = self.options.backup or restarts_possible(self.options.max_restarts, self.spec.restart_policy)
         backup = str(run_dir / BACKUP) if restarts else None
-        return self.plan_attempt(RunContext(self.folder.run_id, str(run_dir), attempt, backup_dir=backup))
+        return self.plan_attempt(RunContext(self.folder.run_id, str(run_dir), attempt, backup_dir=backup),
+                                 self.pool.placement.spec)
 
     # -- one attempt ----------------------------------------------------------------------
 

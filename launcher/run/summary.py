@@ -40,6 +40,11 @@ def describe_plan(spec: ClusterSpec, plan: Plan) -> list[str]:
         for key, value in launch.shown_env().items():
             source = launch.env_sources.get(key)
             lines.append(f"  env: {key}={shlex.quote(value)}" + (f"  ({source})" if source else ""))
+    if spec.spares:
+        slots = ", ".join(f"{slot.host}:{slot.port}" for slot in spec.spares)
+        lines.append(f"spares: {slots} (a lost host's tasks move there at the next restart)")
+    if spec.min_workers is not None:
+        lines.append(f"min_workers: {spec.min_workers} (with no spare left, restarts shrink to this many training tasks)")
     lines += [f"note: {note}" for note in plan.notes]
     return lines
 

@@ -70,7 +70,7 @@ def _plain(value: Any) -> Any:
 def choose_source(cluster: str | Mapping[str, Any] | None = None, local: int | None = None, *,
                   hosts: str | None = None, hostfile: str | None = None, chief: bool = False, ps: int = 0,
                   evaluator: bool = False, gpus: tuple[int, ...] = (), role_options: str | None = None,
-                  slurm: bool = False) -> ClusterSource:
+                  slurm: bool = False, spares: str | None = None) -> ClusterSource:
     """The one source the options name. ``role_options`` names the command's role options in messages
     (default: chief, ps, evaluator and gpus, in the words of the front end in effect); ``slurm`` says
     whether the command also has ``--slurm`` (``tflaunch run`` has; check, export and launch() have not)."""
@@ -88,6 +88,10 @@ def choose_source(cluster: str | Mapping[str, Any] | None = None, local: int | N
     if cluster is not None and (chief or ps or gpus or evaluator):
         raise OptionsError(f"{role_options} only apply to {name('local')}, {name('hosts')} and {name('hostfile')}; "
                            "put roles in the cluster file")
+    if spares is not None and (cluster is not None or local is not None):
+        why = "put spares in the cluster file's 'spares:'" if cluster is not None else "this machine is never lost"
+        raise OptionsError(f"{name('spares')} applies to {name('hosts')}, {name('hostfile')}"
+                           f"{' and --slurm' if slurm else ''}; {why}")
     if isinstance(cluster, Mapping):
         return ClusterMappingSource(cluster)
     if cluster is not None:
@@ -102,4 +106,5 @@ def choose_source(cluster: str | Mapping[str, Any] | None = None, local: int | N
         return LocalSource(local, chief=chief, ps=ps, gpus=gpus)
     from .hosts import HostsSource
 
-    return HostsSource(hosts=hosts, hostfile=hostfile, chief=chief, ps=ps, evaluator=evaluator, gpus=gpus)
+    return HostsSource(hosts=hosts, hostfile=hostfile, chief=chief, ps=ps, evaluator=evaluator, gpus=gpus,
+                       spares=spares)

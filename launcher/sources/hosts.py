@@ -55,9 +55,9 @@ class HostSlots:
     where: str
 
 
-def parse_hosts_option(value: str) -> tuple[HostSlots, ...]:
-    """``node1:4,node2:4`` as (host, slots) pairs, in order."""
-    option = name("hosts")
+def parse_hosts_option(value: str, option: str = "hosts") -> tuple[HostSlots, ...]:
+    """``node1:4,node2:4`` as (host, slots) pairs, in order (``option``: the option that gave them)."""
+    option = name(option)
     hosts = []
     for item in value.split(","):
         item = item.strip()
@@ -181,12 +181,13 @@ class HostsSource(RoleOptions):
 
     hosts: str | None = None
     hostfile: str | None = None
+    spares: str | None = None  # HOST[:SLOTS],... as -H takes them: one spare slot per slot
 
     @property
     def label(self) -> str:
         """The options as the user gave them: ``-H node1:4 --chief``, or ``launch(hosts='node1:4', chief=True)``."""
         named = ("hosts", self.hosts) if self.hosts is not None else ("hostfile", self.hostfile)
-        return options_label([named, *self.role_words()])
+        return options_label([named, *self.role_words(), *([("spares", self.spares)] if self.spares else [])])
 
     def host_slots(self) -> tuple[HostSlots, ...]:
         if self.hosts is not None:
@@ -199,9 +200,22 @@ class HostsSource(RoleOptions):
         tasks = place(hosts, chief=self.chief, ps=self.ps, evaluator=self.evaluator, gpus=self.gpus, source=self.label)
         share = bool(self.gpus) and any(sum(1 for t in tasks if t.host == h.host and t.gpus) > len(self.gpus)
                                         for h in hosts)
-        spec = ClusterSpec(source=self.label, tasks=tasks, share_gpus=share)
+        spec = ClusterSpec(source=self.label, tasks=tasks, share_gpus=share, spares=self._spare_slots(hosts, local_hosts))
         check_cluster(spec, local_hosts)
         return spec
+
+    def _spare_slots(self, hosts: tuple[HostSlots, ...], local_hosts: frozenset[str]) -> tuple[TaskSpec, ...]:
+        """One spare slot per slot of ``--spares`` (port auto, the --gpus dealt round-robin per host)."""
+        if self.spares is None:
+            return ()
+        spares = parse_hosts_option(self.spares, option="spares")
+        _check_distinct(hosts + spares, local_hosts)
+        slots = []
+        for entry in spares:
+            for place_ in range(entry.slots):
+                gpus = (self.gpus[place_ % len(self.gpus)],) if self.gpus else ()
+                slots.append(TaskSpec("spare", len(slots), entry.host, AUTO, gpus=gpus, key=f"spares[{len(slots)}]"))
+        return tuple(slots)
 
 
 def place(hosts: tuple[HostSlots, ...], *, chief: bool = False, ps: int = 0, evaluator: bool = False,
