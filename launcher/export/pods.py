@@ -252,6 +252,9 @@ def carry_over_notes(spec: ClusterSpec, settings: KubernetesSettings) -> list[st
         notes.append("log_dir: not used; read the pods' output with kubectl logs")
     if spec.max_restarts:
         notes.append("restart_delay: not used; the controller restarts pods at once")
+    if spec.spares or spec.min_workers is not None:
+        notes.append("spares, min_workers: not used; Kubernetes schedules each pod on any node that fits, and "
+                     "reschedules a pod whose node is lost")
     return notes
 
 

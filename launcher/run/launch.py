@@ -134,17 +134,19 @@ def dry_run(request: LaunchRequest) -> tuple[ClusterSpec, Plan]:
 
 def check(request: LaunchRequest) -> CheckReport:
     """``tflaunch check``: probe every host of the cluster in parallel."""
-    from .preflight import check_hosts
+    from .preflight import CheckItem, check_hosts
 
     local_hosts = local_host_names()
     spec = build_spec(request, local_hosts)
     transports = TransportSet(request.options.grace)
     try:
         with _reserve_auto_ports(spec, local_hosts) as reservation:
-            spec = _agent_ports(spec.with_ports(reservation.ports), local_hosts, request, transports)
+            spec, refused = _agent_ports(spec.with_ports(reservation.ports), local_hosts, request, transports)
             # No mesh probe with 'auto' ports on this machine, as in a run (see check_hosts).
-            return check_hosts(_placeholder_plan(checked_spec(spec), local_hosts, request).launches,
-                               with_mesh=not reservation.ports, transports=transports)
+            report = check_hosts(_placeholder_plan(checked_spec(spec), local_hosts, request).launches,
+                                 with_mesh=not reservation.ports, transports=transports)
+            report.items += [CheckItem(host, "ports", False, f"spare: {why}") for host, why in refused.items()]
+            return report
     finally:
         transports.close()
 
@@ -155,12 +157,13 @@ def _remote_auto(spec: ClusterSpec, local_hosts: frozenset[str]) -> list:
 
 
 def _agent_ports(spec: ClusterSpec, local_hosts: frozenset[str], request: LaunchRequest,
-                 transports: TransportSet) -> ClusterSpec:
+                 transports: TransportSet) -> tuple[ClusterSpec, dict[str, str]]:
     """The spec with every remote ``auto`` port filled in by that host's agent, which holds the
-    port until the task that uses it starts (see :mod:`launcher.transports.hostagent`)."""
+    port until the task that uses it starts (see :mod:`launcher.transports.hostagent`), and the spare
+    hosts whose agent could not pick theirs, {host: why}: those spares are left out of the spec."""
     remote = _remote_auto(spec, local_hosts)
     if not remote:
-        return spec
+        return spec, {}
     # Plan with stand-in ports only to bring the agents up; TF_CONFIG is written after they answer.
     launches = {l.host: l for l in _host_launches(checked_spec(spec.with_ports({t.name: 0 for t in remote})),
                                                   local_hosts, request)}
@@ -168,7 +171,9 @@ def _agent_ports(spec: ClusterSpec, local_hosts: frozenset[str], request: Launch
     by_host: dict[str, list[str]] = {}
     for task in remote:
         by_host.setdefault(task.host, []).append(task.name)
+    task_hosts = {task.host for task in spec.tasks}
     chosen: dict[str, int] = {}
+    refused: dict[str, str] = {}
     for host, names in by_host.items():
         first = launches[host]
         try:
@@ -176,8 +181,11 @@ def _agent_ports(spec: ClusterSpec, local_hosts: frozenset[str], request: Launch
             timeout = ((first.ssh.connect_timeout if first.ssh else None) or DEFAULT_CONNECT_TIMEOUT) + 20.0
             chosen.update(zip(names, link.pick_ports(len(names), timeout)))
         except OSError as exc:
-            raise EnvironmentProblem(f"{spec.source}: port auto: {exc.strerror or exc}") from None
-    return spec.with_ports(chosen)
+            why = f"port auto: {exc.strerror or exc}"
+            if host in task_hosts:
+                raise EnvironmentProblem(f"{spec.source}: {why}") from None
+            refused[host] = why  # a spare: the run goes on without it
+    return without_spares(spec, refused).with_ports(chosen), refused
 
 
 def _reserve_auto_ports(spec: ClusterSpec, local_hosts: frozenset[str], hold: int = HELD_AT_MOST) -> PortReservation:
@@ -238,7 +246,9 @@ def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS,
         transports = TransportSet(request.options.grace)
         try:
             spec = spec.with_ports(reservation.ports)
-            spec = _agent_ports(spec, local_hosts, request, transports)
+            spec, refused = _agent_ports(spec, local_hosts, request, transports)
+            for host, why in refused.items():
+                console.message(f"preflight: spare {host} not used: {why}")
             if not spec.isolate_network:  # in a namespace of its own, the machine's ports do not matter
                 check_local_ports(spec, local_hosts, set(reservation.ports))
             remote = spec.transport is not None or not all(is_local(t.host, local_hosts) for t in spec.slots)
@@ -250,10 +260,9 @@ def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS,
             # probes, the run folder and the session are set up while the hosts are being reached.
             transports.prepare(checked or _host_launches(checked_spec(spec), local_hosts, request))
             exposure.start()
-            refused: dict[str, str] = {}
             if checked:
-                refused = _preflight(checked, spec, console, with_mesh=not reservation.ports, transports=transports)
-                spec = without_spares(spec, refused)
+                failed = _preflight(checked, spec, console, with_mesh=not reservation.ports, transports=transports)
+                spec, refused = without_spares(spec, failed), {**refused, **failed}
             # The session's modules load while the hosts are being reached, not before.
             from .session import RunSession
 

@@ -103,7 +103,7 @@ def _check(launches: Sequence[TaskLaunch], with_mesh: bool, transports: Transpor
         report.items.append(CheckItem("*", "versions", False, text, warning=not fails))
     for finding in (f for f in findings if f.candidate):  # one line each: each spare is refused on its own
         text, fails = version_lines([finding])[0]
-        report.items.append(CheckItem(finding.host, "versions", False, f"spare {text}", warning=not fails))
+        report.items.append(CheckItem(finding.host, "versions", False, text, warning=not fails))
     if with_mesh and mesh.applies(launches):
         report.items += _check_mesh(launches, report, transports)
     exposed = exposure_text(unique_names(n for l in launches for n in (l.host, l.address.rsplit(":", 1)[0])))

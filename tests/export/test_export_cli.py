@@ -127,6 +127,8 @@ chief: [{host: localhost, port: auto, address: 10.0.0.5, gpus: all}]
 worker:
   - {host: node1, port: 2222, gpus: [3]}
   - {host: node2, port: 2345, gpus: [0]}
+spares: [{host: node3, port: 2222}]
+min_workers: 1
 kubernetes: {image: train:1}
 """)
     done = tflaunch("export", path)
@@ -139,7 +141,8 @@ kubernetes: {image: train:1}
                      "setup: not run in pods", "workdir: not used", "hosts.node1.python: not used",
                      "hosts.node1.env: not used", "gpus: 'all' (chief[0]) requests no GPU",
                      "share_gpus: not used", "log_dir: not used", "restart_delay: not used",
-                     "max_restarts: restarted pods train from scratch", "set kubernetes.storage ('claim: NAME')"):
+                     "max_restarts: restarted pods train from scratch", "set kubernetes.storage ('claim: NAME')",
+                     "spares, min_workers: not used"):
         assert expected in text, (expected, text)
     assert len(notes) == len(done.stderr.splitlines())
     (document,) = [d for d in yaml.safe_load_all(done.stdout) if d]

@@ -40,15 +40,15 @@ TRAIN = ("python", "-m", "trainer", "--epochs", "5", "--batch-per-worker", "32",
 
 def cluster_file(tmp_path: Path, testhosts, workers: list[str], spares: list[str] = (), extra: str = "",
                  keepalive: float = 3) -> Path:
-    """Workers (and spare slots) on the named test hosts, reached through their ssh config."""
-    def entry(name: str) -> str:
-        host = testhosts.host(name)
-        return f"  - {{host: {name}, address: {host.address}, port: {testhosts.port()}}}\n"
+    """Workers (and spare slots, on ports their hosts' agents pick) on the named test hosts, reached
+    through their ssh config."""
+    def entry(name: str, port: str) -> str:
+        return f"  - {{host: {name}, address: {testhosts.host(name).address}{port}}}\n"
 
     text = (f"ssh:\n  options: {json.dumps(testhosts.ssh_options)}\n  connect_timeout: 3\n"
             f"  keepalive_timeout: {keepalive}\n"
-            "worker:\n" + "".join(entry(n) for n in workers)
-            + ("spares:\n" + "".join(entry(n) for n in spares) if spares else "") + extra)
+            "worker:\n" + "".join(entry(n, f", port: {testhosts.port()}") for n in workers)
+            + ("spares:\n" + "".join(entry(n, "") for n in spares) if spares else "") + extra)
     path = tmp_path / "cluster.yaml"
     path.write_text(text)
     return path
@@ -165,43 +165,46 @@ def test_below_min_workers_the_run_ends_at_once_in_one_line(tflaunch, testhosts,
     assert left_on(testhosts, ["node1", "node2"]) == {"node1": [], "node2": []}
 
 
-def test_a_host_whose_task_fails_the_machines_way_is_left_out_for_a_spare(tflaunch, testhosts, tmp_path):
+@pytest.mark.parametrize("fault, hosts, line", [
+    ("BAD_HOST", ["node2", "node3"], "node2 left out after worker-1 failed the machine's way (disk-full: a write failed: "
+                                     "no space left on device on the task's host); attempt 2 runs worker-1 on spare node3"),
+    ("FLAKY_HOST", ["node2", "node2", "node3"],
+     "node2 named as the culprit of two failures in a row; attempt 3 runs worker-1 on spare node3"),
+], ids=["machine-fault", "culprit-twice"])
+def test_a_host_that_fails_the_machines_way_or_is_the_culprit_twice_is_left_out_for_a_spare(
+        tflaunch, testhosts, tmp_path, fault, hosts, line):
     gates, task = gated(tmp_path)
-    (gates / "release-2").touch()
+    (gates / f"release-{len(hosts)}").touch()
     cluster = cluster_file(tmp_path, testhosts, ["node1", "node2"], spares=["node3"])
-    done = tflaunch.run(str(cluster), "--max-restarts", "2", "--restart-delay", "0", "--env", "BAD_HOST=node2",
+    done = tflaunch.run(str(cluster), "--max-restarts", "3", "--restart-delay", "0", "--env", f"{fault}=node2",
                         "--", *task, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert lines_with(done.stderr, "the machine's way") == [
-        "tflaunch: node2 left out after worker-1 failed the machine's way (disk-full: a write failed: no space left "
-        "on device on the task's host); attempt 2 runs worker-1 on spare node3"], done.stderr
-    assert [a["hosts"]["worker-1"] for a in done.record["attempts"]] == ["node2", "node3"]
+    assert [a["hosts"]["worker-1"] for a in done.record["attempts"]] == hosts
+    assert lines_with(done.stderr, "; attempt ") == [f"tflaunch: {line}"], done.stderr
     assert [e["host"] for e in done.record["excluded"]] == ["node2"]
 
 
-def test_a_host_named_the_culprit_twice_in_a_row_is_left_out_the_third_time(tflaunch, testhosts, tmp_path):
-    gates, task = gated(tmp_path)
-    (gates / "release-3").touch()
-    cluster = cluster_file(tmp_path, testhosts, ["node1", "node2"], spares=["node3"])
-    done = tflaunch.run(str(cluster), "--max-restarts", "3", "--restart-delay", "0", "--env", "FLAKY_HOST=node2",
-                        "--", *task, timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert [a["hosts"]["worker-1"] for a in done.record["attempts"]] == ["node2", "node2", "node3"]
-    assert lines_with(done.stderr, "named as the culprit") == [
-        "tflaunch: node2 named as the culprit of two failures in a row; attempt 3 runs worker-1 on spare node3"]
+@pytest.mark.parametrize("fault", ["no-python", "other-tensorflow"])
+def test_a_spare_the_preflight_refuses_is_not_used_and_the_run_goes_on(tflaunch, testhosts, tmp_path, fault):
+    from importlib import metadata
 
-
-def test_a_spare_the_preflight_refuses_is_not_used_and_the_run_goes_on(tflaunch, testhosts, tmp_path):
     gates, task = gated(tmp_path)
     (gates / "release-1").touch()
     cluster = cluster_file(tmp_path, testhosts, ["node1"], spares=["node2"])
-    # node2's spare slot names an interpreter that is not there.
-    cluster.write_text(cluster.read_text().replace("spares:\n  - {host: node2,", "spares:\n  - {python: /no/python, host: node2,"))
+    if fault == "no-python":  # the spare's interpreter is not there: its agent cannot start
+        setting, expected = "python: /no/python", "/no/python"
+    else:  # the spare's Python finds another TensorFlow first
+        shadow = tmp_path / "shadow" / "tensorflow-2.0.0.dist-info"
+        shadow.mkdir(parents=True)
+        (shadow / "METADATA").write_text("Metadata-Version: 2.1\nName: tensorflow\nVersion: 2.0.0\n")
+        setting = f"env: {{PYTHONPATH: {shadow.parent}}}"
+        expected = f"node2 differs from the run's hosts: tensorflow 2.0.0 (others {metadata.version('tensorflow')})"
+    cluster.write_text(cluster.read_text().replace("spares:\n  - {host: node2,", f"spares:\n  - {{{setting}, host: node2,"))
     done = tflaunch.run(str(cluster), "--", *task, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     refused = lines_with(done.stderr, "spare node2 not used")
-    assert len(refused) == 1 and refused[0].startswith("tflaunch: preflight: spare node2 not used: node2 ") \
-        and "/no/python" in refused[0], done.stderr
+    assert len(refused) == 1 and refused[0].startswith("tflaunch: preflight: spare node2 not used: ") \
+        and expected in refused[0], done.stderr
     assert [(e["host"], e["attempt"]) for e in done.record["excluded"]] == [("node2", 1)]
 
 

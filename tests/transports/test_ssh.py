@@ -294,7 +294,7 @@ def test_a_host_lost_for_good_costs_no_restart(tflaunch, testhosts, tmp_path):
     # and the answer's slack (5 s): one line, and no attempt spent dialling it.
     lost = [line for line in err.splitlines() if "node2 lost" in line]
     assert len(lost) == 1 and lost[0].startswith("tflaunch: node2 lost (") and lost[0].endswith(
-        "): attempt 2 cannot run worker-1 without it; not restarting"), err
+        "): attempt 2 cannot run: no spare left for worker-1, and no min_workers to shrink to; not restarting"), err
     assert "restarting the whole cluster" not in err
     assert ended < 3 + 2 + 8 + 6, ended
     run_dir = tflaunch.latest_run()
@@ -306,6 +306,6 @@ def test_a_host_lost_for_good_costs_no_restart(tflaunch, testhosts, tmp_path):
     for command in ("status", "report"):  # both say where the run could not go on
         shown = tflaunch.run(command, str(run_dir))
         excluded = [line for line in shown.stdout.splitlines() if line.startswith("excluded: ")]
-        assert len(excluded) == 1 and excluded[0].startswith("excluded: node2 left out of attempt 2: cannot reach node2"), \
+        assert len(excluded) == 1 and excluded[0].startswith("excluded: node2 left out of attempt 2: lost (cannot reach node2"), \
             shown.stdout + shown.stderr
     assert wait_until_empty(testhosts, 8) == {"node1": [], "node2": []}
