@@ -1,4 +1,5 @@
-"""Session fixture `testslurm`: a real Slurm cluster (slurmctld + two slurmd nodes in network namespaces).
+"""Session fixtures `testslurm` and `testslurm3`: real Slurm clusters (slurmctld + two, or three, slurmd nodes
+in network namespaces).
 
 Use it in a test::
 
@@ -11,6 +12,8 @@ Use it in a test::
         testslurm.pids("s1a2-2")           # processes left on a node (its slurmd excluded)
         testslurm.wait_idle()              # every job finished and both nodes idle again
         testslurm.kill_node(node); testslurm.revive(node)   # a node dies, and comes back (always revive)
+
+`slurm` and `slurm3` are the same clusters, checked to be idle after each test.
 
 The cluster comes up once per session under a random prefix, subnet 10.126.<1-250>.0/24 (never
 used by scripts/testhosts or its tests) and controller port, so it cannot collide with a cluster someone
@@ -125,11 +128,11 @@ def _free_port():
                 continue
 
 
-def start_testslurm(state_dir, attempts=3):
+def start_testslurm(state_dir, attempts=3, nodes=2):
     for attempt in range(attempts):
         prefix = "s" + secrets.token_hex(2)
         done = run_script("up", "--prefix", prefix, "--subnet", f"10.126.{_random.randint(1, 250)}",
-                          "--port", str(_free_port()), "--state-dir", str(state_dir / prefix))
+                          "--port", str(_free_port()), "--state-dir", str(state_dir / prefix), "--nodes", str(nodes))
         if done.returncode == 0:
             return TestSlurm(json.loads(done.stdout))
         if ("overlaps" not in done.stderr and "in use" not in done.stderr) or attempt == attempts - 1:
@@ -137,34 +140,55 @@ def start_testslurm(state_dir, attempts=3):
     raise AssertionError("unreachable")
 
 
-_shared = {"cluster": None, "users": 0}
+_shared: dict[int, dict] = {}  # node count -> {"cluster", "users"}
 
 
-@pytest.fixture(scope="session")
-def testslurm(tmp_path_factory):
+def _session_cluster(tmp_path_factory, nodes):
     reason = unavailable_reason()
     if reason:
         if os.environ.get("CI"):
             pytest.fail(f"{reason} (CI is set, so this fails instead of skipping)", pytrace=False)
         pytest.skip(reason)
-    if _shared["cluster"] is None:
-        _shared["cluster"] = start_testslurm(tmp_path_factory.mktemp("testslurm"))
-    _shared["users"] += 1
+    shared = _shared.setdefault(nodes, {"cluster": None, "users": 0})
+    if shared["cluster"] is None:
+        shared["cluster"] = start_testslurm(tmp_path_factory.mktemp("testslurm"), nodes=nodes)
+    shared["users"] += 1
     try:
-        yield _shared["cluster"]
+        yield shared["cluster"]
     finally:
-        _shared["users"] -= 1
-        if _shared["users"] == 0:
-            cluster, _shared["cluster"] = _shared["cluster"], None
+        shared["users"] -= 1
+        if shared["users"] == 0:
+            cluster, shared["cluster"] = shared["cluster"], None
             cluster.cancel_all()
             cluster.down()  # the state dir stays under pytest's tmp dirs, for the daemons' logs
+
+
+def _idle_after(cluster):
+    yield cluster
+    try:
+        cluster.wait_idle(timeout=30)
+    finally:
+        cluster.cancel_all()
+
+
+@pytest.fixture(scope="session")
+def testslurm(tmp_path_factory):
+    yield from _session_cluster(tmp_path_factory, 2)
+
+
+@pytest.fixture(scope="session")
+def testslurm3(tmp_path_factory):
+    """A cluster of three nodes, for tests that hold a node back as a spare."""
+    yield from _session_cluster(tmp_path_factory, 3)
 
 
 @pytest.fixture
 def slurm(testslurm):
     """The shared cluster, checked to be idle after the test: no job and no process on any node."""
-    yield testslurm
-    try:
-        testslurm.wait_idle(timeout=30)
-    finally:
-        testslurm.cancel_all()
+    yield from _idle_after(testslurm)
+
+
+@pytest.fixture
+def slurm3(testslurm3):
+    """The three-node cluster, checked to be idle after the test."""
+    yield from _idle_after(testslurm3)

@@ -110,13 +110,13 @@ def run(ctx: click.Context, choice: ClusterChoice, **options: Any) -> None:
 def _source(choice: ClusterChoice, options: dict[str, Any]) -> ClusterSource:
     """The cluster source the options name: a Slurm allocation, or what the cluster options name."""
     if options["slurm"]:
-        from ..sources.slurm import SlurmSource
+        from ..sources.slurm import SlurmSource, spare_count
 
         if choice.local is not None or choice.gpus or choice.hosts is not None or choice.hostfile is not None:
             raise click.UsageError("--slurm takes its hosts, tasks and GPUs from the allocation; "
                                    "drop --local, -H, --hostfile and --gpus")
         return SlurmSource(chief=choice.chief or None, ps=choice.ps or None, evaluator=choice.evaluator or None,
-                           cluster_file=choice.cluster)
+                           spares=spare_count(choice.spares), cluster_file=choice.cluster)
     if options["requeue"] or options["run_dir"]:
         raise click.UsageError("--requeue and --run-dir only apply to --slurm")
     return choice.source()

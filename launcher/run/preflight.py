@@ -11,6 +11,7 @@ host reaches every task's TF_CONFIG address (see :mod:`launcher.run.mesh`).
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -260,19 +261,36 @@ ANSWER_SLACK = 5.0
 
 
 def unreachable_hosts(launches: Sequence[TaskLaunch], transports: TransportSet) -> dict[str, str]:
-    """The ssh hosts of ``launches`` that do not run an empty script within their connect timeout
-    (and :data:`ANSWER_SLACK`), each with why: checked in parallel before a restart, through the
-    run's own agents (a host whose link was lost is dialled again), so that no attempt is spent
-    dialling a dead host. This machine's tasks are not checked, nor a Slurm allocation's nodes,
-    whose agents come with each attempt's job step."""
+    """The hosts of ``launches`` that cannot run the next attempt, each with why: checked in
+    parallel before a restart, so that no attempt is spent dialling a dead host.
+
+    An ssh host or a Slurm node that does not run an empty script through the run's own agent
+    within its connect timeout (and :data:`ANSWER_SLACK`) is lost; a host whose agent was lost is
+    dialled again (a node gets a job step of its own). A node of this Slurm job (``SLURM_JOB_ID``)
+    is lost without being dialled when Slurm says it is down, drained,
+    failed or not responding, or no longer in the job (:mod:`launcher.slurm.nodes`); the lost
+    nodes are then kept out of every later job step (srun's ``--exclude``). This machine's tasks
+    are not checked."""
     first_by_host: dict[str, TaskLaunch] = {}
     for launch in launches:
-        if not launch.local and launch.transport == "ssh":
+        if not launch.local and launch.transport in ("ssh", "srun"):
             first_by_host.setdefault(launch.host, launch)
-    if not first_by_host:
-        return {}
-    transports.prepare(list(first_by_host.values()))
+    nodes = [host for host, launch in first_by_host.items() if launch.transport == "srun"]
+    lost: dict[str, str] = {}
+    if nodes:
+        from ..slurm.nodes import unusable_nodes  # only a restart inside a Slurm job needs it
+
+        lost = unusable_nodes(nodes, os.environ.get("SLURM_JOB_ID"))
+        transports.leave_out(lost)
+    dial = [launch for host, launch in first_by_host.items() if host not in lost]
+    if not dial:
+        return lost
+    transports.prepare(dial)
     # The host check's own wait and its reading of a lost link, with an empty script for a probe.
-    checks = [_HostCheck(host, [launch], transports, source="pass", slack=ANSWER_SLACK)
-              for host, launch in first_by_host.items()]
-    return {check.host: error for check in checks if (error := check.answer()[1]) is not None}
+    checks = [_HostCheck(launch.host, [launch], transports, source="pass", slack=ANSWER_SLACK) for launch in dial]
+    for check in checks:
+        error = check.answer()[1]
+        if error is not None:
+            lost[check.host] = error
+    transports.leave_out([host for host in nodes if host in lost], back=[host for host in nodes if host not in lost])
+    return lost

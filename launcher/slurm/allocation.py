@@ -16,6 +16,9 @@ Read from the variables Slurm sets in an ``sbatch`` script or ``salloc`` shell:
   applied alike on every node;
 - ``SLURM_RESTART_COUNT``: how many times the job was requeued.
 
+With ``--spares K`` the last K nodes are held back (:func:`hold_back`): the roles are carved from
+the others, and a held-back node's slots are spare slots that stand in for a failed node's tasks.
+
 Roles come from the allocation's slots, in Slurm's own rank order (node by node in the order of
 the node list, each node's slots in turn), by the rule every source shares
 (:mod:`launcher.cluster.roles`).
@@ -25,9 +28,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from ..cluster.placement import SPARE_ROLE
 from ..cluster.roles import RoleSlot, Slot, deal_gpus, number_slots
+from ..cluster.spec import AUTO, TaskSpec
 from ..cluster.roles import carve_roles as carve_slots
 from ..errors import ConfigError
 
@@ -106,6 +111,33 @@ def carve_roles(allocation: Allocation, *, chief: bool = False, ps: int = 0, eva
     return carve_slots(allocation.slots, chief=chief, ps=ps, evaluator=evaluator, source=source,
                        room=f"task slots; {allocation.describe()} (ask Slurm for more with --ntasks or "
                             "--ntasks-per-node)")
+
+
+def hold_back(allocation: Allocation, spares: int, source: str = "--slurm") -> tuple[Allocation, list[tuple[str, int]]]:
+    """The allocation's last ``spares`` nodes held back as spares: the allocation the tasks are
+    carved from, and each spare node with its task slots (one spare slot each)."""
+    if not spares:
+        return allocation, []
+    keep = len(allocation.nodes) - spares
+    if keep < 1:
+        raise ConfigError(source, "--spares", f"{spares} would hold back every node of {allocation.describe()}; "
+                          f"expected at most {len(allocation.nodes) - 1}, leaving a node for the tasks")
+    tasks = replace(allocation, nodes=allocation.nodes[:keep], tasks_per_node=allocation.tasks_per_node[:keep],
+                    cpus_per_node=allocation.cpus_per_node[:keep], nodelist=",".join(allocation.nodes[:keep]))
+    return tasks, list(zip(allocation.nodes[keep:], allocation.tasks_per_node[keep:]))
+
+
+def spare_slots(spare_nodes: list[tuple[str, int]], allocation: Allocation) -> tuple[TaskSpec, ...]:
+    """One spare slot (role ``spare``, port ``auto``, address its node) per task slot of each node
+    :func:`hold_back` held back, with the GPUs a worker in that slot would get (:func:`gpus_for`)."""
+    slots: list[TaskSpec] = []
+    for node, count in spare_nodes:
+        for place in range(count):
+            gpus = None if allocation.gpus_per_task else (
+                (place % allocation.gpus_per_node,) if allocation.gpus_per_node else ())
+            slots.append(TaskSpec(SPARE_ROLE, len(slots), node, AUTO, address=node, gpus=gpus,
+                                  key=f"spares[{len(slots)}]"))
+    return tuple(slots)
 
 
 def gpus_for(roles: list[RoleSlot], allocation: Allocation) -> dict[str, tuple[int, ...] | None]:

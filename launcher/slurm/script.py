@@ -36,8 +36,11 @@ def sbatch_lines(request: JobRequest) -> list[tuple[str, str]]:
     """(``#SBATCH`` option, what it is for) in the order the script lists them."""
     s = request.settings
     lines = [(f"--job-name={request.job_name}", "the name squeue and sacct show"),
-             (f"--nodes={s.nodes}", "nodes to allocate"),
+             (f"--nodes={(s.nodes or 0) + s.spares}",
+              f"nodes to allocate: {s.nodes} for the tasks, {s.spares} spare" if s.spares else "nodes to allocate"),
              (f"--ntasks-per-node={s.ntasks_per_node or 1}", "task slots per node: one TensorFlow task each")]
+    if s.spares:
+        lines.append(("--no-kill", "a failed node does not end the job: a spare stands in at the next restart"))
     if s.partition:
         lines.append((f"--partition={s.partition}", "partition (queue) to run in"))
     if s.time:
@@ -69,6 +72,8 @@ def tflaunch_argv(request: JobRequest) -> list[str]:
         argv += ["--ps", str(s.ps)]
     if s.evaluator:
         argv.append("--evaluator")
+    if s.spares:
+        argv += ["--spares", str(s.spares)]
     if s.requeue:
         argv.append("--requeue")
     argv += ["--run-dir", request.run_dir, *request.run_options]

@@ -8,6 +8,7 @@ Every key has a command-line twin on ``tflaunch submit``; the command line wins:
       chief: false             # --chief
       ps: 0                    # --ps
       evaluator: false         # --evaluator
+      spares: 1                # --spares: nodes held back to stand in for a failed one
       partition: debug         # --partition
       time: "1:00:00"          # --time
       gpus_per_task: 1         # --gpus-per-task
@@ -28,8 +29,8 @@ from typing import Any
 from ..cluster.fields import FieldReader, show
 from ..records.folder import SBATCH_SCRIPT
 
-SLURM_KEYS = ("nodes", "ntasks_per_node", "chief", "ps", "evaluator", "partition", "time", "gpus_per_task", "account",
-              "sbatch_options", "requeue", "warning_seconds")
+SLURM_KEYS = ("nodes", "ntasks_per_node", "chief", "ps", "evaluator", "spares", "partition", "time", "gpus_per_task",
+              "account", "sbatch_options", "requeue", "warning_seconds")
 DEFAULT_WARNING_SECONDS = 120
 # The settings written as text into job.sbatch, each with its option on 'tflaunch submit'.
 SCRIPT_TEXT_OPTIONS = {"partition": "--partition", "time": "--time", "account": "--account",
@@ -45,6 +46,7 @@ class SlurmSettings:
     chief: bool = False
     ps: int = 0
     evaluator: bool = False
+    spares: int = 0  # nodes beyond ``nodes`` held back as spares (the job asks for nodes + spares)
     partition: str | None = None
     time: str | None = None  # Slurm's time syntax, e.g. "1:00:00"
     gpus_per_task: int | None = None
@@ -109,6 +111,7 @@ def read_slurm_section(source: str, value: Mapping[str, Any] | None) -> SlurmSet
         chief=reader.read_bool(mapping.get("chief", False), "slurm.chief"),
         ps=reader.read_count(mapping.get("ps", 0), "slurm.ps"),
         evaluator=reader.read_bool(mapping.get("evaluator", False), "slurm.evaluator"),
+        spares=reader.read_count(mapping.get("spares", 0), "slurm.spares"),
         partition=reader.optional_str(mapping, "partition", "slurm"),
         time=None if time is None else str(time),
         gpus_per_task=positive("gpus_per_task"),

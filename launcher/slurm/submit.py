@@ -152,7 +152,8 @@ def submit(options: SubmitOptions, wait: bool, on_submitted: Callable[[Submitted
         message = last_line(err) or f"sbatch exited with {proc.returncode}"
         raise SlurmError(f"submit: {message}", exit_code=2 if is_user_mistake(err) else 1)
     write_slurm_record(run_dir, {"job_id": job_id, "script": str(script), "submitted_at": iso_time(time.time()),
-                                 "nodes": request.settings.nodes, "ntasks_per_node": request.settings.ntasks_per_node or 1,
+                                 "nodes": request.settings.nodes, "spares": request.settings.spares,
+                                 "ntasks_per_node": request.settings.ntasks_per_node or 1,
                                  "partition": request.settings.partition, "requeue": request.settings.requeue})
     on_submitted(Submitted(job_id, run_dir, script))
     if not wait:

@@ -10,6 +10,10 @@ tasks. Every task's address is its node name, which the other nodes resolve.
 A cluster file with a ``slurm:`` section and no roles may be given for the cluster-wide settings
 (command, env, restarts, threads, workdir, python, setup); ``--chief``/``--ps``/``--evaluator``
 win over its ``slurm:`` roles.
+
+``--spares K`` (or the section's ``spares``) holds the allocation's last K nodes back: one spare
+slot per task slot of such a node (port ``auto``, role ``spare``), where a failed node's tasks
+move at the next restart (:mod:`launcher.cluster.placement`).
 """
 
 from __future__ import annotations
@@ -21,12 +25,14 @@ from dataclasses import dataclass, field, replace
 from ..cluster.checks import check_cluster
 from ..cluster.reader import load_cluster_file
 from ..cluster.spec import AUTO, ClusterSpec, TaskSpec
-from ..errors import ConfigError
+from ..errors import ConfigError, OptionsError
 from ..slurm.allocation import (
     Allocation,
     carve_roles,
     gpus_for,
+    hold_back,
     read_allocation,
+    spare_slots,
     thread_count,
 )
 from ..slurm.commands import expand_hostlist
@@ -40,6 +46,7 @@ class SlurmSource:
     chief: bool | None = None  # None: the file's slurm.chief (else False)
     ps: int | None = None
     evaluator: bool | None = None
+    spares: int | None = None  # None: the file's slurm.spares (else 0)
     cluster_file: str | None = None
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
 
@@ -52,6 +59,8 @@ class SlurmSource:
             words.append(f"--ps {self.ps}")
         if self.evaluator:
             words.append("--evaluator")
+        if self.spares:
+            words.append(f"--spares {self.spares}")
         job = self.environ.get("SLURM_JOB_ID")
         return " ".join(words) + (f" (job {job})" if job else "")
 
@@ -66,8 +75,11 @@ class SlurmSource:
             if base.tasks:
                 raise ConfigError(self.cluster_file, base.tasks[0].role, "with --slurm the roles come from the "
                                   "allocation; remove the role lists (use the 'slurm:' section's chief/ps/evaluator)")
+            if base.spares:
+                raise ConfigError(self.cluster_file, "spares", "with --slurm the spares are nodes of the allocation; "
+                                  "remove the list and use --spares K (or the 'slurm:' section's spares)")
             settings = read_slurm_section(self.cluster_file, base.slurm)
-        allocation = self.allocation()
+        allocation, spare_nodes = hold_back(self.allocation(), settings.spares if self.spares is None else self.spares, self.label)
         roles = carve_roles(allocation, chief=settings.chief if self.chief is None else self.chief,
                             ps=settings.ps if self.ps is None else self.ps,
                             evaluator=settings.evaluator if self.evaluator is None else self.evaluator,
@@ -85,6 +97,16 @@ class SlurmSource:
         if threads == "auto":  # the same count on every node (the plan only knows this machine's cores)
             threads = thread_count(allocation, per_node) or "auto"
         spec = replace(base, source=self.label, tasks=tuple(tasks), transport=TRANSPORT, share_gpus=share,
-                       threads=threads)
+                       threads=threads, spares=spare_slots(spare_nodes, allocation))
         check_cluster(spec, local_hosts)
         return spec
+
+
+def spare_count(text: str | None) -> int | None:
+    """``--spares`` as ``--slurm`` takes it: a whole number K >= 1 of nodes to hold back."""
+    if text is None:
+        return None
+    if not (text.strip().isascii() and text.strip().isdigit()) or int(text) < 1:
+        raise OptionsError(f"--spares: with --slurm, expected a number of nodes K >= 1 to hold back as spares, "
+                           f"got {text!r}")
+    return int(text)

@@ -26,7 +26,7 @@ import importlib
 import json
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Callable
 
 from ..cluster.plan import TaskLaunch
@@ -91,6 +91,14 @@ class TransportSet:
         """Bring up every host's agent of ``launches`` at once."""
         for name in dict.fromkeys(launch.transport for launch in launches):
             self.get(name).prepare(launches)
+
+    def leave_out(self, hosts: Collection[str], back: Collection[str] = ()) -> None:
+        """The run left ``hosts`` out and took ``back`` in again: a transport that asks a scheduler
+        for its hosts (srun's ``--exclude``) keeps the left-out ones out of what it asks for."""
+        for transport in self._transports.values():
+            leave_out = getattr(transport, "leave_out", None)
+            if leave_out is not None:
+                leave_out(hosts, back)
 
     def helper(self, launch: TaskLaunch, source: str, request: dict, on_line: Callable[[str | None], None],
                env: Mapping[str, str] | None = None):

@@ -15,6 +15,13 @@ from (``SLURM_LAUNCH_NODE_IPADDR``). From then on a node is supervised exactly a
 Only how the link fails reads differently: a node whose agent went silent or whose connection
 closed is a lost node (srun's ``Node failure on`` line names it when slurmctld declared it dead);
 an agent that never connected names srun's own error.
+
+A node lost for good (a spare stands in, or the cluster shrinks: :mod:`launcher.run.hostpool`)
+does not take the others down: the step runs with ``--no-kill``, so Slurm ending a failed node's
+part leaves the other nodes' agents running (in a job allocated with ``--no-kill``, which a node
+failure does not end). A later step names only its own nodes and ``--exclude``s the nodes the run
+left out (:meth:`SrunTransport.leave_out`), and a node whose agent was lost is dialled again in a
+step of its own.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import os
 import secrets
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from ..cluster.plan import TaskLaunch
 from ..cluster.spec import DEFAULT_KEEPALIVE_TIMEOUT
@@ -59,9 +66,11 @@ def node_addresses(nodes: Sequence[str]) -> list[str]:
     return [known[node] for node in nodes] if done.returncode == 0 and all(n in known for n in nodes) else []
 
 
-def srun_argv(nodes: Sequence[str], first: TaskLaunch, grace: float, port: int, host: str = "-") -> list[str]:
+def srun_argv(nodes: Sequence[str], first: TaskLaunch, grace: float, port: int, host: str = "-",
+              exclude: Collection[str] = ()) -> list[str]:
     """The one srun step that runs an agent on each of ``nodes``, dialling ``host`` (``-``: the
-    address srun was started from) at ``port``."""
+    address srun was started from) at ``port``; ``exclude``: nodes the run left out, which Slurm
+    must not place the step on."""
     # Heartbeats and samples spaced out as for as many ssh hosts (see hostagent.beat_for, sample_for).
     spec = agent_spec(grace, DEFAULT_KEEPALIVE_TIMEOUT, sample=sample_for(len(nodes)), connect=f"{host} {port}",
                       beat=beat_for(len(nodes), DEFAULT_KEEPALIVE_TIMEOUT))
@@ -70,13 +79,18 @@ def srun_argv(nodes: Sequence[str], first: TaskLaunch, grace: float, port: int, 
         # The setup line is shell by design; the agent's argv then passes through "$@" unchanged.
         agent = ["/bin/sh", "-c", f'{first.setup}\nexec "$0" "$@"', *agent]
     count = len(nodes)
+    left_out = sorted(set(exclude) - set(nodes))
     return [
         "srun", f"--nodes={count}", f"--ntasks={count}", "--ntasks-per-node=1", f"--nodelist={','.join(nodes)}",
+        *([f"--exclude={','.join(left_out)}"] if left_out else []),
         "--overlap",  # the step shares the allocation's CPUs with the batch step
         "--job-name=tflaunch-agents",  # how squeue -s and sacct name the step
         f"--chdir={first.workdir}",
         "--input=none",  # each agent's channel is its own connection
         "--kill-on-bad-exit=0",  # one node's agent ending must not end the others': tflaunch decides
+        # Nor one node failing: without it Slurm ends the whole step, every node's agent with it,
+        # when a node dies (in a job allocated with --no-kill, the others go on: a spare stands in).
+        "--no-kill",
         *agent,
     ]
 
@@ -115,7 +129,8 @@ class SrunCarrier(Carrier):
 class AgentStep:
     """The run's job step: its srun client, its output, and the connections its agents open back."""
 
-    def __init__(self, nodes: Sequence[str], first: TaskLaunch, grace: float, keepalive: float):
+    def __init__(self, nodes: Sequence[str], first: TaskLaunch, grace: float, keepalive: float,
+                 exclude: Collection[str] = ()):
         token = secrets.token_hex(16)
         # Where one address of this host reaches every node, the listener is there only and the
         # agents are told to dial it; otherwise it is on every address and they dial the one srun
@@ -129,7 +144,7 @@ class AgentStep:
         self.output = tempfile.TemporaryFile()
         env = {**os.environ, TOKEN_VARIABLE: token}
         try:
-            self.popen = subprocess.Popen(srun_argv(nodes, first, grace, self.listener.port, address or "-"),
+            self.popen = subprocess.Popen(srun_argv(nodes, first, grace, self.listener.port, address or "-", exclude),
                                           stdin=subprocess.DEVNULL, stdout=self.output, stderr=self.output, env=env,
                                           # Terminal signals reach tflaunch only (srun would forward them
                                           # and two Ctrl-C would SIGKILL the step); tflaunch stops tasks in order.
@@ -181,19 +196,28 @@ class SrunTransport:
         self.links: dict[str, AgentLink] = {}
         self.setups: dict[str, str | None] = {}
         self.logs = LogWriter()
+        self.left_out: set[str] = set()  # nodes the run left out: every later step excludes them
+
+    def leave_out(self, hosts: Collection[str], back: Collection[str] = ()) -> None:
+        """The run left the nodes ``hosts`` out, and took ``back`` in again."""
+        self.left_out = (self.left_out | set(hosts)) - set(back)
 
     def prepare(self, launches: Sequence[TaskLaunch]) -> None:
-        """One step for every node that has no live agent yet (all of them, the first time)."""
+        """One step for every node that has no live agent yet (all of them, the first time).
+
+        A node whose agent was lost gets a step of its own: a step that names a node Slurm has
+        not yet found dead fails as a whole (``Communication connection failure``), and would
+        take the agents of the other nodes in it along."""
         mine = [l for l in launches if l.transport == "srun"]
         nodes = list(dict.fromkeys(l.host for l in mine
                                    if l.host not in self.links or self.links[l.host].lost_reason is not None))
-        if not nodes:
-            return
-        first = next(l for l in mine if l.host in nodes)
-        step = AgentStep(nodes, first, self.grace, DEFAULT_KEEPALIVE_TIMEOUT)
-        self.steps.append(step)
-        self.links.update(step.links)
-        self.setups.update({node: first.setup for node in nodes})
+        fresh = [node for node in nodes if node not in self.links]
+        for group in ([fresh] if fresh else []) + [[node] for node in nodes if node in self.links]:
+            first = next(l for l in mine if l.host in group)
+            step = AgentStep(group, first, self.grace, DEFAULT_KEEPALIVE_TIMEOUT, exclude=self.left_out)
+            self.steps.append(step)
+            self.links.update(step.links)
+            self.setups.update({node: first.setup for node in group})
 
     def link_for(self, launch: TaskLaunch) -> AgentLink:
         """The agent of ``launch``'s node (a step of its own if no earlier step has the node)."""

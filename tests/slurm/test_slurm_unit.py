@@ -123,11 +123,11 @@ def test_no_gpus_means_cpu_only():
 
 def test_slurm_section_reads_every_key():
     settings = read_slurm_section("c.yaml", {
-        "nodes": 2, "ntasks_per_node": 4, "chief": True, "ps": 1, "evaluator": True, "partition": "gpu",
+        "nodes": 2, "ntasks_per_node": 4, "chief": True, "ps": 1, "evaluator": True, "spares": 1, "partition": "gpu",
         "time": "1:00:00", "gpus_per_task": 1, "account": "proj", "sbatch_options": "--qos=high --exclusive",
         "requeue": True, "warning_seconds": 300})
-    assert settings == SlurmSettings(2, 4, True, 1, True, "gpu", "1:00:00", 1, "proj", ("--qos=high", "--exclusive"),
-                                     True, 300)
+    assert settings == SlurmSettings(2, 4, True, 1, True, 1, "gpu", "1:00:00", 1, "proj",
+                                     ("--qos=high", "--exclusive"), True, 300)
 
 
 @pytest.mark.parametrize("section, message", [
