@@ -37,7 +37,8 @@ def sbatch_lines(request: JobRequest) -> list[tuple[str, str]]:
     s = request.settings
     lines = [(f"--job-name={request.job_name}", "the name squeue and sacct show"),
              (f"--nodes={(s.nodes or 0) + s.spares}",
-              f"nodes to allocate: {s.nodes} for the tasks, {s.spares} spare" if s.spares else "nodes to allocate"),
+              f"nodes to allocate: {s.nodes} for the tasks, {s.spares} spare{'s' if s.spares > 1 else ''}"
+              if s.spares else "nodes to allocate"),
              (f"--ntasks-per-node={s.ntasks_per_node or 1}", "task slots per node: one TensorFlow task each")]
     if s.spares:
         lines.append(("--no-kill", "a failed node does not end the job: a spare stands in at the next restart"))
