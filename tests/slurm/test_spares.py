@@ -104,3 +104,21 @@ def test_submit_spares_asks_for_one_more_node_and_the_run_holds_it_back(slurm3, 
     assert [a["hosts"] for a in rec["attempts"]] == [{"worker-0": first, "worker-1": second},
                                                      {"worker-0": first, "worker-1": spare}], console
     assert f"attempt 2 runs worker-1 on spare {spare}" in console
+
+
+def test_a_bad_spares_count_is_one_line_with_exit_code_2(slurm, tmp_path):
+    words = subprocess.run([sys.executable, "-m", "launcher", "--slurm", "--spares", "node3", "--", "true"],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+                           env={**slurm.env, "PYTHONPATH": str(ROOT)})
+    assert words.returncode == 2 and words.stderr == (
+        "tflaunch: error: --spares: with --slurm, expected a number of nodes K >= 1 to hold back as spares, "
+        "got 'node3'\n")
+    script = tmp_path / "job.sh"
+    script.write_text(f"#!/bin/bash\nexec {sys.executable} -m launcher --slurm --spares 2 -- true\n")
+    out = tmp_path / "job.out"
+    done = slurm.run("sbatch", "--wait", "--nodes=2", f"--output={out}", f"--chdir={tmp_path}",
+                     f"--export=ALL,PYTHONPATH={ROOT}", str(script), timeout=120)
+    assert done.returncode != 0
+    errors = [line for line in out.read_text().splitlines() if line.strip()]
+    assert len(errors) == 1 and errors[0].startswith("tflaunch: error: --slurm --spares 2 (job "), errors
+    assert "--spares: 2 would hold back every node of job " in errors[0] and "expected at most 1" in errors[0]
