@@ -21,7 +21,7 @@ HELPERS = ROOT / "tests" / "helpers"
 TASK = str(HELPERS / "task.py")
 
 from testhosts_fixture import testhosts  # noqa: E402,F401  (fixture re-exported for ssh tests)
-from testslurm_fixture import slurm, slurm3, testslurm, testslurm3  # noqa: E402,F401  (fixtures re-exported for Slurm tests)
+from testslurm_fixture import slurm, slurm3, testslurm, testslurm3  # noqa: E402,F401  (the Slurm tests' fixtures)
 
 pytest_plugins = ["tiers"]  # the unit tier's rules; every test leaves cwd, env and signal handlers as found
 

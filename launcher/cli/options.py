@@ -55,7 +55,8 @@ _OPTIONS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     "evaluator": (("--evaluator",), {"is_flag": True, "help": "With -H/--hostfile: the last slot runs an evaluator."}),
     "spares": (("--spares",), {"metavar": "HOST[:SLOTS],...|K",
                                "help": "With -H/--hostfile: spare hosts; a lost host's tasks move to a spare slot at "
-                                       "the next restart. With --slurm: hold the allocation's last K nodes back as spares."}),
+                                       "the next restart. With --slurm: hold the allocation's last K nodes back as "
+                                       "spares."}),
 }
 _GPUS = click.option("--gpus", callback=_parse_gpus, metavar="LIST",
                      help="With --local: GPU indices (e.g. 0,1) dealt round-robin to chief and workers; with "

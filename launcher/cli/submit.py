@@ -34,8 +34,9 @@ Examples:
 @click.option("--ps", type=click.IntRange(min=0), metavar="K", help="The next K slots run ps tasks (implies --chief).")
 @click.option("--evaluator", is_flag=True, help="The last slot runs an evaluator.")
 @click.option("--spares", type=click.IntRange(min=1), metavar="K",
-              help="Ask for K more nodes and hold them back as spares: a failed node's tasks move to one at the next "
-                   "restart (with --max-restarts); the job is submitted with --no-kill, so a failed node does not end it.")
+              help="Ask for K more nodes and hold them back as spares: a failed node's tasks move to one at the "
+                   "next restart (with --max-restarts); the job is submitted with --no-kill, so a failed node does "
+                   "not end it.")
 @click.option("--partition", metavar="P", help="Slurm partition.")
 @click.option("--time", "time_limit", metavar="T", help="Time limit, in Slurm's syntax (e.g. 1:00:00).")
 @click.option("--gpus-per-task", type=click.IntRange(min=1), metavar="G", help="GPUs Slurm binds to each task.")
@@ -72,7 +73,8 @@ def submit_command(ctx: click.Context, cluster: str | None, **options: Any) -> N
     if options["grace"] is not None:
         passed += ["--grace", f"{options['grace']:g}"]
     overrides = {"nodes": options["nodes"], "ntasks_per_node": options["ntasks_per_node"], "chief": options["chief"],
-                 "ps": options["ps"], "evaluator": options["evaluator"], "spares": options["spares"], "partition": options["partition"],
+                 "ps": options["ps"], "evaluator": options["evaluator"], "spares": options["spares"],
+                 "partition": options["partition"],
                  "time": options["time_limit"], "gpus_per_task": options["gpus_per_task"],
                  "account": options["account"], "sbatch_options": tuple(options["sbatch_options"]),
                  "requeue": options["requeue"], "warning_seconds": options["warning_seconds"]}

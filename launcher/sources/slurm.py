@@ -79,7 +79,8 @@ class SlurmSource:
                 raise ConfigError(self.cluster_file, "spares", "with --slurm the spares are nodes of the allocation; "
                                   "remove the list and use --spares K (or the 'slurm:' section's spares)")
             settings = read_slurm_section(self.cluster_file, base.slurm)
-        allocation, spare_nodes = hold_back(self.allocation(), settings.spares if self.spares is None else self.spares, self.label)
+        spares = settings.spares if self.spares is None else self.spares
+        allocation, spare_nodes = hold_back(self.allocation(), spares, self.label)
         roles = carve_roles(allocation, chief=settings.chief if self.chief is None else self.chief,
                             ps=settings.ps if self.ps is None else self.ps,
                             evaluator=settings.evaluator if self.evaluator is None else self.evaluator,
