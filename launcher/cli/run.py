@@ -86,7 +86,9 @@ def run(ctx: click.Context, choice: ClusterChoice, **options: Any) -> None:
                                    "where the run folder is readable")
         require()  # before anything starts: one line naming the extra
     # Colour follows the terminal and NO_COLOR (see Console); the status line shows only on a terminal.
-    console = Console(tasks=given.tasks or None, quiet=given.quiet, verbose=given.verbose)
+    # Written to a file (slurm-<job>.out), the console keeps its task lines' start and end within --log-max-size.
+    console = Console(tasks=given.tasks or None, quiet=given.quiet, verbose=given.verbose,
+                      file_limit=given.log_max_size)
     try:
         if options["slurm"]:
             from ..run.slurmjob import run_in_job

@@ -243,10 +243,10 @@ def build_report(run: Run, task: str | None = None, all_tasks: bool = False, plo
 
 
 def logs_cut(run: Run) -> list[tuple[str, int]]:
-    """(file name, bytes left out) of each log of the run (the tasks' latest, merged.log) that
-    outgrew its size limit, as its marker line says."""
+    """(file name, bytes left out) of each log of the run (the tasks' latest, merged.log,
+    metrics.jsonl) that outgrew its size limit, as its marker line says."""
     paths = [(f"{name}{TASK_LOG_SUFFIX}", run.folder.latest_task_log(name)) for name in run.task_names()]
-    paths.append((run.folder.merged_path.name, run.folder.merged_path))
+    paths += [(path.name, path) for path in (run.folder.merged_path, run.folder.metrics_path)]
     counts = [(name, left_out(path)) for name, path in paths]
     return [(name, count) for name, count in counts if count]
 

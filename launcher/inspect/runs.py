@@ -23,7 +23,7 @@ from typing import Any, Callable
 from ..errors import LaunchError, RunNotFoundError
 from ..options import form, python_caller
 from ..records.folder import RECORD, SLURM_RECORD, RunFolder
-from ..records.metrics import speaker
+from ..records.metrics import read_metrics, speaker
 from ..records.record import RunRecord, RunStatus, TaskRecord
 from ..records.states import TaskState
 from ..records.slurm import pending_record
@@ -109,7 +109,7 @@ class Run:
 
     def metrics(self) -> list[dict[str, Any]]:
         """The metric records in the order they arrived; a half-written last line is left out."""
-        return self.folder.read_metrics()
+        return read_metrics(self.folder.metrics_path)
 
     def resources(self) -> dict[str, Any]:
         """Per-task CPU and memory figures from ``resources.json``; empty when it was not sampled."""

@@ -6,7 +6,7 @@ Layout of one run::
     logs/20261122-140501-a3f9/
         run.json            the run record (records/record.py): cluster, tasks, commands, env, attempts, exit codes
         merged.log          every line of every task: "<date> <time> [<attempt>] <task> | <text>"
-        metrics.jsonl       the metric records tasks printed (the line format is in records/metrics.py)
+        metrics.jsonl       the metric records tasks printed (their format and its limit: records/metrics.py)
         resources.json      each task's CPU and memory figures, when they were sampled
         worker-0.log        each task's own stdout and stderr of its latest attempt, byte for byte
         attempt-1/worker-0.log   an earlier attempt's, moved there when the next attempt started
@@ -271,22 +271,6 @@ class RunFolder:
                 os.rename(os.path.join(self._real_path, moved), os.path.join(folder, moved))
             except FileNotFoundError:
                 pass  # removed by hand while the run went on: nothing to keep
-
-    def read_metrics(self) -> list[dict[str, Any]]:
-        """The metric records in the order they arrived; a half-written last line is left out."""
-        try:
-            text = self.metrics_path.read_text(errors="replace")
-        except OSError:
-            return []
-        records = []
-        for line in text.splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict):
-                records.append(record)
-        return records
 
     def read_resources(self) -> dict[str, dict[str, Any]]:
         """Per-task CPU and memory figures from ``resources.json``; empty when it was not sampled."""

@@ -9,16 +9,25 @@ the console. The built-in trainer writes these lines with its own copy of the pr
 
 Under MultiWorkerMirroredStrategy every worker reports the same all-reduced figures, so one
 task speaks for the run (:func:`speaker`): chief-0, else worker-0, else the first task to report.
+
+What tflaunch holds of metrics is bounded: a metric line longer than :data:`LINE_MAX` is no metric
+(it stays in the logs as a plain line, and tflaunch says so once per task), and ``metrics.jsonl``
+is a bounded log (:mod:`.boundedlog`) of at most :data:`METRICS_MAX_SIZE`, or ``--log-max-size``
+when that is smaller: its first records, a marker line saying how many bytes were left out, its
+latest records.
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any, Iterable
 
 from .kerasepochs import KerasState, may_hold, read_line
 
 PREFIX = b"TFLAUNCH_METRIC "
+LINE_MAX = 64 << 10  # a metric line's JSON may be this long: a record is a few hundred bytes, a big one a few KiB
+METRICS_MAX_SIZE = 64 << 20  # metrics.jsonl's limit (or --log-max-size when smaller): 100,000s of records
 
 Record = dict[str, Any]
 
@@ -26,7 +35,7 @@ Record = dict[str, Any]
 def parse_line(line: bytes) -> Record | None:
     """The record a line carries; None when it carries none or a malformed one (which stays a plain line)."""
     start = line.find(PREFIX)
-    if start < 0:
+    if start < 0 or len(line) - start - len(PREFIX) > LINE_MAX:
         return None
     try:
         record = json.loads(line[start + len(PREFIX):])
@@ -58,6 +67,48 @@ def metric_lines(block: bytes, keras: KerasState = KerasState()) -> tuple[KerasS
             if record is not None:
                 found.append((index, record))
     return keras, found
+
+
+def oversized(block: bytes, found: MetricLines) -> int:
+    """The length of the first metric line of ``block`` that is no metric for being over :data:`LINE_MAX`; 0 if none."""
+    if all(record is not None for _, record in found):
+        return 0
+    lines = block.split(b"\n")
+    return next((len(lines[index]) for index, record in found
+                 if record is None and len(lines[index]) > LINE_MAX + len(PREFIX)), 0)
+
+
+def scalars(record: Record) -> Record:
+    """The record without its lists and objects: what is shown and compared of it is its single figures."""
+    return {key: value for key, value in record.items() if not isinstance(value, (list, dict))}
+
+
+def read_metrics(path: Path) -> list[Record]:
+    """The records of a ``metrics.jsonl`` in the order they arrived, each with its single figures
+    only (:func:`scalars`: held by the thousand, lists would cost a reader far more than the file);
+    a half-written last line, and the marker of a file that outgrew its limit, are left out. A live
+    file's latest records are read from its parts (:mod:`.logview`)."""
+    from .logview import live_layout, read_view  # loaded by the readers only, not by the cluster's plan
+
+    try:
+        if live_layout(path) is not None:
+            return _records(read_view(path).split(b"\n"))
+        with open(path, "rb") as handle:
+            return _records(handle)
+    except OSError:
+        return []
+
+
+def _records(lines: Iterable[bytes]) -> list[Record]:
+    records = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a marker, or a half-written last line
+        if isinstance(record, dict):
+            records.append(scalars(record))
+    return records
 
 
 def speaker(tasks: Iterable[str], reported: Iterable[str] = ()) -> str | None:

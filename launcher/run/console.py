@@ -5,7 +5,9 @@ or stop the run: the output pump and the supervisor only append to the queue. Wh
 holds more than ``max_queued`` bytes of task output (a stalled terminal, a slow pipe, a flood of
 short lines; each line counts as ``LINE_COST`` bytes more, for the writer's work per line), further
 task lines are left out of the console, counted and announced once it catches up; the logs
-keep them all. When the stream is closed (``tflaunch ... | head -1``), console output is dropped
+keep them all. Metric lines are kept beyond that, as far as twice ``max_queued`` (a record counts
+``FIGURE_COST`` bytes more per figure: held parsed, it takes more than its text); past it they are
+left out too, so what waits for a stalled terminal is bounded whatever the tasks print. When the stream is closed (``tflaunch ... | head -1``), console output is dropped
 and the run goes on to its end and its own exit code.
 
 What a task line becomes on the console (the files are untouched by any of this):
@@ -22,7 +24,8 @@ What a task line becomes on the console (the files are untouched by any of this)
 
 On a terminal a status line (elapsed time, epoch, each task's state, restarts) stays under the
 scrolling output; it is never written to a pipe or a file. Colour only on a terminal, and never
-when ``NO_COLOR`` is set.
+when ``NO_COLOR`` is set. Written to a regular file, the task lines keep their start and end
+within ``file_limit`` (:class:`.terminal.FileBound`); tflaunch's messages are all written.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ STATUS_MIN_WIDTH = 20  # columns a terminal needs for the status line to be draw
 # of queue: so a flood of short lines is cut off at a backlog the writer clears in a second or so,
 # and tflaunch's own messages behind it still print before close() gives up on the console.
 LINE_COST = 64
+FIGURE_COST = 100  # what one figure of a parsed record takes in memory, about, in bytes of queue
 
 
 class Console:
@@ -61,7 +65,7 @@ class Console:
     def __init__(self, stream: IO[str] | None = None, *, messages: IO[str] | None = None,
                  colour: bool | None = None, tasks: Iterable[str] | None = None, quiet: bool = False,
                  verbose: bool = False, status: bool | None = None, max_queued: int = 16 << 20,
-                 refresh: float = 1.0, clock=time.monotonic):
+                 refresh: float = 1.0, clock=time.monotonic, file_limit: int | None = None):
         self.stream = stream if stream is not None else sys.stdout
         self.messages = messages if messages is not None else sys.stderr
         self.colour = wants_colour(self.stream) if colour is None else colour
@@ -79,8 +83,9 @@ class Console:
         self._colour_of: dict[str, str] = {}
         self._rank: dict[str, int] = {}  # the order tasks were registered in: folded names follow it
         self._twins = TwinFolder()  # only the writer thread touches it
-        self._out = Sink(self.stream)
-        self._err = self._out if self.messages is self.stream else Sink(self.messages)
+        self._out = Sink(self.stream, file_limit)  # a file keeps its task lines' start and end (terminal.py)
+        # Messages always reach a file: a sink of their own, outside the task lines' limit.
+        self._err = self._out if self.messages is self.stream and not self._out.bound else Sink(self.messages)
         term = os.environ.get("TERM", "")
         self.status = (self._out.tty and term not in ("", "dumb")) if status is None else status
         self._board = MetricBoard(shown_tasks=set() if quiet else self.only)
@@ -120,7 +125,17 @@ class Console:
         if not shown and not metrics:
             return
         lines = block.count(b"\n")
+        if metrics and not self.verbose:  # a parsed metric line is shown from its record: its text need not wait
+            split = block.split(b"\n")
+            for index, record in metrics:
+                if record is not None:
+                    split[index] = b""
+            block = b"\n".join(split)
         with self._cond:
+            if self._queued > 2 * self.max_queued:  # even metric lines wait no more
+                metrics = []
+                if not shown:
+                    return
             if shown and self._queued > self.max_queued:
                 # Said where it happened: a message queued after these lines prints after the note.
                 last = self._queue[-1] if self._queue else None
@@ -136,7 +151,7 @@ class Console:
                 block, shown = b"".join(split[index] + b"\n" for index, _ in metrics), False
                 metrics, lines = [(n, record) for n, (_, record) in enumerate(metrics)], len(metrics)
             self._queue.append(("task", name, attempt, block, shown, list(metrics)))
-            self._queued += len(block) + LINE_COST * lines
+            self._queued += len(block) + LINE_COST * lines + FIGURE_COST * sum(len(r or ()) for _, r in metrics)
             self._wake()
 
     def message(self, text: str) -> None:
@@ -200,6 +215,7 @@ class Console:
                 pieces.append((self._out, self._twin_text(self._twins.due(time.monotonic()))))
             self._write(pieces, final=stopping)
             if stopping:
+                self._out.finish()
                 return
 
     def _wait_time(self) -> float | None:

@@ -5,6 +5,11 @@ all-reduced), so the console shows those of the task that speaks for the run
 (:func:`launcher.records.metrics.speaker`). The others are compared with it, and a disagreement is shown as a line
 of its own rather than hidden. Records of other kinds, and those of an evaluator, are shown as
 they come, labelled with their task.
+
+What the board holds is bounded whatever the tasks print: the compared figures of the latest
+:data:`KEPT` records shown (a record of an epoch older than those is no longer compared), and the
+records of at most :data:`KEPT` epochs waiting for the task that speaks for the run (past that, the
+oldest is shown without it), each as its text and its compared figures.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from ..records.metrictext import number, record_text
 _COMPARED = {"epoch": ("loss", "accuracy", "val_loss", "val_accuracy"), "final": ("test_loss", "test_accuracy")}
 
 Line = tuple[str, str]  # (the task it is shown under, its text)
+KEPT = 8  # epochs (or test results) whose records the board holds, shown or waiting
 
 
 def _role(task: str) -> str:
@@ -46,8 +52,9 @@ class MetricBoard:
     epoch: int | None = None  # the latest epoch any task reported in the current attempt
     total: int | None = None  # epochs the run trains, when a record says
     attempt: int = 0
-    _held: dict[tuple, dict[str, dict[str, Any]]] = field(default_factory=dict)
-    _shown: dict[tuple, tuple[str, dict[str, Any]]] = field(default_factory=dict)
+    # (attempt, kind, epoch) -> task -> (its text, its compared figures), oldest first
+    _held: dict[tuple, dict[str, tuple[str, dict[str, Any]]]] = field(default_factory=dict)
+    _shown: dict[tuple, tuple[str, dict[str, Any]]] = field(default_factory=dict)  # -> (task, compared figures)
     _first: dict[str, str] = field(default_factory=dict)  # kind -> the first task that reported it
 
     def register(self, names: Iterable[str]) -> None:
@@ -80,31 +87,42 @@ class MetricBoard:
             return lines + [(task, record_text(record, self.total))]
         self._first.setdefault(kind, task)
         key = (attempt, kind, record.get("epoch") if kind == "epoch" else None)
+        figures = {name: record.get(name) for name in _COMPARED[kind]}
         if task == self.reporter(kind):
             lines.append((task, record_text(record, self.total)))
-            self._shown[key] = (task, record)
-            for other, held in self._held.pop(key, {}).items():
-                lines += self._compare(key, task, record, other, held)
+            self._show(key, task, figures)
+            for other, (_, held) in self._held.pop(key, {}).items():
+                lines += self._compare(key, task, figures, other, held)
         elif key in self._shown:
-            lines += self._compare(key, *self._shown[key], task, record)
+            lines += self._compare(key, *self._shown[key], task, figures)
         else:
-            self._held.setdefault(key, {})[task] = record
+            self._held.setdefault(key, {})[task] = (record_text(record, self.total), figures)
+            if len(self._held) > KEPT:  # the speaker is far behind, or silent: the oldest waits no longer
+                lines += self._release_key(next(iter(self._held)))
         return lines
+
+    def _show(self, key: tuple, task: str, figures: dict[str, Any]) -> None:
+        self._shown[key] = (task, figures)
+        while len(self._shown) > KEPT:
+            del self._shown[next(iter(self._shown))]
 
     def release(self, ended: Iterable[str]) -> list[Line]:
         """Show the held records whose reporter is among the ``ended`` tasks and never sent its own."""
         ended = set(ended)
         lines: list[Line] = []
         for key in list(self._held):
-            if self.reporter(key[1]) not in ended:
-                continue
-            held = self._held.pop(key)
-            first = next(t for t in [*self.tasks, *sorted(held)] if t in held)
-            lines.append((first, record_text(held[first], self.total)))
-            self._shown[key] = (first, held[first])
-            lines += [line for other, rec in held.items() if other != first
-                      for line in self._compare(key, first, held[first], other, rec)]
+            if self.reporter(key[1]) in ended:
+                lines += self._release_key(key)
         return lines
+
+    def _release_key(self, key: tuple) -> list[Line]:
+        """Show the held records of ``key``: the first task's, and how the others differ from it."""
+        held = self._held.pop(key)
+        first = next(t for t in [*self.tasks, *sorted(held)] if t in held)
+        text, figures = held[first]
+        self._show(key, first, figures)
+        return [(first, text)] + [line for other, (_, theirs) in held.items() if other != first
+                                  for line in self._compare(key, first, figures, other, theirs)]
 
     def release_all(self) -> list[Line]:
         """Show every held record (the run or its attempt is over)."""

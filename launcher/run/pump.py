@@ -10,7 +10,8 @@ within ``log_max_size``, ``merged.log`` within ``MERGED_SHARE`` times that. The 
 task log's :class:`~launcher.records.boundedlog.BoundedLog` from :meth:`OutputPump.follow` until the
 attempt ends, when it stitches it (head, marker, tail). Should the pump fall so far behind a flood
 that part of a task's output is gone from its log before it was read, merged.log says how many bytes
-it left out there.
+it left out there. ``metrics.jsonl`` is a bounded log too (its limit: :mod:`launcher.records.metrics`),
+and a metric line over its size limit is no metric: the pump says so once per task.
 
 Each merged line reads ``<date> <time> [<attempt>] <task> | <text>``.
 
@@ -37,10 +38,10 @@ from typing import TYPE_CHECKING, Iterable
 
 from ..options import LOG_MAX_SIZE
 from ..records.boundedlog import MERGED_SHARE, WRITING, BoundedLog, Reader, format_size
-from ..records.folder import MERGED
+from ..records.folder import MERGED, METRICS
 from ..records.lines import LineSplitter
 from ..records.kerasepochs import KerasState
-from ..records.metrics import MetricLines, metric_lines
+from ..records.metrics import LINE_MAX, METRICS_MAX_SIZE, MetricLines, metric_lines, oversized, scalars
 from .limits import OPEN_FILES
 from .progress import Progress
 
@@ -86,6 +87,7 @@ class _Source:
     done: bool = False  # no longer followed (its attempt ended)
     relayed: bool = False  # written to through its BoundedLog: its writes are announced
     queued: bool = False  # waiting in the pump's line of logs to read
+    oversized: bool = False  # it printed a metric line over LINE_MAX (said once)
 
 
 class OutputPump:
@@ -98,7 +100,9 @@ class OutputPump:
         self._merged = BoundedLog(merged_path, MERGED_SHARE * log_max_size)
         self._merged_out: list[bytes | memoryview] = []  # merged.log's bytes of this sweep, written at once
         self._merged_size = 0  # their length
-        self._metrics = open(metrics_path, "ab")
+        os.close(os.open(metrics_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644))
+        self._metrics = BoundedLog(metrics_path, min(METRICS_MAX_SIZE, log_max_size))
+        self._metrics_out: list[bytes] = []  # metrics.jsonl's lines of this sweep, written at once
         self.console = console
         self.interval = interval
         self.clock = clock
@@ -365,9 +369,21 @@ class OutputPump:
         source.keras, records = metric_lines(block, source.keras)  # the one place metric lines are read
         if records:
             self._record_metrics(source, records)
+            if not source.oversized and (size := oversized(block, records)):
+                source.oversized = True
+                self._say(f"{source.name} printed a metric line of {size:,} bytes, over the limit of "
+                          f"{format_size(LINE_MAX)}: such lines are no metrics (not in {METRICS} nor "
+                          f"shown as figures); the logs keep them")
+            # The console needs a record's single figures only: a list of 10,000 values is no figure.
+            records = [(index, record if record is None else scalars(record)) for index, record in records]
         # Only queued here: the console's own thread writes it, so a closed or stalled terminal
         # never holds up the files, the metrics or the supervisor.
         self.console.task_block(source.name, block, source.attempt, records)
+
+    def _say(self, text: str) -> None:
+        """One of tflaunch's messages said by the pump (its thread): on the console and in merged.log."""
+        self.console.message(text)
+        self._write_merged(LAUNCHER_NAME, self.attempt, text.encode() + b"\n")
 
     def _write_merged(self, name: str, attempt: int, block: bytes, now: float | None = None) -> None:
         now = self.clock() if now is None else now
@@ -389,10 +405,12 @@ class OutputPump:
             record["attempt"] = source.attempt
             record.setdefault("time", round(self.clock(), 3))
             self.progress.metric(source.attempt, source.name, record["time"])
-            self._metrics.write(json.dumps(record, separators=(",", ":")).encode() + b"\n")
+            self._metrics_out.append(json.dumps(record, separators=(",", ":")).encode() + b"\n")
 
     def _flush_files(self) -> None:
         out, self._merged_out, self._merged_size = self._merged_out, [], 0
         if out:
             self._merged.write_pieces(out)
-        self._metrics.flush()
+        metrics, self._metrics_out = self._metrics_out, []
+        if metrics:
+            self._metrics.write_pieces(metrics)

@@ -14,7 +14,7 @@ from ..cluster.plan import Plan
 from ..cluster.spec import ClusterSpec
 from ..records.folder import DEFAULT_LOG_DIR, LEARNING_CURVES, RunFolder
 from ..records.logview import tail_lines
-from ..records.metrics import speaker, trained_seconds
+from ..records.metrics import read_metrics, speaker, trained_seconds
 from ..records.states import Outcome, TaskState, duration_text, plural
 from .metricview import number as figure
 from .render import meaningful
@@ -56,7 +56,7 @@ def describe_result(result: RunResult) -> list[str]:
     attempts = f" after {plural(len(result.attempts), 'attempt')}" if len(result.attempts) > 1 else ""
     usage = RunFolder(Path(result.run_dir)).read_resources()
     if final.outcome is Outcome.SUCCEEDED:
-        training = training_lines(RunFolder(Path(result.run_dir)).read_metrics(), len(result.attempts))
+        training = training_lines(read_metrics(RunFolder(Path(result.run_dir)).metrics_path), len(result.attempts))
         return [f"run {result.run_id} succeeded{attempts} in {duration} ({plural(len(final.tasks), 'task')})",
                 *task_table(final.tasks, usage), *leftover_lines(result), *training,
                 f"logs in {result.run_dir}", *([_report_hint(result)] if training else [])]
@@ -89,7 +89,7 @@ def describe_result(result: RunResult) -> list[str]:
         lines.append("other tasks:" if root is not None else "tasks:")
         lines += task_table(others, usage, fold=len(final.tasks) >= FOLD_FROM)
     lines += leftover_lines(result)
-    lines += training_lines(RunFolder(Path(result.run_dir)).read_metrics(), len(result.attempts))
+    lines += training_lines(read_metrics(RunFolder(Path(result.run_dir)).metrics_path), len(result.attempts))
     lines.append(f"logs in {result.run_dir}; tflaunch exits with {result.exit_code}")
     return lines
 

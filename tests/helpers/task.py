@@ -8,7 +8,8 @@ Actions run in order: ``env`` prints TF_CONFIG and TFLAUNCH_* as one JSON line; 
 ``stderr:TEXT``; ``child`` starts a grandchild that sleeps (to check group kills);
 ``signal-if:TASK:SIG`` kills itself with SIG in TASK; ``ignore-term`` ignores SIGTERM;
 ``forever`` sleeps until killed; ``bind`` listens on this task's TF_CONFIG port (exit 5 if
-taken); ``flood:N`` writes N numbered lines, odd ones to stderr; ``raw:HEX`` writes raw bytes;
+taken); ``flood:N`` writes N numbered lines, odd ones to stderr; ``metric-flood:N:SIZE`` writes N epoch
+metric lines of about SIZE bytes each (epochs 1..N, each with a ``pad`` figure list); ``raw:HEX`` writes raw bytes;
 ``traceback-on-term`` makes SIGTERM raise, so the task ends with a Python traceback (as a
 TensorFlow worker whose collective a stop broke does).
 """
@@ -84,6 +85,14 @@ def main(actions):
                 (err if i % 2 else out).write(f"{me} line {i} {'x' * (i % 50)}\n")
             out.flush()
             err.flush()
+        elif kind == "metric-flood":
+            count, _, size = arg.partition(":")
+            pad = [0.5] * max(0, (int(size) - 80) // 5)  # ", 0.5" is five bytes
+            out = sys.stdout
+            for epoch in range(1, int(count) + 1):
+                record = {"kind": "epoch", "epoch": epoch, "loss": 1.0 / epoch, "pad": pad}
+                out.write("TFLAUNCH_METRIC " + json.dumps(record) + "\n")
+            out.flush()
         elif kind == "raw":
             sys.stdout.buffer.write(bytes.fromhex(arg))
             sys.stdout.flush()
