@@ -29,7 +29,6 @@ from __future__ import annotations
 import os
 import secrets
 import subprocess
-import tempfile
 from collections.abc import Collection, Sequence
 
 from ..cluster.plan import TaskLaunch
@@ -37,6 +36,7 @@ from ..cluster.spec import DEFAULT_KEEPALIVE_TIMEOUT
 from ..options import GRACE
 from .base import CANNOT_START, ExitStatus, FailedStart
 from .connectback import ConnectBack, source_address
+from .heldoutput import HeldOutput
 from .carriers import Carrier
 from .hostagent import EOF_GRACE, TOKEN_VARIABLE, beat_for, encode_fields, sample_for
 from .hostlink import AgentLink
@@ -141,17 +141,20 @@ class AgentStep:
         self.links = {node: AgentLink(node, SrunCarrier(node, self, keepalive), None, None, keepalive=keepalive,
                                       hub=HUB, attach_within=CONNECT_TIMEOUT, beat=beat_for(len(nodes), keepalive))
                       for node in nodes}
-        self.output = tempfile.TemporaryFile()
+        self.output = HeldOutput(keep=lambda line: NODE_FAILURE in line)  # srun's own output, bounded
         env = {**os.environ, TOKEN_VARIABLE: token}
         try:
             self.popen = subprocess.Popen(srun_argv(nodes, first, grace, self.listener.port, address or "-", exclude),
-                                          stdin=subprocess.DEVNULL, stdout=self.output, stderr=self.output, env=env,
+                                          stdin=subprocess.DEVNULL, stdout=self.output.fd, stderr=self.output.fd,
+                                          env=env,
                                           # Terminal signals reach tflaunch only (srun would forward them
                                           # and two Ctrl-C would SIGKILL the step); tflaunch stops tasks in order.
                                           start_new_session=True, close_fds=True)
         except OSError:
             self.listener.close()
+            self.output.close()
             raise
+        self.output.started()
         self._closed = False
         self.listener.start()
 
@@ -159,17 +162,20 @@ class AgentStep:
         self.links[node].attach(fd, fd)
 
     def node_failure(self, node: str) -> str | None:
-        for line in self._lines():
-            if NODE_FAILURE in line and node in line:
+        self._settle()
+        for line in self.output.picked():
+            if node in line:
                 return line.strip()
         return None
 
     def last_line(self) -> str | None:
-        lines = [line for line in self._lines() if line.strip()]
+        self._settle()
+        lines = [line for line in self.output.lines() if line.strip()]
         return lines[-1].strip() if lines else None
 
-    def _lines(self) -> list[str]:
-        return [line for line in _read_all(self.output).splitlines()]
+    def _settle(self) -> None:
+        if self.popen.poll() is not None:  # srun ended: its last words are read before they are quoted
+            self.output.wait(1.0)
 
     def close(self, wait: float) -> None:
         self.listener.close()
@@ -181,10 +187,6 @@ class AgentStep:
         except subprocess.TimeoutExpired:
             self.popen.kill()  # Slurm ends the step and every agent in it
             self.popen.wait()
-
-
-def _read_all(file) -> str:
-    return os.pread(file.fileno(), 1 << 20, 0).decode("utf-8", "replace")
 
 
 class SrunTransport:
