@@ -170,9 +170,10 @@ class RunOptions:
                     "with the run (needs the 'tensorboard' extra).")
     log_max_size: int | str = _option(
         LOG_MAX_SIZE, metavar="SIZE", parse=str,
-        help="Keep each task's log within SIZE (512M, 2G, 100k; default 1G) and the merged log within 4 x SIZE: "
-             "past it a log keeps its first quarter and its latest output, with a line between them saying how many "
-             "bytes were left out.")
+        help="Keep each task's log within SIZE (512M, 2G, 100k; default 1G), the merged log within 4 x SIZE and "
+             "the metrics file within SIZE or 64M, whichever is less: past it a log keeps its first quarter and its "
+             "latest output, with a line between them saying how many bytes were left out. The console written to "
+             "a file keeps its task lines' first quarter of SIZE and their last 1M.")
 
     def __post_init__(self) -> None:
         put = object.__setattr__  # the one place a frozen RunOptions is written: its values' checked forms
