@@ -5,10 +5,11 @@ or stop the run: the output pump and the supervisor only append to the queue. Wh
 holds more than ``max_queued`` bytes of task output (a stalled terminal, a slow pipe, a flood of
 short lines; each line counts as ``LINE_COST`` bytes more, for the writer's work per line), further
 task lines are left out of the console, counted and announced once it catches up; the logs
-keep them all. Metric lines are kept beyond that, as far as twice ``max_queued`` (a record counts
-``FIGURE_COST`` bytes more per figure: held parsed, it takes more than its text); past it they are
-left out too, so what waits for a stalled terminal is bounded whatever the tasks print. When the stream is closed (``tflaunch ... | head -1``), console output is dropped
-and the run goes on to its end and its own exit code.
+keep them all. Metric lines are kept beyond that, as far as twice ``max_queued`` (as their records,
+without their text; a record counts ``FIGURE_COST`` bytes more per figure); past it they are left
+out too, so what waits for a stalled terminal is bounded whatever the tasks print. When the stream
+is closed (``tflaunch ... | head -1``), console output is dropped and the run goes on to its end
+and its own exit code.
 
 What a task line becomes on the console (the files are untouched by any of this):
 
