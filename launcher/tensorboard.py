@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Callable
 
 from .errors import LaunchError
+from .records.files import open_own
 from .records.folder import TENSORBOARD, TENSORBOARD_LOG
 from .taskenv import TENSORBOARD_DIR
 
@@ -142,7 +143,7 @@ class TensorBoard:
         output = None
         try:
             if log_path is not None:
-                output = open(log_path, "ab")
+                output = open(open_own(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND), "ab")
             process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=output, stderr=output,
                                        start_new_session=True)
         except OSError as exc:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..records.states import RunStatus
-from ..records.control import ControlError, ask
+from ..records.control import ControlError, ask, escaped
 from .runs import Run
 
 
@@ -29,13 +29,14 @@ def live_stacks(run: Run) -> dict[str, Any]:
 
 
 def stacks_lines(answer: dict[str, Any]) -> list[str]:
-    """The verdict first, then each task's stacks as py-spy printed them."""
-    tasks = answer.get("tasks") or []
-    verdict = answer.get("verdict") or {}
+    """The verdict first, then each task's stacks as py-spy printed them; every character a terminal
+    would act on is shown escaped (a task names its own threads and functions)."""
+    tasks = [task for task in answer.get("tasks") or [] if isinstance(task, dict)]
+    verdict = answer.get("verdict") if isinstance(answer.get("verdict"), dict) else {}
     lines = [f"run {answer.get('run_id')}, attempt {answer.get('attempt')}: stacks of {len(tasks)} running tasks, "
              f"sampled at {answer.get('sampled_at')} in {answer.get('seconds')} s",
              f"verdict: {verdict.get('summary', '-')}"]
     for task in tasks:
         lines += ["", f"== {task.get('name')} ({task.get('role')} on {task.get('host')}, pid {task.get('pid')})"]
-        lines += str(task.get("stacks") or "").rstrip("\n").splitlines()
-    return lines
+        lines += str(task.get("stacks") or "").rstrip("\n").split("\n")
+    return [escaped(line) for line in lines]

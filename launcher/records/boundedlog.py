@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..options import LOG_MAX_SIZE
+from .files import NEW_FILE, create_beside, open_own
 from .folder import PART_INFIX
 
 MERGED_SHARE = 4  # merged.log may grow to this many times the per-task limit: it carries every task, prefixed
@@ -46,6 +47,7 @@ LAG_ALLOWANCE = 64 << 20
 LAG_PARTS = 512
 
 _APPEND = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+HEAD_LABEL = "head"  # .<name>.head-<random>: a spilling log's new head, renamed over it (records/files.py)
 IOV_MAX = 1024  # pieces one writev takes on Linux
 _RUNNING = "[... tflaunch: {count:>19,} bytes left out here so far; the latest output is in {name}" + PART_INFIX + \
            "* until this log is closed ...]\n"
@@ -110,7 +112,7 @@ class BoundedLog:
         view = memoryview(data)
         with self.lock:
             if self.closed:  # a late word after the close: appended as it is
-                self._fd = os.open(self.path, _APPEND, 0o644)
+                self._fd = open_own(self.path, _APPEND)
                 self._write_all(self._fd, view)
                 self.release_locked()
                 return
@@ -182,7 +184,7 @@ class BoundedLog:
     def _current_fd(self) -> int:
         if self._fd is None:
             target = self.path if self.head_end is None else part_path(self.path, self.parts[-1][0])
-            self._fd = os.open(target, _APPEND, 0o644)
+            self._fd = open_own(target, _APPEND)
         return self._fd
 
     @staticmethod
@@ -195,8 +197,8 @@ class BoundedLog:
         file, kept under a part's name, holds the output until newer parts hold the tail."""
         self.release_locked()
         head_end = self._head_cut()
-        spare = self.path.with_name(f".{self.path.name}.head")
-        with open(self.path, "rb") as old, open(spare, "wb") as new:
+        fd, spare = create_beside(self.path, HEAD_LABEL)
+        with open(fd, "wb") as new, open(os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as old:
             copy_range(old.fileno(), 0, head_end, new.fileno())
             new.write(running_marker(0, self.path.name))
         first = part_path(self.path, 0)
@@ -229,7 +231,7 @@ class BoundedLog:
         self.release_locked()
         self.parts.append([self.written, 0])
         self.generation += 1
-        self._fd = os.open(part_path(self.path, self.written), _APPEND | os.O_TRUNC, 0o644)
+        self._fd = open_own(part_path(self.path, self.written), NEW_FILE | os.O_APPEND)
         dropped = False
         while len(self.parts) > 1 and self._kept - self.parts[0][1] >= self.tail_size:
             start, size = self.parts[0]
@@ -241,7 +243,7 @@ class BoundedLog:
             part_path(self.path, start).unlink(missing_ok=True)
             dropped = True
         if dropped:  # the marker says how much is gone so far: rewritten in place, same width
-            fd = os.open(self.path, os.O_WRONLY)
+            fd = open_own(self.path, os.O_WRONLY)
             try:
                 os.pwrite(fd, running_marker(max(0, self.parts[0][0] - self.head_end), self.path.name), self.head_end)
             finally:

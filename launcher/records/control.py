@@ -2,7 +2,8 @@
 
 While a run lasts, its tflaunch serves ``<run folder>/control.sock`` (:data:`SOCKET`;
 :mod:`launcher.run.control` is the server), and ``tflaunch stacks`` asks it for every task's
-stacks. Only the user who runs tflaunch may use it. A request is one JSON line of at most
+stacks. Only the user who runs tflaunch may use it, and a client talks only to a server of its own
+user's (``SO_PEERCRED`` on both sides). A request is one JSON line of at most
 :data:`MAX_REQUEST` bytes, served within :data:`REQUEST_SECONDS`, at most :data:`MAX_CLIENTS` at
 once; an answer is one JSON object of at most :data:`MAX_ANSWER` bytes::
 
@@ -20,7 +21,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
+import struct
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -33,6 +36,8 @@ MAX_ANSWER = 64 << 20  # bytes a client accepts
 MAX_CLIENTS = 8  # requests served at once
 REQUEST_SECONDS = 30.0  # one deadline per request: read, sample, answer
 _PATH_MAX = 100  # longer socket paths go through the folder's descriptor
+# Characters a terminal acts on (C0 and C1 controls, DEL) but a line break and a tab: shown escaped.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
 class ControlError(LaunchError):
@@ -71,6 +76,11 @@ def ask(run_dir: Path, run_id: str, request: dict[str, Any], timeout: float = RE
         except PermissionError:
             raise ControlError(f"run {run_id} belongs to another user: only the user who started it may ask "
                                f"for its stacks ({run_dir / SOCKET})") from None
+        server = peer_uid(client)
+        if server != os.geteuid():
+            raise ControlError(f"run {run_id}: {run_dir / SOCKET} is served by "
+                               f"{'an unknown user' if server is None else f'uid {server}'}, not by you: "
+                               "not asked (only a tflaunch of your own answers for your runs)")
         data = b""
         try:
             client.sendall(json.dumps(request).encode() + b"\n")
@@ -93,5 +103,21 @@ def ask(run_dir: Path, run_id: str, request: dict[str, Any], timeout: float = RE
     except ValueError:
         raise ControlError(f"run {run_id}: the answer is not JSON ({len(data)} bytes)") from None
     if not isinstance(answer, dict) or not answer.get("ok"):
-        raise ControlError(f"run {run_id}: {answer.get('error') if isinstance(answer, dict) else 'a bad answer'}")
+        said = str(answer.get("error")) if isinstance(answer, dict) else "a bad answer"
+        raise ControlError(f"run {run_id}: {escaped(said.splitlines()[0] if said else said)}")
     return answer
+
+
+def peer_uid(conn: socket.socket) -> int | None:
+    """The uid of the process at the other end of a Unix socket (``SO_PEERCRED``), None if unknown."""
+    try:
+        _, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    except OSError:
+        return None
+    return uid
+
+
+def escaped(text: str) -> str:
+    """``text`` with every character a terminal would act on (an escape sequence, a bell, a
+    carriage return) written as ``\\xNN``: what a run's tflaunch answers is shown, never obeyed."""
+    return _CONTROL.sub(lambda match: f"\\x{ord(match[0]):02x}", text)

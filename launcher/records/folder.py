@@ -22,6 +22,13 @@ A Slurm run's folder also holds ``job.sbatch``, ``slurm.json`` (:mod:`launcher.r
 job's own output ``slurm-<job id>.out`` and, after requeues, ``requeue-<k>/`` with the run.json,
 task logs and attempt folders of earlier executions.
 
+A run folder is made without write access for anyone but its owner (mode 0755 at most, less under
+the umask), and tflaunch never follows a link in it: every temporary or part file is created
+exclusively (``O_EXCL | O_NOFOLLOW``), temporary ones under unpredictable names, and a log is
+appended to only when it is a regular file of this user's with no other name (:func:`launcher.records.files.open_own`), so
+that a folder others can write (a shared log directory with a default ACL, a folder opened up by
+hand) cannot make tflaunch write through a planted link into a file of its user's.
+
 A task's log is one file, at the top of the folder, for as long as the task runs in one attempt:
 a run that never restarts has no attempt folder (a run of 8,192 tasks makes 8,192 files, not also
 a link to each: on a shared or network filesystem each one is a metadata operation of its own).
@@ -39,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
 from ..options import DEFAULT_LOG_DIR, name
+from .files import open_own, sync_directory, write_atomically
 
 if TYPE_CHECKING:
     from .record import RunRecord
@@ -65,6 +73,7 @@ SBATCH_SCRIPT = "job.sbatch"
 SLURM_OUTPUT = "slurm-%j.out"  # sbatch's --output pattern: %j is the job id
 REQUEUE_PREFIX = "requeue-"  # requeue-<k>/
 RUN_ID_PLACEHOLDER = "<run-id>"  # the folder's name where a dry run shows paths in it
+FOLDER_MODE = 0o755  # a run folder: nobody else may add, remove or replace a name in it
 RUN_ID_DRAWS = 1000  # new ids a run draws when the one it drew is taken (a second holds 65,536)
 READABLE_TASKS = 64  # a final run.json of up to this many tasks is indented throughout
 
@@ -97,40 +106,6 @@ def part_of(name: str) -> tuple[str, int] | None:
     if not infix or not (offset.isascii() and offset.isdigit()):
         return None
     return log, int(offset)
-
-
-def write_atomically(path: Path, text: str, sync_folder: bool = False) -> None:
-    """Replace ``path`` through a temporary file and a rename: readers never see half a file.
-
-    The new file's data reaches the disk before the rename: otherwise a crash (power, kernel) can
-    leave the renamed file empty on filesystems that write data after metadata, losing the old
-    copy too. ``sync_folder`` also makes the rename itself durable; without it a crash may bring
-    back the previous copy, which is whole.
-    """
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        tmp.replace(path)
-    except OSError:
-        tmp.unlink(missing_ok=True)  # a full disk leaves no half-written file behind
-        raise
-    if sync_folder:
-        sync_directory(path.parent)
-
-
-def sync_directory(path: Path) -> None:
-    """fsync a folder, so that the names created or renamed in it survive a crash."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    except OSError as exc:
-        if exc.errno != errno.EINVAL:  # a filesystem that cannot sync folders has nothing to sync
-            raise
-    finally:
-        os.close(fd)
 
 
 def attempt_name(attempt: int) -> str:
@@ -175,7 +150,7 @@ class RunFolder:
         for _ in range(RUN_ID_DRAWS):
             path = base / new_run_id()
             try:
-                path.mkdir(parents=True, exist_ok=False)
+                path.mkdir(FOLDER_MODE, parents=True, exist_ok=False)
                 return cls(path)
             except OSError as exc:
                 if isinstance(exc, FileExistsError) and os.path.lexists(path):
@@ -247,7 +222,7 @@ class RunFolder:
         if earlier is not None and earlier != attempt:
             self._move_aside(log_name, earlier)
         self._log_attempts[name] = attempt
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644))
+        os.close(open_own(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND))
         return path
 
     def _move_aside(self, log_name: str, attempt: int) -> None:
@@ -256,7 +231,7 @@ class RunFolder:
         folder = self._attempt_dirs.get(attempt)
         if folder is None:  # once per attempt, not once per task
             made = self.attempt_dir(attempt)
-            made.mkdir(parents=True, exist_ok=True)
+            made.mkdir(FOLDER_MODE, parents=True, exist_ok=True)
             folder = self._attempt_dirs[attempt] = os.path.realpath(made)
             # Every log of the attempt was closed before the next one started: its part files are
             # all there now, found in one listing rather than one per task (8,192 of them, each a
@@ -317,7 +292,7 @@ class RunFolder:
         slim = {**data, "tasks": [{k: v for k, v in task.items() if k not in ("argv", "env")}
                                   for task in data.get("tasks", [])],
                 "attempts": [{k: v for k, v in attempt.items() if k != "hosts"} for attempt in data.get("attempts", [])]}
-        fd = os.open(self.record_path, os.O_WRONLY)
+        fd = open_own(self.record_path, os.O_WRONLY)
         try:
             for copy in (data, slim):
                 os.ftruncate(fd, 0)

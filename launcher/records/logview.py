@@ -16,9 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .boundedlog import ALIGN, MARKER, MARKER_START, copy_range, final_marker, format_size
+from .boundedlog import ALIGN, HEAD_LABEL, MARKER, MARKER_START, copy_range, final_marker, format_size
+from .files import create_beside
 from .folder import part_of
 from .lines import LineSplitter
+
+
+STITCH_LABEL = "stitch"  # .<name>.stitch-<random>: a log's stitched copy, renamed over it (records/files.py)
 
 
 def is_marker(line: str) -> bool:
@@ -166,8 +170,8 @@ def stitch(path: Path, head_end: int, parts: list[tuple[int, Path]], end: int, t
     layout = LiveLayout(head_end, sized)
     end = min(end, layout.end)
     first = layout.first if tail_size is None else max(layout.first, _line_start(layout, end - tail_size, end))
-    spare = path.with_name(f".{path.name}.stitch")
-    with open(path, "rb") as old, open(spare, "wb") as new:
+    fd, spare = create_beside(path, STITCH_LABEL)
+    with open(fd, "wb") as new, open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as old:
         copy_range(old.fileno(), 0, head_end, new.fileno())
         if first > head_end:
             new.write(final_marker(first - head_end))
@@ -187,15 +191,23 @@ def stitch(path: Path, head_end: int, parts: list[tuple[int, Path]], end: int, t
 
 def stitch_leftovers(path: Path, tail_size: int | None = None) -> None:
     """Stitch a live log nobody writes any more (its tflaunch was killed), keeping the last
-    ``tail_size`` bytes of its parts (all of them when None)."""
-    for spare in (f".{path.name}.head", f".{path.name}.stitch"):  # a step the killed writer had begun
+    ``tail_size`` bytes of its parts (all of them when None), and remove the new head or stitched
+    copy the killed writer had begun (its temporary files, ``.<name>.<label>-<random>``)."""
+    layout = live_layout(path)
+    if layout is None:
+        return
+    real = Path(os.path.realpath(path))
+    begun = tuple(f".{real.name}.{label}-" for label in (HEAD_LABEL, STITCH_LABEL))
+    try:
+        names = [name for name in os.listdir(real.parent) if name.startswith(begun)]
+    except OSError:
+        names = []
+    for name in names:
         try:
-            os.unlink(path.with_name(spare))
+            os.unlink(real.parent / name)
         except FileNotFoundError:
             pass
-    layout = live_layout(path)
-    if layout is not None:
-        stitch(path, layout.head_end, [(start, part) for start, part, _ in layout.parts], layout.end, tail_size)
+    stitch(path, layout.head_end, [(start, part) for start, part, _ in layout.parts], layout.end, tail_size)
 
 
 def _line_start(layout: LiveLayout, at: int, end: int) -> int:

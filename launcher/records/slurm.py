@@ -13,7 +13,8 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
-from .folder import SLURM_RECORD, write_atomically
+from .files import write_atomically
+from .folder import SLURM_RECORD
 from .record import RunRecord, RunStatus
 
 

@@ -16,14 +16,13 @@ import json
 import os
 import shutil
 import socket
-import struct
 import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-from ..records.control import MAX_CLIENTS, MAX_REQUEST, REQUEST_SECONDS, SOCKET, ControlError, short_path
+from ..records.control import MAX_CLIENTS, MAX_REQUEST, REQUEST_SECONDS, SOCKET, ControlError, peer_uid, short_path
 from ..records.folder import RunFolder, iso_time
 from ..records.states import TaskState
 from .signals import wait_readable
@@ -107,12 +106,7 @@ class ControlServer:
 
     @staticmethod
     def _same_user(conn: socket.socket) -> bool:
-        try:
-            _, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                                            struct.calcsize("3i")))
-        except OSError:
-            return False
-        return uid == os.geteuid()
+        return peer_uid(conn) == os.geteuid()
 
     def _handle(self, conn: socket.socket) -> None:
         deadline = time.monotonic() + REQUEST_SECONDS
@@ -132,10 +126,11 @@ class ControlServer:
     def answer(self, request: bytes, deadline: float) -> dict[str, Any]:
         try:
             op = json.loads(request).get("op")
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, RecursionError):  # RecursionError: nested deeper than json can read
             raise ControlError("not a request (expected one JSON object on one line)") from None
         if op != "stacks":
-            raise ControlError(f"unknown request {op!r} (known: 'stacks')")
+            what = repr(op)[:60] if isinstance(op, str) else "(op is not a string)"
+            raise ControlError(f"unknown request {what} (known: 'stacks')")
         supervisor = self.supervisor()
         tasks = list(supervisor.tasks) if supervisor is not None else []
         running = [t for t in tasks if t.state is TaskState.RUNNING and t.process is not None]

@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ..records.folder import RESOURCES, iso_time, write_atomically
+from ..records.files import write_atomically
+from ..records.folder import RESOURCES, iso_time
 from ..transports import reading_of
 from ..transports.base import Reading
 

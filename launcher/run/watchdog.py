@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from ..cluster.plan import TaskLaunch
-from ..records.folder import STACKS_SUFFIX, VERDICT, iso_time
+from ..records.files import write_atomically
+from ..records.folder import FOLDER_MODE, STACKS_SUFFIX, VERDICT, iso_time
 from ..records.logview import tail_lines
 from ..records.record import RootCause
 from ..records.states import TaskState, plural
@@ -238,13 +239,13 @@ class Watchdog:
     def file_stacks(self, texts: Mapping[str, str], found: Verdict, stall: Stall, hang: float) -> None:
         """Each task's stacks in ``<task>.txt`` and the verdict in ``verdict.json``; a failed write costs only itself."""
         try:
-            self.stacks_dir.mkdir(parents=True, exist_ok=True)
+            self.stacks_dir.mkdir(FOLDER_MODE, parents=True, exist_ok=True)
             for name, text in texts.items():
-                (self.stacks_dir / f"{name}{STACKS_SUFFIX}").write_text(text)
+                write_atomically(self.stacks_dir / f"{name}{STACKS_SUFFIX}", text)
             detail = {"declared_at": iso_time(self.clock()), "hang_timeout": hang, "cpu_share_limit": CPU_SHARE,
                       "cpu_share": {n: None if v is None else round(v, 4) for n, v in stall.cpu.items()},
                       **found.to_json()}
-            (self.stacks_dir / VERDICT).write_text(json.dumps(detail, indent=2) + "\n")
+            write_atomically(self.stacks_dir / VERDICT, json.dumps(detail, indent=2) + "\n")
         except OSError as exc:
             self.message(f"could not file the stacks in {self.stacks_dir}: {exc.strerror or exc}")
 

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..records.folder import (ATTEMPT_PREFIX, DEFAULT_LOG_DIR, MERGED, RECORD, TASK_LOG_SUFFIX, RunFolder,
+from ..records.folder import (ATTEMPT_PREFIX, DEFAULT_LOG_DIR, FOLDER_MODE, MERGED, RECORD, TASK_LOG_SUFFIX, RunFolder,
                               TENSORBOARD_LOG, iso_time, part_of, requeue_name)
 from ..records.slurm import read_slurm_record, write_slurm_record
 from ..records.states import RunStatus
@@ -47,7 +47,7 @@ def archive_previous_execution(folder: Path, restart_count: int) -> Path | None:
     if not old:
         return None
     target = folder / requeue_name(restart_count)
-    target.mkdir(exist_ok=True)
+    target.mkdir(FOLDER_MODE, exist_ok=True)
     for path in old:
         path.rename(target / path.name)
     return target

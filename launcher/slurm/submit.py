@@ -25,6 +25,7 @@ from pathlib import Path
 from ..cluster.reader import load_cluster_file
 from ..cluster.spec import is_secret_name, value_by_name
 from ..errors import ConfigError
+from ..records.files import write_atomically
 from ..records.folder import DEFAULT_LOG_DIR, RUN_ID_PLACEHOLDER, SBATCH_SCRIPT, RunFolder, iso_time
 from ..records.slurm import write_slurm_record
 from ..records.states import RunStatus
@@ -137,7 +138,7 @@ def submit(options: SubmitOptions, wait: bool, on_submitted: Callable[[Submitted
     run_dir = folder.path.resolve()
     request, _ = job_request(options, str(run_dir))
     script = run_dir / SBATCH_SCRIPT
-    script.write_text(render_script(request))
+    write_atomically(script, render_script(request))
     script.chmod(0o755)
     if shutil.which("sbatch") is None:
         shutil.rmtree(run_dir)

@@ -714,7 +714,7 @@ class Agent(object):
                 self.held_ports.pop(int(port)).close()  # the task is about to bind it
         try:
             if output:
-                out_w = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                out_w = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
             else:
                 process.out_fd, out_w = os.pipe()
                 if self.wide_pipes < WIDE_PIPES and widen_pipe(out_w):

@@ -16,6 +16,7 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Callable
 
 from ..records.boundedlog import WRITING, BoundedLog
+from ..records.files import open_own
 from .base import CANNOT_START, OPEN_LOGS, ExitStatus, Reading
 from .hostagent import Command, Status
 
@@ -198,7 +199,7 @@ class LogWriter:
                     held.release()
                     held = None
                 if held is None:
-                    held = WRITING.get(path) or os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                    held = WRITING.get(path) or open_own(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
                     if len(self._open) >= self.limit:
                         _let_go(self._open.popitem(last=False)[1])
                 self._open[path] = held

@@ -646,3 +646,17 @@ def test_real_trainer_run_reports_epochs_resources_and_learning_curves(tflaunch)
         assert "resource use: not recorded for this run (no resources.json)" in text
     rows = data_rows(inspect(tflaunch, "runs").stdout, r"\d{8}-")
     assert rows[done.run_dir.name][-1] == f"{report['final']['test_accuracy']:.4f}"
+
+
+@pytest.mark.unit
+def test_stacks_show_a_terminals_control_characters_escaped():
+    from launcher.inspect.stacks import stacks_lines
+
+    answer = {"run_id": "r\x1b[2J", "attempt": 1, "verdict": {"summary": "odd \x9b31m"},
+              "tasks": [{"name": "w\x07", "role": "worker", "host": "h", "pid": 1,
+                         "stacks": "Thread 1 (idle): \x1b]0;owned\x07\n    f (x.py:1)\rcover\n"}]}
+    lines = stacks_lines(answer)
+    assert not any(re.search("[\x00-\x08\x0b-\x1f\x7f-\x9f]", line) for line in lines), lines
+    assert lines[0].startswith("run r\\x1b[2J, attempt 1")
+    assert lines[1] == "verdict: odd \\x9b31m"
+    assert lines[-2:] == ["Thread 1 (idle): \\x1b]0;owned\\x07", "    f (x.py:1)\\x0dcover"]
