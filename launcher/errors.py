@@ -5,12 +5,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from .masking import masked_text
+
 
 def shown(value: Any, *, limit: int = 60, mapping: str = "a mapping", none: str = "nothing") -> str:
     """A bad value as a one-line message shows it: a word for a container or for no value (in the
     vocabulary of the file it came from: YAML's mapping, JSON's object and null), a boolean as YAML
     and JSON write it (``true``), a number as the file wrote it where it was kept (``text``), else
-    its repr cut to ``limit`` characters."""
+    its repr cut to ``limit`` characters, a secret in it masked (:func:`launcher.masking.masked_text`)."""
     if isinstance(value, Mapping):
         return mapping
     if isinstance(value, list):
@@ -20,7 +22,7 @@ def shown(value: Any, *, limit: int = 60, mapping: str = "a mapping", none: str 
     if isinstance(value, bool):
         return "true" if value else "false"
     text = getattr(value, "text", None) if isinstance(value, (int, float)) else None
-    text = text if isinstance(text, str) else repr(value)
+    text = text if isinstance(text, str) else masked_text(repr(value))
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import OptionsError
+from .masking import masked_text
 from .taskenv import ENV_NAME
 
 # An option's identity is its keyword argument of launch(). The command line writes it as
@@ -202,7 +203,7 @@ class RunOptions:
 
 def bad(option: str, expected: str, value: Any) -> OptionsError:
     """``--grace: expected a number of seconds >= 0, got -1.0`` (``grace: ...`` from launch())."""
-    return OptionsError(f"{name(option)}: expected {expected}, got {value!r}")
+    return OptionsError(f"{name(option)}: expected {expected}, got {masked_text(repr(value))}")
 
 
 def count(option: str, value: Any, least: int) -> int:

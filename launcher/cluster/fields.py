@@ -11,6 +11,7 @@ import shlex
 from typing import Any, Callable, Iterable, Mapping, TypeVar
 
 from ..errors import ConfigError, ConfigErrors, shown
+from ..masking import is_secret_name
 from ..taskenv import ENV_NAME
 from .spec import ALL_GPUS, AUTO, RESERVED_ENV
 
@@ -119,7 +120,9 @@ class FieldReader:
             if isinstance(raw, bool):
                 raw = "true" if raw else "false"
             if not isinstance(raw, (str, int, float)):
-                raise self.fail(f"{key}.{name}", f"expected a string or number, got {show(raw)}")
+                # A secret's value is not shown, whatever it is: only its kind.
+                got = f"a {type(raw).__name__}" if is_secret_name(name) else show(raw)
+                raise self.fail(f"{key}.{name}", f"expected a string or number, got {got}")
             env[name] = getattr(raw, "text", None) or str(raw)
         return env
 

@@ -1,6 +1,6 @@
 """The cluster as tflaunch understands it: frozen dataclasses for tasks, hosts and ssh settings,
-and the rules every ``env`` follows: names tflaunch reserves, variables passed by name, secrets'
-names and how their values are masked, and the text an argument or a value may hold.
+and the rules every ``env`` follows: names tflaunch reserves, variables passed by name, which
+values are hidden (secrets' names: :mod:`launcher.masking`), and the text an argument or a value may hold.
 
 Built by :mod:`.reader` (a cluster file), :mod:`.local` (``--local N``) and the sources of
 :mod:`launcher.sources` (host lists, Slurm allocations); read by :mod:`.plan` and the checks.
@@ -13,6 +13,7 @@ import functools
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping, Sequence
 
+from ..masking import MASK, is_secret_name, masked_url_passwords
 from ..options import MAX_RESTARTS, RESTART_DELAY
 from ..options import name as option_name
 from ..taskenv import OWNED as OWNED_TASK_ENV
@@ -218,20 +219,7 @@ def check_override_env(env: EnvLayer) -> None:
 # API) takes the value of the same variable in tflaunch's own environment when the run is planned,
 # as ``docker run -e KEY`` and ``sbatch --export=KEY`` do, so the value is on no command line and
 # in no file. Such a variable, and one whose name marks a secret, reaches the task through the
-# agent's channel and is masked wherever tflaunch writes or prints it.
-
-# A name containing one of these, in any case, marks a secret (WANDB_API_KEY, HF_TOKEN, DB_PASSWORD).
-SECRET_NAME_PARTS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "API_KEY", "APIKEY", "ACCESS_KEY", "PRIVATE_KEY",
-                     "CREDENTIAL")
-MASK = "<hidden>"  # what is written and shown instead of a hidden value
-ENV_OPTIONS = ("--env", "-e")  # the command-line options that set a variable in every task
-
-
-@functools.lru_cache(maxsize=4096)  # asked for every variable of every task of a large cluster, again and again
-def is_secret_name(name: str) -> bool:
-    """Whether ``name`` marks its value as a secret (see SECRET_NAME_PARTS)."""
-    upper = name.upper()
-    return any(part in upper for part in SECRET_NAME_PARTS)
+# agent's channel and is masked wherever tflaunch writes or prints it (launcher.masking).
 
 
 def hidden_names(env: Mapping[str, str | None], by_name: Iterable[str] = ()) -> frozenset[str]:
@@ -240,40 +228,11 @@ def hidden_names(env: Mapping[str, str | None], by_name: Iterable[str] = ()) -> 
 
 
 def masked_env(env: Mapping[str, str], hidden: Iterable[str]) -> dict[str, str]:
-    """``env`` as it may be written or shown: every hidden variable's value replaced by MASK."""
+    """``env`` as it may be written or shown: every hidden variable's value replaced by MASK, and
+    the password of a URL in any other value."""
     hidden = frozenset(hidden)
-    return {key: MASK if key in hidden or is_secret_name(key) else value for key, value in env.items()}
-
-
-def masked_argv(argv: Sequence[str]) -> list[str]:
-    """tflaunch's own command line as it may be written or shown: the value of every ``--env NAME=VALUE``
-    (also ``--env=NAME=VALUE``, ``-e NAME=VALUE``, ``-eNAME=VALUE``) whose NAME marks a secret is MASK.
-
-    Words after ``--`` are the task command, which tflaunch does not read, and stay as they are.
-    """
-    out: list[str] = []
-    takes_value = False
-    for i, word in enumerate(argv):
-        if word == "--":
-            return out + list(argv[i:])
-        if takes_value:
-            out.append(_masked_assignment(word))
-            takes_value = False
-        elif word in ENV_OPTIONS:
-            out.append(word)
-            takes_value = True
-        elif word.startswith("--env="):
-            out.append("--env=" + _masked_assignment(word[len("--env="):]))
-        elif word.startswith("-e") and not word.startswith("--"):
-            out.append("-e" + _masked_assignment(word[2:]))
-        else:
-            out.append(word)
-    return out
-
-
-def _masked_assignment(word: str) -> str:
-    name, sep, _ = word.partition("=")
-    return f"{name}={MASK}" if sep and is_secret_name(name) else word
+    return {key: MASK if key in hidden or is_secret_name(key) else masked_url_passwords(value)
+            for key, value in env.items()}
 
 
 # -- text that can reach a process ------------------------------------------------------------

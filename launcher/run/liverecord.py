@@ -18,6 +18,7 @@ import time
 from typing import TYPE_CHECKING, Callable
 
 from ..cluster.plan import Plan, TaskLaunch
+from ..masking import masked_command
 from ..records.folder import RunFolder, iso_time
 from ..records.record import RunRecord, TaskRecord
 from ..records.states import AllFinal
@@ -131,7 +132,7 @@ def task_record(launch: TaskLaunch, task: Task | None, env: dict[str, str] | Non
     """``launch`` (and ``task``, once it started) as run.json keeps it, with ``env`` as its shown env."""
     env = launch.shown_env() if env is None else env
     record = TaskRecord(name=launch.name, role=launch.role, index=launch.index, host=launch.host,
-                        address=launch.address, local=launch.local, argv=list(launch.argv), workdir=launch.workdir,
+                        address=launch.address, local=launch.local, argv=list(masked_command(tuple(launch.argv))), workdir=launch.workdir,
                         gpus=None if launch.gpus is None else list(launch.gpus), env=env,
                         attempt=launch.attempt)
     if task is not None:

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Callable, Mapping
 
 from .. import __version__
 from ..cluster.plan import Plan, RunContext, TaskLaunch, tf_cluster
-from ..cluster.spec import ClusterSpec, masked_argv, restarts_possible
+from ..cluster.spec import ClusterSpec, restarts_possible
+from ..masking import masked_argv, masked_command
 from ..errors import EnvironmentProblem
 from ..options import EVALUATOR_TIMEOUT, GRACE, LOG_MAX_SIZE, MAX_RESTARTS, RESTART_DELAY
 from ..records.folder import RunFolder, iso_time
@@ -171,7 +172,7 @@ class RunSession:
         """Plan the first attempt and write the first run.json: a run whose record cannot be kept never starts."""
         try:
             plan = self._plan(1)
-            self.record.command = shlex.join(plan.launches[0].argv)
+            self.record.command = shlex.join(masked_command(tuple(plan.launches[0].argv)))
             self.record.notes = list(plan.notes)
             self.record.tasks = self.live.tasks(plan, [])
             try:

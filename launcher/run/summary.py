@@ -12,6 +12,7 @@ from typing import Any
 
 from ..cluster.plan import Plan
 from ..cluster.spec import ClusterSpec
+from ..masking import masked_command, masked_text
 from ..records.folder import DEFAULT_LOG_DIR, LEARNING_CURVES, RunFolder
 from ..records.logview import tail_lines
 from ..records.metrics import read_metrics, speaker, trained_seconds
@@ -35,8 +36,8 @@ def describe_plan(spec: ClusterSpec, plan: Plan) -> list[str]:
         lines.append(f"{launch.name}: host {launch.host} ({where}), address {launch.address}")
         lines.append(f"  workdir: {launch.workdir}")
         if launch.setup:
-            lines.append(f"  setup:   {launch.setup}")
-        lines.append(f"  command: {shlex.join(launch.argv)}")
+            lines.append(f"  setup:   {masked_text(launch.setup)}")
+        lines.append(f"  command: {shlex.join(masked_command(tuple(launch.argv)))}")
         for key, value in launch.shown_env().items():
             source = launch.env_sources.get(key)
             lines.append(f"  env: {key}={shlex.quote(value)}" + (f"  ({source})" if source else ""))

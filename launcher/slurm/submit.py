@@ -23,7 +23,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..cluster.reader import load_cluster_file
-from ..cluster.spec import is_secret_name, value_by_name
+from ..cluster.spec import value_by_name
+from ..masking import is_secret_name
 from ..errors import ConfigError
 from ..records.files import write_atomically
 from ..records.folder import DEFAULT_LOG_DIR, RUN_ID_PLACEHOLDER, SBATCH_SCRIPT, RunFolder, iso_time

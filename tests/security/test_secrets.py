@@ -27,8 +27,8 @@ from conftest import HELPERS, ROOT
 from polling import wait_for
 from launcher.cluster.plan import RunContext, plan_cluster
 from launcher.cluster.reader import parse_cluster
-from launcher.cluster.spec import (MASK, check_launch_input, hidden_names, is_secret_name, masked_argv, masked_env,
-                                   text_problem)
+from launcher.cluster.spec import MASK, check_launch_input, hidden_names, is_secret_name, masked_env, text_problem
+from launcher.masking import masked_argv
 from launcher.errors import ConfigError
 from launcher.export import ExportRequest, export
 from launcher.sources.local import LocalSource
@@ -128,11 +128,12 @@ def test_ordinary_names(name):
 def test_masked_argv_hides_every_form_of_a_secret_env_option_and_nothing_else():
     argv = ["tflaunch", "--local", "2", "--env", "HF_TOKEN=abc", "-e", "DB_PASSWORD=pw", "--env=MY_SECRET=s=1",
             "-eWANDB_API_KEY=k", "--env", "DATA=/d", "-e", "GITHUB_TOKEN", "--log-dir", "logs",
-            "--", "python", "train.py", "--env", "HF_TOKEN=the task's own"]
+            "--", "python", "train.py", "--env", "HF_TOKEN=the task's own", "--epochs", "3"]
+    # The task's command follows the same rule: run.json and --dry-run show it too.
     assert masked_argv(argv) == [
         "tflaunch", "--local", "2", "--env", f"HF_TOKEN={MASK}", "-e", f"DB_PASSWORD={MASK}",
         f"--env=MY_SECRET={MASK}", f"-eWANDB_API_KEY={MASK}", "--env", "DATA=/d", "-e", "GITHUB_TOKEN",
-        "--log-dir", "logs", "--", "python", "train.py", "--env", "HF_TOKEN=the task's own"]
+        "--log-dir", "logs", "--", "python", "train.py", "--env", f"HF_TOKEN={MASK}", "--epochs", "3"]
 
 
 def test_masked_env_and_hidden_names():

@@ -1,0 +1,141 @@
+"""The masking rule beyond variables' names: data source names and access tokens, URL passwords,
+secret options and assignments in commands and ``setup`` lines, and error messages; and that a run,
+a dry run and the Python API show and record none of them."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, TASK
+from launcher.cluster.reader import parse_cluster
+from launcher.cluster.spec import masked_env
+from launcher.errors import ConfigError, LaunchError
+from launcher.masking import MASK, is_secret_name, masked_argv, masked_text
+from test_secrets import assert_nowhere, files_holding, one_error_line, run_tflaunch
+
+
+def _value(kind: str) -> str:
+    return f"{kind}{secrets.token_hex(8)}"
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("name", ["SENTRY_DSN", "database_dsn", "DSN", "GITHUB_PAT", "PAT", "gitlab_pat"])
+def test_data_source_names_and_access_tokens_mark_a_secret(name):
+    assert is_secret_name(name)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("name", ["DSN_HOST", "PATTERN", "COMPAT", "PATH", "MY_DSNX", "PATIENCE"])
+def test_names_that_only_hold_dsn_or_pat_are_ordinary(name):
+    assert not is_secret_name(name)
+
+
+@pytest.mark.unit
+def test_a_urls_password_is_masked_in_every_word_and_every_value():
+    argv = ["tflaunch", "--env", "DB_URL=postgres://app:pw1@db:5432/x", "--", "python", "t.py",
+            "--source", "https://user:pw2@example.com/data", "--mirror=s3://k:pw3@host/b", "ssh://git@host/repo"]
+    assert masked_argv(argv) == [
+        "tflaunch", "--env", f"DB_URL=postgres://app:{MASK}@db:5432/x", "--", "python", "t.py",
+        "--source", f"https://user:{MASK}@example.com/data", f"--mirror=s3://k:{MASK}@host/b", "ssh://git@host/repo"]
+    env = {"DB_URL": "postgresql://u:secret@h/db", "PLAIN": "http://example.com/a:b@c", "HF_TOKEN": "t"}
+    assert masked_env(env, ()) == {"DB_URL": f"postgresql://u:{MASK}@h/db", "PLAIN": "http://example.com/a:b@c",
+                                   "HF_TOKEN": MASK}
+
+
+@pytest.mark.unit
+def test_secret_options_of_a_command_are_masked_and_others_are_not():
+    argv = ["python", "train.py", "--api-key", "k1", "--hf-token=k2", "--password", "--epochs", "3",
+            "GITHUB_PAT=k3", "--use-token", "-v"]
+    assert masked_argv(argv) == ["python", "train.py", "--api-key", MASK, f"--hf-token={MASK}", "--password",
+                                 "--epochs", "3", f"GITHUB_PAT={MASK}", "--use-token", "-v"]
+
+
+@pytest.mark.unit
+def test_a_setup_line_is_shown_with_its_secrets_masked():
+    line = ("source /opt/venv/bin/activate && export HF_TOKEN=hf1 WANDB_API_KEY='w 2' DATA=/d; "
+            'SENTRY_DSN="https://k@s.io/1" run; pip download --index-url https://u:pw@pypi.example/simple x')
+    assert masked_text(line) == (
+        f"source /opt/venv/bin/activate && export HF_TOKEN={MASK} WANDB_API_KEY={MASK} DATA=/d; "
+        f"SENTRY_DSN={MASK} run; pip download --index-url https://u:{MASK}@pypi.example/simple x")
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("text", [
+    "worker: [localhost:auto]\nenv: 'HF_TOKEN={v}'\n",
+    "worker: [localhost:auto]\nenv:\n  HF_TOKEN: 2024-01-{d}\n",
+    "worker: [localhost:auto]\nthreads: 'DB_PASSWORD={v}'\n",
+    "worker: [localhost:auto]\ncommand: {{url: 'https://u:{v}@h/'}}\n",
+])
+def test_a_cluster_files_errors_never_repeat_a_secret(text):
+    value, day = _value("s"), "17"
+    with pytest.raises(ConfigError) as error:
+        parse_cluster(text.format(v=value, d=day), "c.yaml", frozenset({"localhost"}))
+    assert value not in str(error.value) and "2024-01-17" not in str(error.value), str(error.value)
+
+
+@pytest.mark.unit
+def test_the_python_apis_errors_never_repeat_a_secret():
+    from launcher import launch
+
+    value = _value("s")
+    for kwargs in ({"env": f"HF_TOKEN={value}"}, {"command": 7, "env": {"A": "b"}, "log_dir": 3},
+                   {"command": [f"https://u:{value}@h", 3]}):
+        with pytest.raises(LaunchError) as error:
+            launch(local=1, **kwargs)
+        assert value not in str(error.value), str(error.value)
+
+
+def test_a_dry_run_shows_setup_and_command_with_their_secrets_masked(tmp_path):
+    token, password, key = _value("hf"), _value("pw"), _value("key")
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text(f"worker: [localhost:auto, localhost:auto]\n"
+                       f"setup: 'export HF_TOKEN={token} && export DB_URL=postgres://u:{password}@h/d'\n")
+    done = run_tflaunch(str(cluster), "--dry-run", "--", "python", "t.py", "--api-key", key, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout.decode()
+    assert f"setup:   export HF_TOKEN={MASK} && export DB_URL=postgres://u:{MASK}@h/d" in out, out
+    assert f" t.py --api-key '{MASK}'" in out, out
+    assert_nowhere([token, password, key], out, done.stderr.decode())
+
+
+# A program that calls the Python API, given secrets on its own command line.
+API_CALLER = '''
+import sys
+from launcher import launch
+result = launch(local=1, command=[sys.executable, {task!r}, "print:ok"], log_dir=sys.argv[1])
+print("RUN", result.run_dir, result.exit_code)
+'''
+
+
+@pytest.mark.slow
+def test_a_run_and_the_python_api_record_no_secret_of_a_command_line(tmp_path):
+    key, password, pat, caller_token = _value("key"), _value("pw"), _value("pat"), _value("tok")
+    done = run_tflaunch("--local", "1", "--log-dir", str(tmp_path / "logs"), "--env",
+                        f"DB_URL=postgres://u:{password}@h/d", "--env", f"GITHUB_PAT={pat}",
+                        "--", "python", "-c", "print('ok')", f"--api-key={key}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    (run_dir,) = (tmp_path / "logs").iterdir()
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["launcher"]["argv"][-1] == f"--api-key={MASK}"
+    assert record["tasks"][0]["argv"][-1] == f"--api-key={MASK}"
+    assert record["tasks"][0]["env"]["DB_URL"] == f"postgres://u:{MASK}@h/d"
+    assert files_holding(run_dir, [key, password, pat]) == []
+    assert_nowhere([key, password, pat], done.stdout.decode(), done.stderr.decode())
+
+    script = tmp_path / "caller.py"
+    script.write_text(API_CALLER.format(task=TASK))
+    called = subprocess.run([sys.executable, str(script), str(tmp_path / "api"), "--hf-token", caller_token,
+                             f"https://u:{password}@h/"], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert " 0" in called.stdout, called.stderr
+    (api_dir,) = (tmp_path / "api").iterdir()
+    argv = json.loads((api_dir / "run.json").read_text())["launcher"]["argv"]
+    assert argv == ["caller.py", str(tmp_path / "api"), "--hf-token", MASK, f"https://u:{MASK}@h/"]
+    assert files_holding(api_dir, [caller_token, password]) == []
