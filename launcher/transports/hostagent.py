@@ -120,7 +120,7 @@ SYNC = b"\0TFLAUNCH-AGENT-2\0"
 # (four printable bytes read as a length are 512 MiB or more), so a stray line is caught at once.
 MAX_FRAME = 1 << 24
 OWNER_VARIABLE = "TFLAUNCH_AGENT_TASK"  # in each task's environment: the id of the task it belongs to
-TOKEN_VARIABLE = "TFLAUNCH_AGENT_TOKEN"  # in a Slurm agent's environment: its proof when it connects back
+TOKEN_BYTES = 256  # at most this much of a Slurm agent's stdin is its token, its proof when it connects back
 HELLO_LIMIT = 512  # a connect-back agent's first line: token (32), a space, a host name (255 at most), newline
 
 
@@ -1177,8 +1177,8 @@ def open_channel(spec):
     """(read fd, write fd): stdin and stdout, or a connection back to tflaunch (Slurm).
 
     ``connect`` is ``HOST PORT``; a HOST of ``-`` is the address srun was started from. The first
-    line says who is calling: the token tflaunch put in ``TOKEN_VARIABLE`` (an environment
-    variable, which other users cannot read, unlike the command line) and this node's name."""
+    line says who is calling: the token tflaunch handed the step on its stdin (read_token) and this
+    node's name."""
     target = spec.get("connect")
     if not target:
         return 0, 1
@@ -1186,13 +1186,32 @@ def open_channel(spec):
     host, port = target.split(" ")
     if host == "-":
         host = os.environ.get("SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1")
-    token = os.environ.pop(TOKEN_VARIABLE, "")  # not for the tasks to inherit
+    token = read_token()
     connection = socket.create_connection((host, int(port)), timeout=30)
     connection.settimeout(None)
     connection.sendall(hello_line(token, node_name()))
     fd = os.dup(connection.fileno())
     connection.close()
     return fd, fd
+
+
+def read_token():
+    """The line srun copied to this agent's stdin (``--input=all``), which then reads as /dev/null
+    again: the token is in no environment, where ``/proc/<pid>/environ`` would keep it for the
+    agent's whole life, and on no command line."""
+    data = b""
+    while not data.endswith(b"\n") and len(data) < TOKEN_BYTES:
+        try:
+            chunk = os.read(0, TOKEN_BYTES - len(data))
+        except OSError:
+            break
+        if not chunk:
+            break
+        data += chunk
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    return data.strip().decode("ascii", "replace")
 
 
 def open_setup_log(spec):

@@ -6,7 +6,10 @@ cgroups, accounts them, and makes them die with the job; a run costs one step an
 client, not one of each per task, which is what keeps slurmctld and the batch host unloaded at
 scale (torchrun, DeepSpeed and MPI start one process per node the same way). srun carries one
 stdin and one merged stdout for all of its tasks, so each agent opens its own channel instead: a
-TCP connection back to tflaunch (:mod:`.connectback`), proven by a token in the step's environment.
+TCP connection back to tflaunch (:mod:`.connectback`), proven by a token that srun hands every
+agent on its standard input (``--input=all``): in no process's environment or command line. The
+host's ``setup`` line reaches the nodes in the step's environment (:data:`SETUP_VARIABLE`), not on
+srun's command line, which every user of the host can read.
 The agents dial the address this host's routes to the nodes' Slurm addresses (NodeAddr) leave
 from, and only there does tflaunch listen; when the nodes are reached from different addresses,
 or Slurm cannot name them, it listens on all and the agents dial the address srun was started
@@ -38,7 +41,7 @@ from .base import CANNOT_START, ExitStatus, FailedStart
 from .connectback import ConnectBack, source_address
 from .heldoutput import HeldOutput
 from .carriers import Carrier
-from .hostagent import EOF_GRACE, TOKEN_VARIABLE, beat_for, encode_fields, sample_for
+from .hostagent import EOF_GRACE, beat_for, encode_fields, sample_for
 from .hostlink import AgentLink
 from .linkhub import HUB
 from .proxies import AgentTask, LogWriter
@@ -47,6 +50,7 @@ from .shipping import agent_spec, remote_agent_argv, task_fields
 NODE_FAILURE = "Node failure on"  # how srun reports that slurmctld declared a node dead
 CONNECT_TIMEOUT = 300.0  # from srun's start to every agent's connection: a busy slurmctld, a node still registering
 SCONTROL_TIMEOUT = 10.0  # for the nodes' addresses; without them the listener is on every address
+SETUP_VARIABLE = "TFLAUNCH_SETUP"  # the host's setup line, in the step's environment until it has run
 
 
 def node_addresses(nodes: Sequence[str]) -> list[str]:
@@ -76,8 +80,10 @@ def srun_argv(nodes: Sequence[str], first: TaskLaunch, grace: float, port: int, 
                       beat=beat_for(len(nodes), DEFAULT_KEEPALIVE_TIMEOUT))
     agent = [*remote_agent_argv(first.python), spec]
     if first.setup:
-        # The setup line is shell by design; the agent's argv then passes through "$@" unchanged.
-        agent = ["/bin/sh", "-c", f'{first.setup}\nexec "$0" "$@"', *agent]
+        # The setup line is shell by design, run from the environment (see step_env) with no stdin,
+        # which holds the agent's token; the agent's argv then passes through "$@" unchanged.
+        agent = ["/bin/sh", "-c", f'{{ eval "${SETUP_VARIABLE}"\n}} </dev/null\nunset {SETUP_VARIABLE}\nexec "$0" "$@"',
+                 *agent]
     count = len(nodes)
     left_out = sorted(set(exclude) - set(nodes))
     return [
@@ -86,7 +92,7 @@ def srun_argv(nodes: Sequence[str], first: TaskLaunch, grace: float, port: int, 
         "--overlap",  # the step shares the allocation's CPUs with the batch step
         "--job-name=tflaunch-agents",  # how squeue -s and sacct name the step
         f"--chdir={first.workdir}",
-        "--input=none",  # each agent's channel is its own connection
+        "--input=all",  # each agent's token; then its channel is its own connection
         "--kill-on-bad-exit=0",  # one node's agent ending must not end the others': tflaunch decides
         # Nor one node failing: without it Slurm ends the whole step, every node's agent with it,
         # when a node dies (in a job allocated with --no-kill, the others go on: a spare stands in).
@@ -142,10 +148,10 @@ class AgentStep:
                                       hub=HUB, attach_within=CONNECT_TIMEOUT, beat=beat_for(len(nodes), keepalive))
                       for node in nodes}
         self.output = HeldOutput(keep=lambda line: NODE_FAILURE in line)  # srun's own output, bounded
-        env = {**os.environ, TOKEN_VARIABLE: token}
+        env = {**os.environ, SETUP_VARIABLE: first.setup} if first.setup else None
         try:
             self.popen = subprocess.Popen(srun_argv(nodes, first, grace, self.listener.port, address or "-", exclude),
-                                          stdin=subprocess.DEVNULL, stdout=self.output.fd, stderr=self.output.fd,
+                                          stdin=subprocess.PIPE, stdout=self.output.fd, stderr=self.output.fd,
                                           env=env,
                                           # Terminal signals reach tflaunch only (srun would forward them
                                           # and two Ctrl-C would SIGKILL the step); tflaunch stops tasks in order.
@@ -155,6 +161,11 @@ class AgentStep:
             self.output.close()
             raise
         self.output.started()
+        try:  # srun reads it once every node's agent is there, and hands each a copy, then its end
+            self.popen.stdin.write(token.encode() + b"\n")
+            self.popen.stdin.close()
+        except OSError:
+            pass  # srun ended already: the step's failure says why
         self._closed = False
         self.listener.start()
 

@@ -4,6 +4,7 @@ a dry run and the Python API show and record none of them."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import secrets
@@ -139,3 +140,48 @@ def test_a_run_and_the_python_api_record_no_secret_of_a_command_line(tmp_path):
     argv = json.loads((api_dir / "run.json").read_text())["launcher"]["argv"]
     assert argv == ["caller.py", str(tmp_path / "api"), "--hf-token", MASK, f"https://u:{MASK}@h/"]
     assert files_holding(api_dir, [caller_token, password]) == []
+
+
+def environ_of(pid: int) -> list[bytes]:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return []  # gone meanwhile
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+@pytest.mark.timeout(300)
+def test_a_slurm_run_leaves_its_token_in_no_environment_and_its_setup_on_no_command_line(slurm, tmp_path):
+    from test_secrets import SECRET_TASK, assert_on_no_command_line, hashes, merged, submitted_job
+
+    token = _value("hf")
+    release = tmp_path / f"release-{secrets.token_hex(4)}"
+    cluster = tmp_path / "slurm.yaml"
+    cluster.write_text(f"slurm:\n  nodes: 2\nsetup: export HF_TOKEN={token}\n")
+    args = ["submit", str(cluster), "--log-dir", str(tmp_path / "logs"), "--",
+            "python", SECRET_TASK, "HF_TOKEN,TFLAUNCH_SETUP", str(release)]
+    env = {**slurm.env, "PYTHONPATH": str(ROOT)}
+
+    def while_up(run_dir: Path) -> None:
+        on_nodes = {pid for node in slurm.nodes for pid in slurm.pids(node)}
+        assert_on_no_command_line([token], {
+            "srun": lambda pid, line: line.startswith(b"srun\0") and b"tflaunch-agents" in line,
+            "agent on a node": lambda pid, line: pid in on_nodes and b"-I\0-S\0-c" in line})
+        holders = {pid: [v[:40] for v in environ_of(pid) if v.startswith(b"TFLAUNCH_AGENT_TOKEN=")]
+                   for pid in map(int, filter(str.isdigit, os.listdir("/proc")))}
+        assert not {pid: found for pid, found in holders.items() if found}, "a token in a process's environment"
+        # srun itself holds it (the step's environment): each node's shell takes it out before the agent starts.
+        setup_in = {pid: Path(f"/proc/{pid}/cmdline").read_bytes()[:80] for pid in on_nodes
+                    if any(v.startswith(b"TFLAUNCH_SETUP=") for v in environ_of(pid))}
+        assert all(line.startswith(b"srun\0") for line in setup_in.values()), setup_in
+
+    done, run_dir = submitted_job(args, env, tmp_path, release, while_up=while_up)
+    slurm.wait_idle(timeout=60)
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["status"] == "succeeded", record
+    seen = hashes(merged(run_dir.parent))
+    for task in ("worker-0", "worker-1"):  # the setup ran, and its line was not left to the tasks
+        assert seen[(task, "HF_TOKEN")] == hashlib.sha256(token.encode()).hexdigest(), seen
+        assert seen[(task, "TFLAUNCH_SETUP")] == "unset", seen
+    assert files_holding(run_dir, [token]) == []

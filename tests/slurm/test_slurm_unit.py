@@ -207,11 +207,14 @@ def test_a_run_is_one_step_with_one_agent_per_node():
                         python="/venv/bin/python")
     argv = srun_argv(["gpu01", "gpu02", "gpu03"], launch, grace=5, port=4711)
     assert argv[:5] == ["srun", "--nodes=3", "--ntasks=3", "--ntasks-per-node=1", "--nodelist=gpu01,gpu02,gpu03"]
-    assert {"--overlap", "--chdir=/shared/w", "--input=none", "--kill-on-bad-exit=0"} <= set(argv)
+    assert {"--overlap", "--chdir=/shared/w", "--input=all", "--kill-on-bad-exit=0"} <= set(argv)
     agent = remote_agent_argv("/venv/bin/python")
     assert argv[-len(agent) - 1:-1] == agent
     with_setup = srun_argv(["gpu02"], replace(launch, setup="source /opt/env.sh"), grace=5, port=4711)
-    assert with_setup[-len(agent) - 4:-len(agent) - 1] == ["/bin/sh", "-c", 'source /opt/env.sh\nexec "$0" "$@"']
+    # The setup line itself is in the step's environment, not on srun's command line.
+    assert with_setup[-len(agent) - 4:-len(agent) - 1] == [
+        "/bin/sh", "-c", '{ eval "$TFLAUNCH_SETUP"\n} </dev/null\nunset TFLAUNCH_SETUP\nexec "$0" "$@"']
+    assert not any("/opt/env.sh" in word for word in with_setup)
     assert with_setup[-len(agent) - 1:-1] == agent  # the agent's argv passes through "$@" untouched
 
 
