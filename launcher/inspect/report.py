@@ -16,6 +16,7 @@ from typing import Any, Sequence
 from ..records.boundedlog import format_size
 from ..records.folder import LEARNING_CURVES, RECORD, RESOURCES, TASK_LOG_SUFFIX
 from ..records.exits import exit_words
+from ..records.files import create_beside
 from ..records.logview import left_out
 from ..records.metrics import trained_seconds
 from ..records.states import RunStatus, TaskState, duration_text, plural
@@ -332,7 +333,14 @@ def learning_curves(epochs: dict[str, list[dict[str, Any]]], path: Path, title: 
         if title:
             figure.suptitle(title)
         figure.tight_layout()
-        figure.savefig(path, format="png")
+        fd, spare = create_beside(Path(path), "tmp")  # a new file, renamed into place: never through a link
+        try:
+            with open(fd, "wb") as handle:
+                figure.savefig(handle, format="png")
+            spare.replace(path)
+        except BaseException:
+            spare.unlink(missing_ok=True)
+            raise
     finally:
         plt.close(figure)
     return Path(path)

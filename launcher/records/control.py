@@ -100,7 +100,7 @@ def ask(run_dir: Path, run_id: str, request: dict[str, Any], timeout: float = RE
                            f"the user who started the run, and {MAX_CLIENTS} requests at a time)")
     try:
         answer = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise ControlError(f"run {run_id}: the answer is not JSON ({len(data)} bytes)") from None
     if not isinstance(answer, dict) or not answer.get("ok"):
         said = str(answer.get("error")) if isinstance(answer, dict) else "a bad answer"

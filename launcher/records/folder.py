@@ -251,7 +251,7 @@ class RunFolder:
         """Per-task CPU and memory figures from ``resources.json``; empty when it was not sampled."""
         try:
             tasks = json.loads((self.path / RESOURCES).read_text()).get("tasks")
-        except (OSError, ValueError, AttributeError):
+        except (OSError, ValueError, AttributeError, RecursionError):
             return {}
         if not isinstance(tasks, dict):
             return {}

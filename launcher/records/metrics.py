@@ -39,7 +39,7 @@ def parse_line(line: bytes) -> Record | None:
         return None
     try:
         record = json.loads(line[start + len(PREFIX):])
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than json reads
         return None
     return record if isinstance(record, dict) else None
 
@@ -104,7 +104,7 @@ def _records(lines: Iterable[bytes]) -> list[Record]:
     for line in lines:
         try:
             record = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue  # a marker, or a half-written last line
         if isinstance(record, dict):
             records.append(scalars(record))

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Iterable
 
 from ..options import LOG_MAX_SIZE
 from ..records.boundedlog import MERGED_SHARE, WRITING, BoundedLog, Reader, format_size
+from ..records.files import open_own
 from ..records.folder import MERGED, METRICS
 from ..records.lines import LineSplitter
 from ..records.kerasepochs import KerasState
@@ -96,11 +97,11 @@ class OutputPump:
     def __init__(self, merged_path: Path, metrics_path: Path, console: Console,
                  interval: float = 0.02, clock=time.time, log_max_size: int = LOG_MAX_SIZE):
         self.log_max_size = log_max_size
-        os.close(os.open(merged_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644))  # there from the start
+        os.close(open_own(merged_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND))  # there from the start
         self._merged = BoundedLog(merged_path, MERGED_SHARE * log_max_size)
         self._merged_out: list[bytes | memoryview] = []  # merged.log's bytes of this sweep, written at once
         self._merged_size = 0  # their length
-        os.close(os.open(metrics_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644))
+        os.close(open_own(metrics_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND))
         self._metrics = BoundedLog(metrics_path, min(METRICS_MAX_SIZE, log_max_size))
         self._metrics_out: list[bytes] = []  # metrics.jsonl's lines of this sweep, written at once
         self.console = console
@@ -145,7 +146,7 @@ class OutputPump:
             if (name, attempt) in self._followed:
                 return
             if not created:
-                os.close(os.open(path, os.O_RDONLY | os.O_CREAT, 0o644))
+                os.close(open_own(path, os.O_RDONLY | os.O_CREAT))
             log = BoundedLog(path, self.log_max_size)
             source = _Source(name, attempt, log, log.reader(), last_output=time.monotonic(), relayed=relayed)
             log.on_write = functools.partial(self._announce, source)
