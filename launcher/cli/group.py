@@ -12,6 +12,7 @@ import click
 
 from .. import __version__
 from ..errors import OptionsError
+from ..masking import masked_argv
 
 # The module of this package that defines each command. A command's module is imported when that
 # command is used (or listed by --help), so a run does not pay for loading every other command.
@@ -100,7 +101,7 @@ class TaskCommand(click.Command):
         if command[0].endswith(".py"):
             command = ["python", *command]
         choose = [] if chosen or cluster_file else ["--local", "N"]
-        fixed = f"{_typed(ctx)} {shlex.join([*args[:start], *choose, '--', *command])}"
+        fixed = f"{_typed(ctx)} {shlex.join(masked_argv([*args[:start], *choose, '--', *command]))}"
         if start == words[0] and not chosen and first.endswith(".py"):
             raise OptionsError(f"{first} is a Python script, not a cluster file; the task command goes after '--': {fixed}")
         raise OptionsError(f"the task command goes after '--': {fixed}")

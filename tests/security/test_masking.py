@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import secrets
 import subprocess
 import sys
 from pathlib import Path
@@ -19,11 +18,7 @@ from launcher.cluster.reader import parse_cluster
 from launcher.cluster.spec import masked_env
 from launcher.errors import ConfigError, LaunchError
 from launcher.masking import MASK, is_secret_name, masked_argv, masked_text
-from test_secrets import assert_nowhere, files_holding, one_error_line, run_tflaunch
-
-
-def _value(kind: str) -> str:
-    return f"{kind}{secrets.token_hex(8)}"
+from test_secrets import _value, assert_nowhere, files_holding, one_error_line, run_tflaunch
 
 
 @pytest.mark.unit
@@ -155,10 +150,9 @@ def environ_of(pid: int) -> list[bytes]:
 def test_a_slurm_run_leaves_its_token_in_no_environment_and_its_setup_on_no_command_line(slurm, tmp_path):
     from test_secrets import SECRET_TASK, assert_on_no_command_line, hashes, merged, submitted_job
 
-    token = _value("hf")
-    release = tmp_path / f"release-{secrets.token_hex(4)}"
-    cluster = tmp_path / "slurm.yaml"
+    cluster, token = tmp_path / "slurm.yaml", _value("hf")
     cluster.write_text(f"slurm:\n  nodes: 2\nsetup: export HF_TOKEN={token}\n")
+    release = tmp_path / "release"
     args = ["submit", str(cluster), "--log-dir", str(tmp_path / "logs"), "--",
             "python", SECRET_TASK, "HF_TOKEN,TFLAUNCH_SETUP", str(release)]
     env = {**slurm.env, "PYTHONPATH": str(ROOT)}
@@ -185,3 +179,10 @@ def test_a_slurm_run_leaves_its_token_in_no_environment_and_its_setup_on_no_comm
         assert seen[(task, "HF_TOKEN")] == hashlib.sha256(token.encode()).hexdigest(), seen
         assert seen[(task, "TFLAUNCH_SETUP")] == "unset", seen
     assert files_holding(run_dir, [token]) == []
+
+
+def test_the_hint_for_a_misplaced_command_masks_its_secrets(tmp_path):
+    key = _value("key")
+    done = run_tflaunch("--local", "1", "python", "t.py", f"--api-key={key}", cwd=tmp_path)
+    one_error_line(done, "the task command goes after '--'", f"--api-key={MASK}")
+    assert key not in done.stderr.decode()
