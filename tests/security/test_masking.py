@@ -147,15 +147,18 @@ def environ_of(pid: int) -> list[bytes]:
 @pytest.mark.slow
 @pytest.mark.slurm
 @pytest.mark.timeout(300)
-def test_a_slurm_run_leaves_its_token_in_no_environment_and_its_setup_on_no_command_line(slurm, tmp_path):
+@pytest.mark.parametrize("by", ["setup", "name"])
+def test_a_slurm_run_leaves_its_token_in_no_environment_and_its_setup_on_no_command_line(slurm, tmp_path, by):
+    """HF_TOKEN comes from the host's setup line, or by name from tflaunch's environment (no setup)."""
     from test_secrets import SECRET_TASK, assert_on_no_command_line, hashes, merged, submitted_job
 
     cluster, token = tmp_path / "slurm.yaml", _value("hf")
-    cluster.write_text(f"slurm:\n  nodes: 2\nsetup: export HF_TOKEN={token}\n")
+    cluster.write_text("slurm:\n  nodes: 2\n" + (f"setup: export HF_TOKEN={token}\n" if by == "setup" else
+                                                   "env:\n  HF_TOKEN:\n"))
     release = tmp_path / "release"
     args = ["submit", str(cluster), "--log-dir", str(tmp_path / "logs"), "--",
             "python", SECRET_TASK, "HF_TOKEN,TFLAUNCH_SETUP", str(release)]
-    env = {**slurm.env, "PYTHONPATH": str(ROOT)}
+    env = {**slurm.env, "PYTHONPATH": str(ROOT), **({"HF_TOKEN": token} if by == "name" else {})}
 
     def while_up(run_dir: Path) -> None:
         on_nodes = {pid for node in slurm.nodes for pid in slurm.pids(node)}
@@ -175,7 +178,7 @@ def test_a_slurm_run_leaves_its_token_in_no_environment_and_its_setup_on_no_comm
     record = json.loads((run_dir / "run.json").read_text())
     assert record["status"] == "succeeded", record
     seen = hashes(merged(run_dir.parent))
-    for task in ("worker-0", "worker-1"):  # the setup ran, and its line was not left to the tasks
+    for task in ("worker-0", "worker-1"):  # the value arrived, and no setup line was left to the tasks
         assert seen[(task, "HF_TOKEN")] == hashlib.sha256(token.encode()).hexdigest(), seen
         assert seen[(task, "TFLAUNCH_SETUP")] == "unset", seen
     assert files_holding(run_dir, [token]) == []
