@@ -17,7 +17,11 @@ remote process, the agent's stdin is the control channel:
 
 Every value that crosses the remote shell is quoted with ``shlex.quote``; argv and env travel
 inside base64 that no shell interprets. Only ``setup`` is shell by design, and it has no part in
-the channel: nothing but the agent reads from or writes to it (see :func:`agent_command`).
+the channel: nothing but the agent reads from or writes to it (see :func:`agent_command`). The
+setup line itself comes first on the channel, read by the remote shell line by line (the ``read``
+builtin takes no byte more than a line), so that it is on no command line: the local ssh client's
+is readable by every user of this machine for the run's whole length, and the remote shell's by
+every user of the host.
 """
 
 from __future__ import annotations
@@ -84,11 +88,15 @@ def agent_command(first: TaskLaunch, grace: float, hosts: int = 1) -> str:
     # cd may fail (each task's own workdir is checked when it starts): the agent runs regardless.
     parts = [f"cd -- {shlex.quote(first.workdir)} 2>/dev/null"]
     if first.setup:
+        # The setup line's lines, counted, ahead of the agent on stdin (setup_preamble).
+        parts.append('tflaunch_lines=; IFS= read -r tflaunch_n || exit 1; while [ "$tflaunch_n" -gt 0 ] && '
+                     'IFS= read -r tflaunch_line; do tflaunch_lines="$tflaunch_lines$tflaunch_line\n"; '
+                     'tflaunch_n=$((tflaunch_n - 1)); done')
         parts.append(f'tflaunch_setup=$(mktemp 2>/dev/null) && exec {SETUP_OUT}>"$tflaunch_setup" '
                      f'{SETUP_IN}<"$tflaunch_setup" && rm -f -- "$tflaunch_setup" || exec {SETUP_OUT}>&2 {SETUP_IN}</dev/null')
         # A setup that fails ends the connection: what it said goes to ssh's stderr, where
         # tflaunch reads why a host could not start.
-        parts.append(f"{{ {first.setup}\n}} </dev/null >&{SETUP_OUT} 2>&{SETUP_OUT} {SETUP_IN}<&- "
+        parts.append(f'{{ eval "$tflaunch_lines"\n}} </dev/null >&{SETUP_OUT} 2>&{SETUP_OUT} {SETUP_IN}<&- '
                      f"|| {{ tflaunch_setup=$?; cat <&{SETUP_IN} >&2; exit $tflaunch_setup; }}")
         parts.append(f"exec {agent} {SETUP_OUT}>&-")
     else:
@@ -109,7 +117,16 @@ def agent_link(launch: TaskLaunch, carrier: Carrier, read_fd: int, write_fd: int
     settings = launch.ssh or SshSettings()
     keepalive = settings.keepalive_timeout or DEFAULT_KEEPALIVE_TIMEOUT
     return AgentLink(launch.host, carrier, read_fd, write_fd, keepalive=keepalive, hub=HUB,
-                     beat=beat_for(hosts, keepalive), preamble=agent_payload())
+                     beat=beat_for(hosts, keepalive), preamble=setup_preamble(launch.setup) + agent_payload())
+
+
+def setup_preamble(setup: str | None) -> bytes:
+    """The host's setup line as :func:`agent_command`'s shell reads it from the channel: the number
+    of its lines, then its lines; nothing when there is none."""
+    if not setup:
+        return b""
+    lines = setup.split("\n")
+    return f"{len(lines)}\n{setup}\n".encode()
 
 
 def host_key(launch: TaskLaunch) -> tuple:

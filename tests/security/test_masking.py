@@ -184,6 +184,39 @@ def test_a_slurm_run_leaves_its_token_in_no_environment_and_its_setup_on_no_comm
     assert files_holding(run_dir, [token]) == []
 
 
+@pytest.mark.slow
+@pytest.mark.ssh
+@pytest.mark.timeout(240)
+def test_an_ssh_hosts_setup_line_is_on_no_command_line(testhosts, tmp_path):
+    from polling import wait_for
+    from test_secrets import SECRET_TASK, Run, assert_on_no_command_line, hashes, merged
+
+    token = _value("hf")
+    node1, node2 = testhosts.hosts[:2]
+    release, log_dir = tmp_path / "release", tmp_path / "logs"
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(f"ssh:\n  options: {json.dumps(testhosts.ssh_options)}\n  connect_timeout: 3\n"
+                       f"setup: |\n  echo setting up\n  export HF_TOKEN={token}\n"
+                       "worker:\n"
+                       f"  - {{host: node1, address: {node1.address}, port: auto}}\n"
+                       f"  - {{host: node2, address: {node2.address}, port: auto}}\n")
+    run = Run(tmp_path, [str(cluster), "--log-dir", str(log_dir), "--", "python", SECRET_TASK, "HF_TOKEN",
+                         str(release)], {})
+    try:
+        wait_for(lambda: len(hashes(merged(log_dir))) == 2, timeout=120, message=lambda: run.console()[-2000:])
+        on_hosts = {pid for host in ("node1", "node2") for pid in testhosts.pids(host)}
+        assert_on_no_command_line([token], {
+            "ssh client": lambda pid, line: line.startswith(b"ssh\0") and b"node1" in line,
+            "remote agent": lambda pid, line: pid in on_hosts and b"-I\0-S\0-c" in line})
+    finally:
+        release.touch()
+        code = run.wait()
+    assert code == 0, run.console()[-3000:]
+    digest = hashlib.sha256(token.encode()).hexdigest()
+    assert hashes(merged(log_dir)) == {("worker-0", "HF_TOKEN"): digest, ("worker-1", "HF_TOKEN"): digest}
+    assert "setting up" in merged(log_dir)  # the setup's output still reaches each task's log
+
+
 def test_the_hint_for_a_misplaced_command_masks_its_secrets(tmp_path):
     key = _value("key")
     done = run_tflaunch("--local", "1", "python", "t.py", f"--api-key={key}", cwd=tmp_path)
