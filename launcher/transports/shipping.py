@@ -106,6 +106,9 @@ def _agent_in_base64() -> tuple[str, str]:
     return base64.b64encode(code).decode("ascii"), base64.b64encode(source).decode("ascii")
 
 
+SETUP_VARIABLE = "TFLAUNCH_SETUP"  # a setup line, in the environment of the shell that runs it, until it ran
+
+
 def agent_spec(grace: float, keepalive: float, sample: float = SAMPLE, connect: str | None = None,
                setup_log: int | None = None, beat: float = HEARTBEAT) -> str:
     """The host agent's one argument (see :mod:`.hostagent`)."""
@@ -113,12 +116,19 @@ def agent_spec(grace: float, keepalive: float, sample: float = SAMPLE, connect: 
                           "beat": beat, "connect": connect, "setup_log": setup_log})
 
 
+def setup_in_front(argv: list[str]) -> list[str]:
+    """``argv`` run after the setup line in :data:`SETUP_VARIABLE` of its environment, which no
+    command line shows (every user of a host can read them) and which is gone before ``argv``
+    starts; ``argv`` passes through "$@" unchanged."""
+    return ["/bin/sh", "-c", f'eval "${SETUP_VARIABLE}"\nunset {SETUP_VARIABLE}\nexec "$0" "$@"', *argv]
+
+
 def task_fields(launch: TaskLaunch, grace: float, host_setup: str | None) -> dict[str, object]:
     """What the agent needs to start ``launch``; a setup other than the host's runs in front of it."""
     argv = list(launch.argv)
-    if launch.setup and launch.setup != host_setup:
-        argv = ["/bin/sh", "-c", f'{launch.setup}\nexec "$0" "$@"', *argv]
     tf_config, env = tf_config_parts(launch.env)  # the link sends the cluster once per host
+    if launch.setup and launch.setup != host_setup:
+        argv, env = setup_in_front(argv), {**env, SETUP_VARIABLE: launch.setup}
     return {"name": launch.name, "argv": argv, "env": env, "tf_config": tf_config, "cwd": launch.workdir,
             "grace": repr(float(grace)),
             "release": launch.address.rsplit(":", 1)[1]}  # a port the agent picked and holds for it

@@ -45,12 +45,11 @@ from .hostagent import EOF_GRACE, beat_for, encode_fields, sample_for
 from .hostlink import AgentLink
 from .linkhub import HUB
 from .proxies import AgentTask, LogWriter
-from .shipping import agent_spec, remote_agent_argv, task_fields
+from .shipping import SETUP_VARIABLE, agent_spec, remote_agent_argv, task_fields
 
 NODE_FAILURE = "Node failure on"  # how srun reports that slurmctld declared a node dead
 CONNECT_TIMEOUT = 300.0  # from srun's start to every agent's connection: a busy slurmctld, a node still registering
 SCONTROL_TIMEOUT = 10.0  # for the nodes' addresses; without them the listener is on every address
-SETUP_VARIABLE = "TFLAUNCH_SETUP"  # the host's setup line, in the step's environment until it has run
 
 
 def node_addresses(nodes: Sequence[str]) -> list[str]:

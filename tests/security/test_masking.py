@@ -188,10 +188,11 @@ def test_a_slurm_run_leaves_its_token_in_no_environment_and_its_setup_on_no_comm
 @pytest.mark.ssh
 @pytest.mark.timeout(240)
 def test_an_ssh_hosts_setup_line_is_on_no_command_line(testhosts, tmp_path):
+    """The cluster's setup line is each host's; worker-2, node2's second task, has a setup of its own."""
     from polling import wait_for
     from test_secrets import SECRET_TASK, Run, assert_on_no_command_line, hashes, merged
 
-    token = _value("hf")
+    token, own = _value("hf"), _value("own")
     node1, node2 = testhosts.hosts[:2]
     release, log_dir = tmp_path / "release", tmp_path / "logs"
     cluster = tmp_path / "cluster.yaml"
@@ -199,22 +200,39 @@ def test_an_ssh_hosts_setup_line_is_on_no_command_line(testhosts, tmp_path):
                        f"setup: |\n  echo setting up\n  export HF_TOKEN={token}\n"
                        "worker:\n"
                        f"  - {{host: node1, address: {node1.address}, port: auto}}\n"
-                       f"  - {{host: node2, address: {node2.address}, port: auto}}\n")
-    run = Run(tmp_path, [str(cluster), "--log-dir", str(log_dir), "--", "python", SECRET_TASK, "HF_TOKEN",
-                         str(release)], {})
+                       f"  - {{host: node2, address: {node2.address}, port: auto}}\n"
+                       f"  - {{host: node2, address: {node2.address}, port: auto, setup: 'export HF_TOKEN={own}'}}\n")
+    run = Run(tmp_path, [str(cluster), "--log-dir", str(log_dir), "--", "python", SECRET_TASK,
+                         "HF_TOKEN,TFLAUNCH_SETUP", str(release)], {})
     try:
-        wait_for(lambda: len(hashes(merged(log_dir))) == 2, timeout=120, message=lambda: run.console()[-2000:])
+        wait_for(lambda: len(hashes(merged(log_dir))) == 6, timeout=120, message=lambda: run.console()[-2000:])
         on_hosts = {pid for host in ("node1", "node2") for pid in testhosts.pids(host)}
-        assert_on_no_command_line([token], {
+        assert_on_no_command_line([token, own], {
             "ssh client": lambda pid, line: line.startswith(b"ssh\0") and b"node1" in line,
             "remote agent": lambda pid, line: pid in on_hosts and b"-I\0-S\0-c" in line})
     finally:
         release.touch()
         code = run.wait()
     assert code == 0, run.console()[-3000:]
-    digest = hashlib.sha256(token.encode()).hexdigest()
-    assert hashes(merged(log_dir)) == {("worker-0", "HF_TOKEN"): digest, ("worker-1", "HF_TOKEN"): digest}
+    digest = {value: hashlib.sha256(value.encode()).hexdigest() for value in (token, own)}
+    seen = hashes(merged(log_dir))
+    assert {task: seen[(task, "HF_TOKEN")] for task in ("worker-0", "worker-1", "worker-2")} == {
+        "worker-0": digest[token], "worker-1": digest[token], "worker-2": digest[own]}
+    assert {seen[(task, "TFLAUNCH_SETUP")] for task in ("worker-0", "worker-1", "worker-2")} == {"unset"}
     assert "setting up" in merged(log_dir)  # the setup's output still reaches each task's log
+
+
+@pytest.mark.unit
+def test_a_tasks_own_setup_line_travels_in_its_environment_not_its_command_line():
+    from launcher.cluster.plan import TaskLaunch
+    from launcher.transports.shipping import SETUP_VARIABLE, task_fields
+
+    launch = TaskLaunch(name="worker-1", role="worker", index=1, host="h", address="h:2222", local=False,
+                        argv=("python", "t.py"), env={"A": "b"}, workdir="/w", setup="export HF_TOKEN=t0k")
+    fields = task_fields(launch, grace=5, host_setup="source /opt/env.sh")
+    assert not any("t0k" in word for word in fields["argv"]) and fields["argv"][-2:] == ["python", "t.py"]
+    assert fields["env"] == {"A": "b", SETUP_VARIABLE: "export HF_TOKEN=t0k"}
+    assert task_fields(launch, grace=5, host_setup="export HF_TOKEN=t0k")["argv"] == ["python", "t.py"]
 
 
 def test_the_hint_for_a_misplaced_command_masks_its_secrets(tmp_path):
