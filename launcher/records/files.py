@@ -26,7 +26,8 @@ def open_own(path: Path | str, flags: int, mode: int = 0o644) -> int:
     one elsewhere) found at ``path`` was planted there, and is removed and the file made anew,
     exclusively. With ``O_EXCL`` in ``flags`` a name found there at all is removed first.
 
-    A run folder is its user's (:data:`launcher.records.folder.FOLDER_MODE`), so the user may remove any name in it."""
+    A run folder is its user's (:data:`launcher.records.folder.FOLDER_MODE`), so the user may
+    remove any name in it."""
     for _ in range(OWN_TRIES):
         try:
             fd = os.open(path, flags | _NO_LINK, mode)

@@ -25,9 +25,10 @@ task logs and attempt folders of earlier executions.
 A run folder is made without write access for anyone but its owner (mode 0755 at most, less under
 the umask), and tflaunch never follows a link in it: every temporary or part file is created
 exclusively (``O_EXCL | O_NOFOLLOW``), temporary ones under unpredictable names, and a log is
-appended to only when it is a regular file of this user's with no other name (:func:`launcher.records.files.open_own`), so
-that a folder others can write (a shared log directory with a default ACL, a folder opened up by
-hand) cannot make tflaunch write through a planted link into a file of its user's.
+appended to only when it is a regular file of this user's with no other name
+(:func:`launcher.records.files.open_own`), so that a folder others can write (a shared log
+directory with a default ACL, a folder opened up by hand) cannot make tflaunch write through a
+planted link into a file of its user's.
 
 A task's log is one file, at the top of the folder, for as long as the task runs in one attempt:
 a run that never restarts has no attempt folder (a run of 8,192 tasks makes 8,192 files, not also

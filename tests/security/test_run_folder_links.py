@@ -134,7 +134,8 @@ def serve():
     while True:
         conn, _ = server.accept()
         conn.recv(4096)
-        conn.sendall(json.dumps({"ok": True, "run_id": "r", "tasks": [{"name": "w", "stacks": "\x1b]0;owned\x07"}]}).encode() + b"\n")
+        answer = {"ok": True, "run_id": "r", "tasks": [{"name": "w", "stacks": "\x1b]0;owned\x07"}]}
+        conn.sendall(json.dumps(answer).encode() + b"\n")
         conn.close()
 threading.Thread(target=serve, daemon=True).start()
 '''
