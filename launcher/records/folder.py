@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
 from ..options import DEFAULT_LOG_DIR, name
-from .files import open_own, sync_directory, write_atomically
+from .files import open_own, write_atomically
 
 if TYPE_CHECKING:
     from .record import RunRecord
