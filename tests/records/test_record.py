@@ -254,12 +254,12 @@ def test_training_time_is_what_every_attempt_trained(records, trained):
 
 @pytest.mark.unit
 def test_json_nested_deeper_than_python_reads_is_no_record_and_no_crash(tmp_path):
-    from launcher.records.metrics import PREFIX, parse_line
+    from launcher.records.metrics import PREFIX, parse_line, read_metrics
 
     nested = b'{"a": ' + b"[" * 5000
     assert parse_line(PREFIX + nested) is None  # a task's line: stays a plain line
     folder = RunFolder(tmp_path)
     folder.metrics_path.write_bytes(b'{"loss": 1}\n' + nested + b"\n")
     (tmp_path / "resources.json").write_bytes(nested)
-    assert folder.read_metrics() == [{"loss": 1}]
+    assert read_metrics(folder.metrics_path) == [{"loss": 1}]
     assert folder.read_resources() == {}
