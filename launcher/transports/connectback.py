@@ -1,18 +1,23 @@
 """The listener that a job step's agents connect back to, and the address it should listen on.
 
-Each caller proves itself with one line, ``TOKEN NAME\\n``, and its connection is then handed over
-as that name's channel, with nothing after the line consumed. Anyone who can reach the port can
-connect, so every connection is a stranger until its line proves otherwise: the line is read as
-bytes and never decoded or shown, the token is compared in constant time, and each handshake has
-one deadline for the whole line (as OpenSSH's LoginGraceTime) and runs beside all the others on one
-selector thread, so a silent, dripping or garbage-sending peer costs only its own connection.
+Each caller and the listener prove to each other that they hold the run's token, without sending
+it (the handshake of :mod:`.hostagent`: a hello with the caller's name and nonce, the listener's
+nonce and proof, the caller's proof); the connection is then handed over as that name's channel,
+with nothing after the caller's proof consumed. Anyone who can reach the port can connect, so every
+connection is a stranger until its proof checks out: its lines are read as bytes and never decoded
+or shown, proofs are compared in constant time, a hello for a name that is not expected (or already
+in) gets no answer, and each handshake has one deadline for all of it (as OpenSSH's LoginGraceTime)
+and runs beside all the others on one selector thread, so a silent, dripping or garbage-sending
+peer costs only its own connection.
 
 At most ``pending_limit`` handshakes are open at once; a connection beyond that displaces the
 oldest pending one. A real caller sends its line as soon as it is connected, so a flood of idle
 connections cannot keep it out, and what the listener holds stays bounded: ``pending_limit``
 descriptors and buffers of at most ``HELLO_LIMIT`` bytes. The port closes as soon as every expected
 caller is in, when its owner closes it, when ``alive()`` turns false, or ``within`` seconds after
-it opened.
+it opened; closed for any reason but the owner's with callers still missing, it says which to
+``missing``. A closed port is never opened again, so a caller that finds nothing listening there
+knows that it is too late.
 """
 
 from __future__ import annotations
@@ -26,9 +31,9 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from .hostagent import HELLO_LIMIT, read_hello
+from .hostagent import HELLO_LIMIT, handshake_proof, new_nonce, read_hello
 
-HANDSHAKE_DEADLINE = 10.0  # seconds from accept to the complete line; an agent sends it at once
+HANDSHAKE_DEADLINE = 10.0  # seconds from accept to the caller's proof; an agent answers at once
 PENDING_LIMIT = 64  # open handshakes at least; twice the callers when there are more
 ACCEPT_BURST = 64  # connections taken per wake-up before pending lines are read again
 TICK = 0.5  # how often alive() and the overall deadline are looked at
@@ -44,15 +49,17 @@ class ConnectBack:
 
     def __init__(self, names: Iterable[str], token: str, deliver: Callable[[str, int], None], host: str = "",
                  *, within: float, alive: Callable[[], bool] = lambda: True,
-                 deadline: float = HANDSHAKE_DEADLINE, pending_limit: int | None = None):
+                 deadline: float = HANDSHAKE_DEADLINE, pending_limit: int | None = None,
+                 missing: Callable[[list[str]], None] = lambda names: None):
         self._names = {name.encode(): name for name in names}
         self._waiting = set(self._names)
         self._token = token.encode()
         self._deliver = deliver
         self._alive = alive
+        self._missing = missing
         self._deadline = deadline
         self._limit = pending_limit or max(PENDING_LIMIT, 2 * len(self._names))
-        self._pending: dict[socket.socket, tuple[float, bytearray]] = {}  # in accept order: oldest first
+        self._pending: dict[socket.socket, _Handshake] = {}  # in accept order: oldest first
         self._listener = socket.create_server((host, 0), family=socket.AF_INET,
                                               backlog=min(socket.SOMAXCONN, max(128, 2 * len(self._names))))
         self._listener.setblocking(False)
@@ -100,7 +107,7 @@ class ConnectBack:
                     selector.register(self._listener, selectors.EVENT_READ)
                 timeout = TICK
                 if self._pending:
-                    timeout = min(timeout, max(0.0, next(iter(self._pending.values()))[0] - now))
+                    timeout = min(timeout, max(0.0, next(iter(self._pending.values())).deadline - now))
                 if self._resume_at is not None:
                     timeout = min(timeout, max(0.0, self._resume_at - now))
                 for key, _ in selector.select(timeout):
@@ -112,6 +119,8 @@ class ConnectBack:
                         break
         finally:
             self._shut(selector)
+        if self._waiting and not self._stopping.is_set():
+            self._missing(sorted(self._names[name] for name in self._waiting))
 
     def _shut(self, selector: selectors.BaseSelector | None) -> None:
         for connection in self._pending:
@@ -126,8 +135,8 @@ class ConnectBack:
 
     def _expire(self, now: float, selector: selectors.BaseSelector) -> None:
         while self._pending:
-            connection, (deadline, _) = next(iter(self._pending.items()))
-            if deadline > now:
+            connection, handshake = next(iter(self._pending.items()))
+            if handshake.deadline > now:
                 return
             self._drop(connection, selector)
 
@@ -156,17 +165,18 @@ class ConnectBack:
             if len(self._pending) >= self._limit:
                 self._drop(next(iter(self._pending)), selector)
             connection.setblocking(False)
-            self._pending[connection] = (time.monotonic() + self._deadline, bytearray())
+            self._pending[connection] = _Handshake(time.monotonic() + self._deadline)
             selector.register(connection, selectors.EVENT_READ)
             self._read(connection, selector)  # the line has often arrived with the connection
             if not self._waiting:
                 return
 
     def _read(self, connection: socket.socket, selector: selectors.BaseSelector) -> None:
-        line = self._pending[connection][1]
+        handshake = self._pending[connection]
+        line = handshake.line
         try:
-            # Peek, then take only up to the newline: what follows is the caller's first frames,
-            # which belong to whoever receives the connection.
+            # Peek, then take only up to the newline: what follows the proof is the caller's first
+            # frames, which belong to whoever receives the connection.
             seen = connection.recv(HELLO_LIMIT - len(line), socket.MSG_PEEK)
             end = seen.find(b"\n")
             taken = connection.recv(end + 1 if end >= 0 else len(seen)) if seen else b""
@@ -179,19 +189,58 @@ class ConnectBack:
         if not taken:
             self._drop(connection, selector)  # the peer closed before finishing its line
         elif end >= 0:
-            self._finish(connection, bytes(line[:-1]), selector)
+            whole = bytes(line[:-1])
+            line.clear()
+            if handshake.name is None:
+                self._hello(connection, handshake, whole, selector)
+            else:
+                self._finish(connection, handshake, whole, selector)
         elif len(line) >= HELLO_LIMIT:
             self._drop(connection, selector)
 
-    def _finish(self, connection: socket.socket, line: bytes, selector: selectors.BaseSelector) -> None:
-        token, name = read_hello(line)
-        if not hmac.compare_digest(token, self._token) or name not in self._waiting:
+    def _hello(self, connection: socket.socket, handshake: "_Handshake", line: bytes,
+               selector: selectors.BaseSelector) -> None:
+        hello = read_hello(line)
+        if hello is None or hello[0] not in self._waiting:
+            self._drop(connection, selector)  # a stranger, or a name that is in: no proof for it
+            return
+        handshake.name, handshake.theirs = hello
+        handshake.mine = new_nonce()
+        answer = handshake.mine + b" " + self._proof(b"listener", handshake) + b"\n"
+        try:
+            sent = connection.send(answer)  # a hundred bytes into an empty send buffer
+        except OSError:
+            sent = 0
+        if sent != len(answer):
+            self._drop(connection, selector)
+
+    def _finish(self, connection: socket.socket, handshake: "_Handshake", line: bytes,
+                selector: selectors.BaseSelector) -> None:
+        name = handshake.name
+        if not hmac.compare_digest(line, self._proof(b"agent", handshake)) or name not in self._waiting:
             self._drop(connection, selector)
             return
         del self._pending[connection]
         selector.unregister(connection)
         self._waiting.discard(name)
         self._deliver(self._names[name], connection.detach())
+
+    def _proof(self, side: bytes, handshake: "_Handshake") -> bytes:
+        return handshake_proof(self._token, side, handshake.name, handshake.theirs, handshake.mine)
+
+
+class _Handshake:
+    """One connection's way through the handshake: its deadline, the line being read, and once its
+    hello came, the name it calls as and both nonces."""
+
+    __slots__ = ("deadline", "line", "name", "theirs", "mine")
+
+    def __init__(self, deadline: float):
+        self.deadline = deadline
+        self.line = bytearray()
+        self.name: bytes | None = None
+        self.theirs = b""
+        self.mine = b""
 
 
 def source_address(addresses: Iterable[str]) -> str | None:

@@ -121,18 +121,48 @@ SYNC = b"\0TFLAUNCH-AGENT-2\0"
 MAX_FRAME = 1 << 24
 OWNER_VARIABLE = "TFLAUNCH_AGENT_TASK"  # in each task's environment: the id of the task it belongs to
 TOKEN_BYTES = 256  # at most this much of a Slurm agent's stdin is its token, its proof when it connects back
-HELLO_LIMIT = 512  # a connect-back agent's first line: token (32), a space, a host name (255 at most), newline
+
+# The connect-back handshake (Slurm): each end proves that it holds the token without sending it.
+#   agent -> listener: ``TFLAUNCH-HELLO <name> <agent nonce>\n``
+#   listener -> agent: ``<listener nonce> <proof("listener")>\n``
+#   agent -> listener: ``<proof("agent")>\n``, then the agent's frames.
+# A proof is HMAC-SHA256 under the token of the side's label, the name and both nonces (hex): each
+# side's nonce makes a proof good for one connection only, the label keeps one side's proof from
+# being replayed as the other's. The agent obeys nothing until the listener's proof checks out.
+HELLO_MARK = b"TFLAUNCH-HELLO"
+HELLO_LIMIT = 512  # any one line of the handshake: a mark, a host name (255 at most), nonces and proofs
+NONCE_BYTES = 16
+CONNECT_WITHIN = 60.0  # seconds an agent keeps trying to reach a listener that proves itself
+CONNECT_BACKOFF = (0.25, 4.0)  # the first pause between tries, and the longest
 
 
-def hello_line(token, name):
-    """A connect-back agent's first line, ``TOKEN NAME\\n``: who is calling."""
-    return ("%s %s\n" % (token, name)).encode()
+def hello_line(name, nonce):
+    """A connect-back agent's first line: who is calling, and its nonce (bytes, hex)."""
+    return HELLO_MARK + b" " + name + b" " + nonce + b"\n"
 
 
 def read_hello(line):
-    """(token, name) as bytes from a first line without its newline; never decoded."""
-    token, _, name = line.partition(b" ")
-    return token, name
+    """(name, nonce) as bytes from a first line without its newline, or None; never decoded."""
+    parts = line.split(b" ")
+    if len(parts) != 3 or parts[0] != HELLO_MARK or not parts[1] or not is_nonce(parts[2]):
+        return None
+    return parts[1], parts[2]
+
+
+def is_nonce(text):
+    return len(text) == 2 * NONCE_BYTES and all(c in b"0123456789abcdef" for c in bytearray(text))
+
+
+def new_nonce():
+    return binascii.hexlify(os.urandom(NONCE_BYTES))
+
+
+def handshake_proof(token, side, name, agent_nonce, listener_nonce):
+    """The proof (hex bytes) that ``side`` (b"agent" or b"listener") holds ``token`` (bytes)."""
+    import hashlib
+    import hmac
+
+    return hmac.new(token, b"\0".join((side, name, agent_nonce, listener_nonce)), hashlib.sha256).hexdigest().encode()
 
 
 def beat_for(hosts, keepalive):
@@ -1176,23 +1206,83 @@ def node_name():
 def open_channel(spec):
     """(read fd, write fd): stdin and stdout, or a connection back to tflaunch (Slurm).
 
-    ``connect`` is ``HOST PORT``; a HOST of ``-`` is the address srun was started from. The first
-    line says who is calling: the token tflaunch handed the step on its stdin (read_token) and this
-    node's name."""
+    ``connect`` is ``HOST PORT``; a HOST of ``-`` is the address srun was started from. The token
+    tflaunch handed the step on its stdin (read_token) is proven, never sent (see :func:`connect_back`)."""
     target = spec.get("connect")
     if not target:
         return 0, 1
-    import socket
     host, port = target.split(" ")
     if host == "-":
         host = os.environ.get("SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1")
     token = read_token()
-    connection = socket.create_connection((host, int(port)), timeout=30)
-    connection.settimeout(None)
-    connection.sendall(hello_line(token, node_name()))
-    fd = os.dup(connection.fileno())
-    connection.close()
+    fd = connect_back(host, int(port), token.encode(), node_name().encode(),
+                      number(spec.get("connect_within"), CONNECT_WITHIN))
     return fd, fd
+
+
+def connect_back(host, port, token, name, within):
+    """A descriptor connected to a listener at ``host:port`` that proved it holds ``token``, after
+    this agent proved it too; tries again, pausing longer each time, for ``within`` seconds.
+
+    Whoever answers there is a stranger until its proof checks out: a listener that closed may have
+    left its port to anyone, and an agent obeys nothing before the proof. OSError when no listener
+    proved itself in time, or at once when nothing listens there (tflaunch's listener never reopens
+    a port it closed)."""
+    import socket
+
+    deadline = time.monotonic() + within
+    pause, longest = CONNECT_BACKOFF
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            connection = socket.create_connection((host, port), timeout=max(0.01, min(left, 10.0)))
+        except ConnectionRefusedError:
+            raise OSError(errno.ECONNREFUSED, "nothing listens there any more")
+        except OSError as exc:
+            why = exc
+        else:
+            try:
+                if prove_both_ends(connection, token, name, deadline):
+                    fd = os.dup(connection.fileno())
+                    connection.close()
+                    return fd
+                why = "the peer did not prove that it holds the run's token"
+            except OSError as exc:
+                why = exc
+            connection.close()
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise OSError(errno.ETIMEDOUT, "no listener proved itself within %g s (last: %s)" % (within, why))
+        time.sleep(min(pause, left))
+        pause = min(pause * 2, longest)
+
+
+def prove_both_ends(connection, token, name, deadline):
+    """The handshake on ``connection`` (see ``HELLO_MARK``): True once the listener proved that it
+    holds ``token`` and this agent's proof is sent; False when its answer is no proof."""
+    import hmac
+
+    mine = new_nonce()
+    connection.settimeout(max(0.01, deadline - time.monotonic()))
+    connection.sendall(hello_line(name, mine))
+    answer = b""
+    while not answer.endswith(b"\n"):
+        connection.settimeout(max(0.01, deadline - time.monotonic()))
+        chunk = connection.recv(HELLO_LIMIT - len(answer))
+        if not chunk or len(answer) + len(chunk) >= HELLO_LIMIT:
+            return False
+        answer += chunk
+        if b"\n" in answer[:-1]:
+            return False  # a real listener says one line, then waits for the agent's proof
+    parts = answer[:-1].split(b" ")
+    if len(parts) != 2 or not is_nonce(parts[0]):
+        return False
+    theirs, proof = parts
+    if not hmac.compare_digest(proof, handshake_proof(token, b"listener", name, mine, theirs)):
+        return False
+    connection.sendall(handshake_proof(token, b"agent", name, mine, theirs) + b"\n")
+    connection.settimeout(None)
+    return True
 
 
 def read_token():

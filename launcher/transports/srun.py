@@ -6,10 +6,11 @@ cgroups, accounts them, and makes them die with the job; a run costs one step an
 client, not one of each per task, which is what keeps slurmctld and the batch host unloaded at
 scale (torchrun, DeepSpeed and MPI start one process per node the same way). srun carries one
 stdin and one merged stdout for all of its tasks, so each agent opens its own channel instead: a
-TCP connection back to tflaunch (:mod:`.connectback`), proven by a token that srun hands every
-agent on its standard input (``--input=all``): in no process's environment or command line. The
-host's ``setup`` line reaches the nodes in the step's environment (:data:`SETUP_VARIABLE`), not on
-srun's command line, which every user of the host can read.
+TCP connection back to tflaunch (:mod:`.connectback`) on which the agent and tflaunch each prove
+that they hold the run's token before a command is sent or obeyed. srun hands every agent the
+token on its standard input (``--input=all``): it is in no process's environment or command line.
+The host's ``setup`` line reaches the nodes in the step's environment (:data:`SETUP_VARIABLE`), not
+on srun's command line, which every user of the host can read.
 The agents dial the address this host's routes to the nodes' Slurm addresses (NodeAddr) leave
 from, and only there does tflaunch listen; when the nodes are reached from different addresses,
 or Slurm cannot name them, it listens on all and the agents dial the address srun was started
@@ -29,8 +30,10 @@ step of its own.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import secrets
+import signal
 import subprocess
 from collections.abc import Collection, Sequence
 
@@ -142,7 +145,7 @@ class AgentStep:
         # was started from.
         address = source_address(node_addresses(nodes))
         self.listener = ConnectBack(nodes, token, self._attach, address or "", within=CONNECT_TIMEOUT,
-                                    alive=lambda: self.popen.poll() is None)
+                                    alive=lambda: self.popen.poll() is None, missing=self._cancel)
         self.links = {node: AgentLink(node, SrunCarrier(node, self, keepalive), None, None, keepalive=keepalive,
                                       hub=HUB, attach_within=CONNECT_TIMEOUT, beat=beat_for(len(nodes), keepalive))
                       for node in nodes}
@@ -154,7 +157,8 @@ class AgentStep:
                                           env=env,
                                           # Terminal signals reach tflaunch only (srun would forward them
                                           # and two Ctrl-C would SIGKILL the step); tflaunch stops tasks in order.
-                                          start_new_session=True, close_fds=True)
+                                          start_new_session=True, close_fds=True,
+                                          preexec_fn=_ends_with(os.getpid()))
         except OSError:
             self.listener.close()
             self.output.close()
@@ -170,6 +174,11 @@ class AgentStep:
 
     def _attach(self, node: str, fd: int) -> None:
         self.links[node].attach(fd, fd)
+
+    def _cancel(self, missing: list[str]) -> None:
+        """The listener closed before these nodes' agents were in: none of the step may run on."""
+        if self.popen.poll() is None:
+            self.popen.terminate()  # srun forces the step's termination: every task of it is killed
 
     def node_failure(self, node: str) -> str | None:
         self._settle()
@@ -197,6 +206,22 @@ class AgentStep:
         except subprocess.TimeoutExpired:
             self.popen.kill()  # Slurm ends the step and every agent in it
             self.popen.wait()
+
+
+def _ends_with(parent: int):
+    """What srun's process runs before srun: SIGTERM (which cancels its step) once ``parent`` is gone.
+
+    The kernel signals when the thread that started srun ends; that is the thread that runs the
+    launch, which closes its steps itself before it returns. The function is looked up here, in
+    tflaunch's process, so that the child between fork and exec only calls it."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def arm() -> None:
+        prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGTERM)  # tflaunch went before the request took effect
+
+    return arm
 
 
 class SrunTransport:

@@ -27,6 +27,7 @@ from conftest import ROOT
 from polling import wait_for
 
 from launcher.transports.connectback import ConnectBack, source_address
+from launcher.transports.hostagent import hello_line, new_nonce, prove_both_ends
 
 TOKEN = "0123456789abcdef0123456789abcdef"
 GARBAGE = b"\x00\xff\xfe\x1b[31mSTRANGER-GARBAGE\x1b[0m \xc3\x28\n"
@@ -66,6 +67,14 @@ def refuses(address: tuple[str, int]) -> bool:
         # and the next one is refused.
         return False
     return False
+
+
+def agent(address: tuple[str, int], name: str, then: bytes = b"", token: str = TOKEN) -> socket.socket:
+    """A connection that went through an agent's side of the handshake, then sent ``then``."""
+    sock = socket.create_connection(address, timeout=30)
+    if prove_both_ends(sock, token.encode(), name.encode(), time.monotonic() + 30):
+        sock.sendall(then)
+    return sock
 
 
 class Dripper(threading.Thread):
@@ -149,17 +158,19 @@ def test_agents_get_in_among_strangers_and_keep_what_follows_their_line(listener
     tls = socket.create_connection(address)
     tls.sendall(client_hello())
     wrong = socket.create_connection(address)
-    wrong.sendall(b"f" * 32 + b" n1\n")  # the right name, the wrong token
+    wrong.sendall(hello_line(b"n1", new_nonce()))  # the right name, then a proof made without the token
+    assert len(wrong.recv(512)) == 2 * 16 + 1 + 64 + 1  # the listener's nonce and proof, nothing more
+    wrong.sendall(b"f" * 64 + b"\n")
+    old = socket.create_connection(address)
+    old.sendall(f"{TOKEN} n1\n".encode())  # the token in clear, as agents once sent it
     dripper = Dripper(address, every=0.2)
     dripper.start()
     start = time.monotonic()
-    first = socket.create_connection(address)
-    first.sendall(f"{TOKEN} n1\nFIRST-FRAME".encode())
+    first = agent(address, "n1", b"FIRST-FRAME")
+    wait_for(lambda: delivered.items, timeout=20.0, message="n1 to be delivered")
     again = socket.create_connection(address)
-    again.sendall(f"{TOKEN} n1\n".encode())  # n1 once more: it is already in
-    second = socket.create_connection(address)
-    second.sendall(f"{TOKEN} n2\n".encode())
-    second.sendall(b"SECOND-FRAME")
+    again.sendall(hello_line(b"n1", new_nonce()))  # n1 once more: it is already in, so no answer
+    second = agent(address, "n2", b"SECOND-FRAME")
     got = delivered.wait(2, timeout=20.0)
     took = time.monotonic() - start
     assert [name for name, _ in got] == ["n1", "n2"] and took < 20.0, (got, took)
@@ -171,7 +182,8 @@ def test_agents_get_in_among_strangers_and_keep_what_follows_their_line(listener
     assert os.read(fds["n2"], 64) == b"SECOND-FRAME"
     os.write(fds["n1"], b"reply")
     assert first.recv(16) == b"reply"
-    for sock in (garbage, tls, wrong, again, *strangers):
+    assert again.recv(512) == b""  # closed without a word
+    for sock in (garbage, tls, wrong, old, *strangers):
         assert closed_by_peer(sock, 10.0)
     dripper.join(10.0)
     assert dripper.closed_at is not None
@@ -192,8 +204,7 @@ def test_a_handshake_has_one_deadline_for_the_whole_line(listener):
     assert dripper.closed_at is not None and dripper.closed_at - start >= 0.9, dripper.closed_at
     assert dripper.sent >= 2
     # The listener itself stays open for the agents that have not come yet.
-    late = socket.create_connection(address)
-    late.sendall(f"{TOKEN} n2\n".encode())
+    agent(address, "n2")
     assert [name for name, _ in delivered.wait(1, timeout=20.0)] == ["n2"]
 
 
@@ -224,7 +235,9 @@ sys.path.insert(0, sys.argv[1])
 if len(sys.argv) > 3:
     resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[3]), resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 from launcher.transports.connectback import ConnectBack
+import select
 def deliver(name, fd):
+    select.select([fd], [], [], 10)  # the frame follows the proof, a moment later maybe
     print("delivered", name, os.read(fd, 64).decode(), flush=True)
 back = ConnectBack(["n1", "n2"], sys.argv[2], deliver, "127.0.0.1", within=120.0)
 back.start()
@@ -264,10 +277,8 @@ def test_a_flood_of_a_thousand_connections_costs_a_bounded_number_of_descriptors
         # 64 pending handshakes at most (the default for two callers), whatever the flood.
         assert peak - before <= 64 + 2 and peak <= (fd_limit or peak), (before, peak)
         for name in ("n1", "n2"):
-            agent = socket.create_connection(address, timeout=30)
-            agent.sendall(f"{TOKEN} {name}\nframe-of-{name}".encode())
+            agent(address, name, f"frame-of-{name}".encode()).close()
             assert holder.stdout.readline().split() == ["delivered", name, f"frame-of-{name}"]
-            agent.close()
         assert holder.stdout.readline().strip() == "closed"
         assert holder.wait(timeout=30) == 0
         assert holder.stderr.read() == ""  # no traceback, and nothing of the strangers' bytes
@@ -431,3 +442,89 @@ def test_the_listener_closes_when_the_run_ends_before_the_agents_are_in(slurm, t
     assert closed_by_peer(pending, 30.0)
     code, out = run.finish()
     assert code != 0 and "Traceback" not in out, out[-3000:]
+
+
+def test_a_listener_that_closes_with_callers_missing_names_them():
+    said: list[list[str]] = []
+    back = ConnectBack(["n1", "n2", "n3"], TOKEN, Delivered(), "127.0.0.1", within=1.0, missing=said.append)
+    back.start()
+    try:
+        agent(("127.0.0.1", back.port), "n2").close()
+        wait_for(lambda: said, timeout=20.0, message="the missing callers to be named")
+    finally:
+        back.close()
+    assert said == [["n1", "n3"]]
+    closed = ConnectBack(["n1"], TOKEN, Delivered(), "127.0.0.1", within=60.0, missing=said.append)
+    closed.start()
+    closed.close()  # closed by its owner: nothing to say
+    assert said == [["n1", "n3"]]
+
+
+# The run's job step, on its own under salloc, with a listener that waits 3 s: the agents' setup line
+# keeps them away for a minute, so the listener closes with both missing.
+STEP_WITHOUT_AGENTS = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+from launcher.cluster.plan import TaskLaunch
+from launcher.transports import srun
+srun.CONNECT_TIMEOUT = 3.0
+nodes = sys.argv[2].split(",")
+first = TaskLaunch(name="worker-0", role="worker", index=0, host=nodes[0], address=nodes[0] + ":1", local=False,
+                   argv=("true",), env={}, workdir=sys.argv[3], setup="sleep 60", python=sys.executable,
+                   transport="srun")
+start = time.monotonic()
+step = srun.AgentStep(nodes, first, 1.0, 30.0)
+print("srun ended", step.popen.wait(timeout=50), "after", round(time.monotonic() - start), "s", flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_a_step_whose_listener_closed_with_agents_missing_is_cancelled(slurm, tmp_path):
+    done = subprocess.run(["salloc", "--nodes=2", "--time=3", sys.executable, "-c", STEP_WITHOUT_AGENTS, str(ROOT),
+                           ",".join(slurm.nodes), str(tmp_path)],
+                          env=slurm.env, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    line = next((l for l in done.stdout.splitlines() if l.startswith("srun ended")), done.stdout + done.stderr)
+    assert line.startswith("srun ended") and int(line.split()[-2]) < 15, line  # not the minute of the setup line
+
+
+# tflaunch in the shell of an allocation that stays: killed while the agents are still on their way.
+KILLED_UNDER_SALLOC = """
+{python} -m launcher --slurm {cluster} --log-dir {logs} -- sleep 60 &
+echo $! > {pidfile}
+wait
+sleep 40
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_nothing_of_the_step_outlives_tflaunch_killed_under_salloc(slurm, tmp_path):
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text("slurm:\n  nodes: 2\nsetup: sleep 30\n")
+    pidfile = tmp_path / "tflaunch.pid"
+    script = tmp_path / "shell.sh"
+    script.write_text(KILLED_UNDER_SALLOC.format(python=sys.executable, cluster=cluster, logs=tmp_path / "logs",
+                                                 pidfile=pidfile))
+    salloc = subprocess.Popen(["salloc", "--nodes=2", "--time=3", "bash", str(script)], cwd=tmp_path,
+                              env={**slurm.env, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+    try:
+        pid = int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), timeout=60,
+                           message="tflaunch's pid"))
+        srun = wait_for(lambda: [p for p in psutil.Process(pid).children() if p.name() == "srun"], timeout=60,
+                        message="tflaunch's srun")[0]
+        wait_for(lambda: any(slurm.pids(node) for node in slurm.nodes), timeout=60, message="the agents' step")
+        os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        wait_for(lambda: not srun.is_running() or srun.status() == psutil.STATUS_ZOMBIE, timeout=30,
+                 message="srun to end with tflaunch")
+        wait_for(lambda: not any(slurm.pids(node) for node in slurm.nodes), timeout=30,
+                 message=lambda: f"the nodes to be empty: { {n: slurm.pids(n) for n in slurm.nodes} }")
+        assert time.monotonic() - killed < 15  # not the half minute of the agents' setup line
+        assert salloc.poll() is None  # the allocation itself stays: only tflaunch's own step went
+    finally:
+        for shell in psutil.Process(salloc.pid).children():  # its shell waits 40 s otherwise
+            shell.kill()
+        slurm.cancel_all()
+        salloc.wait(timeout=60)
