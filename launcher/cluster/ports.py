@@ -12,23 +12,29 @@ kept two ways:
   start-up, some seconds) any program could take it, and the task would fail to start. At most
   :data:`HELD_AT_MOST` ports of a run are held (fewer when the open-files limit has no room);
   the others were free when picked and are only locked.
-- by an exclusive lock on byte ``port`` of a lock file of the user's own, for the whole run: two
+- by an exclusive lock on one byte of a lock file of the user's own, for the whole run: two
   tflaunch runs of one user never pick the same port, also while one's task is still starting or
   restarting on it and the kernel does not know the port is spoken for. It is an
   open-file-description lock, so one descriptor holds all of a run's ports, two runs in one
-  process exclude each other too, and the kernel drops the locks when tflaunch exits.
+  process exclude each other too, and the kernel drops the locks when tflaunch exits. The byte
+  is a keyed hash of the port, under a key the file keeps in its first ``KEY_BYTES`` (written by
+  the first run that finds it missing): /proc/locks, which every user can read, names no port.
 
-The lock file is ``ports-<host>.lock`` in ``$TMPDIR/tflaunch-<uid>``; when another user made
-that folder first, in ``~/.cache/tflaunch`` (``$XDG_CACHE_HOME``). A folder is used only when it
-is this user's and no one else may write it; neither the folder nor the file is followed when it
-is a link, and a file that is not the user's own plain file is replaced. Other users can thus
-neither read, lock, redirect nor corrupt it.
+The lock file is ``ports-<host>.lock`` in the first of these folders that will do:
+``$XDG_RUNTIME_DIR/tflaunch`` (a folder made for this user alone), ``$TMPDIR/tflaunch-<uid>``,
+``~/.cache/tflaunch`` (``$XDG_CACHE_HOME``). A folder is used only when it is this user's and no
+one else may write it, and only when its file system can lock (NFS without its lock daemon cannot:
+that folder is passed over for the next); neither the folder nor the file is followed when it is
+a link, and a file that is not the user's own plain file is replaced. Other users can thus neither
+read, lock, redirect nor corrupt it, and a folder another user made first only moves it to the next.
 """
 
 from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
+import hmac
 import os
 import socket
 import stat
@@ -43,6 +49,9 @@ __all__ = ["HELD_AT_MOST", "PortReservation", "lock_folders", "port_is_free", "r
 # Ports of one run held as sockets; the rest are locked only. Each held port is a descriptor until
 # the tasks start, and the kernel's search for a free port slows as more of them are bound.
 HELD_AT_MOST = 256
+KEY_BYTES = 32
+# What a lock says on a file system that has none (NFS without its lock daemon, some FUSE ones).
+_NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
 
 
 class PortReservation:
@@ -53,6 +62,7 @@ class PortReservation:
         self.ports: dict[str, int] = {}
         self._holders: list[socket.socket] = []
         self._lock_fd: int | None = None
+        self._key = b""
 
     def unhold(self) -> None:
         """Let go of the sockets (the tasks bind their ports next); the locks stay."""
@@ -77,7 +87,9 @@ def lock_folders() -> list[Path]:
     """Where this user's port lock may live, in the order tried."""
     import tempfile  # with shutil and random behind it: loaded where a lock is taken, not at every start
 
-    folders = [Path(tempfile.gettempdir()) / f"tflaunch-{os.geteuid()}"]
+    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+    folders = [Path(runtime) / "tflaunch"] if os.path.isabs(runtime) else []
+    folders.append(Path(tempfile.gettempdir()) / f"tflaunch-{os.geteuid()}")
     cache = os.environ.get("XDG_CACHE_HOME", "")
     if not os.path.isabs(cache):  # the XDG rule: a relative path is ignored
         try:
@@ -97,7 +109,8 @@ def reserve_ports(names: list[str], folders: Sequence[Path] | None = None, attem
     reservation = PortReservation()
     if not names:
         return reservation
-    reservation._lock_fd = fd = open_port_lock(lock_folders() if folders is None else folders)
+    fd, key = open_port_lock(lock_folders() if folders is None else folders)
+    reservation._lock_fd = fd
     taken: set[int] = set()
     try:
         for name in names:
@@ -108,7 +121,7 @@ def reserve_ports(names: list[str], folders: Sequence[Path] | None = None, attem
                 port = holder.getsockname()[1]
                 # Taken: an earlier port of this run that is locked only (its own lock does not stop
                 # it), or locked by another run of this user's, whose task may still be starting.
-                if port in taken or not _lock_byte(fd, port):
+                if port in taken or not _lock_byte(fd, port_byte(key, port)):
                     holder.close()
                     continue
                 taken.add(port)
@@ -158,19 +171,48 @@ def _hold(port: int = 0) -> socket.socket | None:
 # -- the lock file -------------------------------------------------------------------------
 
 
-def open_port_lock(folders: Sequence[Path]) -> int:
-    """A read-write descriptor of the lock file in the first folder that is the user's alone.
+def open_port_lock(folders: Sequence[Path]) -> tuple[int, bytes]:
+    """A read-write descriptor of the lock file in the first folder that is the user's alone and
+    can lock, and the file's key.
 
-    OSError naming every folder tried and why it was passed over, when none is."""
+    OSError naming every folder tried and why it was passed over, when none will do."""
     passed: list[str] = []
     for folder in folders:
         try:
-            return _open_in(Path(folder))
+            fd = _open_in(Path(folder))
         except _NotPrivate as exc:
             passed.append(f"{folder} {exc}")
+            continue
         except OSError as exc:
             passed.append(f"{folder}: {exc.strerror or exc}")
+            continue
+        try:
+            return fd, _key_of(fd)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno not in _NO_LOCKS:
+                raise
+            passed.append(f"{folder}: cannot lock files there ({exc.strerror})")
     raise OSError(errno.EACCES, "no folder of this user's alone for the port lock: " + "; ".join(passed))
+
+
+def _key_of(fd: int) -> bytes:
+    """The lock file's key, written by whichever run comes first (under a lock on it, which also
+    proves that the file system has locks)."""
+    fcntl.fcntl(fd, fcntl.F_OFD_SETLKW, _flock(fcntl.F_WRLCK, 0, KEY_BYTES))
+    try:
+        key = os.pread(fd, KEY_BYTES, 0)
+        if len(key) < KEY_BYTES:
+            key = os.urandom(KEY_BYTES)
+            os.pwrite(fd, key, 0)
+        return key
+    finally:
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _flock(fcntl.F_UNLCK, 0, KEY_BYTES))
+
+
+def port_byte(key: bytes, port: int) -> int:
+    """The byte of the lock file that stands for ``port``: past the key, and unguessable without it."""
+    return KEY_BYTES + int(hmac.new(key, b"%d" % port, hashlib.sha256).hexdigest()[:12], 16)
 
 
 class _NotPrivate(Exception):
@@ -227,14 +269,14 @@ def _open_file(name: str, dir_fd: int) -> int | None:
     return fd
 
 
-def _flock(kind: int, port: int) -> bytes:
-    """A ``struct flock`` for byte ``port`` (l_type, l_whence, l_start, l_len, l_pid = 0 for OFD locks)."""
-    return struct.pack("hhqqi4x", kind, os.SEEK_SET, port, 1, 0)
+def _flock(kind: int, start: int, length: int = 1) -> bytes:
+    """A ``struct flock`` (l_type, l_whence, l_start, l_len, l_pid = 0 for OFD locks)."""
+    return struct.pack("hhqqi4x", kind, os.SEEK_SET, start, length, 0)
 
 
-def _lock_byte(fd: int, port: int) -> bool:
+def _lock_byte(fd: int, byte: int) -> bool:
     try:
-        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _flock(fcntl.F_WRLCK, port))
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _flock(fcntl.F_WRLCK, byte))
     except OSError as exc:
         if exc.errno in (errno.EACCES, errno.EAGAIN):
             return False

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import socket
 import stat
@@ -48,7 +49,7 @@ def hold(folder, port: int) -> int | None:
     """Lock ``port`` as another run of this user's would: a descriptor of its own on the lock file."""
     os.makedirs(folder, mode=0o700, exist_ok=True)
     fd = os.open(lock_file(folder), os.O_RDWR | os.O_CREAT, 0o600)
-    if ports_module._lock_byte(fd, port):
+    if ports_module._lock_byte(fd, ports_module.port_byte(ports_module._key_of(fd), port)):
         return fd
     os.close(fd)
     return None
@@ -272,7 +273,7 @@ def test_a_linked_lock_file_is_replaced_and_what_it_named_is_untouched(folder, t
         # The target carries no lock: the lock file is a new file of its own.
         fd = os.open(target, os.O_RDWR)
         try:
-            assert ports_module._lock_byte(fd, reservation.ports["w"])
+            fcntl.fcntl(fd, fcntl.F_OFD_SETLK, ports_module._flock(fcntl.F_WRLCK, 0, 0))  # the whole file
         finally:
             os.close(fd)
     info = os.lstat(lock_file(folder))
@@ -401,7 +402,9 @@ def test_past_what_it_may_hold_a_reservation_locks_distinct_ports_only(folder, m
         assert all(lock_is_held(folder, p) for p in ports)
 
 
-def test_the_default_folders_are_the_users_own_in_the_temp_dir_then_the_cache(monkeypatch, tmp_path):
+def test_the_default_folders_are_the_users_runtime_dir_then_own_in_the_temp_dir_then_the_cache(monkeypatch,
+                                                                                                tmp_path):
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
     monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir reads TMPDIR again
@@ -412,3 +415,7 @@ def test_the_default_folders_are_the_users_own_in_the_temp_dir_then_the_cache(mo
     assert lock_folders()[1] == tmp_path / "cache" / "tflaunch"
     monkeypatch.setenv("XDG_CACHE_HOME", "relative")
     assert lock_folders()[1] == tmp_path / "home" / ".cache" / "tflaunch"
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))  # made for this user alone: first
+    assert lock_folders()[:2] == [tmp_path / "run" / "tflaunch", tmp_path / "tmp" / f"tflaunch-{os.geteuid()}"]
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "relative")
+    assert lock_folders()[0] == tmp_path / "tmp" / f"tflaunch-{os.geteuid()}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -16,6 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
+from polling import wait_for
 from test_shared_machine import NOBODY, SYSTEM_PYTHON, as_nobody
 
 from launcher.transports.hostagent import TOKEN_VARIABLE, encode_fields
@@ -123,3 +126,208 @@ def test_on_slurm_an_agent_dialling_another_users_listener_gives_nothing_and_run
     assert all(data.startswith(b"TFLAUNCH-HELLO " + slurm.nodes[0].encode() + b" ") for data in heard), heard
     assert not marker.exists(), "the agent ran a stranger's command"
     assert step.returncode != 0 and "no listener proved itself" in step.stdout + step.stderr, step
+
+
+# -- port claims -----------------------------------------------------------------------------------
+
+# What another user does to stop every ``port: auto`` run on a host: take the claim name of every
+# port the kernel may hand out (as tflaunch's agents once claimed ports: abstract socket names), and
+# make the per-user claim folder under the shared temp folder its own.
+DENY_CLAIMS = r'''
+import os, socket, sys
+low, high, shared, uid = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+claims = []
+for port in range(low, high + 1):
+    claim = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    claim.bind("\0tflaunch-port-%d" % port)
+    claims.append(claim)
+os.mkdir(os.path.join(shared, "tflaunch-" + uid), 0o777)
+'''
+
+PICK_ALL_FOUR = r'''
+import os, sys
+from launcher.transports.local import LocalTransport
+
+with open("/proc/sys/net/ipv4/ip_local_port_range", "w") as ranges:
+    ranges.write("40000 40003")
+print("RANGE", flush=True)
+sys.stdin.readline()  # the other user is ready
+transport = LocalTransport()
+try:
+    print(sorted(transport.link_for(None).pick_ports(4, timeout=30.0)), flush=True)
+finally:
+    transport.close()
+'''
+
+
+@pytest.mark.slow
+def test_another_users_claim_names_and_folders_do_not_keep_an_agent_from_any_port(tmp_path, folder_for_others):
+    # In a network namespace of its own whose kernel hands out four ports, all four claimed by nobody.
+    shared = folder_for_others(0o1777)
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    picker = subprocess.Popen(["unshare", "--net", sys.executable, "-c", PICK_ALL_FOUR], cwd=ROOT, text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env={"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), "TMPDIR": str(shared),
+                                   "HOME": str(home)})
+    try:
+        assert picker.stdout.readline().strip() == "RANGE", picker.stderr.read()
+        claimer = subprocess.Popen(
+            ["nsenter", f"--net=/proc/{picker.pid}/ns/net", "setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}",
+             "--clear-groups", SYSTEM_PYTHON, "-c", DENY_CLAIMS + "print('READY', flush=True)\nsys.stdin.read()\n",
+             "40000", "40003", str(shared), str(os.geteuid())],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={"PATH": "/usr/bin:/bin"}, cwd="/")
+        assert claimer.stdout.readline().strip() == "READY", claimer.stderr.read()
+        picker.stdin.write("go\n")
+        picker.stdin.flush()
+        out, err = picker.communicate(timeout=60)
+        claimer.stdin.close()
+        claimer.wait(timeout=30)
+    finally:
+        if picker.poll() is None:
+            picker.kill()
+    assert picker.returncode == 0 and out.strip() == "[40000, 40001, 40002, 40003]", (out, err[-2000:])
+    # The claims went to the next folder of the user's alone (nobody's folder in the shared one passed over).
+    assert [p.name for p in (home / ".cache" / "tflaunch").iterdir()] == [f"port-claims-{os.uname().nodename}.lock"]
+
+
+@pytest.mark.unit
+def test_claims_of_one_users_runs_exclude_each_other(tmp_path):
+    from launcher.transports.hostagent import PortClaims
+
+    folder = tmp_path / "claims"
+    first, second = PortClaims([str(folder)]), PortClaims([str(folder)])  # two runs: two descriptions
+    assert first.claim(40000) and not second.claim(40000) and second.claim(40001)
+    first.release(40000)
+    assert second.claim(40000)
+    assert first.key == second.key and len(first.key) == 32  # one key, made once, in the file
+
+
+CLAIMS_SEEN = r'''
+import sys
+ports = [int(p) for p in sys.argv[1:]]
+abstract = [line.split()[7] for line in open("/proc/net/unix") if len(line.split()) > 7 and line.split()[7][0] == "@"]
+starts = [line.split()[-2] for line in open("/proc/locks") if "OFDLCK" in line]
+print(any("tflaunch" in name for name in abstract),
+      [p for p in ports if any(str(p) in name for name in abstract) or str(p) in starts])
+'''
+
+
+@pytest.mark.slow
+def test_no_other_user_can_read_which_ports_an_agent_claimed():
+    from launcher.transports.local import LocalTransport
+
+    transport = LocalTransport()
+    try:
+        ports = transport.link_for(None).pick_ports(3, timeout=30.0)
+        seen = as_nobody(CLAIMS_SEEN, *map(str, ports)).communicate(timeout=60)[0]
+    finally:
+        transport.close()
+    assert seen.strip() == "False []", seen  # no claim name in /proc/net/unix, no port as a locked byte
+
+
+@pytest.mark.slow
+@pytest.mark.ssh
+def test_another_users_claims_on_a_remote_host_cannot_stop_a_port_auto_run_there(testhosts, tmp_path,
+                                                                                 folder_for_others):
+    # node1's kernel hands out four ports, every one of them claimed by nobody on node1, and nobody
+    # made the claim folder under the shared temp folder the agent is told to use.
+    node = testhosts.hosts[0]
+    netns = f"--net=/run/netns/{node.netns}"
+    low = testhosts.port(4)
+    shared, home = folder_for_others(0o1777), tmp_path / "home"
+    home.mkdir(mode=0o700)
+    ranges = "/proc/sys/net/ipv4/ip_local_port_range"
+    before = subprocess.run(["nsenter", netns, "cat", ranges], capture_output=True, text=True, check=True).stdout
+    claimer = None
+    try:
+        subprocess.run(["nsenter", netns, "sh", "-c", f"echo {low} {low + 3} > {ranges}"], check=True)
+        claimer = subprocess.Popen(
+            ["nsenter", netns, "setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", SYSTEM_PYTHON,
+             "-c", DENY_CLAIMS + "print('READY', flush=True)\nsys.stdin.read()\n", str(low), str(low + 3),
+             str(shared), str(os.geteuid())],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={"PATH": "/usr/bin:/bin"}, cwd="/")
+        assert claimer.stdout.readline().strip() == "READY", claimer.stderr.read()
+        cluster = tmp_path / "cluster.yaml"
+        cluster.write_text(f"ssh:\n  options: {json.dumps(testhosts.ssh_options)}\n  connect_timeout: 3\n"
+                           f"setup: export TMPDIR={shared} HOME={home}\n"
+                           "worker:\n" + f"  - {{host: node1, address: {node.address}, port: auto}}\n" * 2)
+        done = subprocess.run([sys.executable, "-m", "launcher", str(cluster), "--log-dir", str(tmp_path / "logs"),
+                               "--", "sh", "-c", 'echo "$TF_CONFIG"'], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    finally:
+        if claimer is not None:
+            claimer.stdin.close()
+            claimer.wait(timeout=30)
+        subprocess.run(["nsenter", netns, "sh", "-c", f"echo {before.strip()} > {ranges}"], check=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (run_dir,) = (tmp_path / "logs").iterdir()
+    config = json.loads((run_dir / "worker-0.log").read_text().splitlines()[0])
+    ports = sorted(int(a.rsplit(":", 1)[1]) for a in config["cluster"]["worker"])
+    assert len(ports) == 2 and all(low <= p <= low + 3 for p in ports), config
+    assert [p.name for p in (home / ".cache" / "tflaunch").iterdir()] == ["port-claims-node1.lock"]
+
+
+# -- the port lock on tflaunch's own machine --------------------------------------------------------
+
+@pytest.mark.slow
+def test_another_user_making_every_shared_lock_folder_first_cannot_stop_a_port_auto_run(tmp_path, folder_for_others):
+    # The temp folder and even the home folder are shared (1777) here, and nobody made both folders
+    # tflaunch could keep its port lock in there; $XDG_RUNTIME_DIR is the user's alone.
+    shared, home = folder_for_others(0o1777), folder_for_others(0o1777)
+    uid = str(os.geteuid())
+    nobody_made = as_nobody("import os, sys\nos.mkdir(os.path.join(sys.argv[1], 'tflaunch-' + sys.argv[3]), 0o777)\n"
+                            "os.makedirs(os.path.join(sys.argv[2], '.cache', 'tflaunch'), 0o777)\n",
+                            str(shared), str(home), uid)
+    assert nobody_made.wait(timeout=60) == 0, nobody_made.stderr.read()
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    env = {k: v for k, v in os.environ.items() if k != "XDG_CACHE_HOME"}
+    env.update(PYTHONPATH=str(ROOT), TMPDIR=str(shared), HOME=str(home), XDG_RUNTIME_DIR=str(runtime))
+    done = subprocess.run([sys.executable, "-m", "launcher", "--local", "2", "--log-dir", str(tmp_path / "logs"),
+                           "--", "python", "-c", "pass"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert [p.name for p in (runtime / "tflaunch").iterdir()] == [f"ports-{os.uname().nodename}.lock"]
+
+
+@pytest.fixture
+def no_locks(tmp_path):
+    """A folder on a file system that has no locks (FUSE, every lock refused with ENOLCK, as NFS
+    without its lock daemon)."""
+    fusepy = pytest.importorskip("fuse", reason="needs fusepy (pip install fusepy) for a file system without locks")
+    if not (Path("/dev/fuse").exists() and shutil.which("fusermount")):
+        pytest.skip("needs /dev/fuse and fusermount (apt-get install fuse) for a file system without locks")
+    mount = tmp_path / "nolocks"
+    mount.mkdir()
+    server = subprocess.Popen([sys.executable, str(ROOT / "tests" / "helpers" / "nolockfs.py"), str(mount)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: os.path.ismount(mount) or server.poll() is not None, timeout=30,
+                 message="the file system without locks to be mounted")
+        assert server.poll() is None, server.stderr.read()
+        yield mount
+    finally:
+        subprocess.run(["fusermount", "-u", str(mount)], capture_output=True)
+        server.wait(timeout=30)
+    assert fusepy
+
+
+@pytest.mark.slow
+def test_a_lock_folder_on_a_file_system_without_locks_is_passed_over(no_locks, tmp_path):
+    from launcher.cluster.ports import reserve_ports
+    from launcher.transports.hostagent import PortClaims
+
+    first, second = no_locks / "tflaunch", tmp_path / "second"
+    with reserve_ports(["w"], folders=[first, second]) as reservation:
+        assert reservation.ports["w"] > 0
+    assert [p.name for p in second.iterdir()] == [f"ports-{os.uname().nodename}.lock"]
+    with pytest.raises(OSError) as info:
+        reserve_ports(["w"], folders=[first])
+    assert info.value.strerror == (f"no folder of this user's alone for the port lock: {first}: cannot lock files "
+                                   "there (No locks available)")
+    claims = PortClaims([str(first), str(tmp_path / "claims")])  # the agent's claims do the same
+    assert claims.claim(40000) and claims.fd is not None
+    assert [p.name for p in (tmp_path / "claims").iterdir()] == [f"port-claims-{os.uname().nodename}.lock"]
