@@ -5,7 +5,15 @@ Sent as ``python -c <source> <base64 JSON>``, like the host probe. Input::
     {"listen": [2222, ...],                         # this host's task ports; [] when tasks hold them
      "targets": [{"id": 0, "host": "node2", "port": 2222}, ...],
      "timeout": 10,                                 # seconds per connect
+     "prove": true,                                 # the targets are probes: each must prove it
      "lifetime": 40}                                # the probe exits after this long whatever happens
+
+The run's token for the probes is in the ``TFLAUNCH_MESH_TOKEN`` environment variable (which other
+users cannot read, unlike the command line). A connection to a probe's listener proves that the
+probe is there: the caller sends a nonce line (``NONCE_BYTES`` as hex), the listener answers with
+``proof(token, nonce)`` (HMAC-SHA256, hex), and only a right answer counts as reached. A program of
+someone else's on the port, or a name that leads elsewhere, cannot make a pair pass. On a live
+cluster (no ``listen``) the tasks hold the ports and a connection alone is tried.
 
 Protocol on stdout/stdin, one line each, so that every host listens before any host connects:
 
@@ -19,16 +27,19 @@ Protocol on stdout/stdin, one line each, so that every host listens before any h
 EOF at any point ends it: when the launcher or its ssh client dies, nothing stays behind.
 Python 3.6+ compatible on purpose: it runs on whatever interpreter a host has.
 
-The listeners are on the task ports of a shared host, open to anyone who can reach it. A prober
-only needs the handshake (it resets the connection at once), so what a stranger can do is bounded:
-at most MAX_HELD connections are held at once (the oldest goes when another arrives), each for at
-most the connect timeout, whatever is sent on them is read and dropped, and after a total of
-accepted connections that every other host's probe could not need, the listeners accept no more.
+The listeners are on the task ports of a shared host, open to anyone who can reach it, so what a
+stranger can do is bounded and cannot keep the probes out: every connection is accepted and
+answered as soon as its nonce line is in; at most MAX_HELD connections are held at once (the
+oldest goes when another arrives), each for at most the connect timeout; anything but a nonce line
+ends its connection. A prober whose connection went unanswered tries again within its timeout.
 """
 
 import base64
 import collections
+import binascii
 import errno
+import hashlib
+import hmac
 import json
 import os
 import select
@@ -42,6 +53,9 @@ import time
 MAX_PARALLEL = 64
 MAX_HELD = 64  # accepted connections held open at once
 MAX_LINE = 4096  # bytes of one line on stdin (the launcher writes "go")
+TOKEN_VARIABLE = "TFLAUNCH_MESH_TOKEN"
+NONCE_BYTES = 16
+RETRY_PAUSE = 0.2  # seconds between a prober's tries at one target, within its timeout
 
 # Why a connect failed, by errno. Linux answers a connect through a blackhole route with EINVAL.
 CAUSES = {
@@ -91,65 +105,80 @@ def abort(sock):
     sock.close()
 
 
-def accept_connections(listeners, hold, total):
-    """Accept connections and keep each until its peer closes it, ``hold`` seconds at most.
+def proof(token, nonce):
+    """The answer (hex bytes) of a listener holding ``token`` (bytes) to a caller's ``nonce`` line."""
+    return hmac.new(token, b"tflaunch-mesh\0" + nonce, hashlib.sha256).hexdigest().encode()
+
+
+def accept_connections(listeners, hold, token):
+    """Accept connections, answer each nonce line with its proof, and keep each connection until
+    its peer closes it, ``hold`` seconds at most.
 
     Accepting keeps a full backlog from turning a peer's connect into a timeout. Leaving the close
     to the peer (which resets) leaves no TIME_WAIT on the task's port here, and no reset that could
-    race the peer's own connect; a connection still open at its deadline, or the oldest one when
-    MAX_HELD are open, is reset from here. After ``total`` connections the listeners stay bound
-    (the ports stay held) but nothing more is accepted.
+    race the peer's own connect; a connection still open at its deadline, the oldest one when
+    MAX_HELD are open, or one that sent anything but one nonce line, is reset from here.
     """
     chooser = selectors.DefaultSelector()  # epoll where there is one: no limit on descriptor numbers
     for sock in listeners:
         sock.setblocking(False)
         chooser.register(sock, selectors.EVENT_READ, "listener")
-    held = collections.OrderedDict()  # connection -> deadline, oldest first
+    held = collections.OrderedDict()  # connection -> [deadline, what it sent], oldest first
+    line = 2 * NONCE_BYTES + 1
 
     def drop(conn):
         chooser.unregister(conn)
         del held[conn]
         abort(conn)
 
-    accepted = 0
+    def read(conn):
+        try:
+            data = conn.recv(line + 1)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            drop(conn)
+            return
+        sent = held[conn][1] = held[conn][1] + data
+        if len(sent) > line or (len(sent) == line and not sent.endswith(b"\n")):
+            drop(conn)  # no caller of ours says more than its nonce line
+        elif len(sent) == line:
+            try:
+                conn.send(proof(token, sent[:-1]) + b"\n")
+            except OSError:
+                drop(conn)
+
     while True:
         now = time.time()
-        while held and next(iter(held.values())) <= now:
+        while held and next(iter(held.values()))[0] <= now:
             drop(next(iter(held)))
         try:
-            events = chooser.select(next(iter(held.values())) - now if held else None)
+            events = chooser.select(next(iter(held.values()))[0] - now if held else None)
         except (OSError, ValueError):
             return  # a listener was closed: the probe is ending
         for key, _ in events:
             sock = key.fileobj
             if key.data == "listener":
-                if accepted >= total:
-                    continue
                 try:
                     conn = sock.accept()[0]
                 except (BlockingIOError, InterruptedError):
                     continue
-                except OSError:  # out of descriptors, say: wait rather than spin on a ready listener
-                    time.sleep(0.05)
+                except OSError:  # out of descriptors, say: make room rather than spin on a ready listener
+                    if held:
+                        drop(next(iter(held)))
+                    else:
+                        time.sleep(0.05)
                     continue
-                accepted += 1
-                if accepted >= total:
-                    for listener in listeners:
-                        chooser.unregister(listener)
                 if len(held) >= MAX_HELD:
                     drop(next(iter(held)))
                 conn.setblocking(False)
-                held[conn] = time.time() + hold
+                held[conn] = [time.time() + hold, b""]
                 chooser.register(conn, selectors.EVENT_READ, "held")
+                read(conn)  # the nonce often came with the connection
             elif sock in held:
-                try:
-                    data = sock.recv(4096)  # nothing is expected; what comes is dropped
-                except (BlockingIOError, InterruptedError):
-                    continue
-                except OSError:
-                    data = b""
-                if not data:
-                    drop(sock)
+                read(sock)
 
 
 def describe(exc, timeout):
@@ -161,8 +190,12 @@ def describe(exc, timeout):
     return cause if cause else (os.strerror(exc.errno).lower() if exc.errno else str(exc))
 
 
-def connect(target, timeout, resolved_names, lock):
-    """Resolve ``target`` here and connect to its first address that answers; a result record."""
+NOT_OURS = "answered, but not as this run's probe (another program on the port, or the name leads elsewhere)"
+
+
+def connect(target, timeout, resolved_names, lock, token=None):
+    """Resolve ``target`` here and connect to its first address that answers (with ``token``: that
+    answers with the proof of this run's probe); a result record."""
     started = time.time()
     result = {"id": target["id"], "ok": False, "error": None, "resolved": None, "seconds": 0.0}
     name, port = target["host"], int(target["port"])
@@ -181,32 +214,55 @@ def connect(target, timeout, resolved_names, lock):
         return result
     first_error = None
     for family, address in addresses:
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.settimeout(timeout)
-        try:
-            sock.connect((address, port))
+        error = reach(family, address, port, started + timeout, timeout, token)
+        if error is None:
             result.update(ok=True, error=None, resolved=address)
-            abort(sock)
             break
-        except (OSError, socket.timeout) as exc:
-            sock.close()
-            if first_error is None:
-                first_error = describe(exc, timeout)
-                result["resolved"] = address
+        if first_error is None:
+            first_error, result["resolved"] = error, address
     if not result["ok"]:
         result["error"] = first_error or "no address"
     result["seconds"] = round(time.time() - started, 3)
     return result
 
 
-def connect_all(targets, timeout, deadline):
+def reach(family, address, port, deadline, timeout, token):
+    """None once ``address:port`` is reached (and, with ``token``, has proven to be this run's
+    probe), else why not. A connection closed before its answer came is tried again, while time is
+    left: the listener may have let it go among a stranger's many."""
+    while True:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.settimeout(max(0.01, deadline - time.time()))
+        try:
+            sock.connect((address, port))
+            if token is None:
+                return None
+            nonce = binascii.hexlify(os.urandom(NONCE_BYTES))
+            sock.sendall(nonce + b"\n")
+            answer = b""
+            while not answer.endswith(b"\n") and len(answer) <= 2 * 32 + 1:
+                chunk = sock.recv(128)
+                if not chunk:
+                    raise ConnectionResetError(errno.ECONNRESET, "closed before it answered")
+                answer += chunk
+            return None if hmac.compare_digest(answer, proof(token, nonce) + b"\n") else NOT_OURS
+        except (OSError, socket.timeout) as exc:
+            unanswered = token is not None and isinstance(exc, ConnectionResetError)
+            if not unanswered or time.time() + RETRY_PAUSE >= deadline:
+                return describe(exc, timeout)
+        finally:
+            abort(sock)
+        time.sleep(RETRY_PAUSE)
+
+
+def connect_all(targets, timeout, deadline, token=None):
     """Connect to every target in parallel; targets with no answer by ``deadline`` count as timed out."""
     results, lock, resolved_names = {}, threading.Lock(), {}
     slots = threading.BoundedSemaphore(MAX_PARALLEL)
 
     def work(target):
         with slots:
-            record = connect(target, timeout, resolved_names, lock)
+            record = connect(target, timeout, resolved_names, lock, token)
         with lock:
             results[target["id"]] = record
 
@@ -258,6 +314,7 @@ def say(mark, payload):
 
 def main():
     request = json.loads(base64.b64decode(sys.argv[1]).decode("utf-8"))
+    token = os.environ.pop(TOKEN_VARIABLE, "").encode()
     deadline = time.time() + float(request.get("lifetime", 60))
     timeout = float(request.get("timeout", 10))
     listeners, status = [], {}
@@ -269,14 +326,13 @@ def main():
             status[str(port)] = describe(exc, timeout)
     targets = request.get("targets", [])
     if listeners:
-        # Every other host's probe dials each of these ports once; its targets include every other host.
-        total = MAX_HELD + 2 * len(listeners) * (len(targets) + 1)
-        threading.Thread(target=accept_connections, args=(listeners, timeout, total), daemon=True).start()
+        threading.Thread(target=accept_connections, args=(listeners, timeout, token), daemon=True).start()
     say("TFLAUNCH_MESH_LISTENING", status)
     stdin = LineReader()
     line = stdin.line(deadline)
     if line is not None and line.strip() == b"go":
-        say("TFLAUNCH_MESH_RESULT", connect_all(targets, timeout, min(deadline, time.time() + timeout + 2)))
+        say("TFLAUNCH_MESH_RESULT", connect_all(targets, timeout, min(deadline, time.time() + timeout + 2),
+                                                token if request.get("prove") else None))
         while stdin.line(deadline) is not None:  # hold the listeners until the launcher closes stdin
             pass
     for sock in listeners:

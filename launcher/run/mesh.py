@@ -9,7 +9,9 @@ Every host of the cluster runs :mod:`launcher.cluster.mesh_probe` through its ho
 run's one connection to that host, or this machine's agent), all in parallel:
 
 1. each host listens on its own tasks' ports (``listen=True``; a live cluster's tasks already hold
-   them, so the live check only connects) and says so;
+   them, so the live check only connects) and says so; each connection to a listener must be
+   answered with the proof of the run's probe (a token made for this probe, passed to each host in
+   the probe's environment), so another program on a port cannot make its pair pass;
 2. once every host listens (or has failed), each gets ``go``: it resolves every other task's name
    itself, on that host, and connects to it, with the ssh connect timeout as the connect timeout;
 3. when every host has answered, stdin is closed and the probes exit, so nothing stays behind.
@@ -23,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import queue
+import secrets
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -171,10 +174,11 @@ def probe_mesh(launches: Sequence[TaskLaunch], listen: bool = True, skip_hosts: 
         if label in skip_hosts or label in probes:
             continue
         ports = sorted({int(l.address.rsplit(":", 1)[1]) for l in targets_ok if host_label(l) == label}) if listen else []
-        probes[label] = _HostProbe(label, launch, ports, [p for p in pairs if p.source == label], timeout)
+        probes[label] = _HostProbe(label, launch, ports, [p for p in pairs if p.source == label], timeout, listen)
     events: queue.Queue = queue.Queue()
+    token = secrets.token_hex(16)
     with agents(transports) as through:
-        _run_probes(probes, events, timeout, through)
+        _run_probes(probes, events, timeout, through, token)
     by_target = {l.name: l for l in launches}
 
     for label, probe in probes.items():
@@ -195,10 +199,10 @@ def probe_mesh(launches: Sequence[TaskLaunch], listen: bool = True, skip_hosts: 
 
 
 def _run_probes(probes: dict[str, "_HostProbe"], events: queue.Queue, timeout: float,
-                transports: TransportSet) -> None:
+                transports: TransportSet, token: str) -> None:
     try:
         for probe in probes.values():
-            probe.start(events, transports)
+            probe.start(events, transports, token)
         _wait(probes, events, lambda p: p.listening is not None, timeout + START_SLACK)
         for probe in probes.values():
             if probe.listening is not None:
@@ -240,11 +244,12 @@ class _HostProbe:
     """One host's probe, a helper of its host agent: its stdin carries ``go`` and then EOF, its
     output the answers."""
 
-    def __init__(self, label: str, launch: TaskLaunch, ports: list[int], pairs: list[Pair], timeout: float):
+    def __init__(self, label: str, launch: TaskLaunch, ports: list[int], pairs: list[Pair], timeout: float,
+                 prove: bool):
         self.label = label
         self.launch = launch
         self.pairs = pairs
-        self.request = {"listen": ports, "timeout": timeout,
+        self.request = {"listen": ports, "timeout": timeout, "prove": prove,
                         "targets": [{"id": i, "host": p.name, "port": p.port} for i, p in enumerate(pairs)],
                         # The probe ends itself after this even if its stdin never closes.
                         "lifetime": 2 * timeout + START_SLACK + ANSWER_SLACK}
@@ -255,10 +260,11 @@ class _HostProbe:
         self.helper = None
         self.start_error: str | None = None
 
-    def start(self, events: queue.Queue, transports: TransportSet) -> None:
+    def start(self, events: queue.Queue, transports: TransportSet, token: str) -> None:
         try:
             self.helper = transports.helper(self.launch, MESH_SOURCE, self.request,
-                                            lambda line: events.put((self.label, line)))
+                                            lambda line: events.put((self.label, line)),
+                                            env={mesh_probe.TOKEN_VARIABLE: token})
         except OSError as exc:
             self.start_error, self.ended = f"cannot run {exc.filename or exc.strerror or exc}", True
 

@@ -331,3 +331,106 @@ def test_a_lock_folder_on_a_file_system_without_locks_is_passed_over(no_locks, t
     claims = PortClaims([str(first), str(tmp_path / "claims")])  # the agent's claims do the same
     assert claims.claim(40000) and claims.fd is not None
     assert [p.name for p in (tmp_path / "claims").iterdir()] == [f"port-claims-{os.uname().nodename}.lock"]
+
+
+# -- the mesh probe ----------------------------------------------------------------------------------
+
+# Another user at a probe's port: keeps ``count`` connections open, opening a new one for each the
+# probe ends, until its stdin closes; silent ones, or ones that send a nonce line as a prober would.
+CROWD = r'''
+import select, socket, sys, threading
+port, count, talk = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "talk"
+stop = threading.Event()
+def crowd():
+    socks = []
+    while not stop.is_set():
+        while len(socks) < count and not stop.is_set():
+            sock = socket.socket()
+            sock.settimeout(1)
+            try:
+                sock.connect(("127.0.0.1", port))
+                if talk:
+                    sock.sendall(b"0" * 32 + b"\n")
+            except OSError:
+                sock.close()
+                break
+            socks.append(sock)
+        ready = select.select(socks, [], [], 0.05)[0] if socks else []
+        for sock in ready:
+            try:
+                gone = sock.recv(4096) == b""
+            except OSError:
+                gone = True
+            if gone:
+                socks.remove(sock)
+                sock.close()
+threading.Thread(target=crowd, daemon=True).start()
+print("READY", flush=True)
+sys.stdin.read()
+stop.set()
+'''
+
+
+def started_probe(listen: list[int], targets: list[int], token: str) -> subprocess.Popen:
+    """The real mesh probe as a host's agent starts it before a run: listening on ``listen``,
+    proving itself with ``token``, and dialling each of ``targets`` on this machine once told to go."""
+    import base64
+
+    from launcher.cluster.mesh_probe import TOKEN_VARIABLE as MESH_TOKEN
+    from launcher.run.mesh import MESH_SOURCE
+
+    request = {"listen": listen, "timeout": 5, "lifetime": 120, "prove": True,
+               "targets": [{"id": i, "host": "127.0.0.1", "port": port} for i, port in enumerate(targets)]}
+    encoded = base64.b64encode(json.dumps(request).encode()).decode()
+    return subprocess.Popen([sys.executable, "-c", MESH_SOURCE, encoded], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env={**os.environ, MESH_TOKEN: token})
+
+
+def probe_results(probe: subprocess.Popen) -> list[dict]:
+    probe.stdin.write("go\n")
+    probe.stdin.flush()
+    return json.loads(probe.stdout.readline().split(" ", 1)[1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("talk", ["silent", "talk"], ids=["silent", "nonce lines"])
+def test_another_users_crowd_at_a_probes_port_cannot_fail_the_probe(talk):
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    probe = started_probe([port], [port] * 20, TOKEN)
+    crowd = None
+    try:
+        assert probe.stdout.readline().strip() == 'TFLAUNCH_MESH_LISTENING {"%d": null}' % port
+        crowd = as_nobody(CROWD, str(port), "400", talk)
+        assert crowd.stdout.readline().strip() == "READY"
+        time.sleep(1.0)  # the crowd is at full strength
+        results = probe_results(probe)
+    finally:
+        if crowd is not None:
+            crowd.stdin.close()
+            crowd.wait(timeout=30)
+        probe.stdin.close()
+        probe.wait(timeout=30)
+    assert [r for r in results if not r["ok"]] == [] and len(results) == 20, results[:3]
+
+
+@pytest.mark.slow
+def test_a_port_answered_by_another_users_program_does_not_pass_the_probe():
+    listener = as_nobody("import socket, sys\nserver = socket.create_server(('127.0.0.1', 0))\n"
+                         "print(server.getsockname()[1], flush=True)\n"
+                         "while True:\n    conn = server.accept()[0]\n    conn.recv(64)\n"
+                         "    conn.sendall(b'f' * 64 + b'\\n')\n    conn.close()\n")
+    port = int(listener.stdout.readline())
+    probe = started_probe([], [port], TOKEN)
+    try:
+        assert probe.stdout.readline().strip() == "TFLAUNCH_MESH_LISTENING {}"
+        (result,) = probe_results(probe)
+    finally:
+        listener.kill()
+        listener.wait(timeout=30)
+        probe.stdin.close()
+        probe.wait(timeout=30)
+    assert not result["ok"], result
+    assert result["error"] == ("answered, but not as this run's probe (another program on the port, or the name "
+                               "leads elsewhere)"), result
