@@ -9,7 +9,8 @@ connection it opens back to tflaunch. The spec (``sys.argv[1]``) is base64 of NU
 before everything is stopped; empty: never), ``eof_grace`` (TERM to KILL when tflaunch is gone),
 ``sample`` (seconds between resource samples), ``beat`` (seconds between heartbeats, each way:
 ``HEARTBEAT`` unless tflaunch spaces them out for a large run, see :func:`beat_for`),
-optionally ``connect`` (``host port``) and
+optionally ``connect`` (``host port``), ``connect_within`` (seconds to keep trying it,
+``CONNECT_WITHIN`` unless given) and
 ``setup_log`` (a descriptor open on the file the host's ``setup`` line writes to: the agent relays
 what it and any job it left behind print, so that nothing but the agent writes to the channel).
 
