@@ -12,13 +12,12 @@ kept two ways:
   start-up, some seconds) any program could take it, and the task would fail to start. At most
   :data:`HELD_AT_MOST` ports of a run are held (fewer when the open-files limit has no room);
   the others were free when picked and are only locked.
-- by an exclusive lock on one byte of a lock file of the user's own, for the whole run: two
+- by an exclusive lock on byte ``port`` of a lock file of the user's own, for the whole run: two
   tflaunch runs of one user never pick the same port, also while one's task is still starting or
   restarting on it and the kernel does not know the port is spoken for. It is an
   open-file-description lock, so one descriptor holds all of a run's ports, two runs in one
   process exclude each other too, and the kernel drops the locks when tflaunch exits. The byte
-  is a keyed hash of the port, under a key the file keeps in its first ``KEY_BYTES`` (written by
-  the first run that finds it missing): /proc/locks, which every user can read, names no port.
+  is the port's number, so /proc/locks, which every user can read, shows which ports are locked.
 
 The lock file is ``ports-<host>.lock`` in the first of these folders that will do:
 ``$XDG_RUNTIME_DIR/tflaunch`` (a folder made for this user alone), ``$TMPDIR/tflaunch-<uid>``,
@@ -33,8 +32,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import hashlib
-import hmac
 import os
 import socket
 import stat
@@ -49,7 +46,6 @@ __all__ = ["HELD_AT_MOST", "PortReservation", "lock_folders", "port_is_free", "r
 # Ports of one run held as sockets; the rest are locked only. Each held port is a descriptor until
 # the tasks start, and the kernel's search for a free port slows as more of them are bound.
 HELD_AT_MOST = 256
-KEY_BYTES = 32
 # What a lock says on a file system that has none (NFS without its lock daemon, some FUSE ones).
 _NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
 
@@ -62,7 +58,6 @@ class PortReservation:
         self.ports: dict[str, int] = {}
         self._holders: list[socket.socket] = []
         self._lock_fd: int | None = None
-        self._key = b""
 
     def unhold(self) -> None:
         """Let go of the sockets (the tasks bind their ports next); the locks stay."""
@@ -109,8 +104,7 @@ def reserve_ports(names: list[str], folders: Sequence[Path] | None = None, attem
     reservation = PortReservation()
     if not names:
         return reservation
-    fd, key = open_port_lock(lock_folders() if folders is None else folders)
-    reservation._lock_fd = fd
+    reservation._lock_fd = fd = open_port_lock(lock_folders() if folders is None else folders)
     taken: set[int] = set()
     try:
         for name in names:
@@ -121,7 +115,7 @@ def reserve_ports(names: list[str], folders: Sequence[Path] | None = None, attem
                 port = holder.getsockname()[1]
                 # Taken: an earlier port of this run that is locked only (its own lock does not stop
                 # it), or locked by another run of this user's, whose task may still be starting.
-                if port in taken or not _lock_byte(fd, port_byte(key, port)):
+                if port in taken or not _lock_byte(fd, port):
                     holder.close()
                     continue
                 taken.add(port)
@@ -171,9 +165,9 @@ def _hold(port: int = 0) -> socket.socket | None:
 # -- the lock file -------------------------------------------------------------------------
 
 
-def open_port_lock(folders: Sequence[Path]) -> tuple[int, bytes]:
+def open_port_lock(folders: Sequence[Path]) -> int:
     """A read-write descriptor of the lock file in the first folder that is the user's alone and
-    can lock, and the file's key.
+    can lock.
 
     OSError naming every folder tried and why it was passed over, when none will do."""
     passed: list[str] = []
@@ -187,32 +181,17 @@ def open_port_lock(folders: Sequence[Path]) -> tuple[int, bytes]:
             passed.append(f"{folder}: {exc.strerror or exc}")
             continue
         try:
-            return fd, _key_of(fd)
+            # Byte 0 stands for no port: locking it shows whether the file system has locks at all.
+            fcntl.fcntl(fd, fcntl.F_OFD_SETLKW, _flock(fcntl.F_RDLCK, 0))
+            fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _flock(fcntl.F_UNLCK, 0))
         except OSError as exc:
             os.close(fd)
             if exc.errno not in _NO_LOCKS:
                 raise
             passed.append(f"{folder}: cannot lock files there ({exc.strerror})")
+            continue
+        return fd
     raise OSError(errno.EACCES, "no folder of this user's alone for the port lock: " + "; ".join(passed))
-
-
-def _key_of(fd: int) -> bytes:
-    """The lock file's key, written by whichever run comes first (under a lock on it, which also
-    proves that the file system has locks)."""
-    fcntl.fcntl(fd, fcntl.F_OFD_SETLKW, _flock(fcntl.F_WRLCK, 0, KEY_BYTES))
-    try:
-        key = os.pread(fd, KEY_BYTES, 0)
-        if len(key) < KEY_BYTES:
-            key = os.urandom(KEY_BYTES)
-            os.pwrite(fd, key, 0)
-        return key
-    finally:
-        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _flock(fcntl.F_UNLCK, 0, KEY_BYTES))
-
-
-def port_byte(key: bytes, port: int) -> int:
-    """The byte of the lock file that stands for ``port``: past the key, and unguessable without it."""
-    return KEY_BYTES + int(hmac.new(key, b"%d" % port, hashlib.sha256).hexdigest()[:12], 16)
 
 
 class _NotPrivate(Exception):
@@ -269,14 +248,14 @@ def _open_file(name: str, dir_fd: int) -> int | None:
     return fd
 
 
-def _flock(kind: int, start: int, length: int = 1) -> bytes:
-    """A ``struct flock`` (l_type, l_whence, l_start, l_len, l_pid = 0 for OFD locks)."""
-    return struct.pack("hhqqi4x", kind, os.SEEK_SET, start, length, 0)
+def _flock(kind: int, port: int) -> bytes:
+    """A ``struct flock`` for byte ``port`` (l_type, l_whence, l_start, l_len, l_pid = 0 for OFD locks)."""
+    return struct.pack("hhqqi4x", kind, os.SEEK_SET, port, 1, 0)
 
 
-def _lock_byte(fd: int, byte: int) -> bool:
+def _lock_byte(fd: int, port: int) -> bool:
     try:
-        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _flock(fcntl.F_WRLCK, byte))
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _flock(fcntl.F_WRLCK, port))
     except OSError as exc:
         if exc.errno in (errno.EACCES, errno.EAGAIN):
             return False

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
 import socket
 import stat
@@ -49,7 +48,7 @@ def hold(folder, port: int) -> int | None:
     """Lock ``port`` as another run of this user's would: a descriptor of its own on the lock file."""
     os.makedirs(folder, mode=0o700, exist_ok=True)
     fd = os.open(lock_file(folder), os.O_RDWR | os.O_CREAT, 0o600)
-    if ports_module._lock_byte(fd, ports_module.port_byte(ports_module._key_of(fd), port)):
+    if ports_module._lock_byte(fd, port):
         return fd
     os.close(fd)
     return None
@@ -273,7 +272,7 @@ def test_a_linked_lock_file_is_replaced_and_what_it_named_is_untouched(folder, t
         # The target carries no lock: the lock file is a new file of its own.
         fd = os.open(target, os.O_RDWR)
         try:
-            fcntl.fcntl(fd, fcntl.F_OFD_SETLK, ports_module._flock(fcntl.F_WRLCK, 0, 0))  # the whole file
+            assert ports_module._lock_byte(fd, reservation.ports["w"])
         finally:
             os.close(fd)
     info = os.lstat(lock_file(folder))
