@@ -2,18 +2,19 @@
 
 Each caller and the listener prove to each other that they hold the run's token, without sending
 it (the handshake of :mod:`.hostagent`: a hello with the caller's name and nonce, the listener's
-nonce and proof, the caller's proof); the connection is then handed over as that name's channel,
-with nothing after the caller's proof consumed. Anyone who can reach the port can connect, so every
-connection is a stranger until its proof checks out: its lines are read as bytes and never decoded
-or shown, proofs are compared in constant time, a hello for a name that is not expected (or already
-in) gets no answer, and each handshake has one deadline for all of it (as OpenSSH's LoginGraceTime)
-and runs beside all the others on one selector thread, so a silent, dripping or garbage-sending
-peer costs only its own connection.
+nonce and proof, the caller's proof, the listener's welcome); the connection is then handed over
+as that name's channel, with nothing after the caller's proof consumed. Anyone who can reach the
+port can connect, so every connection is a stranger until its proof checks out: its lines are read
+as bytes and never decoded or shown, proofs are compared in constant time, a hello for a name that
+is not expected (or already in) gets no answer, and each handshake has one deadline for all of it
+(as OpenSSH's LoginGraceTime) and runs beside all the others on one selector thread, so a silent,
+dripping or garbage-sending peer costs only its own connection.
 
 At most ``pending_limit`` handshakes are open at once; a connection beyond that displaces the
-oldest pending one. A real caller sends its line as soon as it is connected, so a flood of idle
-connections cannot keep it out, and what the listener holds stays bounded: ``pending_limit``
-descriptors and buffers of at most ``HELLO_LIMIT`` bytes. The port closes as soon as every expected
+oldest pending one that has not named an expected caller (else the oldest of all). A real caller
+sends its hello as soon as it is connected, so a flood of idle connections cannot keep it out, and
+what the listener holds stays bounded: ``pending_limit`` descriptors and buffers of at most
+``HELLO_LIMIT`` bytes. The port closes as soon as every expected
 caller is in, when its owner closes it, when ``alive()`` turns false, or ``within`` seconds after
 it opened; closed for any reason but the owner's with callers still missing, it says which to
 ``missing``. A closed port is never opened again, so a caller that finds nothing listening there
@@ -31,7 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from .hostagent import HELLO_LIMIT, handshake_proof, new_nonce, read_hello
+from .hostagent import HELLO_LIMIT, WELCOME, handshake_proof, new_nonce, read_hello
 
 HANDSHAKE_DEADLINE = 10.0  # seconds from accept to the caller's proof; an agent answers at once
 PENDING_LIMIT = 64  # open handshakes at least; twice the callers when there are more
@@ -145,6 +146,11 @@ class ConnectBack:
         selector.unregister(connection)
         connection.close()
 
+    def _least_likely(self) -> socket.socket:
+        """The pending connection to give up for room: the oldest that has not yet named an expected
+        caller, else the oldest of all. A real agent names itself as soon as it is connected."""
+        return next((c for c, h in self._pending.items() if h.name is None), next(iter(self._pending)))
+
     def _accept(self, selector: selectors.BaseSelector) -> None:
         # A bounded burst: a flood of connections must not starve the lines already arriving.
         for _ in range(ACCEPT_BURST):
@@ -156,14 +162,14 @@ class ConnectBack:
                 if exc.errno not in _OUT_OF_DESCRIPTORS:
                     continue  # such as ECONNABORTED: that peer gave up before it was taken
                 if self._pending:
-                    self._drop(next(iter(self._pending)), selector)
+                    self._drop(self._least_likely(), selector)
                     continue
                 # Nothing of ours to free: stop listening briefly rather than spin on a ready listener.
                 selector.unregister(self._listener)
                 self._resume_at = time.monotonic() + 0.1
                 return
             if len(self._pending) >= self._limit:
-                self._drop(next(iter(self._pending)), selector)
+                self._drop(self._least_likely(), selector)
             connection.setblocking(False)
             self._pending[connection] = _Handshake(time.monotonic() + self._deadline)
             selector.register(connection, selectors.EVENT_READ)
@@ -218,6 +224,13 @@ class ConnectBack:
                 selector: selectors.BaseSelector) -> None:
         name = handshake.name
         if not hmac.compare_digest(line, self._proof(b"agent", handshake)) or name not in self._waiting:
+            self._drop(connection, selector)
+            return
+        try:
+            sent = connection.send(WELCOME)  # the agent obeys nothing before it, and tries again without it
+        except OSError:
+            sent = 0
+        if sent != len(WELCOME):
             self._drop(connection, selector)
             return
         del self._pending[connection]

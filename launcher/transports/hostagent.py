@@ -126,11 +126,13 @@ TOKEN_BYTES = 256  # at most this much of a Slurm agent's stdin is its token, it
 # The connect-back handshake (Slurm): each end proves that it holds the token without sending it.
 #   agent -> listener: ``TFLAUNCH-HELLO <name> <agent nonce>\n``
 #   listener -> agent: ``<listener nonce> <proof("listener")>\n``
-#   agent -> listener: ``<proof("agent")>\n``, then the agent's frames.
+#   agent -> listener: ``<proof("agent")>\n``
+#   listener -> agent: ``WELCOME``, then commands; the agent's frames follow its proof.
 # A proof is HMAC-SHA256 under the token of the side's label, the name and both nonces (hex): each
 # side's nonce makes a proof good for one connection only, the label keeps one side's proof from
 # being replayed as the other's. The agent obeys nothing until the listener's proof checks out.
 HELLO_MARK = b"TFLAUNCH-HELLO"
+WELCOME = b"TFLAUNCH-WELCOME\n"  # the listener took the agent's proof: the channel is open
 HELLO_LIMIT = 512  # any one line of the handshake: a mark, a host name (255 at most), nonces and proofs
 NONCE_BYTES = 16
 CONNECT_WITHIN = 60.0  # seconds an agent keeps trying to reach a listener that proves itself
@@ -1377,7 +1379,7 @@ def connect_back(host, port, token, name, within):
 
 def prove_both_ends(connection, token, name, deadline):
     """The handshake on ``connection`` (see ``HELLO_MARK``): True once the listener proved that it
-    holds ``token`` and this agent's proof is sent; False when its answer is no proof."""
+    holds ``token`` and welcomed this agent's proof; False when its answer is no proof."""
     import hmac
 
     mine = new_nonce()
@@ -1399,6 +1401,15 @@ def prove_both_ends(connection, token, name, deadline):
     if not hmac.compare_digest(proof, handshake_proof(token, b"listener", name, mine, theirs)):
         return False
     connection.sendall(handshake_proof(token, b"agent", name, mine, theirs) + b"\n")
+    welcome = b""
+    while len(welcome) < len(WELCOME):  # exactly that much: the commands that follow are the agent's to read
+        connection.settimeout(max(0.01, deadline - time.monotonic()))
+        chunk = connection.recv(len(WELCOME) - len(welcome))
+        if not chunk:
+            raise OSError(errno.ECONNRESET, "the listener let the connection go before it was in")
+        welcome += chunk
+    if welcome != WELCOME:
+        return False
     connection.settimeout(None)
     return True
 

@@ -27,7 +27,7 @@ from conftest import ROOT
 from polling import wait_for
 
 from launcher.transports.connectback import ConnectBack, source_address
-from launcher.transports.hostagent import hello_line, new_nonce, prove_both_ends
+from launcher.transports.hostagent import connect_back, hello_line, new_nonce
 
 TOKEN = "0123456789abcdef0123456789abcdef"
 GARBAGE = b"\x00\xff\xfe\x1b[31mSTRANGER-GARBAGE\x1b[0m \xc3\x28\n"
@@ -69,11 +69,11 @@ def refuses(address: tuple[str, int]) -> bool:
     return False
 
 
-def agent(address: tuple[str, int], name: str, then: bytes = b"", token: str = TOKEN) -> socket.socket:
-    """A connection that went through an agent's side of the handshake, then sent ``then``."""
-    sock = socket.create_connection(address, timeout=30)
-    if prove_both_ends(sock, token.encode(), name.encode(), time.monotonic() + 30):
-        sock.sendall(then)
+def agent(address: tuple[str, int], name: str, then: bytes = b"") -> socket.socket:
+    """A connection that went through an agent's side of the handshake (the agent's own code, tries
+    again included), then sent ``then``."""
+    sock = socket.socket(fileno=connect_back(address[0], address[1], TOKEN.encode(), name.encode(), 30.0))
+    sock.sendall(then)
     return sock
 
 
