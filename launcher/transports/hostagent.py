@@ -353,9 +353,6 @@ CLAIM_FILE = "port-claims-%s.lock"
 CLAIM_TRIES = 256  # ports picked and passed by, at most, before PORTS gives up
 KEY_BYTES = 32
 F_OFD_SETLK, F_OFD_SETLKW = 37, 38  # Linux's numbers; the fcntl module names them from Python 3.9
-# What a lock says on a file system that has none (NFS without its lock daemon, some FUSE ones):
-# that folder is passed over for the next.
-NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
 
 
 def claim_folders(environ):
@@ -382,25 +379,21 @@ def lock_struct(kind, start, length=1):
 
 class PortClaims(object):
     """This user's claims on this host's ports, kept in the first of ``folders`` that is the
-    user's alone and can lock; with none, no claim can be had and every one succeeds (``why``
-    says what each folder lacked)."""
+    user's alone and can lock; with none, no claim can be had and every one succeeds."""
 
     def __init__(self, folders):
-        self.fd, self.key, self.why = None, b"", None
-        passed = []
+        self.fd, self.key = None, b""
         for folder in folders:
             fd = None
             try:
                 fd = own_file(folder, CLAIM_FILE % node_name())
                 self.key = claim_key(fd)
-            except OSError as exc:
+            except OSError:
                 if fd is not None:
                     os.close(fd)
-                passed.append("%s: %s" % (folder, exc.strerror or exc))
-                continue
+                continue  # not the user's alone, or no locks there: the next folder
             self.fd = fd
             return
-        self.why = "; ".join(passed)
 
     def claim(self, port):
         """True once ``port`` is claimed, False when another run of this user's holds it."""
@@ -467,16 +460,11 @@ def own_file(folder, name):
 
 
 def claim_key(fd):
-    """The lock file's key, written by whichever agent comes first (under a lock on it, which also
-    proves that the file system has locks)."""
+    """The lock file's key, written by whichever agent comes first, under a lock on it: where the
+    file system has no locks (NFS without its lock daemon) that lock fails, and with it the folder."""
     import fcntl
 
-    try:
-        fcntl.fcntl(fd, F_OFD_SETLKW, lock_struct(fcntl.F_WRLCK, 0, KEY_BYTES))
-    except OSError as exc:
-        if exc.errno in NO_LOCKS:
-            raise OSError(exc.errno, "cannot lock files there (%s)" % exc.strerror)
-        raise
+    fcntl.fcntl(fd, F_OFD_SETLKW, lock_struct(fcntl.F_WRLCK, 0, KEY_BYTES))
     try:
         key = os.pread(fd, KEY_BYTES, 0)
         if len(key) < KEY_BYTES:
