@@ -21,7 +21,7 @@ from conftest import ROOT
 from polling import wait_for
 from test_shared_machine import NOBODY, SYSTEM_PYTHON, as_nobody
 
-from launcher.transports.hostagent import TOKEN_VARIABLE, encode_fields
+from launcher.transports.hostagent import encode_fields
 from launcher.transports.shipping import remote_agent_argv
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not Path(SYSTEM_PYTHON).exists(),
@@ -84,8 +84,8 @@ def test_another_users_listener_on_the_agents_port_gets_no_token_and_no_obedienc
     port = int(fake.stdout.readline())
     started = time.monotonic()
     agent = subprocess.run(agent_argv("127.0.0.1", port, within=3.0), capture_output=True, text=True, timeout=60,
-                           env={"PATH": os.environ["PATH"], TOKEN_VARIABLE: TOKEN, "SLURMD_NODENAME": "n1"},
-                           stdin=subprocess.DEVNULL)
+                           env={"PATH": os.environ["PATH"], "SLURMD_NODENAME": "n1"},
+                           input=TOKEN + "\n")  # the token comes on stdin, as srun hands it on
     took = time.monotonic() - started
     heard = [bytes.fromhex(h) for h in json.loads(fake.communicate(timeout=60)[0])]
     assert not marker.exists(), "the agent ran a stranger's command"
@@ -103,8 +103,7 @@ def test_an_agent_whose_listener_is_gone_gives_up_at_once(tmp_path):
         port = gone.getsockname()[1]  # bound, never listening: a connect is refused
         started = time.monotonic()
         agent = subprocess.run(agent_argv("127.0.0.1", port, within=30.0), capture_output=True, text=True,
-                               timeout=60, env={"PATH": os.environ["PATH"], TOKEN_VARIABLE: TOKEN},
-                               stdin=subprocess.DEVNULL)
+                               timeout=60, env={"PATH": os.environ["PATH"]}, input=TOKEN + "\n")
     assert agent.returncode == 2 and time.monotonic() - started < 5.0, agent
     assert "nothing listens there any more" in agent.stderr, agent.stderr
 
@@ -118,9 +117,9 @@ def test_on_slurm_an_agent_dialling_another_users_listener_gives_nothing_and_run
     marker = tmp_path / "ran"
     fake = as_nobody(FAKE_LISTENER, bridge, start_line(marker), "proof", "8")
     port = int(fake.stdout.readline())
-    step = subprocess.run(["srun", "--nodes=1", "--ntasks=1", f"--nodelist={slurm.nodes[0]}", "--input=none",
+    step = subprocess.run(["srun", "--nodes=1", "--ntasks=1", f"--nodelist={slurm.nodes[0]}", "--input=all",
                            f"--chdir={tmp_path}", *agent_argv(bridge, port, within=3.0)], capture_output=True,
-                          text=True, timeout=120, env={**slurm.env, TOKEN_VARIABLE: TOKEN}, stdin=subprocess.DEVNULL)
+                          text=True, timeout=120, env=slurm.env, input=TOKEN + "\n")
     heard = [bytes.fromhex(h) for h in json.loads(fake.communicate(timeout=60)[0])]
     assert heard and all(TOKEN.encode() not in data for data in heard), heard
     assert all(data.startswith(b"TFLAUNCH-HELLO " + slurm.nodes[0].encode() + b" ") for data in heard), heard
