@@ -110,7 +110,7 @@ def launch(cluster: str | Path | Mapping[str, Any] | None = None, *, local: int 
            log_dir: str | Path | None = None, threads: int | str | None = None, grace: float = GRACE,
            max_restarts: int | None = None, restart_delay: float | None = None, min_workers: int | None = None,
            cooldown: float | None = None, spares: str | Mapping[str, int] | Sequence[str] | None = None,
-           start_timeout: float | None = None, hang_timeout: float | None = None, evaluator_timeout: float = EVALUATOR_TIMEOUT, isolate_network: bool = False,
+           start_timeout: float | None = None, hang_timeout: float | None = None, evaluator_timeout: float = EVALUATOR_TIMEOUT, isolate_network: bool = False, no_seal: bool = False,
            log_max_size: int | str = LOG_MAX_SIZE, no_check: bool = False, tasks: Iterable[str] | str | None = None,
            quiet: bool = False, verbose: bool = False, tensorboard: bool = False, output: IO[str] | None = None,
            on_line: Callable[[str], None] | None = None, check: bool = False) -> LaunchResult:
@@ -139,7 +139,7 @@ def launch(cluster: str | Path | Mapping[str, Any] | None = None, *, local: int 
                          max_restarts=max_restarts, restart_delay=restart_delay, min_workers=min_workers,
                          cooldown=cooldown, start_timeout=start_timeout,
                          hang_timeout=hang_timeout, evaluator_timeout=evaluator_timeout,
-                         isolate_network=isolate_network, no_check=no_check, tasks=tasks, quiet=quiet,
+                         isolate_network=isolate_network, no_seal=no_seal, no_check=no_check, tasks=tasks, quiet=quiet,
                          verbose=verbose, tensorboard=tensorboard, log_max_size=log_max_size)
     source = choose_source(None if cluster is None else (cluster if isinstance(cluster, Mapping) else str(cluster)),
                            local, hosts=_hosts(hosts), hostfile=None if hostfile is None else str(hostfile),

@@ -158,8 +158,13 @@ class RunOptions:
         help="After training succeeds, seconds a running evaluator may take to finish its last evaluation "
              "before it is stopped.")
     isolate_network: bool = _option(
-        False, help="Run every task in one network namespace of its own: they reach each other on loopback, nothing "
-                    "outside reaches them, and they have no outside network (tasks on this machine only).")
+        False, help="Cut the tasks off every network but their own: as sealed runs, and no outside network either "
+                    "(no downloads); refuse to start where no network namespace can be made (tasks on this "
+                    "machine only).")
+    no_seal: bool = _option(
+        False, help="Do not seal a run whose tasks are all on this machine: they use this machine's network, and "
+                    "other users of it can reach their ports. By default such a run's tasks share a network "
+                    "namespace of their own, with outside network through pasta or slirp4netns.")
     no_check: bool = _option(False, help="Skip the host checks that run before launching on remote hosts.")
     tasks: tuple[str, ...] = _option((), metavar="NAMES",
                                      help="Show only these tasks on the console, e.g. worker-0,chief-0.")
@@ -192,11 +197,12 @@ class RunOptions:
         put(self, "evaluator_timeout", seconds("evaluator_timeout", self.evaluator_timeout))
         put(self, "tasks", _names(self.tasks))
         put(self, "log_max_size", size("log_max_size", self.log_max_size))
-        for flag in ("isolate_network", "no_check", "quiet", "verbose", "tensorboard"):
+        for flag in ("isolate_network", "no_seal", "no_check", "quiet", "verbose", "tensorboard"):
             put(self, flag, bool(getattr(self, flag)))
-        if self.quiet and self.verbose:
-            caller = "launch(): " if python_caller() else ""
-            raise OptionsError(f"{caller}{given('quiet', True)} and {given('verbose', True)} cannot be combined")
+        caller = "launch(): " if python_caller() else ""
+        for one, other in (("quiet", "verbose"), ("isolate_network", "no_seal")):
+            if getattr(self, one) and getattr(self, other):
+                raise OptionsError(f"{caller}{given(one, True)} and {given(other, True)} cannot be combined")
 
 
 # -- the checks, each naming the option as the front end in effect does -----------------------

@@ -41,6 +41,7 @@ Examples:
 @click.option("--dry-run", is_flag=True, help="Print each task's host, workdir, command and env; start nothing.")
 @run_option("no_check")
 @run_option("isolate_network")
+@run_option("no_seal")
 @run_option("max_restarts")
 @run_option("restart_delay")
 @run_option("min_workers")

@@ -27,6 +27,7 @@ from .spec import (  # noqa: F401  (re-exported: the spec is part of this module
     DEFAULT_TASK_RESTARTS,
     ROLES,
     ClusterSpec,
+    Network,
     RestartPolicy,
     HostSettings,
     SshSettings,
@@ -133,7 +134,7 @@ class _ClusterReader(FieldReader):
             restart_policy_by_role=collect(lambda: self._read_restart_policy(get("restart_policy")), {}),
             task_restarts=int(collect(lambda: self.read_count(get("task_restarts", DEFAULT_TASK_RESTARTS),
                                                               "task_restarts"), 0)),
-            isolate_network=collect(lambda: self.read_bool(get("isolate_network", False), "isolate_network"), False),
+            network=collect(lambda: self._read_network(get("isolate_network")), None),
             spares=tuple(self._read_role("spares", get("spares"))) if get("spares") is not None else (),
             min_workers=None if get("min_workers") is None else collect(
                 lambda: self.read_count(mapping["min_workers"], "min_workers", least=1), None),
@@ -182,6 +183,13 @@ class _ClusterReader(FieldReader):
                     check_text(name, self.source, f"{key or 'top level'} key {show(name[:20])}")
                 if isinstance(item, (dict, list)) or (isinstance(item, str) and text_problem(item)):
                     self._check_strings(item, join_key(key, str(name)) if mapping else f"{key}[{name}]")
+
+    def _read_network(self, value: Any) -> Network | None:
+        """``isolate_network``: true isolates the tasks, false leaves them on this machine's network,
+        and without the key the run decides (sealed when every task is on this machine)."""
+        if value is None:
+            return None
+        return Network.ISOLATED if self.read_bool(value, "isolate_network") else Network.OPEN
 
     def _read_restart_policy(self, value: Any) -> dict[str, RestartPolicy]:
         if value is None:

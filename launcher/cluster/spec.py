@@ -34,6 +34,14 @@ RESERVED_ENV = frozenset({"TF_CONFIG", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDE
 EnvLayer = Mapping[str, str | None]
 
 
+class Network(str, enum.Enum):
+    """Where a run's tasks meet the network (docs/security.md; decided by launcher.run.isolation)."""
+
+    SEALED = "sealed"  # one network namespace of the run's own; outside network through pasta or slirp4netns
+    ISOLATED = "isolated"  # one network namespace of the run's own, loopback only; no start without it
+    OPEN = "open"  # this machine's network, as any other program's
+
+
 class RestartPolicy(str, enum.Enum):
     """What a failure of a task of one role does (the cluster file's ``restart_policy``)."""
 
@@ -131,7 +139,8 @@ class ClusterSpec:
     transport: str | None = None
     restart_policy_by_role: Mapping[str, RestartPolicy] = field(default_factory=dict)  # as the file says
     task_restarts: int = DEFAULT_TASK_RESTARTS
-    isolate_network: bool = False  # every task in one network namespace of the run's own (all local)
+    # As the file asks (isolate_network: true/false), until the run decides: None leaves it to the run.
+    network: Network | None = None
     # Hosts that stand in for lost ones (one slot each, role "spare"; see cluster/placement.py), the
     # fewest training tasks an attempt may run with (None: never shrink), and how long a host left out
     # waits before it may rejoin.

@@ -1,15 +1,20 @@
-"""``--isolate-network``: every task of a run in one network namespace of the run's own.
+"""Sealed and isolated runs: every task of a run in one network namespace of the run's own.
 
-Inside it there is only a loopback interface, brought up: the tasks reach each other on
+Inside it there is a loopback interface, brought up: the tasks reach each other on
 ``localhost`` as usual, and nothing outside the namespace reaches their gRPC ports (which
-TensorFlow opens on every interface, without authentication). The price: no network outside
-the namespace for the tasks (no downloads, no remote file systems over the network).
+TensorFlow opens on every interface, without authentication). :func:`choose_network` decides,
+once per run, whether a run is sealed (the default when every task is on this machine: the
+namespace gets outside network through pasta or slirp4netns, see :mod:`.outside`, and a run
+where no namespace can be made goes on unsealed, saying so), isolated (``--isolate-network``:
+loopback only, and no start without it) or open (``--no-seal``, and every run that spans hosts).
 
 How: a short-lived process made with ``unshare --net`` (as root) or ``unshare --user
---map-root-user --net`` (unprivileged user namespaces) brings ``lo`` up. tflaunch then opens the
-namespace's files and holds them for the run, and each task is entered with ``nsenter``, put in
-front of its argv, through ``/proc/<tflaunch>/fd/<n>``: the namespace cannot be mistaken for
-another process's even if a pid is reused, and it goes away with the run's last process.
+--map-root-user --net`` (unprivileged user namespaces) brings ``lo`` up and reserves the run's
+ports inside (``ip_local_reserved_ports``: the kernel never hands them out as a connection's
+local port there). tflaunch then opens the namespace's files and holds them for the run, and
+each task is entered with ``nsenter``, put in front of its argv, through ``/proc/<tflaunch>/fd/<n>``:
+the namespace cannot be mistaken for another process's even if a pid is reused, and it goes
+away with the run's last process.
 """
 
 from __future__ import annotations
@@ -20,23 +25,31 @@ import subprocess
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Iterator
+from typing import Callable, Iterable, Iterator
 
 from ..cluster.plan import Plan
-from ..cluster.spec import ClusterSpec, is_local
+from ..cluster.spec import ClusterSpec, Network, is_local
 from ..errors import ConfigError, LaunchError
-from ..options import name
+from ..options import RunOptions, name
+from .outside import OutsideLink, connect_outside
 
 START_TIMEOUT = 10.0
 
-# Brings loopback up with the SIOCGIFFLAGS/SIOCSIFFLAGS ioctls (no iproute2 needed), says so,
-# and waits for tflaunch to close its stdin once it holds the namespace.
+# Brings loopback up with the SIOCGIFFLAGS/SIOCSIFFLAGS ioctls (no iproute2 needed), reserves the
+# ports in argv[1] (a kernel where the sysctl cannot be written keeps the run going), says so, and
+# waits for tflaunch to close its stdin once it holds the namespace.
 HOLDER = r'''
 import fcntl, socket, struct, sys
 ifreq = struct.Struct("16sh22x")
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 flags = ifreq.unpack(fcntl.ioctl(s, 0x8913, ifreq.pack(b"lo", 0)))[1]
 fcntl.ioctl(s, 0x8914, ifreq.pack(b"lo", flags | 1))
+if sys.argv[1]:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_reserved_ports", "w") as reserved:
+            reserved.write(sys.argv[1])
+    except OSError:
+        pass
 sys.stdout.write("ready\n")
 sys.stdout.flush()
 sys.stdin.read()
@@ -47,12 +60,27 @@ class IsolationError(LaunchError):
     """A network namespace cannot be made here; nothing was started."""
 
 
+def choose_network(spec: ClusterSpec, options: RunOptions, local_hosts: frozenset[str]) -> Network:
+    """Where the run's tasks meet the network: the options' choice, else the cluster file's, else
+    sealed when every task (and spare) is on this machine, and open otherwise."""
+    if options.isolate_network or options.no_seal:
+        asked: Network | None = Network.ISOLATED if options.isolate_network else Network.OPEN
+    else:
+        asked = spec.network
+    if asked is Network.ISOLATED:
+        check_isolation(spec, local_hosts, name("isolate_network") if options.isolate_network else "isolate_network")
+    if asked is not None:
+        return asked
+    here = spec.transport in (None, "local") and all(is_local(t.host, local_hosts) for t in spec.slots)
+    return Network.SEALED if here else Network.OPEN
+
+
 def check_isolation(spec: ClusterSpec, local_hosts: frozenset[str], option: str) -> None:
     """Refuse isolation for clusters it cannot apply to: every task must run on this machine."""
     if spec.transport not in (None, "local"):
         raise ConfigError(spec.source, option, f"applies to tasks on this machine; these are started by "
                                                f"{spec.transport!r}")
-    remote = [t for t in spec.tasks if not is_local(t.host, local_hosts)]
+    remote = [t for t in spec.slots if not is_local(t.host, local_hosts)]
     if remote:
         first = remote[0]
         raise ConfigError(spec.source, option, f"needs every task on this machine; {first.key} runs on "
@@ -61,29 +89,39 @@ def check_isolation(spec: ClusterSpec, local_hosts: frozenset[str], option: str)
 
 @dataclass
 class NetworkNamespace:
-    """A network namespace held open by tflaunch; ``prefix`` enters it."""
+    """A network namespace held open by tflaunch; ``prefix`` enters it. ``outside`` is what gives
+    it outside network, when anything does."""
 
-    fds: list[int]
+    fds: dict[str, int]  # "net", and "user" for an unprivileged one
     prefix: tuple[str, ...]
     unprivileged: bool
+    outside: OutsideLink | None = None
 
     @classmethod
-    def create(cls) -> "NetworkNamespace":
+    def create(cls, ports: Iterable[int] = ()) -> "NetworkNamespace":
+        """A new namespace with ``ports`` reserved inside; IsolationError saying why there is none."""
         missing = [tool for tool in ("unshare", "nsenter") if shutil.which(tool) is None]
         if missing:
-            raise IsolationError(f"{name('isolate_network')}: {' and '.join(missing)} not found (util-linux); "
-                                 "nothing was started")
+            raise IsolationError(f"{' and '.join(missing)} not found (util-linux)")
         attempts = [(False, ["unshare", "--net"])] if os.geteuid() == 0 else []
         attempts.append((True, ["unshare", "--user", "--map-root-user", "--net"]))
+        reserved = ",".join(str(port) for port in sorted(set(ports)))
         reasons = []
         for unprivileged, argv in attempts:
-            made = _hold([*argv, "--", sys.executable, "-I", "-S", "-c", HOLDER], unprivileged)
+            made = _hold([*argv, "--", sys.executable, "-I", "-S", "-c", HOLDER, reserved], unprivileged)
             if isinstance(made, NetworkNamespace):
                 return made
             reasons.append(made)
-        raise IsolationError(f"{name('isolate_network')}: cannot create a network namespace here "
-                             f"({'; '.join(reasons)}); it needs root or unprivileged user namespaces "
-                             "(sysctl user.max_user_namespaces > 0); nothing was started")
+        raise IsolationError(f"cannot create a network namespace here ({'; '.join(reasons)}); it needs root or "
+                             "unprivileged user namespaces (sysctl user.max_user_namespaces > 0)")
+
+    def connect_outside(self) -> str | None:
+        """Give the namespace outside network; None when it has it, else why not (one line)."""
+        made = connect_outside(self.fds["net"], self.fds.get("user"))
+        if isinstance(made, str):
+            return made
+        self.outside = made
+        return None
 
     def enter(self, plan: Plan) -> Plan:
         """The same plan with every task started inside the namespace."""
@@ -92,9 +130,12 @@ class NetworkNamespace:
         return replace(plan, launches=launches)
 
     def close(self) -> None:
-        for fd in self.fds:
+        if self.outside is not None:
+            self.outside.close()
+            self.outside = None
+        for fd in self.fds.values():
             os.close(fd)
-        self.fds = []
+        self.fds = {}
 
 
 def _hold(argv: list[str], unprivileged: bool) -> NetworkNamespace | str:
@@ -111,7 +152,7 @@ def _hold(argv: list[str], unprivileged: bool) -> NetworkNamespace | str:
             text = holder.stderr.read().decode("utf-8", "replace").strip().splitlines()
             return text[-1] if text else f"{' '.join(argv[:4])} exited with {holder.returncode}"
         kinds = ["user", "net"] if unprivileged else ["net"]
-        fds = [os.open(f"/proc/{holder.pid}/ns/{kind}", os.O_RDONLY) for kind in kinds]
+        fds = {kind: os.open(f"/proc/{holder.pid}/ns/{kind}", os.O_RDONLY) for kind in kinds}
     finally:
         holder.stdin.close()
         try:
@@ -121,8 +162,7 @@ def _hold(argv: list[str], unprivileged: bool) -> NetworkNamespace | str:
             holder.wait()
         holder.stdout.close()
         holder.stderr.close()
-    me = os.getpid()
-    paths = dict(zip(kinds, (f"/proc/{me}/fd/{fd}" for fd in fds)))
+    paths = {kind: f"/proc/{os.getpid()}/fd/{fd}" for kind, fd in fds.items()}
     prefix = ["nsenter", f"--net={paths['net']}"]
     if unprivileged:
         # Inside, the user is root of its own user namespace, mapped to the same user outside.
@@ -131,13 +171,29 @@ def _hold(argv: list[str], unprivileged: bool) -> NetworkNamespace | str:
 
 
 @contextmanager
-def isolated_network(spec: ClusterSpec) -> Iterator[NetworkNamespace | None]:
-    """The run's namespace while the run lasts, when the spec asks for one; else None."""
-    if not spec.isolate_network:
+def run_network(spec: ClusterSpec, ports: Iterable[int],
+                say: Callable[[str], None]) -> Iterator[NetworkNamespace | None]:
+    """The run's namespace while the run lasts, or None for an open run, and for a sealed one
+    where none can be made (``say`` is told why, in one line, and the run goes on). An isolated
+    run without one raises IsolationError: nothing was started."""
+    if spec.network in (None, Network.OPEN):
         yield None
         return
-    network = NetworkNamespace.create()
     try:
+        network = NetworkNamespace.create(ports)
+    except IsolationError as exc:
+        if spec.network is Network.ISOLATED:
+            raise IsolationError(f"{name('isolate_network')}: {exc}; nothing was started") from None
+        say(f"network: not sealed: {exc}; other users of this machine can reach the tasks' ports "
+            f"(docs/security.md; {name('no_seal')} leaves runs unsealed without this line)")
+        yield None
+        return
+    try:
+        if spec.network is Network.SEALED:
+            lacking = network.connect_outside()
+            if lacking:
+                say(f"network: sealed, but the tasks have no outside network (no downloads): {lacking}; "
+                    f"or run with {name('no_seal')}")
         yield network
     finally:
         network.close()

@@ -24,14 +24,14 @@ from ..cluster.machine import cpu_count, gpu_count, local_host_names
 from ..cluster.placement import checked_spec
 from ..cluster.plan import Plan, RunContext, TaskLaunch, check_cluster_fits, plan_cluster
 from ..cluster.ports import HELD_AT_MOST, PortReservation, port_is_free, reserve_ports
-from ..cluster.spec import AUTO, DEFAULT_CONNECT_TIMEOUT, ClusterSpec, TaskSpec, check_launch_input, is_local
+from ..cluster.spec import AUTO, DEFAULT_CONNECT_TIMEOUT, ClusterSpec, Network, TaskSpec, check_launch_input, is_local
 from ..errors import EnvironmentProblem, OptionsError, PortInUseError, PreflightError, UnknownTaskError
 from ..options import RunOptions, given, python_caller
 from ..options import name as option_name
 from ..records.folder import DEFAULT_LOG_DIR, RUN_ID_PLACEHOLDER, RunFolder
 from ..records.states import plural
 from ..transports import TransportSet
-from .isolation import NetworkNamespace, isolated_network
+from .isolation import NetworkNamespace, choose_network, run_network
 from .limits import check_open_files
 from .signals import SIGNALS, Signals
 
@@ -74,12 +74,7 @@ def build_spec(request: LaunchRequest, local_hosts: frozenset[str]) -> ClusterSp
             raise OptionsError(f"{option_name('min_workers')}: {options.min_workers} is more than the cluster's "
                                f"{training} training tasks (chief and workers); expected 1 to {training}")
         spec = replace(spec, min_workers=options.min_workers)
-    if options.isolate_network or spec.isolate_network:
-        from .isolation import check_isolation
-
-        spec = replace(spec, isolate_network=True)
-        asked = option_name("isolate_network") if options.isolate_network else "isolate_network"  # option, else file
-        check_isolation(spec, local_hosts, asked)
+    spec = replace(spec, network=choose_network(spec, options, local_hosts))
     known = [task.name for task in spec.tasks]
     unknown = [name for name in options.tasks if name not in known]
     if unknown:
@@ -249,7 +244,7 @@ def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS,
             spec, refused = _agent_ports(spec, local_hosts, request, transports)
             for host, why in refused.items():
                 console.message(f"preflight: spare {host} not used: {why}")
-            if not spec.isolate_network:  # in a namespace of its own, the machine's ports do not matter
+            if spec.network is Network.OPEN:  # in a namespace of its own, the machine's ports do not matter
                 check_local_ports(spec, local_hosts, set(reservation.ports))
             remote = spec.transport is not None or not all(is_local(t.host, local_hosts) for t in spec.slots)
             # The preflight checks every task's plan, and every spare slot's; without it, each
@@ -268,7 +263,10 @@ def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS,
 
             _stop_if_signalled(signals)
             # The namespace comes before the run folder: where it cannot be made, nothing is left.
-            with isolated_network(spec) as network:  # None unless the run asked for one
+            ports = [int(task.port) for task in spec.slots]
+            with run_network(spec, ports, console.message) as network:  # None for an open run
+                if network is None and spec.network is Network.SEALED:  # it could not be sealed after all
+                    check_local_ports(spec, local_hosts, set(reservation.ports))
                 folder = (folder_for or _new_folder)(spec)
                 if on_folder is not None:
                     on_folder(folder)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..cluster.plan import Plan
-from ..cluster.spec import ClusterSpec
+from ..cluster.spec import ClusterSpec, Network
 from ..masking import masked_command, masked_text
 from ..records.folder import DEFAULT_LOG_DIR, LEARNING_CURVES, RunFolder
 from ..records.logview import tail_lines
@@ -28,9 +28,12 @@ def describe_plan(spec: ClusterSpec, plan: Plan) -> list[str]:
     """What ``--dry-run`` shows: per task, host, workdir, command and the env tflaunch adds (hidden
     values masked: variables passed by name and secrets' names, see launcher.cluster.spec)."""
     lines = [f"{plural(len(plan.launches), 'task')} from {spec.source} (nothing started)"]
-    if spec.isolate_network:
+    if spec.network is Network.ISOLATED:
         lines.append("network: isolated (every task in one network namespace of the run's own; "
-                     "nothing outside reaches it)")
+                     "nothing outside reaches it, and it reaches nothing outside)")
+    elif spec.network is Network.SEALED:
+        lines.append("network: sealed (every task in one network namespace of the run's own; "
+                     "nothing outside reaches it; outside network through pasta or slirp4netns)")
     for launch in plan.launches:
         where = "this machine" if launch.local else launch.transport
         lines.append(f"{launch.name}: host {launch.host} ({where}), address {launch.address}")

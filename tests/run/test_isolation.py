@@ -281,8 +281,10 @@ def test_a_fixed_port_busy_on_the_machine_is_free_inside_an_isolated_run(tflaunc
         done = tflaunch.run(str(cluster), "--", sys.executable, TASK, "bind", "print:bound")
         assert done.returncode == 0, done.stderr
         assert "bound" in done.task_output("worker-0")
-        cluster.write_text(f"worker: [localhost:{port}]\n")
-        refused = tflaunch.run(str(cluster), "--", sys.executable, TASK, "bind")
+        cluster.write_text(f"worker: [localhost:{port}]\n")  # sealed by default: free inside too
+        done = tflaunch.run(str(cluster), "--", sys.executable, TASK, "bind", "print:bound")
+        assert done.returncode == 0 and "bound" in done.task_output("worker-0"), done.stderr
+        refused = tflaunch.run(str(cluster), "--no-seal", "--", sys.executable, TASK, "bind")
         assert refused.returncode == 2 and "is already in use on this machine" in refused.stderr
 
 
