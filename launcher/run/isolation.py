@@ -23,9 +23,9 @@ import os
 import shutil
 import subprocess
 import sys
-from contextlib import contextmanager
+import threading
 from dataclasses import dataclass, replace
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable
 
 from ..cluster.plan import Plan
 from ..cluster.spec import ClusterSpec, Network, is_local
@@ -170,30 +170,62 @@ def _hold(argv: list[str], unprivileged: bool) -> NetworkNamespace | str:
     return NetworkNamespace(fds, (*prefix, "--"), unprivileged)
 
 
-@contextmanager
-def run_network(spec: ClusterSpec, ports: Iterable[int],
-                say: Callable[[str], None]) -> Iterator[NetworkNamespace | None]:
-    """The run's namespace while the run lasts, or None for an open run, and for a sealed one
-    where none can be made (``say`` is told why, in one line, and the run goes on). An isolated
-    run without one raises IsolationError: nothing was started."""
-    if spec.network in (None, Network.OPEN):
-        yield None
-        return
-    try:
-        network = NetworkNamespace.create(ports)
-    except IsolationError as exc:
-        if spec.network is Network.ISOLATED:
-            raise IsolationError(f"{name('isolate_network')}: {exc}; nothing was started") from None
-        say(f"network: not sealed: {exc}; other users of this machine can reach the tasks' ports "
-            f"(docs/security.md; {name('no_seal')} leaves runs unsealed without this line)")
-        yield None
-        return
-    try:
-        if spec.network is Network.SEALED:
-            lacking = network.connect_outside()
-            if lacking:
-                say(f"network: sealed, but the tasks have no outside network (no downloads): {lacking}; "
-                    f"or run with {name('no_seal')}")
-        yield network
-    finally:
-        network.close()
+class RunNetwork(threading.Thread):
+    """A run's namespace and its outside network, made beside the rest of the run's start (the
+    hosts' agents, the run folder): :meth:`ready` waits for them. The thread stays until
+    :meth:`close`, as the outside network's tool is stopped when the thread that started it ends."""
+
+    def __init__(self, spec: ClusterSpec, ports: Iterable[int]):
+        super().__init__(name="tflaunch-network", daemon=True)
+        self.mode, self.ports = spec.network, list(ports)
+        self._made, self._closing = threading.Event(), threading.Event()
+        self._network: NetworkNamespace | None = None
+        self._failed: IsolationError | None = None
+        self._lacking: str | None = None
+
+    @classmethod
+    def begin(cls, spec: ClusterSpec, ports: Iterable[int]) -> "RunNetwork | None":
+        """Start making the namespace of a sealed or isolated run; None for an open one."""
+        if spec.network in (None, Network.OPEN):
+            return None
+        network = cls(spec, ports)
+        network.start()
+        return network
+
+    def run(self) -> None:
+        try:
+            self._network = NetworkNamespace.create(self.ports)
+            if self.mode is Network.SEALED:
+                self._lacking = self._network.connect_outside()
+        except IsolationError as exc:
+            self._failed = exc
+        except OSError as exc:  # a namespace that went wrong half-way is no namespace
+            self._failed = IsolationError(f"cannot create a network namespace here ({exc})")
+            if self._network is not None:
+                self._network.close()
+                self._network = None
+        finally:
+            self._made.set()
+        self._closing.wait()
+        if self._network is not None:
+            self._network.close()
+
+    def ready(self, say: Callable[[str], None]) -> NetworkNamespace | None:
+        """The namespace, once made; None for a sealed run where none can be made (``say`` is told
+        why in one line, as it is told what a sealed one lacks). An isolated run without one raises
+        IsolationError: nothing was started."""
+        self._made.wait()
+        if self._failed is not None:
+            if self.mode is Network.ISOLATED:
+                raise IsolationError(f"{name('isolate_network')}: {self._failed}; nothing was started")
+            say(f"network: not sealed: {self._failed}; other users of this machine can reach the tasks' ports "
+                f"(docs/security.md; {name('no_seal')} leaves runs unsealed without this line)")
+        elif self._lacking:
+            say(f"network: sealed, but the tasks have no outside network (no downloads): {self._lacking}; "
+                f"or run with {name('no_seal')}")
+        return self._network
+
+    def close(self) -> None:
+        """Stop the outside network's tool and let go of the namespace (its tasks have ended)."""
+        self._closing.set()
+        self.join()

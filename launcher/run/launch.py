@@ -31,7 +31,7 @@ from ..options import name as option_name
 from ..records.folder import DEFAULT_LOG_DIR, RUN_ID_PLACEHOLDER, RunFolder
 from ..records.states import plural
 from ..transports import TransportSet
-from .isolation import NetworkNamespace, choose_network, run_network
+from .isolation import NetworkNamespace, RunNetwork, choose_network
 from .limits import check_open_files
 from .signals import SIGNALS, Signals
 
@@ -239,8 +239,11 @@ def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS,
         reservation = _reserve_auto_ports(spec, local_hosts, hold=spare)
         # One agent per host for the whole run: the preflight's probes go through the same agents.
         transports = TransportSet(request.options.grace)
+        sealing = None
         try:
             spec = spec.with_ports(reservation.ports)
+            # A sealed run's namespace is made while the hosts are reached and the folder is made.
+            sealing = RunNetwork.begin(spec, [int(task.port) for task in spec.slots if task.port != AUTO])
             spec, refused = _agent_ports(spec, local_hosts, request, transports)
             for host, why in refused.items():
                 console.message(f"preflight: spare {host} not used: {why}")
@@ -263,31 +266,32 @@ def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS,
 
             _stop_if_signalled(signals)
             # The namespace comes before the run folder: where it cannot be made, nothing is left.
-            ports = [int(task.port) for task in spec.slots]
-            with run_network(spec, ports, console.message) as network:  # None for an open run
-                if network is None and spec.network is Network.SEALED:  # it could not be sealed after all
-                    check_local_ports(spec, local_hosts, set(reservation.ports))
-                folder = (folder_for or _new_folder)(spec)
-                if on_folder is not None:
-                    on_folder(folder)
+            network = sealing.ready(console.message) if sealing else None  # None for an open run
+            if network is None and spec.network is Network.SEALED:  # it could not be sealed after all
+                check_local_ports(spec, local_hosts, set(reservation.ports))
+            folder = (folder_for or _new_folder)(spec)
+            if on_folder is not None:
+                on_folder(folder)
 
-                def plan_attempt(context: RunContext, cluster: ClusterSpec) -> Plan:
-                    # The first attempt's tasks start right after it is planned and bind their ports
-                    # themselves: the sockets that held them go now (the locks stay for the run).
-                    reservation.unhold()
-                    return _entered(network, plan_for(cluster, context, local_hosts, request))
+            def plan_attempt(context: RunContext, cluster: ClusterSpec) -> Plan:
+                # The first attempt's tasks start right after it is planned and bind their ports
+                # themselves: the sockets that held them go now (the locks stay for the run).
+                reservation.unhold()
+                return _entered(network, plan_for(cluster, context, local_hosts, request))
 
-                # Its warning comes before any task's output when the names resolve at once; slow
-                # lookups do not hold the start (their warning comes when they end).
-                exposure.join(EXPOSURE_HOLD)
-                session = RunSession(spec, session_options(request, spec), folder, console, plan_attempt,
-                                     signals, transports, refused_spares=refused)
-                result = session.execute()
-                if signals.first is None:  # a run stopped by a signal does not wait for its lookups
-                    exposure.join()  # a run's warning is shown, however late its lookups end
-                return result
+            # Its warning comes before any task's output when the names resolve at once; slow
+            # lookups do not hold the start (their warning comes when they end).
+            exposure.join(EXPOSURE_HOLD)
+            session = RunSession(spec, session_options(request, spec), folder, console, plan_attempt,
+                                 signals, transports, refused_spares=refused)
+            result = session.execute()
+            if signals.first is None:  # a run stopped by a signal does not wait for its lookups
+                exposure.join()  # a run's warning is shown, however late its lookups end
+            return result
         finally:
             transports.close()  # after a refused preflight too: nothing is left on any host
+            if sealing is not None:
+                sealing.close()  # once every task has ended
             reservation.release()
             exposure.drop()  # a launch stopped before its run (a refusal, Ctrl-C) does not wait for it
 

@@ -1,0 +1,284 @@
+"""Sealed local runs: a plain ``tflaunch --local N`` keeps its tasks' ports out of other users' reach.
+
+TensorFlow's gRPC servers listen on every interface without authentication. Here a real second
+user (``nobody``, through setpriv) tries every task's port on loopback and on every other address
+of this machine, while the tasks reach each other; a sealed task reaches the outside network
+through pasta or slirp4netns (a listener of the test's own on this machine's non-loopback
+addresses stands in for the internet); and where the helper tools or namespaces are missing, one
+line says what the run lacks, and the run goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import ROOT
+from polling import wait_for
+from test_isolation import MESH_TASK, listening_ports, task_ports
+
+SYSTEM_PYTHON = "/usr/bin/python3"
+NOBODY = 65534
+needs_nobody = pytest.mark.skipif(
+    os.geteuid() != 0 or not (Path(SYSTEM_PYTHON).exists() and shutil.which("setpriv")),
+    reason="needs root, setpriv and the system python3 to act as a second user")
+
+# Run as nobody: connect to every address:port of argv[1] (JSON), print {address: "reached" or why not}.
+KNOCK = r'''
+import json, socket, sys
+found = {}
+for host, port in json.loads(sys.argv[1]):
+    try:
+        socket.create_connection((host, port), timeout=2).close()
+        found[f"{host}:{port}"] = "reached"
+    except OSError as exc:
+        found[f"{host}:{port}"] = exc.strerror or type(exc).__name__
+print(json.dumps(found))
+'''
+
+# A task that reaches for the test's listener on each address in argv[1:] and prints what it hears.
+FETCH = r'''
+import socket, sys
+port = int(sys.argv[1])
+for host in sys.argv[2:]:
+    try:
+        with socket.create_connection((host, port), timeout=3) as conn:
+            print("HEARD", conn.recv(64).decode(), flush=True)
+            break
+    except OSError as exc:
+        print("NOT", host, exc, flush=True)
+'''
+
+
+def machine_addresses() -> list[str]:
+    """Every address of this machine but link-local ones, loopback first."""
+    found = ["127.0.0.1"]
+    for addresses in psutil.net_if_addrs().values():
+        for address in addresses:
+            if address.family in (socket.AF_INET, socket.AF_INET6) and not address.address.startswith(("fe80", "127.")):
+                if address.address != "::1" and address.address not in found:
+                    found.append(address.address.split("%")[0])
+    return found
+
+
+def outside_addresses() -> list[str]:
+    """This machine's IPv4 addresses other than loopback: outside any namespace of a run's."""
+    return [a for a in machine_addresses() if "." in a and not a.startswith("127.")]
+
+
+def knock_as_nobody(ports: list[int]) -> dict[str, str]:
+    pairs = [(host, port) for host in machine_addresses() for port in ports]
+    done = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+                           SYSTEM_PYTHON, "-c", KNOCK, json.dumps(pairs)], capture_output=True, text=True,
+                          timeout=120, env={"PATH": "/usr/bin:/bin"}, cwd="/")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def reached(found: dict[str, str]) -> list[str]:
+    return [where for where, what in found.items() if what == "reached"]
+
+
+class Listener:
+    """A TCP listener of the test's on every address of this machine, answering each caller with a token."""
+
+    def __init__(self):
+        self.token = secrets.token_hex(8)
+        self.socket = socket.create_server(("0.0.0.0", 0))
+        self.port = self.socket.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.socket.accept()
+            except OSError:
+                return
+            with conn:
+                conn.sendall(self.token.encode())
+
+    def close(self) -> None:
+        self.socket.close()
+
+
+@pytest.fixture
+def listener():
+    made = Listener()
+    yield made
+    made.close()
+
+
+def bare_path(tmp_path: Path, *tools: str) -> str:
+    """A PATH holding only python and ``tools`` (links to the real ones)."""
+    bare = tmp_path / "bin"
+    bare.mkdir(exist_ok=True)
+    (bare / "python").symlink_to(sys.executable)
+    for tool in tools:
+        (bare / tool).symlink_to(shutil.which(tool))
+    return str(bare)
+
+
+def network_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("tflaunch: network:")]
+
+
+# -- other users cannot reach the tasks ----------------------------------------------------------
+
+@needs_nobody
+def test_a_plain_local_run_reaches_its_own_tasks_and_no_other_user_reaches_them(tflaunch, tmp_path):
+    script = tmp_path / "mesh_task.py"
+    script.write_text(MESH_TASK)
+    proc = tflaunch.start("--local", "3", "--", "python", str(script), "60")
+    try:
+        wait_for(lambda: tflaunch.merged_text().count("REACHED") == 6 or proc.poll() is not None, timeout=60,
+                 message=lambda: f"every task to reach every other; so far:\n{tflaunch.merged_text()[-2000:]}")
+        assert proc.poll() is None, proc.communicate()[1]
+        tflaunch.live_tasks()
+        ports = sorted(task_ports(tflaunch.latest_run()).values())
+        assert set(ports) <= listening_ports(inside=tflaunch.latest_run())  # they are there, inside
+        found = knock_as_nobody(ports)
+        assert len(found) >= 3 * 2 and reached(found) == [], found
+    finally:
+        proc.send_signal(2)
+        proc.communicate(timeout=30)
+
+
+@needs_nobody
+@pytest.mark.slow
+@pytest.mark.tensorflow
+@pytest.mark.timeout(300)
+def test_real_tensorflow_servers_of_a_plain_local_run_are_out_of_other_users_reach(tflaunch, tmp_path, listener):
+    stop = tmp_path / "stop"
+    proc = tflaunch.start("--local", "2", "--", "python", str(ROOT / "tests" / "helpers" / "tf_servers.py"), str(stop))
+    try:
+        wait_for(lambda: "ANSWERED" in tflaunch.merged_text() or proc.poll() is not None, timeout=200, interval=0.2,
+                 message=lambda: f"worker-0 to run an op on worker-1; so far:\n{tflaunch.merged_text()[-2000:]}")
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        ports = sorted(task_ports(tflaunch.latest_run()).values())
+        assert set(ports) <= listening_ports(inside=tflaunch.latest_run())  # both gRPC servers are up, inside
+        found = knock_as_nobody([*ports, listener.port])
+        # The knock works: nobody reaches the test's own listener, on loopback and another address.
+        heard = [w for w in reached(found) if w.endswith(f":{listener.port}")]
+        assert f"127.0.0.1:{listener.port}" in heard and len(heard) >= 2, found
+        assert [w for w in reached(found) if not w.endswith(f":{listener.port}")] == [], found
+        stop.touch()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        stop.touch()
+        if proc.poll() is None:
+            proc.send_signal(2)
+            proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-3000:]
+
+
+# -- the outside network --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("tool", ["pasta", "slirp4netns"])
+def test_a_sealed_task_reaches_the_outside_network(tflaunch, tmp_path, listener, tool):
+    if shutil.which(tool) is None:
+        pytest.skip(f"{tool} is not installed")
+    outside = outside_addresses()
+    assert outside, "this machine has no address but loopback"
+    # Only the tool under test (and what a sealed run needs) on PATH: pasta is tried first otherwise.
+    done = tflaunch.run("--local", "1", "--", "python", "-c", FETCH, str(listener.port), *outside,
+                        env={"PATH": bare_path(tmp_path, "unshare", "nsenter", tool)})
+    assert done.returncode == 0, done.stderr
+    assert f"HEARD {listener.token}" in done.task_output("worker-0"), done.task_output("worker-0")
+    assert network_lines(done.stderr) == []
+    assert done.record["tasks"][0]["argv"][0] == "nsenter"  # it ran sealed
+
+
+def test_without_pasta_or_slirp4netns_one_line_says_what_the_tasks_lack(tflaunch, tmp_path, listener):
+    done = tflaunch.run("--local", "2", "--", "python", "-c", FETCH, str(listener.port), *outside_addresses(),
+                        env={"PATH": bare_path(tmp_path, "unshare", "nsenter")})
+    assert done.returncode == 0, done.stderr
+    assert network_lines(done.stderr) == [
+        "tflaunch: network: sealed, but the tasks have no outside network (no downloads): neither pasta nor "
+        "slirp4netns is installed: apt-get install passt (pasta), or slirp4netns; or run with --no-seal"]
+    assert "HEARD" not in done.task_output("worker-0") and "NOT" in done.task_output("worker-0")
+    assert "Traceback" not in done.stderr
+
+
+def test_no_seal_keeps_the_machine_network_and_says_nothing(tflaunch, tmp_path, listener):
+    done = tflaunch.run("--local", "1", "--no-seal", "--", "python", "-c", FETCH, str(listener.port), "127.0.0.1",
+                        env={"PATH": bare_path(tmp_path)})
+    assert done.returncode == 0, done.stderr
+    assert f"HEARD {listener.token}" in done.task_output("worker-0")  # this machine's loopback: not sealed
+    assert network_lines(done.stderr) == [] and done.record["tasks"][0]["argv"][0] != "nsenter"
+    both = tflaunch.run("--local", "1", "--no-seal", "--isolate-network", "--", "true")
+    assert both.returncode == 2
+    assert both.stderr.strip().splitlines()[-1] == (
+        "tflaunch: error: --isolate-network and --no-seal cannot be combined")
+
+
+# -- where namespaces are refused -------------------------------------------------------------------
+
+def test_where_namespaces_are_refused_one_line_says_why_and_the_run_goes_on_unsealed(tflaunch, tmp_path):
+    # A user namespace of the test's own whose limits allow no further user or network namespaces:
+    # the kernel refuses both kinds, as on a host that restricts unprivileged namespaces.
+    marker = tmp_path / "started"
+    inner = " ".join(tflaunch.argv("--local", "2", "--log-dir", str(tflaunch.log_dir), "--", "touch", str(marker)))
+    script = ("echo 0 > /proc/sys/user/max_user_namespaces && echo 0 > /proc/sys/user/max_net_namespaces && "
+              f"exec {inner}")
+    done = subprocess.run(["unshare", "--user", "--map-root-user", "sh", "-c", script], cwd=tmp_path,
+                          env=tflaunch.env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    (line,) = network_lines(done.stderr)
+    assert line.startswith("tflaunch: network: not sealed: cannot create a network namespace here (")
+    assert "No space left on device" in line and "other users of this machine can reach the tasks' ports" in line
+    assert "Traceback" not in done.stderr
+    assert marker.exists()
+
+
+# -- an ordinary user ---------------------------------------------------------------------------------
+
+@needs_nobody
+def test_an_ordinary_user_gets_a_sealed_run_too(folder_for_others, tmp_path):
+    """nobody runs tflaunch (the system python3 with the project's dependencies on its path) in a
+    folder of its own: the run is sealed in an unprivileged namespace, its tasks reach each other,
+    and the ports are not reachable from this machine's network."""
+    home = folder_for_others(0o755)
+    os.chown(home, NOBODY, NOBODY)
+    script = home / "mesh_task.py"
+    script.write_text(MESH_TASK)
+    site = next(Path(sys.prefix, "lib").glob("python3*/site-packages"))
+    env = {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "HOME": str(home), "PYTHONPATH": f"{ROOT}:{site}"}
+    proc = subprocess.Popen(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", SYSTEM_PYTHON,
+                             "-m", "launcher", "--local", "2", "--log-dir", str(home / "logs"), "--", "python",
+                             str(script), "30"], cwd=home, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        def merged() -> str:
+            runs = list((home / "logs").glob("*/merged.log")) if (home / "logs").exists() else []
+            return runs[0].read_text() if runs else ""
+
+        wait_for(lambda: merged().count("REACHED") == 2 or proc.poll() is not None, timeout=60,
+                 message=lambda: f"both tasks to reach each other; so far:\n{merged()[-2000:]}")
+        assert proc.poll() is None, proc.communicate()[1]
+        (run_dir,) = (home / "logs").iterdir()
+        wait_for(lambda: all(t["pid"] for t in json.loads((run_dir / "run.json").read_text())["tasks"]), timeout=30,
+                 message="the tasks' pids")
+        record = json.loads((run_dir / "run.json").read_text())
+        assert record["tasks"][0]["argv"][:2] == ["nsenter", record["tasks"][0]["argv"][1]]
+        assert record["tasks"][0]["argv"][1].startswith("--user=")  # an unprivileged namespace
+        ports = sorted(task_ports(run_dir).values())
+        assert set(ports) <= listening_ports(inside=run_dir) and set(ports).isdisjoint(listening_ports())
+        for host in machine_addresses():
+            for port in ports:
+                with pytest.raises(OSError):
+                    socket.create_connection((host, port), timeout=2).close()
+    finally:
+        proc.send_signal(2)
+        out, err = proc.communicate(timeout=60)
+    assert "Traceback" not in err, err
+    assert len(network_lines(err)) <= 1  # at most the line about the outside network
