@@ -81,6 +81,9 @@ class TaskLaunch:
     env_sources: Mapping[str, str] = field(default_factory=dict)  # variable -> the layer that set it
     hidden: frozenset[str] = frozenset()  # variables whose values are never written or shown (spec.hidden_names)
     attempt: int = 1  # the attempt this launch belongs to (its env says so to the task, as text)
+    # Namespace files a task on this machine joins before it starts, its user namespace first: a
+    # sealed run's network (launcher/run/isolation.py). Empty: this machine's network.
+    netns: tuple[str, ...] = ()
 
     def shown_env(self, tf_cluster: bool = True) -> dict[str, str]:
         """``env`` as run.json, ``--dry-run`` and messages may show it: hidden values masked; without

@@ -8,7 +8,8 @@ What a run watches, writes and shows: pump.py (task output into the logs), progr
 the metric lines say), watchdog.py (a cluster that never forms, or hangs), resources.py (CPU and
 memory), console.py with terminal.py, render.py, twins.py, stopfold.py and metricview.py (the
 terminal), summary.py (the closing table). What it checks and seals: preflight.py, versions.py
-(the hosts' versions compared), mesh.py, isolation.py, and diagnose.py (known failures named).
+(the hosts' versions compared), mesh.py, isolation.py with outside.py (a sealed run's network
+namespace and its outside network), and diagnose.py (known failures named).
 A hang's culprit: pyspy.py reads the stacks, culprit.py compares them, and control.py serves
 them to ``tflaunch stacks`` over the run's control socket.
 """

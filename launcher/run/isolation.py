@@ -12,9 +12,11 @@ How: a short-lived process made with ``unshare --net`` (as root) or ``unshare --
 --map-root-user --net`` (unprivileged user namespaces) brings ``lo`` up and reserves the run's
 ports inside (``ip_local_reserved_ports``: the kernel never hands them out as a connection's
 local port there). tflaunch then opens the namespace's files and holds them for the run, and
-each task is entered with ``nsenter``, put in front of its argv, through ``/proc/<tflaunch>/fd/<n>``:
-the namespace cannot be mistaken for another process's even if a pid is reused, and it goes
-away with the run's last process.
+the host's agent joins each task to it (setns) between fork and exec, through
+``/proc/<tflaunch>/fd/<n>`` (:attr:`TaskLaunch.netns <launcher.cluster.plan.TaskLaunch>`): the
+namespace cannot be mistaken for another process's even if a pid is reused, the task's command
+is its own (a program that cannot run is reported as in any run), and the namespace goes away
+with the run's last process.
 """
 
 from __future__ import annotations
@@ -89,20 +91,19 @@ def check_isolation(spec: ClusterSpec, local_hosts: frozenset[str], option: str)
 
 @dataclass
 class NetworkNamespace:
-    """A network namespace held open by tflaunch; ``prefix`` enters it. ``outside`` is what gives
-    it outside network, when anything does."""
+    """A network namespace held open by tflaunch; ``paths`` are its files, as a task joins them
+    (its user namespace first). ``outside`` is what gives it outside network, when anything does."""
 
     fds: dict[str, int]  # "net", and "user" for an unprivileged one
-    prefix: tuple[str, ...]
+    paths: tuple[str, ...]
     unprivileged: bool
     outside: OutsideLink | None = None
 
     @classmethod
     def create(cls, ports: Iterable[int] = ()) -> "NetworkNamespace":
         """A new namespace with ``ports`` reserved inside; IsolationError saying why there is none."""
-        missing = [tool for tool in ("unshare", "nsenter") if shutil.which(tool) is None]
-        if missing:
-            raise IsolationError(f"{' and '.join(missing)} not found (util-linux)")
+        if shutil.which("unshare") is None:
+            raise IsolationError("unshare not found (util-linux)")
         attempts = [(False, ["unshare", "--net"])] if os.geteuid() == 0 else []
         attempts.append((True, ["unshare", "--user", "--map-root-user", "--net"]))
         reserved = ",".join(str(port) for port in sorted(set(ports)))
@@ -125,8 +126,7 @@ class NetworkNamespace:
 
     def enter(self, plan: Plan) -> Plan:
         """The same plan with every task started inside the namespace."""
-        launches = tuple(replace(launch, argv=(*self.prefix, *launch.argv)) if launch.local else launch
-                         for launch in plan.launches)
+        launches = tuple(replace(launch, netns=self.paths) if launch.local else launch for launch in plan.launches)
         return replace(plan, launches=launches)
 
     def close(self) -> None:
@@ -162,12 +162,10 @@ def _hold(argv: list[str], unprivileged: bool) -> NetworkNamespace | str:
             holder.wait()
         holder.stdout.close()
         holder.stderr.close()
-    paths = {kind: f"/proc/{os.getpid()}/fd/{fd}" for kind, fd in fds.items()}
-    prefix = ["nsenter", f"--net={paths['net']}"]
-    if unprivileged:
-        # Inside, the user is root of its own user namespace, mapped to the same user outside.
-        prefix = ["nsenter", f"--user={paths['user']}", f"--net={paths['net']}", "--preserve-credentials"]
-    return NetworkNamespace(fds, (*prefix, "--"), unprivileged)
+    # Inside an unprivileged one, the user is root of its own user namespace, mapped to the same
+    # user outside; a task keeps its credentials as it joins it.
+    paths = tuple(f"/proc/{os.getpid()}/fd/{fds[kind]}" for kind in kinds)
+    return NetworkNamespace(fds, paths, unprivileged)
 
 
 class RunNetwork(threading.Thread):

@@ -238,6 +238,24 @@ def printable(data, limit=32):
     return "'%s%s'" % ("".join(shown), "\u2026" if len(data) > limit else "")
 
 
+def namespace_joiner():
+    """setns(fd, kind): Python's own (3.12), else the C library's; OSError where there is none."""
+    if hasattr(os, "setns"):
+        return os.setns
+    import ctypes
+
+    libc_setns = getattr(ctypes.CDLL(None, use_errno=True), "setns", None)
+    if libc_setns is None:
+        raise OSError(errno.ENOSYS, "this system has no setns")
+
+    def setns(fd, kind):
+        if libc_setns(fd, kind) != 0:
+            code = ctypes.get_errno()
+            raise OSError(code, os.strerror(code))
+
+    return setns
+
+
 def encode_fields(pairs):
     """``key, value`` pairs as :func:`decode_fields` reads them: base64, so that no shell reads them.
 
@@ -614,6 +632,7 @@ class Agent(object):
         self.processes = {}  # id -> Process
         self.held_ports = {}  # port -> the socket that holds it until its task starts
         self.claims = None  # this user's claims on the host's ports, once ports are asked for (see PortClaims)
+        self.netns = None  # the namespaces the agent joined for its tasks (a sealed run's network)
         self.by_pid = {}  # main pid -> Process
         self.control = []  # frames that go before any output
         self.outgoing = []  # the pieces being written to the channel
@@ -847,6 +866,8 @@ class Agent(object):
                 return
             env["TF_CONFIG"] = '{"cluster":%s,"task":{"type":"%s","index":%s}}' % (self.clusters[int(cluster)], role,
                                                                                     index)
+        if fields.get("netns") and not self.join_namespaces(process, fields["netns"]):
+            return
         for port in (fields.get("release") or "").split(","):
             if port.isdigit() and int(port) in self.held_ports:
                 self.held_ports.pop(int(port)).close()  # the task is about to bind it
@@ -871,6 +892,31 @@ class Agent(object):
             self.spawn(process, argv, env, in_r, out_w)
         else:
             self.fork_exec(process, argv, env, cwd, in_r, out_w)
+
+    def join_namespaces(self, process, paths):
+        """Join the namespaces whose files are ``paths`` (space-separated, a user namespace first),
+        once, before the first task that asks: every task started after is in them, and so is all
+        the agent starts for them (stack samples). A sealed run's network (launcher/run/isolation.py)."""
+        if self.netns is not None:
+            if self.netns != paths:
+                self.refuse(process, "cannot start: the agent is in another run's network namespace")
+            return self.netns == paths
+        try:
+            setns = namespace_joiner()
+            # Every file is opened first: once in a user namespace of its own, the agent may no
+            # longer read tflaunch's /proc/<pid>/fd.
+            fds = [os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)) for path in paths.split()]
+            try:
+                for fd in fds:
+                    setns(fd, 0)
+            finally:
+                for fd in fds:
+                    os.close(fd)
+        except OSError as exc:
+            self.refuse(process, "cannot start: the run's network namespace: %s" % (exc.strerror or exc))
+            return False
+        self.netns = paths
+        return True
 
     def spawn(self, process, argv, env, in_r, out_w):
         """posix_spawn (vfork underneath): a task starts in a fraction of fork's time."""

@@ -94,7 +94,7 @@ def test_isolate_network_key_in_an_all_local_cluster_file(tflaunch, tmp_path):
     assert done.returncode == 0, done.stderr
     assert "REACHED" in done.task_output("worker-0") and "REACHED" in done.task_output("worker-1")
     argv = done.record["tasks"][0]["argv"]
-    assert argv[0] == "nsenter" and argv[argv.index("--") + 1:][-2:] == [str(script), "0"]
+    assert argv[-2:] == [str(script), "0"] and "nsenter" not in argv  # the agent joins the task to it
 
 
 def test_the_outside_network_is_not_reachable_from_inside(tflaunch):
@@ -127,7 +127,9 @@ UNPRIVILEGED = r'''
 import subprocess
 from launcher.run.isolation import NetworkNamespace
 network = NetworkNamespace.create()
-inside = subprocess.run([*network.prefix, "cat", "/proc/net/dev"], capture_output=True, text=True, timeout=10)
+user, net = network.paths
+inside = subprocess.run(["nsenter", f"--user={user}", f"--net={net}", "--preserve-credentials", "cat", "/proc/net/dev"],
+                        capture_output=True, text=True, timeout=10)
 print(network.unprivileged, [line.split(":")[0].strip() for line in inside.stdout.splitlines()[2:]])
 network.close()
 '''
