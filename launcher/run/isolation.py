@@ -37,9 +37,12 @@ from .outside import OutsideLink, connect_outside
 
 START_TIMEOUT = 10.0
 
-# Brings loopback up with the SIOCGIFFLAGS/SIOCSIFFLAGS ioctls (no iproute2 needed), reserves the
-# ports in argv[1] (a kernel where the sysctl cannot be written keeps the run going), says so, and
-# waits for tflaunch to close its stdin once it holds the namespace.
+# The process that makes the namespace: it reserves the ports in its first argument (a kernel where
+# the sysctl cannot be written keeps the run going), brings loopback up, says so, and waits for
+# tflaunch to close its stdin once it holds the namespace. A shell with iproute2's ip where there
+# is one (a few milliseconds); else Python, with the SIOCGIFFLAGS/SIOCSIFFLAGS ioctls (tens).
+HOLDER_SH = '''echo "$1" > /proc/sys/net/ipv4/ip_local_reserved_ports 2>/dev/null
+"$0" link set lo up && echo ready && read -r _'''
 HOLDER = r'''
 import fcntl, socket, struct, sys
 ifreq = struct.Struct("16sh22x")
@@ -109,7 +112,7 @@ class NetworkNamespace:
         reserved = ",".join(str(port) for port in sorted(set(ports)))
         reasons = []
         for unprivileged, argv in attempts:
-            made = _hold([*argv, "--", sys.executable, "-I", "-S", "-c", HOLDER, reserved], unprivileged)
+            made = _hold([*argv, "--", *_holder(), reserved], unprivileged)
             if isinstance(made, NetworkNamespace):
                 return made
             reasons.append(made)
@@ -136,6 +139,14 @@ class NetworkNamespace:
         for fd in self.fds.values():
             os.close(fd)
         self.fds = {}
+
+
+def _holder() -> list[str]:
+    """The holder's argv, its ports to come."""
+    ip = shutil.which("ip", path=f"{os.environ.get('PATH', os.defpath)}:/usr/sbin:/sbin")
+    if ip and shutil.which("sh"):
+        return ["sh", "-c", HOLDER_SH, ip]
+    return [sys.executable, "-I", "-S", "-c", HOLDER]
 
 
 def _hold(argv: list[str], unprivileged: bool) -> NetworkNamespace | str:
@@ -170,13 +181,14 @@ def _hold(argv: list[str], unprivileged: bool) -> NetworkNamespace | str:
 
 class RunNetwork(threading.Thread):
     """A run's namespace and its outside network, made beside the rest of the run's start (the
-    hosts' agents, the run folder): :meth:`ready` waits for them. The thread stays until
-    :meth:`close`, as the outside network's tool is stopped when the thread that started it ends."""
+    hosts' agents, the run folder): :meth:`held` waits for the namespace, :meth:`ready` for its
+    outside network. The thread stays until :meth:`close`, as the outside network's tool is
+    stopped when the thread that started it ends."""
 
     def __init__(self, spec: ClusterSpec, ports: Iterable[int]):
         super().__init__(name="tflaunch-network", daemon=True)
         self.mode, self.ports = spec.network, list(ports)
-        self._made, self._closing = threading.Event(), threading.Event()
+        self._held, self._made, self._closing = threading.Event(), threading.Event(), threading.Event()
         self._network: NetworkNamespace | None = None
         self._failed: IsolationError | None = None
         self._lacking: str | None = None
@@ -193,35 +205,44 @@ class RunNetwork(threading.Thread):
     def run(self) -> None:
         try:
             self._network = NetworkNamespace.create(self.ports)
-            if self.mode is Network.SEALED:
-                self._lacking = self._network.connect_outside()
         except IsolationError as exc:
             self._failed = exc
-        except OSError as exc:  # a namespace that went wrong half-way is no namespace
+        except OSError as exc:
             self._failed = IsolationError(f"cannot create a network namespace here ({exc})")
-            if self._network is not None:
-                self._network.close()
-                self._network = None
+        finally:
+            self._held.set()
+        try:
+            if self._network is not None and self.mode is Network.SEALED:
+                self._lacking = self._network.connect_outside()
+        except OSError as exc:
+            self._lacking = str(exc)
         finally:
             self._made.set()
         self._closing.wait()
         if self._network is not None:
             self._network.close()
 
-    def ready(self, say: Callable[[str], None]) -> NetworkNamespace | None:
+    def held(self, say: Callable[[str], None]) -> NetworkNamespace | None:
         """The namespace, once made; None for a sealed run where none can be made (``say`` is told
-        why in one line, as it is told what a sealed one lacks). An isolated run without one raises
-        IsolationError: nothing was started."""
-        self._made.wait()
+        why, in one line). An isolated run without one raises IsolationError: nothing was started."""
+        self._held.wait()
         if self._failed is not None:
             if self.mode is Network.ISOLATED:
                 raise IsolationError(f"{name('isolate_network')}: {self._failed}; nothing was started")
             say(f"network: not sealed: {self._failed}; other users of this machine can reach the tasks' ports "
                 f"(docs/security.md; {name('no_seal')} leaves runs unsealed without this line)")
-        elif self._lacking:
+        return self._network
+
+    def ready(self, say: Callable[[str], None]) -> None:
+        """Wait until the namespace has its outside network, or is known to lack it: ``say`` is
+        told so, in one line, the first time. For the tasks' start, which comes last."""
+        if self._made.is_set() and self._lacking is None:
+            return
+        self._made.wait()
+        if self._lacking:
             say(f"network: sealed, but the tasks have no outside network (no downloads): {self._lacking}; "
                 f"or run with {name('no_seal')}")
-        return self._network
+            self._lacking = None
 
     def close(self) -> None:
         """Stop the outside network's tool and let go of the namespace (its tasks have ended)."""

@@ -266,7 +266,7 @@ def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS,
 
             _stop_if_signalled(signals)
             # The namespace comes before the run folder: where it cannot be made, nothing is left.
-            network = sealing.ready(console.message) if sealing else None  # None for an open run
+            network = sealing.held(console.message) if sealing else None  # None for an open run
             if network is None and spec.network is Network.SEALED:  # it could not be sealed after all
                 check_local_ports(spec, local_hosts, set(reservation.ports))
             folder = (folder_for or _new_folder)(spec)
@@ -277,6 +277,8 @@ def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS,
                 # The first attempt's tasks start right after it is planned and bind their ports
                 # themselves: the sockets that held them go now (the locks stay for the run).
                 reservation.unhold()
+                if sealing is not None:
+                    sealing.ready(console.message)  # its outside network came up beside the run's start
                 return _entered(network, plan_for(cluster, context, local_hosts, request))
 
             # Its warning comes before any task's output when the names resolve at once; slow
