@@ -158,9 +158,8 @@ class RunOptions:
         help="After training succeeds, seconds a running evaluator may take to finish its last evaluation "
              "before it is stopped.")
     isolate_network: bool = _option(
-        False, help="Cut the tasks off every network but their own: as sealed runs, and no outside network either "
-                    "(no downloads); refuse to start where no network namespace can be made (tasks on this "
-                    "machine only).")
+        False, help="Seal the run as by default, and give its tasks no outside network either (no downloads); "
+                    "refuse to start where no network namespace can be made (tasks on this machine only).")
     no_seal: bool = _option(
         False, help="Do not seal a run whose tasks are all on this machine: they use this machine's network, and "
                     "other users of it can reach their ports. By default such a run's tasks share a network "

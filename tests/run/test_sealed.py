@@ -24,6 +24,11 @@ import psutil
 import pytest
 
 from conftest import ROOT
+from launcher.cluster.reader import parse_cluster
+from launcher.cluster.spec import Network
+from launcher.errors import ConfigError, OptionsError
+from launcher.options import RunOptions
+from launcher.run.isolation import choose_network
 from polling import wait_for
 from test_isolation import MESH_TASK, listening_ports, task_ports
 
@@ -289,3 +294,37 @@ def test_an_ordinary_user_gets_a_sealed_run_too(folder_for_others, tmp_path):
         out, err = proc.communicate(timeout=60)
     assert "Traceback" not in err, err
     assert len(network_lines(err)) <= 1  # at most the line about the outside network
+
+
+# -- who decides: choose_network ---------------------------------------------------------------------
+
+HERE = frozenset({"localhost", "127.0.0.1"})
+
+
+def cluster(text: str):
+    return parse_cluster(text, "c.yaml", HERE)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("text, options, expected", [
+    ("worker: [localhost:auto, localhost:auto]\n", {}, Network.SEALED),
+    ("worker: [localhost:auto, 10.0.0.9:2222]\n", {}, Network.OPEN),  # a namespace cannot span hosts
+    ("worker: [localhost:auto]\n", {"no_seal": True}, Network.OPEN),
+    ("worker: [localhost:auto]\n", {"isolate_network": True}, Network.ISOLATED),
+    ("isolate_network: false\nworker: [localhost:auto]\n", {}, Network.OPEN),
+    ("isolate_network: true\nworker: [localhost:auto]\n", {}, Network.ISOLATED),
+    ("isolate_network: true\nworker: [localhost:auto]\n", {"no_seal": True}, Network.OPEN),  # the option wins
+    ("isolate_network: false\nworker: [localhost:auto]\n", {"isolate_network": True}, Network.ISOLATED),
+])
+def test_the_network_is_the_options_choice_else_the_files_else_sealed_when_every_task_is_here(text, options,
+                                                                                               expected):
+    assert choose_network(cluster(text), RunOptions(**options), HERE) is expected
+
+
+@pytest.mark.unit
+def test_isolation_of_a_cluster_with_remote_tasks_and_both_options_are_refused():
+    with pytest.raises(ConfigError, match="needs every task on this machine"):
+        choose_network(cluster("isolate_network: true\nworker: [localhost:auto, 10.0.0.9:2222]\n"), RunOptions(),
+                       HERE)
+    with pytest.raises(OptionsError, match="cannot be combined"):
+        RunOptions(isolate_network=True, no_seal=True)
