@@ -27,13 +27,15 @@ import subprocess
 import sys
 import threading
 from dataclasses import dataclass, replace
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from ..cluster.plan import Plan
 from ..cluster.spec import ClusterSpec, Network, is_local
 from ..errors import ConfigError, LaunchError
 from ..options import RunOptions, name
-from .outside import OutsideLink, connect_outside
+
+if TYPE_CHECKING:
+    from .outside import OutsideLink
 
 START_TIMEOUT = 10.0
 
@@ -121,6 +123,8 @@ class NetworkNamespace:
 
     def connect_outside(self) -> str | None:
         """Give the namespace outside network; None when it has it, else why not (one line)."""
+        from .outside import connect_outside  # a sealed run's, loaded once the hosts are being reached
+
         made = connect_outside(self.fds["net"], self.fds.get("user"))
         if isinstance(made, str):
             return made
