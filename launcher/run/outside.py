@@ -109,7 +109,7 @@ def _start(tool: str, argv_for, net: int, user: int | None) -> OutsideLink | str
         errors.seek(0)
         lines = [line for line in errors.read()[-4096:].decode("utf-8", "replace").splitlines()
                  if line.strip() and "syslog" not in line]
-        return lines[-1].strip() if lines else f"did not start within {READY_TIMEOUT:g} s"
+        return lines[0].strip() if lines else f"did not start within {READY_TIMEOUT:g} s"  # the cause, not its echo
 
 
 def _read_ready(fd: int, process: subprocess.Popen) -> bool:

@@ -105,7 +105,7 @@ def test_the_outside_network_is_not_reachable_from_inside(tflaunch):
     done = tflaunch.run("--local", "1", "--isolate-network", "--", "python", "-c", probe)
     assert done.returncode == 0, done.stderr
     assert "NO ROUTE" in done.task_output("worker-0")
-    plain = tflaunch.run("--local", "1", "--", "python", "-c", probe)
+    plain = tflaunch.run("--local", "1", "--no-seal", "--", "python", "-c", probe)
     assert "ROUTE" in plain.task_output("worker-0").splitlines()
 
 
