@@ -242,7 +242,7 @@ def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS,
         sealing = None
         try:
             spec = spec.with_ports(reservation.ports)
-            # A sealed run's namespace is made while the hosts are reached and the folder is made.
+            # A sealed or isolated run's namespace is made while this machine's agent starts.
             sealing = RunNetwork.begin(spec, [int(task.port) for task in spec.slots if task.port != AUTO])
             spec, refused = _agent_ports(spec, local_hosts, request, transports)
             for host, why in refused.items():
