@@ -328,3 +328,19 @@ def test_isolation_of_a_cluster_with_remote_tasks_and_both_options_are_refused()
                        HERE)
     with pytest.raises(OptionsError, match="cannot be combined"):
         RunOptions(isolate_network=True, no_seal=True)
+
+
+def test_a_sealed_runs_ports_are_reserved_inside_its_namespace(tflaunch):
+    """No connection in the namespace takes a task's port as its local port before the task binds it:
+    the kernel hands out no reserved port (the run's ports were picked free outside)."""
+    show = "print('RESERVED', open('/proc/sys/net/ipv4/ip_local_reserved_ports').read().strip())"
+    done = tflaunch.run("--local", "2", "--", "python", "-c", show)
+    assert done.returncode == 0, done.stderr
+    ports = set(task_ports(done.run_dir).values())
+    for name in ("worker-0", "worker-1"):
+        (line,) = [line for line in done.task_output(name).splitlines() if line.startswith("RESERVED")]
+        reserved = set()
+        for item in line.split()[1].split(","):  # the kernel writes neighbours as a range, 34000-34001
+            first, _, last = item.partition("-")
+            reserved.update(range(int(first), int(last or first) + 1))
+        assert reserved == ports
