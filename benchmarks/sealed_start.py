@@ -5,7 +5,7 @@
 Both sides run ``tflaunch --local 2 --quiet --threads off -- python -c <CODE>``, whose task writes
 time.time() as its first act and exits 0. Measured per run: launch -> the later task's first
 act ("start"), and launch -> tflaunch's exit ("wall"). The sealed side makes the run's network
-namespace and, where pasta or slirp4netns is installed, gives it outside network (which one is
+namespace and, where slirp4netns or pasta is installed, gives it outside network (which one is
 printed). Target: sealed start / unsealed start <= 1.1 (medians of interleaved runs).
 """
 
@@ -46,9 +46,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=20)
     args = parser.parse_args()
-    outside = next((tool for tool in ("pasta", "slirp4netns") if shutil.which(tool)), None)
+    outside = next((tool for tool in ("slirp4netns", "pasta") if shutil.which(tool)), None)
     _bench.header("sealed start: tflaunch --local 2, sealed (default) and --no-seal",
-                  [f"outside network of the sealed side: {outside or 'none (neither pasta nor slirp4netns)'}",
+                  [f"outside network of the sealed side: {outside or 'none (neither slirp4netns nor pasta)'}",
                    f"{args.reps} runs per side, interleaved; as uid {os.geteuid()}"])
     results: dict[str, list[dict]] = {side: [] for side in SIDES}
     with _bench.workdir("sealed") as work:

@@ -163,7 +163,7 @@ class RunOptions:
     no_seal: bool = _option(
         False, help="Do not seal a run whose tasks are all on this machine: they use this machine's network, and "
                     "other users of it can reach their ports. By default such a run's tasks share a network "
-                    "namespace of their own, with outside network through pasta or slirp4netns.")
+                    "namespace of their own, with outside network through slirp4netns or pasta.")
     no_check: bool = _option(False, help="Skip the host checks that run before launching on remote hosts.")
     tasks: tuple[str, ...] = _option((), metavar="NAMES",
                                      help="Show only these tasks on the console, e.g. worker-0,chief-0.")

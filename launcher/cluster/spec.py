@@ -37,7 +37,7 @@ EnvLayer = Mapping[str, str | None]
 class Network(str, enum.Enum):
     """Where a run's tasks meet the network (docs/security.md; decided by launcher.run.isolation)."""
 
-    SEALED = "sealed"  # one network namespace of the run's own; outside network through pasta or slirp4netns
+    SEALED = "sealed"  # one network namespace of the run's own; outside network through slirp4netns or pasta
     ISOLATED = "isolated"  # one network namespace of the run's own, loopback only; no start without it
     OPEN = "open"  # this machine's network, as any other program's
 

@@ -4,7 +4,7 @@ Inside it there is a loopback interface, brought up: the tasks reach each other 
 ``localhost`` as usual, and nothing outside the namespace reaches their gRPC ports (which
 TensorFlow opens on every interface, without authentication). :func:`choose_network` decides,
 once per run, whether a run is sealed (the default when every task is on this machine: the
-namespace gets outside network through pasta or slirp4netns, see :mod:`.outside`, and a run
+namespace gets outside network through slirp4netns or pasta, see :mod:`.outside`, and a run
 where no namespace can be made goes on unsealed, saying so), isolated (``--isolate-network``:
 loopback only, and no start without it) or open (``--no-seal``, and every run that spans hosts).
 
@@ -249,6 +249,9 @@ class RunNetwork(threading.Thread):
             self._lacking = None
 
     def close(self) -> None:
-        """Stop the outside network's tool and let go of the namespace (its tasks have ended)."""
+        """Stop the outside network's tool and let go of the namespace (its tasks have ended). The
+        tool is killed at once; the thread reaps it after, so that the run's end does not wait."""
+        self._made.wait()
+        if self._network is not None and self._network.outside is not None:
+            self._network.outside.kill()
         self._closing.set()
-        self.join()

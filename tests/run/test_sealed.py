@@ -3,7 +3,7 @@
 TensorFlow's gRPC servers listen on every interface without authentication. Here a real second
 user (``nobody``, through setpriv) tries every task's port on loopback and on every other address
 of this machine, while the tasks reach each other; a sealed task reaches the outside network
-through pasta or slirp4netns (a listener of the test's own on this machine's non-loopback
+through slirp4netns or pasta (a listener of the test's own on this machine's non-loopback
 addresses stands in for the internet); and where the helper tools or namespaces are missing, one
 line says what the run lacks, and the run goes on.
 """
@@ -201,7 +201,7 @@ def test_a_sealed_task_reaches_the_outside_network(tflaunch, tmp_path, listener,
         pytest.skip(f"{tool} is not installed")
     outside = outside_addresses()
     assert outside, "this machine has no address but loopback"
-    # Only the tool under test (and what a sealed run needs) on PATH: pasta is tried first otherwise.
+    # Only the tool under test (and what a sealed run needs) on PATH: slirp4netns is tried first otherwise.
     done = tflaunch.run("--local", "1", "--", "python", "-c", FETCH, str(listener.port), *outside,
                         env={"PATH": bare_path(tmp_path, "unshare", tool)})
     assert done.returncode == 0, done.stderr
@@ -210,13 +210,13 @@ def test_a_sealed_task_reaches_the_outside_network(tflaunch, tmp_path, listener,
     assert sealed(done.task_output("worker-0"))
 
 
-def test_without_pasta_or_slirp4netns_one_line_says_what_the_tasks_lack(tflaunch, tmp_path, listener):
+def test_without_slirp4netns_or_pasta_one_line_says_what_the_tasks_lack(tflaunch, tmp_path, listener):
     done = tflaunch.run("--local", "2", "--", "python", "-c", FETCH, str(listener.port), *outside_addresses(),
                         env={"PATH": bare_path(tmp_path, "unshare")})
     assert done.returncode == 0, done.stderr
     assert network_lines(done.stderr) == [
-        "tflaunch: network: sealed, but the tasks have no outside network (no downloads): neither pasta nor "
-        "slirp4netns is installed: apt-get install passt (pasta), or slirp4netns; or run with --no-seal"]
+        "tflaunch: network: sealed, but the tasks have no outside network (no downloads): neither slirp4netns "
+        "nor pasta is installed: apt-get install slirp4netns (or passt, for pasta); or run with --no-seal"]
     assert "HEARD" not in done.task_output("worker-0") and "NOT" in done.task_output("worker-0")
     assert sealed(done.task_output("worker-0"))
     assert "Traceback" not in done.stderr
