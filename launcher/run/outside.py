@@ -31,7 +31,7 @@ INSTALL = "apt-get install slirp4netns (or passt, for pasta)"
 
 @dataclass
 class OutsideLink:
-    """The running pasta or slirp4netns of one namespace."""
+    """The running slirp4netns or pasta of one namespace."""
 
     tool: str
     process: subprocess.Popen
