@@ -196,6 +196,7 @@ class RunNetwork(threading.Thread):
         self._network: NetworkNamespace | None = None
         self._failed: IsolationError | None = None
         self._lacking: str | None = None
+        self._names: str | None = None  # why names do not resolve inside, when they do not
 
     @classmethod
     def begin(cls, spec: ClusterSpec, ports: Iterable[int]) -> "RunNetwork | None":
@@ -218,6 +219,10 @@ class RunNetwork(threading.Thread):
         try:
             if self._network is not None and self.mode is Network.SEALED:
                 self._lacking = self._network.connect_outside()
+                if self._lacking is None:
+                    from .outside import name_problem
+
+                    self._names = name_problem()
         except OSError as exc:
             self._lacking = str(exc)
         finally:
@@ -240,13 +245,17 @@ class RunNetwork(threading.Thread):
     def ready(self, say: Callable[[str], None]) -> None:
         """Wait until the namespace has its outside network, or is known to lack it: ``say`` is
         told so, in one line, the first time. For the tasks' start, which comes last."""
-        if self._made.is_set() and self._lacking is None:
+        if self._made.is_set() and self._lacking is None and self._names is None:
             return
         self._made.wait()
         if self._lacking:
             say(f"network: sealed, but the tasks have no outside network (no downloads): {self._lacking}; "
                 f"or run with {name('no_seal')}")
             self._lacking = None
+        if self._names:
+            say(f"network: sealed, but names do not resolve inside (addresses do): {self._names}; "
+                f"or run with {name('no_seal')}")
+            self._names = None
 
     def close(self) -> None:
         """Stop the outside network's tool and let go of the namespace (its tasks have ended). The

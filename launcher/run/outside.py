@@ -51,6 +51,28 @@ class OutsideLink:
         self.process.wait()
 
 
+def loopback_name_servers(resolv_conf: str) -> list[str]:
+    """The name servers of resolv.conf's text when every one of them is on loopback (a resolver of
+    this machine's own, such as systemd-resolved's 127.0.0.53): a namespace's tasks cannot reach
+    them, as 127.0.0.1 there is the namespace's own. Empty otherwise."""
+    servers = [line.split()[1] for line in resolv_conf.splitlines()
+               if line.split()[:1] == ["nameserver"] and len(line.split()) > 1]
+    local = [server for server in servers if server.startswith("127.") or server == "::1"]
+    return local if servers and local == servers else []
+
+
+def name_problem(path: str = "/etc/resolv.conf") -> str | None:
+    """Why names would not resolve in a sealed run's namespace, in a few words; None when they would."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as conf:
+            local = loopback_name_servers(conf.read())
+    except OSError:
+        return None
+    if not local:
+        return None
+    return f"this machine's name server ({', '.join(local)}) is on its loopback, out of the tasks' reach"
+
+
 def connect_outside(net: int, user: int | None) -> OutsideLink | str:
     """Start slirp4netns, else pasta, for the namespace open as ``net`` (``user``: its user namespace,
     when unprivileged); the reason neither works otherwise. slirp4netns first: it is up in about

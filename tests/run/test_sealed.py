@@ -29,6 +29,7 @@ from launcher.cluster.spec import Network
 from launcher.errors import ConfigError, OptionsError
 from launcher.options import RunOptions
 from launcher.run.isolation import choose_network
+from launcher.run.outside import loopback_name_servers
 from polling import wait_for
 from test_isolation import MESH_TASK, listening_ports, task_ports
 
@@ -344,3 +345,32 @@ def test_a_sealed_runs_ports_are_reserved_inside_its_namespace(tflaunch):
             first, _, last = item.partition("-")
             reserved.update(range(int(first), int(last or first) + 1))
         assert reserved == ports
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("text, expected", [
+    ("nameserver 127.0.0.53\noptions edns0 trust-ad\nsearch lan\n", ["127.0.0.53"]),  # systemd-resolved
+    ("nameserver ::1\nnameserver 127.0.0.1\n", ["::1", "127.0.0.1"]),
+    ("nameserver 127.0.0.53\nnameserver 10.255.255.53\n", []),  # one reachable from inside is enough
+    ("nameserver 10.255.255.53\n", []),
+    ("# nameserver 127.0.0.1\n", []),
+])
+def test_name_servers_on_loopback_alone_are_out_of_a_sealed_runs_reach(text, expected):
+    assert loopback_name_servers(text) == expected
+
+
+def test_a_loopback_name_server_is_one_line_and_the_run_goes_on(tflaunch, tmp_path):
+    """This machine's resolv.conf replaced, in a mount namespace of the test's own, by one naming
+    systemd-resolved's 127.0.0.53 alone."""
+    if not (shutil.which("slirp4netns") or shutil.which("pasta")):
+        pytest.skip("neither slirp4netns nor pasta is installed")
+    resolv = tmp_path / "resolv.conf"
+    resolv.write_text("nameserver 127.0.0.53\n")
+    argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+            'mount --bind "$0" /etc/resolv.conf && exec "$@"', str(resolv),
+            *tflaunch.argv("--local", "1", "--log-dir", str(tflaunch.log_dir), "--", "true")]
+    done = subprocess.run(argv, cwd=tflaunch.cwd, env=tflaunch.env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert network_lines(done.stderr) == [
+        "tflaunch: network: sealed, but names do not resolve inside (addresses do): this machine's name server "
+        "(127.0.0.53) is on its loopback, out of the tasks' reach; or run with --no-seal"]
