@@ -29,10 +29,9 @@ def cluster_problems(spec: ClusterSpec, local_hosts: frozenset[str]) -> list[Con
         problems.append(fail("evaluator", f"expected at most one evaluator, got {len(spec.role_tasks('evaluator'))}"))
     if spec.has_ps and not chiefs:
         problems.append(fail("chief", "missing; a cluster with 'ps' tasks needs a chief to coordinate training"))
-    training = len(chiefs) + len(workers)
-    if spec.min_workers is not None and training and spec.min_workers > training:
-        problems.append(fail("min_workers", f"{spec.min_workers} is more than the cluster's {training} training tasks "
-                                            f"(chief and workers); expected 1 to {training}"))
+    floor = floor_problem(spec, spec.min_workers) if spec.training_count else None
+    if floor:
+        problems.append(fail("min_workers", floor))
     seen_ports: dict[tuple[str, int], TaskSpec] = {}
     for task in spec.slots:
         local = is_local(task.host, local_hosts)
@@ -45,6 +44,14 @@ def cluster_problems(spec: ClusterSpec, local_hosts: frozenset[str]) -> list[Con
                 continue
             seen_ports[where] = task
     return problems + _gpu_sharing_problems(spec, local_hosts)
+
+
+def floor_problem(spec: ClusterSpec, min_workers: int | None) -> str | None:
+    """Why ``min_workers`` cannot be the cluster's floor (more than its training tasks), or None."""
+    training = spec.training_count
+    if min_workers is None or min_workers <= training:
+        return None
+    return f"{min_workers} is more than the cluster's {training} training tasks (chief and workers); expected 1 to {training}"
 
 
 def _gpu_sharing_problems(spec: ClusterSpec, local_hosts: frozenset[str]) -> list[ConfigError]:

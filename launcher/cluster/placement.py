@@ -95,7 +95,7 @@ def place(spec: ClusterSpec, left_out: Collection[str]) -> Placement:
         if floor is None:
             return Placement(spec, shortfall=f"no spare left for {lost}, and no min_workers to shrink to")
         if len(training) < max(floor, 1):
-            return Placement(spec, shortfall=f"{len(training)} of {_training_count(spec)} training tasks left "
+            return Placement(spec, shortfall=f"{len(training)} of {spec.training_count} training tasks left "
                                              f"without {lost}, below min_workers {floor}")
     renamed = _renumbered(training, chief_lost=any(t.role == "chief" for t in homeless))
     tasks = tuple(renamed.get(t.name, t) for t in placed)
@@ -138,7 +138,3 @@ def _renumbered(training: list[TaskSpec], chief_lost: bool) -> dict[str, TaskSpe
 
 def _host_of(spec: ClusterSpec, name: str) -> str:
     return next(t.host for t in spec.tasks if t.name == name)
-
-
-def _training_count(spec: ClusterSpec) -> int:
-    return sum(1 for t in spec.tasks if t.role in TRAINING_ROLES)

@@ -46,7 +46,7 @@ from typing import Mapping
 
 from ..records.folder import CHECKPOINTS, TENSORBOARD
 from ..taskenv import ATTEMPT, BACKUP_DIR, CHECKPOINT_DIR, RUN_DIR, RUN_ID, TASK, TENSORBOARD_DIR
-from .spec import AUTO, ROLES, ClusterSpec, EnvLayer, SshSettings, TaskSpec, hidden_names, is_local, masked_env, value_by_name
+from .spec import AUTO, DEFAULT_CONNECT_TIMEOUT, ROLES, ClusterSpec, EnvLayer, SshSettings, TaskSpec, hidden_names, is_local, masked_env, value_by_name
 from .ranks import rank_env
 from .tfconfig import TaskEnv, TfConfig, check_tf_config_size
 
@@ -84,6 +84,11 @@ class TaskLaunch:
     # Namespace files a task on this machine joins before it starts, its user namespace first: a
     # sealed run's network (launcher/run/isolation.py). Empty: this machine's network.
     netns: tuple[str, ...] = ()
+
+    @property
+    def connect_timeout(self) -> float:
+        """Seconds an ssh connection to its host may take (ssh's ``connect_timeout``, else the default)."""
+        return (self.ssh.connect_timeout if self.ssh else None) or DEFAULT_CONNECT_TIMEOUT
 
     def shown_env(self, tf_cluster: bool = True) -> dict[str, str]:
         """``env`` as run.json, ``--dry-run`` and messages may show it: hidden values masked; without

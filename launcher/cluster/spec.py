@@ -173,6 +173,11 @@ class ClusterSpec:
         return any(t.role == "ps" for t in self.tasks)
 
     @property
+    def training_count(self) -> int:
+        """The tasks that train (chief and workers): TensorFlow's worker count, what ``min_workers`` counts."""
+        return sum(1 for t in self.tasks if t.role in ("chief", "worker"))
+
+    @property
     def slots(self) -> tuple[TaskSpec, ...]:
         """The tasks and the spare slots: every place a task may run, each with a port."""
         return self.tasks + self.spares

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 
-from ..cluster.placement import Placement, place
+from ..cluster.placement import Move, Placement, place
 from ..cluster.spec import ClusterSpec
 
 
@@ -150,15 +150,15 @@ class HostPool:
             lines.append(f"attempt {attempt} runs {', '.join(moves[name].text for name in changed)}")
         return lines
 
-    def _runs(self, names: list[str], moves: Mapping[str, object], placement: Placement) -> str:
+    def _runs(self, names: list[str], moves: Mapping[str, Move], placement: Placement) -> str:
         """What the attempt does with the tasks ``names`` of a host left out."""
         parts = []
-        spared = [moves[n].text for n in names if n in moves and moves[n].spare]  # type: ignore[attr-defined]
+        spared = [moves[n].text for n in names if n in moves and moves[n].spare]
         dropped = [n for n in names if n in placement.dropped]
         if spared:
             parts.append("runs " + ", ".join(spared))
         if dropped:
-            training = sum(1 for t in placement.spec.tasks if t.role in ("chief", "worker"))
+            training = placement.spec.training_count
             floor = self.spec.min_workers
             parts.append(f"runs without {', '.join(dropped)} ({training} training task{'s' if training != 1 else ''}"
                          + (f", min_workers {floor})" if floor is not None else ")"))

@@ -24,7 +24,7 @@ from ..cluster.machine import cpu_count, gpu_count, local_host_names
 from ..cluster.placement import checked_spec
 from ..cluster.plan import Plan, RunContext, TaskLaunch, check_cluster_fits, plan_cluster
 from ..cluster.ports import HELD_AT_MOST, PortReservation, port_is_free, reserve_ports
-from ..cluster.spec import AUTO, DEFAULT_CONNECT_TIMEOUT, ClusterSpec, Network, TaskSpec, check_launch_input, is_local
+from ..cluster.spec import AUTO, ClusterSpec, Network, TaskSpec, check_launch_input, is_local
 from ..errors import EnvironmentProblem, OptionsError, PortInUseError, PreflightError, UnknownTaskError
 from ..options import RunOptions, given, python_caller
 from ..options import name as option_name
@@ -69,10 +69,11 @@ def build_spec(request: LaunchRequest, local_hosts: frozenset[str]) -> ClusterSp
     if options.cooldown is not None:
         spec = replace(spec, cooldown=options.cooldown)
     if options.min_workers is not None:
-        training = sum(1 for task in spec.tasks if task.role in ("chief", "worker"))
-        if options.min_workers > training:
-            raise OptionsError(f"{option_name('min_workers')}: {options.min_workers} is more than the cluster's "
-                               f"{training} training tasks (chief and workers); expected 1 to {training}")
+        from ..cluster.checks import floor_problem
+
+        problem = floor_problem(spec, options.min_workers)
+        if problem:
+            raise OptionsError(f"{option_name('min_workers')}: {problem}")
         spec = replace(spec, min_workers=options.min_workers)
     spec = replace(spec, network=choose_network(spec, options, local_hosts))
     known = [task.name for task in spec.tasks]
@@ -173,7 +174,7 @@ def _agent_ports(spec: ClusterSpec, local_hosts: frozenset[str], request: Launch
         first = launches[host]
         try:
             link = transports.for_launch(first).link_for(first)
-            timeout = ((first.ssh.connect_timeout if first.ssh else None) or DEFAULT_CONNECT_TIMEOUT) + 20.0
+            timeout = first.connect_timeout + 20.0
             chosen.update(zip(names, link.pick_ports(len(names), timeout)))
         except OSError as exc:
             why = f"port auto: {exc.strerror or exc}"

@@ -22,7 +22,6 @@ from ..cluster.exposure import exposure_text, unique_names
 from ..cluster import probe
 from ..cluster.placement import SPARE_ROLE
 from ..cluster.plan import TaskLaunch
-from ..cluster.spec import DEFAULT_CONNECT_TIMEOUT
 from ..transports import TransportSet
 from . import mesh
 from .versions import PACKAGES, compare_versions, version_lines
@@ -176,7 +175,7 @@ class _HostCheck:
         first = tasks[0]
         request = {"ports": sorted({int(t.address.rsplit(":", 1)[1]) for t in tasks}),
                    "workdirs": sorted({t.workdir for t in tasks}), "gpus": []}
-        self.timeout = ((first.ssh.connect_timeout if first.ssh else None) or DEFAULT_CONNECT_TIMEOUT) + slack
+        self.timeout = first.connect_timeout + slack
         self.lines: list[str] = []
         self.done = threading.Event()
         self.started = time.monotonic()

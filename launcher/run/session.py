@@ -228,7 +228,7 @@ class RunSession:
         culprit = self._culprit_host(plan, result)
         self._culprits.append(culprit)
         repeated = [culprit] if culprit and self._culprits[-2:] == [culprit, culprit] else []
-        decision = pool.decide(attempt, lost, machine=self._machine_fault(plan), culprits=repeated)
+        decision = pool.decide(attempt, lost, machine=self._machine_fault(result), culprits=repeated)
         with self.lock:
             self.record.excluded += [ExcludedHost(out.host, out.reason, attempt) for out in decision.left_out]
             for entry in self.record.excluded:
@@ -259,12 +259,12 @@ class RunSession:
         name = result.root_cause.name if result.root_cause else (result.blamed[0] if len(result.blamed) == 1 else None)
         return next((launch.host for launch in plan.launches if launch.name == name and not launch.local), None)
 
-    def _machine_fault(self, plan: Plan) -> dict[str, str]:
+    def _machine_fault(self, result: AttemptResult) -> dict[str, str]:
         """{host: why} when the attempt's root cause failed in a way that points at its machine."""
         from .diagnose import MACHINE_RULES
 
         known = self.diagnoses[-1] if self.diagnoses else None
-        root = self.attempts[-1].root_cause if self.attempts else None
+        root = result.root_cause
         if known is None or root is None or known.rule not in MACHINE_RULES or root.launch.local:
             return {}
         return {root.launch.host: f"left out after {root.name} failed the machine's way ({known.rule}: {known.summary})"}

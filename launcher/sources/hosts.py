@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..cluster.checks import check_cluster
+from ..cluster.placement import SPARE_ROLE
 from ..cluster.roles import carve_roles, deal_gpus, number_slots
 from ..cluster.spec import AUTO, MAX_TASKS_PER_HOST, ClusterSpec, TaskSpec, is_local
 from ..errors import ConfigError
@@ -214,7 +215,7 @@ class HostsSource(RoleOptions):
         for entry in spares:
             for place_ in range(entry.slots):
                 gpus = (self.gpus[place_ % len(self.gpus)],) if self.gpus else ()
-                slots.append(TaskSpec("spare", len(slots), entry.host, AUTO, gpus=gpus, key=f"spares[{len(slots)}]"))
+                slots.append(TaskSpec(SPARE_ROLE, len(slots), entry.host, AUTO, gpus=gpus, key=f"spares[{len(slots)}]"))
         return tuple(slots)
 
 
