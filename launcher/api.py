@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from .errors import LaunchError
-from .options import EVALUATOR_TIMEOUT, GRACE, LOG_MAX_SIZE, RunOptions, bad, python_words
+from .options import EVALUATOR_TIMEOUT, GRACE, LOG_MAX_SIZE, STRAGGLER_TIMEOUT, RunOptions, bad, python_words
 from .records.folder import DEFAULT_LOG_DIR
 from .run.signals import Signals  # standard library only underneath: importing it stays cheap
 
@@ -110,7 +110,8 @@ def launch(cluster: str | Path | Mapping[str, Any] | None = None, *, local: int 
            log_dir: str | Path | None = None, threads: int | str | None = None, grace: float = GRACE,
            max_restarts: int | None = None, restart_delay: float | None = None, min_workers: int | None = None,
            cooldown: float | None = None, spares: str | Mapping[str, int] | Sequence[str] | None = None,
-           start_timeout: float | None = None, hang_timeout: float | None = None, evaluator_timeout: float = EVALUATOR_TIMEOUT, isolate_network: bool = False, no_seal: bool = False,
+           start_timeout: float | None = None, hang_timeout: float | None = None, on_straggler: str = "warn",
+           straggler_timeout: float = STRAGGLER_TIMEOUT, evaluator_timeout: float = EVALUATOR_TIMEOUT, isolate_network: bool = False, no_seal: bool = False,
            log_max_size: int | str = LOG_MAX_SIZE, no_check: bool = False, tasks: Iterable[str] | str | None = None,
            quiet: bool = False, verbose: bool = False, tensorboard: bool = False, output: IO[str] | None = None,
            on_line: Callable[[str], None] | None = None, check: bool = False) -> LaunchResult:
@@ -138,7 +139,8 @@ def launch(cluster: str | Path | Mapping[str, Any] | None = None, *, local: int 
     options = RunOptions(command=command, env=env, log_dir=log_dir, threads=threads, grace=grace,
                          max_restarts=max_restarts, restart_delay=restart_delay, min_workers=min_workers,
                          cooldown=cooldown, start_timeout=start_timeout,
-                         hang_timeout=hang_timeout, evaluator_timeout=evaluator_timeout,
+                         hang_timeout=hang_timeout, on_straggler=on_straggler, straggler_timeout=straggler_timeout,
+                         evaluator_timeout=evaluator_timeout,
                          isolate_network=isolate_network, no_seal=no_seal, no_check=no_check, tasks=tasks, quiet=quiet,
                          verbose=verbose, tensorboard=tensorboard, log_max_size=log_max_size)
     source = choose_source(None if cluster is None else (cluster if isinstance(cluster, Mapping) else str(cluster)),

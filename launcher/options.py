@@ -86,6 +86,8 @@ def label(options: Iterable[tuple[str, Any]]) -> str:
 
 GRACE = 5.0  # seconds between SIGTERM and SIGKILL when tasks are stopped
 EVALUATOR_TIMEOUT = 300.0  # seconds an evaluator may go on after training succeeded
+STRAGGLER_TIMEOUT = 600.0  # seconds a straggler lasts before --on-straggler exclude leaves its host out
+STRAGGLER_ACTIONS = ("warn", "exclude", "off")
 # A cluster file's max_restarts and restart_delay, when it does not set them (the options win over the file).
 MAX_RESTARTS = 0
 RESTART_DELAY = 1.0
@@ -153,6 +155,15 @@ class RunOptions:
         metavar="S", parse=float,
         help="Seconds a host left out of the run waits before it may rejoin at a restart, once it answers again "
              "(default: the file's cooldown, else 300).")
+    on_straggler: str = _option(
+        "warn", metavar="warn|exclude|off", parse=str,
+        help="What to do about a training task the others keep waiting for, step after step (named on the console, "
+             "by 'tflaunch status' and in the run record, never in the first minute): warn; exclude, which also restarts the "
+             "cluster from its backup without that task's host once it was the straggler for --straggler-timeout "
+             "seconds, where a spare or --min-workers allows; or off (its threads are not watched).")
+    straggler_timeout: float = _option(
+        STRAGGLER_TIMEOUT, metavar="S", parse=float,
+        help="With --on-straggler exclude: seconds a task stays the straggler before its host is left out.")
     evaluator_timeout: float = _option(
         EVALUATOR_TIMEOUT, metavar="S", parse=float,
         help="After training succeeds, seconds a running evaluator may take to finish its last evaluation "
@@ -194,6 +205,9 @@ class RunOptions:
             value = getattr(self, option)
             put(self, option, None if value is None else seconds(option, value, positive=option != "restart_delay"))
         put(self, "evaluator_timeout", seconds("evaluator_timeout", self.evaluator_timeout))
+        if self.on_straggler not in STRAGGLER_ACTIONS:
+            raise bad("on_straggler", " or ".join(STRAGGLER_ACTIONS), self.on_straggler)
+        put(self, "straggler_timeout", seconds("straggler_timeout", self.straggler_timeout, positive=True))
         put(self, "tasks", _names(self.tasks))
         put(self, "log_max_size", size("log_max_size", self.log_max_size))
         for flag in ("isolate_network", "no_seal", "no_check", "quiet", "verbose", "tensorboard"):

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ..options import RunOptions
+from ..options import STRAGGLER_ACTIONS, RunOptions
 from ..options import name as option_name
 from ..sources.choose import RoleOptions, choose_source
 
@@ -138,7 +138,8 @@ _RUN_OPTIONS = {option.name: option for option in fields(RunOptions) if option.n
 # How the text of a run option's flag becomes a value, where its field's ``parse`` type does not say.
 _PARSERS: dict[str, dict[str, Any]] = {"env": {"callback": _parse_env, "multiple": True},
                                        "threads": {"callback": _parse_threads},
-                                       "tasks": {"callback": _parse_names}}
+                                       "tasks": {"callback": _parse_names},
+                                       "on_straggler": {"type": click.Choice(STRAGGLER_ACTIONS)}}
 
 
 def run_option(option: str, *short: str, **settings: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

@@ -48,6 +48,8 @@ Examples:
 @run_option("cooldown")
 @run_option("start_timeout")
 @run_option("hang_timeout")
+@run_option("on_straggler")
+@run_option("straggler_timeout")
 @run_option("env", "-e")
 @run_option("evaluator_timeout")
 @run_option("tensorboard")

@@ -84,6 +84,7 @@ class TaskLaunch:
     # Namespace files a task on this machine joins before it starts, its user namespace first: a
     # sealed run's network (launcher/run/isolation.py). Empty: this machine's network.
     netns: tuple[str, ...] = ()
+    watched: bool = False  # its agent watches its threads for the straggler rule
 
     @property
     def connect_timeout(self) -> float:
@@ -108,6 +109,7 @@ class RunContext:
     run_dir: str
     attempt: int = 1
     backup_dir: str | None = None  # offered to the trainer as TFLAUNCH_BACKUP_DIR (restarts resume)
+    watch_stragglers: bool = False  # the agents watch the training tasks' threads (launcher/run/stragglers.py)
 
 
 @dataclass(frozen=True)
@@ -206,6 +208,7 @@ def plan_cluster(
             env_sources=sources,
             hidden=secrets.secret_names(env) | frozenset(by_name),
             attempt=context.attempt,
+            watched=context.watch_stragglers and spec.synchronous and task.role in ("chief", "worker"),
         ))
     notes = []
     # The note applies where tflaunch chose legacy Keras for a Python program, not where the user did.

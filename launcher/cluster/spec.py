@@ -178,6 +178,12 @@ class ClusterSpec:
         return sum(1 for t in self.tasks if t.role in ("chief", "worker"))
 
     @property
+    def synchronous(self) -> bool:
+        """Whether every step waits for every training task (two or more of them, no ``ps``): where a
+        straggler holds the others back."""
+        return not self.has_ps and self.training_count >= 2
+
+    @property
     def slots(self) -> tuple[TaskSpec, ...]:
         """The tasks and the spare slots: every place a task may run, each with a port."""
         return self.tasks + self.spares

@@ -140,6 +140,7 @@ def status_lines(status: RunState, now: float | None = None) -> list[str]:
         lines.append(f"error: {status.error}")
     lines += [f"root cause: {status.root_cause}"] if status.root_cause else []
     lines += [f"excluded: {line}" for line in status.excluded]
+    lines += [f"straggler: {line}" for line in status.stragglers]
     figures = {t.name: t.resources for t in status.tasks if t.resources}
     if figures:
         lines += ["", f"resource use over the run so far ({RESOURCES}):" if status.status == RunStatus.RUNNING
@@ -194,6 +195,7 @@ class Report:
     seconds: float | None = None  # the run's duration (RunRecord.seconds): so far, while it runs
     trained_seconds: float | None = None  # training time over every attempt (records.metrics.trained_seconds)
     excluded: list[str] = field(default_factory=list)  # hosts left out of an attempt, and why (one line each)
+    stragglers: list[str] = field(default_factory=list)  # tasks the others kept waiting for (one line each)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -229,7 +231,8 @@ def build_report(run: Run, task: str | None = None, all_tasks: bool = False, plo
     report = Report(run.run_id, str(run.record.source), status, run.record.exit_code,
                     chief, epochs, final_record(run, metrics), run.resources(), root_cause=cause_line(run),
                     seconds=run.record.seconds(time.time() if status is RunStatus.RUNNING else None),
-                    trained_seconds=trained_seconds(metrics), excluded=[host.line() for host in run.record.excluded])
+                    trained_seconds=trained_seconds(metrics), excluded=[host.line() for host in run.record.excluded],
+                    stragglers=[straggler.line() for straggler in run.record.stragglers])
     report.notes += [f"{name} outgrew its size limit: {format_size(count)} ({count:,} bytes) of output left out "
                      f"between its start and its latest output" for name, count in logs_cut(run)]
     if status == RunStatus.RUNNING:
@@ -274,6 +277,7 @@ def report_lines(report: Report) -> list[str]:
              f"{took if report.seconds is not None else ''}, {plural(epochs_total, 'epoch')}"]
     lines += [f"root cause: {report.root_cause}"] if report.root_cause else []
     lines += [f"excluded: {line}" for line in report.excluded]
+    lines += [f"straggler: {line}" for line in report.stragglers]
     lines += [f"note: {n}" for n in report.notes]
     for name, rows in report.epochs.items():
         role = " (chief)" if name == report.chief else ""

@@ -336,6 +336,7 @@ class RunState:
     error: str | None = None  # what ended the run from outside its tasks
     root_cause: str | None = None  # the task that ended the run and why (a hang's verdict), in one line
     excluded: list[str] = field(default_factory=list)  # hosts left out of an attempt, and why (one line each)
+    stragglers: list[str] = field(default_factory=list)  # tasks the others kept waiting for (one line each)
 
 
 # Measures live tasks of this machine ({task: pid}) over some seconds: {task: {"cpu_percent", "rss_mb",
@@ -376,7 +377,8 @@ def run_status(run: Run, measure_seconds: float = 0.5, measure: Measure | None =
     launcher["alive"] = run.launcher_alive()
     return RunState(run.run_id, str(run.path), run.record.source, status.value, run.record.exit_code, run.attempt,
                     run.record.started_at, uptime, launcher, tasks, run.record.error, cause_line(run),
-                    [host.line() for host in run.record.excluded])
+                    [host.line() for host in run.record.excluded],
+                    [straggler.line() for straggler in run.record.stragglers])
 
 
 def cause_line(run: Run) -> str | None:

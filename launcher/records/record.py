@@ -185,6 +185,31 @@ class ExcludedHost:
 
 
 @dataclass
+class StragglerRecord:
+    """A training task the others kept waiting for (launcher/run/stragglers.py): from ``since`` to
+    ``until`` (None while it still is one), ``share`` of each step on average, and why."""
+
+    task: str
+    host: str
+    since: str  # ISO time it began, as far as the rule can tell (the start of the evidence)
+    until: str | None = None
+    share: float = 0.0  # the fraction of step time the others spent waiting for it
+    attempt: int = 1
+    cause: str = ""  # what its threads did meanwhile
+
+    def line(self) -> str:
+        """The straggler in one line, as ``status`` and ``report`` show it."""
+        when = f"from {self.since} to {self.until}" if self.until else f"since {self.since}"
+        return (f"{self.task} on {self.host} held the others back {when} (attempt {self.attempt}): they waited "
+                f"for it about {self.share:.0%} of each step; {self.cause}")
+
+    @classmethod
+    def from_json(cls, data: Any, key: str = "stragglers") -> "StragglerRecord":
+        return _read(cls, data, key, {"task": "?", "host": "?", "since": "?", "until": None, "share": 0.0,
+                                      "attempt": 1, "cause": ""})
+
+
+@dataclass
 class RootCause:
     task: str
     host: str
@@ -239,6 +264,7 @@ class RunRecord:
     root_cause: RootCause | None = None
     attempts: list[AttemptRecord] = field(default_factory=list)
     excluded: list[ExcludedHost] = field(default_factory=list)  # hosts left out of an attempt
+    stragglers: list[StragglerRecord] = field(default_factory=list)  # tasks the others kept waiting for
     error: str | None = None  # what ended the run from outside the tasks (a full disk, a vanished folder)
 
     def to_json(self) -> dict[str, Any]:

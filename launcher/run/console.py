@@ -94,6 +94,7 @@ class Console:
         self._stop = StopFold()  # only the writer thread touches it
         self._states: dict[str, str] = {}
         self._attempt = 1
+        self._note: str | None = None  # see note_status
         self._status_shown = ""
         self._queue: collections.deque[tuple] = collections.deque()
         self._queued = 0
@@ -164,6 +165,11 @@ class Console:
         says: the other tasks' lines of ``attempt`` are counted from now on, and shown as one line
         per task before the next message (:mod:`.stopfold`)."""
         self._put(("stop", attempt, root, text))
+
+    def note_status(self, words: str | None) -> None:
+        """A few words the status line shows after the states until told otherwise (None: nothing),
+        such as the stragglers still going."""
+        self._put(("note", words))
 
     def task_states(self, states: Mapping[str, TaskState], attempt: int) -> None:
         """The tasks' states changed (``{"worker-0": TaskState.RUNNING, ...}``) in ``attempt``: redraw the status line."""
@@ -250,6 +256,9 @@ class Console:
             for task, lines in taken.items():
                 self._stop.count(task, lines)
             return [(self._out, self._twin_text(self._twins.flush())), (self._err, self._message_text(text))]
+        if kind == "note":
+            self._note = item[1]
+            return []
         if kind == "states":
             self._states, self._attempt = item[1], item[2]
             ended = [name for name, state in self._states.items() if TaskState(state).ended]
@@ -361,7 +370,7 @@ class Console:
         if width < STATUS_MIN_WIDTH:
             return ""  # a terminal of 0 columns (size unknown) or a sliver: a cut status line says nothing
         states = "  ".join(f"{name} {TaskState(state).value}" for name, state in self._states.items())
-        tail = f"attempt {self._attempt}"
+        tail = f"attempt {self._attempt}" + (f" | {self._note}" if self._note else "")
         if len(" | ".join([*parts, states, tail])) >= width:
             counts = collections.Counter(TaskState(state).value for state in self._states.values())
             states = f"{plural(len(self._states), 'task')}: " + ", ".join(f"{n} {s}" for s, n in counts.items())

@@ -8,6 +8,8 @@ failed attempt, which hosts the next one leaves out (docs/fault-tolerance.md, "A
   or cuBLAS init, a GPU's ECC or Xid error, a full disk);
 - a host named as the culprit of two failed attempts in a row (the root cause's host, or the task
   a hang watchdog named);
+- the host of a straggler that held the others back for ``--straggler-timeout`` seconds, with
+  ``--on-straggler exclude`` (:mod:`.stragglers`);
 - a spare whose host the preflight refused (unreachable, a different Python or TensorFlow): never used.
 
 A host left out for its machine's sake or as a repeated culprit is left out only where the cluster
@@ -91,6 +93,11 @@ class HostPool:
     def _cooled(self) -> list[str]:
         now = self.clock()
         return [host for host, out in self.left_out.items() if now - out.since >= self.spec.cooldown]
+
+    def without(self, host: str) -> str | None:
+        """Why the cluster cannot do without ``host`` at the next attempt; None when a spare or
+        ``min_workers`` allows it."""
+        return place(self.spec, {*self.left_out, host}).shortfall
 
     def decide(self, attempt: int, lost: Mapping[str, str], machine: Mapping[str, str] | None = None,
                culprits: Collection[str] = ()) -> Decision:

@@ -102,7 +102,8 @@ def session_options(request: LaunchRequest, spec: ClusterSpec) -> SessionOptions
         restart_delay=spec.restart_delay if options.restart_delay is None else options.restart_delay,
         evaluator_timeout=options.evaluator_timeout,
         watchdog=WatchdogSettings(start_timeout=options.start_timeout, hang_timeout=options.hang_timeout),
-        backup=request.keep_backup, log_max_size=options.log_max_size)
+        backup=request.keep_backup, log_max_size=options.log_max_size,
+        on_straggler=options.on_straggler, straggler_timeout=options.straggler_timeout)
 
 
 def dry_run(request: LaunchRequest) -> tuple[ClusterSpec, Plan]:

@@ -23,7 +23,7 @@ from ..cluster.plan import Plan, RunContext, TaskLaunch, tf_cluster
 from ..cluster.spec import ClusterSpec, restarts_possible
 from ..masking import masked_argv, masked_command
 from ..errors import EnvironmentProblem
-from ..options import EVALUATOR_TIMEOUT, GRACE, LOG_MAX_SIZE, MAX_RESTARTS, RESTART_DELAY
+from ..options import EVALUATOR_TIMEOUT, GRACE, LOG_MAX_SIZE, MAX_RESTARTS, RESTART_DELAY, STRAGGLER_TIMEOUT
 from ..records.folder import RunFolder, iso_time
 from ..records.folder import BACKUP
 from ..records.logview import tail_lines
@@ -40,6 +40,7 @@ from .pump import OutputPump
 from .render import meaningful
 from .resources import ResourceSampler
 from .signals import Signals
+from .stragglers import StragglerWatch, status_words
 from .control import ControlServer
 from .supervisor import AttemptResult, Supervisor, SupervisorOptions, Task, Trip
 from .watchdog import Watchdog, WatchdogSettings, training_tasks
@@ -74,6 +75,8 @@ class SessionOptions:
     # Offer the tasks a backup folder even when no restart is allowed (a requeued batch job resumes from it).
     backup: bool = False
     log_max_size: int = LOG_MAX_SIZE  # each task log's limit; merged.log's is a multiple (records/boundedlog.py)
+    on_straggler: str = "warn"  # warn, exclude or off (launcher/run/stragglers.py)
+    straggler_timeout: float = STRAGGLER_TIMEOUT
 
 
 @dataclass
@@ -124,6 +127,7 @@ class RunSession:
         self.record.excluded += [ExcludedHost(host, f"spare not used: {why}", 1) for host, why in self.refused_spares.items()]
         self._culprits: list[str | None] = []  # the host each failed attempt was laid on
         self._launches_by_host: dict[str, TaskLaunch] | None = None
+        self._excluding: str | None = None  # the host of the straggler that ended the last attempt
         self.lock = self.live.lock  # the record is written from the supervisor and the pump's failure path
 
     # -- the run --------------------------------------------------------------------------
@@ -228,7 +232,11 @@ class RunSession:
         culprit = self._culprit_host(plan, result)
         self._culprits.append(culprit)
         repeated = [culprit] if culprit and self._culprits[-2:] == [culprit, culprit] else []
-        decision = pool.decide(attempt, lost, machine=self._machine_fault(result), culprits=repeated)
+        machine = self._machine_fault(result)
+        if self._excluding:
+            machine.setdefault(self._excluding, f"left out as the straggler "
+                                                f"(held the others back for {self.options.straggler_timeout:g} s)")
+        decision = pool.decide(attempt, lost, machine=machine, culprits=repeated)
         with self.lock:
             self.record.excluded += [ExcludedHost(out.host, out.reason, attempt) for out in decision.left_out]
             for entry in self.record.excluded:
@@ -308,7 +316,8 @@ class RunSession:
         # in-place restarts of ParameterServer workers resume from it too.
         restarts = self.options.backup or restarts_possible(self.options.max_restarts, self.spec.restart_policy)
         backup = str(run_dir / BACKUP) if restarts else None
-        return self.plan_attempt(RunContext(self.folder.run_id, str(run_dir), attempt, backup_dir=backup),
+        return self.plan_attempt(RunContext(self.folder.run_id, str(run_dir), attempt, backup_dir=backup,
+                                            watch_stragglers=self.options.on_straggler != "off"),
                                  self.pool.placement.spec)
 
     # -- one attempt ----------------------------------------------------------------------
@@ -326,13 +335,15 @@ class RunSession:
             watchdog = Watchdog(self.options.watchdog, self.pump.progress, attempt, trainers,
                                 self.folder.stacks_dir(attempt), self.message,
                                 mesh_problems=self._stall_problems)
+        stragglers = self._straggler_watch(plan, attempt)
         supervisor_options = SupervisorOptions(grace=self.options.grace,
                                                evaluator_timeout=self.options.evaluator_timeout,
                                                restart_policy=self.spec.restart_policy,
                                                task_restarts=self.spec.task_restarts, changes=self.transports.changes)
         supervisor = Supervisor(plan.launches, self.transports.for_launch, create_log, self.message, supervisor_options,
                                 watchdog=lambda tasks: (self.live.due() or self._check_logging()
-                                                        or (watchdog(tasks) if watchdog else None)),
+                                                        or (watchdog(tasks) if watchdog else None)
+                                                        or (stragglers(tasks) if stragglers else None)),
                                 listeners=[lambda tasks: self.live.changed(plan, tasks)],
                                 signals=self.signals, stopping=lambda root, text: self._stopping(attempt, root, text),
                                 # The hang watchdog looks every tick; without it, the next turn comes
@@ -342,6 +353,9 @@ class RunSession:
         started = time.time()
         self.supervisor, self.attempt_number, self.live.attempt = supervisor, attempt, attempt
         result = supervisor.run()
+        if stragglers is not None:
+            stragglers.close()
+            self._excluding = stragglers.excluded
         self.record.root_cause = watchdog.root_cause if watchdog else None  # a hang's culprit; a failure's comes last
         # Every task of the attempt has ended: read their files to the end, so that a run folder
         # that could not take their last bytes is known before the attempt is judged.
@@ -362,6 +376,32 @@ class RunSession:
             blamed_tasks=list(result.blamed), diagnosis=known.rule if known else None,
             hosts={launch.name: launch.host for launch in plan.launches}))
         return result
+
+    def _straggler_watch(self, plan: Plan, attempt: int) -> StragglerWatch | None:
+        """The straggler rule for the attempt, where its training tasks' threads are watched."""
+        self._excluding = None
+        if not any(launch.watched for launch in plan.launches):
+            return None
+        earlier = list(self.record.stragglers)
+        by_name = {launch.name: launch for launch in plan.launches}
+
+        def changed(records: list) -> None:
+            with self.lock:
+                self.record.stragglers = earlier + records
+            self.console.note_status(status_words(records))
+            self.live.write(plan, self.supervisor.tasks if self.supervisor else [], now=True)
+
+        def excludable(name: str) -> str | None:
+            launch = by_name[name]
+            if launch.local:
+                return "it runs on this machine, tflaunch's own, which a restart cannot leave out"
+            if attempt > self.options.max_restarts:
+                return f"no restart is left (max_restarts {self.options.max_restarts})"
+            return self.pool.without(launch.host)
+
+        exclude_after = self.options.straggler_timeout if self.options.on_straggler == "exclude" else None
+        return StragglerWatch(attempt, {l.name: l.host for l in plan.launches}, self.message, changed,
+                              exclude_after=exclude_after, excludable=excludable)
 
     def _check_logging(self) -> Trip | None:
         """Stop the attempt when the run's files could not be written (a full disk)."""

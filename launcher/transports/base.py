@@ -50,6 +50,19 @@ class ExitStatus:
 
 
 @dataclass(frozen=True)
+class ThreadTimes:
+    """A watched task's threads since its agent began watching them (see the agent's ``ThreadWatch``)."""
+
+    looks: int
+    stalled: float  # over the looks, the sum of its threads seen sleeping on purpose or waiting for a disk
+    run_seconds: float  # its threads' CPU time
+    queue_seconds: float  # its threads' time runnable but waiting for a CPU
+    census_at: float  # the agent's monotonic clock when those two were read
+    gpu_looks: int = 0  # looks at its GPUs (none without GPUs or NVML)
+    gpu_slowdown: float = 0.0  # over them, the sum of how much slower than its peak its slowest GPU ran, throttled
+
+
+@dataclass(frozen=True)
 class Reading:
     """One sample of a task's process tree, as its host agent took it."""
 
@@ -58,6 +71,7 @@ class Reading:
     cpu_seconds: float  # CPU time the tree has used so far (its reaped children's included)
     processes: int
     at: float  # time.time() when it arrived
+    threads: ThreadTimes | None = None  # a task watched for the straggler rule
 
 
 class FailedStart:

@@ -27,7 +27,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ..cluster.tfconfig import TfConfig
-from .base import Reading
+from .base import Reading, ThreadTimes
 from .carriers import Carrier
 from .framing import FrameReader, ProtocolError
 from .hostagent import HEARTBEAT, MAX_FRAME, Command, Frame, Status, encode_fields, printable, write_some
@@ -288,14 +288,22 @@ class AgentLink:
     def _readings(self, payload: bytes) -> None:
         now = time.time()
         for line in payload.decode("utf-8", "replace").splitlines():
+            words = line.split()
             try:
-                number, rss, cpu, count = line.split()
+                number, rss, cpu, count = words[:4]
                 reading = (int(number), int(rss), float(cpu), int(count))
+                threads = None
+                if len(words) in (9, 11):
+                    gpu = (int(words[9]), float(words[10])) if len(words) == 11 else (0, 0.0)
+                    threads = ThreadTimes(int(words[4]), float(words[5]), int(words[6]) / 1e9, int(words[7]) / 1e9,
+                                          float(words[8]), *gpu)
+                elif len(words) != 4:
+                    raise ValueError(line)
             except ValueError:
                 raise ProtocolError(f"read the readings {printable(payload)}, which are none of the agent's") from None
             process = self._processes.get(reading[0])
             if process is not None:
-                self.readings[process.id] = Reading(process.pid, reading[1], reading[2], reading[3], now)
+                self.readings[process.id] = Reading(process.pid, reading[1], reading[2], reading[3], now, threads)
 
     def heartbeat(self, now: float) -> None:
         if self.lost_reason is not None or self.closed:

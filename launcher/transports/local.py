@@ -86,7 +86,9 @@ class LocalTransport:
     def start(self, launch: TaskLaunch, log_path: str) -> AgentTask | FailedStart:
         tf_config, env = tf_config_parts(launch.env)  # the link sends the cluster to the agent once
         fields = {"name": launch.name, "argv": list(launch.argv), "env": env, "tf_config": tf_config,
-                  "cwd": launch.workdir, "grace": repr(float(self.grace)), "netns": " ".join(launch.netns) or None}
+                  "cwd": launch.workdir, "grace": repr(float(self.grace)), "netns": " ".join(launch.netns) or None,
+                  "watch": "1" if launch.watched else None,
+                  "gpus": ",".join(map(str, launch.gpus)) if launch.watched and launch.gpus else None}
         try:
             link = self.link_for(launch)
         except OSError as exc:

@@ -131,4 +131,6 @@ def task_fields(launch: TaskLaunch, grace: float, host_setup: str | None) -> dic
         argv, env = setup_in_front(argv), {**env, SETUP_VARIABLE: launch.setup}
     return {"name": launch.name, "argv": argv, "env": env, "tf_config": tf_config, "cwd": launch.workdir,
             "grace": repr(float(grace)),
-            "release": launch.address.rsplit(":", 1)[1]}  # a port the agent picked and holds for it
+            "release": launch.address.rsplit(":", 1)[1],  # a port the agent picked and holds for it
+            "watch": "1" if launch.watched else None,
+            "gpus": ",".join(map(str, launch.gpus)) if launch.watched and launch.gpus else None}

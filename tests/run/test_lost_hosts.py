@@ -1,7 +1,8 @@
 """A run that outlives its machines, on real namespaced hosts over ssh: a host cut for good is left
 out, a spare stands in, the cluster shrinks to min_workers (and not below), a host back after its
 cooldown rejoins, a host whose task fails the machine's way or is the culprit twice is left out,
-and a spare the preflight refuses is never used."""
+a straggler's host is left out with --on-straggler exclude, and a spare the preflight refuses is
+never used."""
 
 from __future__ import annotations
 
@@ -254,3 +255,34 @@ def test_a_host_cut_for_good_in_training_is_replaced_or_the_cluster_shrinks_with
         assert "this attempt has 2: resuming at the start of epoch" in text, text[-3000:]
         assert {r["replicas"] for r in resumed if r.get("attempt") == 2} == {2}
     assert left_on(testhosts, ["node1", "node2", "node3", "node4"]) == {n: [] for n in ("node1", "node2", "node3", "node4")}
+
+
+STRAGGLER = str(Path(__file__).resolve().parents[1] / "helpers" / "mwms_straggler.py")
+
+
+@pytest.mark.tensorflow
+def test_a_straggler_host_is_named_over_ssh_and_left_out_for_a_spare(tflaunch, testhosts, tmp_path):
+    # Every task on node2 has an input pipeline that sleeps 0.2 s per batch: a slow machine, for good.
+    cluster = cluster_file(tmp_path, testhosts, ["node1", "node2"], spares=["node3"])
+    proc = tflaunch.start(str(cluster), "--on-straggler", "exclude", "--straggler-timeout", "10",
+                          "--max-restarts", "1", "--restart-delay", "0", "--", "python", STRAGGLER,
+                          "--steps", "3000", "--pace", "0.02", "--slow-host", "node2", "--sleep", "0.2")
+    try:
+        _, err = proc.communicate(timeout=500)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err[-3000:]
+    named = lines_with(err, "straggler: worker-1 on node2 holds the others back")
+    assert len(named) == 1 and "its threads sleep or wait for a disk" in named[0], err[-3000:]
+    assert lines_with(err, "node2 left out as the straggler") == [
+        "tflaunch: node2 left out as the straggler (held the others back for 10 s); attempt 2 runs worker-1 on "
+        "spare node3"], err[-3000:]
+    record = record_of(tflaunch)
+    assert [a["outcome"] for a in record["attempts"]] == ["failed", "succeeded"]
+    assert record["attempts"][1]["hosts"] == {"worker-0": "node1", "worker-1": "node3"}
+    assert [(s["task"], s["host"], s["attempt"]) for s in record["stragglers"]] == [("worker-1", "node2", 1)]
+    assert record["stragglers"][0]["until"] is not None and record["stragglers"][0]["share"] >= 0.2
+    assert [(e["host"], e["attempt"]) for e in record["excluded"]] == [("node2", 2)]
+    assert left_on(testhosts, ["node1", "node2", "node3"]) == {"node1": [], "node2": [], "node3": []}

@@ -175,3 +175,39 @@ def test_trainer_accuracy_on_a_gpu_is_the_cpus(tflaunch) -> None:
     assert on_gpu["test_accuracy"] >= 0.90, on_gpu  # the CPU tests' bar for 4 epochs of digits
     # Same seed and data; cuDNN's kernels differ from the CPU's in rounding, not in what they learn.
     assert abs(on_gpu["test_accuracy"] - on_cpu["test_accuracy"]) <= 0.03, (on_gpu, on_cpu)
+
+
+def test_the_agent_reads_every_gpu_s_clocks_throttle_reasons_and_use() -> None:
+    from launcher.transports.hostagent import Nvml
+
+    nvml = Nvml.here()
+    assert nvml is not None, "NVML (libnvidia-ml.so.1) did not open on a host with nvidia-smi"
+    for index in range(len(GPUS)):
+        clock, most, reasons, use = nvml.reading(index)
+        assert 0 < clock <= most and 0 <= use <= 100 and reasons >= 0, (index, clock, most, reasons, use)
+
+
+def lowest_clock(index: int) -> int:
+    done = subprocess.run(["nvidia-smi", "-i", str(index), "--query-supported-clocks=graphics",
+                           "--format=csv,noheader,nounits"], capture_output=True, text=True, check=True)
+    return min(int(line) for line in done.stdout.split() if line.strip().isdigit())
+
+
+@two_gpus
+def test_a_worker_on_a_gpu_held_at_its_lowest_clock_is_named_the_straggler(tflaunch) -> None:
+    # Needs root (nvidia-smi -lgc); the clocks go back to default whatever happens.
+    subprocess.run(["nvidia-smi", "-i", "1", "-lgc", f"{lowest_clock(1)},{lowest_clock(1)}"], check=True)
+    try:
+        proc = tflaunch.start("--local", "2", "--gpus", "0,1", "--", "python", "-m", "trainer", "--epochs", "400",
+                              "--width", "2", "--batch-per-worker", "256")
+        from polling import wait_for
+
+        line = wait_for(lambda: next((l for l in tflaunch.merged_text().splitlines() if "| straggler:" in l), None),
+                        timeout=400, message="the straggler line")
+        proc.send_signal(2)
+        proc.communicate(timeout=120)
+    finally:
+        subprocess.run(["nvidia-smi", "-i", "1", "-rgc"], check=False)
+    assert "straggler: worker-1 on localhost holds the others back" in line and "GPU runs throttled" in line
+    record = json.loads((tflaunch.latest_run() / "run.json").read_text())
+    assert [s["task"] for s in record["stragglers"]] == ["worker-1"]

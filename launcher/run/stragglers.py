@@ -1,0 +1,287 @@
+"""The straggler rule: the training task the others keep waiting for, named while the run goes on.
+
+In synchronous training (MultiWorkerMirroredStrategy: every step ends in an all-reduce across the
+training tasks) a step lasts as long as its slowest task takes, so every task's step time is the
+same and cannot tell who holds the others back. What sets the slowest apart is what its threads
+do meanwhile. Each training task's host agent watches its threads (the agent's ``ThreadWatch``)
+and sends running totals with its resource readings, from which, over the last :data:`WINDOW`:
+
+- ``stall``: how many of its threads sleep on purpose or wait for a disk, on average (an input
+  pipeline that sleeps per batch or reads from a slow disk);
+- ``busy``: its threads' CPU demand, their CPU time and run-queue time over wall time. In a
+  synchronous step the slowest task wants a CPU all the time, the others only until they wait
+  for it; ``queue``, the part of the demand spent in the run queue, says whether it waited for a
+  CPU (another program on its cores, more busy threads than cores) or computed longer;
+- ``gpu``: on a host with NVML, how much slower than its peak clock its slowest GPU ran while
+  throttled (a power cap, heat, a hardware slowdown): a slow GPU's task computes longer while
+  every thread of it waits for the device, as the others' wait for the network.
+
+Each task's figures are compared with the other training tasks' typical figures (see
+:func:`shares`); the largest difference estimates the share of each step the others spend
+waiting for it (its ``share``). A task is confirmed a straggler once its share stayed at or above
+:data:`CONFIRM_SHARE` for :data:`CONFIRM_FOR` seconds while it was one of a clear minority (at most
+half of the others show the same), and never in an attempt's first :data:`WARM_UP` seconds. It
+stops being one once its share stayed under :data:`END_SHARE` for :data:`END_FOR` seconds, or when
+its attempt ends. The rules are pure functions (:func:`figures_over`, :func:`shares`); the
+:class:`StragglerWatch` keeps the history, says each change in one line and records it.
+
+What it cannot see: a slow link, or a GPU slow for reasons other than its clocks (its task's
+threads wait like everyone else's); and a task whose input threads sleep while its prefetch still
+keeps up is named with the share it would hold back.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from ..records.folder import iso_time
+from ..records.record import StragglerRecord
+from ..records.states import TaskState
+from ..transports.base import ThreadTimes
+from .supervisor import Task, Trip
+
+WARM_UP = 60.0  # seconds of an attempt in which no straggler is named (start-up, graph building, warm caches)
+WINDOW = 20.0  # seconds of readings a task's figures are taken over
+LEAST_SPAN = 0.5 * WINDOW  # readings spanning less than this cannot judge yet
+CONFIRM_SHARE = 0.2
+CONFIRM_FOR = 15.0
+END_SHARE = 0.1
+END_FOR = 10.0
+QUEUE_SAYS = 0.1  # a run-queue share this far above the others' says the task waits for a CPU
+JUDGE_EVERY = 2.0  # seconds between two judgements: the readings come every second at the most
+WATCHED_ROLES = ("chief", "worker")
+CAUSES = {"stall": "its threads sleep or wait for a disk (its input pipeline?)",
+          "queue": "its threads wait for a CPU (another program on its cores, or too few cores?)",
+          "cpu": "it computes longer than the others per step (more work, or slower cores?)",
+          "gpu": "its GPU runs throttled, below its peak clock (power cap, heat or a hardware slowdown?)"}
+
+
+@dataclass(frozen=True)
+class Figures:
+    """One task's figures over a window: its stalled threads on average, its threads' CPU demand
+    (CPU time and run-queue time over wall time), the part of that demand spent in the run queue,
+    and how much slower than its peak its slowest GPU ran, throttled (0 without GPUs)."""
+
+    stall: float
+    busy: float
+    queue: float
+    gpu: float = 0.0
+
+
+def figures_over(history: Sequence[tuple[float, ThreadTimes]], now: float, window: float = WINDOW) -> Figures | None:
+    """A task's :class:`Figures` from its readings (oldest first) over the last ``window`` seconds;
+    None while they span less than :data:`LEAST_SPAN`."""
+    if len(history) < 2:
+        return None
+    start = now - window
+    base_at, base = next(((at, t) for at, t in reversed(history) if at <= start), history[0])
+    last_at, last = history[-1]
+    if last_at - base_at < LEAST_SPAN or last.looks <= base.looks:
+        return None
+    stall = max(0.0, last.stalled - base.stalled) / (last.looks - base.looks)
+    ran = max(0.0, last.run_seconds - base.run_seconds)
+    queued = max(0.0, last.queue_seconds - base.queue_seconds)
+    census_span = last.census_at - base.census_at
+    busy = (ran + queued) / census_span if census_span > 0 else 0.0
+    gpu_looks = last.gpu_looks - base.gpu_looks
+    gpu = max(0.0, last.gpu_slowdown - base.gpu_slowdown) / gpu_looks if gpu_looks > 0 else 0.0
+    return Figures(stall, busy, queued / (ran + queued) if ran + queued > 0 else 0.0, gpu)
+
+
+def shares(figures: Mapping[str, Figures]) -> dict[str, tuple[float, str]]:
+    """Each task's share of the step the others spend waiting for it, and which figure says so
+    (``stall``, ``queue``, ``cpu`` or ``gpu``), against the others' typical figure (the higher
+    median: one odd task among the others never makes their baseline):
+
+    - stalled threads and GPU slowdown: how far its figure stands above the others';
+    - CPU demand: the part of its demand the others' lacks (a task that wants a CPU all the time
+      while the others want one half the time holds them up half of each step); ``queue`` when it
+      waited in the run queue for a CPU more than they did, else ``cpu``."""
+    found = {}
+    for name, mine in figures.items():
+        others = [f for other, f in figures.items() if other != name]
+        if not others:
+            continue
+        stall = mine.stall - statistics.median_high(f.stall for f in others)
+        typical = statistics.median_high(f.busy for f in others)
+        busy = 1.0 - typical / mine.busy if mine.busy > 0 else 0.0
+        queued = mine.queue - statistics.median_high(f.queue for f in others) > QUEUE_SAYS
+        gpu = mine.gpu - statistics.median_high(f.gpu for f in others)
+        share, cause = max((stall, "stall"), (busy, "queue" if queued else "cpu"), (gpu, "gpu"))
+        found[name] = (min(max(share, 0.0), 1.0), cause)
+    return found
+
+
+def minority(tasks: int) -> int:
+    """How many tasks at most may stand out at once for any of them to be named: at most half of
+    the others (one of two or three, two of five)."""
+    return max(1, (tasks - 1) // 2)
+
+
+@dataclass
+class _Suspect:
+    since: float  # when its share first reached CONFIRM_SHARE in this streak
+    shares: list[float]
+    cause: str
+
+
+class StragglerWatch:
+    """The straggler rule for one attempt, called on every supervisor turn like a watchdog.
+
+    ``hosts`` names each task's host; ``message`` says a change in one line; ``changed`` gets the
+    attempt's :class:`StragglerRecord` list whenever it changes (for run.json and the status line).
+    With ``exclude_after`` (``--on-straggler exclude``), a straggler that lasted that long stops
+    the attempt with a :class:`Trip`, when ``excludable`` (asked with the task's name) returns
+    None; otherwise what it returns is said once, and the run goes on.
+    """
+
+    def __init__(self, attempt: int, hosts: Mapping[str, str], message: Callable[[str], None],
+                 changed: Callable[[list[StragglerRecord]], None], exclude_after: float | None = None,
+                 excludable: Callable[[str], str | None] = lambda name: None, clock: Callable[[], float] = time.time):
+        self.attempt = attempt
+        self.hosts = dict(hosts)
+        self.message = message
+        self.changed = changed
+        self.exclude_after = exclude_after
+        self.excludable = excludable
+        self.clock = clock
+        self.started = clock()
+        self.next_judgement = self.started
+        self.history: dict[str, deque[tuple[float, ThreadTimes]]] = {}
+        self.pids: dict[str, int | None] = {}
+        self.suspects: dict[str, _Suspect] = {}
+        self.calm_since: dict[str, float] = {}
+        self.records: dict[str, StragglerRecord] = {}  # the confirmed ones still going, by task
+        self.since_at: dict[str, float] = {}  # when each of those began
+        self.ended: list[StragglerRecord] = []
+        self.refused: set[str] = set()  # stragglers that could not be excluded (said once)
+        self.excluded: str | None = None
+
+    @property
+    def all_records(self) -> list[StragglerRecord]:
+        return self.ended + list(self.records.values())
+
+    def __call__(self, tasks: list[Task]) -> Trip | None:
+        now = self.clock()
+        if now < self.next_judgement:
+            return None
+        self.next_judgement = now + JUDGE_EVERY
+        self._read(tasks, now)
+        figures = {}
+        for name, history in self.history.items():
+            found = figures_over(history, now)
+            if found is not None:
+                figures[name] = found
+        if len(figures) < 2:
+            return None
+        return self.judge(shares(figures), now)
+
+    def _read(self, tasks: list[Task], now: float) -> None:
+        for task in tasks:
+            if task.role not in WATCHED_ROLES or task.state is not TaskState.RUNNING or task.process is None:
+                self.history.pop(task.name, None)
+                continue
+            reading = task.process.reading()
+            if reading is None or reading.threads is None:
+                continue
+            history = self.history.setdefault(task.name, deque())
+            if self.pids.get(task.name, reading.pid) != reading.pid:
+                history.clear()  # restarted in place: its totals count from zero again
+            self.pids[task.name] = reading.pid
+            if not history or reading.at > history[-1][0]:
+                history.append((reading.at, reading.threads))
+            while len(history) > 2 and history[1][0] <= now - 2 * WINDOW:
+                history.popleft()
+
+    def judge(self, found: Mapping[str, tuple[float, str]], now: float) -> Trip | None:
+        """Fold one judgement of every task's share in: confirm, update and end stragglers."""
+        standing = {name: value for name, value in found.items() if value[0] >= CONFIRM_SHARE}
+        if len(standing) > minority(len(found)):
+            standing = {}  # most of the cluster stands out: that is the cluster, not a straggler
+        for name in list(self.suspects):
+            if name not in standing:
+                del self.suspects[name]
+        for name, (share, cause) in standing.items():
+            suspect = self.suspects.setdefault(name, _Suspect(now, [], cause))
+            suspect.shares.append(share)
+            suspect.cause = cause
+            if (name not in self.records and now - suspect.since >= CONFIRM_FOR
+                    and now - self.started >= WARM_UP):
+                self._confirm(name, suspect)
+        for name, record in list(self.records.items()):
+            share = found.get(name, (0.0, ""))[0]
+            if share >= END_SHARE:
+                self.calm_since.pop(name, None)
+                if name in self.suspects:
+                    shares_seen = self.suspects[name].shares
+                    record.share = round(sum(shares_seen) / len(shares_seen), 3)
+                continue
+            calm = self.calm_since.setdefault(name, now)
+            if now - calm >= END_FOR:
+                self._end(name, calm)
+        return self._exclusion(now)
+
+    def _confirm(self, name: str, suspect: _Suspect) -> None:
+        share = round(sum(suspect.shares) / len(suspect.shares), 3)
+        record = StragglerRecord(task=name, host=self.hosts.get(name, "?"), since=iso_time(suspect.since),
+                                 share=share, attempt=self.attempt, cause=CAUSES[suspect.cause])
+        self.records[name] = record
+        self.since_at[name] = suspect.since
+        self.changed(self.all_records)  # the record first: whoever reads the line finds it there
+        self.message(f"straggler: {name} on {record.host} holds the others back: they wait for it about "
+                     f"{share:.0%} of each step since {_clock(suspect.since)}; {record.cause}")
+
+    def _end(self, name: str, until: float) -> None:
+        record = self.records.pop(name)
+        self.calm_since.pop(name, None)
+        record.until = iso_time(until)
+        self.ended.append(record)
+        self.changed(self.all_records)
+        self.message(f"straggler: {name} on {record.host} no longer holds the others back (since "
+                     f"{_clock(until)}; they waited for it about {record.share:.0%} of each step from "
+                     f"{_clock(self.since_at.pop(name))})")
+
+    def close(self) -> list[StragglerRecord]:
+        """The attempt ended: every straggler still going ends with it. The attempt's records."""
+        now = self.clock()
+        for record in self.records.values():
+            record.until = iso_time(now)
+            self.ended.append(record)
+        self.records = {}
+        self.changed(self.all_records)
+        return self.ended
+
+    def _exclusion(self, now: float) -> Trip | None:
+        if self.exclude_after is None:
+            return None
+        for name, record in self.records.items():
+            since = self.since_at[name]
+            if now - since < self.exclude_after or name in self.refused:
+                continue
+            why_not = self.excludable(name)
+            if why_not is not None:
+                self.refused.add(name)
+                self.message(f"straggler: {name} on {record.host} held the others back for {now - since:.0f} s; "
+                             f"not left out: {why_not}")
+                continue
+            self.excluded = record.host
+            return Trip(f"straggler: {name} on {record.host} held the others back for {now - since:.0f} s "
+                        f"(about {record.share:.0%} of each step); restarting without {record.host}", (name,))
+        return None
+
+
+def _clock(at: float) -> str:
+    """The time of day of ``at`` as the console shows it (HH:MM:SS, this machine's zone)."""
+    return time.strftime("%H:%M:%S", time.localtime(at))
+
+
+def status_words(records: Sequence[StragglerRecord]) -> str | None:
+    """The status line's few words on the stragglers still going, or None."""
+    going = [r for r in records if r.until is None]
+    if not going:
+        return None
+    return "straggler " + ", ".join(f"{r.task} ({r.share:.0%})" for r in going)

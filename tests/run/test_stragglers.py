@@ -1,0 +1,355 @@
+"""The straggler rule (launcher/run/stragglers.py) and the agent's watch of a task's threads.
+
+Unit tests hold the pure rule: figures over a window, shares against the median of the others,
+the clear-minority rule, confirmation after warm-up, the end, and exclusion. A fast test runs the
+agent's ThreadWatch on real processes (a thread that sleeps, one that waits, two busy processes
+sharing one CPU). Slow tests run real MultiWorkerMirroredStrategy programs
+(tests/helpers/mwms_straggler.py) and the built-in trainer through tflaunch and read the console
+and run.json while the run goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from launcher.records.record import RunRecord
+from launcher.run.stragglers import (CONFIRM_FOR, CONFIRM_SHARE, END_FOR, WARM_UP, Figures, StragglerWatch,
+                                     figures_over, minority, shares, status_words)
+from launcher.transports import hostagent
+from launcher.transports.base import ThreadTimes
+from polling import wait_for
+
+PROGRAM = str(Path(__file__).resolve().parents[1] / "helpers" / "mwms_straggler.py")
+
+
+# -- the pure rule ------------------------------------------------------------------------------
+
+def times(looks: int, stalled: float, run: float = 0.0, queue: float = 0.0, census_at: float = 0.0) -> ThreadTimes:
+    return ThreadTimes(looks, stalled, run, queue, census_at)
+
+
+@pytest.mark.unit
+def test_figures_are_the_window_s_stalled_threads_per_look_cpu_demand_and_run_queue_share():
+    history = [(100.0, times(10, 2.0, 5.0, 0.0, 95.0)), (110.0, times(20, 12.0, 8.0, 1.0, 105.0)),
+               (130.0, times(40, 30.0, 12.0, 4.0, 125.0))]
+    found = figures_over(history, now=130.0, window=20.0)
+    # From the reading at 110 (the newest at or before the window's start) to the one at 130; the
+    # CPU times are as of their censuses, 20 s apart.
+    assert found == Figures(stall=18.0 / 20, busy=(4.0 + 3.0) / 20, queue=3.0 / (4.0 + 3.0))
+    assert figures_over(history[:1], now=130.0) is None
+    assert figures_over([(125.0, times(1, 0)), (130.0, times(6, 0))], now=130.0) is None  # spans too little yet
+
+
+@pytest.mark.unit
+def test_a_share_is_how_far_a_task_stands_above_the_others_typical_figure():
+    found = shares({"worker-0": Figures(1.0, 1.0, 0.10), "worker-1": Figures(1.1, 1.0, 0.12),
+                    "worker-2": Figures(1.8, 0.6, 0.11)})
+    assert found["worker-2"][1] == "stall" and found["worker-2"][0] == pytest.approx(0.7)
+    # The sleeper wants less CPU than the others: that makes neither of them a straggler.
+    assert found["worker-0"][0] == 0.0 and found["worker-1"][0] == 0.0
+    # A task that wants a CPU all the time while its peer wants one half the time, and queues for it.
+    queue = shares({"worker-0": Figures(1.0, 1.0, 0.05), "worker-1": Figures(1.0, 2.0, 0.55)})
+    assert queue["worker-1"] == (pytest.approx(0.5), "queue") and queue["worker-0"][0] == 0.0
+    more_work = shares({"worker-0": Figures(1.0, 1.0, 0.05), "worker-1": Figures(1.0, 2.0, 0.05)})
+    assert more_work["worker-1"] == (pytest.approx(0.5), "cpu")
+    # A balanced cluster, however busy its threads: no one stands out.
+    assert all(share < CONFIRM_SHARE for share, _ in
+               shares({f"worker-{i}": Figures(1.0 + i * 0.02, 1.5 - i * 0.03, 0.7 - i * 0.01)
+                       for i in range(4)}).values())
+
+
+@pytest.mark.unit
+def test_only_a_clear_minority_can_be_named():
+    assert [minority(n) for n in (2, 3, 4, 5, 8, 64)] == [1, 1, 1, 2, 3, 31]
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def watch_with(clock: Clock, **settings):
+    said, changes = [], []
+    watch = StragglerWatch(1, {"worker-0": "node1", "worker-1": "node2", "worker-2": "node3"}, said.append,
+                           lambda records: changes.append([r.task for r in records if r.until is None]),
+                           clock=clock, **settings)
+    return watch, said, changes
+
+
+def judge_for(watch, clock: Clock, seconds: float, found: dict, every: float = 2.0):
+    trips = []
+    end = clock.now + seconds
+    while clock.now < end:
+        clock.now += every
+        trip = watch.judge(found, clock.now)
+        if trip is not None:
+            trips.append(trip)
+    return trips
+
+
+@pytest.mark.unit
+def test_a_straggler_is_confirmed_after_warm_up_and_its_end_is_said_once():
+    clock = Clock()
+    watch, said, changes = watch_with(clock)
+    slow = {"worker-0": (0.0, "stall"), "worker-1": (0.0, "stall"), "worker-2": (0.5, "stall")}
+    judge_for(watch, clock, WARM_UP - 2, slow)
+    assert said == []  # never in the attempt's first minute, however clear
+    judge_for(watch, clock, 4, slow)
+    assert len(said) == 1 and said[0].startswith("straggler: worker-2 on node3 holds the others back: they wait "
+                                                 "for it about 50% of each step since ")
+    assert changes[-1] == ["worker-2"] and status_words(watch.all_records) == "straggler worker-2 (50%)"
+    calm = {name: (0.0, "stall") for name in slow}
+    judge_for(watch, clock, END_FOR - 2, calm)
+    assert len(said) == 1
+    judge_for(watch, clock, 4, calm)
+    assert len(said) == 2 and "worker-2 on node3 no longer holds the others back" in said[1]
+    (record,) = watch.all_records
+    assert (record.task, record.host, record.share, record.attempt) == ("worker-2", "node3", 0.5, 1)
+    assert record.until is not None and status_words(watch.all_records) is None
+
+
+@pytest.mark.unit
+def test_a_passing_slowness_or_most_of_the_cluster_is_never_named():
+    clock = Clock()
+    watch, said, _ = watch_with(clock)
+    judge_for(watch, clock, WARM_UP, {"worker-0": (0.0, "stall"), "worker-1": (0.0, "stall"), "worker-2": (0.0, "stall")})
+    blip = {"worker-0": (0.0, "stall"), "worker-1": (0.0, "stall"), "worker-2": (0.6, "queue")}
+    judge_for(watch, clock, CONFIRM_FOR - 4, blip)  # shorter than the rule asks
+    judge_for(watch, clock, 10, {"worker-0": (0.0, "stall"), "worker-1": (0.0, "stall"), "worker-2": (0.0, "stall")})
+    judge_for(watch, clock, 60, {"worker-0": (0.0, "stall"), "worker-1": (0.4, "stall"), "worker-2": (0.4, "stall")})
+    assert said == [] and watch.all_records == []
+
+
+@pytest.mark.unit
+def test_exclude_trips_after_the_timeout_where_the_host_can_be_left_out_and_says_once_where_not():
+    clock = Clock()
+    slow = {"worker-0": (0.0, "stall"), "worker-1": (0.0, "stall"), "worker-2": (0.5, "stall")}
+    watch, said, _ = watch_with(clock, exclude_after=100.0)  # counted from when it began to stand out
+    trips = judge_for(watch, clock, WARM_UP + 30, slow)
+    assert trips == []
+    trips = judge_for(watch, clock, 30, slow)
+    assert trips and trips[0].tasks == ("worker-2",) and "restarting without node3" in trips[0].reason
+    assert watch.excluded == "node3"
+    clock = Clock()
+    watch, said, _ = watch_with(clock, exclude_after=100.0, excludable=lambda name: "no spare left for node3")
+    assert judge_for(watch, clock, WARM_UP + 120, slow) == []
+    assert [line for line in said if "not left out" in line] == [
+        next(line for line in said if "not left out" in line)]
+    assert said[-1].endswith("not left out: no spare left for node3")
+
+
+@pytest.mark.unit
+def test_run_json_reads_its_stragglers_back():
+    data = {"run_id": "r", "source": "s", "stragglers": [
+        {"task": "worker-1", "host": "node2", "since": "2026-11-29T10:00:00.000+00:00", "until": None, "share": 0.4,
+         "attempt": 2, "cause": "its threads wait for a CPU"}]}
+    (record,) = RunRecord.from_json(data).stragglers
+    assert record.line().startswith("worker-1 on node2 held the others back since 2026-11-29T10:00:00")
+    assert RunRecord.from_json(data).to_json()["stragglers"][0] == data["stragglers"][0]
+
+
+# -- the agent's watch on real threads --------------------------------------------------------
+
+SLEEPER = """
+import threading, time
+def sleep():
+    while True:
+        time.sleep(0.05)
+def wait():
+    threading.Event().wait()
+for target in (sleep, wait, wait):
+    threading.Thread(target=target, daemon=True).start()
+print("ready", flush=True)
+threading.Event().wait()
+"""
+WAITER = SLEEPER.replace("(sleep, wait, wait)", "(wait, wait, wait)")
+SPINNER = "print('ready', flush=True)\nwhile True: pass\n"
+
+
+def started(code: str, cpu: int | None = None) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                            preexec_fn=(lambda: os.sched_setaffinity(0, {cpu})) if cpu is not None else None)
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def watched(pid: int, looks: int) -> hostagent.ThreadWatch:
+    watch = hostagent.ThreadWatch()
+    for _ in range(looks):
+        watch.look([pid])
+        time.sleep(0.02)
+    return watch
+
+
+@pytest.mark.slow
+def test_the_agent_counts_a_sleeping_thread_as_stalled_and_a_waiting_one_not():
+    sleeper, waiter = started(SLEEPER), started(WAITER)
+    try:
+        asleep, waiting = watched(sleeper.pid, 40), watched(waiter.pid, 40)
+    finally:
+        sleeper.kill(), waiter.kill()
+    assert asleep.stalled / asleep.looks > 0.6  # its one sleeping thread, nearly always found asleep
+    assert waiting.stalled == 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_the_agent_measures_a_task_s_wait_for_a_cpu_it_shares():
+    cpus = sorted(os.sched_getaffinity(0))
+    alone, shared = started(SPINNER, cpus[0]), started(SPINNER, cpus[1])
+    neighbours = [started(SPINNER, cpus[1]) for _ in range(2)]
+    try:
+        watches = {proc.pid: hostagent.ThreadWatch() for proc in (alone, shared)}
+        for pid, watch in watches.items():
+            watch.census([pid], full=True)
+        time.sleep(2)
+        for pid, watch in watches.items():
+            watch.census([pid], full=True)
+    finally:
+        for proc in (alone, shared, *neighbours):
+            proc.kill()
+
+    def queue_share(watch):
+        return watch.queue_ns / (watch.run_ns + watch.queue_ns)
+
+    # With two programs on its CPU it waits for it about two thirds of the time; the lone one waits
+    # only for what else this machine runs (on a quiet machine, nothing).
+    assert queue_share(watches[shared.pid]) > 0.5
+    assert queue_share(watches[alone.pid]) < queue_share(watches[shared.pid]) - 0.05
+
+
+# -- real runs ------------------------------------------------------------------------------
+
+def straggler_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if "tflaunch: straggler:" in line or "| straggler:" in line]
+
+
+def record_of(tflaunch) -> dict:
+    return json.loads((tflaunch.latest_run() / "run.json").read_text())
+
+
+def console_of(proc: subprocess.Popen, timeout: float = 60) -> str:
+    out, err = proc.communicate(timeout=timeout)
+    return out + err
+
+
+def first_batch(tflaunch, tasks: int, timeout: float = 120) -> float:
+    """When the last of ``tasks`` tasks began training (its TRAINING line)."""
+    def times():
+        found = [float(line.rsplit(" ", 1)[1]) for line in tflaunch.merged_text().splitlines()
+                 if "| TRAINING " in line]
+        return found if len(found) >= tasks else None
+    return max(wait_for(times, timeout=timeout, message="every task training"))
+
+
+@pytest.mark.slow
+@pytest.mark.tensorflow
+@pytest.mark.timeout(420)
+def test_a_worker_whose_input_sleeps_is_named_among_three_and_its_end_is_said(tflaunch, tmp_path):
+    proc = tflaunch.start("--local", "3", "--", "python", PROGRAM, "--steps", "2800", "--pace", "0.03",
+                          "--slow", "worker-2", "--sleep", "0.15", "--recover-after", "75")
+    training = first_batch(tflaunch, 3)
+    confirmed = wait_for(lambda: straggler_lines(tflaunch.merged_text()) or None, timeout=200,
+                         message="the straggler line")
+    said_at = time.time()
+    record = record_of(tflaunch)
+    assert [(s["task"], s["until"]) for s in record["stragglers"]] == [("worker-2", None)]
+    assert 0.3 <= record["stragglers"][0]["share"] <= 1.0
+    assert "worker-2 on localhost holds the others back" in confirmed[0]
+    print(f"confirmed {said_at - training:.1f} s after training began")
+    assert said_at - training < 60  # within a minute of it starting
+    status = tflaunch.run("status")
+    assert "straggler: worker-2 on localhost held the others back since" in status.stdout, status.stdout
+    console = console_of(proc, timeout=240)
+    assert proc.returncode == 0, console
+    lines = straggler_lines(console)
+    assert len(lines) == 2 and "worker-2 on localhost no longer holds the others back" in lines[1], lines
+    recovered = float(next(line for line in tflaunch.merged_text().splitlines() if "| RECOVERED " in line).rsplit(" ", 1)[1])
+    (entry,) = record_of(tflaunch)["stragglers"]
+    assert entry["until"] is not None and entry["host"] == "localhost" and entry["attempt"] == 1
+    from datetime import datetime
+    assert abs(datetime.fromisoformat(entry["until"]).timestamp() - recovered) < 40
+    report = tflaunch.run("report", tflaunch.latest_run().name)
+    assert "straggler: worker-2 on localhost held the others back from" in report.stdout, report.stdout
+
+
+def pin(pid: int, cpu: int) -> None:
+    """Every thread of ``pid`` onto ``cpu`` (threads made later inherit it from their makers)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), {cpu})
+        except OSError:
+            pass
+
+
+def pinned_run(tflaunch, busy: bool, seconds: float, command: list[str]) -> tuple[str, dict]:
+    """Two workers, each pinned to a CPU of its own, with a busy program outside the run sharing
+    worker-1's CPU when ``busy``; ``seconds`` of training, then Ctrl-C."""
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    proc = tflaunch.start("--local", "2", "--", *command)
+    wait_for(tflaunch.latest_run, timeout=30, message="the run folder")
+    tasks = {t["name"]: t["pid"] for t in tflaunch.live_tasks(timeout=60)}
+    pin(tasks["worker-0"], cpus[0])
+    pin(tasks["worker-1"], cpus[1])
+    neighbour = started(SPINNER, cpus[1]) if busy else None
+    try:
+        wait_for(lambda: "epoch" in tflaunch.merged_text() or "TRAINING" in tflaunch.merged_text(), timeout=120,
+                 message="training")
+        for pid, cpu in ((tasks["worker-0"], cpus[0]), (tasks["worker-1"], cpus[1])):
+            pin(pid, cpu)  # the threads made since
+        end = time.time() + seconds
+        while time.time() < end and (not busy or not straggler_lines(tflaunch.merged_text())):
+            time.sleep(1)
+    finally:
+        if neighbour is not None:
+            neighbour.kill()
+        proc.send_signal(signal.SIGINT)
+    return console_of(proc), record_of(tflaunch)
+
+
+needs_two_cpus = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+WIDE = ["python", PROGRAM, "--steps", "100000", "--width", "512"]
+
+
+@pytest.mark.slow
+@pytest.mark.tensorflow
+@pytest.mark.timeout(300)
+@needs_two_cpus
+def test_a_worker_sharing_its_cpu_with_another_program_is_named(tflaunch):
+    console, record = pinned_run(tflaunch, busy=True, seconds=150, command=WIDE)
+    lines = straggler_lines(console)
+    assert lines and "worker-1 on localhost holds the others back" in lines[0], console[-3000:]
+    assert "wait for a CPU" in lines[0]
+    assert [s["task"] for s in record["stragglers"]] == ["worker-1"]
+
+
+@pytest.mark.slow
+@pytest.mark.tensorflow
+@pytest.mark.timeout(300)
+@needs_two_cpus
+def test_two_pinned_workers_without_a_neighbour_name_no_one(tflaunch):
+    console, record = pinned_run(tflaunch, busy=False, seconds=110, command=WIDE)
+    assert straggler_lines(console) == [] and record["stragglers"] == [], console[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.tensorflow
+@pytest.mark.timeout(300)
+@needs_two_cpus
+def test_the_built_in_trainer_names_its_slowed_worker(tflaunch):
+    console, record = pinned_run(tflaunch, busy=True, seconds=150,
+                                 command=["python", "-m", "trainer", "--epochs", "400", "--batch-per-worker", "64"])
+    lines = straggler_lines(console)
+    assert lines and "worker-1 on localhost" in lines[0], console[-3000:]
+    assert [s["task"] for s in record["stragglers"]] == ["worker-1"]
