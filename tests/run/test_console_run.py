@@ -19,7 +19,7 @@ from conftest import ROOT, TASK
 from console_names import tasks_saying
 from polling import wait_for
 
-STATUS = re.compile(r"tflaunch \d+:\d\d \| .*attempt \d")
+STATUS = re.compile(r"tflaunch \d+:\d\d \| [^\r\n]*?attempt \d+")
 
 
 def test_a_closed_console_leaves_the_run_whole(tflaunch, tmp_path):
@@ -72,7 +72,11 @@ def test_a_terminal_nobody_reads_cannot_stall_the_run(tflaunch, tmp_path):
     assert json.loads((run_dir / "run.json").read_text())["status"] == "succeeded"
 
 
-def on_a_pty(tflaunch, tmp_path, columns: int, env: dict | None = None) -> tuple[int, bytes]:
+PRINTS_TWICE = ("--local", "2", "--", "python", TASK, "print:first", "sleep:2.5", "print:second")
+
+
+def on_a_pty(tflaunch, tmp_path, columns: int, env: dict | None = None,
+             args: tuple[str, ...] = PRINTS_TWICE) -> tuple[int, bytes]:
     """tflaunch's exit code and every byte it wrote to a real terminal (a pty) of ``columns`` columns."""
     import fcntl
     import pty
@@ -82,8 +86,7 @@ def on_a_pty(tflaunch, tmp_path, columns: int, env: dict | None = None) -> tuple
 
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
-    proc = subprocess.Popen(tflaunch.argv("--local", "2", "--log-dir", str(tflaunch.log_dir), "--",
-                                          "python", TASK, "print:first", "sleep:2.5", "print:second"),
+    proc = subprocess.Popen(tflaunch.argv("--log-dir", str(tflaunch.log_dir), *args),
                             cwd=tmp_path, env=tflaunch.env(env), stdin=slave, stdout=slave, stderr=slave,
                             start_new_session=True)
     os.close(slave)
@@ -121,6 +124,22 @@ def test_a_terminal_of_no_columns_gets_the_lines_and_no_status_line(tflaunch, tm
     # COLUMNS=0 is no size at all: the terminal's own 100 columns hold the status line.
     code, out = on_a_pty(tflaunch, tmp_path, 100, env={"COLUMNS": "0"})
     assert code == 0 and STATUS.search(out.decode("utf-8", "replace")), out[-2000:]
+
+
+@pytest.mark.slow
+def test_the_status_line_names_the_attempt_a_restarted_run_is_in(tflaunch, tmp_path):
+    # Attempt 1 fails at once; attempt 2 runs for a few seconds, long enough for the status line to
+    # be drawn while it runs: it must say "attempt 2", as `tflaunch status` does.
+    task = ("import os, sys, time; attempt = os.environ['TFLAUNCH_ATTEMPT']; print('in attempt', attempt, flush=True); "
+            "time.sleep(0.2 if attempt == '1' else 3); sys.exit(attempt == '1')")
+    code, out = on_a_pty(tflaunch, tmp_path, 120, args=("--local", "2", "--max-restarts", "1", "--restart-delay", "0",
+                                                        "--", "python", "-c", task))
+    text = out.decode("utf-8", "replace")
+    assert code == 0, text
+    second = text.index("in attempt 2")
+    drawn = [match.group(0) for match in STATUS.finditer(text[second:])]
+    assert drawn and all(line.endswith("attempt 2") for line in drawn), drawn
+    assert "restarts" not in text, text
 
 
 def test_a_pipe_gets_plain_text_without_a_status_line(tflaunch):
