@@ -513,3 +513,30 @@ def test_print_epoch_is_a_keras_callback_whose_line_the_launcher_reads():
     assert line.endswith("\n") and line.count("\n") == 1
     assert launcher_parse(line[:-1].encode()) == {"kind": "epoch", "epoch": 3, "loss": 0.25,
                                                   "sparse_categorical_accuracy": 0.5, "lr": 0.0001, "val_loss": None}
+
+
+@pytest.mark.unit
+def test_the_callback_docs_inspect_md_offers_to_copy_prints_what_print_epoch_prints():
+    """docs/inspect.md's copy of print_epoch, run as written: the launcher reads the same record from it."""
+    import contextlib
+    import re
+
+    from conftest import ROOT
+    from launcher.records.metrics import parse_line as launcher_parse
+
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "inspect.md").read_text(), re.S)
+    (copy,) = [block for block in blocks if "def print_epoch(" in block]
+    space: dict = {}
+    exec(copy, space)
+
+    class Scalar(float):  # a numpy scalar, as Keras's logs hold them
+        def item(self):
+            return float(self)
+
+    logs = {"loss": Scalar(0.25), "sparse_categorical_accuracy": 0.5, "lr": 1e-4, "val_loss": float("nan")}
+    copied, ours = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(copied):
+        space["print_epoch"](2, logs)
+    metrics.print_epoch(2, logs, stream=ours)
+    assert copied.getvalue().count("\n") == 1
+    assert launcher_parse(copied.getvalue()[:-1].encode()) == launcher_parse(ours.getvalue()[:-1].encode())
