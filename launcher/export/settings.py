@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from ..cluster.fields import FieldReader, show
+from ..errors import ConfigErrors
 
 SECTION = "kubernetes"
 KEYS = ("image", "name", "namespace", "port", "python", "workdir", "resources", "node_selector", "tolerations",
@@ -102,33 +103,41 @@ def with_overrides(settings: KubernetesSettings, source: str, *, image: str | No
 
 class _SectionReader(FieldReader):
     def read(self, section: Any) -> KubernetesSettings:
+        """The settings; every mistake in the section is raised together (one line each, in its order)."""
         if section is None:
             return KubernetesSettings()
         mapping = self.expect_mapping(section, SECTION, "a mapping of Kubernetes settings")
-        self.check_keys(mapping, KEYS, SECTION)
+        collect = self.collect
+        collect(lambda: self.check_keys(mapping, KEYS, SECTION), None)
         key = SECTION + "."
         get = mapping.get
-        resources = self._read_resources(get("resources"))
-        return KubernetesSettings(
-            image=None if get("image") is None else self.read_image(get("image"), key + "image"),
-            name=None if get("name") is None else self.read_name(get("name"), key + "name"),
-            namespace=None if get("namespace") is None else self.read_label(get("namespace"), key + "namespace",
-                                                                            "a namespace"),
-            port=DEFAULT_PORT if get("port") is None else self.read_ssh_port(get("port"), key + "port"),
-            python=self.optional_str(mapping, "python", SECTION) or DEFAULT_PYTHON,
-            workdir=self._read_workdir(get("workdir")),
+        resources = collect(lambda: self._read_resources(get("resources")), {})
+        settings = KubernetesSettings(
+            image=None if get("image") is None else collect(lambda: self.read_image(get("image"), key + "image"), None),
+            name=None if get("name") is None else collect(lambda: self.read_name(get("name"), key + "name"), None),
+            namespace=None if get("namespace") is None else collect(lambda: self.read_label(
+                get("namespace"), key + "namespace", "a namespace"), None),
+            port=DEFAULT_PORT if get("port") is None else collect(lambda: self.read_ssh_port(get("port"), key + "port"),
+                                                                  DEFAULT_PORT),
+            python=collect(lambda: self.optional_str(mapping, "python", SECTION), None) or DEFAULT_PYTHON,
+            workdir=collect(lambda: self._read_workdir(get("workdir")), None),
             cpu=resources.get("cpu"),
             memory=resources.get("memory"),
-            node_selector=self._read_node_selector(get("node_selector")),
-            tolerations=self._read_tolerations(get("tolerations")),
-            service_account=None if get("service_account") is None else self._read_subdomain(
-                get("service_account"), key + "service_account", "a service account name"),
-            image_pull_secrets=self._read_pull_secrets(get("image_pull_secrets")),
-            image_pull_policy=None if get("image_pull_policy") is None else self._read_choice(
-                get("image_pull_policy"), key + "image_pull_policy", PULL_POLICIES),
-            env=self.read_env(get("env"), key + "env"),
-            storage=self._read_storage(get("storage")),
+            node_selector=collect(lambda: self._read_node_selector(get("node_selector")), {}),
+            tolerations=collect(lambda: self._read_tolerations(get("tolerations")), ()),
+            service_account=None if get("service_account") is None else collect(lambda: self._read_subdomain(
+                get("service_account"), key + "service_account", "a service account name"), None),
+            image_pull_secrets=collect(lambda: self._read_pull_secrets(get("image_pull_secrets")), ()),
+            image_pull_policy=None if get("image_pull_policy") is None else collect(lambda: self._read_choice(
+                get("image_pull_policy"), key + "image_pull_policy", PULL_POLICIES), None),
+            env=collect(lambda: self.read_env(get("env"), key + "env"), {}),
+            storage=collect(lambda: self._read_storage(get("storage")), None),
         )
+        if self.problems:
+            order = {str(name): place for place, name in enumerate(mapping)}
+            raise ConfigErrors.of(sorted(self.problems, key=lambda e: order.get(
+                re.split(r"[.\[]", e.key.removeprefix(key))[0], -1)))
+        return settings
 
     def read_image(self, value: Any, key: str) -> str:
         image = self.expect_str(value, key)

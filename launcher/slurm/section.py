@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..cluster.fields import FieldReader, show
+from ..errors import ConfigErrors
 from ..records.folder import SBATCH_SCRIPT
 
 SLURM_KEYS = ("nodes", "ntasks_per_node", "chief", "ps", "evaluator", "spares", "partition", "time", "gpus_per_task",
@@ -74,12 +75,14 @@ def script_text_problem(value: Any) -> str | None:
 
 
 def read_slurm_section(source: str, value: Mapping[str, Any] | None) -> SlurmSettings:
-    """The typed section; ConfigError names ``slurm.<key>`` and the bad value."""
+    """The typed section; ConfigError names ``slurm.<key>`` and the bad value, one for every
+    mistake in the section (ConfigErrors when there are several)."""
     if value is None:
         return SlurmSettings()
     reader = FieldReader(source)
     mapping = reader.expect_mapping(value, "slurm", "a mapping of Slurm settings")
-    reader.check_keys(mapping, SLURM_KEYS, "slurm")
+    collect = reader.collect
+    collect(lambda: reader.check_keys(mapping, SLURM_KEYS, "slurm"), None)
 
     def positive(name: str) -> int | None:
         raw = mapping.get(name)
@@ -89,34 +92,49 @@ def read_slurm_section(source: str, value: Mapping[str, Any] | None) -> SlurmSet
             raise reader.fail(f"slurm.{name}", f"expected an integer >= 1, got {show(raw)}")
         return raw
 
-    options = mapping.get("sbatch_options", [])
-    if isinstance(options, str):
-        try:
-            options = shlex.split(options)
-        except ValueError as exc:
-            raise reader.fail("slurm.sbatch_options", f"cannot split {options!r} ({exc})") from None
-    if not isinstance(options, list) or not all(isinstance(o, str) and o.startswith("-") for o in options):
-        raise reader.fail("slurm.sbatch_options", f"expected a list of sbatch options such as '--qos=high', "
-                          f"got {show(options)}")
-    time = mapping.get("time")
-    if time is not None and not isinstance(time, (str, int)) or isinstance(time, bool):
-        raise reader.fail("slurm.time", f"expected a Slurm time such as '1:00:00' or minutes, got {show(time)}")
-    for name in SCRIPT_TEXT_OPTIONS:
-        problem = script_text_problem(options if name == "sbatch_options" else mapping.get(name))
+    def sbatch_options() -> list[str]:
+        written = options = mapping.get("sbatch_options", [])
+        if isinstance(options, str):
+            try:
+                options = shlex.split(options)
+            except ValueError as exc:
+                raise reader.fail("slurm.sbatch_options", f"cannot split {options!r} ({exc})") from None
+        if not isinstance(options, list) or not all(isinstance(o, str) and o.startswith("-") for o in options):
+            raise reader.fail("slurm.sbatch_options", f"expected a list of sbatch options such as '--qos=high', "
+                              f"got {show(written)}")
+        return options
+
+    def slurm_time() -> str | None:
+        time = mapping.get("time")
+        if time is not None and not isinstance(time, (str, int)) or isinstance(time, bool):
+            raise reader.fail("slurm.time", f"expected a Slurm time such as '1:00:00' or minutes, got {show(time)}")
+        return None if time is None else str(time)
+
+    def script_text(name: str, value: Any) -> None:
+        problem = script_text_problem(value)
         if problem:
             raise reader.fail(f"slurm.{name}", problem)
-    return SlurmSettings(
-        nodes=positive("nodes"),
-        ntasks_per_node=positive("ntasks_per_node"),
-        chief=reader.read_bool(mapping.get("chief", False), "slurm.chief"),
-        ps=reader.read_count(mapping.get("ps", 0), "slurm.ps"),
-        evaluator=reader.read_bool(mapping.get("evaluator", False), "slurm.evaluator"),
-        spares=reader.read_count(mapping.get("spares", 0), "slurm.spares"),
-        partition=reader.optional_str(mapping, "partition", "slurm"),
-        time=None if time is None else str(time),
-        gpus_per_task=positive("gpus_per_task"),
-        account=reader.optional_str(mapping, "account", "slurm"),
+
+    options = collect(sbatch_options, [])
+    time = collect(slurm_time, None)
+    for name in SCRIPT_TEXT_OPTIONS:
+        collect(lambda name=name: script_text(name, options if name == "sbatch_options" else mapping.get(name)), None)
+    settings = SlurmSettings(
+        nodes=collect(lambda: positive("nodes"), None),
+        ntasks_per_node=collect(lambda: positive("ntasks_per_node"), None),
+        chief=collect(lambda: reader.read_bool(mapping.get("chief", False), "slurm.chief"), False),
+        ps=collect(lambda: reader.read_count(mapping.get("ps", 0), "slurm.ps"), 0),
+        evaluator=collect(lambda: reader.read_bool(mapping.get("evaluator", False), "slurm.evaluator"), False),
+        spares=collect(lambda: reader.read_count(mapping.get("spares", 0), "slurm.spares"), 0),
+        partition=collect(lambda: reader.optional_str(mapping, "partition", "slurm"), None),
+        time=time,
+        gpus_per_task=collect(lambda: positive("gpus_per_task"), None),
+        account=collect(lambda: reader.optional_str(mapping, "account", "slurm"), None),
         sbatch_options=tuple(options),
-        requeue=reader.read_bool(mapping.get("requeue", False), "slurm.requeue"),
-        warning_seconds=positive("warning_seconds") or DEFAULT_WARNING_SECONDS,
+        requeue=collect(lambda: reader.read_bool(mapping.get("requeue", False), "slurm.requeue"), False),
+        warning_seconds=collect(lambda: positive("warning_seconds"), None) or DEFAULT_WARNING_SECONDS,
     )
+    if reader.problems:
+        order = {str(name): place for place, name in enumerate(mapping)}  # the lines read as the file does
+        raise ConfigErrors.of(sorted(reader.problems, key=lambda e: order.get(e.key.removeprefix("slurm."), -1)))
+    return settings

@@ -83,6 +83,19 @@ def test_every_mistake_of_a_cluster_file_is_one_error_line(tmp_path):
     ]
 
 
+@pytest.mark.parametrize("command, section, keys", [
+    (["export"], "worker: [a, b]\nkubernetes: {name: Bad_Name, workdir: rel}", ["kubernetes.name", "kubernetes.workdir"]),
+    (["submit", "--dry-run"], "slurm: {nodes: x, requeue: 3}", ["slurm.nodes", "slurm.requeue"]),
+])
+def test_every_mistake_of_a_section_that_export_or_submit_reads_is_listed(tmp_path, command, section, keys):
+    (tmp_path / "c.yaml").write_text(f"command: python t.py\n{section}\n")
+    done = subprocess.run([sys.executable, "-m", "launcher", *command, "c.yaml"], capture_output=True, text=True,
+                          timeout=60, cwd=tmp_path, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert (done.returncode, done.stdout) == (2, ""), done.stderr
+    assert [line.split(": ")[3] for line in done.stderr.splitlines()] == keys, done.stderr
+    assert all(line.startswith("tflaunch: error: c.yaml: ") for line in done.stderr.splitlines())
+
+
 def test_a_file_that_is_no_cluster_file_and_no_script_is_read_as_one(tmp_path):
     (tmp_path / "notes.txt").write_text("just some notes\n")
     done = subprocess.run([sys.executable, "-m", "launcher", "notes.txt", "--dry-run"], capture_output=True, text=True,

@@ -86,6 +86,15 @@ def test_bad_values_name_key_and_value(section: dict, message: str) -> None:
     assert text.startswith(f"{SOURCE}: {message}"), text
 
 
+def test_every_mistake_of_the_section_is_listed_in_the_file_order() -> None:
+    lines = error({"name": "Bad_Name", "bogus": 1, "workdir": "rel", "tolerations": 3, "image": "a b",
+                   "resources": {"cpu": True}}).splitlines()
+    assert [line.split(": ")[1] for line in lines] == ["kubernetes.name", "kubernetes.bogus", "kubernetes.workdir",
+                                                       "kubernetes.tolerations", "kubernetes.image",
+                                                       "kubernetes.resources.cpu"], lines
+    assert all(line.startswith(f"{SOURCE}: ") for line in lines)
+
+
 def test_scheduling_settings() -> None:
     settings = read({
         "node_selector": {"kubernetes.io/arch": "amd64", "gpu": True, "size": 8},

@@ -143,6 +143,20 @@ def test_slurm_section_errors_name_key_and_value(section, message):
     assert str(error.value).startswith(message)
 
 
+def test_every_mistake_of_the_slurm_section_is_listed_in_the_file_order():
+    with pytest.raises(ConfigError) as error:
+        read_slurm_section("c.yaml", {"nodes": "x", "bogus": 1, "time": [1], "requeue": 3, "sbatch_options": "qos",
+                                      "warning_seconds": 0})
+    assert str(error.value).splitlines() == [
+        "c.yaml: slurm.nodes: expected an integer >= 1, got 'x'",
+        "c.yaml: slurm.bogus: unknown key; expected one of nodes, ntasks_per_node, chief, ps, evaluator, spares, "
+        "partition, time, gpus_per_task, account, sbatch_options, requeue, warning_seconds",
+        "c.yaml: slurm.time: expected a Slurm time such as '1:00:00' or minutes, got a list",
+        "c.yaml: slurm.requeue: expected true or false, got 3",
+        "c.yaml: slurm.sbatch_options: expected a list of sbatch options such as '--qos=high', got 'qos'",
+        "c.yaml: slurm.warning_seconds: expected an integer >= 1, got 0"]
+
+
 def test_script_comments_every_sbatch_line_and_execs_tflaunch():
     request = JobRequest(run_dir="/r/logs/run1", workdir="/r", python="/venv/bin/python",
                          settings=SlurmSettings(nodes=2, ntasks_per_node=2, ps=1, partition="debug", time="10",
