@@ -24,6 +24,7 @@ from ..cluster.spec import (ROLES, ClusterSpec, EnvLayer, RestartPolicy, SshSett
 from ..cluster.spec import restarts_possible as spec_restarts_possible
 from ..errors import ConfigError
 from ..records.folder import BACKUP
+from ..records.states import plural
 from ..taskenv import ATTEMPT, BACKUP_DIR, CHECKPOINT_DIR, RANK, RUN_DIR, TASK
 from .settings import SECTION, KubernetesSettings, Storage
 
@@ -160,7 +161,7 @@ def _role_pods(spec: ClusterSpec, role: str, launches: tuple[TaskLaunch, ...]) -
         # GPUs first: a different count also shows as a different CUDA_VISIBLE_DEVICES below.
         if gpu_count(task) != gpu_count(first_task):
             raise ConfigError(spec.source, f"{task.key}.gpus",
-                              f"{gpu_count(task)} GPUs here but {gpu_count(first_task)} in {first_task.key}; expected "
+                              f"{plural(gpu_count(task), 'GPU')} here but {gpu_count(first_task)} in {first_task.key}; expected "
                               f"the same number for every {role} task, because Kubernetes starts a role's pods "
                               "from one template")
         env = pod_env(launch)

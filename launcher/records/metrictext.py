@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .states import plural
+
 # (field, label, digits) in the order they are shown.
 _EPOCH_VALUES = (("loss", "loss", 3), ("accuracy", "acc", 3), ("val_loss", "val_loss", 3),
                  ("val_accuracy", "val_acc", 3))
@@ -64,7 +66,7 @@ def final_text(record: dict[str, Any]) -> str:
     parts += [f"{label} {text}" for key, label, digits in _FINAL_VALUES
               if (text := number(record.get(key), digits)) is not None]
     if isinstance(record.get("epochs"), int):
-        parts.append(f"{record['epochs']} epochs")
+        parts.append(plural(record["epochs"], "epoch"))
     if number(record.get("total_seconds")) is not None:
         parts.append(f"{record['total_seconds']:.2f} s")
     return "  ".join(parts)

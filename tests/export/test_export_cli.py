@@ -97,6 +97,8 @@ def test_tfjob_refuses_ps_with_evaluator(tmp_path: Path) -> None:
      ["worker[1].env: LR is '0.2' here but '0.1' in worker[0]"]),
     ("[{host: localhost, port: auto, gpus: [0]}, {host: localhost, port: auto, gpus: [1, 2]}]",
      ["worker[1].gpus: 2 GPUs here but 1 in worker[0]"]),
+    ("[{host: localhost, port: auto, gpus: [0, 1]}, {host: localhost, port: auto, gpus: [2]}]",
+     ["worker[1].gpus: 1 GPU here but 2 in worker[0]"]),
 ])
 def test_tasks_of_a_role_must_fit_one_template(tmp_path: Path, workers: str, parts: list[str]) -> None:
     path = cluster_file(tmp_path, f"worker: {workers}\n")

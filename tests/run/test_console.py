@@ -106,6 +106,7 @@ def test_epoch_and_final_lines():
     assert epoch_text({"epoch": 1, "loss": None, "accuracy": 0.5, "samples_per_second": None}) == "epoch 1  acc 0.500"
     assert final_text({"test_loss": 0.109611, "test_accuracy": 0.962963, "total_seconds": 14.78, "epochs": 8}) == (
         "test  loss 0.110  acc 0.963  8 epochs  14.78 s")
+    assert final_text({"test_accuracy": 0.9, "total_seconds": 3.0, "epochs": 1}) == "test  acc 0.900  1 epoch  3.00 s"
 
 
 def board(*tasks: str) -> MetricBoard:
