@@ -94,7 +94,10 @@ class FieldReader:
                 argv = shlex.split(value)
             except ValueError as exc:
                 raise self.fail(key, f"cannot split {value!r} into arguments ({exc})") from None
-        elif isinstance(value, list) and all(isinstance(a, (str, int, float)) and not isinstance(a, bool) for a in value):
+        elif isinstance(value, list):
+            for i, arg in enumerate(value):
+                if isinstance(arg, bool) or not isinstance(arg, (str, int, float)):
+                    raise self.fail(f"{key}[{i}]", f"expected an argument (a string or a number), got {show(arg)}")
             argv = [str(a) for a in value]
         else:
             raise self.fail(key, f"expected a command string or a list of arguments, got {show(value)}")
