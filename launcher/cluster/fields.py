@@ -62,10 +62,11 @@ class FieldReader:
             raise self.fail(key, f"expected a port 1-65535, got {value}")
         return value
 
-    def read_ssh_port(self, value: Any, key: str) -> int:
+    def read_fixed_port(self, value: Any, key: str, what: str = "the ssh port") -> int:
+        """A port that must be written out (``what`` it is): 'auto' is refused."""
         port = self.read_port(value, key)
         if port == AUTO:
-            raise self.fail(key, "expected the ssh port 1-65535, got 'auto'")
+            raise self.fail(key, f"expected {what} 1-65535, got 'auto'")
         return int(port)
 
     def read_gpus(self, value: Any, key: str) -> tuple[int, ...] | None:

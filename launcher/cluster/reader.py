@@ -266,7 +266,7 @@ class _ClusterReader(FieldReader):
         port = mapping.get("port")
         return SshSettings(
             user=self.optional_str(mapping, "user", key),
-            port=None if port is None else self.read_ssh_port(port, f"{key}.port"),
+            port=None if port is None else self.read_fixed_port(port, f"{key}.port"),
             identity_file=self.optional_str(mapping, "identity_file", key),
             options=tuple(options),
             connect_timeout=self.optional_seconds(mapping, "connect_timeout", key),

@@ -117,8 +117,8 @@ class _SectionReader(FieldReader):
             name=None if get("name") is None else collect(lambda: self.read_name(get("name"), key + "name"), None),
             namespace=None if get("namespace") is None else collect(lambda: self.read_label(
                 get("namespace"), key + "namespace", "a namespace"), None),
-            port=DEFAULT_PORT if get("port") is None else collect(lambda: self.read_ssh_port(get("port"), key + "port"),
-                                                                  DEFAULT_PORT),
+            port=DEFAULT_PORT if get("port") is None else collect(lambda: self.read_fixed_port(
+                get("port"), key + "port", "the port every pod listens on"), DEFAULT_PORT),
             python=collect(lambda: self.optional_str(mapping, "python", SECTION), None) or DEFAULT_PYTHON,
             workdir=collect(lambda: self._read_workdir(get("workdir")), None),
             cpu=resources.get("cpu"),

@@ -62,6 +62,7 @@ def test_cluster_file_refuses_a_section_that_is_not_a_mapping() -> None:
     ({"name": "job-"}, "kubernetes.name: expected a lowercase name"),
     ({"namespace": "x" * 64}, "kubernetes.namespace: expected a namespace"),
     ({"workdir": "app"}, "kubernetes.workdir: expected an absolute path in the image, got 'app'"),
+    ({"port": "auto"}, "kubernetes.port: expected the port every pod listens on 1-65535, got 'auto'"),
     ({"resources": {"cpu": True}}, "kubernetes.resources.cpu: expected a Kubernetes quantity such as 2, 500m or 1.5, "
                                    "got true"),
     ({"resources": "4"}, "kubernetes.resources: expected a mapping with cpu and memory, got '4'"),
