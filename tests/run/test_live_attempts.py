@@ -1,6 +1,7 @@
 """A restarted run stays live: attempts 2 and 3, and a task restarted alone, reach the console,
 merged.log, the metrics and ``tflaunch status`` while they run (tests/watching.py), locally and in a
-Slurm allocation; tests/transports/test_ssh.py does the same over ssh.
+Slurm allocation; tests/transports/test_ssh.py does the same over ssh. The start and hang watchdogs
+see a restarted attempt's progress as it is made.
 """
 
 from __future__ import annotations
@@ -41,6 +42,29 @@ def test_local_attempts_two_and_three_are_live(tflaunch, tmp_path):
                            status=status_shows)
     assert proc.wait(timeout=60) == 0, console.text()[-3000:]
     assert [a["outcome"] for a in live_record(run_dir)["attempts"]] == ["failed", "failed", "succeeded"]
+
+
+EPOCHS_AFTER_A_RESTART = """
+import os, sys, time
+if os.environ["TFLAUNCH_ATTEMPT"] == "1":
+    print("attempt 1", flush=True)
+    time.sleep(0.5)
+    sys.exit(1 if os.environ["TFLAUNCH_TASK"] == "worker-1" else time.sleep(60))
+for epoch in range(1, 21):  # 6 s of epochs, each a metric line and almost no CPU
+    print('TFLAUNCH_METRIC {"kind": "epoch", "epoch": %d, "epochs": 20, "loss": 0.5}' % epoch, flush=True)
+    time.sleep(0.3)
+"""
+
+
+def test_the_hang_watchdog_sees_a_restarted_attempts_progress(tflaunch):
+    # Both tasks print in attempt 1, so their logs are open when the cluster restarts. Attempt 2
+    # trains for 6 s, an epoch line every 0.3 s, under a 3 s hang timeout: its lines must reach the
+    # watchdog as they are written, or it is taken for a hang.
+    done = tflaunch.run("--local", "2", "--max-restarts", "1", "--restart-delay", "0", "--hang-timeout", "3",
+                        "--", "python", "-c", EPOCHS_AFTER_A_RESTART)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "hang timeout" not in done.stderr, done.stderr[-3000:]
+    assert [a["outcome"] for a in done.record["attempts"]] == ["failed", "succeeded"]
 
 
 def test_a_task_restarted_in_place_stays_live(tflaunch, tmp_path):
