@@ -120,3 +120,15 @@ def test_every_command_checks_the_counts_in_the_words_launch_uses(tmp_path, comm
         with pytest.raises(OptionsError) as error:
             launch(**kwargs, log_dir=tmp_path)
         assert str(error.value) == expected
+
+
+def test_the_start_timeout_says_what_counts_as_progress_in_help_and_docs():
+    # A script of one's own is judged by what the rule counts; --help and the docs must name all of it.
+    from launcher.run.watchdog import CPU_SHARE
+
+    share = f"{CPU_SHARE:.0%}"
+    entry = option_entries(help_text("run"))["--start-timeout"]
+    assert all(part in entry for part in ("metric line", "Keras", f"{share} of a core", "S/2")), entry
+    docs = " ".join((ROOT / "docs" / "fault-tolerance.md").read_text().split())
+    rule = docs.split("- `--start-timeout S`:", 1)[1].split("- `--hang-timeout S`", 1)[0]
+    assert all(part in rule for part in ("TFLAUNCH_METRIC", "Keras", f"{share[:-1]} % of one core", "S/2")), rule
