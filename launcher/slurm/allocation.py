@@ -35,6 +35,7 @@ from ..cluster.roles import RoleSlot, Slot, deal_gpus, number_slots
 from ..cluster.spec import AUTO, TaskSpec
 from ..cluster.roles import carve_roles as carve_slots
 from ..errors import ConfigError
+from ..records.states import plural
 
 _TASKS_ITEM = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
 
@@ -86,12 +87,12 @@ def read_allocation(environ: Mapping[str, str], expand: Callable[[str], list[str
     per_node_text = environ.get("SLURM_TASKS_PER_NODE")
     counts = parse_tasks_per_node(per_node_text, source) if per_node_text else [1] * len(nodes)
     if len(counts) != len(nodes):
-        raise ConfigError(source, "SLURM_TASKS_PER_NODE", f"{per_node_text!r} gives {len(counts)} nodes, but "
+        raise ConfigError(source, "SLURM_TASKS_PER_NODE", f"{per_node_text!r} gives {plural(len(counts), 'node')}, but "
                           f"SLURM_JOB_NODELIST {nodelist!r} has {len(nodes)}")
     ntasks = environ.get("SLURM_NTASKS")
     if ntasks and ntasks.isdigit() and int(ntasks) != sum(counts):
         raise ConfigError(source, "SLURM_NTASKS", f"{ntasks} disagrees with SLURM_TASKS_PER_NODE "
-                          f"{per_node_text!r} ({sum(counts)} tasks)")
+                          f"{per_node_text!r} ({plural(sum(counts), 'task')})")
     return Allocation(
         job_id=job_id,
         nodes=tuple(nodes),

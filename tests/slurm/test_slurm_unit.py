@@ -59,7 +59,7 @@ def test_not_inside_an_allocation_is_one_clear_error():
 
 
 def test_inconsistent_variables_are_named():
-    with pytest.raises(ConfigError, match="SLURM_TASKS_PER_NODE: '1' gives 1 nodes, but SLURM_JOB_NODELIST 'gpu"):
+    with pytest.raises(ConfigError, match="SLURM_TASKS_PER_NODE: '1' gives 1 node, but SLURM_JOB_NODELIST 'gpu"):
         read_allocation({"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "gpu[01-02]", "SLURM_TASKS_PER_NODE": "1"}, expand)
     with pytest.raises(ConfigError, match="SLURM_NTASKS: 3 disagrees"):
         read_allocation({"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "gpu[01-02]", "SLURM_TASKS_PER_NODE": "1(x2)",
