@@ -57,7 +57,8 @@ class Allocation:
         return number_slots(list(zip(self.nodes, self.tasks_per_node)))
 
     def describe(self) -> str:
-        return f"job {self.job_id}: {sum(self.tasks_per_node)} task slots on {self.nodelist or ','.join(self.nodes)}"
+        slots = plural(sum(self.tasks_per_node), "task slot")
+        return f"job {self.job_id}: {slots} on {self.nodelist or ','.join(self.nodes)}"
 
 
 def parse_tasks_per_node(text: str, source: str = "--slurm") -> list[int]:

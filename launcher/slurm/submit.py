@@ -29,7 +29,7 @@ from ..errors import ConfigError
 from ..records.files import write_atomically
 from ..records.folder import DEFAULT_LOG_DIR, RUN_ID_PLACEHOLDER, SBATCH_SCRIPT, RunFolder, iso_time
 from ..records.slurm import write_slurm_record
-from ..records.states import RunStatus
+from ..records.states import RunStatus, plural
 from .allocation import Allocation, carve_roles
 from .commands import SlurmError, is_user_mistake, last_line
 from .script import JobRequest, render_script
@@ -79,7 +79,7 @@ def job_request(options: SubmitOptions, run_dir: str) -> tuple[JobRequest, str]:
                           "(or 'slurm: {nodes: N}' in the cluster file)")
     # The same role rule as inside the job, on the allocation this request asks for.
     planned = Allocation("(to be submitted)", tuple(f"node{i}" for i in range(settings.nodes)),
-                         (settings.ntasks_per_node or 1,) * settings.nodes, nodelist=f"{settings.nodes} nodes")
+                         (settings.ntasks_per_node or 1,) * settings.nodes, nodelist=plural(settings.nodes, "node"))
     carve_roles(planned, chief=settings.chief, ps=settings.ps, evaluator=settings.evaluator, source=source)
     workdir = os.getcwd()
     log_dir_key = ("submit", "--log-dir") if options.log_dir else (source, "log_dir")

@@ -27,6 +27,8 @@ CASES = {
                                         "--requeue and --run-dir only apply to --slurm"),
     "two clusters named": (["check", "--local", "2", "-H", "localhost:2"], "give either a cluster file or --local N"),
     "too few runs to compare": (["compare", "one", "--log-dir", "{logs}"], "compare needs at least two runs"),
+    "too few slots for submit's roles": (["submit", "--nodes", "1", "--chief", "--ps", "2", "--dry-run", "--", "t"],
+                                         "need 4 task slots; job (to be submitted): 1 task slot on 1 node (ask"),
     "a submit option's bad value": (["submit", "--nodes", "1", "--sbatch-option", "qos", "--dry-run"],
                                     "expected an sbatch option such as --qos=high, got 'qos'"),
     "missing cluster file": (["missing.yaml", "--dry-run"], "missing.yaml: no such cluster file"),

@@ -102,7 +102,7 @@ def test_roles_larger_than_the_allocation_are_refused(kw, key, need):
         carve_roles(allocation([1]), **kw)
     message = str(error.value)
     assert message.startswith(f"--slurm: {key}: ") and f"need {need} task slots" in message
-    assert "job 7: 1 task slots on n1" in message
+    assert "job 7: 1 task slot on n1" in message
 
 
 def test_gpus_slurm_binds_are_left_to_slurm():
