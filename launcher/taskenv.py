@@ -5,7 +5,7 @@ The plan writes them (:mod:`launcher.cluster.plan`), the cluster checks reserve 
 writes them into pods and start scripts, and readers of a run record find paths in them. The
 trainer reads some of them and keeps its own copy of those names, because the launcher and the
 trainer never import each other; a test holds the two copies equal. The host agent's own variables
-(``TFLAUNCH_AGENT_*``) are the agent's, in :mod:`launcher.transports.hostagent`.
+(``TFLAUNCH_AGENT_*``) are the agent's, in :mod:`launcher.agent.protocol`.
 
 :data:`ENV_NAME` is what any variable of a task's environment may be called, wherever it is given
 (a cluster file's ``env``, ``--env``, launch()'s ``env``).

@@ -8,7 +8,7 @@ from pathlib import Path
 
 LAUNCHER = Path(__file__).resolve().parent.parent / "launcher"
 # Programs shipped to hosts as standalone source, which import nothing of the launcher.
-SHIPPED = frozenset({LAUNCHER / "transports" / "hostagent.py", LAUNCHER / "cluster" / "probe.py",
+SHIPPED = frozenset({*(LAUNCHER / "agent").glob("*.py"), LAUNCHER / "cluster" / "probe.py",
                      LAUNCHER / "cluster" / "mesh_probe.py"})
 
 

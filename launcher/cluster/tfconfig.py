@@ -5,7 +5,7 @@ cluster's size (about 80 MB for 2,048 tasks, 1.3 GB for 8,192). A :class:`TfConf
 cluster's JSON text, one string shared by every task that sees that cluster, and the task's own
 role and index; a launch's env (a :class:`TaskEnv`) renders it as text only when it is read. The
 transports send each cluster to a host's agent once, and the agent writes each task's TF_CONFIG
-(see :mod:`launcher.transports.hostagent`). Linux refuses an environment variable longer than
+(see :mod:`launcher.agent.starting`). Linux refuses an environment variable longer than
 ``ENV_STRING_MAX``, so a cluster whose TF_CONFIG would be is refused when it is planned.
 """
 

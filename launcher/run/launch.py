@@ -156,7 +156,7 @@ def _remote_auto(spec: ClusterSpec, local_hosts: frozenset[str]) -> list:
 def _agent_ports(spec: ClusterSpec, local_hosts: frozenset[str], request: LaunchRequest,
                  transports: TransportSet) -> tuple[ClusterSpec, dict[str, str]]:
     """The spec with every remote ``auto`` port filled in by that host's agent, which holds the
-    port until the task that uses it starts (see :mod:`launcher.transports.hostagent`), and the spare
+    port until the task that uses it starts (see :mod:`launcher.agent.ports`), and the spare
     hosts whose agent could not pick theirs, {host: why}: those spares are left out of the spec."""
     remote = _remote_auto(spec, local_hosts)
     if not remote:

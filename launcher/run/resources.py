@@ -1,7 +1,7 @@
 """CPU and memory use of a run's tasks, wherever they run, collected on a thread into ``resources.json``.
 
 Each task's host agent samples the task's whole process tree (the task and all its descendants)
-and sends the reading to tflaunch (see :mod:`launcher.transports.hostagent`); this module turns
+and sends the reading to tflaunch (see :mod:`launcher.agent.sampling`); this module turns
 the readings into figures. CPU% is the tree's CPU time over the wall time since the previous
 reading (100 = one core busy), RSS is the sum of the tree's resident sets (pages shared between
 processes count once per process).

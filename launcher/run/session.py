@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping
 
 from .. import __version__
+from ..agent.protocol import sample_for
 from ..cluster.plan import Plan, RunContext, TaskLaunch, tf_cluster
 from ..cluster.spec import ClusterSpec, restarts_possible
 from ..masking import masked_argv, masked_command
@@ -32,7 +33,6 @@ from ..records.exits import signal_name
 from ..records.states import Outcome, RunStatus, TaskState, plural
 from ..transports import TransportSet
 from ..transports.base import Reading
-from ..transports.hostagent import sample_for
 from ..cluster.placement import checked_spec
 from .hostpool import HostPool
 from .liverecord import LiveRecord, status_fields
@@ -54,7 +54,8 @@ TAIL_LINES = 20
 # flat (run.json and the status line: see .liverecord): the output pump sweeps the task logs every
 # PUMP_INTERVAL for up to PUMP_TASKS tasks, a larger run's proportionally less often (at most
 # PUMP_AT_MOST apart). A run of one host folds its agent's resource samples every second, a run of
-# more every time its agents sample (hostagent.sample_for), and writes them 4 paces of run.json apart.
+# more every time its agents sample (launcher.agent.protocol.sample_for), and writes them 4 paces of
+# run.json apart.
 PUMP_INTERVAL, PUMP_TASKS, PUMP_AT_MOST = 0.02, 16, 1.0
 DIAGNOSIS_LINES = 200
 DISK_FULL_EXIT = 1

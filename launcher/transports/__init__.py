@@ -2,7 +2,7 @@
 
 Every transport implements :class:`.base.Transport` (``prepare``, ``start``, ``close``) and returns a
 :class:`.base.TaskProcess` (poll, terminate, kill, send_signal, cleanup, dump_stacks, reading,
-leftovers). Every task runs under its host's agent (:mod:`.hostagent`, shipped by
+leftovers). Every task runs under its host's agent (:mod:`launcher.agent`, shipped by
 :mod:`.shipping`; tflaunch's side is :mod:`.hostlink`, served by :mod:`.linkhub`, its tasks
 :mod:`.proxies`): one agent per host per run, which starts every task of its host, stops each
 task's whole tree when the task ends or tflaunch is gone, and samples each task's CPU and memory:
@@ -57,11 +57,10 @@ def create(name: str, grace: float) -> Transport:
 
 def reading_of(pid: int) -> Reading:
     """A reading of process ``pid``'s tree on this machine, taken the way every host agent takes one."""
-    from . import hostagent
+    from ..agent.sampling import tree_reading
 
-    tree = [pid, *hostagent.descendants(pid)]
-    rss, cpu = hostagent.usage(tree)
-    return Reading(pid, rss, cpu, len(tree), time.time())
+    rss, cpu, count = tree_reading(pid)
+    return Reading(pid, rss, cpu, count, time.time())
 
 
 class TransportSet:

@@ -1,7 +1,7 @@
 """The listener that a job step's agents connect back to, and the address it should listen on.
 
 Each caller and the listener prove to each other that they hold the run's token, without sending
-it (the handshake of :mod:`.hostagent`: a hello with the caller's name and nonce, the listener's
+it (the handshake of :mod:`launcher.agent`: a hello with the caller's name and nonce, the listener's
 nonce and proof, the caller's proof, the listener's welcome); the connection is then handed over
 as that name's channel, with nothing after the caller's proof consumed. Anyone who can reach the
 port can connect, so every connection is a stranger until its proof checks out: its lines are read
@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from .hostagent import HELLO_LIMIT, WELCOME, handshake_proof, new_nonce, read_hello
+from ..agent.protocol import HELLO_LIMIT, WELCOME, handshake_proof, new_nonce, read_hello
 
 HANDSHAKE_DEADLINE = 10.0  # seconds from accept to the caller's proof; an agent answers at once
 PENDING_LIMIT = 64  # open handshakes at least; twice the callers when there are more

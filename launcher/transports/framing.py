@@ -1,18 +1,18 @@
 """An agent's channel as tflaunch reads it: the bytes of each read, cut into whole frames.
 
-What a login shell prints comes before the agent's sync mark (:data:`.hostagent.SYNC`) and is
-handed on as the host's own output; after it, every byte belongs to a frame (:data:`.hostagent.HEADER`,
+What a login shell prints comes before the agent's sync mark (:data:`launcher.agent.protocol.SYNC`) and is
+handed on as the host's own output; after it, every byte belongs to a frame (:data:`launcher.agent.protocol.HEADER`,
 then its payload). A read ends wherever the channel's bytes ran out (in a header, in a payload,
 between two frames): the start of a frame it cuts is kept and completed from the next read, and a
 frame that lies whole in a read is handed on where it lies, as a view of the read's buffer. What
-is no frame, or no sync mark within :data:`.hostagent.MAX_FRAME` bytes, is a :class:`ProtocolError`.
+is no frame, or no sync mark within :data:`launcher.agent.protocol.MAX_FRAME` bytes, is a :class:`ProtocolError`.
 """
 
 from __future__ import annotations
 
 from typing import Callable
 
-from .hostagent import HEADER, MAX_FRAME, SYNC, printable
+from ..agent.protocol import HEADER, MAX_FRAME, SYNC, printable
 
 
 class ProtocolError(Exception):

@@ -1,10 +1,10 @@
-"""tflaunch's end of one host agent (:mod:`.hostagent`): the link that carries its commands and frames.
+"""tflaunch's end of one host agent (:mod:`launcher.agent`): the link that carries its commands and frames.
 
 An :class:`AgentLink` is one agent and its channel: the commands tflaunch writes (buffered, so a
 busy agent never blocks the supervisor), the frames it reads (cut from the channel's reads by
 :mod:`.framing`, then sorted into each process's log, status and stacks), and the keep-alive each
 way: a heartbeat every ``beat`` seconds without another command (``beat`` grows with the run's
-hosts, see :func:`.hostagent.beat_for`), and a peer silent for ``keepalive`` seconds is lost. A
+hosts, see :func:`launcher.agent.protocol.beat_for`), and a peer silent for ``keepalive`` seconds is lost. A
 TensorFlow cluster goes to the agent once per link (a ``CLUSTER`` command), however many of its
 tasks see it: each task's start names it. How the channel is carried (a local pipe, one ssh
 connection, a connection back from a Slurm step) is a :class:`Carrier`, which also says what a lost
@@ -26,11 +26,11 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from ..agent.protocol import HEARTBEAT, MAX_FRAME, Command, Frame, Status, encode_fields, printable, write_some
 from ..cluster.tfconfig import TfConfig
 from .base import Reading, ThreadTimes
 from .carriers import Carrier
 from .framing import FrameReader, ProtocolError
-from .hostagent import HEARTBEAT, MAX_FRAME, Command, Frame, Status, encode_fields, printable, write_some
 
 if TYPE_CHECKING:
     from .linkhub import LinkHub

@@ -17,7 +17,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from .hostagent import HEARTBEAT
+from ..agent.protocol import HEARTBEAT
 from .hostlink import READ_SIZE, AgentLink
 
 if TYPE_CHECKING:

@@ -1,4 +1,4 @@
-"""Tasks on this machine: every one of them runs under one host agent (:mod:`.hostagent`), a
+"""Tasks on this machine: every one of them runs under one host agent (:mod:`launcher.agent`), a
 child of tflaunch.
 
 The agent's stdin is a pipe only tflaunch writes to: when tflaunch dies (even by SIGKILL) the agent
@@ -16,24 +16,25 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
+from ..agent.protocol import EOF_GRACE, encode_fields
 from ..cluster.machine import restore_open_files_limit
 from ..cluster.plan import TaskLaunch
 from ..cluster.tfconfig import tf_config_parts
 from ..options import GRACE
 from .base import ExitStatus, FailedStart
 from .carriers import ProcessCarrier, spawn_carrier
-from .hostagent import EOF_GRACE, encode_fields
 from .hostlink import AgentLink
 from .linkhub import HUB
 from .proxies import AgentTask, LogWriter
-from .shipping import AGENT_PATH
+from .shipping import AGENT_MAIN, AGENT_PACKAGE
 
 # The local agent's keep-alive timeout: tflaunch alive but no longer answering (wedged, suspended).
 KEEPALIVE_TIMEOUT = 30.0
-# The agent imported as a module rather than run as a script, so that its compiled form is cached.
-# Its folder goes at the end of sys.path: the standard library must win over any file next to it.
-AGENT_BOOT = (f"import sys; sys.path.append({str(AGENT_PATH.parent)!r}); "
-              f"import {AGENT_PATH.stem}; {AGENT_PATH.stem}.main()")
+# On this machine the agent's package is imported as it is, not bundled, so that its compiled form
+# is Python's cache. The folder above it goes at the end of sys.path (the standard library must win
+# over any module there), and the package is imported by its own name: launcher's __init__ stays out.
+AGENT_BOOT = (f"import sys; sys.path.append({str(AGENT_PACKAGE.parent)!r}); "
+              f"from {AGENT_PACKAGE.name} import {AGENT_MAIN}; {AGENT_MAIN}.main()")
 
 
 class LocalCarrier(ProcessCarrier):

@@ -15,10 +15,10 @@ import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Callable
 
+from ..agent.protocol import Command, Status
 from ..records.boundedlog import WRITING, BoundedLog
 from ..records.files import open_own
 from .base import CANNOT_START, OPEN_LOGS, ExitStatus, Reading
-from .hostagent import Command, Status
 
 if TYPE_CHECKING:
     from .carriers import Carrier

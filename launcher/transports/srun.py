@@ -1,5 +1,5 @@
 """Tasks inside a Slurm allocation: one job step for the whole run, whose one task per node is the
-host agent (:mod:`.hostagent`) that starts and watches that node's tasks.
+host agent (:mod:`launcher.agent`) that starts and watches that node's tasks.
 
 ``srun --nodes=K --ntasks=K --ntasks-per-node=1 --overlap ...`` puts the agents in the job's
 cgroups, accounts them, and makes them die with the job; a run costs one step and one srun
@@ -37,6 +37,7 @@ import signal
 import subprocess
 from collections.abc import Collection, Sequence
 
+from ..agent.protocol import EOF_GRACE, beat_for, encode_fields, sample_for
 from ..cluster.plan import TaskLaunch
 from ..cluster.spec import DEFAULT_KEEPALIVE_TIMEOUT
 from ..options import GRACE
@@ -44,7 +45,6 @@ from .base import CANNOT_START, ExitStatus, FailedStart
 from .connectback import ConnectBack, source_address
 from .heldoutput import HeldOutput
 from .carriers import Carrier
-from .hostagent import EOF_GRACE, beat_for, encode_fields, sample_for
 from .hostlink import AgentLink
 from .linkhub import HUB
 from .proxies import AgentTask, LogWriter
@@ -77,7 +77,7 @@ def srun_argv(nodes: Sequence[str], first: TaskLaunch, grace: float, port: int, 
     """The one srun step that runs an agent on each of ``nodes``, dialling ``host`` (``-``: the
     address srun was started from) at ``port``; ``exclude``: nodes the run left out, which Slurm
     must not place the step on."""
-    # Heartbeats and samples spaced out as for as many ssh hosts (see hostagent.beat_for, sample_for).
+    # Heartbeats and samples spaced out as for as many ssh hosts (see launcher.agent.protocol.beat_for, sample_for).
     spec = agent_spec(grace, DEFAULT_KEEPALIVE_TIMEOUT, sample=sample_for(len(nodes)), connect=f"{host} {port}",
                       beat=beat_for(len(nodes), DEFAULT_KEEPALIVE_TIMEOUT))
     agent = [*remote_agent_argv(first.python), spec]

@@ -1,4 +1,4 @@
-"""Tasks on other hosts: one ssh connection per host, and on it the host agent (:mod:`.hostagent`)
+"""Tasks on other hosts: one ssh connection per host, and on it the host agent (:mod:`launcher.agent`)
 that starts and watches every task of that host.
 
 Using the user's own ssh means their ~/.ssh/config, agent, ProxyJump and ControlMaster apply. One
@@ -10,8 +10,8 @@ remote process, the agent's stdin is the control channel:
   agent's stdout, framed, and tflaunch writes it into the task's log;
 - if tflaunch dies (even by SIGKILL) the connection closes, the agent reads EOF and stops every
   task within its grace period;
-- both sides send heartbeats, four to a keep-alive timeout (:func:`.hostagent.beat_for`; resource
-  samples are spaced out in a run of many hosts, :func:`.hostagent.sample_for`): the agent stops
+- both sides send heartbeats, four to a keep-alive timeout (:func:`launcher.agent.protocol.beat_for`; resource
+  samples are spaced out in a run of many hosts, :func:`launcher.agent.protocol.sample_for`): the agent stops
   its tasks when tflaunch falls silent, tflaunch declares the host lost when the agent does (ssh's
   ServerAlive probes end the client too).
 
@@ -32,12 +32,12 @@ import shlex
 import time
 from collections.abc import Sequence
 
+from ..agent.protocol import EOF_GRACE, beat_for, sample_for
 from ..cluster.plan import TaskLaunch
 from ..cluster.spec import DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEEPALIVE_TIMEOUT, SshSettings
 from ..options import GRACE
 from .base import ExitStatus, FailedStart
 from .carriers import Carrier, ProcessCarrier, spawn_carrier
-from .hostagent import EOF_GRACE, beat_for, sample_for
 from .hostlink import AgentLink
 from .linkhub import HUB
 from .proxies import AgentTask, LogWriter

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from launcher import api
+from launcher.agent import protocol, starting
 from launcher.cli import main
 from launcher.cli.group import cli
 from launcher.errors import LaunchError, OptionsError
 from launcher.options import EVALUATOR_TIMEOUT, GRACE, MAX_RESTARTS, RESTART_DELAY, RunOptions, python_words
-from launcher.transports import hostagent
 
 pytestmark = pytest.mark.unit
 
@@ -174,9 +174,9 @@ def test_the_command_line_reports_a_bad_value_in_one_line(argv, message, capsys,
 
 def test_the_agents_own_default_grace_agrees_with_tflaunchs():
     # The agent is shipped as standalone source: it keeps its own copy of a process's grace.
-    assert hostagent.GRACE == GRACE
-    assert hostagent.Process(1, {}).grace == GRACE
-    assert hostagent.Process(1, {"grace": "2.5"}).grace == 2.5
+    assert protocol.GRACE == GRACE
+    assert starting.Process(1, {}).grace == GRACE
+    assert starting.Process(1, {"grace": "2.5"}).grace == 2.5
 
 
 SPELLED_ONCE = {"grace", "evaluator_timeout", "restart_delay", "max_restarts", "task_restarts", "eof_grace",
@@ -184,7 +184,7 @@ SPELLED_ONCE = {"grace", "evaluator_timeout", "restart_delay", "max_restarts", "
 # What takes and passes on run options: the front ends, the run, the transports, the cluster and its
 # sources. (A run record's fields, an export's plan and TensorBoard's own stop are other facts.)
 SCOPE = ("api.py", "cli", "run", "transports", "cluster", "sources", "slurm")
-OWNERS = {LAUNCHER / "options.py", LAUNCHER / "transports" / "hostagent.py"}  # the agent: its own copy, tested above
+OWNERS = {LAUNCHER / "options.py"}  # the agent (launcher/agent, outside the scope) keeps its own copy, tested above
 
 
 def literal_defaults(tree: ast.AST) -> list[tuple[int, str]]:

@@ -1,7 +1,7 @@
 """The launcher's layers hold: ``lint-imports`` checks the contracts in .importlinter against the code.
 
-The contracts (layers, the read side, the run and its transports, the pure cluster core, no
-TensorFlow) are described in docs/architecture.md. The second test breaks a copy of the launcher
+The contracts (layers, the read side, the run and its transports, the standalone agent and its
+protocol module, the pure cluster core, no TensorFlow) are described in docs/architecture.md. The second test breaks a copy of the launcher
 on purpose, so that a contract that stopped checking anything would be noticed.
 """
 
@@ -49,6 +49,10 @@ def test_every_import_contract_is_kept():
     ("run/session.py", "from ..transports.linkhub import HUB", "never a named transport"),
     ("export/shell.py", "import tensorflow", "never imports TensorFlow"),
     ("cluster/plan.py", "from ..sources import choose", "Each package imports only the packages below it"),
+    ("agent/trees.py", "import psutil", "The agent is standalone"),
+    ("agent/ports.py", "from .. import options", "The agent is standalone"),
+    ("run/session.py", "from ..agent.loop import Agent", "reaches the agent through its protocol module only"),
+    ("transports/local.py", "from ..agent import trees", "reaches the agent through its protocol module only"),
 ])
 def test_an_import_that_breaks_a_contract_is_named(tmp_path, module, line, contract):
     copy = tmp_path / "launcher"

@@ -17,6 +17,7 @@ import psutil
 import pytest
 
 from conftest import HELPERS, marked
+from launcher.transports.local import AGENT_BOOT
 from polling import wait_for
 
 ESCAPE = str(HELPERS / "escape.py")
@@ -140,7 +141,7 @@ def test_task_pid_is_the_task_not_its_agent(tflaunch):
         cmdline = psutil.Process(task["pid"]).cmdline()
         assert cmdline[1] == ESCAPE, cmdline
         agent = psutil.Process(task["pid"]).parent()
-        assert agent.pid != proc.pid and "agent.main()" in " ".join(agent.cmdline())
+        assert agent.pid != proc.pid and AGENT_BOOT in agent.cmdline()
         assert agent.parent().pid == proc.pid
     finally:
         proc.send_signal(signal.SIGINT)

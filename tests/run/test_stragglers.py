@@ -23,7 +23,7 @@ import pytest
 from launcher.records.record import RunRecord
 from launcher.run.stragglers import (CONFIRM_FOR, CONFIRM_SHARE, END_FOR, WARM_UP, Figures, StragglerWatch,
                                      figures_over, minority, shares, status_words)
-from launcher.transports import hostagent
+from launcher.agent import threads
 from launcher.transports.base import ThreadTimes
 from polling import wait_for
 
@@ -184,8 +184,8 @@ def started(code: str, cpu: int | None = None) -> subprocess.Popen:
     return proc
 
 
-def watched(pid: int, looks: int) -> hostagent.ThreadWatch:
-    watch = hostagent.ThreadWatch()
+def watched(pid: int, looks: int) -> threads.ThreadWatch:
+    watch = threads.ThreadWatch()
     for _ in range(looks):
         watch.look([pid])
         time.sleep(0.02)
@@ -210,7 +210,7 @@ def test_the_agent_measures_a_task_s_wait_for_a_cpu_it_shares():
     alone, shared = started(SPINNER, cpus[0]), started(SPINNER, cpus[1])
     neighbours = [started(SPINNER, cpus[1]) for _ in range(2)]
     try:
-        watches = {proc.pid: hostagent.ThreadWatch() for proc in (alone, shared)}
+        watches = {proc.pid: threads.ThreadWatch() for proc in (alone, shared)}
         for pid, watch in watches.items():
             watch.census([pid], full=True)
         time.sleep(2)

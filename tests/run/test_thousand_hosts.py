@@ -29,7 +29,7 @@ from launcher.run.console import Console
 from launcher.run.liverecord import LiveRecord
 from launcher.run.supervisor import Task
 from launcher.run.wakeups import Wakeups
-from launcher.transports.hostagent import HEARTBEAT, beat_for, sample_for
+from launcher.agent.protocol import HEARTBEAT, beat_for, sample_for
 from polling import wait_for
 
 def hosts_file(path: Path, hosts: int, per_host: int, keepalive: float | None = None) -> Path:

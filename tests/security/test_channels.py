@@ -21,7 +21,7 @@ from conftest import ROOT
 from polling import wait_for
 from test_shared_machine import NOBODY, SYSTEM_PYTHON, as_nobody
 
-from launcher.transports.hostagent import encode_fields
+from launcher.agent.protocol import encode_fields
 from launcher.transports.shipping import remote_agent_argv
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not Path(SYSTEM_PYTHON).exists(),
@@ -193,7 +193,7 @@ def test_another_users_claim_names_and_folders_do_not_keep_an_agent_from_any_por
 
 @pytest.mark.unit
 def test_claims_of_one_users_runs_exclude_each_other(tmp_path):
-    from launcher.transports.hostagent import PortClaims
+    from launcher.agent.ports import PortClaims
 
     folder = tmp_path / "claims"
     first, second = PortClaims([str(folder)]), PortClaims([str(folder)])  # two runs: two descriptions
@@ -317,7 +317,7 @@ def no_locks(tmp_path):
 @pytest.mark.slow
 def test_a_lock_folder_on_a_file_system_without_locks_is_passed_over(no_locks, tmp_path):
     from launcher.cluster.ports import reserve_ports
-    from launcher.transports.hostagent import PortClaims
+    from launcher.agent.ports import PortClaims
 
     first, second = no_locks / "tflaunch", tmp_path / "second"
     with reserve_ports(["w"], folders=[first, second]) as reservation:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 
 from launcher.transports.base import ExitStatus
-from launcher.transports.hostagent import PIPE_SIZE, WIDE_PIPES
+from launcher.agent.channel import PIPE_SIZE, WIDE_PIPES
 from polling import wait_for
 from test_hostagent import ended, host, log_text  # noqa: F401 (host is a fixture)
 

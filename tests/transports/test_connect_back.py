@@ -26,8 +26,9 @@ import pytest
 from conftest import ROOT
 from polling import wait_for
 
+from launcher.agent.channel import connect_back
+from launcher.agent.protocol import hello_line, new_nonce
 from launcher.transports.connectback import ConnectBack, source_address
-from launcher.transports.hostagent import connect_back, hello_line, new_nonce
 
 TOKEN = "0123456789abcdef0123456789abcdef"
 GARBAGE = b"\x00\xff\xfe\x1b[31mSTRANGER-GARBAGE\x1b[0m \xc3\x28\n"

@@ -1,10 +1,9 @@
 """The host agent as a real process, driven through tflaunch's real end of it (hostlink): many tasks
 under one agent, each with its own status, signals, leftovers, stacks and log; EOF, heartbeats,
-floods, binary output, restarts in place, and the spec format."""
+floods, binary output, restarts in place, and the agent shipped as bytecode or source."""
 
 from __future__ import annotations
 
-import ast
 import os
 import random
 import resource
@@ -19,23 +18,17 @@ from pathlib import Path
 import pytest
 
 from conftest import marked
+from launcher.agent.protocol import encode_fields
 from launcher.transports.base import ExitStatus
-from launcher.transports.hostagent import encode_fields
 from launcher.transports.hostlink import AgentLink
 from launcher.transports.linkhub import HUB
 from launcher.transports.proxies import AgentTask, LogWriter
-from launcher.transports.shipping import AGENT_PATH, AGENT_SOURCE, agent_payload, remote_agent_argv, stdin_agent_argv
+from launcher.transports.shipping import agent_payload, remote_agent_argv, stdin_agent_argv
 from launcher.transports.local import AGENT_BOOT, LocalCarrier
 from polling import wait_for
 
 SLEEPER = "import time; time.sleep(600)"
 ESCAPE = str(Path(__file__).resolve().parents[1] / "helpers" / "escape.py")
-
-
-def load_agent_module():
-    namespace: dict = {"__name__": "agent_under_test"}
-    exec(compile(AGENT_SOURCE, str(AGENT_PATH), "exec"), namespace)
-    return namespace
 
 
 class Host:
@@ -124,27 +117,6 @@ def running(task: AgentTask, timeout: float = 10) -> int:
 
 def log_text(task: AgentTask) -> str:
     return Path(task.log_file).read_text(errors="replace")
-
-
-# -- the spec ----------------------------------------------------------------------------------
-
-def test_fields_round_trip_awkward_values():
-    decode = load_agent_module()["decode_fields"]
-    argv = ["a b", "", "it's \"x\" $(y) `z`", "é\n\t"]
-    env = {"A": "", "B": "x=y=z", "C": "line\nbreak"}
-    fields = decode(encode_fields({"name": "w-0", "argv": argv, "env": env, "cwd": "/tmp/a b", "grace": 2.5}))
-    assert fields["argv"] == argv and fields["env"] == env and fields["cwd"] == "/tmp/a b" and fields["grace"] == "2.5"
-
-
-def test_fields_refuse_a_nul_character():
-    with pytest.raises(ValueError, match="NUL"):
-        encode_fields({"argv": ["a\0b"]})
-
-
-def test_agent_source_is_python_3_6_syntax():
-    ast.parse(AGENT_SOURCE, feature_version=(3, 6))
-    for argv in (remote_agent_argv("python3"), stdin_agent_argv("python3")):  # and each boot that runs it
-        ast.parse(argv[4], feature_version=(3, 6))
 
 
 # -- the agent on another host ----------------------------------------------------------------
@@ -237,7 +209,7 @@ def _session_report(task: AgentTask) -> tuple[int, int, int, str]:
 
 def test_tasks_share_the_agents_session_each_in_a_process_group_of_its_own(host, tmp_path):
     # One session for a host's tasks: one autogroup for the scheduler, not one per task (see
-    # hostagent.lead_session). Both ways of starting a task: posix_spawn, and fork when it has a cwd.
+    # launcher.agent.trees.lead_session). Both ways of starting a task: posix_spawn, and fork when it has a cwd.
     h = host()
     spawned = [h.start([sys.executable, "-c", SESSION_REPORT]) for _ in range(3)]
     forked = h.start([sys.executable, "-c", SESSION_REPORT], cwd=str(tmp_path))

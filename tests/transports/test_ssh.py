@@ -104,7 +104,7 @@ def test_awkward_env_and_arguments_arrive_intact(tflaunch, testhosts, tmp_path):
 
 def test_a_hosts_tasks_share_their_agents_session_each_in_its_own_process_group(tflaunch, testhosts, tmp_path):
     # The agent leads a session of its own on the host (ssh gives it the shell's), and its tasks
-    # share it: one autogroup for the host's scheduler (see hostagent.lead_session).
+    # share it: one autogroup for the host's scheduler (see launcher.agent.trees.lead_session).
     node1 = testhosts.hosts[0]
     body = "worker:\n" + "".join(f"  - host: node1\n    address: {node1.address}\n    port: {testhosts.port()}\n"
                                   for _ in range(2))

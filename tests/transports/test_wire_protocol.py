@@ -26,14 +26,16 @@ import psutil
 import pytest
 
 from conftest import TASK, marked
-from launcher.transports import framing, hostagent, hostlink, linkhub, proxies
+from launcher.agent import protocol
+from launcher.agent.protocol import HEADER, MAX_FRAME, Frame, encode_fields
+from launcher.transports import framing, hostlink, linkhub, proxies
 from launcher.transports.base import ExitStatus
-from launcher.transports.hostagent import HEADER, MAX_FRAME, Frame, encode_fields
 from launcher.transports.local import AGENT_BOOT
+from launcher.transports.shipping import agent_source
 from polling import wait_for
 from test_hostagent import Host, ended, ready
 
-TRANSPORTS = Path(hostagent.__file__).parent
+TRANSPORTS = Path(framing.__file__).parent
 LOGIN_LINE = b"Your password expires in 3 days\n"
 SLEEPER = "import time; print('ready', flush=True); time.sleep(600)"
 
@@ -69,18 +71,16 @@ def alive(pid: int | None) -> bool:
 
 # -- one owner -----------------------------------------------------------------------------------
 
-def test_tflaunch_takes_every_fact_of_the_protocol_from_the_agent_module():
-    assert framing.HEADER is hostagent.HEADER and framing.SYNC is hostagent.SYNC
-    assert hostlink.MAX_FRAME == hostagent.MAX_FRAME and linkhub.HEARTBEAT is hostagent.HEARTBEAT
-    assert hostlink.encode_fields is hostagent.encode_fields
-    assert hostlink.Frame is hostagent.Frame and hostlink.Command is hostagent.Command
-    assert hostlink.Status is proxies.Status is hostagent.Status
+def test_tflaunch_takes_every_fact_of_the_protocol_from_the_agents_protocol_module():
+    assert framing.HEADER is protocol.HEADER and framing.SYNC is protocol.SYNC
+    assert hostlink.MAX_FRAME == protocol.MAX_FRAME and linkhub.HEARTBEAT is protocol.HEARTBEAT
+    assert hostlink.encode_fields is protocol.encode_fields
+    assert hostlink.Frame is protocol.Frame and hostlink.Command is protocol.Command
+    assert hostlink.Status is proxies.Status is protocol.Status
     # No module on tflaunch's side spells a fact of the protocol itself: no header format, no
     # frame kind, no sync mark, no variable the agent sets, no codec of its own.
     copied = []
     for path in sorted(TRANSPORTS.glob("*.py")):
-        if path.name == "hostagent.py":
-            continue
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.Constant) and isinstance(node.value, bytes) and (
@@ -96,20 +96,20 @@ def test_tflaunch_takes_every_fact_of_the_protocol_from_the_agent_module():
     assert copied == []
 
 
-def test_the_agent_module_imports_without_side_effects_and_runs_on_its_own():
+def test_the_agent_package_imports_without_side_effects_and_its_bundle_runs_on_its_own():
     code = ("import signal, sys, threading\n"
             "before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD)}\n"
-            "from launcher.transports import hostagent\n"
+            "from launcher.agent import loop, protocol\n"
             "after = {s: signal.getsignal(s) for s in before}\n"
-            "print(before == after, threading.active_count(), hostagent.Frame.SETUP)\n")
+            "print(before == after, threading.active_count(), protocol.Frame.SETUP)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                           cwd=TRANSPORTS.parent.parent)
     assert (done.returncode, done.stdout, done.stderr) == (0, "True 1 b'L'\n", "")
-    # Standalone, as shipped: the file alone, no package around it, no site.
+    # Standalone, as shipped: the bundle alone, no package around it, no site.
     spec = encode_fields({"keepalive": 5, "eof_grace": 0.5})
-    agent = subprocess.run([sys.executable, "-I", "-S", str(TRANSPORTS / "hostagent.py"), spec], input=b"",
+    agent = subprocess.run([sys.executable, "-I", "-S", "-c", agent_source(), spec], input=b"",
                            capture_output=True, timeout=60)
-    assert agent.returncode == 0 and agent.stdout.startswith(hostagent.SYNC)
+    assert agent.returncode == 0 and agent.stdout.startswith(protocol.SYNC)
 
 
 # -- tflaunch's end: frames however the reads cut them ---------------------------------------------
@@ -126,13 +126,13 @@ def test_frames_cut_anywhere_by_the_reads_are_put_together_again(tmp_path):
     link.start(task, {"name": "task", "argv": ["true"], "env": {}})
     rng = random.Random(3)
     outputs = [rng.randbytes(rng.choice((1, 8, 9, 10, 4096, 65527, 65536))) for _ in range(400)]
-    frames = [hostagent.frame(Frame.STATUS, task.id, b"started 4242")]
+    frames = [protocol.frame(Frame.STATUS, task.id, b"started 4242")]
     for i, data in enumerate(outputs):
-        frames.append(hostagent.frame(Frame.OUTPUT, task.id, data))
+        frames.append(protocol.frame(Frame.OUTPUT, task.id, data))
         if i % 50 == 0:
-            frames.append(hostagent.frame(Frame.HEARTBEAT, 0))
-    frames.append(hostagent.frame(Frame.STATUS, task.id, b"exit code=3"))
-    stream = hostagent.SYNC + b"".join(header + payload for header, payload in frames)
+            frames.append(protocol.frame(Frame.HEARTBEAT, 0))
+    frames.append(protocol.frame(Frame.STATUS, task.id, b"exit code=3"))
+    stream = protocol.SYNC + b"".join(header + payload for header, payload in frames)
     at = 0
     while at < len(stream):
         size = rng.choice((1, 2, 5, 9, 10, 100, 4096, 65545, 70000, 1 << 20))

@@ -1,0 +1,47 @@
+"""Each task's resource readings, taken every ``sample`` seconds and sent as one ``R`` frame
+(:data:`.protocol.Frame.READINGS`): a line per living task, ``id rss_bytes cpu_seconds processes``
+of the task's whole tree, and for a watched task its threads' totals after them
+(:class:`.threads.ThreadWatch`). tflaunch takes a reading of a process on its own machine the same way
+(:func:`tree_reading`).
+"""
+
+import os
+
+from .trees import descendants
+
+
+def usage(pids, page=os.sysconf("SC_PAGE_SIZE"), ticks=os.sysconf("SC_CLK_TCK")):
+    """(resident bytes, CPU seconds) of ``pids``; the first one's reaped children's CPU counts too."""
+    rss = cpu = 0
+    for n, pid in enumerate(pids):
+        try:
+            with open("/proc/%d/stat" % pid, "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+            with open("/proc/%d/statm" % pid, "rb") as statm:
+                rss += int(statm.read().split()[1]) * page
+        except (OSError, IndexError, ValueError):
+            continue
+        cpu += int(fields[11]) + int(fields[12]) + (int(fields[13]) + int(fields[14]) if n == 0 else 0)
+    return rss, cpu / float(ticks)
+
+
+def tree_reading(pid):
+    """(resident bytes, CPU seconds, processes) of ``pid``'s whole tree: one task's reading."""
+    tree = [pid] + descendants(pid)
+    rss, cpu = usage(tree)
+    return rss, cpu, len(tree)
+
+
+def readings(processes):
+    """The payload of one ``R`` frame: a line per living task of ``processes`` (the agent's
+    :class:`.starting.Process` objects; helpers left out), or b"" when none lives."""
+    lines = []
+    for process in processes:
+        if process.status is None and process.pid is not None and process.fields.get("kind") != "helper":
+            tree = process.tree = [process.pid] + descendants(process.pid)
+            rss, cpu = usage(tree)
+            line = "%d %d %.3f %d" % (process.id, rss, cpu, len(tree))
+            if process.threads is not None and process.threads.looks:
+                line += " " + process.threads.totals()  # see .threads.ThreadWatch
+            lines.append(line)
+    return "\n".join(lines).encode()

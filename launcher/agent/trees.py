@@ -1,0 +1,113 @@
+"""Process trees on Linux, read from /proc: a process's children and descendants, which of them
+carry a task's mark, whether they live, and signals to them.
+
+The agent is a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``): whatever a task starts in a
+session of its own, or by double-forking, comes back to the agent rather than to init, is known
+by the ``TFLAUNCH_AGENT_TASK`` variable it inherited, and is stopped (and reported as a leftover)
+when its task ends.
+"""
+
+import os
+
+from .protocol import OWNER_VARIABLE
+
+PR_SET_CHILD_SUBREAPER = 36
+
+def become_subreaper():
+    """Orphaned descendants come to this process instead of init (Linux 3.4+)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def children_of(pid):
+    """Direct children of ``pid`` (threads' children included), from /proc."""
+    found = []
+    try:
+        threads = os.listdir("/proc/%d/task" % pid)
+    except OSError:
+        return found
+    for tid in threads:
+        try:
+            with open("/proc/%d/task/%s/children" % (pid, tid), "rb") as listing:
+                found.extend(int(p) for p in listing.read().split())
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def descendants(pid):
+    found, todo = [], [pid]
+    while todo:
+        for child in children_of(todo.pop()):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def owner_of(pid):
+    """The agent's process id named in a process's environment, if it has one of ours."""
+    try:
+        with open("/proc/%d/environ" % pid, "rb") as environ:
+            for item in environ.read().split(b"\0"):
+                if item.startswith(OWNER_VARIABLE.encode() + b"="):
+                    return int(item.split(b"=", 1)[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def process_name(pid):
+    try:
+        with open("/proc/%d/comm" % pid, "rb") as comm:
+            return comm.read().decode("utf-8", "replace").strip() or "?"
+    except OSError:
+        return "?"
+
+
+def alive(pid):
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
+
+
+def handles(pid, signum):
+    """Whether process ``pid`` catches or ignores ``signum`` (True when that cannot be read)."""
+    try:
+        with open("/proc/%d/status" % pid, "rb") as status:
+            masks = [line.split()[1] for line in status if line.startswith((b"SigCgt:", b"SigIgn:"))]
+        return len(masks) != 2 or any(int(mask, 16) >> (signum - 1) & 1 for mask in masks)
+    except (OSError, ValueError, IndexError):
+        return True
+
+
+def send(pid, signum, group=False):
+    try:
+        (os.killpg if group else os.kill)(pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass  # already gone
+
+
+def lead_session():
+    """Whether the agent leads its own session, made now if it can be (the leader of a process group
+    cannot make one, as under srun, which starts each task as one: then each task gets a session of
+    its own).
+
+    The tasks share it, each in a process group of its own, rather than a session each: Linux's
+    autogroup scheduling (``kernel.sched_autogroup_enabled``, on by default) shares the CPU between
+    sessions first, so eight busy tasks in eight sessions would hold eight shares against the one of
+    tflaunch, which relays their output and falls behind it, and against each other user's session
+    on a shared host. In one session they hold one share, as torchrun's workers, which share its
+    session, do. No terminal reaches them either way: the agent's session has none."""
+    try:
+        os.setsid()
+    except OSError:
+        pass  # it leads a process group: its session, whoever's, stays as it is
+    return os.getsid(0) == os.getpid()
+
