@@ -189,8 +189,6 @@ class Agent(StartingProcesses, EndingProcesses):
             except (ValueError, UnicodeDecodeError):
                 return False
             self.start(ident, fields)
-        elif command == Command.SIG and not argument.isdigit():
-            return False
         elif command == Command.IN:
             try:
                 data = binascii.a2b_base64(argument)
@@ -210,8 +208,6 @@ class Agent(StartingProcesses, EndingProcesses):
         elif command == Command.KILL:
             process.hurry = True
             self.signal_tree(process, signal.SIGKILL)
-        elif command == Command.SIG and process.status is None:
-            send(process.pid, int(argument))
         elif command == Command.CLOSE:
             process.in_closing = True
             self.write_stdin(process)

@@ -20,7 +20,7 @@ counts as a heartbeat, and tflaunch sends an empty one only after ``beat`` secon
 - ``PORTS <id> <n>``: pick n free TCP ports on this host and hold them (see :mod:`.ports`); a task
   whose ``release`` field names one gets it freed just before it starts;
 - ``TERM <id>`` (SIGTERM to the task's process group), ``KILL <id>`` (SIGKILL to its whole tree),
-  ``SIG <id> <n>`` (signal n to its main process), ``DUMP <id>`` (its Python stacks, by py-spy).
+  ``DUMP <id>`` (its Python stacks, by py-spy).
 
 EOF on the channel, or no heartbeat for ``keepalive`` seconds, means tflaunch is gone: every process
 is stopped (SIGTERM, ``eof_grace``, SIGKILL) and the agent exits.
@@ -157,9 +157,8 @@ class Command(object):
     PORTS = "PORTS"
     TERM = "TERM"
     KILL = "KILL"
-    SIG = "SIG"
     DUMP = "DUMP"
-    ALL = (START, CLUSTER, IN, CLOSE, PORTS, TERM, KILL, SIG, DUMP)
+    ALL = (START, CLUSTER, IN, CLOSE, PORTS, TERM, KILL, DUMP)
 
 
 class Status(object):

@@ -1,7 +1,7 @@
 """Transports: how a planned task is started where it runs, behind one process interface.
 
 Every transport implements :class:`.base.Transport` (``prepare``, ``start``, ``close``) and returns a
-:class:`.base.TaskProcess` (poll, terminate, kill, send_signal, cleanup, dump_stacks, reading,
+:class:`.base.TaskProcess` (poll, terminate, kill, cleanup, dump_stacks, reading,
 leftovers). Every task runs under its host's agent (:mod:`launcher.agent`, shipped by
 :mod:`.shipping`; tflaunch's side is :mod:`.hostlink`, served by :mod:`.linkhub`, its tasks
 :mod:`.proxies`): one agent per host per run, which starts every task of its host, stops each

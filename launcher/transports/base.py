@@ -91,9 +91,6 @@ class FailedStart:
 
     kill = cleanup = terminate
 
-    def send_signal(self, signum: int) -> None:
-        pass
-
     def dump_stacks(self, timeout: float = 10.0) -> str:
         return ""
 
@@ -117,9 +114,6 @@ class TaskProcess(Protocol):
 
     def kill(self) -> None:
         """Stop the whole task now: SIGKILL."""
-
-    def send_signal(self, signum: int) -> None:
-        """Deliver ``signum`` to the task's main process (e.g. SIGUSR1 for stack dumps)."""
 
     def cleanup(self) -> None:
         """After the task ended: make sure nothing it started is left running."""

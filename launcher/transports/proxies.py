@@ -108,9 +108,6 @@ class AgentTask(AgentProcessBase):
         if self._kill_deadline is None:
             self._kill_deadline = time.monotonic() + KILL_BACKSTOP
 
-    def send_signal(self, signum: int) -> None:
-        self.link.send(f"{Command.SIG} {self.id} {int(signum)}\n".encode())
-
     def dump_stacks(self, timeout: float = 10.0) -> str:
         self._stacks_event.clear()
         self._stacks = None

@@ -6,7 +6,7 @@ connection per host (not per task) keeps a run within sshd's stock limits (MaxSt
 MaxSessions 10), however many tasks a host has. Because closing an ssh channel does not kill a
 remote process, the agent's stdin is the control channel:
 
-- ``terminate``/``kill``/``send_signal`` are commands on it; each task's output comes back on the
+- ``terminate``/``kill`` are commands on it; each task's output comes back on the
   agent's stdout, framed, and tflaunch writes it into the task's log;
 - if tflaunch dies (even by SIGKILL) the connection closes, the agent reads EOF and stops every
   task within its grace period;

@@ -75,9 +75,6 @@ class FakeProcess:
         self.signals.append(signal.SIGKILL)
         self._end(self.clock(), ExitStatus(signal=signal.SIGKILL, termed=True))
 
-    def send_signal(self, signum: int) -> None:
-        self.signals.append(signum)
-
     def cleanup(self) -> None:
         self.cleaned = True
         self.leftovers = self.script.leftovers

@@ -275,19 +275,6 @@ def test_an_exit_says_whether_the_term_ended_it(host):
     assert (ended(alone), ended(alone).termed) == (ExitStatus(code=5), False)
 
 
-def test_sig_reaches_the_main_process_only(host):
-    h = host()
-    code = ("import signal, subprocess, sys, time\n"
-            "child = subprocess.Popen(['sleep', '60'])\n"
-            "signal.signal(signal.SIGUSR1, lambda *_: (print('usr1', child.poll() is None, flush=True), child.kill(), sys.exit(5)))\n"
-            "print('ready', flush=True)\ntime.sleep(60)")
-    task = h.start([sys.executable, "-c", code])
-    ready(task)
-    task.send_signal(signal.SIGUSR1)
-    assert ended(task) == ExitStatus(code=5)
-    assert "usr1 True" in log_text(task)
-
-
 def test_kill_ends_a_task_that_ignores_term(host):
     h = host()
     code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"
