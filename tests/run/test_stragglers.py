@@ -213,20 +213,17 @@ def test_the_agent_measures_a_task_s_wait_for_a_cpu_it_shares():
         watches = {proc.pid: threads.ThreadWatch() for proc in (alone, shared)}
         for pid, watch in watches.items():
             watch.census([pid], full=True)
-        time.sleep(2)
+        time.sleep(3)
         for pid, watch in watches.items():
             watch.census([pid], full=True)
     finally:
         for proc in (alone, shared, *neighbours):
             proc.kill()
 
-    def queue_share(watch):
-        return watch.queue_ns / (watch.run_ns + watch.queue_ns)
-
-    # With two programs on its CPU it waits for it about two thirds of the time; the lone one waits
-    # only for what else this machine runs (on a quiet machine, nothing).
-    assert queue_share(watches[shared.pid]) > 0.5
-    assert queue_share(watches[alone.pid]) < queue_share(watches[shared.pid]) - 0.05
+    # With two programs on its CPU it gets a third of it and waits for it the other two thirds;
+    # whatever else this machine runs only makes it wait longer.
+    sharing = watches[shared.pid]
+    assert sharing.run_ns > 0.05e9 and sharing.queue_ns > 1.5 * sharing.run_ns
 
 
 # -- real runs ------------------------------------------------------------------------------
