@@ -9,7 +9,8 @@ per batch (0 by default: a source as fast as it can be); ``--width`` sets the de
 (the work of a step). The slow task (``--slow`` names it as TFLAUNCH_TASK does, ``--slow-host`` by
 its host name) sleeps ``--sleep`` seconds per batch instead, until ``--recover-after`` seconds
 after its first batch, when it prints ``RECOVERED <time>`` and goes on at the others' pace. Each
-task prints ``TRAINING <time>`` at its first batch and ``DONE`` at its end.
+task prints ``TRAINING <time>`` at its first batch, an epoch metric line every 10 steps
+(``trainer.metrics.print_epoch``) and ``DONE`` at its end.
 """
 
 import argparse
@@ -68,7 +69,10 @@ def main():
                                      tf.keras.layers.Dense(args.width, activation="relu"),
                                      tf.keras.layers.Dense(1)])
         model.compile("sgd", "mse")
-    model.fit(data, epochs=steps // 10, steps_per_epoch=10, verbose=0)
+    from trainer.metrics import print_epoch  # the documented callback: an epoch metric line each epoch
+
+    model.fit(data, epochs=steps // 10, steps_per_epoch=10, verbose=0,
+              callbacks=[tf.keras.callbacks.LambdaCallback(on_epoch_end=print_epoch)])
     print("DONE", flush=True)
 
 
