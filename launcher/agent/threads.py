@@ -4,7 +4,6 @@
 """
 
 import os
-import time
 
 LOOK_EVERY = 1.0  # seconds between looks at a watched task's threads
 CENSUS_LOOKS = 10  # looks between readings of its threads' CPU and run-queue times
@@ -119,11 +118,9 @@ class ThreadWatch(object):
     - ``gpu_looks`` and ``gpu_slowdown`` (sent only for a task with GPUs on a host with NVML):
       at each census, how much slower than its highest clock the task's slowest GPU runs because
       it is throttled (power cap, thermal or hardware slowdown, power brake), summed.
-    - ``run_ns`` and ``queue_ns`` as of ``census_at`` (the agent's monotonic clock): the task's
-      threads' CPU time and time spent runnable but waiting for a CPU (``/proc/<pid>/task/<tid>/schedstat``) since it was first watched: a task
-      sharing its cores with another program waits in the run queue while its peers wait for it.
-      Read every ``CENSUS_LOOKS`` looks for the threads new since the last census and those that
-      ran since the last full census, which reads every thread, every ``FULL_CENSUSES`` censuses.
+    Which threads run is read every ``CENSUS_LOOKS`` looks from their scheduling counts
+    (``/proc/<pid>/task/<tid>/schedstat``): those new since the last census and those that ran
+    since the last full census, which reads every thread, every ``FULL_CENSUSES`` censuses.
     """
 
     def __init__(self, gpus=()):
@@ -132,10 +129,7 @@ class ThreadWatch(object):
         self.gpu_slowdown = 0.0
         self.looks = 0
         self.stalled = 0.0
-        self.run_ns = 0
-        self.queue_ns = 0
-        self.census_at = 0.0  # the agent's monotonic clock at the last census, which the times are as of
-        self.times = {}  # (pid, tid) -> (run_ns, queue_ns, timeslices) at its last reading
+        self.slices = {}  # (pid, tid) -> how many times it was scheduled, at its last reading
         self.live = []  # threads that ran since the last full census, and new ones
         self.suspects = {}  # threads seen stalled -> the look that last saw them so
         self.turn = 0
@@ -169,38 +163,32 @@ class ThreadWatch(object):
         self.stalled += stalled
 
     def census(self, pids, full):
-        """Add the CPU and run-queue time its threads used since the last census: of every thread
-        when ``full``, else of those that ran since the last full one and those new since."""
+        """Which threads ran: of every thread when ``full``, else of those that ran since the last
+        full census; threads new since the last census count as running."""
         keys = []
         for pid in pids:
             try:
                 keys += [(pid, int(tid)) for tid in os.listdir("/proc/%d/task" % pid)]
             except (OSError, ValueError):
                 continue
-        first = not self.times
-        if full and not first:
+        if full:
             present = set(keys)
-            for key in [key for key in self.times if key not in present]:
-                del self.times[key]
+            for key in [key for key in self.slices if key not in present]:
+                del self.slices[key]
         was_live = set(self.live)
-        self.census_at = time.monotonic()
         live = []
         for key in keys:
-            before = self.times.get(key)
+            before = self.slices.get(key)
             if not (full or before is None or key in was_live):
                 continue
             text = read_small("/proc/%d/task/%d/schedstat" % key)
             try:
-                times = tuple(int(x) for x in text.split()[:3])
-            except (AttributeError, ValueError):
+                slices = int(text.split()[2])
+            except (AttributeError, IndexError, ValueError):
                 continue
-            if before is None:
-                before = times if first else (0, 0, -1)  # born since the first census: all of it counts
-            self.run_ns += max(0, times[0] - before[0])
-            self.queue_ns += max(0, times[1] - before[1])
-            if first or times[2] != before[2] or (not full and key in was_live):
+            if slices != before or (not full and key in was_live):
                 live.append(key)
-            self.times[key] = times
+            self.slices[key] = slices
         self.live = live
 
     def look_at_gpus(self):
@@ -212,7 +200,9 @@ class ThreadWatch(object):
             self.gpu_slowdown += max(gpu_slowdown(reading) for reading in readings)
 
     def totals(self):
-        text = "%d %.2f %d %d %.3f" % (self.looks, self.stalled, self.run_ns, self.queue_ns, self.census_at)
+        """``looks stalled``, and ``gpu_looks gpu_slowdown`` after them once its GPUs were read:
+        what follows the task's resource figures on its reading's line."""
+        text = "%d %.2f" % (self.looks, self.stalled)
         if self.gpu_looks:
             text += " %d %.3f" % (self.gpu_looks, self.gpu_slowdown)
         return text

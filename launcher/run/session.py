@@ -235,8 +235,8 @@ class RunSession:
         repeated = [culprit] if culprit and self._culprits[-2:] == [culprit, culprit] else []
         machine = self._machine_fault(result)
         if self._excluding:
-            machine.setdefault(self._excluding, f"left out as the straggler "
-                                                f"(held the others back for {self.options.straggler_timeout:g} s)")
+            machine.setdefault(self._excluding, "left out as the straggler (the others kept waiting for it "
+                                                f"for {self.options.straggler_timeout:g} s or more)")
         decision = pool.decide(attempt, lost, machine=machine, culprits=repeated)
         with self.lock:
             self.record.excluded += [ExcludedHost(out.host, out.reason, attempt) for out in decision.left_out]

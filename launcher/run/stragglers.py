@@ -8,10 +8,6 @@ and sends running totals with its resource readings, from which, over the last :
 
 - ``stall``: how many of its threads sleep on purpose or wait for a disk, on average (an input
   pipeline that sleeps per batch or reads from a slow disk);
-- ``busy``: its threads' CPU demand, their CPU time and run-queue time over wall time. In a
-  synchronous step the slowest task wants a CPU all the time, the others only until they wait
-  for it; ``queue``, the part of the demand spent in the run queue, says whether it waited for a
-  CPU (another program on its cores, more busy threads than cores) or computed longer;
 - ``gpu``: on a host with NVML, how much slower than its peak clock its slowest GPU ran while
   throttled (a power cap, heat, a hardware slowdown): a slow GPU's task computes longer while
   every thread of it waits for the device, as the others' wait for the network.
@@ -25,9 +21,11 @@ stops being one once its share stayed under :data:`END_SHARE` for :data:`END_FOR
 its attempt ends. The rules are pure functions (:func:`figures_over`, :func:`shares`); the
 :class:`StragglerWatch` keeps the history, says each change in one line and records it.
 
-What it cannot see: a slow link, or a GPU slow for reasons other than its clocks (its task's
-threads wait like everyone else's); and a task whose input threads sleep while its prefetch still
-keeps up is named with the share it would hold back.
+What it cannot see: a slow link, a GPU slow for reasons other than its clocks, or a task slowed
+by its CPUs (another program on its cores, a CPU quota): its threads wait like everyone else's,
+and CPU figures did not tell it apart here (docs/fault-tolerance.md, "What was measured"). A task
+whose input threads sleep while its prefetch still keeps up is named with the share it would hold
+back.
 """
 
 from __future__ import annotations
@@ -49,26 +47,20 @@ WINDOW = 20.0  # seconds of readings a task's figures are taken over
 LEAST_SPAN = 0.5 * WINDOW  # readings spanning less than this cannot judge yet
 CONFIRM_SHARE = 0.2
 CONFIRM_FOR = 15.0
-END_SHARE = 0.1
+END_SHARE = 0.15
 END_FOR = 10.0
-QUEUE_SAYS = 0.1  # a run-queue share this far above the others' says the task waits for a CPU
 JUDGE_EVERY = 2.0  # seconds between two judgements: the readings come every second at the most
 WATCHED_ROLES = ("chief", "worker")
 CAUSES = {"stall": "its threads sleep or wait for a disk (its input pipeline?)",
-          "queue": "its threads wait for a CPU (another program on its cores, or too few cores?)",
-          "cpu": "it computes longer than the others per step (more work, or slower cores?)",
           "gpu": "its GPU runs throttled, below its peak clock (power cap, heat or a hardware slowdown?)"}
 
 
 @dataclass(frozen=True)
 class Figures:
-    """One task's figures over a window: its stalled threads on average, its threads' CPU demand
-    (CPU time and run-queue time over wall time), the part of that demand spent in the run queue,
-    and how much slower than its peak its slowest GPU ran, throttled (0 without GPUs)."""
+    """One task's figures over a window: its stalled threads on average, and how much slower than
+    its peak its slowest GPU ran, throttled (0 without GPUs)."""
 
     stall: float
-    busy: float
-    queue: float
     gpu: float = 0.0
 
 
@@ -83,35 +75,23 @@ def figures_over(history: Sequence[tuple[float, ThreadTimes]], now: float, windo
     if last_at - base_at < LEAST_SPAN or last.looks <= base.looks:
         return None
     stall = max(0.0, last.stalled - base.stalled) / (last.looks - base.looks)
-    ran = max(0.0, last.run_seconds - base.run_seconds)
-    queued = max(0.0, last.queue_seconds - base.queue_seconds)
-    census_span = last.census_at - base.census_at
-    busy = (ran + queued) / census_span if census_span > 0 else 0.0
     gpu_looks = last.gpu_looks - base.gpu_looks
     gpu = max(0.0, last.gpu_slowdown - base.gpu_slowdown) / gpu_looks if gpu_looks > 0 else 0.0
-    return Figures(stall, busy, queued / (ran + queued) if ran + queued > 0 else 0.0, gpu)
+    return Figures(stall, gpu)
 
 
 def shares(figures: Mapping[str, Figures]) -> dict[str, tuple[float, str]]:
     """Each task's share of the step the others spend waiting for it, and which figure says so
-    (``stall``, ``queue``, ``cpu`` or ``gpu``), against the others' typical figure (the higher
-    median: one odd task among the others never makes their baseline):
-
-    - stalled threads and GPU slowdown: how far its figure stands above the others';
-    - CPU demand: the part of its demand the others' lacks (a task that wants a CPU all the time
-      while the others want one half the time holds them up half of each step); ``queue`` when it
-      waited in the run queue for a CPU more than they did, else ``cpu``."""
+    (``stall`` or ``gpu``): how far its figure stands above the others' typical one (the higher
+    median: one odd task among the others never makes their baseline)."""
     found = {}
     for name, mine in figures.items():
         others = [f for other, f in figures.items() if other != name]
         if not others:
             continue
         stall = mine.stall - statistics.median_high(f.stall for f in others)
-        typical = statistics.median_high(f.busy for f in others)
-        busy = 1.0 - typical / mine.busy if mine.busy > 0 else 0.0
-        queued = mine.queue - statistics.median_high(f.queue for f in others) > QUEUE_SAYS
         gpu = mine.gpu - statistics.median_high(f.gpu for f in others)
-        share, cause = max((stall, "stall"), (busy, "queue" if queued else "cpu"), (gpu, "gpu"))
+        share, cause = max((stall, "stall"), (gpu, "gpu"))
         found[name] = (min(max(share, 0.0), 1.0), cause)
     return found
 

@@ -55,9 +55,6 @@ class ThreadTimes:
 
     looks: int
     stalled: float  # over the looks, the sum of its threads seen sleeping on purpose or waiting for a disk
-    run_seconds: float  # its threads' CPU time
-    queue_seconds: float  # its threads' time runnable but waiting for a CPU
-    census_at: float  # the agent's monotonic clock when those two were read
     gpu_looks: int = 0  # looks at its GPUs (none without GPUs or NVML)
     gpu_slowdown: float = 0.0  # over them, the sum of how much slower than its peak its slowest GPU ran, throttled
 

@@ -293,10 +293,9 @@ class AgentLink:
                 number, rss, cpu, count = words[:4]
                 reading = (int(number), int(rss), float(cpu), int(count))
                 threads = None
-                if len(words) in (9, 11):
-                    gpu = (int(words[9]), float(words[10])) if len(words) == 11 else (0, 0.0)
-                    threads = ThreadTimes(int(words[4]), float(words[5]), int(words[6]) / 1e9, int(words[7]) / 1e9,
-                                          float(words[8]), *gpu)
+                if len(words) in (6, 8):
+                    gpu = (int(words[6]), float(words[7])) if len(words) == 8 else (0, 0.0)
+                    threads = ThreadTimes(int(words[4]), float(words[5]), *gpu)
                 elif len(words) != 4:
                     raise ValueError(line)
             except ValueError:
