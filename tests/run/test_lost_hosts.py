@@ -282,7 +282,8 @@ def test_a_straggler_host_is_named_over_ssh_and_left_out_for_a_spare(tflaunch, t
     record = record_of(tflaunch)
     assert [a["outcome"] for a in record["attempts"]] == ["failed", "succeeded"]
     assert record["attempts"][1]["hosts"] == {"worker-0": "node1", "worker-1": "node3"}
-    assert [(s["task"], s["host"], s["attempt"]) for s in record["stragglers"]] == [("worker-1", "node2", 1)]
-    assert record["stragglers"][0]["until"] is not None and record["stragglers"][0]["share"] >= 0.2
+    first = [s for s in record["stragglers"] if s["attempt"] == 1]
+    assert [(s["task"], s["host"]) for s in first] == [("worker-1", "node2")]
+    assert first[0]["until"] is not None and first[0]["share"] >= 0.2
     assert [(e["host"], e["attempt"]) for e in record["excluded"]] == [("node2", 2)]
     assert left_on(testhosts, ["node1", "node2", "node3"]) == {"node1": [], "node2": [], "node3": []}
