@@ -113,7 +113,8 @@ def launch(cluster: str | Path | Mapping[str, Any] | None = None, *, local: int 
            start_timeout: float | None = None, hang_timeout: float | None = None, on_straggler: str = "warn",
            straggler_timeout: float = STRAGGLER_TIMEOUT, evaluator_timeout: float = EVALUATOR_TIMEOUT, isolate_network: bool = False, no_seal: bool = False,
            log_max_size: int | str = LOG_MAX_SIZE, no_check: bool = False, tasks: Iterable[str] | str | None = None,
-           quiet: bool = False, verbose: bool = False, tensorboard: bool = False, output: IO[str] | None = None,
+           quiet: bool = False, verbose: bool = False, tensorboard: bool = False, debug: bool = False,
+           output: IO[str] | None = None,
            on_line: Callable[[str], None] | None = None, check: bool = False) -> LaunchResult:
     """Run a cluster to its end, as ``tflaunch run`` does, and return how it ended.
 
@@ -142,7 +143,7 @@ def launch(cluster: str | Path | Mapping[str, Any] | None = None, *, local: int 
                          hang_timeout=hang_timeout, on_straggler=on_straggler, straggler_timeout=straggler_timeout,
                          evaluator_timeout=evaluator_timeout,
                          isolate_network=isolate_network, no_seal=no_seal, no_check=no_check, tasks=tasks, quiet=quiet,
-                         verbose=verbose, tensorboard=tensorboard, log_max_size=log_max_size)
+                         verbose=verbose, tensorboard=tensorboard, debug=debug, log_max_size=log_max_size)
     source = choose_source(None if cluster is None else (cluster if isinstance(cluster, Mapping) else str(cluster)),
                            local, hosts=_hosts(hosts), hostfile=None if hostfile is None else str(hostfile),
                            chief=bool(chief), ps=ps, evaluator=bool(evaluator), gpus=_gpus(gpus),

@@ -53,6 +53,7 @@ Examples:
 @run_option("env", "-e")
 @run_option("evaluator_timeout")
 @run_option("tensorboard")
+@run_option("debug")
 @click.option("--slurm", is_flag=True,
               help="Inside a Slurm allocation: one task per slot, started with srun (roles: --chief, --ps, --evaluator).")
 @click.option("--requeue", is_flag=True,

@@ -17,6 +17,7 @@ Layout of one run::
         tensorboard.log     the output of a TensorBoard started beside the run
         learning_curves.png drawn by 'tflaunch report --plot'
         control.sock        while the run lasts: where 'tflaunch stacks' asks (records/control.py)
+        debug.log           tflaunch's own trace, with --debug or TFLAUNCH_DEBUG=1 (records/trace.py)
 
 A Slurm run's folder also holds ``job.sbatch``, ``slurm.json`` (:mod:`launcher.records.slurm`), the
 job's own output ``slurm-<job id>.out`` and, after requeues, ``requeue-<k>/`` with the run.json,
@@ -69,6 +70,7 @@ TENSORBOARD = "tensorboard"
 TENSORBOARD_LOG = "tensorboard.log"
 LEARNING_CURVES = "learning_curves.png"
 CONTROL_SOCKET = "control.sock"
+DEBUG_LOG = "debug.log"  # tflaunch's own trace, when the run asked for it (records/trace.py)
 SLURM_RECORD = "slurm.json"
 SBATCH_SCRIPT = "job.sbatch"
 SLURM_OUTPUT = "slurm-%j.out"  # sbatch's --output pattern: %j is the job id
@@ -184,6 +186,10 @@ class RunFolder:
     @property
     def metrics_path(self) -> Path:
         return self.path / METRICS
+
+    @property
+    def debug_log_path(self) -> Path:
+        return self.path / DEBUG_LOG
 
     @property
     def backup_dir(self) -> Path:

@@ -30,6 +30,7 @@ from ..options import RunOptions, given, python_caller
 from ..options import name as option_name
 from ..records.folder import DEFAULT_LOG_DIR, RUN_ID_PLACEHOLDER, RunFolder
 from ..records.states import plural
+from ..records.trace import RunTrace, wanted
 from ..transports import TransportSet
 from .isolation import NetworkNamespace, RunNetwork, choose_network
 from .limits import check_open_files
@@ -242,6 +243,8 @@ def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS,
         # One agent per host for the whole run: the preflight's probes go through the same agents.
         transports = TransportSet(request.options.grace)
         sealing = None
+        # The trace holds what comes before the run folder (the hosts being reached) until it exists.
+        trace = RunTrace.begin() if wanted(request.options.debug) else None
         try:
             spec = spec.with_ports(reservation.ports)
             # A sealed or isolated run's namespace is made while this machine's agent starts.
@@ -272,6 +275,8 @@ def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS,
             if network is None and spec.network is Network.SEALED:  # it could not be sealed after all
                 check_local_ports(spec, local_hosts, set(reservation.ports))
             folder = (folder_for or _new_folder)(spec)
+            if trace is not None:
+                trace.open(folder.debug_log_path)
             if on_folder is not None:
                 on_folder(folder)
 
@@ -298,6 +303,8 @@ def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS,
                 sealing.close()  # once every task has ended
             reservation.release()
             exposure.drop()  # a launch stopped before its run (a refusal, Ctrl-C) does not wait for it
+            if trace is not None:
+                trace.end()  # after the links closed: their ends are in it
 
 
 class _ExposureCheck(threading.Thread):

@@ -31,6 +31,7 @@ from ..records.logview import tail_lines
 from ..records.record import AttemptRecord, ExcludedHost, LauncherRecord, RootCause, RunRecord
 from ..records.exits import signal_name
 from ..records.states import Outcome, RunStatus, TaskState, plural
+from ..records.trace import tracer
 from ..transports import TransportSet
 from ..transports.base import Reading
 from ..cluster.placement import checked_spec
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
     from .console import Console
     from .diagnose import Diagnosis
 
+log = tracer("session")
 TAIL_LINES = 20
 # What costs a pass over every task is paced by the run's size, so that its cost per second stays
 # flat (run.json and the status line: see .liverecord): the output pump sweeps the task logs every
@@ -175,6 +177,8 @@ class RunSession:
 
     def _begin(self) -> Plan:
         """Plan the first attempt and write the first run.json: a run whose record cannot be kept never starts."""
+        log.debug("run %s: tflaunch %s, %s, %d tasks, %s", self.folder.run_id, __version__, self.spec.source,
+                  len(self.spec.tasks), self.options)
         try:
             plan = self._plan(1)
             self.record.command = shlex.join(masked_command(tuple(plan.launches[0].argv)))
@@ -197,11 +201,17 @@ class RunSession:
             self.pump.attempt = attempt
             if attempt > 1:
                 plan = self._plan(attempt)
+            log.debug("attempt %d: %d tasks on hosts %s", attempt, len(plan.launches),
+                      sorted({launch.host for launch in plan.launches}))
             result = self._attempt(plan, attempt)
             self.attempts.append(result)
+            log.debug("attempt %d ended: %s, exit code %d, root cause %s, blamed %s: %s", attempt,
+                      result.outcome.value, result.exit_code, result.root_cause.name if result.root_cause else None,
+                      list(result.blamed), result.reason)
             if result.outcome is not Outcome.FAILED or attempt > self.options.max_restarts or self._storage_failure():
                 return result, None
             signatures.append(self._failure_signature(result, attempt))
+            log.debug("attempt %d: failure signature %s", attempt, signatures[-1])
             changed = self._next_cluster(plan, result, attempt + 1)
             if changed is None:
                 return result, None
@@ -238,6 +248,9 @@ class RunSession:
             machine.setdefault(self._excluding, "left out as the straggler (the others kept waiting for it "
                                                 f"for {self.options.straggler_timeout:g} s or more)")
         decision = pool.decide(attempt, lost, machine=machine, culprits=repeated)
+        log.debug("before attempt %d: lost %s, machine faults %s, culprit %s (repeated %s); left out %s, "
+                  "rejoined %s, ends the run: %s", attempt, dict(lost), machine, culprit, repeated,
+                  [(out.host, out.reason) for out in decision.left_out], list(decision.rejoined), decision.ends_run)
         with self.lock:
             self.record.excluded += [ExcludedHost(out.host, out.reason, attempt) for out in decision.left_out]
             for entry in self.record.excluded:

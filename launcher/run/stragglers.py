@@ -39,8 +39,11 @@ from dataclasses import dataclass
 from ..records.folder import iso_time
 from ..records.record import StragglerRecord
 from ..records.states import TaskState
+from ..records.trace import tracer
 from ..transports.base import ThreadTimes
 from .supervisor import Task, Trip
+
+log = tracer("stragglers")
 
 WARM_UP = 60.0  # seconds of an attempt in which no straggler is named (start-up, graph building, warm caches)
 WINDOW = 20.0  # seconds of readings a task's figures are taken over
@@ -182,6 +185,8 @@ class StragglerWatch:
         standing = {name: value for name, value in found.items() if value[0] >= CONFIRM_SHARE}
         if len(standing) > minority(len(found)):
             standing = {}  # most of the cluster stands out: that is the cluster, not a straggler
+        log.debug("attempt %d: shares %s; standing out %s; suspects %s; stragglers %s", self.attempt, found,
+                  list(standing), list(self.suspects), list(self.records))
         for name in list(self.suspects):
             if name not in standing:
                 del self.suspects[name]

@@ -30,6 +30,7 @@ the tasks that changed (:mod:`.wakeups` says which, and how long to sleep).
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
@@ -39,9 +40,12 @@ from ..cluster.spec import DEFAULT_TASK_RESTARTS, RestartPolicy
 from ..options import EVALUATOR_TIMEOUT, GRACE
 from ..records.exits import signal_name
 from ..records.states import AllFinal, Outcome, TaskState, plural
+from ..records.trace import tracer
 from ..transports.base import CANNOT_START, ExitStatus, FailedStart, TaskProcess, Transport
 from .signals import Signals
 from .wakeups import Changes, Wakeups
+
+log = tracer("supervisor")
 
 
 @dataclass
@@ -72,6 +76,9 @@ class Task:
     def to(self, state: TaskState, when: float) -> None:
         if not self.state.can_become(state):
             raise RuntimeError(f"{self.name}: illegal transition {self.state.value} -> {state.value}")
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s: %s -> %s (%s)", self.launch.name, self.state, state,
+                      self.status.describe() if self.status else "no exit")
         self.state = state
         self.history.append((state.value, when))
         if state is TaskState.RUNNING and self.started_at is None:
@@ -222,6 +229,7 @@ class Supervisor:
             failed = [t for t in due if t.state is TaskState.FAILED]
             if failed:
                 root = min(failed, key=lambda t: (t.ended_at or 0.0))
+                log.debug("failed: %s; root cause %s", [t.launch.name for t in failed], root.launch.name)
                 self.stopping(root, f"{root.name} on {root.launch.host} failed ({root.status.describe()}): "
                                     "stopping the cluster")
                 self._shutdown(min(self.options.grace, self.options.failure_grace))
@@ -233,6 +241,7 @@ class Supervisor:
             if self.watchdog and self.wakeups.watch_due():
                 trip = self.watchdog(self.tasks)
                 if trip:
+                    log.debug("tripped: %s (blamed %s, exit code %d)", trip.reason, trip.tasks, trip.exit_code)
                     self.message(f"{trip.reason}: stopping the cluster")
                     self._shutdown()
                     return AttemptResult(Outcome.FAILED, trip.exit_code, self.tasks, reason=trip.reason,

@@ -40,9 +40,12 @@ from ..records.folder import FOLDER_MODE, STACKS_SUFFIX, VERDICT, iso_time
 from ..records.logview import tail_lines
 from ..records.record import RootCause
 from ..records.states import TaskState, plural
+from ..records.trace import tracer
 from .progress import Progress
 from .render import meaningful
 from .supervisor import Task, Trip
+
+log = tracer("watchdog")
 
 if TYPE_CHECKING:
     from .culprit import Verdict
@@ -188,6 +191,7 @@ class Watchdog:
         idle = never_formed({name: readings.get(name, ()) for name in sorted(silent)}, now, self.started, timeout)
         if idle is None:
             return None
+        log.debug("start timer (%g s) ended: silent %s, idle %s", timeout, sorted(silent), idle)
         if not idle:
             self.formed = True  # every silent task works: from here on, a stall is the hang rule's
             return None
@@ -220,6 +224,7 @@ class Watchdog:
 
     def declare(self, running: list[Task], stall: Stall, hang: float) -> Trip:
         """A hang: sample every task's stacks at once, compare them, file them, and blame the odd ones out."""
+        log.debug("hang timer (%g s) fired: CPU over the window %s", hang, stall.cpu)
         self.message(f"no training progress from any task for {hang:g} s (no new metric line, CPU under "
                      f"{CPU_SHARE:.0%} of a core): sampling every task's stacks")
         # Here, not at the top: every run arms the watchdog, and few ever hang.

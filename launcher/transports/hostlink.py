@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import itertools
+import logging
 import os
 import threading
 import time
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from ..agent.protocol import HEARTBEAT, MAX_FRAME, Command, Frame, Status, encode_fields, printable, write_some
 from ..cluster.tfconfig import TfConfig
+from ..records.trace import tracer
 from .base import Reading, ThreadTimes
 from .carriers import Carrier
 from .framing import FrameReader, ProtocolError
@@ -46,6 +48,8 @@ HOST_OUTPUT_KEPT = 1 << 16  # what a host said outside any task, kept for the ta
 READ_SIZE = 1 << 20
 _IDS = itertools.count(1)  # ids of processes and requests, unique in this tflaunch
 _KINDS = frozenset(Frame.OF_HOST + Frame.OF_REQUEST)
+_KIND_NAMES = {kind: word.lower() for word, kind in vars(Frame).items() if isinstance(kind, bytes)}  # for the trace
+log = tracer("hostlink")
 
 
 class AgentLink:
@@ -83,6 +87,10 @@ class AgentLink:
         self._clusters: dict[str, int] = {}  # a cluster's JSON text -> the id it was sent under
         self._starting = threading.Lock()  # a cluster goes out before the first start that names it
         self.last_sent = time.monotonic()  # the last command queued: a heartbeat is due a beat later
+        self.frame_counts: dict[bytes, int] = {}  # frames read, by kind: the trace's account of the link
+        self._end_traced = False
+        log.debug("%s: link over %s made (channel %s, keep-alive %g s, beat %g s)", host, carrier.kind,
+                  "open" if read_fd is not None else "to come", keepalive, beat)
         hub.add(self)
 
     # -- commands -------------------------------------------------------------------------
@@ -134,6 +142,7 @@ class AgentLink:
     def attach(self, read_fd: int, write_fd: int) -> None:
         """The channel arrived (a Slurm agent connected back): what was queued goes out now."""
         os.set_blocking(write_fd, False)
+        log.debug("%s: its agent connected back", self.host)
         with self._lock:
             self.read_fd, self.write_fd = read_fd, write_fd
             self.last_heard = time.monotonic()
@@ -170,6 +179,7 @@ class AgentLink:
             if self.closed:
                 return
             self.closed = True
+        self._trace_end("closed by tflaunch")
         # The hub's thread closes the descriptors, between two polls: closed here, their numbers
         # could be handed to a new link's pipes while the hub still polls them for this link.
         self.hub.retire(self)
@@ -231,6 +241,7 @@ class AgentLink:
                 return
         if not synced and self.frames.synced:
             self.last_heard = time.monotonic()  # the agent has started
+            log.debug("%s: its agent started (the sync mark read)", self.host)
 
     def _valid(self, kind: bytes, ident: int, length: int) -> bool:
         if kind not in _KINDS or length > MAX_FRAME:
@@ -248,6 +259,7 @@ class AgentLink:
         """Act on one whole frame. An output frame's payload goes on as the view it is, into the
         read's buffer: its process uses it before this returns (see ``AgentProcessBase.output``)."""
         self.last_heard = time.monotonic()  # a whole frame: the agent lives
+        self.frame_counts[kind] = self.frame_counts.get(kind, 0) + 1
         if kind != Frame.OUTPUT:
             payload = bytes(payload)
         if kind == Frame.HEARTBEAT:
@@ -340,6 +352,7 @@ class AgentLink:
             return
         detail = detail or self.carrier.detail() or self._ended_text()
         self.lost_reason = detail
+        self._trace_end("lost", detail)
         with self._lock:
             processes = list(self._processes.values())
             self._processes.clear()
@@ -347,6 +360,13 @@ class AgentLink:
             if process.status is None:
                 process.lose(self.carrier, detail, started=process.started)
                 self.hub.changes.add(process)
+
+    def _trace_end(self, how: str, detail: str = "") -> None:
+        """The link's end in the trace, once: how, and how many frames of each kind it read."""
+        if log.isEnabledFor(logging.DEBUG) and not self._end_traced:
+            self._end_traced = True
+            log.debug("%s: link %s%s%s; frames read: %s", self.host, how, ": " if detail else "", detail,
+                      {_KIND_NAMES.get(kind, kind): count for kind, count in sorted(self.frame_counts.items())})
 
     def _ended_text(self) -> str:
         code = self.carrier.ended()

@@ -18,6 +18,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ..agent.protocol import HEARTBEAT
+from ..records.trace import tracer
 from .hostlink import READ_SIZE, AgentLink
 
 if TYPE_CHECKING:
@@ -27,6 +28,7 @@ END_WATCH = 2.0  # after a channel closed: how long its carrier gets to exit, so
 _READ = select.EPOLLIN
 _WRITE = select.EPOLLOUT
 _TROUBLE = select.EPOLLHUP | select.EPOLLERR
+log = tracer("linkhub")
 
 
 class Changes:
@@ -93,6 +95,7 @@ class LinkHub:
                 self._epoll = select.epoll()
                 self._epoll.register(self._wake_r, _READ)
                 self._thread = threading.Thread(target=self._run, name="tflaunch-agents", daemon=True)
+                log.debug("the links' thread starts")
                 self._thread.start()
         self.wake()
 
@@ -194,6 +197,7 @@ class LinkHub:
                     if fd == link.write_fd and mask & (_WRITE | _TROUBLE) and link.wants_write():
                         link.write_pending()
                 except Exception as exc:  # one broken link must not take every other host down
+                    log.debug("%s: its link failed", link.host, exc_info=True)
                     link.end(f"its link failed ({exc!r})")
                 if mask & _WRITE:
                     with self._lock:
@@ -201,6 +205,8 @@ class LinkHub:
             now = time.monotonic()
             for link, deadline in ending:
                 if link.carrier.ended() is not None or now > deadline:
+                    log.debug("%s: channel closed; its carrier %s", link.host,
+                              "ended" if link.carrier.ended() is not None else "still runs after the end watch")
                     with self._lock:
                         self._ending.remove((link, deadline))
                     link.lose()
