@@ -77,8 +77,8 @@ class Task:
         if not self.state.can_become(state):
             raise RuntimeError(f"{self.name}: illegal transition {self.state.value} -> {state.value}")
         if log.isEnabledFor(logging.DEBUG):
-            log.debug("%s: %s -> %s (%s)", self.launch.name, self.state, state,
-                      self.status.describe() if self.status else "no exit")
+            log.debug("%s: %s -> %s%s", self.launch.name, self.state, state,
+                      " (" + self.status.describe() + ")" if self.status else "")
         self.state = state
         self.history.append((state.value, when))
         if state is TaskState.RUNNING and self.started_at is None:

@@ -37,7 +37,7 @@ def assert_traced(text: str) -> None:
     assert "tflaunch.supervisor: worker-1: running -> failed (exit code 3)" in text
     assert "attempt 1 ended: failed, exit code 3, root cause worker-1" in text
     assert "tflaunch.session: attempt 2: 2 tasks" in text
-    assert "worker-0: pending -> running (no exit)" in text
+    assert "worker-0: pending -> running\n" in text
     assert "attempt 2 ended: succeeded, exit code 0" in text
     # The link's end, with its frames by kind (each task's start and end are two status frames).
     assert "this machine: link closed by tflaunch; frames read: {" in text and "'status': 8" in text
