@@ -185,8 +185,9 @@ class RunOptions:
         False, help="Start TensorBoard on the run's folder beside the run (127.0.0.1, from port 6006 up) and stop it "
                     "with the run (needs the 'tensorboard' extra).")
     debug: bool = _option(
-        False, help="Write tflaunch's own trace into the run folder, for a bug report: connections, frames per host, "
-                    "task state changes, attempts, restarts and timers (secrets left out). TFLAUNCH_DEBUG=1 does the same.")
+        False, help="Write tflaunch's own trace into the run folder, for a bug report: connections, frames per "
+                    "host, task state changes, attempts, restarts and timers (no variable's value). "
+                    "TFLAUNCH_DEBUG=1 does the same.")
     log_max_size: int | str = _option(
         LOG_MAX_SIZE, metavar="SIZE", parse=str,
         help="Keep each task's log within SIZE (512M, 2G, 100k; default 1G), the merged log within 4 x SIZE and "
