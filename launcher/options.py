@@ -96,6 +96,7 @@ RESTART_DELAY = 1.0
 LOG_MAX_SIZE = 1 << 30
 LOG_SIZE_RANGE = (64 << 10, 1 << 50)
 DEFAULT_LOG_DIR = "logs"  # where run folders go when neither --log-dir nor a cluster file's log_dir says
+DEBUG_VARIABLE = "TFLAUNCH_DEBUG"  # in tflaunch's environment: --debug for every run (launcher/records/trace.py)
 
 ENV_HELP = ("Set a variable in every task (repeatable): KEY=VALUE, or KEY alone to pass tflaunch's own KEY by "
             "name, its value on no command line and in no file. Wins over every 'env' of the cluster file. "
@@ -187,7 +188,7 @@ class RunOptions:
     debug: bool = _option(
         False, help="Write tflaunch's own trace into the run folder, for a bug report: connections, frames per "
                     "host, task state changes, attempts, restarts and timers (no variable's value). "
-                    "TFLAUNCH_DEBUG=1 does the same.")
+                    f"{DEBUG_VARIABLE}=1 does the same.")
     log_max_size: int | str = _option(
         LOG_MAX_SIZE, metavar="SIZE", parse=str,
         help="Keep each task's log within SIZE (512M, 2G, 100k; default 1G), the merged log within 4 x SIZE and "

@@ -20,10 +20,10 @@ import threading
 from collections.abc import Mapping
 from pathlib import Path
 
+from ..options import DEBUG_VARIABLE
 from .files import open_own
 
 ROOT = "tflaunch"
-VARIABLE = "TFLAUNCH_DEBUG"
 _FALSE = ("", "0", "false", "no", "off")
 _OFF = logging.CRITICAL + 1  # no record of the hierarchy is taken
 EARLY_AT_MOST = 100_000  # records held before the run folder exists (the preflight's, at most)
@@ -45,7 +45,7 @@ def tracer(name: str) -> logging.Logger:
 
 def wanted(option: bool, environ: Mapping[str, str] = os.environ) -> bool:
     """Whether a run writes its trace: its ``debug`` option, or ``TFLAUNCH_DEBUG`` in its environment."""
-    return bool(option) or environ.get(VARIABLE, "").strip().lower() not in _FALSE
+    return bool(option) or environ.get(DEBUG_VARIABLE, "").strip().lower() not in _FALSE
 
 
 class RunTrace(logging.Handler):

@@ -89,7 +89,7 @@ class AgentLink:
         self.last_sent = time.monotonic()  # the last command queued: a heartbeat is due a beat later
         self.frame_counts: dict[bytes, int] = {}  # frames read, by kind: the trace's account of the link
         self._end_traced = False
-        log.debug("%s: link over %s made (channel %s, keep-alive %g s, beat %g s)", host, carrier.kind,
+        log.debug("%s: link over %s made (channel %s, keep-alive %g s, beat %g s)", host, getattr(carrier, "kind", None),
                   "open" if read_fd is not None else "to come", keepalive, beat)
         hub.add(self)
 
