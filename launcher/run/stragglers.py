@@ -185,8 +185,6 @@ class StragglerWatch:
         standing = {name: value for name, value in found.items() if value[0] >= CONFIRM_SHARE}
         if len(standing) > minority(len(found)):
             standing = {}  # most of the cluster stands out: that is the cluster, not a straggler
-        log.debug("attempt %d: shares %s; standing out %s; suspects %s; stragglers %s", self.attempt, found,
-                  list(standing), list(self.suspects), list(self.records))
         for name in list(self.suspects):
             if name not in standing:
                 del self.suspects[name]
@@ -208,6 +206,8 @@ class StragglerWatch:
             calm = self.calm_since.setdefault(name, now)
             if now - calm >= END_FOR:
                 self._end(name, calm)
+        log.debug("attempt %d: shares %s; standing out %s; suspects %s; stragglers %s", self.attempt, found,
+                  list(standing), list(self.suspects), list(self.records))
         return self._exclusion(now)
 
     def _confirm(self, name: str, suspect: _Suspect) -> None:

@@ -125,3 +125,20 @@ def test_the_trace_holds_what_comes_before_the_file_and_writes_it_first(tmp_path
     (False, "0", False), (False, "", False), (False, "off", False), (False, "False", False), (True, "0", True)])
 def test_wanted_by_the_option_or_the_variable(option, variable, expected):
     assert wanted(option, {} if variable is None else {"TFLAUNCH_DEBUG": variable}) is expected
+
+
+@pytest.mark.unit
+def test_each_straggler_judgement_traces_every_tasks_share(tmp_path):
+    from launcher.run.stragglers import StragglerWatch
+
+    watch = StragglerWatch(1, {"worker-0": "node1", "worker-1": "node2", "worker-2": "node3"}, lambda text: None,
+                           lambda records: None, clock=lambda: 0.0)
+    trace = RunTrace.begin()
+    try:
+        trace.open(tmp_path / DEBUG_LOG)
+        watch.judge({"worker-0": (0.02, "cpu"), "worker-1": (0.45, "stall"), "worker-2": (0.01, "cpu")}, 5.0)
+    finally:
+        trace.end()
+    text = (tmp_path / DEBUG_LOG).read_text()
+    assert ("tflaunch.stragglers: attempt 1: shares {'worker-0': (0.02, 'cpu'), 'worker-1': (0.45, 'stall'), "
+            "'worker-2': (0.01, 'cpu')}; standing out ['worker-1']; suspects ['worker-1']; stragglers []") in text
