@@ -232,12 +232,13 @@ class StragglerWatch:
 
     def close(self) -> list[StragglerRecord]:
         """The attempt ended: every straggler still going ends with it. The attempt's records."""
-        now = self.clock()
-        for record in self.records.values():
-            record.until = iso_time(now)
-            self.ended.append(record)
-        self.records = {}
-        self.changed(self.all_records)
+        if self.records:  # else nothing changed since the last call of ``changed``
+            now = self.clock()
+            for record in self.records.values():
+                record.until = iso_time(now)
+                self.ended.append(record)
+            self.records = {}
+            self.changed(self.all_records)
         return self.ended
 
     def _exclusion(self, now: float) -> Trip | None:

@@ -3,7 +3,6 @@ and the ``tflaunch`` loggers cost a level check."""
 
 from __future__ import annotations
 
-import logging
 import stat
 import subprocess
 import sys
