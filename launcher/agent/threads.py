@@ -1,15 +1,18 @@
-"""A watched task's threads and GPUs, for tflaunch's straggler rule (launcher/run/stragglers.py):
+"""A watched task's threads, CPUs and GPUs, for tflaunch's straggler rule (launcher/run/stragglers.py):
 :class:`ThreadWatch` keeps the running totals that go out with the task's resource readings
-(:mod:`.sampling`), and :class:`Nvml` reads the host's GPUs where NVML is present.
+(:mod:`.sampling`), :class:`CpuShare` tells what of its CPUs others took while it waited for one,
+and :class:`Nvml` reads the host's GPUs where NVML is present.
 """
 
 import os
+import time
 
 LOOK_EVERY = 1.0  # seconds between looks at a watched task's threads
 CENSUS_LOOKS = 10  # looks between readings of its threads' CPU and run-queue times
 FULL_CENSUSES = 6  # censuses between readings of all its threads (else: those that ran, and new ones)
 DISCOVER = 2  # threads looked at per look besides the suspects, in turn, to find new suspects
 MOST_SUSPECTS = 16
+TICKS = os.sysconf("SC_CLK_TCK")
 SUSPECT_LOOKS = 30  # looks after which a suspect not seen stalled again is one no more
 # A thread holds its task up by itself when it sleeps on purpose or waits for a disk: its kernel
 # wait channel (/proc/<pid>/task/<tid>/wchan) names one of these. A thread waiting on a lock, a
@@ -19,18 +22,138 @@ STALL_WAITS = ("nanosleep", "io_schedule", "folio_wait", "page_bit", "bit_wait",
                "nfs", "fuse", "rpc_wait", "ext4", "xfs")
 
 
-def read_small(path):
+def read_small(path, size=256):
     """The first bytes of a small /proc file, or None when it is gone (the thread ended)."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
         return None
     try:
-        return os.read(fd, 256)
+        return os.read(fd, size)
     except OSError:
         return None
     finally:
         os.close(fd)
+
+
+def busy_ticks():
+    """Each CPU's busy clock ticks from /proc/stat, by CPU number: user, system, interrupts and
+    steal (time a hypervisor gave another guest). Niced work (``nice``) is left out: it gives way
+    to a task at the default priority, so it takes no CPU the task wanted."""
+    busy = {}
+    try:
+        with open("/proc/stat", "rb") as stat:
+            text = stat.read()
+    except OSError:
+        return busy
+    for line in text.split(b"\n"):
+        if not (line.startswith(b"cpu") and line[3:4].isdigit()):
+            continue
+        fields = line.split()
+        try:
+            ticks = [int(field) for field in fields[1:9]]
+            busy[int(fields[0][3:])] = ticks[0] + ticks[2] + ticks[5] + ticks[6] + (ticks[7] if len(ticks) > 7 else 0)
+        except (IndexError, ValueError):
+            continue
+    return busy
+
+
+def cpu_seconds(pids, ticks=os.sysconf("SC_CLK_TCK")):
+    """The CPU time ``pids`` used so far (their threads' user and system time)."""
+    total = 0
+    for pid in pids:
+        try:
+            with open("/proc/%d/stat" % pid, "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / float(ticks)
+
+
+def cgroup_throttle_file(pid):
+    """The file that counts the CPU time quota of ``pid``'s cgroup held it back, and the unit of
+    its count in seconds, or None: ``cpu.stat``'s ``throttled_usec`` (cgroup v2) or
+    ``throttled_time`` (v1's cpu controller, nanoseconds)."""
+    try:
+        with open("/proc/%d/cgroup" % pid, "rb") as cgroups:
+            lines = cgroups.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        if parts[0] == "0" and parts[1] == "":
+            candidates = [("/sys/fs/cgroup/unified" + parts[2], b"throttled_usec", 1e-6),
+                          ("/sys/fs/cgroup" + parts[2], b"throttled_usec", 1e-6)]
+        elif "cpu" in parts[1].split(","):
+            candidates = [("/sys/fs/cgroup/%s%s" % (name, parts[2]), b"throttled_time", 1e-9)
+                          for name in ("cpu", "cpu,cpuacct", "cpuacct,cpu")]
+        else:
+            continue
+        for folder, key, unit in candidates:
+            path = folder.rstrip("/") + "/cpu.stat"
+            if throttled(path, key) is not None:
+                return path, key, unit
+    return None
+
+
+def throttled(path, key):
+    """The count ``key`` of the cpu.stat file ``path``, or None."""
+    text = read_small(path, 1024)
+    for line in (text or b"").splitlines():
+        words = line.split()
+        if len(words) == 2 and words[0] == key:
+            try:
+                return int(words[1])
+            except ValueError:
+                return None
+    return None
+
+
+class CpuShare(object):
+    """What one task lost of the CPUs it may run on, between two of its censuses: the share of
+    them others used (other users' programs, other tasks, a hypervisor's other guests) while its
+    threads waited for one, or the share of the time its cgroup's CPU quota held it back.
+
+    A task's threads wait for a CPU (their run-queue time, ``/proc/<pid>/task/<tid>/schedstat``)
+    when they outnumber its CPUs too; that alone sets no task apart. What does is who else ran
+    there: ``lost`` takes the lesser of the others' share of its CPUs (busy time from /proc/stat
+    less its own CPU time) and its threads' waiting, both per CPU it may use; a task that waits
+    for a peer over the network leaves its CPUs idle or to others and is not the one held up.
+    """
+
+    def __init__(self, pid):
+        self.pid = pid
+        self.throttle = cgroup_throttle_file(pid)
+        self.at = None
+        self.busy = {}
+        self.own = 0.0
+        self.quota_held = 0
+
+    def lost(self, pids, waited):
+        """The share lost since the last call (None at the first): ``waited`` is the seconds its
+        threads spent waiting for a CPU since then."""
+        now = time.monotonic()
+        busy, own = busy_ticks(), cpu_seconds(pids)
+        held = throttled(*self.throttle[:2]) if self.throttle else None
+        try:
+            cpus = os.sched_getaffinity(self.pid)
+        except OSError:
+            cpus = set(busy)
+        before_at, before_busy, before_own, before_held = self.at, self.busy, self.own, self.quota_held
+        self.at, self.busy, self.own, self.quota_held = now, busy, own, held or 0
+        if before_at is None or now - before_at <= 0:
+            return None
+        capacity = (now - before_at) * max(1, len(cpus))
+        others = sum(busy.get(cpu, 0) - before_busy.get(cpu, 0) for cpu in cpus if cpu in before_busy)
+        others = max(0.0, others / float(TICKS) - (own - before_own))
+        taken = min(others, waited) / capacity
+        quota = 0.0
+        if held is not None:
+            quota = (held - before_held) * self.throttle[2] / (now - before_at)
+        return min(1.0, max(taken, quota, 0.0))
 
 
 def stalls(key):
@@ -115,6 +238,8 @@ class ThreadWatch(object):
       takes every thread that runs; the others take the threads seen stalled lately
       (``suspects``: an input pipeline's work hops between a pool's threads) and ``DISCOVER``
       others in turn, so a look costs a few reads however many threads TensorFlow made.
+    - ``cpu_looks`` and ``cpu_lost``: at each census but the first, the share of its CPUs it lost
+      to others while it waited for one, or to its cgroup's CPU quota (:class:`CpuShare`), summed.
     - ``gpu_looks`` and ``gpu_slowdown`` (sent only for a task with GPUs on a host with NVML):
       at each census, how much slower than its highest clock the task's slowest GPU runs because
       it is throttled (power cap, thermal or hardware slowdown, power brake), summed.
@@ -129,8 +254,12 @@ class ThreadWatch(object):
         self.gpu_slowdown = 0.0
         self.looks = 0
         self.stalled = 0.0
-        self.slices = {}  # (pid, tid) -> how many times it was scheduled, at its last reading
+        self.slices = {}  # (pid, tid) -> (ns it waited for a CPU, times it was scheduled), at its last reading
+        self.cpu = None  # its CpuShare, made at the first census
+        self.cpu_looks = 0
+        self.cpu_lost = 0.0
         self.live = []  # threads that ran since the last full census, and new ones
+        self.ran = set()  # threads seen running since the last full census
         self.suspects = {}  # threads seen stalled -> the look that last saw them so
         self.turn = 0
         self.censuses = 0
@@ -138,8 +267,9 @@ class ThreadWatch(object):
     def look(self, pids):
         census = self.looks % CENSUS_LOOKS == 0
         if census:
-            self.census(pids, full=self.censuses % FULL_CENSUSES == 0)
+            waited = self.census(pids, full=self.censuses % FULL_CENSUSES == 0)
             self.censuses += 1
+            self.look_at_cpus(pids, waited)
             self.look_at_gpus()
         self.looks += 1
         if census:
@@ -164,8 +294,11 @@ class ThreadWatch(object):
 
     def census(self, pids, full):
         """Which threads ran: of every thread when ``full``, else of those that ran since the last
-        full census; threads new since the last census count as running."""
+        full census; threads new since the last census count as running. Returns the seconds the
+        threads read waited for a CPU since their last reading (a thread not read did not run, so
+        it did not wait for a CPU either, until a full census finds it running again)."""
         keys = []
+        waited = 0
         for pid in pids:
             try:
                 keys += [(pid, int(tid)) for tid in os.listdir("/proc/%d/task" % pid)]
@@ -175,6 +308,7 @@ class ThreadWatch(object):
             present = set(keys)
             for key in [key for key in self.slices if key not in present]:
                 del self.slices[key]
+            self.ran = set()
         was_live = set(self.live)
         live = []
         for key in keys:
@@ -183,13 +317,30 @@ class ThreadWatch(object):
                 continue
             text = read_small("/proc/%d/task/%d/schedstat" % key)
             try:
-                slices = int(text.split()[2])
-            except (AttributeError, IndexError, ValueError):
+                _, delay, slices = [int(word) for word in text.split()[:3]]
+            except (AttributeError, ValueError):
                 continue
-            if slices != before or (not full and key in was_live):
+            if before is not None:
+                waited += max(0, delay - before[0])
+                if slices != before[1]:
+                    self.ran.add(key)
+            # A new thread is live until a reading tells; one seen running stays live until the
+            # next full census, as an input pipeline's pool hands work from thread to thread.
+            if before is None or key in self.ran:
                 live.append(key)
-            self.slices[key] = slices
+            self.slices[key] = (delay, slices)
         self.live = live
+        return waited / 1e9
+
+    def look_at_cpus(self, pids, waited):
+        if not pids:
+            return
+        if self.cpu is None:
+            self.cpu = CpuShare(pids[0])
+        lost = self.cpu.lost(pids, waited)
+        if lost is not None:
+            self.cpu_looks += 1
+            self.cpu_lost += lost
 
     def look_at_gpus(self):
         nvml = Nvml.here() if self.gpus else None
@@ -200,9 +351,9 @@ class ThreadWatch(object):
             self.gpu_slowdown += max(gpu_slowdown(reading) for reading in readings)
 
     def totals(self):
-        """``looks stalled``, and ``gpu_looks gpu_slowdown`` after them once its GPUs were read:
-        what follows the task's resource figures on its reading's line."""
-        text = "%d %.2f" % (self.looks, self.stalled)
+        """``looks stalled cpu_looks cpu_lost``, and ``gpu_looks gpu_slowdown`` after them once its
+        GPUs were read: what follows the task's resource figures on its reading's line."""
+        text = "%d %.2f %d %.3f" % (self.looks, self.stalled, self.cpu_looks, self.cpu_lost)
         if self.gpu_looks:
             text += " %d %.3f" % (self.gpu_looks, self.gpu_slowdown)
         return text

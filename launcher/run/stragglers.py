@@ -11,6 +11,9 @@ and sends running totals with its resource readings, from which, over the last :
 - ``gpu``: on a host with NVML, how much slower than its peak clock its slowest GPU ran while
   throttled (a power cap, heat, a hardware slowdown): a slow GPU's task computes longer while
   every thread of it waits for the device, as the others' wait for the network.
+- ``cpu``: the share of its CPUs that others took while its threads waited for one (another
+  user's program on its cores, other tasks, a hypervisor's other guests), or the share of the time
+  its cgroup's CPU quota held it back (the agent's ``CpuShare``).
 
 Each task's figures are compared with the other training tasks' typical figures (see
 :func:`shares`); the largest difference estimates the share of each step the others spend
@@ -18,12 +21,11 @@ waiting for it (its ``share``). A task is confirmed a straggler once its share s
 :data:`CONFIRM_SHARE` for :data:`CONFIRM_FOR` seconds while it was one of a clear minority (at most
 half of the others show the same), and never in an attempt's first :data:`WARM_UP` seconds. It
 stops being one once its share stayed under :data:`END_SHARE` for :data:`END_FOR` seconds, or when
-its attempt ends. The rules are pure functions (:func:`figures_over`, :func:`shares`); the
+its attempt ends. Once one training task ended (the others no longer step together) no new
+straggler is named. The rules are pure functions (:func:`figures_over`, :func:`shares`); the
 :class:`StragglerWatch` keeps the history, says each change in one line and records it.
 
-What it cannot see: a slow link, a GPU slow for reasons other than its clocks, or a task slowed
-by its CPUs (another program on its cores, a CPU quota): its threads wait like everyone else's,
-and CPU figures did not tell it apart here (docs/fault-tolerance.md, "What was measured"). A task
+What it cannot see: a slow link, or a GPU slow for reasons other than its clocks. A task
 whose input threads sleep while its prefetch still keeps up is named with the share it would hold
 back.
 """
@@ -55,7 +57,8 @@ END_FOR = 10.0
 JUDGE_EVERY = 2.0  # seconds between two judgements: the readings come every second at the most
 WATCHED_ROLES = ("chief", "worker")
 CAUSES = {"stall": "its threads sleep or wait for a disk (its input pipeline?)",
-          "gpu": "its GPU runs throttled, below its peak clock (power cap, heat or a hardware slowdown?)"}
+          "gpu": "its GPU runs throttled, below its peak clock (power cap, heat or a hardware slowdown?)",
+          "cpu": "others take its CPUs while it waits for one, or its CPU quota holds it back"}
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,7 @@ class Figures:
 
     stall: float
     gpu: float = 0.0
+    cpu: float = 0.0
 
 
 def figures_over(history: Sequence[tuple[float, ThreadTimes]], now: float, window: float = WINDOW) -> Figures | None:
@@ -78,9 +82,11 @@ def figures_over(history: Sequence[tuple[float, ThreadTimes]], now: float, windo
     if last_at - base_at < LEAST_SPAN or last.looks <= base.looks:
         return None
     stall = max(0.0, last.stalled - base.stalled) / (last.looks - base.looks)
+    cpu_looks = last.cpu_looks - base.cpu_looks
+    cpu = max(0.0, last.cpu_lost - base.cpu_lost) / cpu_looks if cpu_looks > 0 else 0.0
     gpu_looks = last.gpu_looks - base.gpu_looks
     gpu = max(0.0, last.gpu_slowdown - base.gpu_slowdown) / gpu_looks if gpu_looks > 0 else 0.0
-    return Figures(stall, gpu)
+    return Figures(stall, gpu, cpu)
 
 
 def shares(figures: Mapping[str, Figures]) -> dict[str, tuple[float, str]]:
@@ -94,7 +100,8 @@ def shares(figures: Mapping[str, Figures]) -> dict[str, tuple[float, str]]:
             continue
         stall = mine.stall - statistics.median_high(f.stall for f in others)
         gpu = mine.gpu - statistics.median_high(f.gpu for f in others)
-        share, cause = max((stall, "stall"), (gpu, "gpu"))
+        cpu = mine.cpu - statistics.median_high(f.cpu for f in others)
+        share, cause = max((stall, "stall"), (gpu, "gpu"), (cpu, "cpu"))
         found[name] = (min(max(share, 0.0), 1.0), cause)
     return found
 
@@ -143,6 +150,9 @@ class StragglerWatch:
         self.ended: list[StragglerRecord] = []
         self.refused: set[str] = set()  # stragglers that could not be excluded (said once)
         self.excluded: str | None = None
+        # Once one training task ended, the others no longer step together: the last ones wait at
+        # the end of training (polling, sleeping), which would look like a straggler.
+        self.finishing = False
 
     @property
     def all_records(self) -> list[StragglerRecord]:
@@ -153,6 +163,9 @@ class StragglerWatch:
         if now < self.next_judgement:
             return None
         self.next_judgement = now + JUDGE_EVERY
+        if not self.finishing and any(task.role in WATCHED_ROLES and task.state.ended for task in tasks):
+            self.finishing = True
+            log.debug("attempt %d: a training task ended; no straggler is named from now on", self.attempt)
         self._read(tasks, now)
         figures = {}
         for name, history in self.history.items():
@@ -193,7 +206,7 @@ class StragglerWatch:
             suspect.shares.append(share)
             suspect.cause = cause
             if (name not in self.records and now - suspect.since >= CONFIRM_FOR
-                    and now - self.started >= WARM_UP):
+                    and now - self.started >= WARM_UP and not self.finishing):
                 self._confirm(name, suspect)
         for name, record in list(self.records.items()):
             share = found.get(name, (0.0, ""))[0]

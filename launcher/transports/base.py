@@ -55,6 +55,8 @@ class ThreadTimes:
 
     looks: int
     stalled: float  # over the looks, the sum of its threads seen sleeping on purpose or waiting for a disk
+    cpu_looks: int = 0  # looks at its CPUs (every census of its threads but the first)
+    cpu_lost: float = 0.0  # over them, the sum of the share of its CPUs others took while it waited for one
     gpu_looks: int = 0  # looks at its GPUs (none without GPUs or NVML)
     gpu_slowdown: float = 0.0  # over them, the sum of how much slower than its peak its slowest GPU ran, throttled
 

@@ -17,10 +17,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from launcher.records.record import RunRecord
+from launcher.records.states import TaskState
 from launcher.run.stragglers import (CONFIRM_FOR, CONFIRM_SHARE, END_FOR, WARM_UP, Figures, StragglerWatch,
                                      figures_over, minority, shares, status_words)
 from launcher.agent import threads
@@ -32,8 +34,10 @@ PROGRAM = str(Path(__file__).resolve().parents[1] / "helpers" / "mwms_straggler.
 
 # -- the pure rule ------------------------------------------------------------------------------
 
-def times(looks: int, stalled: float, gpu_looks: int = 0, gpu_slowdown: float = 0.0) -> ThreadTimes:
-    return ThreadTimes(looks, stalled, gpu_looks, gpu_slowdown)
+def times(looks: int, stalled: float, gpu_looks: int = 0, gpu_slowdown: float = 0.0, cpu_looks: int = 0,
+          cpu_lost: float = 0.0) -> ThreadTimes:
+    return ThreadTimes(looks, stalled, cpu_looks=cpu_looks, cpu_lost=cpu_lost, gpu_looks=gpu_looks,
+                       gpu_slowdown=gpu_slowdown)
 
 
 @pytest.mark.unit
@@ -42,6 +46,8 @@ def test_figures_are_the_window_s_stalled_threads_per_look_and_gpu_slowdown_per_
     found = figures_over(history, now=130.0, window=20.0)
     # From the reading at 110 (the newest at or before the window's start) to the one at 130.
     assert found == Figures(stall=18.0 / 20, gpu=pytest.approx(0.8 / 2))
+    cpu = [(100.0, times(10, 0, cpu_looks=1, cpu_lost=0.1)), (120.0, times(30, 0, cpu_looks=3, cpu_lost=0.9))]
+    assert figures_over(cpu, now=120.0, window=20.0) == Figures(stall=0.0, cpu=pytest.approx(0.8 / 2))
     assert figures_over(history[:1], now=130.0) is None
     assert figures_over([(125.0, times(1, 0)), (130.0, times(6, 0))], now=130.0) is None  # spans too little yet
 
@@ -54,6 +60,8 @@ def test_a_share_is_how_far_a_task_stands_above_the_others_typical_figure():
     assert found["worker-0"][0] == 0.0 and found["worker-1"][0] == 0.0
     throttled = shares({"worker-0": Figures(1.0, 0.05), "worker-1": Figures(1.0, 0.55)})
     assert throttled["worker-1"] == (pytest.approx(0.5), "gpu") and throttled["worker-0"][0] == 0.0
+    crowded = shares({"worker-0": Figures(0.1, cpu=0.05), "worker-1": Figures(0.1, cpu=0.45), "worker-2": Figures(0.1)})
+    assert crowded["worker-1"] == (pytest.approx(0.4), "cpu") and crowded["worker-0"][0] == 0.0
     # A balanced cluster, its common background sleepers and all: no one stands out.
     assert all(share < CONFIRM_SHARE for share, _ in
                shares({f"worker-{i}": Figures(1.0 + i * 0.03, 0.3 - i * 0.02) for i in range(4)}).values())
@@ -125,6 +133,19 @@ def test_a_passing_slowness_or_most_of_the_cluster_is_never_named():
 
 
 @pytest.mark.unit
+def test_no_straggler_is_named_once_a_training_task_ended():
+    clock = Clock()
+    watch, said, _ = watch_with(clock)
+    slow = {"worker-0": (0.0, "stall"), "worker-1": (0.0, "stall"), "worker-2": (0.5, "stall")}
+    judge_for(watch, clock, WARM_UP - 10, slow)
+    clock.now += 2
+    done = SimpleNamespace(name="worker-0", role="worker", state=TaskState.SUCCEEDED, process=None)
+    assert watch([done]) is None  # the last ones now wait at the end of training, not in step
+    judge_for(watch, clock, 60, slow)
+    assert said == [] and watch.all_records == []
+
+
+@pytest.mark.unit
 def test_exclude_trips_after_the_timeout_where_the_host_can_be_left_out_and_says_once_where_not():
     clock = Clock()
     slow = {"worker-0": (0.0, "stall"), "worker-1": (0.0, "stall"), "worker-2": (0.5, "stall")}
@@ -150,6 +171,54 @@ def test_run_json_reads_its_stragglers_back():
     (record,) = RunRecord.from_json(data).stragglers
     assert record.line().startswith("worker-1 on node2 held the others back since 2026-11-29T10:00:00")
     assert RunRecord.from_json(data).to_json()["stragglers"][0] == data["stragglers"][0]
+
+
+needs_two_cpus = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+
+
+class CpuQuota:
+    """A cgroup of its own with a CPU quota, where a test moves a process to hold it to a share of
+    one CPU: cgroup v2's ``cpu.max`` or v1's cpu controller (``cpu.cfs_quota_us``)."""
+
+    def __init__(self, share: float):
+        period = 100_000
+        quota = int(share * period)
+        name = f"tflaunch-test-{os.getpid()}"
+        v2 = Path("/sys/fs/cgroup")
+        if "cpu" in (v2 / "cgroup.controllers").read_text().split() if (v2 / "cgroup.controllers").exists() else False:
+            (v2 / "cgroup.subtree_control").write_text("+cpu")
+            self.folder = v2 / name
+            self.folder.mkdir()
+            (self.folder / "cpu.max").write_text(f"{quota} {period}")
+            self.root = v2
+        else:
+            v1 = next(p for p in (Path("/sys/fs/cgroup/cpu"), Path("/sys/fs/cgroup/cpu,cpuacct"))
+                      if (p / "cpu.cfs_quota_us").exists())
+            self.folder = v1 / name
+            self.folder.mkdir()
+            (self.folder / "cpu.cfs_period_us").write_text(str(period))
+            (self.folder / "cpu.cfs_quota_us").write_text(str(quota))
+            self.root = v1
+
+    def hold(self, pid: int) -> None:
+        (self.folder / "cgroup.procs").write_text(str(pid))
+
+    def remove(self) -> None:
+        for pid in (self.folder / "cgroup.procs").read_text().split():
+            try:
+                (self.root / "cgroup.procs").write_text(pid)
+            except OSError:
+                pass  # it ended meanwhile
+        wait_for(lambda: not (self.folder / "cgroup.procs").read_text().strip(), timeout=10,
+                 message="the quota's cgroup empty")
+        self.folder.rmdir()
+
+
+def cpu_quotas_available() -> bool:
+    if os.geteuid() != 0:
+        return False
+    v2 = Path("/sys/fs/cgroup/cgroup.controllers")
+    return (v2.exists() and "cpu" in v2.read_text().split()) or Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").exists()
 
 
 # -- the agent's watch on real threads --------------------------------------------------------
@@ -192,6 +261,47 @@ def test_the_agent_counts_a_sleeping_thread_as_stalled_and_a_waiting_one_not():
         sleeper.kill(), waiter.kill()
     assert asleep.stalled / asleep.looks > 0.6  # its one sleeping thread, nearly always found asleep
     assert waiting.stalled == 0
+
+
+SPINNER = "print('ready', flush=True)\nwhile True: pass"
+
+
+def cpu_lost(pid: int, seconds: float = 6.0) -> float:
+    """The share of its CPUs the agent's watch says ``pid`` lost, on average over ``seconds``."""
+    watch = threads.ThreadWatch()
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        watch.look([pid])
+        time.sleep(seconds / 60)
+    return watch.cpu_lost / watch.cpu_looks
+
+
+@pytest.mark.slow
+@needs_two_cpus
+def test_the_agent_sees_a_task_lose_its_cpu_to_a_neighbour_and_to_its_quota():
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    task, neighbour = started(SPINNER), started(SPINNER)
+    quota = CpuQuota(0.25) if cpu_quotas_available() else None
+    try:
+        os.sched_setaffinity(task.pid, {cpus[0]})
+        os.sched_setaffinity(neighbour.pid, {cpus[1]})
+        alone = cpu_lost(task.pid)
+        os.sched_setaffinity(neighbour.pid, {cpus[0]})
+        shared = cpu_lost(task.pid)
+        held = None
+        if quota is not None:
+            os.sched_setaffinity(neighbour.pid, {cpus[1]})
+            quota.hold(task.pid)
+            held = cpu_lost(task.pid)
+    finally:
+        task.kill(), neighbour.kill()
+        task.wait(), neighbour.wait()
+        if quota is not None:
+            quota.remove()
+    assert alone < 0.15, alone
+    assert 0.3 < shared <= 0.7, shared  # the neighbour had about half of the CPU
+    if quota is not None:
+        assert 0.45 < held <= 1.0, (alone, shared, held)  # held back three quarters of the time
 
 
 # -- real runs ------------------------------------------------------------------------------
@@ -258,24 +368,37 @@ def pin(pid: int, cpu: int) -> None:
             pass
 
 
-def pinned_run(tflaunch, seconds: float, command: list[str]) -> tuple[str, dict]:
-    """Two workers, each pinned to a CPU of its own; ``seconds`` of training, then Ctrl-C."""
+SPIN = "while True: pass"
+
+
+def pinned_run(tflaunch, seconds: float, command: list[str], neighbour: bool = False,
+               until=lambda: False) -> tuple[str, dict]:
+    """Two workers, each pinned to a CPU of its own, with ``neighbour`` a program outside the run
+    spinning on worker-1's CPU; ``seconds`` of training (or until ``until()`` holds), then Ctrl-C."""
     cpus = sorted(os.sched_getaffinity(0))[:2]
-    proc = tflaunch.start("--local", "2", "--", *command)
+    proc = tflaunch.start("--local", "2", "--debug", "--", *command)
     wait_for(tflaunch.latest_run, timeout=30, message="the run folder")
     tasks = {t["name"]: t["pid"] for t in tflaunch.live_tasks(timeout=60)}
+    spinner = None
     try:
         wait_for(lambda: "TRAINING" in tflaunch.merged_text(), timeout=120, message="training")
-        for _ in range(int(seconds / 10)):
+        if neighbour:
+            spinner = subprocess.Popen([sys.executable, "-c", SPIN])
+            os.sched_setaffinity(spinner.pid, {cpus[1]})
+        for _ in range(int(seconds / 5)):
             pin(tasks["worker-0"], cpus[0])  # again and again: the threads made since are pinned too
             pin(tasks["worker-1"], cpus[1])
-            time.sleep(10)
+            if until():
+                break
+            time.sleep(5)
     finally:
         proc.send_signal(signal.SIGINT)
+        if spinner is not None:
+            spinner.kill()
+            spinner.wait()
     return console_of(proc), record_of(tflaunch)
 
 
-needs_two_cpus = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
 WIDE = ["python", PROGRAM, "--steps", "100000", "--width", "512"]
 
 
@@ -286,3 +409,42 @@ WIDE = ["python", PROGRAM, "--steps", "100000", "--width", "512"]
 def test_two_pinned_workers_without_a_neighbour_name_no_one(tflaunch):
     console, record = pinned_run(tflaunch, seconds=110, command=WIDE)
     assert straggler_lines(console) == [] and record["stragglers"] == [], console[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.tensorflow
+@pytest.mark.timeout(300)
+@needs_two_cpus
+def test_a_worker_sharing_its_cpu_with_a_busy_program_is_named(tflaunch):
+    console, record = pinned_run(tflaunch, seconds=150, command=WIDE, neighbour=True,
+                                 until=lambda: straggler_lines(tflaunch.merged_text()))
+    lines = straggler_lines(console)
+    assert lines and "worker-1 on localhost holds the others back" in lines[0], console[-3000:]
+    assert "others take its CPUs while it waits for one" in lines[0]
+    (entry,) = record["stragglers"]
+    assert entry["task"] == "worker-1" and entry["share"] >= CONFIRM_SHARE
+
+
+@pytest.mark.slow
+@pytest.mark.tensorflow
+@pytest.mark.timeout(360)
+@pytest.mark.skipif(not cpu_quotas_available(), reason="needs root and a cgroup CPU controller")
+def test_the_built_in_trainer_names_a_worker_its_cpu_quota_holds_back(tflaunch):
+    quota = CpuQuota(0.3)
+    proc = tflaunch.start("--local", "2", "--debug", "--", sys.executable, "-m", "trainer", "--epochs", "1000")
+    try:
+        wait_for(tflaunch.latest_run, timeout=30, message="the run folder")
+        tasks = {t["name"]: t["pid"] for t in tflaunch.live_tasks(timeout=60)}
+        quota.hold(tasks["worker-1"])
+        lines = wait_for(lambda: straggler_lines(tflaunch.merged_text()) or None, timeout=240,
+                         message="the straggler line")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        console = console_of(proc)
+        quota.remove()
+    assert "worker-1 on localhost holds the others back" in lines[0], console[-3000:]
+    assert "or its CPU quota holds it back" in lines[0]
+    record = record_of(tflaunch)
+    assert [s["task"] for s in record["stragglers"]] == ["worker-1"], record["stragglers"]
+    assert record["stragglers"][0]["share"] >= CONFIRM_SHARE
+    assert straggler_lines(console)[0].endswith(lines[0].split("| ", 1)[1])
