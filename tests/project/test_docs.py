@@ -191,7 +191,7 @@ def test_readme_starts_with_title_sentence_and_the_two_commands():
             f"each command is introduced by one sentence ending in ':'; got {text!r}")
     install, test = readme_commands()
     assert install == INSTALL_COMMAND
-    assert "\n" not in test and test.endswith(".venv/bin/python -m pytest")
+    assert "\n" not in test and test.endswith(".venv/bin/python tests/suite.py")
     apt = shlex.split(test.split("&&")[1])
     assert apt[:3] == ["apt-get", "install", "-y"] and "strace" in apt, f"apt-get line: {apt}"
 
