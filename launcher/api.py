@@ -33,7 +33,6 @@ Importing this module is cheap; the run machinery is imported on the first call.
 
 from __future__ import annotations
 
-import operator
 import signal
 import sys
 import threading
@@ -43,7 +42,8 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from .errors import LaunchError
-from .options import EVALUATOR_TIMEOUT, GRACE, LOG_MAX_SIZE, STRAGGLER_TIMEOUT, RunOptions, bad, python_words
+from .options import (EVALUATOR_TIMEOUT, GRACE, LOG_MAX_SIZE, STRAGGLER_TIMEOUT, RunOptions, bad, gpu_indices,
+                      python_words)
 from .records.folder import DEFAULT_LOG_DIR
 from .run.signals import Signals  # standard library only underneath: importing it stays cheap
 
@@ -54,7 +54,6 @@ if TYPE_CHECKING:
 
 __all__ = ["LaunchFailed", "LaunchInterrupted", "LaunchResult", "launch", "run_record", "runs"]
 
-GPU_FORM = "GPU indices (whole numbers) such as [0, 1] or '0,1'"
 
 
 @dataclass(frozen=True)
@@ -146,7 +145,7 @@ def launch(cluster: str | Path | Mapping[str, Any] | None = None, *, local: int 
                          verbose=verbose, tensorboard=tensorboard, debug=debug, log_max_size=log_max_size)
     source = choose_source(None if cluster is None else (cluster if isinstance(cluster, Mapping) else str(cluster)),
                            local, hosts=_hosts(hosts), hostfile=None if hostfile is None else str(hostfile),
-                           chief=bool(chief), ps=ps, evaluator=bool(evaluator), gpus=_gpus(gpus),
+                           chief=bool(chief), ps=ps, evaluator=bool(evaluator), gpus=gpu_indices("gpus", gpus),
                            spares=None if spares is None else _hosts(spares))
     request = LaunchRequest(cluster=source.spec, options=options)
     if output is not None and on_line is not None:
@@ -212,28 +211,6 @@ def run_record(run: str | None = None, log_dir: str | Path = DEFAULT_LOG_DIR) ->
 
 
 # -- the cluster options' Python forms ------------------------------------------------
-
-def _gpus(value: Sequence[int] | str | None) -> tuple[int, ...]:
-    """GPU indices, each a whole number: a float (0.5) or a bool is refused, never truncated."""
-    if value is None or value == "":
-        return ()
-    try:
-        items = value.split(",") if isinstance(value, str) else list(value)
-        return tuple(_gpu(item) for item in items)
-    except (TypeError, ValueError):
-        raise bad("gpus", GPU_FORM, value) from None
-
-
-def _gpu(item: Any) -> int:
-    if isinstance(item, str):
-        text = item.strip()
-        if text.isascii() and text.isdecimal():
-            return int(text)
-        raise ValueError(item)
-    if isinstance(item, bool):
-        raise TypeError(item)
-    return operator.index(item)  # an int or a numpy integer; a float raises TypeError
-
 
 def _hosts(value: str | Mapping[str, int] | Sequence[str] | None) -> str | None:
     """-H's text from a string, a {host: slots} mapping or a list of 'host[:slots]' items."""

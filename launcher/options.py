@@ -18,6 +18,7 @@ name the option in the words of the front end in effect.
 from __future__ import annotations
 
 import math
+import operator
 import os
 import re
 import shlex
@@ -243,6 +244,33 @@ def seconds(option: str, value: Any, positive: bool = False) -> float:
             or (positive and value == 0)):
         raise bad(option, "a number of seconds " + ("> 0" if positive else ">= 0"), value)
     return float(value)
+
+
+GPU_FORM = "GPU indices (whole numbers) such as 0,1"
+
+
+def gpu_indices(option: str, value: Any) -> tuple[int, ...]:
+    """GPU indices from ``0,1`` text or a sequence of whole numbers (None and "" are none), the
+    one reading of both front ends' GPU lists: a float or a bool is refused, never truncated.
+    Whether they are distinct and >= 0 is the sources' check, as for a cluster file's."""
+    if value is None or value == "":
+        return ()
+    try:
+        items = value.split(",") if isinstance(value, str) else list(value)
+        return tuple(_gpu_index(item) for item in items)
+    except (TypeError, ValueError):
+        raise bad(option, GPU_FORM, value) from None
+
+
+def _gpu_index(item: Any) -> int:
+    if isinstance(item, str):
+        text = item.strip()
+        if text.isascii() and text.isdecimal():
+            return int(text)
+        raise ValueError(item)
+    if isinstance(item, bool):
+        raise TypeError(item)
+    return operator.index(item)  # an int or a numpy integer; a float raises TypeError
 
 
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?", re.IGNORECASE)

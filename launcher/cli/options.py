@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ..options import STRAGGLER_ACTIONS, RunOptions
+from ..options import STRAGGLER_ACTIONS, RunOptions, gpu_indices
 from ..options import name as option_name
 from ..sources.choose import RoleOptions, choose_source
 
@@ -29,12 +29,7 @@ if TYPE_CHECKING:
 
 
 def _parse_gpus(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, ...]:
-    if not value:
-        return ()
-    try:
-        return tuple(int(part) for part in value.split(","))
-    except ValueError:
-        raise click.BadParameter(f"expected comma-separated GPU indices such as 0,1, got {value!r}") from None
+    return gpu_indices("gpus", value)
 
 
 # Outermost first, as they show in --help: each parameter's declarations and settings. The role

@@ -21,7 +21,7 @@ CASES = {
     "option without its value": (["runs", "--log-dir"], "Option '--log-dir' requires an argument"),
     "bad choice": (["export", "--local", "1", "--format", "yaml"], "Invalid value for '--format': 'yaml'"),
     "bad value read by a callback": (["--local", "2", "--gpus", "x", "--dry-run"],
-                                     "expected comma-separated GPU indices such as 0,1, got 'x'"),
+                                     "--gpus: expected GPU indices (whole numbers) such as 0,1, got 'x'"),
     "bad --env name": (["--local", "1", "-e", "1X=2", "--dry-run"], "expected KEY=VALUE or KEY"),
     "options that do not go together": (["--local", "2", "--requeue", "--dry-run"],
                                         "--requeue and --run-dir only apply to --slurm"),
