@@ -1,7 +1,7 @@
 """What the straggler rule costs: tflaunch and its agents with it on and off, at 64 tasks, side by side.
 
     python benchmarks/bench_stragglers.py [--hosts 8] [--tasks-per-host 8] [--threads 115] [--reps 3]
-                                          [--seconds 75]
+                                          [--seconds 120]
 
 No real hosts: with ``TFLAUNCH_SIMULATE_HOSTS=1`` every ssh host of the cluster file is the real
 host agent started on this machine over pipes, exactly as ssh would carry it. Each task is a
@@ -11,7 +11,7 @@ in a loop, and a main thread working 1 ms in every 100 (so that 64 of them leave
 machine free for tflaunch and its agents). Each side (``--on-straggler warn``, the default, and
 ``off``) runs ``--reps`` times, interleaved; each run is measured over ``--seconds`` once every
 task has been up 15 s (past the first censuses of the tasks' threads, which read every thread),
-then stopped with SIGINT. The default 75 s holds a full census (every 60 s, of every thread).
+then stopped with SIGINT. The default 120 s holds a full census (every 120 s, of every thread).
 
 Measured from /proc: the CPU (user + system) of tflaunch and of every agent, over the window, per
 second of wall time. The rule's cost is the difference between the sides' medians, as a share of
@@ -131,7 +131,7 @@ def main() -> None:
     parser.add_argument("--tasks-per-host", type=int, default=8)
     parser.add_argument("--threads", type=int, default=115)
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=75.0)
+    parser.add_argument("--seconds", type=float, default=120.0)
     args = parser.parse_args()
     tasks = args.hosts * args.tasks_per_host
     _bench.header(f"the straggler rule's cost: {tasks} tasks of {args.threads} threads on {args.hosts} simulated hosts",

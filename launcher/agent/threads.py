@@ -7,13 +7,13 @@ and :class:`Nvml` reads the host's GPUs where NVML is present.
 import os
 import time
 
-LOOK_EVERY = 1.0  # seconds between looks at a watched task's threads
-CENSUS_LOOKS = 10  # looks between readings of its threads' CPU and run-queue times
-FULL_CENSUSES = 6  # censuses between readings of all its threads (else: those that ran, and new ones)
-DISCOVER = 2  # threads looked at per look besides the suspects, in turn, to find new suspects
+LOOK_EVERY = 2.0  # seconds between looks at a watched task's threads
+CENSUS_LOOKS = 5  # looks between readings of its threads' CPU and run-queue times
+FULL_CENSUSES = 12  # censuses between readings of all its threads (else: those that ran, and new ones)
+DISCOVER = 1  # threads looked at per look besides the suspects, in turn, to find new suspects
 MOST_SUSPECTS = 16
 TICKS = os.sysconf("SC_CLK_TCK")
-SUSPECT_LOOKS = 30  # looks after which a suspect not seen stalled again is one no more
+SUSPECT_LOOKS = 15  # looks after which a suspect not seen stalled again is one no more
 # A thread holds its task up by itself when it sleeps on purpose or waits for a disk: its kernel
 # wait channel (/proc/<pid>/task/<tid>/wchan) names one of these. A thread waiting on a lock, a
 # condition, a socket or a pipe (futex, epoll, poll) waits for something else; a running or

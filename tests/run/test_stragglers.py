@@ -298,10 +298,11 @@ def test_the_agent_sees_a_task_lose_its_cpu_to_a_neighbour_and_to_its_quota():
         task.wait(), neighbour.wait()
         if quota is not None:
             quota.remove()
-    assert alone < 0.15, alone
-    assert 0.3 < shared <= 0.7, shared  # the neighbour had about half of the CPU
+    # Alone on its CPU, it loses only what the machine's other programs take there (little on a
+    # quiet machine); the neighbour takes about half of it, the quota three quarters of the time.
+    assert alone < shared and shared - alone > 0.2 and shared <= 0.8, (alone, shared)
     if quota is not None:
-        assert 0.45 < held <= 1.0, (alone, shared, held)  # held back three quarters of the time
+        assert held - alone > 0.35 and held <= 1.0, (alone, shared, held)
 
 
 # -- real runs ------------------------------------------------------------------------------
@@ -385,6 +386,7 @@ def pinned_run(tflaunch, seconds: float, command: list[str], neighbour: bool = F
         if neighbour:
             spinner = subprocess.Popen([sys.executable, "-c", SPIN])
             os.sched_setaffinity(spinner.pid, {cpus[1]})
+            print(f"the neighbour spins from {time.time():.1f}")
         for _ in range(int(seconds / 5)):
             pin(tasks["worker-0"], cpus[0])  # again and again: the threads made since are pinned too
             pin(tasks["worker-1"], cpus[1])
@@ -419,6 +421,7 @@ def test_a_worker_sharing_its_cpu_with_a_busy_program_is_named(tflaunch):
     console, record = pinned_run(tflaunch, seconds=150, command=WIDE, neighbour=True,
                                  until=lambda: straggler_lines(tflaunch.merged_text()))
     lines = straggler_lines(console)
+    print(lines[:1])
     assert lines and "worker-1 on localhost holds the others back" in lines[0], console[-3000:]
     assert "others take its CPUs while it waits for one" in lines[0]
     (entry,) = record["stragglers"]
