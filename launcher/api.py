@@ -155,7 +155,7 @@ def launch(cluster: str | Path | Mapping[str, Any] | None = None, *, local: int 
 
         require()
 
-    from .run.console import Console
+    from .run.console.writer import Console
     from .run.launch import run
     from .run.summary import describe_result
 

@@ -78,7 +78,7 @@ def run(ctx: click.Context, choice: ClusterChoice, **options: Any) -> None:
             click.echo(f"tflaunch: {warning}", err=True)
         click.echo("\n".join(describe_plan(spec, plan)))
         return
-    from ..run.console import Console
+    from ..run.console.writer import Console
     from ..run.launch import run as run_cluster
 
     board = None

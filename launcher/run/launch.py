@@ -37,7 +37,7 @@ from .limits import check_open_files
 from .signals import SIGNALS, Signals
 
 if TYPE_CHECKING:
-    from .console import Console
+    from .console.writer import Console
     from .preflight import CheckReport
     from .session import RunResult, SessionOptions
 

@@ -24,7 +24,7 @@ from ..records.record import RunRecord, TaskRecord
 from ..records.states import AllFinal
 
 if TYPE_CHECKING:
-    from .console import Console
+    from .console.writer import Console
     from .supervisor import Task
 
 LIVE_WRITE_INTERVAL, LIVE_WRITE_TASKS, LIVE_WRITE_AT_MOST = 0.25, 16, 10.0

@@ -47,7 +47,7 @@ from .limits import OPEN_FILES
 from .progress import Progress
 
 if TYPE_CHECKING:
-    from .console import Console
+    from .console.writer import Console
 
 LAUNCHER_NAME = "tflaunch"
 _READ_SIZE = 1 << 20

@@ -38,7 +38,7 @@ from ..cluster.placement import checked_spec
 from .hostpool import HostPool
 from .liverecord import LiveRecord, status_fields
 from .pump import OutputPump
-from .render import meaningful
+from .console.chatter import meaningful
 from .resources import ResourceSampler
 from .signals import Signals
 from .stragglers import StragglerWatch, status_words
@@ -47,7 +47,7 @@ from .supervisor import AttemptResult, Supervisor, SupervisorOptions, Task, Trip
 from .watchdog import Watchdog, WatchdogSettings, training_tasks
 
 if TYPE_CHECKING:
-    from .console import Console
+    from .console.writer import Console
     from .diagnose import Diagnosis
 
 log = tracer("session")

@@ -23,7 +23,7 @@ from ..records.folder import iso_time
 from ..records.slurm import read_slurm_record, write_slurm_record
 from ..slurm.commands import SlurmError, slurm_run
 from ..slurm.job import prepare_folder
-from .console import Console
+from .console.writer import Console
 from .launch import LaunchRequest, run
 from .session import RunResult
 from .signals import SIGNALS, Signals

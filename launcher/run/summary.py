@@ -17,11 +17,11 @@ from ..records.folder import DEFAULT_LOG_DIR, LEARNING_CURVES, RunFolder
 from ..records.logview import tail_lines
 from ..records.metrics import read_metrics, speaker, trained_seconds
 from ..records.states import Outcome, TaskState, duration_text, plural
-from .metricview import number as figure
-from .render import meaningful
+from .console.metricview import number as figure
+from .console.chatter import meaningful
 from .session import TAIL_LINES, RunResult
 from .supervisor import Task
-from .twins import names_text
+from .console.twins import names_text
 
 
 def describe_plan(spec: ClusterSpec, plan: Plan) -> list[str]:

@@ -42,7 +42,7 @@ from ..records.record import RootCause
 from ..records.states import TaskState, plural
 from ..records.trace import tracer
 from .progress import Progress
-from .render import meaningful
+from .console.chatter import meaningful
 from .supervisor import Task, Trip
 
 log = tracer("watchdog")

@@ -10,9 +10,9 @@ import os
 import pytest
 
 from launcher.records.metrics import metric_lines, scalars
-from launcher.run.console import Console
-from launcher.run.metricview import KEPT, MetricBoard
-from launcher.run.terminal import FileBound
+from launcher.run.console.writer import Console
+from launcher.run.console.metricview import KEPT, MetricBoard
+from launcher.run.console.terminal import FileBound
 
 pytestmark = pytest.mark.unit
 

@@ -14,10 +14,10 @@ import pytest
 
 from launcher.records.metrics import metric_lines
 from launcher.records.states import TaskState
-from launcher.run.console import Console, wants_colour
+from launcher.run.console.writer import Console, wants_colour
 from launcher.records.metrictext import epoch_text, final_text
-from launcher.run.metricview import MetricBoard
-from launcher.run.render import Chatter, may_hold_chatter
+from launcher.run.console.metricview import MetricBoard
+from launcher.run.console.chatter import Chatter, may_hold_chatter
 from launcher.run.summary import task_table, training_lines
 from launcher.run.supervisor import Task
 from launcher.transports.base import ExitStatus

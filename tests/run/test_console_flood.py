@@ -8,8 +8,8 @@ import io
 import os
 import tempfile
 
-from launcher.run.console import Console
-from launcher.run.twins import TwinFolder
+from launcher.run.console.writer import Console
+from launcher.run.console.twins import TwinFolder
 
 
 def test_a_flood_of_one_line_leaves_the_messages_behind_it_printed_and_every_line_accounted_for():

@@ -21,11 +21,11 @@ from console_names import console_lines, expand
 from launcher.cluster.plan import LEGACY_KERAS_NOTE, RunContext, plan_cluster, runs_python
 from launcher.cluster.reader import parse_cluster
 from launcher.records.states import TaskState
-from launcher.run.console import Console
-from launcher.run.render import twin_key
+from launcher.run.console.writer import Console
+from launcher.run.console.chatter import twin_key
 from launcher.run.summary import FOLD_FROM, task_table
 from launcher.run.supervisor import Task
-from launcher.run.twins import HOLD, TwinFolder, index_ranges, names_text
+from launcher.run.console.twins import HOLD, TwinFolder, index_ranges, names_text
 from launcher.transports.base import ExitStatus
 from polling import wait_for
 

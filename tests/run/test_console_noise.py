@@ -13,9 +13,9 @@ import pytest
 
 from launcher.records.logview import tail_lines
 from launcher.records.metrics import metric_lines
-from launcher.run.console import Console
-from launcher.run.render import Chatter, meaningful, starts_error
-from launcher.run.stopfold import folded_text
+from launcher.run.console.writer import Console
+from launcher.run.console.chatter import Chatter, meaningful, starts_error
+from launcher.run.console.stopfold import folded_text
 
 pytestmark = pytest.mark.unit
 

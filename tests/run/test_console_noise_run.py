@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import TASK
-from launcher.run.stopfold import folded_text
+from launcher.run.console.stopfold import folded_text
 from polling import wait_for
 
 pytestmark = pytest.mark.slow

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.run.console import Console
+from launcher.run.console.writer import Console
 from launcher.records.metrics import PREFIX as METRIC_PREFIX
 from launcher.records.logview import tail_lines
 from launcher.run.pump import LineSplitter, OutputPump

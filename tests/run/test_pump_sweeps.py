@@ -9,7 +9,7 @@ import pytest
 
 from launcher.records.boundedlog import WRITING
 from launcher.run import pump as pump_module
-from launcher.run.console import Console
+from launcher.run.console.writer import Console
 from launcher.run.pump import OutputPump
 from polling import wait_for
 

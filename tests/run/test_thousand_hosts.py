@@ -25,7 +25,7 @@ from launcher.cluster.reader import parse_cluster
 from launcher.records.folder import RunFolder
 from launcher.records.record import RunRecord
 from launcher.records.states import TaskState
-from launcher.run.console import Console
+from launcher.run.console.writer import Console
 from launcher.run.liverecord import LiveRecord
 from launcher.run.supervisor import Task
 from launcher.run.wakeups import Wakeups

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from launcher.cluster.plan import TaskLaunch
-from launcher.run.console import Console
+from launcher.run.console.writer import Console
 from launcher.records.metrics import PREFIX as METRIC_PREFIX
 from launcher.run.pump import OutputPump
 from launcher.records.states import TaskState

@@ -9,7 +9,7 @@ console shows one line per task before its next message (the run's summary, or t
     worker-0 | … 94 lines since worker-1 failed, not shown here (worker-0.log has them all)
 
 The console also folds a task's lines that were still waiting for their twins when the stop
-began, from its first error on (:func:`.render.starts_error`): a failure's errors reach the other
+began, from its first error on (:func:`.chatter.starts_error`): a failure's errors reach the other
 tasks a few milliseconds before tflaunch sees it fail. The failed task's own lines stay on the
 console, and every line stays in the logs and merged.log.
 Pure: the console's writer thread owns one and alone calls it.
@@ -17,7 +17,7 @@ Pure: the console's writer thread owns one and alone calls it.
 
 from __future__ import annotations
 
-from ..records.folder import task_log_name
+from ...records.folder import task_log_name
 
 
 def folded_text(count: int, task: str, root: str) -> str:

@@ -18,8 +18,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from ..records.metrics import speaker
-from ..records.metrictext import number, record_text
+from ...records.metrics import speaker
+from ...records.metrictext import number, record_text
 
 _COMPARED = {"epoch": ("loss", "accuracy", "val_loss", "val_accuracy"), "final": ("test_loss", "test_accuracy")}
 

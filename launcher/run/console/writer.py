@@ -16,7 +16,7 @@ What a task line becomes on the console (the files are untouched by any of this)
 - a metric line (see :mod:`launcher.records.metrics`: a ``TFLAUNCH_METRIC`` line, or the line that
   ends a Keras epoch of a task that prints none), which arrives already parsed by the output
   pump, is rendered for people (:mod:`.metricview`), lock-step duplicates once;
-- TensorFlow's routine C++ start-up chatter is hidden (:class:`.render.Chatter`);
+- TensorFlow's routine C++ start-up chatter is hidden (:class:`.chatter.Chatter`);
 - once a task's failure stops the cluster, the other tasks' lines are counted, not shown: one
   line per task says how many (:mod:`.stopfold`);
 - the same line from several tasks within half a second prints once under all their names,
@@ -40,11 +40,11 @@ from typing import IO, Iterable, Mapping
 
 import click
 
-from ..records.folder import MERGED
-from ..records.metrics import MetricLines
-from ..records.states import TaskState, plural
+from ...records.folder import MERGED
+from ...records.metrics import MetricLines
+from ...records.states import TaskState, plural
 from .metricview import Line, MetricBoard
-from .render import Chatter, may_hold_chatter, starts_error
+from .chatter import Chatter, may_hold_chatter, starts_error
 from .stopfold import StopFold
 from .terminal import Sink, terminal_width, wants_colour
 from .twins import TwinFolder, names_text

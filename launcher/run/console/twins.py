@@ -10,7 +10,7 @@ console lines. The console hands each shown line to a :class:`TwinFolder` instea
   when that line prints after every line the task is already waiting with;
 - lines print in the order their first copies arrived.
 
-Twins are lines with equal :func:`launcher.run.render.twin_key`: the same bytes, or TensorFlow
+Twins are lines with equal :func:`launcher.run.console.chatter.twin_key`: the same bytes, or TensorFlow
 log lines that differ only in their time and thread id (the first task's copy is shown).
 
 :func:`names_text` is the one way a set of tasks is named in a line (the summary table too):
@@ -24,7 +24,7 @@ import collections
 from operator import itemgetter
 from typing import Callable, Iterable
 
-from .render import may_be_stamped, twin_key
+from .chatter import may_be_stamped, twin_key
 
 HOLD = 0.5  # seconds a line waits at most for the same line from other tasks
 MAX_WAITING = 20_000  # lines waiting at once; beyond it the oldest print early (a flood's memory stays bounded)
