@@ -94,7 +94,7 @@ def status_command(run_ref: str | None, log_dir: str, as_json: bool) -> None:
 
     from ..inspect.report import status_lines
     from ..inspect.runs import resolve_run, run_status
-    from ..run.resources import measure_tasks
+    from ..run.output.resources import measure_tasks
 
     status = run_status(resolve_run(log_dir, run_ref), measure=measure_tasks)
     _show(as_json, status, asdict, status_lines)

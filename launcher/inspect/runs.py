@@ -340,7 +340,7 @@ class RunState:
 
 
 # Measures live tasks of this machine ({task: pid}) over some seconds: {task: {"cpu_percent", "rss_mb",
-# "processes", ...}}. The command line passes launcher.run.resources.measure_tasks, which measures
+# "processes", ...}}. The command line passes launcher.run.output.resources.measure_tasks, which measures
 # the way every task's agent samples it; the read side itself touches no process.
 Measure = Callable[[dict[str, int], float, Path], dict[str, dict[str, Any]]]
 

@@ -37,9 +37,9 @@ from ..transports.base import Reading
 from ..cluster.placement import checked_spec
 from .hostpool import HostPool
 from .liverecord import LiveRecord, status_fields
-from .pump import OutputPump
+from .output.pump import OutputPump
 from .console.chatter import meaningful
-from .resources import ResourceSampler
+from .output.resources import ResourceSampler
 from .signals import Signals
 from .stragglers import StragglerWatch, status_words
 from .control import ControlServer

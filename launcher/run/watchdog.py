@@ -41,7 +41,7 @@ from ..records.logview import tail_lines
 from ..records.record import RootCause
 from ..records.states import TaskState, plural
 from ..records.trace import tracer
-from .progress import Progress
+from .output.progress import Progress
 from .console.chatter import meaningful
 from .supervisor import Task, Trip
 

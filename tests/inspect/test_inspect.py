@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from conftest import TASK, interrupt
-from launcher.run.resources import ResourceSampler
+from launcher.run.output.resources import ResourceSampler
 from polling import wait_for
 
 pytestmark = pytest.mark.timeout(120)

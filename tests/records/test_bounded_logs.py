@@ -21,7 +21,7 @@ from launcher.options import LOG_MAX_SIZE, LOG_SIZE_RANGE, parse_size
 from launcher.records.boundedlog import MARKER, BoundedLog, format_size
 from launcher.records.logview import Follower, left_out, live_layout, read_tail, read_view, tail_lines
 from launcher.run.console.writer import Console
-from launcher.run.pump import OutputPump
+from launcher.run.output.pump import OutputPump
 from launcher.errors import OptionsError
 from launcher.transports.proxies import LogWriter
 from conftest import descendants_alive

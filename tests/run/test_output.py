@@ -15,7 +15,7 @@ import pytest
 from launcher.run.console.writer import Console
 from launcher.records.metrics import PREFIX as METRIC_PREFIX
 from launcher.records.logview import tail_lines
-from launcher.run.pump import LineSplitter, OutputPump
+from launcher.run.output.pump import LineSplitter, OutputPump
 from launcher.records.exits import signal_name
 from launcher.transports.base import CANNOT_START, UNREACHABLE, ExitStatus
 from polling import wait_for

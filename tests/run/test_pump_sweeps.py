@@ -8,9 +8,9 @@ import threading
 import pytest
 
 from launcher.records.boundedlog import WRITING
-from launcher.run import pump as pump_module
+from launcher.run.output import pump as pump_module
 from launcher.run.console.writer import Console
-from launcher.run.pump import OutputPump
+from launcher.run.output.pump import OutputPump
 from polling import wait_for
 
 pytestmark = pytest.mark.unit

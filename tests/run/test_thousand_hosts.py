@@ -276,7 +276,7 @@ def test_every_host_connection_starts_before_what_it_does_not_need_is_loaded(tmp
     seen = json.loads(done.stdout)
     loaded = set(seen["modules"])
     assert "launcher.transports.simulated" in loaded and "yaml" in loaded  # the cluster file was read
-    later = {"launcher.run.session", "launcher.run.pump", "launcher.run.supervisor", "launcher.cluster.exposure",
+    later = {"launcher.run.session", "launcher.run.output.pump", "launcher.run.supervisor", "launcher.cluster.exposure",
              "tempfile", "difflib"}
     assert not loaded & later, sorted(loaded & later)
     assert "tflaunch-exposure" not in seen["threads"]

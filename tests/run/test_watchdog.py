@@ -20,7 +20,7 @@ import pytest
 from launcher.cluster.plan import TaskLaunch
 from launcher.run.console.writer import Console
 from launcher.records.metrics import PREFIX as METRIC_PREFIX
-from launcher.run.pump import OutputPump
+from launcher.run.output.pump import OutputPump
 from launcher.records.states import TaskState
 from launcher.run.supervisor import Task, Trip
 from launcher.run.watchdog import Watchdog, WatchdogSettings, never_formed, training_tasks

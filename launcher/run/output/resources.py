@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ..records.files import write_atomically
-from ..records.folder import RESOURCES, iso_time
-from ..transports import reading_of
-from ..transports.base import Reading
+from ...records.files import write_atomically
+from ...records.folder import RESOURCES, iso_time
+from ...transports import reading_of
+from ...transports.base import Reading
 
 _MB = 1024 * 1024
 INDENTED_TASKS = 64

@@ -36,18 +36,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
-from ..options import LOG_MAX_SIZE
-from ..records.boundedlog import MERGED_SHARE, WRITING, BoundedLog, Reader, format_size
-from ..records.files import open_own
-from ..records.folder import MERGED, METRICS
-from ..records.lines import LineSplitter
-from ..records.kerasepochs import KerasState
-from ..records.metrics import LINE_MAX, METRICS_MAX_SIZE, MetricLines, metric_lines, oversized, scalars
-from .limits import OPEN_FILES
+from ...options import LOG_MAX_SIZE
+from ...records.boundedlog import MERGED_SHARE, WRITING, BoundedLog, Reader, format_size
+from ...records.files import open_own
+from ...records.folder import MERGED, METRICS
+from ...records.lines import LineSplitter
+from ...records.kerasepochs import KerasState
+from ...records.metrics import LINE_MAX, METRICS_MAX_SIZE, MetricLines, metric_lines, oversized, scalars
+from ..limits import OPEN_FILES
 from .progress import Progress
 
 if TYPE_CHECKING:
-    from .console.writer import Console
+    from ..console.writer import Console
 
 LAUNCHER_NAME = "tflaunch"
 _READ_SIZE = 1 << 20

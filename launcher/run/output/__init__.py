@@ -1,0 +1,7 @@
+"""A run's output: what its tasks print and what they use, read while the run goes on.
+
+pump.py: each task's log read back into ``merged.log``, ``metrics.jsonl`` and the console.
+progress.py: what the tasks' metric lines say about progress, written by the pump, read by the
+watchdog and the session.
+resources.py: CPU and memory use of a run's tasks, collected on a thread into ``resources.json``.
+"""
