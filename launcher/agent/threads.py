@@ -1,4 +1,4 @@
-"""A watched task's threads, CPUs and GPUs, for tflaunch's straggler rule (launcher/run/stragglers.py):
+"""A watched task's threads, CPUs and GPUs, for tflaunch's straggler rule (launcher/run/faults/stragglers.py):
 :class:`ThreadWatch` keeps the running totals that go out with the task's resource readings
 (:mod:`.sampling`), :class:`CpuShare` tells what of its CPUs others took while it waited for one,
 and :class:`Nvml` reads the host's GPUs where NVML is present.

@@ -109,7 +109,7 @@ class RunContext:
     run_dir: str
     attempt: int = 1
     backup_dir: str | None = None  # offered to the trainer as TFLAUNCH_BACKUP_DIR (restarts resume)
-    watch_stragglers: bool = False  # the agents watch the training tasks' threads (launcher/run/stragglers.py)
+    watch_stragglers: bool = False  # the agents watch the training tasks' threads (launcher/run/faults/stragglers.py)
 
 
 @dataclass(frozen=True)

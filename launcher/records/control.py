@@ -1,7 +1,7 @@
 """A run folder's control socket, from the side that asks: its name, its limits, and :func:`ask`.
 
 While a run lasts, its tflaunch serves ``<run folder>/control.sock`` (:data:`SOCKET`;
-:mod:`launcher.run.control` is the server), and ``tflaunch stacks`` asks it for every task's
+:mod:`launcher.run.faults.stacks_server` is the server), and ``tflaunch stacks`` asks it for every task's
 stacks. Only the user who runs tflaunch may use it, and a client talks only to a server of its own
 user's (``SO_PEERCRED`` on both sides). A request is one JSON line of at most
 :data:`MAX_REQUEST` bytes, served within :data:`REQUEST_SECONDS`, at most :data:`MAX_CLIENTS` at

@@ -186,7 +186,7 @@ class ExcludedHost:
 
 @dataclass
 class StragglerRecord:
-    """A training task the others kept waiting for (launcher/run/stragglers.py): from ``since`` to
+    """A training task the others kept waiting for (launcher/run/faults/stragglers.py): from ``since`` to
     ``until`` (None while it still is one), ``share`` of each step on average, and why."""
 
     task: str

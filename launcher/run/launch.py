@@ -94,7 +94,7 @@ def plan_for(spec: ClusterSpec, context: RunContext, local_hosts: frozenset[str]
 def session_options(request: LaunchRequest, spec: ClusterSpec) -> SessionOptions:
     """The run-wide choices: the run options, else the cluster file's."""
     from .session import SessionOptions
-    from .watchdog import WatchdogSettings
+    from .faults.watchdog import WatchdogSettings
 
     options = request.options
     return SessionOptions(

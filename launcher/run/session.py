@@ -41,14 +41,14 @@ from .output.pump import OutputPump
 from .console.chatter import meaningful
 from .output.resources import ResourceSampler
 from .signals import Signals
-from .stragglers import StragglerWatch, status_words
-from .control import ControlServer
+from .faults.stragglers import StragglerWatch, status_words
+from .faults.stacks_server import ControlServer
 from .supervisor import AttemptResult, Supervisor, SupervisorOptions, Task, Trip
-from .watchdog import Watchdog, WatchdogSettings, training_tasks
+from .faults.watchdog import Watchdog, WatchdogSettings, training_tasks
 
 if TYPE_CHECKING:
     from .console.writer import Console
-    from .diagnose import Diagnosis
+    from .faults.diagnose import Diagnosis
 
 log = tracer("session")
 TAIL_LINES = 20
@@ -78,7 +78,7 @@ class SessionOptions:
     # Offer the tasks a backup folder even when no restart is allowed (a requeued batch job resumes from it).
     backup: bool = False
     log_max_size: int = LOG_MAX_SIZE  # each task log's limit; merged.log's is a multiple (records/boundedlog.py)
-    on_straggler: str = "warn"  # warn, exclude or off (launcher/run/stragglers.py)
+    on_straggler: str = "warn"  # warn, exclude or off (launcher/run/faults/stragglers.py)
     straggler_timeout: float = STRAGGLER_TIMEOUT
 
 
@@ -273,7 +273,7 @@ class RunSession:
     def _culprit_host(self, plan: Plan, result: AttemptResult) -> str | None:
         """The host of the task the attempt's failure is laid on (its root cause, or the task a hang
         watchdog named), unless the failure is a known mistake of the program (:data:`~.diagnose.PROGRAM_RULES`)."""
-        from .diagnose import PROGRAM_RULES
+        from .faults.diagnose import PROGRAM_RULES
 
         known = self.diagnoses[-1] if self.diagnoses else None
         if known is not None and known.rule in PROGRAM_RULES:
@@ -283,7 +283,7 @@ class RunSession:
 
     def _machine_fault(self, result: AttemptResult) -> dict[str, str]:
         """{host: why} when the attempt's root cause failed in a way that points at its machine."""
-        from .diagnose import MACHINE_RULES
+        from .faults.diagnose import MACHINE_RULES
 
         known = self.diagnoses[-1] if self.diagnoses else None
         root = result.root_cause
@@ -444,11 +444,11 @@ class RunSession:
         return (root.name, root.status.describe(), cause, progressed)
 
     def _diagnose(self, result: AttemptResult) -> Diagnosis | None:
-        """Match the root cause's output against the known problems (launcher/run/diagnose.py)."""
+        """Match the root cause's output against the known problems (launcher/run/faults/diagnose.py)."""
         root = result.root_cause
         if root is None or root.status is None:
             return None
-        from .diagnose import diagnose
+        from .faults.diagnose import diagnose
 
         return diagnose(tail_lines(Path(root.log_path), DIAGNOSIS_LINES), signal=root.status.signal,
                         exit_code=root.status.code, task_names=[t.name for t in result.tasks])

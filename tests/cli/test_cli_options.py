@@ -124,7 +124,7 @@ def test_every_command_checks_the_counts_in_the_words_launch_uses(tmp_path, comm
 
 def test_the_start_timeout_says_what_counts_as_progress_in_help_and_docs():
     # A script of one's own is judged by what the rule counts; --help and the docs must name all of it.
-    from launcher.run.watchdog import CPU_SHARE
+    from launcher.run.faults.watchdog import CPU_SHARE
 
     share = f"{CPU_SHARE:.0%}"
     entry = option_entries(help_text("run"))["--start-timeout"]

@@ -128,7 +128,7 @@ def test_wanted_by_the_option_or_the_variable(option, variable, expected):
 
 @pytest.mark.unit
 def test_each_straggler_judgement_traces_every_tasks_share(tmp_path):
-    from launcher.run.stragglers import StragglerWatch
+    from launcher.run.faults.stragglers import StragglerWatch
 
     watch = StragglerWatch(1, {"worker-0": "node1", "worker-1": "node2", "worker-2": "node3"}, lambda text: None,
                            lambda records: None, clock=lambda: 0.0)

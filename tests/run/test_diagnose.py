@@ -1,4 +1,4 @@
-"""launcher.run.diagnose on real error text: fixtures captured on this machine or quoted from public reports.
+"""launcher.run.faults.diagnose on real error text: fixtures captured on this machine or quoted from public reports.
 
 Each fixture in tests/fixtures/errors/ is named RULE.txt or RULE.VARIANT.txt; its first line says
 where it came from (``# captured: <command>, ...`` or ``# reported: <url>``) and is not part of the
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.run.diagnose import Diagnosis, diagnose
+from launcher.run.faults.diagnose import Diagnosis, diagnose
 
 pytestmark = pytest.mark.unit  # the live TensorFlow case is in test_tensorflow_launch.py
 
@@ -202,6 +202,6 @@ def test_diagnosis_is_a_frozen_value():
 
 
 def test_the_module_does_not_import_tensorflow():
-    code = "import sys, launcher.run.diagnose; print('tensorflow' in sys.modules)"
+    code = "import sys, launcher.run.faults.diagnose; print('tensorflow' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

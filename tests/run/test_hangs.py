@@ -1,7 +1,7 @@
 """Hangs that name their culprit, and ``tflaunch stacks``.
 
-Fast tests check the pure parts on real data: the hang rule (launcher/run/watchdog.py,
-:func:`stalled`), py-spy's text (launcher/run/pyspy.py) and the verdict (launcher/run/culprit.py)
+Fast tests check the pure parts on real data: the hang rule (launcher/run/faults/watchdog.py,
+:func:`stalled`), py-spy's text (launcher/run/faults/pyspy.py) and the verdict (launcher/run/faults/hang_verdict.py)
 on py-spy dumps captured from hung TensorFlow clusters (tests/fixtures/stacks/). Slow tests run
 real tflaunch runs: small Python tasks for the control socket, and three-task
 MultiWorkerMirroredStrategy programs (tests/helpers/mwms_hang.py) for the hangs themselves.
@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 
 from conftest import TASK
-from launcher.run.culprit import CULPRIT, NO_STACKS, SAME_PLACE, UNCLEAR, names, peer_groups, verdict
-from launcher.run.pyspy import LIBRARY, STDLIB, USER, kind_of, parse_dump
-from launcher.run.watchdog import Activity, cpu_over, stalled
+from launcher.run.faults.hang_verdict import CULPRIT, NO_STACKS, SAME_PLACE, UNCLEAR, names, peer_groups, verdict
+from launcher.run.faults.pyspy import LIBRARY, STDLIB, USER, kind_of, parse_dump
+from launcher.run.faults.watchdog import Activity, cpu_over, stalled
 from polling import wait_for
 
 STACKS = Path(__file__).resolve().parents[1] / "fixtures" / "stacks"
@@ -282,7 +282,7 @@ def test_the_verdict_json_carries_the_evidence():
 
 
 def test_the_modules_do_not_import_tensorflow():
-    code = ("import sys, launcher.run.culprit, launcher.run.control, launcher.run.watchdog, launcher.inspect.stacks; "
+    code = ("import sys, launcher.run.faults.hang_verdict, launcher.run.faults.stacks_server, launcher.run.faults.watchdog, launcher.inspect.stacks; "
             "print('tensorflow' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[2])
@@ -388,7 +388,7 @@ def test_stacks_of_a_running_run_name_the_odd_task_and_leave_the_run_alone(tflau
 def test_a_folder_that_cannot_hold_the_socket_costs_the_run_nothing_but_stacks(tmp_path):
     from launcher.records.folder import RunFolder
     from launcher.records.control import ControlError, ask
-    from launcher.run.control import ControlServer
+    from launcher.run.faults.stacks_server import ControlServer
 
     gone = tmp_path / "20261125-142402-c2ea"  # removed under the run, say
     server = ControlServer(RunFolder(gone), lambda: None).start()
@@ -419,7 +419,7 @@ def test_the_control_server_and_the_signal_wait_serve_descriptors_past_1024(tmp_
     # select() refuses a descriptor numbered 1024 or more; these waits use poll().
     from launcher.records.control import ControlError, ask
     from launcher.records.folder import RunFolder
-    from launcher.run.control import ControlServer
+    from launcher.run.faults.stacks_server import ControlServer
     from launcher.run.signals import Signals
 
     run_dir = tmp_path / "20261128-101500-abcd"

@@ -1,4 +1,4 @@
-"""The straggler rule (launcher/run/stragglers.py) and the agent's watch of a task's threads.
+"""The straggler rule (launcher/run/faults/stragglers.py) and the agent's watch of a task's threads.
 
 Unit tests hold the pure rule: figures over a window, shares against the median of the others,
 the clear-minority rule, confirmation after warm-up, the end, and exclusion. A test runs the
@@ -23,7 +23,7 @@ import pytest
 
 from launcher.records.record import RunRecord
 from launcher.records.states import TaskState
-from launcher.run.stragglers import (CONFIRM_FOR, CONFIRM_SHARE, END_FOR, WARM_UP, Figures, StragglerWatch,
+from launcher.run.faults.stragglers import (CONFIRM_FOR, CONFIRM_SHARE, END_FOR, WARM_UP, Figures, StragglerWatch,
                                      figures_over, minority, shares, status_words)
 from launcher.agent import threads
 from launcher.transports.base import ThreadTimes

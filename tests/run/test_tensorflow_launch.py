@@ -7,7 +7,7 @@ import json
 import pytest
 
 from conftest import HELPERS
-from launcher.run.diagnose import diagnose
+from launcher.run.faults.diagnose import diagnose
 
 pytestmark = [pytest.mark.slow, pytest.mark.tensorflow, pytest.mark.timeout(300)]
 

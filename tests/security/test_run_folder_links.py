@@ -24,7 +24,7 @@ from launcher.records.boundedlog import BoundedLog
 from launcher.records.control import ControlError, ask
 from launcher.records.folder import RunFolder
 from launcher.records.record import RunRecord
-from launcher.run.control import ControlServer
+from launcher.run.faults.stacks_server import ControlServer
 from test_shared_machine import Attacker, nobody_did, pytestmark  # noqa: F401 (pytestmark: root and setpriv)
 
 PRECIOUS = "the run's user's own file\n"

@@ -16,7 +16,7 @@
   tasks blocked in a collective print nothing and use almost no CPU. ``ps`` tasks and
   evaluators are idle by design and not watched. When it trips, every running task's stacks
   are sampled at once (py-spy through the agents) into ``attempt-<k>/stacks/<task>.txt``, and
-  the verdict (:mod:`launcher.run.culprit`: which task differs from the rest, and where) goes
+  the verdict (:mod:`launcher.run.faults.hang_verdict`: which task differs from the rest, and where) goes
   into the reason, into ``stacks/verdict.json`` and, when a task is to blame, into the run
   record's root cause, before the attempt is stopped.
 
@@ -34,21 +34,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
-from ..cluster.plan import TaskLaunch
-from ..records.files import write_atomically
-from ..records.folder import FOLDER_MODE, STACKS_SUFFIX, VERDICT, iso_time
-from ..records.logview import tail_lines
-from ..records.record import RootCause
-from ..records.states import TaskState, plural
-from ..records.trace import tracer
-from .output.progress import Progress
-from .console.chatter import meaningful
-from .supervisor import Task, Trip
+from ...cluster.plan import TaskLaunch
+from ...records.files import write_atomically
+from ...records.folder import FOLDER_MODE, STACKS_SUFFIX, VERDICT, iso_time
+from ...records.logview import tail_lines
+from ...records.record import RootCause
+from ...records.states import TaskState, plural
+from ...records.trace import tracer
+from ..output.progress import Progress
+from ..console.chatter import meaningful
+from ..supervisor import Task, Trip
 
 log = tracer("watchdog")
 
 if TYPE_CHECKING:
-    from .culprit import Verdict
+    from .hang_verdict import Verdict
 
 CPU_SHARE = 0.10  # of one core, over the window: below it a task waits rather than works
 WATCHED_ROLES = ("chief", "worker")  # ps tasks and evaluators wait by design
@@ -228,7 +228,7 @@ class Watchdog:
         self.message(f"no training progress from any task for {hang:g} s (no new metric line, CPU under "
                      f"{CPU_SHARE:.0%} of a core): sampling every task's stacks")
         # Here, not at the top: every run arms the watchdog, and few ever hang.
-        from .culprit import sample_stacks, verdict
+        from .hang_verdict import sample_stacks, verdict
         from .pyspy import parse_dump
 
         texts = sample_stacks({t.name: t.process for t in running}, DUMP_TIMEOUT) or {}
@@ -256,7 +256,7 @@ class Watchdog:
 
     def blame(self, task: Task, found: Verdict) -> RootCause:
         """The run record's root cause for a hang: the first culprit, with the verdict as its evidence."""
-        from .session import TAIL_LINES  # imported here: the session imports this module
+        from ..session import TAIL_LINES  # imported here: the session imports this module
 
         place = found.culprits[0].places[0]
         where = place.user or place.owner
@@ -285,7 +285,7 @@ class Watchdog:
 
 
 def _mesh_problems(launches: list[TaskLaunch]) -> list[str]:
-    from .mesh import stall_problems  # imported here: a local run never needs it
+    from ..mesh import stall_problems  # imported here: a local run never needs it
 
     return stall_problems(launches)
 

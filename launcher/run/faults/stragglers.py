@@ -38,12 +38,12 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from ..records.folder import iso_time
-from ..records.record import StragglerRecord
-from ..records.states import TaskState
-from ..records.trace import tracer
-from ..transports.base import ThreadTimes
-from .supervisor import Task, Trip
+from ...records.folder import iso_time
+from ...records.record import StragglerRecord
+from ...records.states import TaskState
+from ...records.trace import tracer
+from ...transports.base import ThreadTimes
+from ..supervisor import Task, Trip
 
 log = tracer("stragglers")
 

@@ -31,7 +31,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..records.metrics import speaker
+from ...records.metrics import speaker
 
 SIGKILL = 9
 # The rules that point at the task's machine rather than at the program: the same failure would come

@@ -7,7 +7,7 @@ in a private folder and then renamed into place), and every peer's uid is checke
 ``SO_PEERCRED`` before a byte is read. Reading a request, answering it and sending the answer share
 one deadline (``REQUEST_SECONDS``); at most ``MAX_CLIENTS`` requests are served at once, so a client
 that connects and says nothing costs one slot for one deadline and holds nothing else up. A
-``stacks`` answer's verdict is :meth:`launcher.run.culprit.Verdict.to_json`.
+``stacks`` answer's verdict is :meth:`launcher.run.faults.hang_verdict.Verdict.to_json`.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from ..records.control import MAX_CLIENTS, MAX_REQUEST, REQUEST_SECONDS, SOCKET, ControlError, peer_uid, short_path
-from ..records.folder import RunFolder, iso_time
-from ..records.states import TaskState
-from .signals import wait_readable
+from ...records.control import MAX_CLIENTS, MAX_REQUEST, REQUEST_SECONDS, SOCKET, ControlError, peer_uid, short_path
+from ...records.folder import RunFolder, iso_time
+from ...records.states import TaskState
+from ..signals import wait_readable
 
 DUMP_SECONDS = 10.0  # of REQUEST_SECONDS, at most this long for the stacks themselves
 
@@ -137,7 +137,7 @@ class ControlServer:
         if not running:
             raise ControlError(f"run {self.run_id} has no running task right now (starting, restarting or ending)")
         # Here, not at the top: every run starts this server, and few ever ask it for stacks.
-        from .culprit import sample_stacks, verdict
+        from .hang_verdict import sample_stacks, verdict
         from .pyspy import parse_dump
 
         began = time.monotonic()
