@@ -126,7 +126,7 @@ class StartingProcesses(object):
     def join_namespaces(self, process, paths):
         """Join the namespaces whose files are ``paths`` (space-separated, a user namespace first),
         once, before the first task that asks: every task started after is in them, and so is all
-        the agent starts for them (stack samples). A sealed run's network (launcher/run/isolation.py)."""
+        the agent starts for them (stack samples). A sealed run's network (launcher/run/checks/isolation.py)."""
         if self.netns is not None:
             if self.netns != paths:
                 self.refuse(process, "cannot start: the agent is in another run's network namespace")

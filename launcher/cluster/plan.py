@@ -82,7 +82,7 @@ class TaskLaunch:
     hidden: frozenset[str] = frozenset()  # variables whose values are never written or shown (spec.hidden_names)
     attempt: int = 1  # the attempt this launch belongs to (its env says so to the task, as text)
     # Namespace files a task on this machine joins before it starts, its user namespace first: a
-    # sealed run's network (launcher/run/isolation.py). Empty: this machine's network.
+    # sealed run's network (launcher/run/checks/isolation.py). Empty: this machine's network.
     netns: tuple[str, ...] = ()
     watched: bool = False  # its agent watches its threads for the straggler rule
 

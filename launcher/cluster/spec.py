@@ -35,7 +35,7 @@ EnvLayer = Mapping[str, str | None]
 
 
 class Network(str, enum.Enum):
-    """Where a run's tasks meet the network (docs/security.md; decided by launcher.run.isolation)."""
+    """Where a run's tasks meet the network (docs/security.md; decided by launcher.run.checks.isolation)."""
 
     SEALED = "sealed"  # one network namespace of the run's own; outside network through slirp4netns or pasta
     ISOLATED = "isolated"  # one network namespace of the run's own, loopback only; no start without it

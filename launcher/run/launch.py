@@ -32,13 +32,13 @@ from ..records.folder import DEFAULT_LOG_DIR, RUN_ID_PLACEHOLDER, RunFolder
 from ..records.states import plural
 from ..records.trace import RunTrace, wanted
 from ..transports import TransportSet
-from .isolation import NetworkNamespace, RunNetwork, choose_network
+from .checks.isolation import NetworkNamespace, RunNetwork, choose_network
 from .limits import check_open_files
 from .signals import SIGNALS, Signals
 
 if TYPE_CHECKING:
     from .console.writer import Console
-    from .preflight import CheckReport
+    from .checks.preflight import CheckReport
     from .session import RunResult, SessionOptions
 
 # How long the start waits for the exposure check's lookups once everything else is ready.
@@ -132,7 +132,7 @@ def dry_run(request: LaunchRequest) -> tuple[ClusterSpec, Plan]:
 
 def check(request: LaunchRequest) -> CheckReport:
     """``tflaunch check``: probe every host of the cluster in parallel."""
-    from .preflight import CheckItem, check_hosts
+    from .checks.preflight import CheckItem, check_hosts
 
     local_hosts = local_host_names()
     spec = build_spec(request, local_hosts)
@@ -340,7 +340,7 @@ def _preflight(launches: tuple[TaskLaunch, ...], spec: ClusterSpec, console: Con
                transports: TransportSet) -> dict[str, str]:
     """Check every host; raise PreflightError when a host of the run fails. Returns the spare hosts
     that failed, {host: why}: they are not used (one console line each)."""
-    from .preflight import check_hosts, refused_spares
+    from .checks.preflight import check_hosts, refused_spares
 
     report = check_hosts(launches, with_mesh=with_mesh, transports=transports)
     refused = refused_spares(report, launches)

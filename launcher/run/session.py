@@ -235,7 +235,7 @@ class RunSession:
         were the culprit twice, put spares in their place or shrink to ``min_workers``
         (:mod:`.hostpool`), and say so, one line per change. Whether a host was left out or came
         back; None when no attempt can run: the run ends."""
-        from .preflight import unreachable_hosts  # only a restart needs it
+        from .checks.preflight import unreachable_hosts  # only a restart needs it
 
         pool = self.pool
         launches = self._host_launches()
@@ -429,7 +429,7 @@ class RunSession:
 
     def _stall_problems(self, launches: list[TaskLaunch]) -> list[str]:
         """The broken pairs of the live cluster, probed through the run's own agents."""
-        from .mesh import stall_problems  # imported here: a local run never needs it
+        from .checks.mesh import stall_problems  # imported here: a local run never needs it
 
         return stall_problems(launches, self.transports)
 

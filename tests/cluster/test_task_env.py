@@ -15,8 +15,8 @@ from launcher.cluster.plan import RunContext, TaskLaunch, plan_cluster
 from launcher.cluster.reader import parse_cluster
 from launcher.cluster.spec import RESERVED_ENV
 from launcher.records.metrics import PREFIX as METRIC_PREFIX
-from launcher.run.mesh import LISTENING_MARK, RESULT_MARK
-from launcher.run.preflight import PROBE_MARK
+from launcher.run.checks.mesh import LISTENING_MARK, RESULT_MARK
+from launcher.run.checks.preflight import PROBE_MARK
 from launcher.run.liverecord import task_record
 from source_scan import LAUNCHER, code_strings, launcher_modules
 
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.unit
 ROOT = LAUNCHER.parent
 TRAINER = ROOT / "trainer"
 NAMES = set(taskenv.OWNED + taskenv.OFFERED)
-# Line marks, not variables: each has its own owner (records/metrics.py, run/preflight.py, run/mesh.py).
+# Line marks, not variables: each has its own owner (records/metrics.py, run/checks/preflight.py, run/checks/mesh.py).
 MARKS = {mark.strip() for mark in (METRIC_PREFIX.decode(), PROBE_MARK, LISTENING_MARK, RESULT_MARK)}
 WORD = re.compile(r"TFLAUNCH_[A-Z0-9_]*[A-Z0-9]")
 

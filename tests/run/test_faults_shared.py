@@ -524,7 +524,7 @@ def mesh_probe(targets: int, timeout: float) -> tuple[subprocess.Popen, int]:
     """The real probe, started as tflaunch starts it on a host, and the port it listens on."""
     import base64
 
-    from launcher.run.mesh import MESH_SOURCE
+    from launcher.run.checks.mesh import MESH_SOURCE
 
     for _ in range(20):  # a port found free may be taken before the probe binds it (a busy machine)
         port = free_local_port()

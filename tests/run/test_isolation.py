@@ -125,7 +125,7 @@ def test_isolation_refuses_clusters_with_remote_hosts(tflaunch, tmp_path):
 
 UNPRIVILEGED = r'''
 import subprocess
-from launcher.run.isolation import NetworkNamespace
+from launcher.run.checks.isolation import NetworkNamespace
 network = NetworkNamespace.create()
 user, net = network.paths
 inside = subprocess.run(["nsenter", f"--user={user}", f"--net={net}", "--preserve-credentials", "cat", "/proc/net/dev"],

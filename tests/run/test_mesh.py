@@ -18,7 +18,7 @@ from polling import wait_for
 
 from launcher.cluster.plan import TaskLaunch
 from launcher.cluster.spec import SshSettings
-from launcher.run.mesh import MeshReport, Pair, PairResult, applies, plan_pairs, probe_mesh
+from launcher.run.checks.mesh import MeshReport, Pair, PairResult, applies, plan_pairs, probe_mesh
 
 
 def launch(name: str, host: str, address: str, local: bool = False) -> TaskLaunch:

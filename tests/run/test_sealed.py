@@ -28,8 +28,8 @@ from launcher.cluster.reader import parse_cluster
 from launcher.cluster.spec import Network
 from launcher.errors import ConfigError, OptionsError
 from launcher.options import RunOptions
-from launcher.run.isolation import choose_network
-from launcher.run.outside import loopback_name_servers
+from launcher.run.checks.isolation import choose_network
+from launcher.run.checks.outside import loopback_name_servers
 from polling import wait_for
 from test_isolation import MESH_TASK, listening_ports, task_ports
 

@@ -16,8 +16,8 @@ from test_mesh import cluster_file, on_test_hosts
 from test_mesh import rows as table_rows
 
 from launcher.cluster import probe
-from launcher.run.preflight import probed_versions
-from launcher.run.versions import Difference, VersionFinding, compare_versions, version_lines
+from launcher.run.checks.preflight import probed_versions
+from launcher.run.checks.versions import Difference, VersionFinding, compare_versions, version_lines
 
 ALIKE = {"python": "3.11.7", "tensorflow": "2.21.0", "tf_keras": "2.21.0", "keras": "3.15.1"}
 

@@ -376,7 +376,7 @@ def started_probe(listen: list[int], targets: list[int], token: str) -> subproce
     import base64
 
     from launcher.cluster.mesh_probe import TOKEN_VARIABLE as MESH_TOKEN
-    from launcher.run.mesh import MESH_SOURCE
+    from launcher.run.checks.mesh import MESH_SOURCE
 
     request = {"listen": listen, "timeout": 5, "lifetime": 120, "prove": True,
                "targets": [{"id": i, "host": "127.0.0.1", "port": port} for i, port in enumerate(targets)]}

@@ -6,7 +6,7 @@
   one core over the timeout's second half, so that a script that prints no metric lines is judged
   by its work. The first half is left out: importing TensorFlow and building a model take seconds
   of CPU even in a cluster that then waits forever for a peer.
-  When it trips on a cluster that spans hosts, the mesh probe (:mod:`launcher.run.mesh`) checks,
+  When it trips on a cluster that spans hosts, the mesh probe (:mod:`launcher.run.checks.mesh`) checks,
   while the tasks still hold their ports, that every host reaches every task, and the reason
   names the pairs that cannot connect;
 - hang timeout: the attempt hangs when no chief or worker made progress for S seconds
@@ -285,7 +285,7 @@ class Watchdog:
 
 
 def _mesh_problems(launches: list[TaskLaunch]) -> list[str]:
-    from ..mesh import stall_problems  # imported here: a local run never needs it
+    from ..checks.mesh import stall_problems  # imported here: a local run never needs it
 
     return stall_problems(launches)
 

@@ -29,10 +29,10 @@ import threading
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable, Iterable
 
-from ..cluster.plan import Plan
-from ..cluster.spec import ClusterSpec, Network, is_local
-from ..errors import ConfigError, LaunchError
-from ..options import RunOptions, name
+from ...cluster.plan import Plan
+from ...cluster.spec import ClusterSpec, Network, is_local
+from ...errors import ConfigError, LaunchError
+from ...options import RunOptions, name
 
 if TYPE_CHECKING:
     from .outside import OutsideLink

@@ -31,10 +31,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..cluster import mesh_probe
-from ..cluster.plan import TaskLaunch
-from ..cluster.spec import DEFAULT_CONNECT_TIMEOUT
-from ..transports import TransportSet
+from ...cluster import mesh_probe
+from ...cluster.plan import TaskLaunch
+from ...cluster.spec import DEFAULT_CONNECT_TIMEOUT
+from ...transports import TransportSet
 
 # The mesh probe runs on each host as ``python -c SOURCE``: its source is shipped, read from the
 # module the import found, so it goes wherever the package is installed.

@@ -4,8 +4,8 @@ Per host, through that host's agent (one ssh connection per remote host, which t
 keeps using): reachable, the task's Python runs, TensorFlow is installed, each task's port is
 free, each working directory exists, and requested GPU indices exist where ``nvidia-smi`` is
 present. Across hosts: the versions of Python, TensorFlow, tf_keras and Keras the tasks would
-import (see :mod:`launcher.run.versions`). Then, for clusters that span hosts, the mesh: every
-host reaches every task's TF_CONFIG address (see :mod:`launcher.run.mesh`).
+import (see :mod:`launcher.run.checks.versions`). Then, for clusters that span hosts, the mesh: every
+host reaches every task's TF_CONFIG address (see :mod:`launcher.run.checks.mesh`).
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..cluster.exposure import exposure_text, unique_names
-from ..cluster import probe
-from ..cluster.placement import SPARE_ROLE
-from ..cluster.plan import TaskLaunch
-from ..transports import TransportSet
+from ...cluster.exposure import exposure_text, unique_names
+from ...cluster import probe
+from ...cluster.placement import SPARE_ROLE
+from ...cluster.plan import TaskLaunch
+from ...transports import TransportSet
 from . import mesh
 from .versions import PACKAGES, compare_versions, version_lines
 
@@ -277,7 +277,7 @@ def unreachable_hosts(launches: Sequence[TaskLaunch], transports: TransportSet) 
     nodes = [host for host, launch in first_by_host.items() if launch.transport == "srun"]
     lost: dict[str, str] = {}
     if nodes:
-        from ..slurm.nodes import unusable_nodes  # only a restart inside a Slurm job needs it
+        from ...slurm.nodes import unusable_nodes  # only a restart inside a Slurm job needs it
 
         lost = unusable_nodes(nodes, os.environ.get("SLURM_JOB_ID"))
         transports.leave_out(lost)
