@@ -70,7 +70,7 @@ def run_shell(work: Path, tasks: int, command: list[str], rep: int) -> dict:
 def startup_costs(work: Path, reps: int = 7) -> dict[str, float]:
     """Median wall time of a bare interpreter and of one that imports what ``tflaunch run`` imports."""
     probes = {"bare": [PYTHON, "-c", "pass"],
-              "imports": [PYTHON, "-c", "import launcher.cli, launcher.run.launch, launcher.run.output.pump, launcher.run.console.writer, launcher.run.summary"]}
+              "imports": [PYTHON, "-c", "import launcher.cli, launcher.run.lifecycle.launch, launcher.run.output.pump, launcher.run.console.writer, launcher.run.lifecycle.summary"]}
     walls: dict[str, list[float]] = {k: [] for k in probes}
     for _, key in _bench.interleaved(reps, list(probes)):
         start = time.perf_counter()

@@ -2,7 +2,7 @@
 
 When this process is the ``tflaunch`` command (its console script, or ``python -m launcher``), the
 package's first statements take over SIGINT, SIGTERM, SIGHUP and SIGQUIT: until a run starts and
-hands them to :mod:`launcher.run.signals`, such a signal ends the process at once with 128+N, as
+hands them to :mod:`launcher.run.lifecycle.signals`, such a signal ends the process at once with 128+N, as
 nothing exists yet that must be stopped or recorded. A program that imports the package gets no
 handler from it: the Python API takes SIGINT only inside ``launch()``.
 """

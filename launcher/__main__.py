@@ -2,7 +2,7 @@
 
 The package's first statements have already taken over the watched signals (see :mod:`launcher`);
 :func:`main` does it again for any other way in. Until a run starts, a signal ends tflaunch at
-once and quietly with 128+N; a run hands the signals to :mod:`launcher.run.signals`.
+once and quietly with 128+N; a run hands the signals to :mod:`launcher.run.lifecycle.signals`.
 """
 
 import os
@@ -17,7 +17,7 @@ def main() -> None:
     except KeyboardInterrupt:  # a Ctrl-C from before it, raised when the handler changes
         sys.exit(130)
     from .cli import main as cli_main
-    from .run.signals import Interrupted
+    from .run.lifecycle.signals import Interrupted
 
     try:
         cli_main()

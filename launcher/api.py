@@ -45,7 +45,7 @@ from .errors import LaunchError
 from .options import (EVALUATOR_TIMEOUT, GRACE, LOG_MAX_SIZE, STRAGGLER_TIMEOUT, RunOptions, bad, gpu_indices,
                       python_words)
 from .records.folder import DEFAULT_LOG_DIR
-from .run.signals import Signals  # standard library only underneath: importing it stays cheap
+from .run.lifecycle.signals import Signals  # standard library only underneath: importing it stays cheap
 
 if TYPE_CHECKING:
     from .inspect.runs import Run
@@ -132,8 +132,8 @@ def launch(cluster: str | Path | Mapping[str, Any] | None = None, *, local: int 
     and callers written before ``check`` existed keep getting a result, never a new exception.
     A Ctrl-C raises :class:`LaunchInterrupted` either way.
     """
-    from .run.launch import LaunchRequest
-    from .run.signals import Interrupted
+    from .run.lifecycle.launch import LaunchRequest
+    from .run.lifecycle.signals import Interrupted
     from .sources.choose import OptionsError, choose_source
 
     options = RunOptions(command=command, env=env, log_dir=log_dir, threads=threads, grace=grace,
@@ -156,8 +156,8 @@ def launch(cluster: str | Path | Mapping[str, Any] | None = None, *, local: int 
         require()
 
     from .run.console.writer import Console
-    from .run.launch import run
-    from .run.summary import describe_result
+    from .run.lifecycle.launch import run
+    from .run.lifecycle.summary import describe_result
 
     sink = _LineSink(on_line) if on_line is not None else (output if output is not None else _CallerStdout())
     console = Console(sink, messages=sink, colour=False, status=False, tasks=options.tasks or None,

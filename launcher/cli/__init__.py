@@ -15,7 +15,7 @@ import sys
 import click
 
 from ..errors import LaunchError
-from ..run.signals import Interrupted
+from ..run.lifecycle.signals import Interrupted
 from .group import cli  # each command's module registers it on the group when it is first used
 
 __all__ = ["cli", "main"]

@@ -61,14 +61,14 @@ Examples:
 @click.option("--run-dir", metavar="DIR", hidden=True, help="With --slurm: the run folder 'tflaunch submit' made.")
 @click.pass_context
 def run(ctx: click.Context, choice: ClusterChoice, **options: Any) -> None:
-    from ..run.launch import LaunchRequest  # imported here so "tflaunch --help" stays light
+    from ..run.lifecycle.launch import LaunchRequest  # imported here so "tflaunch --help" stays light
 
     given = run_options(options, ctx.meta.get("tflaunch.command") or None)  # checked before the cluster is read
     source = _source(choice, options)
     request = LaunchRequest(cluster=source.spec, options=given)
     if options["dry_run"]:
-        from ..run.launch import dry_run as plan_only
-        from ..run.summary import describe_plan
+        from ..run.lifecycle.launch import dry_run as plan_only
+        from ..run.lifecycle.summary import describe_plan
 
         from ..cluster.exposure import exposure_warning
 
@@ -79,7 +79,7 @@ def run(ctx: click.Context, choice: ClusterChoice, **options: Any) -> None:
         click.echo("\n".join(describe_plan(spec, plan)))
         return
     from ..run.console.writer import Console
-    from ..run.launch import run as run_cluster
+    from ..run.lifecycle.launch import run as run_cluster
 
     board = None
     if given.tensorboard:
@@ -95,7 +95,7 @@ def run(ctx: click.Context, choice: ClusterChoice, **options: Any) -> None:
                       file_limit=given.log_max_size)
     try:
         if options["slurm"]:
-            from ..run.slurmjob import run_in_job
+            from ..run.lifecycle.slurmjob import run_in_job
 
             result = run_in_job(request, console, run_dir=options["run_dir"], requeue=options["requeue"])
         else:
@@ -103,7 +103,7 @@ def run(ctx: click.Context, choice: ClusterChoice, **options: Any) -> None:
             result = run_cluster(request, console, on_folder=lambda folder: board.start(folder.path) if board else None)
         if board is not None:
             board.stop()  # with the run, before the summary
-        from ..run.summary import describe_result  # after the run: its modules load while hosts are reached
+        from ..run.lifecycle.summary import describe_result  # after the run: its modules load while hosts are reached
 
         console.message("\n".join(describe_result(result)))
     finally:
@@ -138,7 +138,7 @@ def check_command(ctx: click.Context, choice: ClusterChoice, as_json: bool) -> N
     import json
     from dataclasses import asdict
 
-    from ..run.launch import LaunchRequest, check
+    from ..run.lifecycle.launch import LaunchRequest, check
 
     report = check(LaunchRequest(cluster=choice.source().spec))
     if as_json:

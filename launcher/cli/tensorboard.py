@@ -20,7 +20,7 @@ from .inspect import RUN_ARG_HELP, log_dir_option
 def tensorboard_command(ctx: click.Context, run_ref: str | None, port: int | None, host: str, log_dir: str) -> None:
     """Start TensorBoard on a run's scalars (the newest run by default), print its URL, serve until Ctrl-C."""
     from ..inspect.runs import resolve_run
-    from ..run.signals import SIGNALS
+    from ..run.lifecycle.signals import SIGNALS
     from ..tensorboard import TensorBoard, TensorBoardError, logdir_of, require
 
     require()

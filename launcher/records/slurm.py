@@ -3,7 +3,7 @@
 ``tflaunch submit`` writes it when it submits the job (``job_id``, ``script``, ``submitted_at``);
 each execution of the job inside the allocation adds ``restart_count``, ``nodelist``,
 ``batch_host`` and ``started_at``, and a requeue appends to ``requeues`` (:mod:`launcher.slurm.job`
-and :mod:`launcher.run.slurmjob` write it). A folder with ``slurm.json`` but no ``run.json`` yet is
+and :mod:`launcher.run.lifecycle.slurmjob` write it). A folder with ``slurm.json`` but no ``run.json`` yet is
 a submitted job whose run has not started: :func:`pending_record` stands in for its record.
 """
 

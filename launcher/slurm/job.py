@@ -11,7 +11,7 @@ previous execution's ``run.json``, task logs and ``attempt-*`` folders into ``re
 and ``metrics.jsonl`` carry on, and ``backup/`` stays where the tasks' ``TFLAUNCH_BACKUP_DIR``
 points, so the requeued job resumes from the last backup.
 
-The run inside the job, its warning signal and the requeue are :mod:`launcher.run.slurmjob`'s.
+The run inside the job, its warning signal and the requeue are :mod:`launcher.run.lifecycle.slurmjob`'s.
 """
 
 from __future__ import annotations

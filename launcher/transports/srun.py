@@ -20,7 +20,7 @@ Only how the link fails reads differently: a node whose agent went silent or who
 closed is a lost node (srun's ``Node failure on`` line names it when slurmctld declared it dead);
 an agent that never connected names srun's own error.
 
-A node lost for good (a spare stands in, or the cluster shrinks: :mod:`launcher.run.hostpool`)
+A node lost for good (a spare stands in, or the cluster shrinks: :mod:`launcher.run.lifecycle.hostpool`)
 does not take the others down: the step runs with ``--no-kill``, so Slurm ending a failed node's
 part leaves the other nodes' agents running (in a job allocated with ``--no-kill``, which a node
 failure does not end). A later step names only its own nodes and ``--exclude``s the nodes the run

@@ -40,7 +40,7 @@ def test_importing_launcher_stays_cheap():
     code = ("import sys, launcher\n"
             "from launcher import launch, runs, run_record\n"
             "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'click', 'yaml', 'psutil')\n"
-            "               or m in ('launcher.run.session', 'launcher.run.launch', 'launcher.cli'))\n"
+            "               or m in ('launcher.run.lifecycle.session', 'launcher.run.lifecycle.launch', 'launcher.cli'))\n"
             "print(heavy)")
     done = subprocess.run([sys.executable, "-c", code], env={"PYTHONPATH": str(ROOT)}, capture_output=True,
                           text=True, timeout=60)

@@ -17,7 +17,7 @@ from launcher.cluster.spec import RESERVED_ENV
 from launcher.records.metrics import PREFIX as METRIC_PREFIX
 from launcher.run.checks.mesh import LISTENING_MARK, RESULT_MARK
 from launcher.run.checks.preflight import PROBE_MARK
-from launcher.run.liverecord import task_record
+from launcher.run.lifecycle.liverecord import task_record
 from source_scan import LAUNCHER, code_strings, launcher_modules
 
 pytestmark = pytest.mark.unit

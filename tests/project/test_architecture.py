@@ -45,13 +45,13 @@ def test_every_import_contract_is_kept():
     ("inspect/report.py", "from ..transports import base", "The read side"),
     ("cluster/spec.py", "import socket", "The cluster's spec and plan are pure"),
     ("transports/srun.py", "from . import ssh", "The named transports are independent"),
-    ("run/limits.py", "from ..transports import ssh", "never a named transport"),
-    ("run/session.py", "from ..transports.linkhub import HUB", "never a named transport"),
+    ("run/lifecycle/limits.py", "from ...transports import ssh", "never a named transport"),
+    ("run/lifecycle/session.py", "from ...transports.linkhub import HUB", "never a named transport"),
     ("export/shell.py", "import tensorflow", "never imports TensorFlow"),
     ("cluster/plan.py", "from ..sources import choose", "Each package imports only the packages below it"),
     ("agent/trees.py", "import psutil", "The agent is standalone"),
     ("agent/ports.py", "from .. import options", "The agent is standalone"),
-    ("run/session.py", "from ..agent.loop import Agent", "reaches the agent through its protocol module only"),
+    ("run/lifecycle/session.py", "from ...agent.loop import Agent", "reaches the agent through its protocol module only"),
     ("transports/local.py", "from ..agent import trees", "reaches the agent through its protocol module only"),
 ])
 def test_an_import_that_breaks_a_contract_is_named(tmp_path, module, line, contract):

@@ -11,7 +11,7 @@ import pytest
 from launcher.records.folder import RunFolder, part_of
 from launcher.records.record import FORMAT_VERSION, AttemptRecord, LauncherRecord, RootCause, RunRecord, TaskRecord
 from launcher.records.states import AllFinal, Outcome, RunStatus, TaskState
-from launcher.run.signals import Interrupted, Signals
+from launcher.run.lifecycle.signals import Interrupted, Signals
 
 pytestmark = pytest.mark.unit
 

@@ -80,7 +80,7 @@ def test_a_secret_given_with_env_never_reaches_debug_log(tflaunch):
 def test_off_the_tflaunch_logger_has_no_handler_and_takes_no_debug_record():
     # In a fresh interpreter with the tracing modules loaded: pytest attaches its own handlers to
     # every logger that does not propagate.
-    code = ("import logging; import launcher.run.session, launcher.transports.linkhub\n"
+    code = ("import logging; import launcher.run.lifecycle.session, launcher.transports.linkhub\n"
             "from launcher.records.trace import ROOT, RunTrace, tracer\n"
             "root, log = logging.getLogger(ROOT), tracer('session')\n"
             "print(root.handlers, root.propagate, log.isEnabledFor(logging.DEBUG))\n"

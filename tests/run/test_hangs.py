@@ -420,7 +420,7 @@ def test_the_control_server_and_the_signal_wait_serve_descriptors_past_1024(tmp_
     from launcher.records.control import ControlError, ask
     from launcher.records.folder import RunFolder
     from launcher.run.faults.stacks_server import ControlServer
-    from launcher.run.signals import Signals
+    from launcher.run.lifecycle.signals import Signals
 
     run_dir = tmp_path / "20261128-101500-abcd"
     run_dir.mkdir()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from launcher.cluster.reader import parse_cluster
-from launcher.run.hostpool import HostPool
+from launcher.run.lifecycle.hostpool import HostPool
 
 pytestmark = pytest.mark.unit
 

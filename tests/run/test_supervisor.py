@@ -15,9 +15,9 @@ import pytest
 
 from launcher.cluster.plan import TaskLaunch
 from launcher.cluster.spec import RestartPolicy
-from launcher.run.signals import Signals
+from launcher.run.lifecycle.signals import Signals
 from launcher.records.states import Outcome, TaskState
-from launcher.run.supervisor import Supervisor, SupervisorOptions, Trip
+from launcher.run.lifecycle.supervisor import Supervisor, SupervisorOptions, Trip
 from launcher.transports.base import ExitStatus
 
 pytestmark = pytest.mark.unit

@@ -26,9 +26,9 @@ from launcher.records.folder import RunFolder
 from launcher.records.record import RunRecord
 from launcher.records.states import TaskState
 from launcher.run.console.writer import Console
-from launcher.run.liverecord import LiveRecord
-from launcher.run.supervisor import Task
-from launcher.run.wakeups import Wakeups
+from launcher.run.lifecycle.liverecord import LiveRecord
+from launcher.run.lifecycle.supervisor import Task
+from launcher.run.lifecycle.wakeups import Wakeups
 from launcher.agent.protocol import HEARTBEAT, beat_for, sample_for
 from polling import wait_for
 
@@ -276,7 +276,7 @@ def test_every_host_connection_starts_before_what_it_does_not_need_is_loaded(tmp
     seen = json.loads(done.stdout)
     loaded = set(seen["modules"])
     assert "launcher.transports.simulated" in loaded and "yaml" in loaded  # the cluster file was read
-    later = {"launcher.run.session", "launcher.run.output.pump", "launcher.run.supervisor", "launcher.cluster.exposure",
+    later = {"launcher.run.lifecycle.session", "launcher.run.output.pump", "launcher.run.lifecycle.supervisor", "launcher.cluster.exposure",
              "tempfile", "difflib"}
     assert not loaded & later, sorted(loaded & later)
     assert "tflaunch-exposure" not in seen["threads"]

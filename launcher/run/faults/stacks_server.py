@@ -25,7 +25,7 @@ from typing import Any, Callable
 from ...records.control import MAX_CLIENTS, MAX_REQUEST, REQUEST_SECONDS, SOCKET, ControlError, peer_uid, short_path
 from ...records.folder import RunFolder, iso_time
 from ...records.states import TaskState
-from ..signals import wait_readable
+from ..lifecycle.signals import wait_readable
 
 DUMP_SECONDS = 10.0  # of REQUEST_SECONDS, at most this long for the stacks themselves
 

@@ -43,7 +43,7 @@ from ...records.states import TaskState, plural
 from ...records.trace import tracer
 from ..output.progress import Progress
 from ..console.chatter import meaningful
-from ..supervisor import Task, Trip
+from ..lifecycle.supervisor import Task, Trip
 
 log = tracer("watchdog")
 
@@ -256,7 +256,7 @@ class Watchdog:
 
     def blame(self, task: Task, found: Verdict) -> RootCause:
         """The run record's root cause for a hang: the first culprit, with the verdict as its evidence."""
-        from ..session import TAIL_LINES  # imported here: the session imports this module
+        from ..lifecycle.session import TAIL_LINES  # imported here: the session imports this module
 
         place = found.culprits[0].places[0]
         where = place.user or place.owner

@@ -43,7 +43,7 @@ from ...records.folder import MERGED, METRICS
 from ...records.lines import LineSplitter
 from ...records.kerasepochs import KerasState
 from ...records.metrics import LINE_MAX, METRICS_MAX_SIZE, MetricLines, metric_lines, oversized, scalars
-from ..limits import OPEN_FILES
+from ..lifecycle.limits import OPEN_FILES
 from .progress import Progress
 
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ console redraws its status line).
 Run policy:
 - by default the first task to fail is the root cause: every other task is stopped and the attempt
   fails with the root cause's exit code (128+N for signal N); the run may then restart the whole
-  cluster (see :mod:`launcher.run.session`);
+  cluster (see :mod:`launcher.run.lifecycle.session`);
 - a role whose restart policy is ``task`` (the default for workers of a ParameterServerStrategy
   cluster, whose coordinator tolerates a worker coming back) is restarted alone, in place, with
   the same launch, while the others keep running, up to ``task_restarts`` times per task;
@@ -17,7 +17,7 @@ Run policy:
   every chief and worker exited 0;
 - a running evaluator is then given ``evaluator_timeout`` seconds to finish its last evaluation
   and end on its own before it is stopped;
-- a signal to tflaunch (see :mod:`launcher.run.signals`) stops every task; the attempt ends as
+- a signal to tflaunch (see :mod:`launcher.run.lifecycle.signals`) stops every task; the attempt ends as
   interrupted (exit 128+N: 130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP, 131 for SIGQUIT).
 
 Shutdown protocol: reap what already ended, SIGTERM to each remaining task's process group, one
@@ -35,13 +35,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
-from ..cluster.plan import TaskLaunch
-from ..cluster.spec import DEFAULT_TASK_RESTARTS, RestartPolicy
-from ..options import EVALUATOR_TIMEOUT, GRACE
-from ..records.exits import signal_name
-from ..records.states import AllFinal, Outcome, TaskState, plural
-from ..records.trace import tracer
-from ..transports.base import CANNOT_START, ExitStatus, FailedStart, TaskProcess, Transport
+from ...cluster.plan import TaskLaunch
+from ...cluster.spec import DEFAULT_TASK_RESTARTS, RestartPolicy
+from ...options import EVALUATOR_TIMEOUT, GRACE
+from ...records.exits import signal_name
+from ...records.states import AllFinal, Outcome, TaskState, plural
+from ...records.trace import tracer
+from ...transports.base import CANNOT_START, ExitStatus, FailedStart, TaskProcess, Transport
 from .signals import Signals
 from .wakeups import Changes, Wakeups
 

@@ -17,14 +17,14 @@ import threading
 import time
 from typing import TYPE_CHECKING, Callable
 
-from ..cluster.plan import Plan, TaskLaunch
-from ..masking import masked_command
-from ..records.folder import RunFolder, iso_time
-from ..records.record import RunRecord, TaskRecord
-from ..records.states import AllFinal
+from ...cluster.plan import Plan, TaskLaunch
+from ...masking import masked_command
+from ...records.folder import RunFolder, iso_time
+from ...records.record import RunRecord, TaskRecord
+from ...records.states import AllFinal
 
 if TYPE_CHECKING:
-    from .console.writer import Console
+    from ..console.writer import Console
     from .supervisor import Task
 
 LIVE_WRITE_INTERVAL, LIVE_WRITE_TASKS, LIVE_WRITE_AT_MOST = 0.25, 16, 10.0

@@ -19,26 +19,26 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping
 
-from ..cluster.checks import missing_gpus_warning
-from ..cluster.machine import cpu_count, gpu_count, local_host_names
-from ..cluster.placement import checked_spec
-from ..cluster.plan import Plan, RunContext, TaskLaunch, check_cluster_fits, plan_cluster
-from ..cluster.ports import HELD_AT_MOST, PortReservation, port_is_free, reserve_ports
-from ..cluster.spec import AUTO, ClusterSpec, Network, TaskSpec, check_launch_input, is_local
-from ..errors import EnvironmentProblem, OptionsError, PortInUseError, PreflightError, UnknownTaskError
-from ..options import RunOptions, given, python_caller
-from ..options import name as option_name
-from ..records.folder import DEFAULT_LOG_DIR, RUN_ID_PLACEHOLDER, RunFolder
-from ..records.states import plural
-from ..records.trace import RunTrace, wanted
-from ..transports import TransportSet
-from .checks.isolation import NetworkNamespace, RunNetwork, choose_network
+from ...cluster.checks import missing_gpus_warning
+from ...cluster.machine import cpu_count, gpu_count, local_host_names
+from ...cluster.placement import checked_spec
+from ...cluster.plan import Plan, RunContext, TaskLaunch, check_cluster_fits, plan_cluster
+from ...cluster.ports import HELD_AT_MOST, PortReservation, port_is_free, reserve_ports
+from ...cluster.spec import AUTO, ClusterSpec, Network, TaskSpec, check_launch_input, is_local
+from ...errors import EnvironmentProblem, OptionsError, PortInUseError, PreflightError, UnknownTaskError
+from ...options import RunOptions, given, python_caller
+from ...options import name as option_name
+from ...records.folder import DEFAULT_LOG_DIR, RUN_ID_PLACEHOLDER, RunFolder
+from ...records.states import plural
+from ...records.trace import RunTrace, wanted
+from ...transports import TransportSet
+from ..checks.isolation import NetworkNamespace, RunNetwork, choose_network
 from .limits import check_open_files
 from .signals import SIGNALS, Signals
 
 if TYPE_CHECKING:
-    from .console.writer import Console
-    from .checks.preflight import CheckReport
+    from ..console.writer import Console
+    from ..checks.preflight import CheckReport
     from .session import RunResult, SessionOptions
 
 # How long the start waits for the exposure check's lookups once everything else is ready.
@@ -70,7 +70,7 @@ def build_spec(request: LaunchRequest, local_hosts: frozenset[str]) -> ClusterSp
     if options.cooldown is not None:
         spec = replace(spec, cooldown=options.cooldown)
     if options.min_workers is not None:
-        from ..cluster.checks import floor_problem
+        from ...cluster.checks import floor_problem
 
         problem = floor_problem(spec, options.min_workers)
         if problem:
@@ -94,7 +94,7 @@ def plan_for(spec: ClusterSpec, context: RunContext, local_hosts: frozenset[str]
 def session_options(request: LaunchRequest, spec: ClusterSpec) -> SessionOptions:
     """The run-wide choices: the run options, else the cluster file's."""
     from .session import SessionOptions
-    from .faults.watchdog import WatchdogSettings
+    from ..faults.watchdog import WatchdogSettings
 
     options = request.options
     return SessionOptions(
@@ -132,7 +132,7 @@ def dry_run(request: LaunchRequest) -> tuple[ClusterSpec, Plan]:
 
 def check(request: LaunchRequest) -> CheckReport:
     """``tflaunch check``: probe every host of the cluster in parallel."""
-    from .checks.preflight import CheckItem, check_hosts
+    from ..checks.preflight import CheckItem, check_hosts
 
     local_hosts = local_host_names()
     spec = build_spec(request, local_hosts)
@@ -318,7 +318,7 @@ class _ExposureCheck(threading.Thread):
         self._dropped = False
 
     def run(self) -> None:
-        from ..cluster.exposure import exposure_warning
+        from ...cluster.exposure import exposure_warning
 
         warning = exposure_warning(self.spec)
         with self._lock:
@@ -340,7 +340,7 @@ def _preflight(launches: tuple[TaskLaunch, ...], spec: ClusterSpec, console: Con
                transports: TransportSet) -> dict[str, str]:
     """Check every host; raise PreflightError when a host of the run fails. Returns the spare hosts
     that failed, {host: why}: they are not used (one console line each)."""
-    from .checks.preflight import check_hosts, refused_spares
+    from ..checks.preflight import check_hosts, refused_spares
 
     report = check_hosts(launches, with_mesh=with_mesh, transports=transports)
     refused = refused_spares(report, launches)

@@ -10,18 +10,18 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from ..cluster.plan import Plan
-from ..cluster.spec import ClusterSpec, Network
-from ..masking import masked_command, masked_text
-from ..records.folder import DEFAULT_LOG_DIR, LEARNING_CURVES, RunFolder
-from ..records.logview import tail_lines
-from ..records.metrics import read_metrics, speaker, trained_seconds
-from ..records.states import Outcome, TaskState, duration_text, plural
-from .console.metricview import number as figure
-from .console.chatter import meaningful
+from ...cluster.plan import Plan
+from ...cluster.spec import ClusterSpec, Network
+from ...masking import masked_command, masked_text
+from ...records.folder import DEFAULT_LOG_DIR, LEARNING_CURVES, RunFolder
+from ...records.logview import tail_lines
+from ...records.metrics import read_metrics, speaker, trained_seconds
+from ...records.states import Outcome, TaskState, duration_text, plural
+from ..console.metricview import number as figure
+from ..console.chatter import meaningful
 from .session import TAIL_LINES, RunResult
 from .supervisor import Task
-from .console.twins import names_text
+from ..console.twins import names_text
 
 
 def describe_plan(spec: ClusterSpec, plan: Plan) -> list[str]:

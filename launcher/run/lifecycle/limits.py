@@ -10,11 +10,11 @@ open and each transport's log writer, which appends their relayed output, at mos
 
 from __future__ import annotations
 
-from ..cluster.machine import raise_open_files_limit
-from ..cluster.spec import ClusterSpec, is_local
-from ..errors import EnvironmentProblem
-from ..records.states import plural
-from ..transports.base import OPEN_LOGS
+from ...cluster.machine import raise_open_files_limit
+from ...cluster.spec import ClusterSpec, is_local
+from ...errors import EnvironmentProblem
+from ...records.states import plural
+from ...transports.base import OPEN_LOGS
 
 # Descriptors the output pump keeps open at once: the logs that grew most recently, so a run of
 # thousands of tasks reads them all within a small, fixed number of descriptors.

@@ -26,8 +26,8 @@ import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 
-from ..cluster.placement import Move, Placement, place
-from ..cluster.spec import ClusterSpec
+from ...cluster.placement import Move, Placement, place
+from ...cluster.spec import ClusterSpec
 
 
 @dataclass(frozen=True)

@@ -18,37 +18,37 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping
 
-from .. import __version__
-from ..agent.protocol import sample_for
-from ..cluster.plan import Plan, RunContext, TaskLaunch, tf_cluster
-from ..cluster.spec import ClusterSpec, restarts_possible
-from ..masking import masked_argv, masked_command
-from ..errors import EnvironmentProblem
-from ..options import EVALUATOR_TIMEOUT, GRACE, LOG_MAX_SIZE, MAX_RESTARTS, RESTART_DELAY, STRAGGLER_TIMEOUT
-from ..records.folder import RunFolder, iso_time
-from ..records.folder import BACKUP
-from ..records.logview import tail_lines
-from ..records.record import AttemptRecord, ExcludedHost, LauncherRecord, RootCause, RunRecord
-from ..records.exits import signal_name
-from ..records.states import Outcome, RunStatus, TaskState, plural
-from ..records.trace import tracer
-from ..transports import TransportSet
-from ..transports.base import Reading
-from ..cluster.placement import checked_spec
+from ... import __version__
+from ...agent.protocol import sample_for
+from ...cluster.plan import Plan, RunContext, TaskLaunch, tf_cluster
+from ...cluster.spec import ClusterSpec, restarts_possible
+from ...masking import masked_argv, masked_command
+from ...errors import EnvironmentProblem
+from ...options import EVALUATOR_TIMEOUT, GRACE, LOG_MAX_SIZE, MAX_RESTARTS, RESTART_DELAY, STRAGGLER_TIMEOUT
+from ...records.folder import RunFolder, iso_time
+from ...records.folder import BACKUP
+from ...records.logview import tail_lines
+from ...records.record import AttemptRecord, ExcludedHost, LauncherRecord, RootCause, RunRecord
+from ...records.exits import signal_name
+from ...records.states import Outcome, RunStatus, TaskState, plural
+from ...records.trace import tracer
+from ...transports import TransportSet
+from ...transports.base import Reading
+from ...cluster.placement import checked_spec
 from .hostpool import HostPool
 from .liverecord import LiveRecord, status_fields
-from .output.pump import OutputPump
-from .console.chatter import meaningful
-from .output.resources import ResourceSampler
+from ..output.pump import OutputPump
+from ..console.chatter import meaningful
+from ..output.resources import ResourceSampler
 from .signals import Signals
-from .faults.stragglers import StragglerWatch, status_words
-from .faults.stacks_server import ControlServer
+from ..faults.stragglers import StragglerWatch, status_words
+from ..faults.stacks_server import ControlServer
 from .supervisor import AttemptResult, Supervisor, SupervisorOptions, Task, Trip
-from .faults.watchdog import Watchdog, WatchdogSettings, training_tasks
+from ..faults.watchdog import Watchdog, WatchdogSettings, training_tasks
 
 if TYPE_CHECKING:
-    from .console.writer import Console
-    from .faults.diagnose import Diagnosis
+    from ..console.writer import Console
+    from ..faults.diagnose import Diagnosis
 
 log = tracer("session")
 TAIL_LINES = 20
@@ -235,7 +235,7 @@ class RunSession:
         were the culprit twice, put spares in their place or shrink to ``min_workers``
         (:mod:`.hostpool`), and say so, one line per change. Whether a host was left out or came
         back; None when no attempt can run: the run ends."""
-        from .checks.preflight import unreachable_hosts  # only a restart needs it
+        from ..checks.preflight import unreachable_hosts  # only a restart needs it
 
         pool = self.pool
         launches = self._host_launches()
@@ -273,7 +273,7 @@ class RunSession:
     def _culprit_host(self, plan: Plan, result: AttemptResult) -> str | None:
         """The host of the task the attempt's failure is laid on (its root cause, or the task a hang
         watchdog named), unless the failure is a known mistake of the program (:data:`~.diagnose.PROGRAM_RULES`)."""
-        from .faults.diagnose import PROGRAM_RULES
+        from ..faults.diagnose import PROGRAM_RULES
 
         known = self.diagnoses[-1] if self.diagnoses else None
         if known is not None and known.rule in PROGRAM_RULES:
@@ -283,7 +283,7 @@ class RunSession:
 
     def _machine_fault(self, result: AttemptResult) -> dict[str, str]:
         """{host: why} when the attempt's root cause failed in a way that points at its machine."""
-        from .faults.diagnose import MACHINE_RULES
+        from ..faults.diagnose import MACHINE_RULES
 
         known = self.diagnoses[-1] if self.diagnoses else None
         root = result.root_cause
@@ -429,7 +429,7 @@ class RunSession:
 
     def _stall_problems(self, launches: list[TaskLaunch]) -> list[str]:
         """The broken pairs of the live cluster, probed through the run's own agents."""
-        from .checks.mesh import stall_problems  # imported here: a local run never needs it
+        from ..checks.mesh import stall_problems  # imported here: a local run never needs it
 
         return stall_problems(launches, self.transports)
 
@@ -448,7 +448,7 @@ class RunSession:
         root = result.root_cause
         if root is None or root.status is None:
             return None
-        from .faults.diagnose import diagnose
+        from ..faults.diagnose import diagnose
 
         return diagnose(tail_lines(Path(root.log_path), DIAGNOSIS_LINES), signal=root.status.signal,
                         exit_code=root.status.code, task_names=[t.name for t in result.tasks])

@@ -29,7 +29,7 @@ import signal
 import threading
 from typing import Iterator
 
-from .. import WATCHED_SIGNALS
+from ... import WATCHED_SIGNALS
 
 WATCHED = tuple(signal.Signals(signum) for signum in WATCHED_SIGNALS)
 

@@ -1,6 +1,6 @@
 """``tflaunch --slurm`` inside a job: the run, in the job's run folder, and the warning signal that requeues it.
 
-The run itself goes through the one entry point every run takes (:func:`launcher.run.launch.run`);
+The run itself goes through the one entry point every run takes (:func:`launcher.run.lifecycle.launch.run`);
 this module tells it how the run folder is found (:func:`launcher.slurm.job.prepare_folder`: the
 folder ``tflaunch submit`` made, or the one an earlier execution of a requeued job used) and which
 signal to watch, and requeues the job afterwards.
@@ -19,11 +19,11 @@ import time
 from collections.abc import Mapping
 from dataclasses import replace
 
-from ..records.folder import iso_time
-from ..records.slurm import read_slurm_record, write_slurm_record
-from ..slurm.commands import SlurmError, slurm_run
-from ..slurm.job import prepare_folder
-from .console.writer import Console
+from ...records.folder import iso_time
+from ...records.slurm import read_slurm_record, write_slurm_record
+from ...slurm.commands import SlurmError, slurm_run
+from ...slurm.job import prepare_folder
+from ..console.writer import Console
 from .launch import LaunchRequest, run
 from .session import RunResult
 from .signals import SIGNALS, Signals
