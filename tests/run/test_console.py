@@ -19,7 +19,7 @@ from launcher.records.metrictext import epoch_text, final_text
 from launcher.run.console.metricview import MetricBoard
 from launcher.run.console.chatter import Chatter, may_hold_chatter
 from launcher.run.lifecycle.summary import task_table, training_lines
-from launcher.run.lifecycle.supervisor import Task
+from launcher.run.lifecycle.task import Task
 from launcher.transports.base import ExitStatus
 from polling import wait_for
 

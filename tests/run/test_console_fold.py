@@ -24,7 +24,7 @@ from launcher.records.states import TaskState
 from launcher.run.console.writer import Console
 from launcher.run.console.chatter import twin_key
 from launcher.run.lifecycle.summary import FOLD_FROM, task_table
-from launcher.run.lifecycle.supervisor import Task
+from launcher.run.lifecycle.task import Task
 from launcher.run.console.twins import HOLD, TwinFolder, index_ranges, names_text
 from launcher.transports.base import ExitStatus
 from polling import wait_for

@@ -17,7 +17,8 @@ from launcher.cluster.plan import TaskLaunch
 from launcher.cluster.spec import RestartPolicy
 from launcher.run.lifecycle.signals import Signals
 from launcher.records.states import Outcome, TaskState
-from launcher.run.lifecycle.supervisor import Supervisor, SupervisorOptions, Trip
+from launcher.run.lifecycle.supervisor import Supervisor, SupervisorOptions
+from launcher.run.lifecycle.task import Trip
 from launcher.transports.base import ExitStatus
 
 pytestmark = pytest.mark.unit

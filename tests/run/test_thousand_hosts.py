@@ -27,7 +27,7 @@ from launcher.records.record import RunRecord
 from launcher.records.states import TaskState
 from launcher.run.console.writer import Console
 from launcher.run.lifecycle.liverecord import LiveRecord
-from launcher.run.lifecycle.supervisor import Task
+from launcher.run.lifecycle.task import Task
 from launcher.run.lifecycle.wakeups import Wakeups
 from launcher.agent.protocol import HEARTBEAT, beat_for, sample_for
 from polling import wait_for

@@ -22,7 +22,7 @@ from launcher.run.console.writer import Console
 from launcher.records.metrics import PREFIX as METRIC_PREFIX
 from launcher.run.output.pump import OutputPump
 from launcher.records.states import TaskState
-from launcher.run.lifecycle.supervisor import Task, Trip
+from launcher.run.lifecycle.task import Task, Trip
 from launcher.run.faults.watchdog import Watchdog, WatchdogSettings, never_formed, training_tasks
 from launcher.transports.base import Reading
 from polling import wait_for

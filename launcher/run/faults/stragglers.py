@@ -43,7 +43,7 @@ from ...records.record import StragglerRecord
 from ...records.states import TaskState
 from ...records.trace import tracer
 from ...transports.base import ThreadTimes
-from ..lifecycle.supervisor import Task, Trip
+from ..lifecycle.task import Task, Trip
 
 log = tracer("stragglers")
 

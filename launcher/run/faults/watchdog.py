@@ -43,7 +43,7 @@ from ...records.states import TaskState, plural
 from ...records.trace import tracer
 from ..output.progress import Progress
 from ..console.chatter import meaningful
-from ..lifecycle.supervisor import Task, Trip
+from ..lifecycle.task import Task, Trip
 
 log = tracer("watchdog")
 

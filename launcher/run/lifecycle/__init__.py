@@ -4,6 +4,7 @@ kept, until the run ends.
 launch.py: the entry points, ``run``, ``dry_run`` and ``check`` for a launch request.
 session.py: one run from its first attempt to its final run record, its attempts and restarts.
 supervisor.py: one attempt, every task started, watched and stopped by one protocol.
+task.py: a task's live record and its one state change, a watchdog's trip, and what an attempt comes to.
 wakeups.py: when the supervisor looks at its tasks, which to poll and how long to sleep in between.
 signals.py: the one signal path, SIGINT, SIGTERM, SIGHUP and SIGQUIT handled in one place.
 limits.py: the open-files budget, raised and checked before anything starts.

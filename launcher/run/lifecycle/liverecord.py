@@ -25,7 +25,7 @@ from ...records.states import AllFinal
 
 if TYPE_CHECKING:
     from ..console.writer import Console
-    from .supervisor import Task
+    from .task import Task
 
 LIVE_WRITE_INTERVAL, LIVE_WRITE_TASKS, LIVE_WRITE_AT_MOST = 0.25, 16, 10.0
 FULL_TF_CONFIG_TASKS = 64

@@ -43,7 +43,8 @@ from ..output.resources import ResourceSampler
 from .signals import Signals
 from ..faults.stragglers import StragglerWatch, status_words
 from ..faults.stacks_server import ControlServer
-from .supervisor import AttemptResult, Supervisor, SupervisorOptions, Task, Trip
+from .supervisor import Supervisor, SupervisorOptions
+from .task import AttemptResult, Task, Trip
 from ..faults.watchdog import Watchdog, WatchdogSettings, training_tasks
 
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ from ...records.states import Outcome, TaskState, duration_text, plural
 from ..console.metricview import number as figure
 from ..console.chatter import meaningful
 from .session import TAIL_LINES, RunResult
-from .supervisor import Task
+from .task import Task
 from ..console.twins import names_text
 
 

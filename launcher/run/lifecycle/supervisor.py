@@ -1,7 +1,7 @@
 """Supervision of one attempt: start every task, watch them, and stop them all by one protocol.
 
 Every task moves through the states of :class:`~launcher.records.states.TaskState` (their
-transition graph is drawn there); :meth:`Task.to` is the only place a state changes, and every
+transition graph is drawn there); :meth:`.task.Task.to` is the only place a state changes, and every
 change is announced to the supervisor's listeners (the session writes run.json from it, the
 console redraws its status line).
 
@@ -30,7 +30,6 @@ the tasks that changed (:mod:`.wakeups` says which, and how long to sleep).
 
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
@@ -41,71 +40,12 @@ from ...options import EVALUATOR_TIMEOUT, GRACE
 from ...records.exits import signal_name
 from ...records.states import AllFinal, Outcome, TaskState, plural
 from ...records.trace import tracer
-from ...transports.base import CANNOT_START, ExitStatus, FailedStart, TaskProcess, Transport
+from ...transports.base import CANNOT_START, ExitStatus, FailedStart, Transport
 from .signals import Signals
+from .task import AttemptResult, Task, Trip
 from .wakeups import Changes, Wakeups
 
 log = tracer("supervisor")
-
-
-@dataclass
-class Task:
-    """One task's live record: its launch, its process, its state and its history."""
-
-    launch: TaskLaunch
-    log_path: str = ""
-    state: TaskState = TaskState.PENDING
-    process: TaskProcess | None = None
-    status: ExitStatus | None = None
-    started_at: float | None = None
-    ended_at: float | None = None
-    stop_requested: bool = False
-    restarts: int = 0
-    known_pid: int | None = None  # the process's pid as last shown to listeners (agents report it after the start)
-    leftovers: tuple[str, ...] = ()
-    history: list[tuple[str, float]] = field(default_factory=list)
-
-    @property
-    def name(self) -> str:
-        return self.launch.name
-
-    @property
-    def role(self) -> str:
-        return self.launch.role
-
-    def to(self, state: TaskState, when: float) -> None:
-        if not self.state.can_become(state):
-            raise RuntimeError(f"{self.name}: illegal transition {self.state.value} -> {state.value}")
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug("%s: %s -> %s%s", self.launch.name, self.state, state,
-                      " (" + self.status.describe() + ")" if self.status else "")
-        self.state = state
-        self.history.append((state.value, when))
-        if state is TaskState.RUNNING and self.started_at is None:
-            self.started_at = when
-        elif state.ended:
-            self.ended_at = when
-
-
-@dataclass(frozen=True)
-class Trip:
-    """A watchdog's verdict: stop the attempt, blaming these tasks."""
-
-    reason: str
-    tasks: tuple[str, ...] = ()
-    exit_code: int = 124  # as timeout(1) reports a command it had to stop
-
-
-@dataclass
-class AttemptResult:
-    outcome: Outcome
-    exit_code: int
-    tasks: list[Task]
-    root_cause: Task | None = None
-    signal: int | None = None  # the signal that interrupted tflaunch
-    reason: str = ""
-    blamed: tuple[str, ...] = ()  # tasks a watchdog stopped the attempt for
-    notes: list[str] = field(default_factory=list)  # what happened on the way (evaluator, restarts)
 
 
 @dataclass

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 if TYPE_CHECKING:
-    from .supervisor import Task
+    from .task import Task
 
 
 class Changes(Protocol):
