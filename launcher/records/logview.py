@@ -22,6 +22,7 @@ from .folder import part_of
 from .lines import LineSplitter
 
 
+TAIL_LINES = 20  # the last lines of a task's log that go with its failure, a hang or a summary
 STITCH_LABEL = "stitch"  # .<name>.stitch-<random>: a log's stitched copy, renamed over it (records/files.py)
 
 
@@ -107,7 +108,7 @@ def read_tail(path: Path, max_bytes: int) -> tuple[bytes, bool, int]:
     return data, size > max_bytes, markers_total(path)
 
 
-def tail_lines(path: Path, count: int = 20, max_bytes: int = 1 << 16,
+def tail_lines(path: Path, count: int = TAIL_LINES, max_bytes: int = 1 << 16,
                keep: Callable[[str], bool] | None = None) -> list[str]:
     """The last ``count`` lines of a task's log, decoded for display; with ``keep``, the last
     ``count`` of the lines it keeps (it sees every line of the tail, in order). When the log left

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 from ...cluster.plan import TaskLaunch
 from ...records.files import write_atomically
 from ...records.folder import FOLDER_MODE, STACKS_SUFFIX, VERDICT, iso_time
-from ...records.logview import tail_lines
+from ...records.logview import TAIL_LINES, tail_lines
 from ...records.record import RootCause
 from ...records.states import TaskState, plural
 from ...records.trace import tracer
@@ -256,7 +256,6 @@ class Watchdog:
 
     def blame(self, task: Task, found: Verdict) -> RootCause:
         """The run record's root cause for a hang: the first culprit, with the verdict as its evidence."""
-        from ..lifecycle.session import TAIL_LINES  # imported here: the session imports this module
 
         place = found.culprits[0].places[0]
         where = place.user or place.owner

@@ -27,7 +27,7 @@ from ...errors import EnvironmentProblem
 from ...options import EVALUATOR_TIMEOUT, GRACE, LOG_MAX_SIZE, MAX_RESTARTS, RESTART_DELAY, STRAGGLER_TIMEOUT
 from ...records.folder import RunFolder, iso_time
 from ...records.folder import BACKUP
-from ...records.logview import tail_lines
+from ...records.logview import TAIL_LINES, tail_lines
 from ...records.record import AttemptRecord, ExcludedHost, LauncherRecord, RootCause, RunRecord
 from ...records.exits import signal_name
 from ...records.states import Outcome, RunStatus, TaskState, plural
@@ -52,7 +52,6 @@ if TYPE_CHECKING:
     from ..faults.diagnose import Diagnosis
 
 log = tracer("session")
-TAIL_LINES = 20
 # What costs a pass over every task is paced by the run's size, so that its cost per second stays
 # flat (run.json and the status line: see .liverecord): the output pump sweeps the task logs every
 # PUMP_INTERVAL for up to PUMP_TASKS tasks, a larger run's proportionally less often (at most
@@ -493,4 +492,4 @@ def error_class(tail: list[str]) -> str | None:
     return None
 
 
-__all__ = ["RunResult", "RunSession", "SessionOptions", "TAIL_LINES", "error_class"]
+__all__ = ["RunResult", "RunSession", "SessionOptions", "error_class"]

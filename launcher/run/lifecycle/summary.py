@@ -14,12 +14,12 @@ from ...cluster.plan import Plan
 from ...cluster.spec import ClusterSpec, Network
 from ...masking import masked_command, masked_text
 from ...records.folder import DEFAULT_LOG_DIR, LEARNING_CURVES, RunFolder
-from ...records.logview import tail_lines
+from ...records.logview import TAIL_LINES, tail_lines
 from ...records.metrics import read_metrics, speaker, trained_seconds
 from ...records.states import Outcome, TaskState, duration_text, plural
 from ..console.metricview import number as figure
 from ..console.chatter import meaningful
-from .session import TAIL_LINES, RunResult
+from .session import RunResult
 from .task import Task
 from ..console.twins import names_text
 
