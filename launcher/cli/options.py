@@ -22,7 +22,8 @@ import click
 
 from ..options import STRAGGLER_ACTIONS, RunOptions, gpu_indices
 from ..options import name as option_name
-from ..sources.choose import RoleOptions, choose_source
+from ..sources import RoleOptions
+from ..sources.choose import choose_source
 
 if TYPE_CHECKING:
     from ..sources import ClusterSource
@@ -61,7 +62,7 @@ _GPUS = click.option("--gpus", callback=_parse_gpus, metavar="LIST",
 @dataclass(frozen=True)
 class ClusterChoice(RoleOptions):
     """What the cluster options were given: exactly one of these four names the cluster, and the role
-    options (:class:`~launcher.sources.choose.RoleOptions`) place the roles."""
+    options (:class:`~launcher.sources.RoleOptions`) place the roles."""
 
     cluster: str | None = None
     local: int | None = None

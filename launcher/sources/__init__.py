@@ -8,7 +8,8 @@ hosts, started by which transport?", with a :class:`~launcher.cluster.spec.Clust
 - :class:`~.hosts.HostsSource`: ``-H node1:4,node2:4`` or ``--hostfile FILE``, one task per slot;
 - :class:`~.slurm.SlurmSource`: the slots of a Slurm allocation.
 
-:mod:`.choose` picks the one source a command line or a ``launch()`` call names.
+:mod:`.choose` picks the one source a command line or a ``launch()`` call names; :class:`RoleOptions`, here,
+are the role options it and the sources that carve slots share.
 
 A spec whose ``transport`` is None lets each task's host decide (``local`` for this machine,
 ``ssh`` otherwise); a backend that must start tasks its own way names its transport, which
@@ -18,7 +19,8 @@ module in ``launcher/transports/`` and one command-line option; the supervisor d
 
 from __future__ import annotations
 
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from ..cluster.spec import ClusterSpec
 
@@ -31,3 +33,20 @@ class ClusterSource(Protocol):
     def spec(self, local_hosts: frozenset[str]) -> ClusterSpec:
         """The validated cluster; raises ConfigError (exit 2) naming what is wrong."""
         ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class RoleOptions:
+    """The role options: a chief (implied by ``ps``), ``ps`` parameter-server tasks and an evaluator
+    carved out of the task slots, and the GPUs dealt to the chief and workers. The sources that carve
+    slots (:class:`~.hosts.HostsSource`) and the command line's choice of cluster are built on it."""
+
+    chief: bool = False
+    ps: int = 0
+    evaluator: bool = False
+    gpus: tuple[int, ...] = ()
+
+    def role_words(self) -> list[tuple[str, Any]]:
+        """The role options given, as a run's label lists them (``--chief --ps 1``; ps implies chief)."""
+        return [*([("chief", True)] if self.chief or self.ps else []), *([("ps", self.ps)] if self.ps else []),
+                *([("evaluator", True)] if self.evaluator else []), *([("gpus", self.gpus)] if self.gpus else [])]

@@ -1,7 +1,7 @@
 """Which source a command line (or a ``launch()`` call) names: exactly one of its cluster options.
 
 A cluster file (or, from Python, a mapping in the same form), ``--local N``, ``-H HOSTS`` or
-``--hostfile FILE``; the role options (:class:`RoleOptions`) go with all but a cluster, whose
+``--hostfile FILE``; the role options (:class:`~launcher.sources.RoleOptions`) go with all but a cluster, whose
 roles are in the file. :func:`choose_source` checks the counts (``--local``, ``--ps``) for every
 front end, in the words of the one in effect.
 """
@@ -18,23 +18,6 @@ from ..options import count, form, name
 from . import ClusterSource
 
 MAPPING_LABEL = "cluster"  # how a cluster given as a mapping is named in messages and run lists
-
-
-@dataclass(frozen=True, kw_only=True)
-class RoleOptions:
-    """The role options: a chief (implied by ``ps``), ``ps`` parameter-server tasks and an evaluator
-    carved out of the task slots, and the GPUs dealt to the chief and workers. The sources that carve
-    slots (:class:`~.hosts.HostsSource`) and the command line's choice of cluster are built on it."""
-
-    chief: bool = False
-    ps: int = 0
-    evaluator: bool = False
-    gpus: tuple[int, ...] = ()
-
-    def role_words(self) -> list[tuple[str, Any]]:
-        """The role options given, as a run's label lists them (``--chief --ps 1``; ps implies chief)."""
-        return [*([("chief", True)] if self.chief or self.ps else []), *([("ps", self.ps)] if self.ps else []),
-                *([("evaluator", True)] if self.evaluator else []), *([("gpus", self.gpus)] if self.gpus else [])]
 
 
 @dataclass(frozen=True)

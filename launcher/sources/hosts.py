@@ -38,7 +38,7 @@ from ..cluster.spec import AUTO, MAX_TASKS_PER_HOST, ClusterSpec, TaskSpec, is_l
 from ..errors import ConfigError
 from ..options import name
 from ..options import label as options_label
-from .choose import RoleOptions
+from . import RoleOptions
 
 _NAME = re.compile(r"[A-Za-z0-9_.\-]+")  # a host name or an IPv4 address
 _IPV6 = re.compile(r"[0-9A-Fa-f:.]+")
@@ -178,7 +178,7 @@ def _hostfile_host(word: str, path: str, where: str) -> tuple[str, int | None]:
 @dataclass(frozen=True)
 class HostsSource(RoleOptions):
     """Task slots on named hosts, from ``-H`` (``hosts``) or a hostfile (``hostfile``); exactly one is
-    set. The roles (``chief``, ``ps``, ``evaluator``, ``gpus``) are :class:`~.choose.RoleOptions`'."""
+    set. The roles (``chief``, ``ps``, ``evaluator``, ``gpus``) are :class:`~launcher.sources.RoleOptions`'."""
 
     hosts: str | None = None
     hostfile: str | None = None
