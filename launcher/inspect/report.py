@@ -13,7 +13,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..records.boundedlog import format_size
+from ..records.logformat import format_size
 from ..records.folder import LEARNING_CURVES, RECORD, RESOURCES, TASK_LOG_SUFFIX
 from ..records.exits import exit_words
 from ..records.files import create_beside

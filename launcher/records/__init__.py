@@ -9,6 +9,7 @@
 - metrictext.py: a metric record as the console shows it (and ``logs --grep`` matches it);
 - lines.py: how task output is cut into lines and folded as a terminal shows it (merged.log, ``logs``);
 - boundedlog.py: a log kept within its size limit (head, marker line, latest output), as it is written;
+- logformat.py: such a log on disk: its marker lines, its part files, a live log's layout, and the stitch that closes it;
 - logview.py: such a log read whole, by its tail or followed, also one a killed tflaunch left behind;
 - slurm.py: ``slurm.json``, what a Slurm job adds to its folder;
 - control.py: the folder's control socket while the run lasts: its protocol and the client that asks.

@@ -27,19 +27,17 @@ transports' log writer) and the pump that reads it back share one :class:`Bounde
 from __future__ import annotations
 
 import os
-import re
 import threading
 from pathlib import Path
 from typing import Callable
 
 from ..options import LOG_MAX_SIZE
 from .files import NEW_FILE, create_beside, open_own
-from .folder import PART_INFIX
+from .logformat import ALIGN, HEAD_LABEL, MARKER, copy_range, part_path, running_marker, stitch, stitch_leftovers
 
 MERGED_SHARE = 4  # merged.log may grow to this many times the per-task limit: it carries every task, prefixed
 HEAD_SHARE = 4  # the head is a quarter of the limit, the tail the rest
 PARTS = 8  # the tail is kept in parts of an eighth of it
-ALIGN = 64 << 10  # how far a cut looks for a line end before it cuts inside a line
 # Parts a reader (the pump) has not read yet are kept beyond the tail, up to this much or the limit,
 # whichever is more (but not more than LAG_PARTS parts' worth): a reader that falls behind a burst
 # catches up instead of skipping what it missed.
@@ -47,34 +45,8 @@ LAG_ALLOWANCE = 64 << 20
 LAG_PARTS = 512
 
 _APPEND = os.O_WRONLY | os.O_CREAT | os.O_APPEND
-HEAD_LABEL = "head"  # .<name>.head-<random>: a spilling log's new head, renamed over it (records/files.py)
 IOV_MAX = 1024  # pieces one writev takes on Linux
-_RUNNING = "[... tflaunch: {count:>19,} bytes left out here so far; the latest output is in {name}" + PART_INFIX + \
-           "* until this log is closed ...]\n"
-_FINAL = "[... tflaunch: {count:,} bytes ({size}) left out here ...]\n"
 # A marker line of either kind; group 1: the count, group 2: " so far" on a live log's marker.
-MARKER = re.compile(rb"\[\.\.\. tflaunch: +([0-9,]+) bytes (?:\([^)\n]*\) )?left out here( so far)?[^\n]*\n")
-MARKER_START = b"[... tflaunch: "
-
-
-def format_size(size: int) -> str:
-    """``1.2 GiB``, ``768.0 KiB``, ``512 bytes``: for people."""
-    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if size >= scale:
-            return f"{size / scale:.1f} {unit}"
-    return f"{size} bytes"
-
-
-def final_marker(count: int) -> bytes:
-    return _FINAL.format(count=count, size=format_size(count)).encode()
-
-
-def running_marker(count: int, name: str) -> bytes:
-    return _RUNNING.format(count=count, name=name).encode()
-
-
-def part_path(path: Path, start: int) -> Path:
-    return path.with_name(f"{path.name}{PART_INFIX}{start}")
 
 
 class BoundedLog:
@@ -101,7 +73,6 @@ class BoundedLog:
         self.on_write: Callable[[], None] | None = None  # told after each write: the pump reads only what changed
         self.written = _size(self.path)  # an existing file's bytes count as the first output
         if self.written:  # only a file with bytes can be a killed writer's live log: made whole first
-            from .logview import stitch_leftovers
             stitch_leftovers(self.path, self.tail_size)
             self.written = _size(self.path)
 
@@ -175,8 +146,7 @@ class BoundedLog:
             self.release_locked()
             if self.head_end is None:
                 return
-            from .logview import stitch  # the same stitch that repairs a killed writer's log
-
+            # the same stitch that repairs a killed writer's log
             stitch(self.path, self.head_end, [(start, part_path(self.path, start)) for start, _ in self.parts],
                    self.written, self.tail_size)
             self.parts = []
@@ -343,22 +313,6 @@ class Reader:
         except FileNotFoundError:  # not created yet
             return
         self._start, self._end, self._generation = start, end, self.log.generation
-
-
-def copy_range(src: int, offset: int, count: int, dst: int) -> None:
-    """Copy ``count`` bytes of ``src`` from ``offset`` to the end of ``dst``, in the kernel when it can."""
-    done = 0
-    while done < count:
-        try:
-            moved = os.copy_file_range(src, dst, count - done, offset + done)
-        except OSError:  # another filesystem, or one that cannot: through memory
-            moved = 0
-        if moved <= 0:
-            data = os.pread(src, min(count - done, 1 << 20), offset + done)
-            if not data:
-                return
-            moved = os.write(dst, data)
-        done += moved
 
 
 def _size(path: Path) -> int:

@@ -12,69 +12,18 @@ from __future__ import annotations
 
 import mmap
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .boundedlog import ALIGN, HEAD_LABEL, MARKER, MARKER_START, copy_range, final_marker, format_size
-from .files import create_beside
-from .folder import part_of
+from .logformat import ALIGN, MARKER, MARKER_START, LiveLayout, final_marker, format_size, live_layout, stream
 from .lines import LineSplitter
 
-
 TAIL_LINES = 20  # the last lines of a task's log that go with its failure, a hang or a summary
-STITCH_LABEL = "stitch"  # .<name>.stitch-<random>: a log's stitched copy, renamed over it (records/files.py)
 
 
 def is_marker(line: str) -> bool:
     """Whether a decoded line is a marker line (of a file or one a reader made)."""
     return line.startswith("[... tflaunch: ") and MARKER.fullmatch(line.encode() + b"\n") is not None
-
-
-@dataclass(frozen=True)
-class LiveLayout:
-    """A live log: the file's head (``head_end`` bytes) and its parts, (start, path, size), oldest first."""
-
-    head_end: int
-    parts: list[tuple[int, Path, int]]
-
-    @property
-    def first(self) -> int:
-        """Where the output shown after the head starts: the first part kept, from a line start."""
-        first = max(self.head_end, self.parts[0][0]) if self.parts else self.head_end
-        return _line_start(self, first, self.end)
-
-    @property
-    def end(self) -> int:
-        return max((start + size for start, _, size in self.parts), default=self.head_end)
-
-
-def live_layout(path: Path) -> LiveLayout | None:
-    """The layout of ``path`` when it is a live log (its last line is the running marker); else None."""
-    try:
-        with open(path, "rb") as handle:
-            size = os.fstat(handle.fileno()).st_size
-            tail = os.pread(handle.fileno(), min(size, 512), max(0, size - 512))
-    except OSError:
-        return None
-    line_start = tail.rfind(b"\n", 0, len(tail) - 1) + 1
-    match = MARKER.fullmatch(tail, line_start)
-    if match is None or match[2] is None:
-        return None
-    parts = []
-    real = Path(os.path.realpath(path))  # the parts are beside the file, not beside a link to it
-    try:
-        names = os.listdir(real.parent)
-    except OSError:
-        names = []
-    for name in names:
-        part = part_of(name)
-        if part is not None and part[0] == real.name:
-            try:
-                parts.append((part[1], real.parent / name, os.stat(real.parent / name).st_size))
-            except FileNotFoundError:
-                continue  # deleted by the writer just now
-    return LiveLayout(size - len(tail) + line_start, sorted(parts))
 
 
 def read_view(path: Path) -> bytes:
@@ -89,7 +38,7 @@ def read_view(path: Path) -> bytes:
         head = os.pread(handle.fileno(), layout.head_end, 0)
     first = layout.first
     return head + (final_marker(first - layout.head_end) if first > layout.head_end else b"") + \
-        _stream(layout, first, layout.end)
+        stream(layout, first, layout.end)
 
 
 def read_tail(path: Path, max_bytes: int) -> tuple[bytes, bool, int]:
@@ -98,7 +47,7 @@ def read_tail(path: Path, max_bytes: int) -> tuple[bytes, bool, int]:
     layout = live_layout(path)
     if layout is not None:
         start = max(layout.first, layout.end - max_bytes)
-        return _stream(layout, start, layout.end), True, left_out(path)
+        return stream(layout, start, layout.end), True, left_out(path)
     try:
         with open(path, "rb") as handle:
             size = os.fstat(handle.fileno()).st_size
@@ -164,76 +113,6 @@ def markers_total(path: Path, within: int | None = None) -> int:
     return total
 
 
-def stitch(path: Path, head_end: int, parts: list[tuple[int, Path]], end: int, tail_size: int | None) -> None:
-    """Make ``path`` head + marker + tail (the last ``tail_size`` bytes up to ``end``, from a line
-    start; all the parts hold when None) through a file renamed over it, then delete the parts."""
-    sized = [(start, part, os.stat(part).st_size) for start, part in sorted(parts) if part.exists()]
-    layout = LiveLayout(head_end, sized)
-    end = min(end, layout.end)
-    first = layout.first if tail_size is None else max(layout.first, _line_start(layout, end - tail_size, end))
-    fd, spare = create_beside(path, STITCH_LABEL)
-    with open(fd, "wb") as new, open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as old:
-        copy_range(old.fileno(), 0, head_end, new.fileno())
-        if first > head_end:
-            new.write(final_marker(first - head_end))
-        new.flush()
-        for start, part, size in sized:
-            low, high = max(start, first), min(start + size, end)
-            if low < high:
-                with open(part, "rb") as handle:
-                    copy_range(handle.fileno(), low - start, high - low, new.fileno())
-    os.replace(spare, path)
-    for _, part, _ in sized:
-        try:
-            os.unlink(part)
-        except FileNotFoundError:
-            pass
-
-
-def stitch_leftovers(path: Path, tail_size: int | None = None) -> None:
-    """Stitch a live log nobody writes any more (its tflaunch was killed), keeping the last
-    ``tail_size`` bytes of its parts (all of them when None), and remove the new head or stitched
-    copy the killed writer had begun (its temporary files, ``.<name>.<label>-<random>``)."""
-    layout = live_layout(path)
-    if layout is None:
-        return
-    real = Path(os.path.realpath(path))
-    begun = tuple(f".{real.name}.{label}-" for label in (HEAD_LABEL, STITCH_LABEL))
-    try:
-        names = [name for name in os.listdir(real.parent) if name.startswith(begun)]
-    except OSError:
-        names = []
-    for name in names:
-        try:
-            os.unlink(real.parent / name)
-        except FileNotFoundError:
-            pass
-    stitch(path, layout.head_end, [(start, part) for start, part, _ in layout.parts], layout.end, tail_size)
-
-
-def _line_start(layout: LiveLayout, at: int, end: int) -> int:
-    """``at``, or just after the first line end within ALIGN bytes from it: a tail shows whole lines."""
-    if at <= layout.head_end:
-        return layout.head_end
-    window = _stream(layout, at, min(end, at + ALIGN))
-    cut = window.find(b"\n")
-    return at + cut + 1 if 0 <= cut < len(window) - 1 else at
-
-
-def _stream(layout: LiveLayout, start: int, end: int) -> bytes:
-    """Output bytes [start, end) from the parts that hold them (gaps between parts are skipped)."""
-    out = []
-    for part_start, part, size in layout.parts:
-        low, high = max(start, part_start), min(end, part_start + size)
-        if low < high:
-            try:
-                with open(part, "rb") as handle:
-                    out.append(os.pread(handle.fileno(), high - low, low - part_start))
-            except FileNotFoundError:
-                continue
-    return b"".join(out)
-
-
 class Follower:
     """New bytes of a log as it grows, across its changes of shape: its spill into parts (the file
     is replaced by its head and a marker), parts deleted before they were read (a marker line says
@@ -290,7 +169,7 @@ class Follower:
             self._give(b"".join(out))
             out.append(self._marker(layout.first - self.offset))
             self.offset = layout.first
-        data = _stream(layout, self.offset, layout.end)
+        data = stream(layout, self.offset, layout.end)
         self.offset += len(data)
         return b"".join(out) + data
 

@@ -88,7 +88,9 @@ def read_metrics(path: Path) -> list[Record]:
     only (:func:`scalars`: held by the thousand, lists would cost a reader far more than the file);
     a half-written last line, and the marker of a file that outgrew its limit, are left out. A live
     file's latest records are read from its parts (:mod:`.logview`)."""
-    from .logview import live_layout, read_view  # loaded by the readers only, not by the cluster's plan
+    # loaded by the readers only, not by the cluster's plan
+    from .logformat import live_layout
+    from .logview import read_view
 
     try:
         if live_layout(path) is not None:

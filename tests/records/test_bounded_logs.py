@@ -18,8 +18,9 @@ import pytest
 
 from launcher.api import launch
 from launcher.options import LOG_MAX_SIZE, LOG_SIZE_RANGE, parse_size
-from launcher.records.boundedlog import MARKER, BoundedLog, format_size
-from launcher.records.logview import Follower, left_out, live_layout, read_tail, read_view, tail_lines
+from launcher.records.boundedlog import BoundedLog
+from launcher.records.logformat import MARKER, format_size, live_layout
+from launcher.records.logview import Follower, left_out, read_tail, read_view, tail_lines
 from launcher.run.console.writer import Console
 from launcher.run.output.pump import OutputPump
 from launcher.errors import OptionsError

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.records.boundedlog import MARKER
+from launcher.records.logformat import MARKER
 from polling import wait_for
 from test_ssh import cluster_file, run_processes
 

@@ -22,7 +22,8 @@ import stat
 from collections import deque
 from typing import IO, Any, Mapping
 
-from ...records.boundedlog import HEAD_SHARE, final_marker, format_size
+from ...records.boundedlog import HEAD_SHARE
+from ...records.logformat import final_marker, format_size
 from ...records.folder import MERGED
 
 FILE_TAIL = 1 << 20  # the last task lines a console file gets at the end, held in memory until then

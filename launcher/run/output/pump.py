@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
 from ...options import LOG_MAX_SIZE
-from ...records.boundedlog import MERGED_SHARE, WRITING, BoundedLog, Reader, format_size
+from ...records.boundedlog import MERGED_SHARE, WRITING, BoundedLog, Reader
+from ...records.logformat import format_size
 from ...records.files import open_own
 from ...records.folder import MERGED, METRICS
 from ...records.lines import LineSplitter
