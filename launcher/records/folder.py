@@ -44,14 +44,12 @@ import os
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import ConfigError
 from ..options import DEFAULT_LOG_DIR, name
 from .files import open_own, write_atomically
-
-if TYPE_CHECKING:
-    from .record import RunRecord
+from .record import RunRecord
 
 # The layout (see the module docstring).
 RECORD = "run.json"
@@ -264,7 +262,7 @@ class RunFolder:
             return {}
         return {name: figures for name, figures in tasks.items() if isinstance(figures, dict)}
 
-    def write_record(self, record: "RunRecord", final: bool = False) -> None:
+    def write_record(self, record: RunRecord, final: bool = False) -> None:
         """Replace run.json with the run's typed record (see :mod:`launcher.records.record`), atomically.
 
         Live rewrites are compact (json's C encoder); the final one is for people (:func:`readable_json`). When a
@@ -316,8 +314,6 @@ class RunFolder:
         finally:
             os.close(fd)
 
-    def read_record(self) -> "RunRecord":
+    def read_record(self) -> RunRecord:
         """The run's record; ValueError when run.json is not a run record, OSError when unreadable."""
-        from .record import RunRecord
-
-        return RunRecord.from_json(json.loads(self.record_path.read_text()))
+        return RunRecord.from_json(json.loads(self.record_path.read_text()), RECORD)

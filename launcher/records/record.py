@@ -23,7 +23,6 @@ from typing import Any, Callable, Mapping
 
 from ..errors import shown
 from ..taskenv import ATTEMPT
-from .folder import RECORD
 from .states import Outcome, RunStatus, TaskState
 
 FORMAT_VERSION = 2
@@ -40,7 +39,7 @@ def _read(cls: type, data: Any, key: str, defaults: Mapping[str, Any] | None = N
     lacks take ``defaults``, else the field's own default. RecordError names the first bad value.
     """
     if not isinstance(data, Mapping):
-        raise RecordError(f"{key or RECORD}: expected an object, got {_shown(data)}")
+        raise RecordError(f"{key}: expected an object, got {_shown(data)}")
     values = dict(defaults or {})
     for name, hint in _hints(cls).items():
         if name in data:
@@ -271,8 +270,11 @@ class RunRecord:
         return _plain(self)
 
     @classmethod
-    def from_json(cls, data: Any) -> "RunRecord":
-        """The record run.json holds; RecordError (a ValueError) names the first value of the wrong type."""
+    def from_json(cls, data: Any, source: str = "the record") -> "RunRecord":
+        """The record run.json holds; RecordError (a ValueError) names the first value of the wrong
+        type, or ``source`` (the file's name, which the folder gives) when ``data`` is no object."""
+        if not isinstance(data, Mapping):
+            raise RecordError(f"{source}: expected an object, got {_shown(data)}")
         # Format 1 had no format_version, and a record without a status did not succeed.
         return _read(cls, data, "", {"run_id": "?", "source": "?", "format_version": 1,
                                      "status": RunStatus.parse(None)})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 
 import pytest
@@ -146,11 +147,11 @@ def test_the_old_spelling_of_a_lost_launcher_and_unknown_statuses_read_as_status
     assert TaskState.parse("vanished") is TaskState.FAILED and Outcome.parse(None) is Outcome.FAILED
 
 
-@pytest.mark.parametrize("text", ["[]", '"run"', "3"])
-def test_run_json_that_is_not_an_object_is_refused(tmp_path, text):
+@pytest.mark.parametrize("text, shown", [("[]", "a list"), ('"run"', "'run'"), ("3", "3")])
+def test_run_json_that_is_not_an_object_is_refused(tmp_path, text, shown):
     folder = RunFolder(tmp_path)
     folder.record_path.write_text(text)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=rf"^run\.json: expected an object, got {re.escape(shown)}$"):
         folder.read_record()
 
 
