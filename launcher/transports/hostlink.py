@@ -14,7 +14,8 @@ Every fact of the protocol (frame header, kinds and size limit, sync mark, verbs
 field codec, heartbeat) is the agent module's, imported from it. Bytes that break it end this
 link alone, at once, with one line saying what was read; the exits already reported stand, the
 other processes on the link are lost. All links share one thread (:mod:`.linkhub`); the
-processes started through a link are :mod:`.proxies`.
+processes started through a link are :mod:`.proxies`. A link, its hub and its processes are that
+one I/O thread's objects and refer to each other, so these three modules import each other's types.
 """
 
 from __future__ import annotations
