@@ -1,7 +1,7 @@
 """The launcher's layers hold: ``lint-imports`` checks the contracts in .importlinter against the code.
 
-The contracts (layers, the read side, the run and its transports, the standalone agent and its
-protocol module, the pure cluster core, no TensorFlow) are described in docs/architecture.md. The second test breaks a copy of the launcher
+The contracts (layers, the run's own packages, the read side, the run and its transports, the standalone
+agent and its protocol module, the pure cluster core, no TensorFlow) are described in docs/architecture.md. The second test breaks a copy of the launcher
 on purpose, so that a contract that stopped checking anything would be noticed.
 """
 
@@ -53,6 +53,11 @@ def test_every_import_contract_is_kept():
     ("agent/ports.py", "from .. import options", "The agent is standalone"),
     ("run/lifecycle/session.py", "from ...agent.loop import Agent", "reaches the agent through its protocol module only"),
     ("transports/local.py", "from ..agent import trees", "reaches the agent through its protocol module only"),
+    ("run/output/pump.py", "from ..faults import watchdog", "The run's packages import only the ones below them"),
+    ("run/faults/watchdog.py", "from ..lifecycle import session", "The run's packages import only the ones below them"),
+    ("run/console/terminal.py", "from ...cluster import spec", "The console shows records only"),
+    ("run/checks/preflight.py", "from ..console import chatter", "The checks stand alone"),
+    ("run/faults/stragglers.py", "from ..output import pump", "never the pump or the resource sampler"),
 ])
 def test_an_import_that_breaks_a_contract_is_named(tmp_path, module, line, contract):
     copy = tmp_path / "launcher"
