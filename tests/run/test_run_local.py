@@ -200,7 +200,7 @@ def test_port_in_use_is_reported_before_launch(tflaunch, tmp_path):
     try:
         cluster = tmp_path / "busy.yaml"
         cluster.write_text(f"worker:\n  - localhost:auto\n  - localhost:{port}\n")
-        # Unsealed: in a sealed run's namespace of its own the port is free (tests/run/test_isolation.py).
+        # Unsealed: in a sealed run's namespace of its own the port is free (tests/run/checks/test_isolation.py).
         done = tflaunch.run(str(cluster), "--no-seal", "--", "python", TASK, "env")
     finally:
         busy.close()

@@ -53,7 +53,7 @@ def test_parameter_server_cluster_trains_and_every_task_exits(tflaunch):
 
 
 def test_a_live_strategy_after_op_failure_is_diagnosed(tflaunch):
-    """The tail of a real failing task's log, as tflaunch kept it, is diagnosed as in test_diagnose.py."""
+    """The tail of a real failing task's log, as tflaunch kept it, is diagnosed as in faults/test_diagnose.py."""
     run = tflaunch.run("--local", "2", "--", "python", str(HELPERS / "errors" / "op_before_strategy.py"))
     assert run.returncode == 1
     root = run.record["root_cause"]["task"]

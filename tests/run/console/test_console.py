@@ -25,7 +25,7 @@ from polling import wait_for
 
 pytestmark = pytest.mark.unit
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "console"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "console"
 
 
 def feed(console: Console, task: str, block: bytes) -> None:

@@ -257,7 +257,7 @@ def test_a_host_cut_for_good_in_training_is_replaced_or_the_cluster_shrinks_with
     assert left_on(testhosts, ["node1", "node2", "node3", "node4"]) == {n: [] for n in ("node1", "node2", "node3", "node4")}
 
 
-STRAGGLER = str(Path(__file__).resolve().parents[1] / "helpers" / "mwms_straggler.py")
+STRAGGLER = str(Path(__file__).resolve().parents[2] / "helpers" / "mwms_straggler.py")
 
 
 @pytest.mark.tensorflow

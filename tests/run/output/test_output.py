@@ -118,7 +118,7 @@ def test_keras_progress_bar_becomes_what_a_terminal_shows():
     assert split_all(KERAS_EPOCH, [1] * len(KERAS_EPOCH)) == split_all(KERAS_EPOCH)
 
 
-PROGBARS = Path(__file__).resolve().parents[1] / "fixtures" / "console"
+PROGBARS = Path(__file__).resolve().parents[2] / "fixtures" / "console"
 SGR = re.compile(rb"\x1b\[[0-9;]*m")
 
 

@@ -19,7 +19,7 @@ from launcher.run.console.stopfold import folded_text
 
 pytestmark = pytest.mark.unit
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 
 
 def captured(name: str) -> list[str]:

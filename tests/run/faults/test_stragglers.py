@@ -4,7 +4,7 @@ Unit tests hold the pure rule: figures over a window, shares against the median 
 the clear-minority rule, confirmation after warm-up, the end, and exclusion. A test runs the
 agent's ThreadWatch on real processes (a thread that sleeps, one that waits). Slow tests run
 real MultiWorkerMirroredStrategy programs (tests/helpers/mwms_straggler.py) through tflaunch and
-read the console and run.json while the run goes on; tests/run/test_lost_hosts.py names and
+read the console and run.json while the run goes on; tests/run/lifecycle/test_lost_hosts.py names and
 leaves out a straggler's host over ssh, and tests/trainer/test_gpu.py a worker on a slowed GPU.
 """
 
@@ -29,7 +29,7 @@ from launcher.agent import threads
 from launcher.transports.base import ThreadTimes
 from polling import wait_for
 
-PROGRAM = str(Path(__file__).resolve().parents[1] / "helpers" / "mwms_straggler.py")
+PROGRAM = str(Path(__file__).resolve().parents[2] / "helpers" / "mwms_straggler.py")
 
 
 # -- the pure rule ------------------------------------------------------------------------------

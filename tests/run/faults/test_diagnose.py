@@ -19,7 +19,7 @@ from launcher.run.faults.diagnose import Diagnosis, diagnose
 
 pytestmark = pytest.mark.unit  # the live TensorFlow case is in test_tensorflow_launch.py
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 FIXTURES = ROOT / "tests" / "fixtures" / "errors"
 WORKERS = ("worker-0", "worker-1")
 PS_CLUSTER = ("chief-0", "worker-0", "ps-0")

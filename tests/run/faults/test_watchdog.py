@@ -5,7 +5,7 @@ one fake clock, so "30 seconds without progress" takes no time at all: the test 
 output, waits until the pump has read it, moves the clock, and asks the watchdog. The task's
 process is stood in for by an object that returns CPU readings the test chooses and fixed stack
 text (real py-spy dumps of a hung MWMS cluster), since the watchdog's job is to decide and to file
-the dumps; the real agents, py-spy and TensorFlow are in tests/run/test_hangs.py.
+the dumps; the real agents, py-spy and TensorFlow are in tests/run/faults/test_hangs.py.
 """
 
 from __future__ import annotations
@@ -281,7 +281,7 @@ def test_progress_of_a_task_that_is_not_a_trainer_does_not_count(cluster):
 
 # -- hang timeout ----------------------------------------------------------------------------------
 
-STACKS = Path(__file__).resolve().parents[1] / "fixtures" / "stacks"
+STACKS = Path(__file__).resolve().parents[2] / "fixtures" / "stacks"
 
 
 def stalled_workers(cluster, count: int = 3, hang: float = 10) -> tuple[Watchdog, list[Task]]:

@@ -27,8 +27,8 @@ from launcher.run.faults.pyspy import LIBRARY, STDLIB, USER, kind_of, parse_dump
 from launcher.run.faults.watchdog import Activity, cpu_over, stalled
 from polling import wait_for
 
-STACKS = Path(__file__).resolve().parents[1] / "fixtures" / "stacks"
-HANG = str(Path(__file__).resolve().parents[1] / "helpers" / "mwms_hang.py")
+STACKS = Path(__file__).resolve().parents[2] / "fixtures" / "stacks"
+HANG = str(Path(__file__).resolve().parents[2] / "helpers" / "mwms_hang.py")
 
 
 def dumps_of(case: str) -> dict:
@@ -285,7 +285,7 @@ def test_the_modules_do_not_import_tensorflow():
     code = ("import sys, launcher.run.faults.hang_verdict, launcher.run.faults.stacks_server, launcher.run.faults.watchdog, launcher.inspect.stacks; "
             "print('tensorflow' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).resolve().parents[2])
+                         cwd=Path(__file__).resolve().parents[3])
     assert out.stdout.strip() == "False"
 
 
@@ -318,7 +318,7 @@ def test_report_shows_a_hangs_root_cause_under_its_first_line(tmp_path):
 # -- the control socket and `tflaunch stacks`, on small Python tasks -------------------------------------
 
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def running_run(tflaunch, proc) -> Path:
