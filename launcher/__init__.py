@@ -5,6 +5,16 @@ package's first statements take over SIGINT, SIGTERM, SIGHUP and SIGQUIT: until 
 hands them to :mod:`launcher.run.lifecycle.signals`, such a signal ends the process at once with 128+N, as
 nothing exists yet that must be stopped or recorded. A program that imports the package gets no
 handler from it: the Python API takes SIGINT only inside ``launch()``.
+
+Its packages and modules, top to bottom, each importing only those below it (``.importlinter``):
+__main__.py (``python -m launcher``), cli/ (the command line and its one error boundary), api.py
+(``launch()``, ``runs()`` and ``run_record()`` for Python), export/, inspect/ and tensorboard.py
+(manifests and shell commands, the read side, TensorBoard on a run folder), sources/ (where a run
+may run), run/ (a run started, watched and recorded), slurm/ and transports/ (Slurm's commands, how
+a task is started where it runs), cluster/ (what a cluster is and how each of its tasks starts),
+records/ (run folders and the run record), options.py (the run options as each front end names
+them), errors.py and taskenv.py (the domain errors; the ``TFLAUNCH_*`` variables of every task),
+masking.py and agent/ (secrets masked wherever shown; the host agent, standard library only).
 """
 
 import os

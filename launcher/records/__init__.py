@@ -12,7 +12,9 @@
 - logformat.py: such a log on disk: its marker lines, its part files, a live log's layout, and the stitch that closes it;
 - logview.py: such a log read whole, by its tail or followed, also one a killed tflaunch left behind;
 - slurm.py: ``slurm.json``, what a Slurm job adds to its folder;
-- control.py: the folder's control socket while the run lasts: its protocol and the client that asks.
+- control.py: the folder's control socket while the run lasts: its protocol and the client that asks;
+- files.py: files written in a folder others may be able to write: exclusively, never through a link;
+- trace.py: tflaunch's own trace of its decisions, ``debug.log`` in the run folder when asked for.
 
 Both sides import these: the run writes them, ``launcher.inspect`` reads them, and nothing here
 imports either side.

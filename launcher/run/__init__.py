@@ -1,16 +1,18 @@
 """The run layer: a planned cluster started, supervised and recorded until it ends.
 
-launch.py holds the entry points (run, dry_run, check); session.py the attempts, restarts and
-the run record; supervisor.py the task states and the one shutdown protocol; signals.py the one
-signal path; limits.py the open-files budget checked before anything starts.
+One folder per concern, each importing only the ones below it (``.importlinter``, run-layers):
 
-What a run watches, writes and shows: pump.py (task output into the logs), progress.py (what
-the metric lines say), watchdog.py (a cluster that never forms, or hangs), stragglers.py (the
-task the others keep waiting for), hostpool.py (the hosts each attempt runs on), resources.py (CPU and
-memory), console.py with terminal.py, render.py, twins.py, stopfold.py and metricview.py (the
-terminal), summary.py (the closing table). What it checks and seals: preflight.py, versions.py
-(the hosts' versions compared), mesh.py, isolation.py with outside.py (a sealed run's network
-namespace and its outside network), and diagnose.py (known failures named).
-A hang's culprit: pyspy.py reads the stacks, culprit.py compares them, and control.py serves
-them to ``tflaunch stacks`` over the run's control socket.
+- lifecycle/: the entry points (launch.py), the session with its attempts and restarts, the
+  supervisor and a task's live record (task.py), the signal path, the open-files budget, the hosts
+  each attempt runs on, run.json while the run goes on, the closing text, and a run inside a Slurm job;
+- faults/: what goes wrong, named: the watchdogs, the hang verdict, py-spy's text, the stacks server
+  behind ``tflaunch stacks``, the straggler rule, and the diagnosis of a failed task;
+- output/: what the tasks print and use, read while the run goes on: the output pump, the progress
+  their metric lines report, their CPU and memory;
+- checks/: what a run checks of its hosts (preflight, versions, the mesh probe) and the sealed
+  network it makes (isolation, outside); they import nothing else of the run;
+- console/: what the terminal shows: the writer, TensorFlow's chatter recognised, twin and stop
+  folding, the metric view, the terminal end of a stream; it shows records only.
+
+Each folder's ``__init__.py`` names its modules, one line each.
 """

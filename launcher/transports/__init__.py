@@ -17,6 +17,11 @@ A task's :attr:`~launcher.cluster.plan.TaskLaunch.transport` names which one sta
 keeps its transports in one :class:`TransportSet`; preflight probes run as helpers through the
 same agents (:meth:`TransportSet.helper`), so a host costs one connection per run, and
 :attr:`TransportSet.changes` says which of its tasks' processes changed status.
+
+Under a link: carriers.py (how an agent's channel is carried, a local pipe, an ssh connection or a
+connection back from a Slurm step, and how its failures are worded), connectback.py (the listener a
+job step's agents connect back to), framing.py (the channel's bytes cut into whole frames) and
+heldoutput.py (a child's output held in memory within a bound).
 """
 
 from __future__ import annotations
