@@ -85,7 +85,7 @@ class LaunchResult:
 class LaunchFailed(LaunchError):
     """``launch(check=True)``: the run ended without succeeding (a task failed, a watchdog or the
     environment ended it). ``result`` is how it ended; ``str(error)`` is the summary's first line
-    (``run ... failed: worker-1 on localhost: exited with code 3``); ``exit_code`` is the run's."""
+    (``run ... failed: worker-1 on localhost: exit code 3``); ``exit_code`` is the run's."""
 
     def __init__(self, result: LaunchResult, summary: str):
         super().__init__(summary)

@@ -234,7 +234,7 @@ def test_check_true_raises_launch_failed_carrying_the_result(tmp_path):
     assert result.root_cause is not None and (result.root_cause.task, result.root_cause.exit_code) == ("worker-1", 3)
     assert {t.name: (t.state, t.exit_code) for t in result.tasks}["worker-1"] == ("failed", 3)
     # Its message is the summary's first line, as the console showed it.
-    assert str(error).startswith(f"run {result.run_id} failed: worker-1 on ")
+    assert str(error).startswith(f"run {result.run_id} failed: worker-1 on ") and str(error).endswith(": exit code 3")
     assert f"tflaunch: {error}" in lines
     assert json.loads((result.run_dir / "run.json").read_text())["status"] == "failed"
 

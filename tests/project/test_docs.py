@@ -116,15 +116,20 @@ def test_every_relative_link_resolves_with_its_anchor(page):
 def test_the_architecture_tree_names_only_modules_that_exist():
     _, code = prose_and_code((ROOT / "docs" / "architecture.md").read_text())
     package, missing = None, []
+    launcher_package = None  # the package a nested one (four spaces in) is under
     for line in code:
         top = re.match(r"^(\w+)/\s*(.*)$", line)
         sub = re.match(r"^  (\w+)/\s+(.*)$", line)
+        nested = re.match(r"^    (\w+)/\s+(.*)$", line)
         if top:
             package = ROOT / top.group(1)
             listed = top.group(2) if top.group(1) == "launcher" else ""
         elif sub:
-            package = ROOT / "launcher" / sub.group(1)
+            package = launcher_package = ROOT / "launcher" / sub.group(1)
             listed = sub.group(2)
+        elif nested and launcher_package is not None:
+            package = launcher_package / nested.group(1)
+            listed = nested.group(2)
         else:
             listed = line  # a continuation line, or the top package's own modules
         for module in re.findall(r"\b([\w]+\.py)\b", listed):

@@ -21,7 +21,7 @@
   record's root cause, before the attempt is stopped.
 
 The supervisor calls the watchdog on every poll; it returns a :class:`Trip` to stop the attempt.
-It reads what the output pump saw through the shared :class:`~.progress.Progress` and each
+It reads what the output pump saw through the shared :class:`~launcher.run.output.progress.Progress` and each
 task's CPU through its agent's readings (:meth:`TaskProcess.reading`).
 """
 

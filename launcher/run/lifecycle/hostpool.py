@@ -4,12 +4,12 @@ A :class:`HostPool` holds the run's whole cluster (its tasks and spare slots) an
 failed attempt, which hosts the next one leaves out (docs/fault-tolerance.md, "A host lost for good"):
 
 - a host that does not answer the check before the restart (lost);
-- the host of the task whose failure points at its machine (:data:`~.diagnose.MACHINE_RULES`: cuDNN
+- the host of the task whose failure points at its machine (:data:`~launcher.run.faults.diagnose.MACHINE_RULES`: cuDNN
   or cuBLAS init, a GPU's ECC or Xid error, a full disk);
 - a host named as the culprit of two failed attempts in a row (the root cause's host, or the task
   a hang watchdog named);
 - the host of a straggler that held the others back for ``--straggler-timeout`` seconds, with
-  ``--on-straggler exclude`` (:mod:`.stragglers`);
+  ``--on-straggler exclude`` (:mod:`launcher.run.faults.stragglers`);
 - a spare whose host the preflight refused (unreachable, a different Python or TensorFlow): never used.
 
 A host left out for its machine's sake or as a repeated culprit is left out only where the cluster

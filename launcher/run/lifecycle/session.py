@@ -272,7 +272,7 @@ class RunSession:
 
     def _culprit_host(self, plan: Plan, result: AttemptResult) -> str | None:
         """The host of the task the attempt's failure is laid on (its root cause, or the task a hang
-        watchdog named), unless the failure is a known mistake of the program (:data:`~.diagnose.PROGRAM_RULES`)."""
+        watchdog named), unless the failure is a known mistake of the program (:data:`~launcher.run.faults.diagnose.PROGRAM_RULES`)."""
         from ..faults.diagnose import PROGRAM_RULES
 
         known = self.diagnoses[-1] if self.diagnoses else None

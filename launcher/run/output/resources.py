@@ -111,7 +111,7 @@ class ResourceSampler(threading.Thread):
     ``live_readings`` returns ``{task_name: Reading}`` for the tasks running right now; it is
     called from this thread. ``resources.json`` is rewritten every ``write_every`` seconds when
     new readings came, and on :meth:`stop`. A run sets both intervals by its size (a pass costs
-    in proportion to its tasks; see :mod:`.session`). Nothing here raises into the caller: a failed
+    in proportion to its tasks; see :mod:`launcher.run.lifecycle.session`). Nothing here raises into the caller: a failed
     sample or write is skipped, since resource figures must never disturb the run they describe.
     """
 
