@@ -154,11 +154,15 @@ def test_test_files_are_grouped_as_the_code_is_and_named_once():
     tests = ROOT / "tests"
     packages = {p.parent.name for p in (ROOT / "launcher").glob("*/__init__.py")}
     groups = packages | {"api", "trainer", "security", "project"}
+    # A layer's sub-package (launcher/run/console/) has its own folder under the layer's (tests/run/console/).
+    subpackages = {p.parent.relative_to(ROOT / "launcher").parts for p in (ROOT / "launcher").glob("*/*/__init__.py")}
     files = sorted(tests.rglob("test_*.py"))
-    misplaced = [str(f.relative_to(tests)) for f in files
-                 if f.parent.parent != tests or f.parent.name not in groups]
-    assert misplaced == [], f"test files outside tests/<layer>/ ({sorted(groups)}): {misplaced}"
+    folders = [f.parent.relative_to(tests).parts for f in files]
+    misplaced = [str(f.relative_to(tests)) for f, folder in zip(files, folders)
+                 if not (len(folder) == 1 and folder[0] in groups or len(folder) == 2 and folder in subpackages)]
+    assert misplaced == [], f"test files outside tests/<layer>/ ({sorted(groups)}) or tests/<layer>/<package>/: {misplaced}"
     names = [f.name for f in files]
     assert sorted({n for n in names if names.count(n) > 1}) == [], "two test files share a name"
-    # Every layer of the launcher has its folder of tests.
-    assert packages - {f.parent.name for f in files} == set()
+    # Every layer of the launcher, and every package of a layer, has its folder of tests.
+    assert packages - {folder[0] for folder in folders} == set()
+    assert subpackages - set(folders) == set()
