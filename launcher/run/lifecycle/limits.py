@@ -3,7 +3,7 @@ and refuses a run that would not fit before anything starts.
 
 What a run holds open grows with its hosts, not its tasks: per host a channel to its agent (two
 pipe ends and a file for the carrier's messages, or one connection from a Slurm node); per task
-nothing while it runs, because the output pump keeps at most ``OPEN_FILES`` (:mod:`launcher.run.output.pump`) of the task logs
+nothing while it runs, because the output pump keeps at most ``OPEN_FILES`` (:mod:`launcher.run.output`) of the task logs
 open and each transport's log writer, which appends their relayed output, at most
 ``transports.base.OPEN_LOGS``.
 """
@@ -15,7 +15,7 @@ from ...cluster.spec import ClusterSpec, is_local
 from ...errors import EnvironmentProblem
 from ...records.states import plural
 from ...transports.base import OPEN_LOGS
-from ..output.pump import OPEN_FILES
+from ..output import OPEN_FILES
 
 BASE = 48  # the interpreter, the console, the run's own files, signal and wakeup pipes, the port lock
 PER_HOST = 4

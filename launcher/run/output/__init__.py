@@ -5,3 +5,9 @@ progress.py: what the tasks' metric lines say about progress, written by the pum
 watchdog and the session.
 resources.py: CPU and memory use of a run's tasks, collected on a thread into ``resources.json``.
 """
+
+# Descriptors the pump keeps open at once: the logs that grew most recently, so a run of thousands
+# of tasks reads them all within a small, fixed number of descriptors. Here, not in pump.py, so that
+# the run's budget of open files (launcher.run.lifecycle.limits) counts them without loading the pump
+# before the hosts' connections open.
+OPEN_FILES = 64

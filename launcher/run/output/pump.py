@@ -44,16 +44,13 @@ from ...records.folder import MERGED, METRICS
 from ...records.lines import LineSplitter
 from ...records.kerasepochs import KerasState
 from ...records.metrics import LINE_MAX, METRICS_MAX_SIZE, MetricLines, metric_lines, oversized, scalars
+from . import OPEN_FILES
 from .progress import Progress
 
 if TYPE_CHECKING:
     from ..console.writer import Console
 
 LAUNCHER_NAME = "tflaunch"
-# Descriptors the pump keeps open at once: the logs that grew most recently, so a run of thousands
-# of tasks reads them all within a small, fixed number of descriptors (the run's budget of open
-# files counts them: launcher.run.lifecycle.limits).
-OPEN_FILES = 64
 _READ_SIZE = 1 << 20
 # What one sweep reads of one log, and of all of them, at most: floods never keep a sweep going, so
 # tflaunch's messages and the callers waiting on the pump's lock (a task's start, an attempt's end)
