@@ -178,7 +178,7 @@ def test_trainer_accuracy_on_a_gpu_is_the_cpus(tflaunch) -> None:
 
 
 def test_the_agent_reads_every_gpu_s_clocks_throttle_reasons_and_use() -> None:
-    from launcher.transports.hostagent import Nvml
+    from launcher.agent.threads import Nvml
 
     nvml = Nvml.here()
     assert nvml is not None, "NVML (libnvidia-ml.so.1) did not open on a host with nvidia-smi"
