@@ -48,7 +48,8 @@ def expressions() -> dict[str, str]:
 
 
 def run_tier(name: str, expression: str, seed: int, passed_on: list[str]) -> tuple[int, float]:
-    print(f"\n=== tier {name}: -m \"{expression}\"", flush=True)
+    markers = dict(TIERS)[name]
+    print(f"\n=== tier {name}: {markers}, less the tiers above", flush=True)
     started = time.monotonic()
     code = subprocess.call([sys.executable, "-m", "pytest", "-p", "randomly", f"--randomly-seed={seed}",
                             "-m", expression, *passed_on], cwd=ROOT)
