@@ -33,7 +33,6 @@ from .spec import (  # noqa: F401  (re-exported: the spec is part of this module
     SshSettings,
     TaskSpec,
     check_text,
-    is_local,
     text_problem,
 )
 

@@ -14,12 +14,12 @@ from launcher.cluster.reader import (
     HostSettings,
     SshSettings,
     TaskSpec,
-    is_local,
     load_cluster_file,
     parse_cluster,
     TASK_KEYS,
     parse_host_port,
 )
+from launcher.cluster.spec import is_local
 from launcher.cluster.checks import missing_gpus_warning
 from launcher.errors import ConfigError, LaunchError
 

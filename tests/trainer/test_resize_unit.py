@@ -3,7 +3,6 @@ backup written by another shape of cluster, and the record kept beside the backu
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
