@@ -7,16 +7,17 @@ of the task's whole tree, and for a watched task its threads' totals after them
 
 import os
 
-from .trees import descendants
+from .trees import descendants, stat_fields
 
 
 def usage(pids, page=os.sysconf("SC_PAGE_SIZE"), ticks=os.sysconf("SC_CLK_TCK")):
     """(resident bytes, CPU seconds) of ``pids``; the first one's reaped children's CPU counts too."""
     rss = cpu = 0
     for n, pid in enumerate(pids):
+        fields = stat_fields(pid)
+        if fields is None:
+            continue
         try:
-            with open("/proc/%d/stat" % pid, "rb") as stat:
-                fields = stat.read().rsplit(b")", 1)[1].split()
             with open("/proc/%d/statm" % pid, "rb") as statm:
                 rss += int(statm.read().split()[1]) * page
         except (OSError, IndexError, ValueError):

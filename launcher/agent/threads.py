@@ -7,6 +7,8 @@ and :class:`Nvml` reads the host's GPUs where NVML is present.
 import os
 import time
 
+from .trees import stat_fields
+
 LOOK_EVERY = 2.0  # seconds between looks at a watched task's threads
 CENSUS_LOOKS = 5  # looks between readings of its threads' CPU and run-queue times
 FULL_CENSUSES = 12  # censuses between readings of all its threads (else: those that ran, and new ones)
@@ -58,17 +60,16 @@ def busy_ticks():
     return busy
 
 
-def cpu_seconds(pids, ticks=os.sysconf("SC_CLK_TCK")):
+def cpu_seconds(pids):
     """The CPU time ``pids`` used so far (their threads' user and system time)."""
     total = 0
     for pid in pids:
+        fields = stat_fields(pid)
         try:
-            with open("/proc/%d/stat" % pid, "rb") as stat:
-                fields = stat.read().rsplit(b")", 1)[1].split()
             total += int(fields[11]) + int(fields[12])
-        except (OSError, IndexError, ValueError):
-            continue
-    return total / float(ticks)
+        except (TypeError, IndexError, ValueError):
+            continue  # gone
+    return total / float(TICKS)
 
 
 def cgroup_throttle_file(pid):

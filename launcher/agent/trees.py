@@ -69,12 +69,19 @@ def process_name(pid):
         return "?"
 
 
-def alive(pid):
+def stat_fields(pid):
+    """The fields of /proc/<pid>/stat after the command name (state first, so utime is [11]), or
+    None when the process is gone; the name, in parentheses, may hold spaces and parentheses."""
     try:
         with open("/proc/%d/stat" % pid, "rb") as stat:
-            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+            return stat.read().rsplit(b")", 1)[1].split()
     except (OSError, IndexError):
-        return False
+        return None
+
+
+def alive(pid):
+    fields = stat_fields(pid)
+    return bool(fields) and fields[0] != b"Z"
 
 
 def handles(pid, signum):
