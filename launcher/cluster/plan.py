@@ -47,7 +47,7 @@ from typing import Mapping
 from ..records.folder import CHECKPOINTS, TENSORBOARD
 from ..taskenv import ATTEMPT, BACKUP_DIR, CHECKPOINT_DIR, RUN_DIR, RUN_ID, TASK, TENSORBOARD_DIR
 from .spec import AUTO, DEFAULT_CONNECT_TIMEOUT, ROLES, ClusterSpec, EnvLayer, SshSettings, TaskSpec, hidden_names, is_local, masked_env, value_by_name
-from .ranks import rank_env
+from .ranks import TRAINING_ROLES, rank_env
 from .tfconfig import TaskEnv, TfConfig, check_tf_config_size
 
 DEFAULT_COMMAND = ("python", "-m", "trainer")
@@ -208,7 +208,7 @@ def plan_cluster(
             env_sources=sources,
             hidden=secrets.secret_names(env) | frozenset(by_name),
             attempt=context.attempt,
-            watched=context.watch_stragglers and spec.synchronous and task.role in ("chief", "worker"),
+            watched=context.watch_stragglers and spec.synchronous and task.role in TRAINING_ROLES,
         ))
     notes = []
     # The note applies where tflaunch chose legacy Keras for a Python program, not where the user did.

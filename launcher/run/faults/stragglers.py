@@ -38,6 +38,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from ...cluster.ranks import TRAINING_ROLES
 from ...records.folder import iso_time
 from ...records.record import StragglerRecord
 from ...records.states import TaskState
@@ -55,7 +56,6 @@ CONFIRM_FOR = 15.0
 END_SHARE = 0.15
 END_FOR = 10.0
 JUDGE_EVERY = 2.0  # seconds between two judgements: the readings come every second at the most
-WATCHED_ROLES = ("chief", "worker")
 CAUSES = {"stall": "its threads sleep or wait for a disk (its input pipeline?)",
           "gpu": "its GPU runs throttled, below its peak clock (power cap, heat or a hardware slowdown?)",
           "cpu": "others take its CPUs while it waits for one, or its CPU quota holds it back"}
@@ -163,7 +163,7 @@ class StragglerWatch:
         if now < self.next_judgement:
             return None
         self.next_judgement = now + JUDGE_EVERY
-        if not self.finishing and any(task.role in WATCHED_ROLES and task.state.ended for task in tasks):
+        if not self.finishing and any(task.role in TRAINING_ROLES and task.state.ended for task in tasks):
             self.finishing = True
             log.debug("attempt %d: a training task ended; no straggler is named from now on", self.attempt)
         self._read(tasks, now)
@@ -178,7 +178,7 @@ class StragglerWatch:
 
     def _read(self, tasks: list[Task], now: float) -> None:
         for task in tasks:
-            if task.role not in WATCHED_ROLES or task.state is not TaskState.RUNNING or task.process is None:
+            if task.role not in TRAINING_ROLES or task.state is not TaskState.RUNNING or task.process is None:
                 self.history.pop(task.name, None)
                 continue
             reading = task.process.reading()
