@@ -38,6 +38,21 @@ def module_file(module: str) -> Path | None:
     return None
 
 
+def defined_names(path: Path) -> set[str]:
+    """The names a module binds anywhere: assignments, functions, classes and imports."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Assign):
+            names |= {target.id for target in node.targets if isinstance(target, ast.Name)}
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {alias.asname or alias.name for alias in node.names}
+    return names
+
+
 def missing(module: str, name: str | None) -> str | None:
     """Why ``from module import name`` (or ``import module``) would fail, or None."""
     if module.split(".")[0] in HEAVY:
@@ -46,13 +61,7 @@ def missing(module: str, name: str | None) -> str | None:
             return f"no module {module}"
         if name is None or module_file(f"{module}.{name}") is not None:
             return None
-        defined = {target.id for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, (ast.Assign, ast.AnnAssign))
-                   for target in (node.targets if isinstance(node, ast.Assign) else [node.target]) if isinstance(target, ast.Name)}
-        defined |= {node.name for node in ast.walk(ast.parse(path.read_text()))
-                    if isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))}
-        defined |= {alias.asname or alias.name for node in ast.walk(ast.parse(path.read_text()))
-                    if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
-        return None if name in defined else f"{module} has no {name}"
+        return None if name in defined_names(path) else f"{module} has no {name}"
     try:
         imported = importlib.import_module(module)
     except ImportError as exc:
