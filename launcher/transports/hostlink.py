@@ -96,6 +96,15 @@ class AgentLink:
 
     # -- commands -------------------------------------------------------------------------
 
+    @property
+    def gone(self) -> bool:
+        """Whether this link can carry nothing more, so the host's agent must be dialled again:
+        lost, closed, or its carrier (the local agent, ssh, the job step) ended. The last is read
+        here, not waited for from the hub's thread, which may not have seen the end yet: a Slurm
+        step killed for one silent node ends every other node's agent in it too, and the check
+        before a restart must not probe a spare through the step that just died."""
+        return self.lost_reason is not None or self.closed or self.carrier.ended() is not None
+
     def new_id(self) -> int:
         """An id for a process or a request on this link."""
         with self._lock:

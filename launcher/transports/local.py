@@ -103,7 +103,7 @@ class LocalTransport:
 
     def link_for(self, launch: TaskLaunch) -> AgentLink:
         """The agent of this machine's tasks (started on first use)."""
-        if self.link is None or self.link.lost_reason is not None:
+        if self.link is None or self.link.gone:
             self.link = self._connect()
         return self.link
 

@@ -247,7 +247,7 @@ class SrunTransport:
         take the agents of the other nodes in it along."""
         mine = [l for l in launches if l.transport == "srun"]
         nodes = list(dict.fromkeys(l.host for l in mine
-                                   if l.host not in self.links or self.links[l.host].lost_reason is not None))
+                                   if l.host not in self.links or self.links[l.host].gone))
         fresh = [node for node in nodes if node not in self.links]
         for group in ([fresh] if fresh else []) + [[node] for node in nodes if node in self.links]:
             first = next(l for l in mine if l.host in group)

@@ -172,7 +172,7 @@ class SshTransport:
     def link_for(self, launch: TaskLaunch) -> AgentLink:
         key = host_key(launch)
         link = self.links.get(key)
-        if link is None or link.lost_reason is not None:
+        if link is None or link.gone:
             link = self.links[key] = self._connect(launch)
             self.setups[key] = launch.setup
         return link
