@@ -42,8 +42,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from .errors import LaunchError
-from .options import (EVALUATOR_TIMEOUT, GRACE, LOG_MAX_SIZE, STRAGGLER_TIMEOUT, RunOptions, bad, gpu_indices,
-                      python_words)
+from .options import RunOptions, bad, gpu_indices, python_words
 from .records.folder import DEFAULT_LOG_DIR
 from .run.lifecycle.signals import Signals  # standard library only underneath: importing it stays cheap
 
@@ -106,12 +105,12 @@ def launch(cluster: str | Path | Mapping[str, Any] | None = None, *, local: int 
            hosts: str | Mapping[str, int] | Sequence[str] | None = None, hostfile: str | Path | None = None,
            command: Sequence[str] | str | None = None, chief: bool = False, ps: int = 0, evaluator: bool = False,
            gpus: Sequence[int] | str | None = None, env: Mapping[str, str | None] | None = None,
-           log_dir: str | Path | None = None, threads: int | str | None = None, grace: float = GRACE,
+           log_dir: str | Path | None = None, threads: int | str | None = None, grace: float = RunOptions.grace,
            max_restarts: int | None = None, restart_delay: float | None = None, min_workers: int | None = None,
            cooldown: float | None = None, spares: str | Mapping[str, int] | Sequence[str] | None = None,
-           start_timeout: float | None = None, hang_timeout: float | None = None, on_straggler: str = "warn",
-           straggler_timeout: float = STRAGGLER_TIMEOUT, evaluator_timeout: float = EVALUATOR_TIMEOUT, isolate_network: bool = False, no_seal: bool = False,
-           log_max_size: int | str = LOG_MAX_SIZE, no_check: bool = False, tasks: Iterable[str] | str | None = None,
+           start_timeout: float | None = None, hang_timeout: float | None = None, on_straggler: str = RunOptions.on_straggler,
+           straggler_timeout: float = RunOptions.straggler_timeout, evaluator_timeout: float = RunOptions.evaluator_timeout, isolate_network: bool = False, no_seal: bool = False,
+           log_max_size: int | str = RunOptions.log_max_size, no_check: bool = False, tasks: Iterable[str] | str | None = None,
            quiet: bool = False, verbose: bool = False, tensorboard: bool = False, debug: bool = False,
            output: IO[str] | None = None,
            on_line: Callable[[str], None] | None = None, check: bool = False) -> LaunchResult:
@@ -134,7 +133,7 @@ def launch(cluster: str | Path | Mapping[str, Any] | None = None, *, local: int 
     """
     from .run.lifecycle.launch import LaunchRequest
     from .run.lifecycle.signals import Interrupted
-    from .sources.choose import OptionsError, choose_source
+    from .sources.choose import ClusterChoice, OptionsError
 
     options = RunOptions(command=command, env=env, log_dir=log_dir, threads=threads, grace=grace,
                          max_restarts=max_restarts, restart_delay=restart_delay, min_workers=min_workers,
@@ -143,10 +142,11 @@ def launch(cluster: str | Path | Mapping[str, Any] | None = None, *, local: int 
                          evaluator_timeout=evaluator_timeout,
                          isolate_network=isolate_network, no_seal=no_seal, no_check=no_check, tasks=tasks, quiet=quiet,
                          verbose=verbose, tensorboard=tensorboard, debug=debug, log_max_size=log_max_size)
-    source = choose_source(None if cluster is None else (cluster if isinstance(cluster, Mapping) else str(cluster)),
-                           local, hosts=_hosts(hosts), hostfile=None if hostfile is None else str(hostfile),
-                           chief=bool(chief), ps=ps, evaluator=bool(evaluator), gpus=gpu_indices("gpus", gpus),
-                           spares=None if spares is None else _hosts(spares))
+    source = ClusterChoice(
+        cluster=None if cluster is None else (cluster if isinstance(cluster, Mapping) else str(cluster)),
+        local=local, hosts=_hosts(hosts), hostfile=None if hostfile is None else str(hostfile), chief=bool(chief),
+        ps=ps, evaluator=bool(evaluator), gpus=gpu_indices("gpus", gpus),
+        spares=None if spares is None else _hosts(spares)).source()
     request = LaunchRequest(cluster=source.spec, options=options)
     if output is not None and on_line is not None:
         raise OptionsError("launch(): output and on_line cannot be combined; give one of them")

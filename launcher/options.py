@@ -25,11 +25,12 @@ import shlex
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from .agent.protocol import GRACE as AGENT_GRACE
 from .errors import OptionsError
-from .masking import masked_text
+from .masking import MASK, masked_argv, masked_text
 from .taskenv import ENV_NAME
 
 # An option's identity is its keyword argument of launch(). The command line writes it as
@@ -85,7 +86,9 @@ def label(options: Iterable[tuple[str, Any]]) -> str:
 
 # -- the run options ------------------------------------------------------------------------
 
-GRACE = 5.0  # seconds between SIGTERM and SIGKILL when tasks are stopped
+# Seconds between SIGTERM and SIGKILL when tasks are stopped: the agent's own default, one number for both
+# (the agent is shipped as standalone source and imports nothing of tflaunch's).
+GRACE = AGENT_GRACE
 EVALUATOR_TIMEOUT = 300.0  # seconds an evaluator may go on after training succeeded
 STRAGGLER_TIMEOUT = 600.0  # seconds a straggler lasts before --on-straggler exclude leaves its host out
 STRAGGLER_ACTIONS = ("warn", "exclude", "off")
@@ -115,7 +118,7 @@ def _option(default: Any = None, help: str = "", metavar: str | None = None, par
     return field(default=default, metadata=metadata)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class RunOptions:
     """The options of one run, checked: what ``tflaunch run``'s options and launch()'s keyword
     arguments of the same names ask for (``--max-restarts 2`` is ``max_restarts=2``).
@@ -222,6 +225,22 @@ class RunOptions:
         for one, other in (("quiet", "verbose"), ("isolate_network", "no_seal")):
             if getattr(self, one) and getattr(self, other):
                 raise OptionsError(f"{caller}{given(one, True)} and {given(other, True)} cannot be combined")
+
+
+    def __repr__(self) -> str:
+        """Every option, but no value of ``env`` (its names only) and the command masked: the object
+        goes down whole, and a trace or an error that shows it must not write a secret down."""
+        shown = {f.name: getattr(self, f.name) for f in fields(self)}
+        shown["env"] = {key: MASK for key in self.env}
+        if self.command is not None:
+            shown["command"] = tuple(masked_argv(self.command))
+        return f"RunOptions({', '.join(f'{key}={value!r}' for key, value in shown.items())})"
+
+    def over_file(self, max_restarts: int, restart_delay: float) -> "RunOptions":
+        """These options with the cluster file's ``max_restarts`` and ``restart_delay`` where they leave
+        them to it: the object a run passes whole to its session, supervisor and transports."""
+        return replace(self, max_restarts=max_restarts if self.max_restarts is None else self.max_restarts,
+                       restart_delay=restart_delay if self.restart_delay is None else self.restart_delay)
 
 
 # -- the checks, each naming the option as the front end in effect does -----------------------

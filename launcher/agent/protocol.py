@@ -58,7 +58,7 @@ SAMPLE = 2.0
 SAMPLES_PER_SECOND = 128
 SAMPLE_AT_MOST = 10.0
 # Left out of a spec, a process's grace (TERM to KILL) is GRACE; tflaunch always sends its own,
-# launcher.options.GRACE, which a test holds equal to this one (the agent imports nothing of tflaunch's).
+# whose default (launcher.options.GRACE) is this number.
 GRACE = 5.0
 # tflaunch is gone (EOF, or no word for ``keepalive`` seconds): nothing records what the tasks do any
 # more, and the next run wants their ports and GPUs, so every process gets at most this long between

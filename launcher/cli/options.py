@@ -3,9 +3,10 @@ run options as flags.
 
 :func:`cluster_options` gives a command CLUSTER.yaml, ``--local``, ``-H``/``--hosts``, ``--hostfile``,
 ``--chief``, ``--ps`` and ``--evaluator`` (and ``--gpus`` where the command places GPUs), each with
-one help text, and hands the command their values as one :class:`ClusterChoice`, whose
-:meth:`~ClusterChoice.source` is the source they name (the rule, and the check of every count, is
-:mod:`launcher.sources.choose`'s: the flags here only parse their text).
+one help text, and hands the command their values as one
+:class:`~launcher.sources.choose.ClusterChoice`, whose ``source()`` is the source they name (the
+rule, and the check of every count, is that class's, which launch() uses too: the flags here only
+parse their text).
 
 :func:`run_option` makes the flag of one of :class:`~launcher.options.RunOptions`' fields, with
 that field's default, help and metavar; its type only parses the text, and RunOptions checks the value.
@@ -15,19 +16,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import MISSING, dataclass, fields
-from typing import TYPE_CHECKING, Any
+from dataclasses import MISSING, fields
+from typing import Any
 
 import click
 
 from ..options import STRAGGLER_ACTIONS, RunOptions, gpu_indices
 from ..options import name as option_name
-from ..sources import RoleOptions
-from ..sources.choose import choose_source
-
-if TYPE_CHECKING:
-    from ..sources import ClusterSource
-
+from ..sources.choose import ClusterChoice
 
 def _parse_gpus(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, ...]:
     return gpu_indices("gpus", value)
@@ -57,32 +53,6 @@ _OPTIONS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
 _GPUS = click.option("--gpus", callback=_parse_gpus, metavar="LIST",
                      help="With --local: GPU indices (e.g. 0,1) dealt round-robin to chief and workers; with "
                           "-H/--hostfile: each host's GPUs, dealt to that host's chief and workers.")
-
-
-@dataclass(frozen=True)
-class ClusterChoice(RoleOptions):
-    """What the cluster options were given: exactly one of these four names the cluster, and the role
-    options (:class:`~launcher.sources.RoleOptions`) place the roles."""
-
-    cluster: str | None = None
-    local: int | None = None
-    hosts: str | None = None
-    hostfile: str | None = None
-    spares: str | None = None
-    # Which options the command has, so that its messages name only those.
-    takes_gpus: bool = True
-    takes_slurm: bool = False
-
-    @property
-    def role_options(self) -> str:
-        """The command's role options, as messages name them."""
-        return "--chief, --ps, --evaluator and --gpus" if self.takes_gpus else "--chief, --ps and --evaluator"
-
-    def source(self) -> ClusterSource:
-        """The one source these options name: a cluster file, --local N, -H HOSTS or --hostfile FILE."""
-        return choose_source(self.cluster, self.local, hosts=self.hosts, hostfile=self.hostfile, chief=self.chief,
-                             ps=self.ps, evaluator=self.evaluator, gpus=self.gpus, role_options=self.role_options,
-                             slurm=self.takes_slurm, spares=self.spares)
 
 
 _GIVEN = tuple(f.name for f in fields(ClusterChoice) if not f.name.startswith("takes_"))

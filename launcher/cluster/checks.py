@@ -7,6 +7,7 @@ from typing import Callable
 
 from ..errors import ConfigError, ConfigErrors
 from .spec import AUTO, ClusterSpec, TaskSpec, is_local
+from .spec import Role
 
 
 def check_cluster(spec: ClusterSpec, local_hosts: frozenset[str]) -> None:
@@ -20,13 +21,13 @@ def cluster_problems(spec: ClusterSpec, local_hosts: frozenset[str]) -> list[Con
     """The roles' problems, every duplicate host:port and every GPU claimed twice, one error each."""
     fail: Callable[[str, str], ConfigError] = lambda key, msg: ConfigError(spec.source, key, msg)  # noqa: E731
     problems = []
-    chiefs, workers = spec.role_tasks("chief"), spec.role_tasks("worker")
+    chiefs, workers = spec.role_tasks(Role.CHIEF), spec.role_tasks(Role.WORKER)
     if not chiefs and not workers:
         problems.append(fail("worker", "missing; expected at least one 'worker' (or a 'chief') task"))
     if len(chiefs) > 1:
         problems.append(fail("chief", f"expected at most one chief, got {len(chiefs)}"))
-    if len(spec.role_tasks("evaluator")) > 1:
-        problems.append(fail("evaluator", f"expected at most one evaluator, got {len(spec.role_tasks('evaluator'))}"))
+    if len(spec.role_tasks(Role.EVALUATOR)) > 1:
+        problems.append(fail("evaluator", f"expected at most one evaluator, got {len(spec.role_tasks(Role.EVALUATOR))}"))
     if spec.has_ps and not chiefs:
         problems.append(fail("chief", "missing; a cluster with 'ps' tasks needs a chief to coordinate training"))
     floor = floor_problem(spec, spec.min_workers) if spec.training_count else None

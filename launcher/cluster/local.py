@@ -6,6 +6,7 @@ from ..errors import ConfigError
 from ..options import name
 from .checks import check_cluster
 from .spec import AUTO, MAX_TASKS_PER_HOST, ClusterSpec, TaskSpec
+from .spec import Role
 
 
 def local_cluster(
@@ -36,14 +37,14 @@ def local_cluster(
         chief = True  # ParameterServerStrategy needs a coordinator: the chief
     if any(g < 0 for g in gpus) or len(set(gpus)) != len(gpus):
         raise ConfigError(source, name("gpus"), f"expected distinct GPU indices >= 0, got {','.join(map(str, gpus))}")
-    roles = (["chief"] if chief else []) + ["worker"] * workers
+    roles = ([Role.CHIEF.value] if chief else []) + [Role.WORKER.value] * workers
     tasks: list[TaskSpec] = []
-    counters = {"chief": 0, "worker": 0}
+    counters = {Role.CHIEF: 0, Role.WORKER: 0}
     for n, role in enumerate(roles):
         task_gpus = (gpus[n % len(gpus)],) if gpus else ()
         tasks.append(TaskSpec(role, counters[role], "localhost", AUTO, gpus=task_gpus, key=f"{role}[{counters[role]}]"))
         counters[role] += 1
-    tasks += [TaskSpec("ps", i, "localhost", AUTO, key=f"ps[{i}]") for i in range(ps)]
+    tasks += [TaskSpec(Role.PS.value, i, "localhost", AUTO, key=f"{Role.PS}[{i}]") for i in range(ps)]
     spec = ClusterSpec(source=source, tasks=tuple(tasks), command=command, log_dir=log_dir,
                        share_gpus=bool(gpus) and len(roles) > len(gpus), threads=threads)
     check_cluster(spec, frozenset({"localhost"}))

@@ -54,6 +54,9 @@ MAX_PARALLEL = 64
 MAX_HELD = 64  # accepted connections held open at once
 MAX_LINE = 4096  # bytes of one line on stdin (the launcher writes "go")
 TOKEN_VARIABLE = "TFLAUNCH_MESH_TOKEN"
+# The marks of the two lines tflaunch (launcher.run.checks.mesh) reads, from here.
+LISTENING_MARK = "TFLAUNCH_MESH_LISTENING "
+RESULT_MARK = "TFLAUNCH_MESH_RESULT "
 NONCE_BYTES = 16
 RETRY_PAUSE = 0.2  # seconds between a prober's tries at one target, within its timeout
 
@@ -308,7 +311,7 @@ class LineReader:
 
 
 def say(mark, payload):
-    sys.stdout.write(mark + " " + json.dumps(payload) + "\n")
+    sys.stdout.write(mark + json.dumps(payload) + "\n")
     sys.stdout.flush()
 
 
@@ -327,11 +330,11 @@ def main():
     targets = request.get("targets", [])
     if listeners:
         threading.Thread(target=accept_connections, args=(listeners, timeout, token), daemon=True).start()
-    say("TFLAUNCH_MESH_LISTENING", status)
+    say(LISTENING_MARK, status)
     stdin = LineReader()
     line = stdin.line(deadline)
     if line is not None and line.strip() == b"go":
-        say("TFLAUNCH_MESH_RESULT", connect_all(targets, timeout, min(deadline, time.time() + timeout + 2),
+        say(RESULT_MARK, connect_all(targets, timeout, min(deadline, time.time() + timeout + 2),
                                                 token if request.get("prove") else None))
         while stdin.line(deadline) is not None:  # hold the listeners until the launcher closes stdin
             pass

@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 
 from .ranks import TRAINING_ROLES
 from .spec import ClusterSpec, TaskSpec
+from .spec import Role
 
 SPARE_ROLE = "spare"  # the role a spare slot plays in the plan the preflight checks
 
@@ -83,7 +84,7 @@ def place(spec: ClusterSpec, left_out: Collection[str]) -> Placement:
     if not homeless:
         moves = tuple(Move(name, _host_of(spec, name), name, moved.host, True) for name, moved in on_spare.items())
         return Placement(replace(spec, tasks=tuple(placed)), moves)
-    stuck = [t.name for t in homeless if t.role == "ps"]
+    stuck = [t.name for t in homeless if t.role == Role.PS]
     if stuck:
         return Placement(spec, shortfall=f"{', '.join(stuck)} has no host left and no spare to move to "
                                          "(a ps task holds part of the variables)")
@@ -97,7 +98,7 @@ def place(spec: ClusterSpec, left_out: Collection[str]) -> Placement:
         if len(training) < max(floor, 1):
             return Placement(spec, shortfall=f"{len(training)} of {spec.training_count} training tasks left "
                                              f"without {lost}, below min_workers {floor}")
-    renamed = _renumbered(training, chief_lost=any(t.role == "chief" for t in homeless))
+    renamed = _renumbered(training, chief_lost=any(t.role == Role.CHIEF for t in homeless))
     tasks = tuple(renamed.get(t.name, t) for t in placed)
     moves = []
     for task in placed:
@@ -125,11 +126,11 @@ def checked_spec(spec: ClusterSpec) -> ClusterSpec:
 def _renumbered(training: list[TaskSpec], chief_lost: bool) -> dict[str, TaskSpec]:
     """{name: the task as it runs} for the training tasks left that change: the first worker takes
     the chief's duty when the chief was dropped, and the workers are numbered from 0 (rule 3)."""
-    workers = sorted((t for t in training if t.role == "worker"), key=lambda t: t.index)
+    workers = sorted((t for t in training if t.role == Role.WORKER), key=lambda t: t.index)
     renamed = {}
     if chief_lost and workers:
         first = workers.pop(0)
-        renamed[first.name] = replace(first, role="chief", index=0)
+        renamed[first.name] = replace(first, role=Role.CHIEF.value, index=0)
     for index, task in enumerate(workers):
         if task.index != index:
             renamed[task.name] = replace(task, index=index)

@@ -49,6 +49,7 @@ from ..taskenv import ATTEMPT, BACKUP_DIR, CHECKPOINT_DIR, RUN_DIR, RUN_ID, TASK
 from .spec import AUTO, DEFAULT_CONNECT_TIMEOUT, ROLES, ClusterSpec, EnvLayer, SshSettings, TaskSpec, hidden_names, is_local, masked_env, value_by_name
 from .ranks import TRAINING_ROLES, rank_env
 from .tfconfig import TaskEnv, TfConfig, check_tf_config_size
+from .spec import Role
 
 DEFAULT_COMMAND = ("python", "-m", "trainer")
 PYTHON_NAMES = ("python", "python3")
@@ -155,7 +156,7 @@ def plan_cluster(
     shared_gpu_tasks = _tasks_sharing_gpus(spec, host_of)
     ranks = rank_env(spec.tasks, host_of)
     legacy_keras = len(spec.tasks) > 1
-    has_evaluator = bool(spec.role_tasks("evaluator"))
+    has_evaluator = bool(spec.role_tasks(Role.EVALUATOR))
 
     launches = []
     secrets = _SecretNames()
@@ -298,15 +299,15 @@ def task_cluster(role: str, cluster: Mapping[str, list[str]]) -> dict[str, list[
     an evaluator, which runs no server (TensorFlow issue 46169); MultiWorkerMirroredStrategy ignores
     the evaluator, and an evaluator needs no server of its own to read checkpoints.
     """
-    if role == "evaluator":
+    if role == Role.EVALUATOR:
         return dict(cluster)
-    return {r: addresses for r, addresses in cluster.items() if r != "evaluator"}
+    return {r: addresses for r, addresses in cluster.items() if r != Role.EVALUATOR}
 
 
 def cluster_texts(cluster: Mapping[str, list[str]]) -> dict[bool, str]:
     """The JSON text of the cluster each task sees, built once: ``True`` for the evaluator's own
     (the whole cluster), ``False`` for every other task's (see :func:`task_cluster`)."""
-    text = {evaluator: json.dumps(task_cluster("evaluator" if evaluator else "worker", cluster), separators=(",", ":"))
+    text = {evaluator: json.dumps(task_cluster(Role.EVALUATOR if evaluator else Role.WORKER, cluster), separators=(",", ":"))
             for evaluator in (False, True)}
     if text[True] == text[False]:
         text[True] = text[False]  # one string for all: every launch shares it
@@ -316,7 +317,7 @@ def cluster_texts(cluster: Mapping[str, list[str]]) -> dict[bool, str]:
 def owned_env(task: TaskSpec, cluster_text: Mapping[bool, str], context: RunContext) -> dict[str, str | TfConfig]:
     """The variables tflaunch sets for ``task`` and no layer may override (TF_CONFIG in parts)."""
     env: dict[str, str | TfConfig] = {
-        "TF_CONFIG": TfConfig(cluster_text[task.role == "evaluator"], task.role, task.index),
+        "TF_CONFIG": TfConfig(cluster_text[task.role == Role.EVALUATOR], task.role, task.index),
         TASK: task.name,
         RUN_ID: context.run_id,
         RUN_DIR: context.run_dir,

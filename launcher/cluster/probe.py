@@ -146,9 +146,13 @@ def probe(request):
     }
 
 
+# The answer's line: tflaunch (launcher.run.checks.preflight) finds it by this mark, from here.
+MARK = "TFLAUNCH_PROBE "
+
+
 def main():
     request = json.loads(base64.b64decode(sys.argv[1]).decode("utf-8"))
-    print("TFLAUNCH_PROBE " + json.dumps(probe(request)))
+    print(MARK + json.dumps(probe(request)))
 
 
 if __name__ == "__main__":

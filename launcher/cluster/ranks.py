@@ -21,9 +21,9 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 from ..taskenv import LOCAL_RANK, LOCAL_WORLD_SIZE, RANK, WORLD_SIZE
-from .spec import TaskSpec
+from .spec import Role, TaskSpec
 
-TRAINING_ROLES = ("chief", "worker")  # in rank order
+TRAINING_ROLES = (Role.CHIEF, Role.WORKER)  # in rank order
 
 
 def rank_env(tasks: Sequence[TaskSpec], host_of: Mapping[str, str]) -> dict[str, dict[str, str]]:

@@ -33,6 +33,7 @@ from .spec import (  # noqa: F401  (re-exported: the spec is part of this module
     SshSettings,
     TaskSpec,
     check_text,
+    Role,
     text_problem,
 )
 
@@ -104,7 +105,7 @@ class _ClusterReader(FieldReader):
         if data is None:
             raise self.fail("", "the cluster file is empty; expected roles such as 'worker:'")
         if isinstance(data, list):  # short form: a list of host:port workers
-            data = {"worker": data}
+            data = {Role.WORKER.value: data}
         self.collect(lambda: self._check_strings(data, ""), None)
         mapping = self.expect_mapping(data, "", "a mapping of cluster keys or a list of host:port workers")
         self.collect(lambda: self.check_keys(mapping, CLUSTER_KEYS, ""), None)

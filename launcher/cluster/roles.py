@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError
 from ..options import name as option_name
+from .spec import Role
 
 
 @dataclass(frozen=True)
@@ -68,12 +69,12 @@ def carve_roles(slots: Sequence[Slot], *, chief: bool = False, ps: int = 0, eval
     rest = list(slots)
     roles: list[RoleSlot] = []
     if chief:
-        roles.append(RoleSlot("chief", 0, rest.pop(0)))
-    roles += [RoleSlot("ps", i, rest.pop(0)) for i in range(ps)]
+        roles.append(RoleSlot(Role.CHIEF.value, 0, rest.pop(0)))
+    roles += [RoleSlot(Role.PS.value, i, rest.pop(0)) for i in range(ps)]
     last = rest.pop() if evaluator else None
-    roles += [RoleSlot("worker", i, slot) for i, slot in enumerate(rest)]
+    roles += [RoleSlot(Role.WORKER.value, i, slot) for i, slot in enumerate(rest)]
     if last is not None:
-        roles.append(RoleSlot("evaluator", 0, last))
+        roles.append(RoleSlot(Role.EVALUATOR.value, 0, last))
     return roles
 
 
@@ -83,7 +84,7 @@ def deal_gpus(roles: Sequence[RoleSlot], per_host: int) -> dict[str, tuple[int, 
     if per_host:
         dealt: dict[str, int] = {}
         for r in roles:
-            if r.role in ("chief", "worker"):
+            if r.role in (Role.CHIEF, Role.WORKER):
                 n = dealt.get(r.slot.node, 0)
                 gpus[r.name] = (n % per_host,)
                 dealt[r.slot.node] = n + 1

@@ -16,9 +16,12 @@ from typing import Any, Iterable, Mapping, Sequence
 from ..masking import MASK, is_secret_name, masked_url_passwords
 from ..options import MAX_RESTARTS, RESTART_DELAY
 from ..options import name as option_name
+from ..records.states import Role
 from ..taskenv import OWNED as OWNED_TASK_ENV
 
-ROLES = ("chief", "worker", "ps", "evaluator")
+
+
+ROLES = tuple(role.value for role in Role)  # in a cluster file's order
 AUTO = "auto"
 ALL_GPUS = "all"
 # The most tasks tflaunch starts on one host from a count (--local N, a hostfile's slots): beyond the
@@ -170,12 +173,12 @@ class ClusterSpec:
 
     @property
     def has_ps(self) -> bool:
-        return any(t.role == "ps" for t in self.tasks)
+        return any(t.role == Role.PS for t in self.tasks)
 
     @property
     def training_count(self) -> int:
         """The tasks that train (chief and workers): TensorFlow's worker count, what ``min_workers`` counts."""
-        return sum(1 for t in self.tasks if t.role in ("chief", "worker"))
+        return sum(1 for t in self.tasks if t.role in (Role.CHIEF, Role.WORKER))
 
     @property
     def synchronous(self) -> bool:

@@ -18,6 +18,7 @@ from typing import Mapping, Union
 
 from ..errors import ConfigError
 from .spec import ClusterSpec
+from .spec import Role
 
 # Linux refuses an environment string ("NAME=value" and its NUL) longer than 32 pages (MAX_ARG_STRLEN).
 ENV_STRING_MAX = 32 * 4096
@@ -93,7 +94,7 @@ def tf_config_parts(env: Mapping[str, str]) -> tuple[TfConfig | None, dict[str, 
 
 def check_tf_config_size(spec: ClusterSpec, cluster_text: Mapping[bool, str]) -> None:
     """Refuse a cluster whose TF_CONFIG cannot reach a task: execve refuses the whole start (E2BIG)."""
-    longest = max((TfConfig(cluster_text[t.role == "evaluator"], t.role, t.index) for t in spec.tasks),
+    longest = max((TfConfig(cluster_text[t.role == Role.EVALUATOR], t.role, t.index) for t in spec.tasks),
                   key=lambda tf: len(tf.cluster) + len(tf.role) + len(str(tf.index)), default=None)
     if longest is None:
         return

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Mapping
 
 from ..cluster.plan import DEFAULT_SOURCE, RunContext, TaskLaunch, plan_cluster
+from ..records.states import Role
 from ..cluster.spec import (ROLES, ClusterSpec, EnvLayer, RestartPolicy, SshSettings, TaskSpec, check_override_env,
                             is_local)
 from ..cluster.spec import restarts_possible as spec_restarts_possible
@@ -37,7 +38,7 @@ NO_RUN_FOLDER_ENV = (RUN_DIR,)
 # directory any container user may create, private to the pod.
 POD_RUN_DIR = "/tmp/tflaunch/{name}"
 # The roles that read or write checkpoints and backups; ps tasks only hold variables in memory.
-STORAGE_ROLES = ("chief", "worker", "evaluator")
+STORAGE_ROLES = (Role.CHIEF, Role.WORKER, Role.EVALUATOR)
 SECRET_SUFFIX = "env"  # the Secret of job NAME is NAME-env: one key per hidden variable
 
 

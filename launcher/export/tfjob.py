@@ -24,9 +24,10 @@ from ..cluster.spec import RestartPolicy
 from ..errors import ConfigError
 from .pods import PodPlan, RolePods
 from .podspec import container, pod_spec
+from ..records.states import Role
 
 API_VERSION = "kubeflow.org/v1"
-REPLICA_TYPES = {"chief": "Chief", "worker": "Worker", "ps": "PS", "evaluator": "Evaluator"}
+REPLICA_TYPES = {Role.CHIEF: "Chief", Role.WORKER: "Worker", Role.PS: "PS", Role.EVALUATOR: "Evaluator"}
 
 
 def pod_host(name: str, role: str, index: int) -> str:
@@ -50,7 +51,7 @@ def backoff_limit(plan: PodPlan) -> int:
 
 def check_tfjob(plan: PodPlan, source: str) -> None:
     """Refuse a cluster the operator would start in a way that hangs."""
-    if plan.role("ps") and plan.role("evaluator"):
+    if plan.role(Role.PS) and plan.role(Role.EVALUATOR):
         # The operator puts the evaluator into every task's TF_CONFIG cluster (unlike tflaunch's plan).
         raise ConfigError(source, "evaluator",
                           "the training operator puts the evaluator into the chief's TF_CONFIG, where a "
@@ -64,7 +65,7 @@ def tfjob(plan: PodPlan) -> dict[str, Any]:
     if plan.settings.namespace:
         metadata["namespace"] = plan.settings.namespace
     spec: dict[str, Any] = {}
-    if plan.role("chief") is None:
+    if plan.role(Role.CHIEF) is None:
         spec["successPolicy"] = "AllWorkers"  # tflaunch's rule without a chief: every worker must finish
     spec["runPolicy"] = {"backoffLimit": backoff_limit(plan), "cleanPodPolicy": "Running"}
     spec["tfReplicaSpecs"] = {

@@ -21,6 +21,7 @@ from typing import Any
 
 from .jobset import jobset_spec
 from .pods import PodPlan, RolePods
+from ..records.states import Role
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
 ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
@@ -36,7 +37,7 @@ def pod_host(name: str, role: str, index: int) -> str:
 
 def trainer_step(plan: PodPlan) -> RolePods:
     """The role the ``trainer`` step label goes on: the workers, or the chief when there are none."""
-    return plan.role("worker") or plan.roles[0]
+    return plan.role(Role.WORKER) or plan.roles[0]
 
 
 def runtime_kind(cluster_runtime: bool) -> str:

@@ -8,6 +8,7 @@ from typing import Any
 from ..records.states import RunStatus
 from .report import is_number, num, table
 from .runs import NoMetricsError, Run, epoch_records, final_record
+from ..records.states import Role
 
 EPOCH_NOTE = ("epoch time and samples/s: means over the epochs after the first (the warm-up), or of the first "
               "when it is the only one; step time = global batch / samples/s, or Keras's time per step")
@@ -62,7 +63,7 @@ def _compare_one(run: Run) -> Comparison:
     # Keras's own epoch lines give no batch, but that step time itself (step_seconds).
     steps = [r["step_seconds"] for r in steady if is_number(r.get("step_seconds"))]
     step = batch / rate if batch and rate else _mean(steps)
-    workers = sum(1 for t in run.tasks if t.role in ("chief", "worker"))
+    workers = sum(1 for t in run.tasks if t.role in (Role.CHIEF, Role.WORKER))
     return Comparison(run.run_id, run.record.source, run.status.value, workers, batch, len(records),
                       [r["epoch"] for r in steady], _mean(seconds), step, rate,
                       final_record(run, metrics).get("test_accuracy"), None)

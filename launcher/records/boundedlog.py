@@ -31,7 +31,6 @@ import threading
 from pathlib import Path
 from typing import Callable
 
-from ..options import LOG_MAX_SIZE
 from .files import NEW_FILE, create_beside, open_own
 from .logformat import ALIGN, HEAD_LABEL, MARKER, copy_range, part_path, running_marker, stitch, stitch_leftovers
 
@@ -53,7 +52,7 @@ class BoundedLog:
     """One log file kept within ``max_size`` bytes (see the module docstring). Thread-safe: the
     transports append relayed output while the pump reads it back with a :class:`Reader`."""
 
-    def __init__(self, path: Path | str, max_size: int = LOG_MAX_SIZE):
+    def __init__(self, path: Path | str, max_size: int):
         self.path = Path(path)
         self.max_size = max_size
         self.head_size = max_size // HEAD_SHARE

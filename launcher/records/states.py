@@ -41,6 +41,19 @@ class _Word(str, enum.Enum):
             return cls("failed")  # an unknown word is no reason to hide the run; it did not succeed
 
 
+class Role(str, enum.Enum):
+    """A task's TensorFlow role: compared with these members, never with the words they are spelled
+    with. A task's ``role`` stays the plain word (a cluster file's key, TF_CONFIG's task type, a
+    record's), which a member compares equal to. Not a :class:`_Word`: an unknown role is no failure."""
+
+    CHIEF = "chief"
+    WORKER = "worker"
+    PS = "ps"
+    EVALUATOR = "evaluator"
+
+    def __str__(self) -> str:  # the word itself, in f-strings and messages
+        return self.value
+
 class RunStatus(_Word):
     """A run's status. ``LAUNCHER_LOST`` and ``UNREADABLE`` are never written: readers infer them
     (see ``Run.status`` in :mod:`launcher.inspect.runs`)."""

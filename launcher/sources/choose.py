@@ -2,8 +2,9 @@
 
 A cluster file (or, from Python, a mapping in the same form), ``--local N``, ``-H HOSTS`` or
 ``--hostfile FILE``; the role options (:class:`~launcher.sources.RoleOptions`) go with all but a cluster, whose
-roles are in the file. :func:`choose_source` checks the counts (``--local``, ``--ps``) for every
-front end, in the words of the one in effect.
+roles are in the file. :class:`ClusterChoice` holds what a front end was given and its
+:meth:`~ClusterChoice.source` checks the counts (``--local``, ``--ps``) for every front end, in the
+words of the one in effect.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 from ..cluster.spec import ClusterSpec
 from ..errors import ConfigError, OptionsError
 from ..options import count, form, name
-from . import ClusterSource
+from . import ClusterSource, RoleOptions
 
 MAPPING_LABEL = "cluster"  # how a cluster given as a mapping is named in messages and run lists
 
@@ -50,44 +51,65 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def choose_source(cluster: str | Mapping[str, Any] | None = None, local: int | None = None, *,
-                  hosts: str | None = None, hostfile: str | None = None, chief: bool = False, ps: int = 0,
-                  evaluator: bool = False, gpus: tuple[int, ...] = (), role_options: str | None = None,
-                  slurm: bool = False, spares: str | None = None) -> ClusterSource:
-    """The one source the options name. ``role_options`` names the command's role options in messages
-    (default: chief, ps, evaluator and gpus, in the words of the front end in effect); ``slurm`` says
-    whether the command also has ``--slurm`` (``tflaunch run`` has; check, export and launch() have not)."""
-    from .local import LocalSource
+@dataclass(frozen=True)
+class ClusterChoice(RoleOptions):
+    """The options that choose a cluster, as any front end was given them: exactly one of
+    ``cluster`` (a file's path, or from Python a mapping in the same form), ``local``, ``hosts`` or
+    ``hostfile`` names it; the role options (:class:`~launcher.sources.RoleOptions`) place the roles
+    and ``spares`` names spare hosts. The command line and ``launch()`` both build one and ask it
+    for its :meth:`source`.
 
-    if role_options is None:
-        role_options = f"{name('chief')}, {name('ps')}, {name('evaluator')} and {name('gpus')}"
-    named = [value for value in (cluster, local, hosts, hostfile) if value is not None]
-    if len(named) != 1:
-        raise OptionsError(f"give either {name('cluster')} or {form('local', 'N')}, {form('hosts', 'HOST:SLOTS,...')} "
-                           f"or {form('hostfile', 'FILE')}")
-    if local is not None:
-        count("local", local, 1)
-    count("ps", ps, 0)
-    if cluster is not None and (chief or ps or gpus or evaluator):
-        raise OptionsError(f"{role_options} only apply to {name('local')}, {name('hosts')} and {name('hostfile')}; "
-                           "put roles in the cluster file")
-    if spares is not None and (cluster is not None or local is not None):
-        why = "put spares in the cluster file's 'spares:'" if cluster is not None else "this machine is never lost"
-        raise OptionsError(f"{name('spares')} applies to {name('hosts')}, {name('hostfile')}"
-                           f"{' and --slurm' if slurm else ''}; {why}")
-    if isinstance(cluster, Mapping):
-        return ClusterMappingSource(cluster)
-    if cluster is not None:
-        from .file import ClusterFileSource  # here: it loads PyYAML, which only a cluster file needs
+    ``takes_gpus`` and ``takes_slurm`` say which options the front end has (``tflaunch export`` has
+    no ``--gpus``; only ``tflaunch run`` has ``--slurm``), so that its messages name only those."""
 
-        return ClusterFileSource(str(cluster))
-    if local is not None:
-        if evaluator:
-            places = [name("hosts"), name("hostfile")] + (["--slurm"] if slurm else [])
-            raise OptionsError(f"{name('evaluator')} applies to {', '.join(places[:-1])} and {places[-1]}, "
-                               f"not to {name('local')}")
-        return LocalSource(local, chief=chief, ps=ps, gpus=gpus)
-    from .hosts import HostsSource
+    cluster: str | Mapping[str, Any] | None = None
+    local: int | None = None
+    hosts: str | None = None
+    hostfile: str | None = None
+    spares: str | None = None
+    takes_gpus: bool = True
+    takes_slurm: bool = False
 
-    return HostsSource(hosts=hosts, hostfile=hostfile, chief=chief, ps=ps, evaluator=evaluator, gpus=gpus,
-                       spares=spares)
+    @property
+    def role_options(self) -> str:
+        """The front end's role options, as messages name them."""
+        words = [name("chief"), name("ps"), name("evaluator"), *([name("gpus")] if self.takes_gpus else [])]
+        return f"{', '.join(words[:-1])} and {words[-1]}"
+
+    def source(self) -> ClusterSource:
+        """The one source these options name; OptionsError naming the options when they name none,
+        more than one, or a count out of range."""
+        from .local import LocalSource
+
+        cluster, local, hosts, hostfile, spares = self.cluster, self.local, self.hosts, self.hostfile, self.spares
+        chief, ps, evaluator, gpus = self.chief, self.ps, self.evaluator, self.gpus
+        named = [value for value in (cluster, local, hosts, hostfile) if value is not None]
+        if len(named) != 1:
+            raise OptionsError(f"give either {name('cluster')} or {form('local', 'N')}, "
+                               f"{form('hosts', 'HOST:SLOTS,...')} or {form('hostfile', 'FILE')}")
+        if local is not None:
+            count("local", local, 1)
+        count("ps", ps, 0)
+        if cluster is not None and (chief or ps or gpus or evaluator):
+            raise OptionsError(f"{self.role_options} only apply to {name('local')}, {name('hosts')} and "
+                               f"{name('hostfile')}; put roles in the cluster file")
+        if spares is not None and (cluster is not None or local is not None):
+            why = "put spares in the cluster file's 'spares:'" if cluster is not None else "this machine is never lost"
+            raise OptionsError(f"{name('spares')} applies to {name('hosts')}, {name('hostfile')}"
+                               f"{' and --slurm' if self.takes_slurm else ''}; {why}")
+        if isinstance(cluster, Mapping):
+            return ClusterMappingSource(cluster)
+        if cluster is not None:
+            from .file import ClusterFileSource  # here: it loads PyYAML, which only a cluster file needs
+
+            return ClusterFileSource(str(cluster))
+        if local is not None:
+            if evaluator:
+                places = [name("hosts"), name("hostfile")] + (["--slurm"] if self.takes_slurm else [])
+                raise OptionsError(f"{name('evaluator')} applies to {', '.join(places[:-1])} and {places[-1]}, "
+                                   f"not to {name('local')}")
+            return LocalSource(local, chief=chief, ps=ps, gpus=gpus)
+        from .hosts import HostsSource
+
+        return HostsSource(hosts=hosts, hostfile=hostfile, chief=chief, ps=ps, evaluator=evaluator, gpus=gpus,
+                           spares=spares)

@@ -35,7 +35,7 @@ from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Callable
 
 from ..cluster.plan import TaskLaunch
-from ..options import GRACE
+from ..options import RunOptions
 from .base import Reading, Transport
 
 if TYPE_CHECKING:
@@ -51,13 +51,14 @@ TRANSPORTS: dict[str, tuple[str, str]] = {
 SIMULATE_HOSTS = "TFLAUNCH_SIMULATE_HOSTS"  # set (to anything but empty or 0): ssh hosts are simulated
 
 
-def create(name: str, grace: float) -> Transport:
-    """A new transport of kind ``name``; ``grace`` is the seconds a task gets between TERM and KILL."""
+def create(name: str, options: RunOptions) -> Transport:
+    """A new transport of kind ``name`` for a run with ``options`` (its ``grace``: the seconds a task
+    gets between TERM and KILL)."""
     if name == "ssh" and os.environ.get(SIMULATE_HOSTS, "0") not in ("", "0"):
         name = "simulated"
     module_name, class_name = TRANSPORTS[name]
     module = importlib.import_module(module_name, __name__)
-    return getattr(module, class_name)(grace=grace)
+    return getattr(module, class_name)(options)
 
 
 def reading_of(pid: int) -> Reading:
@@ -71,13 +72,13 @@ def reading_of(pid: int) -> Reading:
 class TransportSet:
     """A run's transports by kind, made on first use and closed together when the run ends."""
 
-    def __init__(self, grace: float = GRACE):
-        self.grace = grace
+    def __init__(self, options: RunOptions):
+        self.options = options
         self._transports: dict[str, Transport] = {}
 
     def get(self, name: str) -> Transport:
         if name not in self._transports:
-            self._transports[name] = create(name, self.grace)
+            self._transports[name] = create(name, self.options)
         return self._transports[name]
 
     def for_launch(self, launch: TaskLaunch) -> Transport:

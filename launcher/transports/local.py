@@ -20,7 +20,7 @@ from ..agent.protocol import EOF_GRACE, encode_fields
 from ..cluster.machine import restore_open_files_limit
 from ..cluster.plan import TaskLaunch
 from ..cluster.tfconfig import tf_config_parts
-from ..options import GRACE
+from ..options import RunOptions
 from .base import ExitStatus, FailedStart
 from .carriers import ProcessCarrier, spawn_carrier
 from .hostlink import AgentLink
@@ -71,8 +71,8 @@ class LocalCarrier(ProcessCarrier):
 class LocalTransport:
     """Runs every local task of a run under one agent, with tflaunch's environment plus the planned env."""
 
-    def __init__(self, grace: float = GRACE):
-        self.grace = grace
+    def __init__(self, options: RunOptions):
+        self.grace = options.grace
         self.link: AgentLink | None = None
         self.logs = LogWriter()
 

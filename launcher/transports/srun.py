@@ -40,7 +40,7 @@ from collections.abc import Collection, Sequence
 from ..agent.protocol import EOF_GRACE, beat_for, encode_fields, sample_for
 from ..cluster.plan import TaskLaunch
 from ..cluster.spec import DEFAULT_KEEPALIVE_TIMEOUT
-from ..options import GRACE
+from ..options import RunOptions
 from .base import CANNOT_START, ExitStatus, FailedStart
 from .connectback import ConnectBack, source_address
 from .heldoutput import HeldOutput
@@ -227,8 +227,8 @@ def _ends_with(parent: int):
 class SrunTransport:
     """Starts each task through its node's agent, all agents in one job step."""
 
-    def __init__(self, grace: float = GRACE):
-        self.grace = grace
+    def __init__(self, options: RunOptions):
+        self.grace = options.grace
         self.steps: list[AgentStep] = []
         self.links: dict[str, AgentLink] = {}
         self.setups: dict[str, str | None] = {}

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from ..agent.protocol import EOF_GRACE, beat_for, sample_for
 from ..cluster.plan import TaskLaunch
 from ..cluster.spec import DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEEPALIVE_TIMEOUT, SshSettings
-from ..options import GRACE
+from ..options import RunOptions
 from .base import ExitStatus, FailedStart
 from .carriers import Carrier, ProcessCarrier, spawn_carrier
 from .hostlink import AgentLink
@@ -154,8 +154,8 @@ class SshTransport:
 
     kind = "ssh"  # the launches this transport starts
 
-    def __init__(self, grace: float = GRACE):
-        self.grace = grace
+    def __init__(self, options: RunOptions):
+        self.grace = options.grace
         self.links: dict[tuple, AgentLink] = {}
         self.setups: dict[tuple, str | None] = {}
         self.hosts = 1  # how many hosts the run has: heartbeats and samples are spaced out by it

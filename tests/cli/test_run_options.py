@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from launcher import api
-from launcher.agent import protocol, starting
+from launcher.agent import starting
 from launcher.cli import main
 from launcher.cli.group import cli
 from launcher.errors import LaunchError, OptionsError
@@ -172,10 +172,9 @@ def test_the_command_line_reports_a_bad_value_in_one_line(argv, message, capsys,
 
 # -- one copy of each default --------------------------------------------------------------
 
-def test_the_agents_own_default_grace_agrees_with_tflaunchs():
-    # The agent is shipped as standalone source: it keeps its own copy of a process's grace.
-    assert protocol.GRACE == GRACE
-    assert starting.Process(1, {}).grace == GRACE
+def test_the_agents_own_default_grace_is_tflaunchs():
+    # The agent is shipped as standalone source: tflaunch's default is the agent's number.
+    assert starting.Process(1, {}).grace == GRACE == RunOptions().grace
     assert starting.Process(1, {"grace": "2.5"}).grace == 2.5
 
 
@@ -222,3 +221,13 @@ def test_no_module_writes_a_run_options_default_of_its_own():
             tree = ast.parse(path.read_text(), str(path))
             spelled += [f"{path.relative_to(LAUNCHER.parent)}:{line}: {name}" for line, name in literal_defaults(tree)]
     assert spelled == []
+
+
+def test_the_options_shown_whole_hide_every_env_value_and_a_secret_in_the_command():
+    # The object goes down whole and the trace shows it: a value of --env or a secret argument never shows.
+    options = RunOptions(env={"MY_API_TOKEN": "s3cr3t-one", "DATA": "pl4in-two", "HOME": None},
+                         command=["python", "train.py", "--api-key", "s3cr3t-three"], grace=2)
+    shown = repr(options)
+    assert not any(value in shown for value in ("s3cr3t-one", "pl4in-two", "s3cr3t-three"))
+    assert "'MY_API_TOKEN': '<hidden>'" in shown and "'train.py'" in shown and "grace=2.0" in shown
+    assert options.env["DATA"] == "pl4in-two"  # only what is shown is masked

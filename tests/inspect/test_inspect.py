@@ -372,11 +372,12 @@ class AgentTasks:
 
     def __init__(self, tmp_path: Path):
         from launcher.cluster.plan import TaskLaunch
+        from launcher.options import RunOptions
         from launcher.transports.local import LocalTransport
 
         self.make_launch = lambda name, code: TaskLaunch(name, "worker", 0, "localhost", "127.0.0.1:1", True,
                                                          (sys.executable, "-c", code), {}, str(tmp_path))
-        self.transport = LocalTransport(grace=1.0)
+        self.transport = LocalTransport(RunOptions(grace=1.0))
         self.tmp_path = tmp_path
         self.tasks: dict = {}
 

@@ -1,6 +1,8 @@
-"""Facts with one owner: the launcher compares states through the enums of launcher/records/states.py,
-not through the words they are spelled with; read from the launcher's source with ast, so strings in
-messages and docstrings do not count, only comparisons."""
+"""Facts with one owner: the launcher compares states through the enums of launcher/records/states.py
+and roles through its Role, not through the words they are spelled with; the
+probes' output marks are spelled by the probe modules only; no signature re-declares a run option's
+default. Read from the launcher's source with ast, so strings in messages and docstrings do not
+count, only comparisons (and, for the marks, code)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ from pathlib import Path
 import click
 import pytest
 
+from launcher.cluster import mesh_probe, probe
+from launcher.records.states import Role
 from launcher.records.states import Outcome, RunStatus, TaskState
 from source_scan import LAUNCHER, code_strings, launcher_modules
 
@@ -129,3 +133,76 @@ def test_no_help_or_message_spells_the_default_log_dir_by_hand():
     run = cli.get_command(click.Context(cli), "run")
     (log_dir,) = [p for p in run.params if p.name == "log_dir"]
     assert log_dir.help.endswith(f"else {spelled}).")
+
+
+# -- the run options' defaults ----------------------------------------------------------------------
+
+# The names of the run options' defaults in launcher/options.py, which only RunOptions may take as a
+# default (MAX_RESTARTS and RESTART_DELAY are the cluster file's defaults too: ClusterSpec takes them).
+OPTION_DEFAULTS = {"GRACE", "EVALUATOR_TIMEOUT", "STRAGGLER_TIMEOUT", "LOG_MAX_SIZE"}
+OPTIONS = LAUNCHER / "options.py"
+
+
+def defaults_taken(path: Path) -> list[str]:
+    """Where a function's parameter or a class's field takes one of :data:`OPTION_DEFAULTS` as its default."""
+    tree = ast.parse(path.read_text(), str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            defaults = [*node.args.defaults, *(d for d in node.args.kw_defaults if d is not None)]
+        elif isinstance(node, ast.ClassDef):
+            defaults = [item.value for item in node.body if isinstance(item, ast.AnnAssign) and item.value is not None]
+        else:
+            continue
+        for default in defaults:
+            names = {n.id for n in ast.walk(default) if isinstance(n, ast.Name)} | \
+                    {n.attr for n in ast.walk(default) if isinstance(n, ast.Attribute)}
+            found += [f"{path.relative_to(LAUNCHER.parent)}:{default.lineno}: {name}" for name in names & OPTION_DEFAULTS]
+    return found
+
+
+def test_the_defaults_finder_sees_parameters_and_fields(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text("def f(a, grace=GRACE, *, b=options.EVALUATOR_TIMEOUT, c=1.0): pass\n"
+                      "class S:\n    size: int = LOG_MAX_SIZE\n    other: int = 3\n")
+    sample = sample.rename(LAUNCHER / "_defaults_sample.py")
+    try:
+        found = sorted(hit.split(": ")[1] for hit in defaults_taken(sample))
+    finally:
+        sample.unlink()
+    assert found == ["EVALUATOR_TIMEOUT", "GRACE", "LOG_MAX_SIZE"]
+
+
+def test_no_signature_outside_the_options_takes_a_run_options_default():
+    # The run's options go down whole (one RunOptions); a parameter with its own default for one of
+    # them would be a second copy that a caller could forget to pass.
+    found = [hit for path in launcher_modules() if path != OPTIONS for hit in defaults_taken(path)]
+    assert found == [], "take the value from the run's RunOptions:\n" + "\n".join(found)
+
+
+# -- roles and the probes' marks ----------------------------------------------------------------------
+
+SPEC = LAUNCHER / "records" / "states.py"
+ROLE_WORDS = {role.value for role in Role}
+
+
+def test_no_module_outside_the_spec_compares_a_role_word():
+    found = [f"{path.relative_to(LAUNCHER.parent)}:{line}: {word!r}" for path in launcher_modules() if path != SPEC
+             for line, word in compared_strings(ast.parse(path.read_text(), str(path))) if word in ROLE_WORDS]
+    assert found == [], "compare with launcher.records.states.Role:\n" + "\n".join(found)
+
+
+def test_a_role_compares_equal_to_the_word_a_task_holds():
+    # A task's role stays the plain word (it goes into YAML and TF_CONFIG); the members compare equal to it.
+    assert Role.CHIEF == "chief" and "ps" in (Role.PS,) and {"worker": 1}[Role.WORKER] == 1 and f"{Role.EVALUATOR}" == "evaluator"
+
+
+PROBES = {Path(probe.__file__), Path(mesh_probe.__file__)}
+MARKS = {probe.MARK.strip(), mesh_probe.LISTENING_MARK.strip(), mesh_probe.RESULT_MARK.strip()}
+
+
+def test_only_the_probe_modules_spell_their_output_marks():
+    found = [f"{path.relative_to(LAUNCHER.parent)}:{node.lineno}: {node.value!r}" for path in launcher_modules()
+             if path not in PROBES for node in code_strings(ast.parse(path.read_text(), str(path)))
+             if any(mark in node.value for mark in MARKS)]
+    assert found == [], "take the mark from the probe module:\n" + "\n".join(found)

@@ -145,13 +145,14 @@ os.mkdir(os.path.join(shared, "tflaunch-" + uid), 0o777)
 
 PICK_ALL_FOUR = r'''
 import os, sys
+from launcher.options import RunOptions
 from launcher.transports.local import LocalTransport
 
 with open("/proc/sys/net/ipv4/ip_local_port_range", "w") as ranges:
     ranges.write("40000 40003")
 print("RANGE", flush=True)
 sys.stdin.readline()  # the other user is ready
-transport = LocalTransport()
+transport = LocalTransport(RunOptions())
 try:
     print(sorted(transport.link_for(None).pick_ports(4, timeout=30.0)), flush=True)
 finally:
@@ -215,9 +216,10 @@ print(any("tflaunch" in name for name in abstract),
 
 @pytest.mark.slow
 def test_no_other_user_can_read_which_ports_an_agent_claimed():
+    from launcher.options import RunOptions
     from launcher.transports.local import LocalTransport
 
-    transport = LocalTransport()
+    transport = LocalTransport(RunOptions())
     try:
         ports = transport.link_for(None).pick_ports(3, timeout=30.0)
         seen = as_nobody(CLAIMS_SEEN, *map(str, ports)).communicate(timeout=60)[0]

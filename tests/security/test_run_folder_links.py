@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, TASK
+from launcher.options import LOG_MAX_SIZE
 from launcher.records.boundedlog import BoundedLog
 from launcher.records.control import ControlError, ask
 from launcher.records.folder import RunFolder
@@ -93,7 +94,7 @@ def test_task_logs_and_their_parts_are_never_written_through_planted_links(open_
 def test_a_planted_link_at_a_task_log_is_not_appended_through(open_folder, victim):
     plant(open_folder, victim, ["worker-0.log"])
     path = RunFolder(open_folder).create_task_log("worker-0", 1)
-    log = BoundedLog(path)
+    log = BoundedLog(path, LOG_MAX_SIZE)
     log.write(b"hello\n")
     log.close()
     assert victim.read_text() == PRECIOUS

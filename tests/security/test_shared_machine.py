@@ -221,9 +221,10 @@ def test_the_tasks_bind_the_ports_that_were_held_for_them(tmp_path, shared_tmp, 
 
 
 def test_ports_an_agent_holds_cannot_be_taken_by_another_user_but_this_users_probes_can_listen():
+    from launcher.options import RunOptions
     from launcher.transports.local import LocalTransport
 
-    transport = LocalTransport()
+    transport = LocalTransport(RunOptions())
     try:
         ports = transport.link_for(None).pick_ports(2, timeout=30.0)
         for port in ports:

@@ -34,13 +34,13 @@ from pathlib import Path
 from ...cluster import mesh_probe
 from ...cluster.plan import TaskLaunch
 from ...cluster.spec import DEFAULT_CONNECT_TIMEOUT
+from ...options import RunOptions
 from ...transports import TransportSet
 
 # The mesh probe runs on each host as ``python -c SOURCE``: its source is shipped, read from the
 # module the import found, so it goes wherever the package is installed.
 MESH_SOURCE = Path(mesh_probe.__file__).read_text()
-LISTENING_MARK = "TFLAUNCH_MESH_LISTENING "
-RESULT_MARK = "TFLAUNCH_MESH_RESULT "
+LISTENING_MARK, RESULT_MARK = mesh_probe.LISTENING_MARK, mesh_probe.RESULT_MARK
 START_SLACK = 15.0  # seconds for a host's Python to start and listen once ssh is connected
 ANSWER_SLACK = 5.0  # seconds for a host's results to arrive beyond its connect timeout
 THIS_MACHINE = "localhost"  # the label of tflaunch's own machine, as in the host checks
@@ -144,11 +144,12 @@ def plan_pairs(launches: Sequence[TaskLaunch]) -> list[Pair]:
 
 @contextlib.contextmanager
 def agents(transports: TransportSet | None) -> Iterator[TransportSet]:
-    """The run's transports, or a set of its own for a probe outside a run (closed afterwards)."""
+    """The run's transports, or a set of its own for a probe outside a run (closed afterwards), with
+    the default run options: a probe starts no task, so no option of a run applies to it."""
     if transports is not None:
         yield transports
         return
-    own = TransportSet()
+    own = TransportSet(RunOptions())
     try:
         yield own
     finally:

@@ -25,11 +25,12 @@ from ...cluster.plan import TaskLaunch
 from ...transports import TransportSet
 from . import mesh
 from .versions import PACKAGES, compare_versions, version_lines
+from ...records.states import Role
 
 # The probe runs on each host as ``python -c SOURCE``: its source is shipped, read from the
 # module the import found, so it goes wherever the package is installed.
 PROBE_SOURCE = Path(probe.__file__).read_text()
-PROBE_MARK = "TFLAUNCH_PROBE "
+PROBE_MARK = probe.MARK
 PROBE_SLACK = 30.0  # seconds a probe may take once connected (nvidia-smi can be slow)
 # Checks whose detail names its hosts itself (their host column is "*" or one host of several).
 NAMING_CHECKS = ("mesh", "versions")
@@ -96,7 +97,7 @@ def _check(launches: Sequence[TaskLaunch], with_mesh: bool, transports: Transpor
     versions = {host: probed_versions(answer) for host, (answer, _, _) in zip(by_host, answers)
                 if answer is not None and "python" in answer}
     spares = spare_hosts(by_host)
-    chief = next((host for host, tasks in by_host.items() if any(t.role == "chief" for t in tasks)), None)
+    chief = next((host for host, tasks in by_host.items() if any(t.role == Role.CHIEF for t in tasks)), None)
     findings = compare_versions({h: v for h, v in versions.items() if h not in spares},
                                 candidates={h: v for h, v in versions.items() if h in spares}, chief=chief)
     for text, fails in version_lines([f for f in findings if not f.candidate]):

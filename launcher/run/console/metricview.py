@@ -20,6 +20,7 @@ from typing import Any, Iterable
 
 from ...records.metrics import speaker
 from ...records.metrictext import number, record_text
+from ...records.states import Role
 
 _COMPARED = {"epoch": ("loss", "accuracy", "val_loss", "val_accuracy"), "final": ("test_loss", "test_accuracy")}
 
@@ -83,7 +84,7 @@ class MetricBoard:
                 self.total = record[key]
         if not self._visible(task):
             return lines
-        if kind not in _COMPARED or _role(task) not in ("chief", "worker"):
+        if kind not in _COMPARED or _role(task) not in (Role.CHIEF, Role.WORKER):
             return lines + [(task, record_text(record, self.total))]
         self._first.setdefault(kind, task)
         key = (attempt, kind, record.get("epoch") if kind == "epoch" else None)

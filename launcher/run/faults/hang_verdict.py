@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from .pyspy import LIBRARY, USER, Dump, Frame, Thread
+from ...records.states import Role
 
 _SAMPLING = threading.Lock()  # one sample at a time: an agent answers one dump per task at a time
 
@@ -158,10 +159,10 @@ def names(tasks: Sequence[str]) -> str:
 
 def peer_groups(roles: Mapping[str, str]) -> list[list[str]]:
     """The tasks that run the same code and so should be in the same places (see the module docstring)."""
-    with_ps = "ps" in roles.values()
+    with_ps = Role.PS in roles.values()
     groups: dict[str, list[str]] = {}
     for task, role in roles.items():
-        key = role if with_ps or role not in ("chief", "worker") else "training"
+        key = role if with_ps or role not in (Role.CHIEF, Role.WORKER) else "training"
         groups.setdefault(key, []).append(task)
     return list(groups.values())
 
@@ -173,7 +174,7 @@ def verdict(dumps: Mapping[str, Dump], roles: Mapping[str, str]) -> Verdict:
     if not places:
         return Verdict(NO_STACKS, missing=missing)
     signatures = {task: frozenset(p.key for p in found) for task, found in places.items()}
-    found_roles = {task: roles.get(task, "worker") for task in places}
+    found_roles = {task: roles.get(task, Role.WORKER) for task in places}
     culprits: dict[str, Culprit] = {}
     for group in peer_groups(found_roles):
         counts = Counter(signatures[task] for task in group)
@@ -186,7 +187,7 @@ def verdict(dumps: Mapping[str, Dump], roles: Mapping[str, str]) -> Verdict:
                 culprits[task] = Culprit(task, found_roles[task], odd)
     if not culprits:
         culprits = _in_user_code(places, found_roles)
-    compared = [task for task in places if found_roles[task] != "evaluator"] or list(places)
+    compared = [task for task in places if found_roles[task] != Role.EVALUATOR] or list(places)
     if culprits:
         kind = CULPRIT
     elif len({signatures[task] for task in compared}) == 1:
@@ -205,7 +206,7 @@ def verdict(dumps: Mapping[str, Dump], roles: Mapping[str, str]) -> Verdict:
 
 def _in_user_code(places: Mapping[str, tuple[Place, ...]], roles: Mapping[str, str]) -> dict[str, Culprit]:
     """Rule 3: the tasks stopped in the user's code, when all the others wait inside libraries."""
-    pool = [task for task in places if roles[task] != "evaluator"]
+    pool = [task for task in places if roles[task] != Role.EVALUATOR]
     if len(pool) < 2:
         return {}
     held = Counter(key for task in pool for key in {p.key for p in places[task] if p.in_user_code})

@@ -44,6 +44,8 @@ from ...records.trace import tracer
 from ..output.progress import Progress
 from ..console.chatter import meaningful
 from ..lifecycle.task import Task, Trip
+from ...cluster.ranks import TRAINING_ROLES
+from ...records.states import Role
 
 log = tracer("watchdog")
 
@@ -51,7 +53,7 @@ if TYPE_CHECKING:
     from .hang_verdict import Verdict
 
 CPU_SHARE = 0.10  # of one core, over the window: below it a task waits rather than works
-WATCHED_ROLES = ("chief", "worker")  # ps tasks and evaluators wait by design
+WATCHED_ROLES = TRAINING_ROLES  # ps tasks and evaluators wait by design
 UNSAMPLED_GRACE = 10.0  # seconds past the window after which a task never sampled is judged by metrics alone
 DUMP_TIMEOUT = 15.0  # seconds to wait for every task's stacks once a hang is declared
 
@@ -292,5 +294,5 @@ def _mesh_problems(launches: list[TaskLaunch]) -> list[str]:
 def training_tasks(names_and_roles: Sequence[tuple[str, str]]) -> list[str]:
     """The tasks whose progress shows the cluster formed: the chief with ps tasks, else chief and workers."""
     roles = {role for _, role in names_and_roles}
-    wanted = ("chief",) if "ps" in roles else ("chief", "worker")
+    wanted = (Role.CHIEF,) if Role.PS in roles else TRAINING_ROLES
     return [name for name, role in names_and_roles if role in wanted]

@@ -2,6 +2,7 @@
 kept, until the run ends.
 
 launch.py: the entry points, ``run``, ``dry_run`` and ``check`` for a launch request.
+planner.py: a launch request, and its plans made in one place, from its spec and ports to each attempt's plan.
 session.py: one run from its first attempt to its final run record, its attempts and restarts.
 supervisor.py: one attempt, every task started, watched and stopped by one protocol.
 task.py: a task's live record and its one state change, a watchdog's trip, and what an attempt comes to.

@@ -24,7 +24,7 @@ from ...cluster.plan import Plan, RunContext, TaskLaunch, tf_cluster
 from ...cluster.spec import ClusterSpec, restarts_possible
 from ...masking import masked_argv, masked_command
 from ...errors import EnvironmentProblem
-from ...options import EVALUATOR_TIMEOUT, GRACE, LOG_MAX_SIZE, MAX_RESTARTS, RESTART_DELAY, STRAGGLER_TIMEOUT
+from ...options import RunOptions
 from ...records.folder import RunFolder, iso_time
 from ...records.folder import BACKUP
 from ...records.logview import TAIL_LINES, tail_lines
@@ -43,7 +43,7 @@ from ..output.resources import ResourceSampler
 from .signals import Signals
 from ..faults.stragglers import StragglerWatch, status_words
 from ..faults.stacks_server import ControlServer
-from .supervisor import Supervisor, SupervisorOptions
+from .supervisor import Pacing, Supervisor
 from .task import AttemptResult, Task, Trip
 from ..faults.watchdog import Watchdog, WatchdogSettings, training_tasks
 
@@ -62,24 +62,8 @@ PUMP_INTERVAL, PUMP_TASKS, PUMP_AT_MOST = 0.02, 16, 1.0
 DIAGNOSIS_LINES = 200
 DISK_FULL_EXIT = 1
 # Seconds between the supervisor's turns when nothing waits for one: how soon a full disk stops
-# a run that has no hang watchdog (with one, every SupervisorOptions.tick).
+# a run that has no hang watchdog (with one, every Pacing.tick).
 QUIET_TURN = 1.0
-
-
-@dataclass(frozen=True)
-class SessionOptions:
-    """The run-wide choices of a launch (command-line options over the cluster file)."""
-
-    grace: float = GRACE
-    max_restarts: int = MAX_RESTARTS
-    restart_delay: float = RESTART_DELAY
-    evaluator_timeout: float = EVALUATOR_TIMEOUT
-    watchdog: WatchdogSettings = WatchdogSettings()
-    # Offer the tasks a backup folder even when no restart is allowed (a requeued batch job resumes from it).
-    backup: bool = False
-    log_max_size: int = LOG_MAX_SIZE  # each task log's limit; merged.log's is a multiple (records/boundedlog.py)
-    on_straggler: str = "warn"  # warn, exclude or off (launcher/run/faults/stragglers.py)
-    straggler_timeout: float = STRAGGLER_TIMEOUT
 
 
 @dataclass
@@ -103,7 +87,9 @@ class RunSession:
     """The state of one run while it executes: its folder, record and attempts."""
 
     spec: ClusterSpec
-    options: SessionOptions
+    # The run's options over its cluster file's (RunOptions.over_file): max_restarts and
+    # restart_delay are set. The same object goes to the supervisor and the transports.
+    options: RunOptions
     folder: RunFolder
     console: Console
     # The plan of an attempt's cluster (the whole one, or the one its hosts allow: see .hostpool).
@@ -112,12 +98,15 @@ class RunSession:
     # One agent per host for the whole run (the preflight may have started them already).
     transports: TransportSet | None = None
     refused_spares: Mapping[str, str] = field(default_factory=dict)  # spare hosts the preflight refused: why
+    # Offer the tasks a backup folder even when no restart is allowed (a requeued batch job resumes from it).
+    backup: bool = False
 
     def __post_init__(self) -> None:
         self.started_at = time.time()
         self.attempts: list[AttemptResult] = []
         self.diagnoses: list[Diagnosis | None] = []  # one per attempt
-        self.transports = self.transports or TransportSet(self.options.grace)
+        self.transports = self.transports or TransportSet(self.options)
+        self.watchdog = WatchdogSettings(self.options.start_timeout, self.options.hang_timeout)
         self.pump_interval = min(PUMP_AT_MOST, PUMP_INTERVAL * max(1.0, len(self.spec.tasks) / PUMP_TASKS))
         self.record = RunRecord(
             run_id=self.folder.run_id, source=self.spec.source, tflaunch_version=__version__,
@@ -328,7 +317,7 @@ class RunSession:
         run_dir = self.folder.path.resolve()
         # With restarts, the trainer backs up into the run folder so a restarted cluster resumes;
         # in-place restarts of ParameterServer workers resume from it too.
-        restarts = self.options.backup or restarts_possible(self.options.max_restarts, self.spec.restart_policy)
+        restarts = self.backup or restarts_possible(self.options.max_restarts, self.spec.restart_policy)
         backup = str(run_dir / BACKUP) if restarts else None
         return self.plan_attempt(RunContext(self.folder.run_id, str(run_dir), attempt, backup_dir=backup,
                                             watch_stragglers=self.options.on_straggler != "off"),
@@ -344,17 +333,15 @@ class RunSession:
             return path
 
         watchdog = None
-        if self.options.watchdog.enabled:
+        if self.watchdog.enabled:
             trainers = training_tasks([(l.name, l.role) for l in plan.launches])
-            watchdog = Watchdog(self.options.watchdog, self.pump.progress, attempt, trainers,
+            watchdog = Watchdog(self.watchdog, self.pump.progress, attempt, trainers,
                                 self.folder.stacks_dir(attempt), self.message,
                                 mesh_problems=self._stall_problems)
         stragglers = self._straggler_watch(plan, attempt)
-        supervisor_options = SupervisorOptions(grace=self.options.grace,
-                                               evaluator_timeout=self.options.evaluator_timeout,
-                                               restart_policy=self.spec.restart_policy,
-                                               task_restarts=self.spec.task_restarts, changes=self.transports.changes)
-        supervisor = Supervisor(plan.launches, self.transports.for_launch, create_log, self.message, supervisor_options,
+        supervisor = Supervisor(plan.launches, self.transports.for_launch, create_log, self.message, self.options,
+                                restart_policy=self.spec.restart_policy, task_restarts=self.spec.task_restarts,
+                                pacing=Pacing(changes=self.transports.changes),
                                 watchdog=lambda tasks: (self.live.due() or self._check_logging()
                                                         or (watchdog(tasks) if watchdog else None)
                                                         or (stragglers(tasks) if stragglers else None)),
@@ -492,4 +479,4 @@ def error_class(tail: list[str]) -> str | None:
     return None
 
 
-__all__ = ["RunResult", "RunSession", "SessionOptions", "error_class"]
+__all__ = ["RunResult", "RunSession", "error_class"]

@@ -31,12 +31,14 @@ the tasks that changed (:mod:`.wakeups` says which, and how long to sleep).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 from ...cluster.plan import TaskLaunch
-from ...cluster.spec import DEFAULT_TASK_RESTARTS, RestartPolicy
-from ...options import EVALUATOR_TIMEOUT, GRACE
+from ...cluster.ranks import TRAINING_ROLES
+from ...cluster.spec import RestartPolicy
+from ...records.states import Role
+from ...options import RunOptions
 from ...records.exits import signal_name
 from ...records.states import AllFinal, Outcome, TaskState, plural
 from ...records.trace import tracer
@@ -49,14 +51,13 @@ log = tracer("supervisor")
 
 
 @dataclass
-class SupervisorOptions:
-    grace: float = GRACE  # seconds between SIGTERM and SIGKILL
+class Pacing:
+    """How the supervisor waits and how long it gives survivors: its own workings, not run options
+    (those come whole, as the run's :class:`~launcher.options.RunOptions`)."""
+
     # After a task failed, survivors get at most this long: the collective is broken, so they
     # cannot save together, and TensorFlow's preemption handler makes MWMS programs swallow SIGTERM.
     failure_grace: float = 1.0
-    evaluator_timeout: float = EVALUATOR_TIMEOUT  # seconds an evaluator may run on after training succeeded
-    restart_policy: Mapping[str, RestartPolicy] = field(default_factory=dict)  # by role; default CLUSTER
-    task_restarts: int = DEFAULT_TASK_RESTARTS  # in-place restarts per task
     # How the supervisor waits (see .wakeups): without ``changes`` it polls every task every
     # ``poll_interval``; with them, the tasks that changed, every task every ``full_poll`` seconds
     # (``full_poll_stopping`` while stopping), and it sleeps at most ``tick``.
@@ -75,13 +76,16 @@ class Supervisor:
 
     def __init__(self, launches: Sequence[TaskLaunch], transport_for: Callable[[TaskLaunch], Transport],
                  create_log: Callable[[TaskLaunch], str], message: Callable[[str], None],
-                 options: SupervisorOptions | None = None,
+                 options: RunOptions, restart_policy: Mapping[str, RestartPolicy], task_restarts: int,
+                 pacing: Pacing | None = None,
                  watchdog: Callable[[list[Task]], Trip | None] | None = None,
                  listeners: Sequence[Callable[[list[Task]], None]] = (),
                  signals: Signals | None = None, watch_in: Callable[[], float] | None = None,
                  stopping: Callable[[Task, str], None] | None = None):
-        """``watch_in``: seconds until ``watchdog`` next needs a turn (see :class:`.wakeups.Wakeups`);
-        None: every ``options.tick``. ``stopping(root, text)`` says the message ``text`` that a task's
+        """``options``: the run's (its grace and evaluator timeout); ``restart_policy``: by role
+        (CLUSTER where a role has none), each task restarted in place up to ``task_restarts`` times.
+        ``watch_in``: seconds until ``watchdog`` next needs a turn (see :class:`.wakeups.Wakeups`);
+        None: every ``pacing.tick``. ``stopping(root, text)`` says the message ``text`` that a task's
         failure stops the others (the console folds what they print from then on); by default
         ``message(text)``."""
         self.tasks = [Task(launch) for launch in launches]
@@ -89,21 +93,24 @@ class Supervisor:
         self.create_log = create_log  # a task's log, made for this start: its path
         self.message = message  # one of tflaunch's own messages, for the console and merged.log
         self.stopping = stopping or (lambda root, text: message(text))
-        self.options = options or SupervisorOptions()
+        self.options = options
+        self.restart_policy = restart_policy
+        self.task_restarts = task_restarts
+        self.pacing = pacing or Pacing()
         self.watchdog = watchdog  # returns a Trip to stop the attempt, or None
         self.listeners = tuple(listeners)  # called after tasks start and after any task's state changes
         # Any signal of the run counts, also one that came before this attempt was set up: it
         # stops the attempt before a task starts. A private instance receives nothing: no signals.
         self.signals = signals or Signals()
-        self.has_ps = any(t.role == "ps" for t in self.tasks)
+        self.has_ps = any(t.role == Role.PS for t in self.tasks)
         # Training is done when every chief and worker succeeded (with parameter servers: the chief).
-        roles = ("chief",) if self.has_ps else ("chief", "worker")
+        roles = (Role.CHIEF,) if self.has_ps else TRAINING_ROLES
         self._training_done = AllFinal([t for t in self.tasks if t.role in roles],
                                        lambda t: t.state is TaskState.SUCCEEDED)
         self._notes: list[str] = []
         self._stopping = False  # the attempt is being stopped (see _shutdown)
-        self.wakeups = Wakeups(self.tasks, self.options.changes, self.options.clock, self.options.tick,
-                               self.options.full_poll, watch_in)
+        self.wakeups = Wakeups(self.tasks, self.pacing.changes, self.pacing.clock, self.pacing.tick,
+                               self.pacing.full_poll, watch_in)
 
     # -- the attempt --------------------------------------------------------------------
 
@@ -122,7 +129,7 @@ class Supervisor:
             if self._signal():
                 return  # the rest stay PENDING; the shutdown marks them STOPPED
             self._start(task)
-            task.to(TaskState.RUNNING, self.options.wall())
+            task.to(TaskState.RUNNING, self.pacing.wall())
 
     def _start(self, task: Task) -> None:
         """Start (or restart) a task's process; a start that fails becomes a failed process."""
@@ -172,7 +179,7 @@ class Supervisor:
                 log.debug("failed: %s; root cause %s", [t.launch.name for t in failed], root.launch.name)
                 self.stopping(root, f"{root.name} on {root.launch.host} failed ({root.status.describe()}): "
                                     "stopping the cluster")
-                self._shutdown(min(self.options.grace, self.options.failure_grace))
+                self._shutdown(min(self.options.grace, self.pacing.failure_grace))
                 return AttemptResult(Outcome.FAILED, root.status.shell_code, self.tasks, root_cause=root,
                                      reason=f"{root.name} {root.status.describe()}")
             if (changed or first) and self._training_done():
@@ -186,24 +193,24 @@ class Supervisor:
                     self._shutdown()
                     return AttemptResult(Outcome.FAILED, trip.exit_code, self.tasks, reason=trip.reason,
                                          blamed=trip.tasks)
-            self._sleep(self.options.poll_interval)
+            self._sleep(self.pacing.poll_interval)
 
     def _sleep(self, seconds: float) -> None:
-        if self.options.sleep is not None:
-            self.options.sleep(seconds)
+        if self.pacing.sleep is not None:
+            self.pacing.sleep(seconds)
         else:
             self.signals.wait(*self.wakeups.sleep(seconds, watching=self.watchdog is not None))
 
     def _finish_evaluators(self) -> AttemptResult | None:
         """Training succeeded: let running evaluators end on their own, up to the timeout."""
-        evaluators = [t for t in self.tasks if t.role == "evaluator" and t.state is TaskState.RUNNING]
+        evaluators = [t for t in self.tasks if t.role == Role.EVALUATOR and t.state is TaskState.RUNNING]
         if not evaluators:
             return None
         timeout = self.options.evaluator_timeout
         names = ", ".join(t.name for t in evaluators)
         self.message(f"training finished; waiting up to {timeout:g} s for {names} to finish its last evaluation")
-        deadline = self.options.clock() + timeout
-        while evaluators and self.options.clock() < deadline:
+        deadline = self.pacing.clock() + timeout
+        while evaluators and self.pacing.clock() < deadline:
             interrupted = self._interrupted()
             if interrupted:
                 return interrupted
@@ -211,9 +218,9 @@ class Supervisor:
                 self._changed()
             evaluators = [t for t in evaluators if t.state is TaskState.RUNNING]
             if evaluators:
-                self._sleep(self.options.poll_interval)
+                self._sleep(self.pacing.poll_interval)
         for task in self.tasks:
-            if task.role == "evaluator" and task.status is not None and task.state.ended:
+            if task.role == Role.EVALUATOR and task.status is not None and task.state.ended:
                 note = f"{task.name} finished on its own ({task.status.describe()})"
                 self._notes.append(note)
                 self.message(note)
@@ -221,12 +228,12 @@ class Supervisor:
             note = f"{task.name} was still running {timeout:g} s after training ended: stopped (see --evaluator-timeout)"
             self._notes.append(note)
             self.message(note)
-        failed = [t for t in self.tasks if t.role == "evaluator" and t.state is TaskState.FAILED]
+        failed = [t for t in self.tasks if t.role == Role.EVALUATOR and t.state is TaskState.FAILED]
         if failed:
             root = failed[0]
             self.stopping(root, f"{root.name} on {root.launch.host} failed ({root.status.describe()}): "
                                 "stopping the other tasks")
-            self._shutdown(min(self.options.grace, self.options.failure_grace))
+            self._shutdown(min(self.options.grace, self.pacing.failure_grace))
             return AttemptResult(Outcome.FAILED, root.status.shell_code, self.tasks, root_cause=root,
                                  reason=f"{root.name} {root.status.describe()}")
         return None
@@ -242,13 +249,13 @@ class Supervisor:
         # Stopped: tflaunch's stop ended it (or its host went with it). A task asked to stop
         # that exited on its own first (in the same moment as the root cause) keeps its own end.
         if task.stop_requested and (status.termed or status.error is not None):
-            task.to(TaskState.STOPPED, self.options.wall())
+            task.to(TaskState.STOPPED, self.pacing.wall())
         elif status.ok:
-            task.to(TaskState.SUCCEEDED, self.options.wall())
+            task.to(TaskState.SUCCEEDED, self.pacing.wall())
         elif not self._stopping and self._restarts_in_place(task, status):
             self._restart_in_place(task)
         else:
-            task.to(TaskState.FAILED, self.options.wall())
+            task.to(TaskState.FAILED, self.pacing.wall())
         return True
 
     def _pids_learned(self, tasks: Sequence[Task]) -> bool:
@@ -261,20 +268,20 @@ class Supervisor:
         return learned
 
     def _restarts_in_place(self, task: Task, status: ExitStatus) -> bool:
-        policy = self.options.restart_policy.get(task.role, RestartPolicy.CLUSTER)
+        policy = self.restart_policy.get(task.role, RestartPolicy.CLUSTER)
         if policy is not RestartPolicy.TASK or status.error_code == CANNOT_START and status.error:
             return False
-        if task.restarts >= self.options.task_restarts:
+        if task.restarts >= self.task_restarts:
             self.message(f"{task.name} failed again ({status.describe()}) after "
                          f"{plural(task.restarts, 'in-place restart')}: no restarts left for it")
             return False
         return True
 
     def _restart_in_place(self, task: Task) -> None:
-        task.to(TaskState.RESTARTING, self.options.wall())
+        task.to(TaskState.RESTARTING, self.pacing.wall())
         task.restarts += 1
         note = (f"{task.name} on {task.launch.host} failed ({task.status.describe()}): restarting it alone, "
-                f"in place (restart {task.restarts} of {self.options.task_restarts}); the others keep running")
+                f"in place (restart {task.restarts} of {self.task_restarts}); the others keep running")
         self._notes.append(note)
         self.message(note)
         if task.process is not None:
@@ -282,7 +289,7 @@ class Supervisor:
             task.leftovers += tuple(getattr(task.process, "leftovers", ()) or ())
         task.status = None
         self._start(task)
-        task.to(TaskState.RUNNING, self.options.wall())
+        task.to(TaskState.RUNNING, self.pacing.wall())
 
     # -- shutdown -----------------------------------------------------------------------
 
@@ -291,7 +298,7 @@ class Supervisor:
         self._stopping = True  # from here a task that fails has failed: none is restarted in place
         for task in self.tasks:
             if task.state in (TaskState.PENDING, TaskState.RESTARTING):
-                task.to(TaskState.STOPPED, self.options.wall())
+                task.to(TaskState.STOPPED, self.pacing.wall())
         # Reap first: a task that already ended on its own keeps its own exit status.
         running = [t for t in self.tasks if t.state is TaskState.RUNNING and not self._poll(t)]
         running = [t for t in running if t.state is TaskState.RUNNING]
@@ -299,27 +306,27 @@ class Supervisor:
             task.stop_requested = True
             task.process.terminate()
         grace = self.options.grace if grace is None else grace
-        deadline = self.options.clock() + grace
+        deadline = self.pacing.clock() + grace
         stop_signals = self.signals.count
-        stopping = self.options.full_poll_stopping
-        while running and self.options.clock() < deadline and not self._hurry(stop_signals):
+        stopping = self.pacing.full_poll_stopping
+        while running and self.pacing.clock() < deadline and not self._hurry(stop_signals):
             ended = {id(t) for t in self.wakeups.due(running, stopping) if self._poll(t)}
             running = [t for t in running if id(t) not in ended]
             if running:
-                self._sleep(self.options.poll_interval)
+                self._sleep(self.pacing.poll_interval)
         for task in running:
             task.process.kill()
-        reap_deadline = self.options.clock() + max(5.0, grace)
+        reap_deadline = self.pacing.clock() + max(5.0, grace)
         while running:
             ended = {id(t) for t in self.wakeups.due(running, stopping) if self._poll(t)}
             running = [t for t in running if id(t) not in ended]
-            if running and self.options.clock() > reap_deadline:
+            if running and self.pacing.clock() > reap_deadline:
                 for task in running:  # cannot happen for local tasks; a wedged transport at worst
                     task.status = ExitStatus(error="did not exit after SIGKILL")
-                    task.to(TaskState.STOPPED, self.options.wall())
+                    task.to(TaskState.STOPPED, self.pacing.wall())
                 break
             if running:
-                self._sleep(self.options.poll_interval)
+                self._sleep(self.pacing.poll_interval)
         for task in self.tasks:
             if task.process is not None:
                 task.process.cleanup()

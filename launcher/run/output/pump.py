@@ -36,7 +36,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
-from ...options import LOG_MAX_SIZE
 from ...records.boundedlog import MERGED_SHARE, WRITING, BoundedLog, Reader
 from ...records.logformat import format_size
 from ...records.files import open_own
@@ -95,8 +94,8 @@ class _Source:
 class OutputPump:
     """Tails every task's log file on one thread into merged.log, metrics.jsonl and the console."""
 
-    def __init__(self, merged_path: Path, metrics_path: Path, console: Console,
-                 interval: float = 0.02, clock=time.time, log_max_size: int = LOG_MAX_SIZE):
+    def __init__(self, merged_path: Path, metrics_path: Path, console: Console, log_max_size: int,
+                 interval: float = 0.02, clock=time.time):
         self.log_max_size = log_max_size
         os.close(open_own(merged_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND))  # there from the start
         self._merged = BoundedLog(merged_path, MERGED_SHARE * log_max_size)

@@ -25,6 +25,7 @@ from launcher.records.states import TaskState
 from launcher.run.lifecycle.task import Task, Trip
 from launcher.run.faults.watchdog import Watchdog, WatchdogSettings, never_formed, training_tasks
 from launcher.transports.base import Reading
+from launcher.options import LOG_MAX_SIZE
 from polling import wait_for
 
 pytestmark = pytest.mark.unit
@@ -80,7 +81,7 @@ class Cluster:
         self.folder = folder
         self.clock = CLOCK = FakeClock()
         self.events: list[str] = []
-        self.pump = OutputPump(folder / "merged.log", folder / "metrics.jsonl", console, interval=0.002,
+        self.pump = OutputPump(folder / "merged.log", folder / "metrics.jsonl", console, log_max_size=LOG_MAX_SIZE, interval=0.002,
                                clock=self.clock).start()
         self.lines = 0
 

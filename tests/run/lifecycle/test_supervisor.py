@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 import pytest
 
 from launcher.cluster.plan import TaskLaunch
-from launcher.cluster.spec import RestartPolicy
+from launcher.cluster.spec import DEFAULT_TASK_RESTARTS, RestartPolicy
+from launcher.options import RunOptions
 from launcher.run.lifecycle.signals import Signals
 from launcher.records.states import Outcome, TaskState
-from launcher.run.lifecycle.supervisor import Supervisor, SupervisorOptions
+from launcher.run.lifecycle.supervisor import Pacing, Supervisor
 from launcher.run.lifecycle.task import Trip
 from launcher.transports.base import ExitStatus
 
@@ -110,13 +111,16 @@ def launch(name: str) -> TaskLaunch:
                       local=True, argv=("task",), env={}, workdir="/")
 
 
-def supervise(names, scripts, clock=None, signals=None, watchdog=None, **options):
+def supervise(names, scripts, clock=None, signals=None, watchdog=None, restart_policy=None,
+              task_restarts=DEFAULT_TASK_RESTARTS, failure_grace=1.0, **options):
+    """``options``: the run options (grace, evaluator_timeout); the rest as a cluster file would set them."""
     clock = clock or Clock()
     transport = FakeTransport(clock, scripts)
     events: list[str] = []
 
-    opts = SupervisorOptions(clock=clock, wall=clock, sleep=clock.sleep, **options)
-    supervisor = Supervisor([launch(n) for n in names], lambda _l: transport, lambda _l: "/dev/null", events.append, opts,
+    pacing = Pacing(failure_grace=failure_grace, clock=clock, wall=clock, sleep=clock.sleep)
+    supervisor = Supervisor([launch(n) for n in names], lambda _l: transport, lambda _l: "/dev/null", events.append,
+                            RunOptions(**options), restart_policy or {}, task_restarts, pacing,
                             watchdog=watchdog, signals=signals)
     result = supervisor.run()
     return result, {t.name: t for t in result.tasks}, transport, events, clock
@@ -197,10 +201,10 @@ def test_a_task_found_ended_while_the_attempt_stops_is_not_restarted_in_place():
     transport = FakeTransport(clock, {"chief-0": Script(1.0, ExitStatus(code=3)),
                                       "worker-0": [Script(1.0, ExitStatus(code=4)), Script()]})
     changes.transport = transport
-    opts = SupervisorOptions(clock=clock, wall=clock, sleep=clock.sleep, changes=changes,
-                             restart_policy={"worker": RestartPolicy.TASK})
+    pacing = Pacing(clock=clock, wall=clock, sleep=clock.sleep, changes=changes)
     result = Supervisor([launch("chief-0"), launch("worker-0")], lambda _l: transport, lambda _l: "/dev/null",
-                        lambda _m: None, opts).run()
+                        lambda _m: None, RunOptions(), {"worker": RestartPolicy.TASK}, DEFAULT_TASK_RESTARTS,
+                        pacing).run()
     tasks = {t.name: t for t in result.tasks}
     assert result.root_cause.name == "chief-0" and clock.now < 5.0
     assert (tasks["worker-0"].state, tasks["worker-0"].status, tasks["worker-0"].restarts) == (
@@ -342,7 +346,8 @@ def test_a_signal_during_the_starts_leaves_the_rest_unstarted_and_stops_the_star
     import os
     supervisor = Supervisor([launch(n) for n in names], lambda _l: transport,
                             lambda _l: (os.open(os.devnull, os.O_WRONLY), "/dev/null"), lambda e: None,
-                            SupervisorOptions(clock=clock, wall=clock, sleep=clock.sleep), signals=signals)
+                            RunOptions(), {}, DEFAULT_TASK_RESTARTS, Pacing(clock=clock, wall=clock, sleep=clock.sleep),
+                            signals=signals)
     result = supervisor.run()
     assert result.outcome is Outcome.INTERRUPTED
     assert transport.started == ["worker-0", "worker-1"]

@@ -18,6 +18,7 @@ from launcher.records.logview import tail_lines
 from launcher.run.output.pump import LineSplitter, OutputPump
 from launcher.records.exits import signal_name
 from launcher.transports.base import CANNOT_START, UNREACHABLE, ExitStatus
+from launcher.options import LOG_MAX_SIZE
 from polling import wait_for
 
 pytestmark = pytest.mark.unit
@@ -299,7 +300,7 @@ class Run:
     def __init__(self, folder: Path, **console_options):
         self.folder = folder
         self.console, self.out, self.err = make_console(**console_options)
-        self.pump = OutputPump(folder / "merged.log", folder / "metrics.jsonl", self.console, clock=lambda: NOW)
+        self.pump = OutputPump(folder / "merged.log", folder / "metrics.jsonl", self.console, log_max_size=LOG_MAX_SIZE, clock=lambda: NOW)
 
     def task_file(self, name: str, attempt: int = 1) -> Path:
         path = self.folder / f"{name}.log"
@@ -376,7 +377,7 @@ def test_pump_records_its_own_messages(tmp_path):
 
 def test_pump_thread_follows_files_as_they_grow(tmp_path):
     console, out, _ = make_console()
-    pump = OutputPump(tmp_path / "merged.log", tmp_path / "metrics.jsonl", console, interval=0.005).start()
+    pump = OutputPump(tmp_path / "merged.log", tmp_path / "metrics.jsonl", console, log_max_size=LOG_MAX_SIZE, interval=0.005).start()
     try:
         path = tmp_path / "worker-0.log"
         pump.follow("worker-0", path)

@@ -11,6 +11,7 @@ from launcher.records.boundedlog import WRITING
 from launcher.run.output import pump as pump_module
 from launcher.run.console.writer import Console
 from launcher.run.output.pump import OutputPump
+from launcher.options import LOG_MAX_SIZE
 from polling import wait_for
 
 pytestmark = pytest.mark.unit
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.unit
 def test_a_sweep_reads_the_logs_written_to_and_leaves_the_others_for_their_look(tmp_path, monkeypatch):
     monkeypatch.setattr(pump_module, "IDLE_CHECK", 3600.0)  # the look at every log: once, at the first sweep
     console = Console(io.StringIO(), messages=io.StringIO())
-    pump = OutputPump(tmp_path / "merged.log", tmp_path / "metrics.jsonl", console)
+    pump = OutputPump(tmp_path / "merged.log", tmp_path / "metrics.jsonl", console, log_max_size=LOG_MAX_SIZE)
     paths = [tmp_path / f"worker-{i}.log" for i in range(200)]
     for i, path in enumerate(paths):
         pump.follow(f"worker-{i}", path)
@@ -40,7 +41,7 @@ def test_a_sweep_reads_the_logs_written_to_and_leaves_the_others_for_their_look(
 
 def _pump(tmp_path, count):
     console = Console(io.StringIO(), messages=io.StringIO())
-    pump = OutputPump(tmp_path / "merged.log", tmp_path / "metrics.jsonl", console)
+    pump = OutputPump(tmp_path / "merged.log", tmp_path / "metrics.jsonl", console, log_max_size=LOG_MAX_SIZE)
     paths = [tmp_path / f"worker-{i}.log" for i in range(count)]
     for i, path in enumerate(paths):
         pump.follow(f"worker-{i}", path)
@@ -105,7 +106,7 @@ def test_a_task_log_followed_as_relayed_waits_for_its_quiet_look_from_the_first(
     monkeypatch.setattr(pump_module, "IDLE_CHECK", 0.0)  # a log not known to be relayed: looked at every sweep
     monkeypatch.setattr(pump_module, "RELAYED_CHECK", 3600.0)
     console = Console(io.StringIO(), messages=io.StringIO())
-    pump = OutputPump(tmp_path / "merged.log", tmp_path / "metrics.jsonl", console)
+    pump = OutputPump(tmp_path / "merged.log", tmp_path / "metrics.jsonl", console, log_max_size=LOG_MAX_SIZE)
     relayed, plain = tmp_path / "worker-0.log", tmp_path / "worker-1.log"
     pump.follow("worker-0", relayed, created=False, relayed=True)
     pump.follow("worker-1", plain)
@@ -137,7 +138,7 @@ def test_the_looks_for_other_writers_space_out_with_the_number_of_logs(tmp_path,
         folder = tmp_path / str(count)
         folder.mkdir()
         console = Console(io.StringIO(), messages=io.StringIO())
-        pump = OutputPump(folder / "merged.log", folder / "metrics.jsonl", console)
+        pump = OutputPump(folder / "merged.log", folder / "metrics.jsonl", console, log_max_size=LOG_MAX_SIZE)
         for i in range(count):
             pump.follow(f"worker-{i}", folder / f"worker-{i}.log", relayed=True)
         try:
@@ -254,7 +255,7 @@ def test_an_ended_tasks_output_reaches_the_console_before_its_end_does(tmp_path)
 
     out = io.StringIO()
     console = Console(out, messages=io.StringIO(), colour=False, status=False)
-    pump = OutputPump(tmp_path / "merged.log", tmp_path / "metrics.jsonl", console)
+    pump = OutputPump(tmp_path / "merged.log", tmp_path / "metrics.jsonl", console, log_max_size=LOG_MAX_SIZE)
     chief, worker = tmp_path / "chief-0.log", tmp_path / "worker-0.log"
     pump.follow("chief-0", chief)
     pump.follow("worker-0", worker)
