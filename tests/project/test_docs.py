@@ -211,3 +211,10 @@ def test_ci_runs_exactly_the_readmes_test_command():
     assert test in run, f".ci/run does not run the README's test command:\n{test}"
     assert all(line == "set -euo pipefail" or line.startswith("cd ") for line in others), (
         f".ci/run runs more than the README's test command: {others}")
+
+
+def test_the_testing_page_shows_the_readmes_test_command():
+    _, test = readme_commands()
+    page = (ROOT / "docs" / "testing.md").read_text()
+    blocks = [block.strip() for block in page.split("```sh")[1:2]]
+    assert blocks and blocks[0].split("```")[0].strip() == test, "docs/testing.md's first command is not the README's"
