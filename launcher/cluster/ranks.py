@@ -26,6 +26,12 @@ from .spec import Role, TaskSpec
 TRAINING_ROLES = (Role.CHIEF, Role.WORKER)  # in rank order
 
 
+def deciding_roles(has_ps: bool) -> tuple[Role, ...]:
+    """The roles whose success ends training: the chief alone with ps tasks (its workers wait in
+    ``server.join()``), else the chief and the workers."""
+    return (Role.CHIEF,) if has_ps else TRAINING_ROLES
+
+
 def rank_env(tasks: Sequence[TaskSpec], host_of: Mapping[str, str]) -> dict[str, dict[str, str]]:
     """Task name -> its rank variables (rules in the module docstring). ``host_of``: task name ->
     the machine it runs on, one name per machine (tasks of one host count together)."""

@@ -26,6 +26,7 @@ from ..cluster.spec import RestartPolicy
 from ..taskenv import ATTEMPT, RANK, TASK
 from .pods import PodPlan, RolePods
 from .podspec import CONTAINER_NAME, container, pod_spec
+from ..cluster.ranks import deciding_roles
 from ..records.states import Role
 
 API_VERSION = "jobset.x-k8s.io/v1alpha2"
@@ -61,7 +62,8 @@ def jobset_spec(plan: PodPlan, *, container_name: str = CONTAINER_NAME, subdomai
     its TF_CONFIG names the peers by that name.
     """
     has_ps = plan.role(Role.PS) is not None
-    deciders = [Role.CHIEF.value] if has_ps else [r.role for r in plan.roles if r.role in (Role.CHIEF, Role.WORKER)]
+    deciding = deciding_roles(has_ps)
+    deciders = [r.role for r in plan.roles if r.role in deciding]
     # Peers' names must resolve before they are ready: TensorFlow dials them while starting.
     network: dict[str, Any] = {"enableDNSHostnames": True, "publishNotReadyAddresses": True}
     if subdomain:

@@ -44,7 +44,7 @@ from ...records.trace import tracer
 from ..output.progress import Progress
 from ..console.chatter import meaningful
 from ..lifecycle.task import Task, Trip
-from ...cluster.ranks import TRAINING_ROLES
+from ...cluster.ranks import TRAINING_ROLES, deciding_roles
 from ...records.states import Role
 
 log = tracer("watchdog")
@@ -53,7 +53,6 @@ if TYPE_CHECKING:
     from .hang_verdict import Verdict
 
 CPU_SHARE = 0.10  # of one core, over the window: below it a task waits rather than works
-WATCHED_ROLES = TRAINING_ROLES  # ps tasks and evaluators wait by design
 UNSAMPLED_GRACE = 10.0  # seconds past the window after which a task never sampled is judged by metrics alone
 DUMP_TIMEOUT = 15.0  # seconds to wait for every task's stacks once a hang is declared
 
@@ -83,7 +82,7 @@ def stalled(tasks: Mapping[str, Activity], now: float, since: float, window: flo
     if now - since <= window:
         return None
     start = now - window
-    watched = {name: activity for name, activity in tasks.items() if activity.role in WATCHED_ROLES}
+    watched = {name: activity for name, activity in tasks.items() if activity.role in TRAINING_ROLES}  # ps tasks and evaluators wait by design
     if not watched:
         return None
     cpu: dict[str, float | None] = {}
@@ -294,5 +293,5 @@ def _mesh_problems(launches: list[TaskLaunch]) -> list[str]:
 def training_tasks(names_and_roles: Sequence[tuple[str, str]]) -> list[str]:
     """The tasks whose progress shows the cluster formed: the chief with ps tasks, else chief and workers."""
     roles = {role for _, role in names_and_roles}
-    wanted = (Role.CHIEF,) if Role.PS in roles else TRAINING_ROLES
+    wanted = deciding_roles(Role.PS in roles)
     return [name for name, role in names_and_roles if role in wanted]

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 from ...cluster.plan import TaskLaunch
-from ...cluster.ranks import TRAINING_ROLES
+from ...cluster.ranks import deciding_roles
 from ...cluster.spec import RestartPolicy
 from ...records.states import Role
 from ...options import RunOptions
@@ -104,7 +104,7 @@ class Supervisor:
         self.signals = signals or Signals()
         self.has_ps = any(t.role == Role.PS for t in self.tasks)
         # Training is done when every chief and worker succeeded (with parameter servers: the chief).
-        roles = (Role.CHIEF,) if self.has_ps else TRAINING_ROLES
+        roles = deciding_roles(self.has_ps)
         self._training_done = AllFinal([t for t in self.tasks if t.role in roles],
                                        lambda t: t.state is TaskState.SUCCEEDED)
         self._notes: list[str] = []
