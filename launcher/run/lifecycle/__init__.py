@@ -9,6 +9,7 @@ task.py: a task's live record and its one state change, a watchdog's trip, and w
 wakeups.py: when the supervisor looks at its tasks, which to poll and how long to sleep in between.
 signals.py: the one signal path, SIGINT, SIGTERM, SIGHUP and SIGQUIT handled in one place.
 limits.py: the open-files budget, raised and checked before anything starts.
+recovery.py: between two attempts, the failure diagnosed and compared, the hosts checked, the next cluster decided.
 hostpool.py: which hosts the next attempt runs on, the hosts a run leaves out, why, and when they may rejoin.
 liverecord.py: run.json and the console's status line, kept up with the tasks while the run goes on.
 summary.py: text for people about plans and results (the CLI prints it).

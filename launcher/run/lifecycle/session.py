@@ -10,7 +10,6 @@ unexpected error) leaves a run folder that says how it ended.
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import sys
 import time
@@ -30,12 +29,12 @@ from ...records.folder import BACKUP
 from ...records.logview import TAIL_LINES, tail_lines
 from ...records.record import AttemptRecord, ExcludedHost, LauncherRecord, RootCause, RunRecord
 from ...records.exits import signal_name
-from ...records.states import Outcome, RunStatus, TaskState, plural
+from ...records.states import Outcome, RunStatus, plural
 from ...records.trace import tracer
 from ...transports import TransportSet
 from ...transports.base import Reading
-from ...cluster.placement import checked_spec
 from .hostpool import HostPool
+from .recovery import Recovery
 from .liverecord import LiveRecord, status_fields
 from ..output.pump import OutputPump
 from ..console.chatter import meaningful
@@ -59,7 +58,6 @@ log = tracer("session")
 # more every time its agents sample (launcher.agent.protocol.sample_for), and writes them 4 paces of
 # run.json apart.
 PUMP_INTERVAL, PUMP_TASKS, PUMP_AT_MOST = 0.02, 16, 1.0
-DIAGNOSIS_LINES = 200
 DISK_FULL_EXIT = 1
 # Seconds between the supervisor's turns when nothing waits for one: how soon a full disk stops
 # a run that has no hang watchdog (with one, every Pacing.tick).
@@ -104,7 +102,6 @@ class RunSession:
     def __post_init__(self) -> None:
         self.started_at = time.time()
         self.attempts: list[AttemptResult] = []
-        self.diagnoses: list[Diagnosis | None] = []  # one per attempt
         self.transports = self.transports or TransportSet(self.options)
         self.watchdog = WatchdogSettings(self.options.start_timeout, self.options.hang_timeout)
         self.pump_interval = min(PUMP_AT_MOST, PUMP_INTERVAL * max(1.0, len(self.spec.tasks) / PUMP_TASKS))
@@ -117,8 +114,9 @@ class RunSession:
         self.live = LiveRecord(self.record, self.folder, self.console, len(self.spec.tasks))
         self.pool = HostPool(self.spec)
         self.record.excluded += [ExcludedHost(host, f"spare not used: {why}", 1) for host, why in self.refused_spares.items()]
-        self._culprits: list[str | None] = []  # the host each failed attempt was laid on
-        self._launches_by_host: dict[str, TaskLaunch] | None = None
+        self.recovery = Recovery(self.spec, self.pool, self.transports, self.plan_attempt,
+                                 lambda: RunContext(self.folder.run_id, str(self.folder.path.resolve())),
+                                 lambda attempt, names: self.pump.progress.progressed(attempt, names))
         self._excluding: str | None = None  # the host of the straggler that ended the last attempt
         self.lock = self.live.lock  # the record is written from the supervisor and the pump's failure path
 
@@ -135,7 +133,10 @@ class RunSession:
         control = ControlServer(self.folder, lambda: self.supervisor).start()  # serves 'tflaunch stacks'
         hosts = len({task.host for task in self.spec.tasks})
         every = 1.0 if hosts == 1 else sample_for(hosts)
-        sampler = ResourceSampler(self._live_readings, self.folder.path, interval=every,
+        def readings() -> dict[str, Reading]:  # the current attempt's (a supervisor is only ever replaced)
+            return self.supervisor.readings() if self.supervisor else {}
+
+        sampler = ResourceSampler(readings, self.folder.path, interval=every,
                                   write_every=max(2.0, every, 4 * self.live.pace), attempt=lambda: self.attempt_number)
         sampler.start()
         result: AttemptResult | None = None
@@ -159,7 +160,7 @@ class RunSession:
             tail = []
             if result is not None and result.root_cause is not None:
                 tail = tail_lines(Path(result.root_cause.log_path), TAIL_LINES, keep=meaningful())
-            diagnosis = self.diagnoses[-1] if self.diagnoses else None
+            diagnosis = self.recovery.diagnosis
             self._finish(plan, result, status, exit_code, tail, diagnosis, error)
         return RunResult(self.folder.run_id, self.folder.path, exit_code, self.attempts, tail, diagnosis,
                          self.record, error)
@@ -185,7 +186,7 @@ class RunSession:
         return plan
 
     def _attempts(self, plan: Plan) -> tuple[AttemptResult, int | None]:
-        attempt, signatures = 1, []
+        attempt = 1
         while True:
             self.pump.attempt = attempt
             if attempt > 1:
@@ -199,13 +200,11 @@ class RunSession:
                       list(result.blamed), result.reason)
             if result.outcome is not Outcome.FAILED or attempt > self.options.max_restarts or self._storage_failure():
                 return result, None
-            signatures.append(self._failure_signature(result, attempt))
-            log.debug("attempt %d: failure signature %s", attempt, signatures[-1])
+            alike = self.recovery.failed_alike(result, attempt)
             changed = self._next_cluster(plan, result, attempt + 1)
             if changed is None:
                 return result, None
-            if (not changed and len(signatures) >= 2 and signatures[-1] == signatures[-2]
-                    and not signatures[-1][-1]):
+            if alike and not changed:
                 self.message(f"attempt {attempt} failed exactly like attempt {attempt - 1} before any training "
                          f"progress ({result.reason}): not restarting")
                 return result, None
@@ -220,26 +219,14 @@ class RunSession:
             attempt += 1
 
     def _next_cluster(self, plan: Plan, result: AttemptResult, attempt: int) -> bool | None:
-        """Before attempt ``attempt``: leave out the hosts that are lost, failed the machine's way or
-        were the culprit twice, put spares in their place or shrink to ``min_workers``
-        (:mod:`.hostpool`), and say so, one line per change. Whether a host was left out or came
-        back; None when no attempt can run: the run ends."""
-        from ..checks.preflight import unreachable_hosts  # only a restart needs it
-
-        pool = self.pool
-        launches = self._host_launches()
-        lost = unreachable_hosts([launches[host] for host in pool.to_check() if host in launches], self.transports)
-        culprit = self._culprit_host(plan, result)
-        self._culprits.append(culprit)
-        repeated = [culprit] if culprit and self._culprits[-2:] == [culprit, culprit] else []
-        machine = self._machine_fault(result)
+        """Before attempt ``attempt``: the hosts it runs on (:mod:`.recovery`), kept in the record and
+        said, one line per change. Whether a host was left out or came back; None when no attempt
+        can run: the run ends."""
+        straggler = None
         if self._excluding:
-            machine.setdefault(self._excluding, "left out as the straggler (the others kept waiting for it "
-                                                f"for {self.options.straggler_timeout:g} s or more)")
-        decision = pool.decide(attempt, lost, machine=machine, culprits=repeated)
-        log.debug("before attempt %d: lost %s, machine faults %s, culprit %s (repeated %s); left out %s, "
-                  "rejoined %s, ends the run: %s", attempt, dict(lost), machine, culprit, repeated,
-                  [(out.host, out.reason) for out in decision.left_out], list(decision.rejoined), decision.ends_run)
+            straggler = (self._excluding, "left out as the straggler (the others kept waiting for it "
+                                          f"for {self.options.straggler_timeout:g} s or more)")
+        decision = self.recovery.next_cluster(plan, result, attempt, straggler)
         with self.lock:
             self.record.excluded += [ExcludedHost(out.host, out.reason, attempt) for out in decision.left_out]
             for entry in self.record.excluded:
@@ -248,37 +235,6 @@ class RunSession:
         for line in decision.lines:
             self.message(line)
         return None if decision.ends_run else bool(decision.left_out or decision.rejoined)
-
-    def _host_launches(self) -> dict[str, TaskLaunch]:
-        """{host: a launch of a task or spare slot on it}: how the check before a restart reaches each host."""
-        if self._launches_by_host is None:
-            context = RunContext(self.folder.run_id, str(self.folder.path.resolve()))
-            checked = self.plan_attempt(context, checked_spec(self.spec))
-            self._launches_by_host = {}
-            for launch in checked.launches:
-                self._launches_by_host.setdefault(launch.host, launch)
-        return self._launches_by_host
-
-    def _culprit_host(self, plan: Plan, result: AttemptResult) -> str | None:
-        """The host of the task the attempt's failure is laid on (its root cause, or the task a hang
-        watchdog named), unless the failure is a known mistake of the program (:data:`~launcher.run.faults.diagnose.PROGRAM_RULES`)."""
-        from ..faults.diagnose import PROGRAM_RULES
-
-        known = self.diagnoses[-1] if self.diagnoses else None
-        if known is not None and known.rule in PROGRAM_RULES:
-            return None
-        name = result.root_cause.name if result.root_cause else (result.blamed[0] if len(result.blamed) == 1 else None)
-        return next((launch.host for launch in plan.launches if launch.name == name and not launch.local), None)
-
-    def _machine_fault(self, result: AttemptResult) -> dict[str, str]:
-        """{host: why} when the attempt's root cause failed in a way that points at its machine."""
-        from ..faults.diagnose import MACHINE_RULES
-
-        known = self.diagnoses[-1] if self.diagnoses else None
-        root = result.root_cause
-        if known is None or root is None or known.rule not in MACHINE_RULES or root.launch.local:
-            return {}
-        return {root.launch.host: f"left out after {root.name} failed the machine's way ({known.rule}: {known.summary})"}
 
     def _outcome(self, result: AttemptResult | None, interrupted: int | None,
                  error: str | None) -> tuple[int, RunStatus]:
@@ -290,18 +246,6 @@ class RunSession:
             signum = self.signals.first
             return (128 + signum if signum else 1), RunStatus.STOPPED
         return result.exit_code, result.outcome.status
-
-    def _live_readings(self) -> dict[str, Reading]:
-        """{task: newest resource reading} of the current attempt's running tasks (read from the sampler's thread)."""
-        supervisor = self.supervisor
-        if supervisor is None:
-            return {}
-        readings = {}
-        for task in list(supervisor.tasks):
-            reading = task.process.reading() if task.state is TaskState.RUNNING and task.process else None
-            if reading is not None:
-                readings[task.name] = reading
-        return readings
 
     def message(self, text: str) -> None:
         """One of tflaunch's own messages: on the console and in merged.log."""
@@ -368,8 +312,7 @@ class RunSession:
                                    reason=f"cannot write the run folder: {failure}", notes=result.notes)
         for note in result.notes:
             self.pump.message(note)
-        self.diagnoses.append(self._diagnose(result))
-        known = self.diagnoses[-1]
+        known = self.recovery.diagnose(result)
         self.record.attempts.append(AttemptRecord(
             attempt=attempt, started_at=iso_time(started), ended_at=iso_time(time.time()),
             outcome=result.outcome, exit_code=result.exit_code,
@@ -420,26 +363,6 @@ class RunSession:
 
         return stall_problems(launches, self.transports)
 
-    def _failure_signature(self, result: AttemptResult, attempt: int) -> tuple:
-        """What makes two failures "the same": who, how, which error, and whether training progressed."""
-        progressed = self.pump.progress.progressed(attempt, [task.name for task in result.tasks])
-        if result.root_cause is None:
-            return ("watchdog", result.reason.split(":", 1)[0], result.blamed, progressed)
-        root = result.root_cause
-        known = self.diagnoses[-1]
-        cause = known.rule if known else error_class(tail_lines(Path(root.log_path), DIAGNOSIS_LINES))
-        return (root.name, root.status.describe(), cause, progressed)
-
-    def _diagnose(self, result: AttemptResult) -> Diagnosis | None:
-        """Match the root cause's output against the known problems (launcher/run/faults/diagnose.py)."""
-        root = result.root_cause
-        if root is None or root.status is None:
-            return None
-        from ..faults.diagnose import diagnose
-
-        return diagnose(tail_lines(Path(root.log_path), DIAGNOSIS_LINES), signal=root.status.signal,
-                        exit_code=root.status.code, task_names=[t.name for t in result.tasks])
-
     # -- the record -----------------------------------------------------------------------
 
     def _finish(self, plan: Plan | None, result: AttemptResult | None, status: RunStatus, exit_code: int,
@@ -468,15 +391,5 @@ def _describe_os_error(exc: OSError) -> str:
     return f"{where}{exc.strerror or exc}"
 
 
-_EXCEPTION = re.compile(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception|Exit|Interrupt))\b")
 
-
-def error_class(tail: list[str]) -> str | None:
-    """The last Python exception named at the start of a line of output, if any."""
-    for line in reversed(tail):
-        if match := _EXCEPTION.match(line.strip()):
-            return match.group(1)
-    return None
-
-
-__all__ = ["RunResult", "RunSession", "error_class"]
+__all__ = ["RunResult", "RunSession"]

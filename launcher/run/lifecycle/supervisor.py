@@ -42,7 +42,7 @@ from ...options import RunOptions
 from ...records.exits import signal_name
 from ...records.states import AllFinal, Outcome, TaskState, plural
 from ...records.trace import tracer
-from ...transports.base import CANNOT_START, ExitStatus, FailedStart, Transport
+from ...transports.base import CANNOT_START, ExitStatus, FailedStart, Reading, Transport
 from .signals import Signals
 from .task import AttemptResult, Task, Trip
 from .wakeups import Changes, Wakeups
@@ -123,6 +123,15 @@ class Supervisor:
             self._shutdown()
         result.notes = self._notes
         return result
+
+    def readings(self) -> dict[str, Reading]:
+        """{task: newest resource reading} of the running tasks (safe to call from another thread)."""
+        found = {}
+        for task in list(self.tasks):
+            reading = task.process.reading() if task.state is TaskState.RUNNING and task.process else None
+            if reading is not None:
+                found[task.name] = reading
+        return found
 
     def _start_all(self) -> None:
         for task in self.tasks:

@@ -6,14 +6,12 @@ A slow console therefore never holds up a task or its log, and the pump falls be
 anything waiting for it.
 
 Every log is kept within its size limit (:mod:`launcher.records.boundedlog`): each task's log
-within ``log_max_size``, ``merged.log`` within ``MERGED_SHARE`` times that. The pump owns each
+within ``log_max_size``, ``merged.log`` and ``metrics.jsonl`` as :mod:`.merged` says. The pump owns each
 task log's :class:`~launcher.records.boundedlog.BoundedLog` from :meth:`OutputPump.follow` until the
 attempt ends, when it stitches it (head, marker, tail). Should the pump fall so far behind a flood
 that part of a task's output is gone from its log before it was read, merged.log says how many bytes
-it left out there. ``metrics.jsonl`` is a bounded log too (its limit: :mod:`launcher.records.metrics`),
-and a metric line over its size limit is no metric: the pump says so once per task.
-
-Each merged line reads ``<date> <time> [<attempt>] <task> | <text>``.
+it left out there. A metric line over its size limit (:mod:`launcher.records.metrics`) is no
+metric: the pump says so once per task.
 
 Lines end at ``\\n`` (or ``\\r\\n``). Within a line, carriage returns and backspaces are applied the
 way a terminal shows them, so a progress bar redrawn in place becomes the one line a person saw,
@@ -27,7 +25,6 @@ from __future__ import annotations
 import functools
 import heapq
 import itertools
-import json
 import os
 import threading
 import time
@@ -36,14 +33,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
-from ...records.boundedlog import MERGED_SHARE, WRITING, BoundedLog, Reader
+from ...records.boundedlog import WRITING, BoundedLog, Reader
 from ...records.logformat import format_size
 from ...records.files import open_own
 from ...records.folder import MERGED, METRICS
 from ...records.lines import LineSplitter
 from ...records.kerasepochs import KerasState
-from ...records.metrics import LINE_MAX, METRICS_MAX_SIZE, MetricLines, metric_lines, oversized, scalars
+from ...records.metrics import LINE_MAX, metric_lines, oversized, scalars
 from . import OPEN_FILES
+from .merged import MergedFiles
 from .progress import Progress
 
 if TYPE_CHECKING:
@@ -55,9 +53,6 @@ _READ_SIZE = 1 << 20
 # tflaunch's messages and the callers waiting on the pump's lock (a task's start, an attempt's end)
 # get their turn, and the logs take turns (what a log had no turn for waits for the next sweep).
 _READ_PER_SWEEP, _SWEEP_AT_MOST = 4 * _READ_SIZE, 16 * _READ_SIZE
-# merged.log's bytes of a sweep are written at once, or as soon as they reach this much: a sweep
-# that finds a flood in every log does not hold all of it in memory first.
-_WRITE_AT = 4 << 20
 
 
 # A sweep reads the logs the transports wrote to since the last one (their BoundedLog says so).
@@ -97,13 +92,8 @@ class OutputPump:
     def __init__(self, merged_path: Path, metrics_path: Path, console: Console, log_max_size: int,
                  interval: float = 0.02, clock=time.time):
         self.log_max_size = log_max_size
-        os.close(open_own(merged_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND))  # there from the start
-        self._merged = BoundedLog(merged_path, MERGED_SHARE * log_max_size)
-        self._merged_out: list[bytes | memoryview] = []  # merged.log's bytes of this sweep, written at once
-        self._merged_size = 0  # their length
-        os.close(open_own(metrics_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND))
-        self._metrics = BoundedLog(metrics_path, min(METRICS_MAX_SIZE, log_max_size))
-        self._metrics_out: list[bytes] = []  # metrics.jsonl's lines of this sweep, written at once
+        self.progress = Progress()  # read by the watchdog and the session
+        self.files = MergedFiles(merged_path, metrics_path, log_max_size, self.progress, clock)
         self.console = console
         self.interval = interval
         self.clock = clock
@@ -119,7 +109,6 @@ class OutputPump:
         self._stop = threading.Event()
         self._written = threading.Event()  # a log was written to since the pump last looked
         self._thread: threading.Thread | None = None
-        self.progress = Progress()  # read by the watchdog and the session
         self.attempt = 1  # the attempt tflaunch's own messages belong to
         # tflaunch's own messages waiting for the pump's thread: (time, attempt, text). The supervisor
         # that says one never waits for a sweep, however far behind a flood the pump is.
@@ -184,7 +173,7 @@ class OutputPump:
             self._open.clear()
             self._looks.clear()
             try:
-                self._flush_files()
+                self.files.flush()
             except OSError as exc:
                 self._failed(exc)
 
@@ -214,11 +203,8 @@ class OutputPump:
         if self._thread:
             self._thread.join()
         self.finish_all()
-        for stream in (self._merged, self._metrics):
-            try:
-                stream.close()
-            except OSError as exc:  # the last buffered bytes did not fit on the disk
-                self._failed(exc)
+        for exc in self.files.close():  # the last buffered bytes did not fit on the disk
+            self._failed(exc)
 
     def _run(self) -> None:
         # At most one sweep per interval, busy or not: a flood is then read in large blocks, each
@@ -231,7 +217,7 @@ class OutputPump:
                     self._write_messages()
                     self._sweep()
                     self._write_messages()
-                    self._flush_files()
+                    self.files.flush()
             except OSError as exc:
                 self._failed(exc)
             self._stop.wait(self.interval)
@@ -284,7 +270,7 @@ class OutputPump:
         """Remember the first write failure."""
         with self._failure_lock:
             if self._failure is None:
-                where = exc.filename or self._merged.path
+                where = exc.filename or self.files.merged.path
                 self._failure = f"{where}: {exc.strerror or exc}"
 
     # -- lines --------------------------------------------------------------------------
@@ -300,7 +286,7 @@ class OutputPump:
         with self._lock:
             try:
                 self._write_messages()
-                self._flush_files()
+                self.files.flush()
             except OSError as exc:
                 self._failed(exc)
 
@@ -309,7 +295,7 @@ class OutputPump:
         messages = self._messages
         while messages:
             said_at, attempt, text = messages.popleft()
-            self._write_merged(LAUNCHER_NAME, attempt, text, said_at)
+            self.files.lines(LAUNCHER_NAME, attempt, text, said_at)
 
     def _read(self, source: _Source, force: bool = False) -> int:
         """Read what ``source`` wrote since last time, up to its share of a sweep (``force``: all of
@@ -358,7 +344,7 @@ class OutputPump:
     def _skipped(self, source: _Source, count: int) -> None:
         """Output gone from the task's log before the pump read it: merged.log says so, in place."""
         self._emit(source, source.splitter.flush_block())
-        self._write_merged(LAUNCHER_NAME, source.attempt,
+        self.files.lines(LAUNCHER_NAME, source.attempt,
                            f"{source.name}: {count:,} bytes ({format_size(count)}) of its output left out here: "
                            f"{MERGED} fell behind, and {source.name}'s log keeps its latest output\n".encode())
 
@@ -366,10 +352,10 @@ class OutputPump:
         """Route a block of complete lines: merged.log, metrics.jsonl, console."""
         if not block:
             return
-        self._write_merged(source.name, source.attempt, block)
+        self.files.lines(source.name, source.attempt, block)
         source.keras, records = metric_lines(block, source.keras)  # the one place metric lines are read
         if records:
-            self._record_metrics(source, records)
+            self.files.records(source.name, source.attempt, records)
             if not source.oversized and (size := oversized(block, records)):
                 source.oversized = True
                 self._say(f"{source.name} printed a metric line of {size:,} bytes, over the limit of "
@@ -384,34 +370,4 @@ class OutputPump:
     def _say(self, text: str) -> None:
         """One of tflaunch's messages said by the pump (its thread): on the console and in merged.log."""
         self.console.message(text)
-        self._write_merged(LAUNCHER_NAME, self.attempt, text.encode() + b"\n")
-
-    def _write_merged(self, name: str, attempt: int, block: bytes, now: float | None = None) -> None:
-        now = self.clock() if now is None else now
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}"
-        prefix = f"{stamp} [{attempt}] {name} | ".encode()
-        # One replace over the block; the prefix it leaves after the final newline is cut off.
-        prefixed = memoryview(block.replace(b"\n", b"\n" + prefix))[:-len(prefix)]
-        self._merged_out += (prefix, prefixed)
-        self._merged_size += len(prefix) + len(prefixed)
-        if self._merged_size >= _WRITE_AT:
-            self._flush_files()
-
-    def _record_metrics(self, source: _Source, records: MetricLines) -> None:
-        """Complete each record (task, attempt, time) and append it to metrics.jsonl."""
-        for _, record in records:
-            if record is None:
-                continue  # a malformed record stays in the logs, but is no metric
-            record.setdefault("task", source.name)
-            record["attempt"] = source.attempt
-            record.setdefault("time", round(self.clock(), 3))
-            self.progress.metric(source.attempt, source.name, record["time"])
-            self._metrics_out.append(json.dumps(record, separators=(",", ":")).encode() + b"\n")
-
-    def _flush_files(self) -> None:
-        out, self._merged_out, self._merged_size = self._merged_out, [], 0
-        if out:
-            self._merged.write_pieces(out)
-        metrics, self._metrics_out = self._metrics_out, []
-        if metrics:
-            self._metrics.write_pieces(metrics)
+        self.files.lines(LAUNCHER_NAME, self.attempt, text.encode() + b"\n")

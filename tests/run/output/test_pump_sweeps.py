@@ -30,7 +30,7 @@ def test_a_sweep_reads_the_logs_written_to_and_leaves_the_others_for_their_look(
         with open(paths[7], "ab") as handle:  # another writer: no one tells the pump
             handle.write(b"appended directly\n")
         pump._sweep()
-        pump._flush_files()
+        pump.files.flush()
         merged = (tmp_path / "merged.log").read_bytes()
         assert merged.endswith(b" [1] worker-150 | relayed\n") and merged.count(b"\n") == 1
     finally:
@@ -60,7 +60,7 @@ def test_a_relayed_log_is_looked_at_for_other_writers_only_every_relayed_check(t
             with open(path, "ab") as handle:
                 handle.write(b"appended directly\n")
         pump._sweep()
-        pump._flush_files()
+        pump.files.flush()
         merged = (tmp_path / "merged.log").read_bytes()
         assert b"worker-1 | appended directly\n" in merged  # its look came
         assert b"worker-0 | appended directly\n" not in merged  # its next look is an hour away
@@ -78,7 +78,7 @@ def test_the_pump_keeps_at_most_open_files_descriptors_however_many_logs_write(t
             pump._sweep()
         assert len(pump._open) <= pump_module.OPEN_FILES
         assert sum(1 for s in pump._sources if s.reader.is_open) <= pump_module.OPEN_FILES
-        pump._flush_files()
+        pump.files.flush()
         assert (tmp_path / "merged.log").read_bytes().count(b"| a line\n") == len(paths)
     finally:
         pump.close()
@@ -116,13 +116,13 @@ def test_a_task_log_followed_as_relayed_waits_for_its_quiet_look_from_the_first(
             with open(path, "ab") as handle:
                 handle.write(b"appended directly\n")
         pump._sweep()
-        pump._flush_files()
+        pump.files.flush()
         merged = (tmp_path / "merged.log").read_bytes()
         assert b"worker-1 | appended directly\n" in merged
         assert b"worker-0 | appended directly\n" not in merged  # an hour away: its writes are announced
         WRITING.get(str(relayed.resolve())).write(b"relayed\n")
         pump._sweep()
-        pump._flush_files()
+        pump.files.flush()
         merged = (tmp_path / "merged.log").read_bytes()  # an announced write reads what came before it too
         assert merged.index(b"worker-0 | appended directly\n") < merged.index(b"worker-0 | relayed\n")
     finally:
@@ -201,7 +201,7 @@ def _sweep_until_read(pump) -> int:
     while pump._changed or pump._queue:
         pump._sweep()
         sweeps += 1
-    pump._flush_files()
+    pump.files.flush()
     return sweeps
 
 
@@ -213,7 +213,7 @@ def test_a_sweep_reads_a_flood_in_part_so_the_other_logs_and_the_messages_get_th
         pump.message("said during the flood")
         pump._sweep()
         pump._write_messages()
-        pump._flush_files()
+        pump.files.flush()
         merged = (tmp_path / "merged.log").read_bytes()
         assert b"worker-1 | the other task's line\n" in merged and b"tflaunch | said during the flood\n" in merged
         assert 0 < merged.count(b"worker-0 | ") <= 2 * (64 << 10) // 64  # a part of the flood: its share
@@ -234,7 +234,7 @@ def test_floods_in_many_logs_take_turns_and_no_sweep_reads_more_than_its_limit(t
         for _ in range(2):
             before = (tmp_path / "merged.log").read_bytes()
             pump._sweep()
-            pump._flush_files()
+            pump.files.flush()
             new = (tmp_path / "merged.log").read_bytes()[len(before):]
             assert len(new) <= 4 * (64 << 10) * 2  # the limit, and the prefixes of its lines
             seen.append({piece.split(b" | ")[0].rsplit(b" ", 1)[1] for piece in new.splitlines()})
