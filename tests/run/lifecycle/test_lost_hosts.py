@@ -285,5 +285,8 @@ def test_a_straggler_host_is_named_over_ssh_and_left_out_for_a_spare(tflaunch, t
     first = [s for s in record["stragglers"] if s["attempt"] == 1]
     assert [(s["task"], s["host"]) for s in first] == [("worker-1", "node2")]
     assert first[0]["until"] is not None and first[0]["share"] >= 0.2
+    # On the spare, the cluster is balanced again: no one is named in attempt 2.
+    assert [s for s in record["stragglers"] if s["attempt"] == 2] == [], record["stragglers"]
+    assert lines_with(err, "straggler: worker-1 on node3") == lines_with(err, "straggler: worker-0") == [], err[-3000:]
     assert [(e["host"], e["attempt"]) for e in record["excluded"]] == [("node2", 2)]
     assert left_on(testhosts, ["node1", "node2", "node3"]) == {"node1": [], "node2": [], "node3": []}
