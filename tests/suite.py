@@ -10,9 +10,11 @@ TensorFlow runs) and ``rest`` (whatever no tier above took, so no test is ever l
 belongs to the first tier whose markers it has.
 
 Every tier runs in random order (pytest-randomly) with one seed, printed first and given again
-with ``--seed`` to replay the same order: a test that passes only after another fails here. Each
-tier's time and outcome are printed as it ends (after its slowest tests) and again in a table at the end. The exit code is
-0 when every tier passed (a tier with no test passes), else 1.
+with ``--seed`` to replay the same order: a test that passes only after another fails here. The
+unit and fast tiers run their tests in parallel worker processes (pytest-xdist, :data:`WORKERS`):
+there the seed fixes the order the tests are handed out in, not which worker runs each. Each
+tier's time and outcome are printed as it ends (after its slowest tests) and again in a table at
+the end. The exit code is 0 when every tier passed (a tier with no test passes), else 1.
 """
 
 from __future__ import annotations
@@ -35,6 +37,11 @@ TIERS = (
     ("tensorflow", "tensorflow"),
     ("rest", "not nothing"),
 )
+# Tiers whose tests run in parallel worker processes (pytest-xdist), and how many. The fast tier's
+# tests mostly wait for the runs they start: four workers on two cores took it from 283 s to 120 s.
+# The slower tiers' tests measure CPU shares, time terminals and share one network of test hosts or
+# one Slurm cluster: they run one at a time.
+WORKERS = {"unit": 2, "fast": 4}
 NO_TESTS = 5  # pytest's exit code when no test was selected
 SLOWEST = 10  # each tier ends with its slowest tests and their times: where the suite's time goes
 
@@ -52,7 +59,8 @@ def run_tier(name: str, expression: str, seed: int, passed_on: list[str]) -> tup
     what = "whatever the tiers above left" if name == TIERS[-1][0] else f"{dict(TIERS)[name]}, less the tiers above"
     print(f"\n=== tier {name}: {what}", flush=True)
     started = time.monotonic()
-    code = subprocess.call([sys.executable, "-m", "pytest", "-p", "randomly", f"--randomly-seed={seed}",
+    workers = ["-n", str(WORKERS[name])] if name in WORKERS else []
+    code = subprocess.call([sys.executable, "-m", "pytest", "-p", "randomly", f"--randomly-seed={seed}", *workers,
                             "-m", expression, f"--durations={SLOWEST}", *passed_on], cwd=ROOT)
     took = time.monotonic() - started
     print(f"=== tier {name}: {'passed' if code in (0, NO_TESTS) else f'FAILED (exit {code})'} in {took:.0f} s",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -319,9 +320,19 @@ def silent_name_server(tmp_path):
     """The argv prefix that runs a command with this machine's /etc/resolv.conf replaced (in a mount
     namespace of its own) by one whose name server takes every query and answers none."""
     silent = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    silent.bind(("127.0.0.99", 53))  # takes the queries, answers none
+    # On a loopback address of its own (a name server listens on port 53): tests in parallel
+    # workers each have theirs.
+    for _ in range(50):
+        address = f"127.{random.randrange(1, 255)}.{random.randrange(256)}.{random.randrange(1, 255)}"
+        try:
+            silent.bind((address, 53))  # takes the queries, answers none
+            break
+        except OSError:
+            continue
+    else:
+        pytest.fail("no free loopback address for the silent name server")
     resolv = tmp_path / "resolv.conf"
-    resolv.write_text("nameserver 127.0.0.99\noptions timeout:5 attempts:1\n")
+    resolv.write_text(f"nameserver {address}\noptions timeout:5 attempts:1\n")
     yield ["unshare", "--mount", "--propagation", "private", "sh", "-c",
            'mount --bind "$0" /etc/resolv.conf && exec "$@"', str(resolv)]
     silent.close()

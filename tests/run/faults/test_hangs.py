@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from conftest import TASK
+from launcher.records.control import SOCKET, short_path
 from launcher.run.faults.hang_verdict import CULPRIT, NO_STACKS, SAME_PLACE, UNCLEAR, names, peer_groups, verdict
 from launcher.run.faults.pyspy import LIBRARY, STDLIB, USER, kind_of, parse_dump
 from launcher.run.faults.watchdog import Activity, cpu_over, stalled
@@ -474,34 +475,35 @@ def test_another_user_cannot_ask_for_the_stacks_even_through_an_open_socket(tfla
         stop(proc)
 
 
+def dial(run_dir: Path) -> socket.socket:
+    """A client of the run's control socket, however deep its folder (the way tflaunch dials it)."""
+    client = socket.socket(socket.AF_UNIX)
+    with short_path(run_dir, SOCKET) as address:
+        client.connect(address)
+    return client
+
+
 def test_silent_or_oversized_clients_cannot_hold_the_socket(tflaunch):
     proc = sleepers(tflaunch)
     silent = []
     try:
         run_dir = running_run(tflaunch, proc)
-        address = str(run_dir / "control.sock")
         for _ in range(8):  # every slot taken by a client that never says anything
-            client = socket.socket(socket.AF_UNIX)
-            client.connect(address)
-            silent.append(client)
+            silent.append(dial(run_dir))
         wait_for(lambda: stacks(tflaunch, "--log-dir", str(tflaunch.log_dir)).returncode == 2, timeout=30,
                  message="a request beyond the slots to be turned away")
         for client in silent:
             client.close()
         silent.clear()
-        one = socket.socket(socket.AF_UNIX)  # one silent client costs one slot, not the socket
-        one.connect(address)
-        silent.append(one)
+        silent.append(dial(run_dir))  # one silent client costs one slot, not the socket
         shown = stacks(tflaunch, "--log-dir", str(tflaunch.log_dir))
         assert shown.returncode == 0 and "verdict: worker-1 differs" in shown.stdout
-        big = socket.socket(socket.AF_UNIX)
-        big.connect(address)
+        big = dial(run_dir)
         big.sendall(b"x" * 5000)
         answer = json.loads(big.makefile("rb").readline())
         big.close()
         assert answer == {"ok": False, "error": "request longer than 4096 bytes"}
-        odd = socket.socket(socket.AF_UNIX)
-        odd.connect(address)
+        odd = dial(run_dir)
         odd.sendall(b'{"op": "shutdown"}\n')
         assert json.loads(odd.makefile("rb").readline()) == {"ok": False,
                                                              "error": "unknown request 'shutdown' (known: 'stacks')"}
