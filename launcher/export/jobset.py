@@ -22,11 +22,11 @@ import json
 import shlex
 from typing import Any, Mapping
 
+from ..cluster.ranks import deciding_roles
 from ..cluster.spec import RestartPolicy
 from ..taskenv import ATTEMPT, RANK, TASK
 from .pods import PodPlan, RolePods
 from .podspec import CONTAINER_NAME, container, pod_spec
-from ..cluster.ranks import deciding_roles
 from ..records.states import Role
 
 API_VERSION = "jobset.x-k8s.io/v1alpha2"

@@ -82,7 +82,8 @@ def stalled(tasks: Mapping[str, Activity], now: float, since: float, window: flo
     if now - since <= window:
         return None
     start = now - window
-    watched = {name: activity for name, activity in tasks.items() if activity.role in TRAINING_ROLES}  # ps tasks and evaluators wait by design
+    # ps tasks and evaluators wait by design
+    watched = {name: activity for name, activity in tasks.items() if activity.role in TRAINING_ROLES}
     if not watched:
         return None
     cpu: dict[str, float | None] = {}

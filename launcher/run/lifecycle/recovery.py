@@ -28,7 +28,7 @@ from .task import AttemptResult
 if TYPE_CHECKING:
     from ..faults.diagnose import Diagnosis
 
-log = tracer("session")
+log = tracer("recovery")
 DIAGNOSIS_LINES = 200  # lines of the root cause's log the known problems are matched against
 
 
@@ -110,7 +110,8 @@ class Recovery:
 
     def _culprit_host(self, plan: Plan, result: AttemptResult) -> str | None:
         """The host of the task the attempt's failure is laid on (its root cause, or the task a hang
-        watchdog named), unless the failure is a known mistake of the program (:data:`~launcher.run.faults.diagnose.PROGRAM_RULES`)."""
+        watchdog named), unless the failure is a known mistake of the program
+        (:data:`~launcher.run.faults.diagnose.PROGRAM_RULES`)."""
         from ..faults.diagnose import PROGRAM_RULES
 
         known = self.diagnosis

@@ -345,8 +345,8 @@ class OutputPump:
         """Output gone from the task's log before the pump read it: merged.log says so, in place."""
         self._emit(source, source.splitter.flush_block())
         self.files.lines(LAUNCHER_NAME, source.attempt,
-                           f"{source.name}: {count:,} bytes ({format_size(count)}) of its output left out here: "
-                           f"{MERGED} fell behind, and {source.name}'s log keeps its latest output\n".encode())
+                         f"{source.name}: {count:,} bytes ({format_size(count)}) of its output left out here: "
+                         f"{MERGED} fell behind, and {source.name}'s log keeps its latest output\n".encode())
 
     def _emit(self, source: _Source, block: bytes) -> None:
         """Route a block of complete lines: merged.log, metrics.jsonl, console."""
