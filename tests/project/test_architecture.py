@@ -58,6 +58,7 @@ def test_every_import_contract_is_kept():
     ("run/console/terminal.py", "from ...cluster import spec", "The console shows records only"),
     ("run/checks/preflight.py", "from ..console import chatter", "The checks stand alone"),
     ("run/faults/stragglers.py", "from ..output import pump", "never the pump or the resource sampler"),
+    ("run/lifecycle/launch.py", "from ...cluster.ports import reserve_ports", "takes no step of a plan itself"),
 ])
 def test_an_import_that_breaks_a_contract_is_named(tmp_path, module, line, contract):
     copy = tmp_path / "launcher"

@@ -1,19 +1,23 @@
 """A run's plan, made in one place: from a launch request to the plan each attempt runs.
 
-A :class:`LaunchRequest` is what a front end asks for. A :class:`Planner` owns every step between what a front end asked for and a task's launch:
+A :class:`LaunchRequest` is what a front end asks for. A :class:`Planner` owns every step between
+what a front end asked for and a task's launch, in this order:
 
 1. the spec (made when the planner is): the cluster the request names, the run options over it
    (command, log_dir, threads, cooldown, min_workers, the network), its by-name values checked;
-2. this machine's ``auto`` ports, reserved and locked (:meth:`Planner.reserve`) and its fixed ports
-   checked free (:meth:`Planner.check_local_ports`);
-3. the other hosts' ``auto`` ports, picked and held by their agents (:meth:`Planner.with_agent_ports`);
-4. the placeholder plan (a stand-in run id) that ``--dry-run`` shows, the preflight checks and every
-   host's agent starts from (:meth:`Planner.placeholder`, :meth:`Planner.host_launches`), refused
-   first where the whole plan would be (too large a TF_CONFIG, GPUs shared without leave);
-5. each attempt's plan, for the run and the cluster the host pool chose (:meth:`Planner.attempt`).
+2. this machine's ``auto`` ports, reserved and locked within the open files the run can spare;
+3. the other hosts' ``auto`` ports, picked and held by their agents (a spare whose agent cannot
+   pick them is left out);
+4. this machine's fixed ports checked free (for a run on the machine's own network);
+5. the placeholder plan (a stand-in run id) that ``--dry-run`` shows, the preflight checks and every
+   host's agent starts from, refused first where the whole plan would be (too large a TF_CONFIG,
+   GPUs shared without leave);
+6. each attempt's plan, for the run and the cluster the host pool chose.
 
-The steps take and give specs, so that :mod:`.launch` can run them in the order that reaches the
-hosts while the rest is set up; every plan comes from here.
+Steps 2 to 5 are :meth:`Planner.plan_run`, which hands the run one finished :class:`RunPlan`: the
+cluster with every port chosen and the launches that bring up its hosts' agents. The run
+(:mod:`.launch`) starts the agents from it, leaves out the spares its preflight refuses
+(:meth:`RunPlan.without`), and plans each attempt with :meth:`RunPlan.attempt`.
 """
 
 from __future__ import annotations
@@ -21,21 +25,23 @@ from __future__ import annotations
 import errno
 import os
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping
 
-from ...cluster.machine import cpu_count, local_host_names
+from ...cluster.checks import floor_problem, missing_gpus_warning
+from ...cluster.machine import cpu_count, gpu_count, local_host_names
 from ...cluster.placement import checked_spec
 from ...cluster.plan import Plan, RunContext, TaskLaunch, check_cluster_fits, plan_cluster
 from ...cluster.ports import HELD_AT_MOST, PortReservation, port_is_free, reserve_ports
-from ...cluster.spec import AUTO, ClusterSpec, TaskSpec, check_launch_input, is_local
+from ...cluster.spec import AUTO, ClusterSpec, Network, TaskSpec, check_launch_input, is_local
 from ...errors import EnvironmentProblem, OptionsError, PortInUseError, UnknownTaskError
 from ...options import RunOptions, given
 from ...options import name as option_name
 from ...records.folder import DEFAULT_LOG_DIR, RUN_ID_PLACEHOLDER
 from ...records.states import plural
 from ..checks.isolation import choose_network
+from .limits import check_open_files
 
 if TYPE_CHECKING:
     from ...transports import TransportSet
@@ -74,8 +80,6 @@ class Planner:
         if options.cooldown is not None:
             spec = replace(spec, cooldown=options.cooldown)
         if options.min_workers is not None:
-            from ...cluster.checks import floor_problem
-
             problem = floor_problem(spec, options.min_workers)
             if problem:
                 raise OptionsError(f"{option_name('min_workers')}: {problem}")
@@ -86,6 +90,35 @@ class Planner:
         if unknown:
             raise UnknownTaskError(spec.source, given("tasks", ",".join(options.tasks)), unknown, known)
         return spec
+
+    def notes(self) -> list[str]:
+        """What the user should hear before the run starts and that does not stop it: tasks given
+        GPUs this machine does not have (TensorFlow falls back to what there is)."""
+        warning = missing_gpus_warning(self.spec, self.local_hosts, gpu_count())
+        return [warning] if warning else []
+
+    def plan_run(self, transports: TransportSet, *, checking: bool = False) -> RunPlan:
+        """Steps 2 to 5: the run's finished plan before its first attempt. Remote ``auto`` ports are
+        picked through ``transports`` (the run's agents, which start here when the cluster has any).
+
+        ``checking`` plans for ``tflaunch check``: every slot's launch for its probes, at most the
+        usual ports held, and a fixed port in use left for the probes to report."""
+        hold = HELD_AT_MOST if checking else check_open_files(self.spec, self.local_hosts)
+        reservation = self.reserve(hold)
+        try:
+            spec, refused = self.with_agent_ports(self.spec.with_ports(reservation.ports), transports)
+            if not checking and spec.network is Network.OPEN:  # in a namespace of its own, the machine's ports do not matter
+                self.check_local_ports(spec, set(reservation.ports))
+            remote = spec.transport is not None or not all(is_local(t.host, self.local_hosts) for t in spec.slots)
+            # The preflight checks every task's plan, and every spare slot's; without it, each host's
+            # first task is enough to bring up its agent.
+            preflight = checking or (remote and not self.options.no_check)
+            launches = (self.placeholder(checked_spec(spec)).launches if preflight
+                        else self.host_launches(checked_spec(spec)))
+        except BaseException:
+            reservation.release()
+            raise
+        return RunPlan(self, spec, reservation, launches, preflight, refused)
 
     # -- ports -------------------------------------------------------------------------------
 
@@ -194,3 +227,47 @@ class Planner:
 def without_spares(spec: ClusterSpec, hosts: Mapping[str, str]) -> ClusterSpec:
     """The cluster without the spare slots on ``hosts``."""
     return replace(spec, spares=tuple(slot for slot in spec.spares if slot.host not in hosts)) if hosts else spec
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """A run's finished plan before its first attempt (:meth:`Planner.plan_run`)."""
+
+    planner: Planner
+    spec: ClusterSpec  # every task's and spare's port chosen
+    reservation: PortReservation  # this machine's ``auto`` ports, locked for the run
+    agent_launches: tuple[TaskLaunch, ...]  # what brings up each host's agent (every slot's, with a preflight)
+    preflight: bool  # the agent launches are every slot's, for the preflight to check
+    refused: dict[str, str] = field(default_factory=dict)  # spares left out, {host: why}
+
+    @property
+    def fixed_ports(self) -> list[int]:
+        """Every port the plan has chosen (a sealed run's namespace reserves them inside)."""
+        return [int(task.port) for task in self.spec.slots if task.port != AUTO]
+
+    @property
+    def mesh_probe(self) -> bool:
+        """Whether the preflight may dial the tasks' ports between hosts: not while this machine
+        holds picked ports (a probe would have to listen on them)."""
+        return not self.reservation.ports
+
+    def without(self, failed: Mapping[str, str]) -> RunPlan:
+        """The plan without the spares that failed the preflight, {host: why}."""
+        if not failed:
+            return self
+        return replace(self, spec=without_spares(self.spec, failed), refused={**self.refused, **failed})
+
+    def check_local_ports(self) -> None:
+        """Refuse the run when a fixed port on this machine is taken (a run that was to be sealed
+        in a namespace of its own and meets the machine's network after all)."""
+        self.planner.check_local_ports(self.spec, set(self.reservation.ports))
+
+    def attempt(self, context: RunContext, cluster: ClusterSpec) -> Plan:
+        """Step 6: the plan of one attempt. Its tasks start right after it is made and bind their
+        ports themselves: the sockets that held them go now (the locks stay for the run)."""
+        self.reservation.unhold()
+        return self.planner.attempt(context, cluster)
+
+    def release(self) -> None:
+        """Let go of this machine's ports, once the run has ended."""
+        self.reservation.release()
