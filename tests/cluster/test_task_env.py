@@ -156,7 +156,7 @@ def test_the_names_this_machine_goes_by_are_one_host_for_local_ranks():
 def test_the_rank_is_tensorflows_id_in_the_cluster_of_tf_config(chiefs, workers, others):
     import json
 
-    text = (f"chief: [h:1]\n" if chiefs else "") + (
+    text = ("chief: [h:1]\n" if chiefs else "") + (
         f"worker: [{', '.join(f'h:{100 + i}' for i in range(workers))}]\n" if workers else "") + others
     for launch in planned(text):
         config = json.loads(launch.env["TF_CONFIG"])

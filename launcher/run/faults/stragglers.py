@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -45,6 +44,7 @@ from ...records.states import TaskState
 from ...records.trace import tracer
 from ...transports.base import ThreadTimes
 from ..lifecycle.task import Task, Trip
+from .readings import TaskReadings
 
 log = tracer("stragglers")
 
@@ -141,8 +141,7 @@ class StragglerWatch:
         self.clock = clock
         self.started = clock()
         self.next_judgement = self.started
-        self.history: dict[str, deque[tuple[float, ThreadTimes]]] = {}
-        self.pids: dict[str, int | None] = {}
+        self.history: TaskReadings[ThreadTimes] = TaskReadings(lambda reading: reading.threads)
         self.suspects: dict[str, _Suspect] = {}
         self.calm_since: dict[str, float] = {}
         self.records: dict[str, StragglerRecord] = {}  # the confirmed ones still going, by task
@@ -179,19 +178,10 @@ class StragglerWatch:
     def _read(self, tasks: list[Task], now: float) -> None:
         for task in tasks:
             if task.role not in TRAINING_ROLES or task.state is not TaskState.RUNNING or task.process is None:
-                self.history.pop(task.name, None)
+                self.history.drop(task.name)
                 continue
-            reading = task.process.reading()
-            if reading is None or reading.threads is None:
-                continue
-            history = self.history.setdefault(task.name, deque())
-            if self.pids.get(task.name, reading.pid) != reading.pid:
-                history.clear()  # restarted in place: its totals count from zero again
-            self.pids[task.name] = reading.pid
-            if not history or reading.at > history[-1][0]:
-                history.append((reading.at, reading.threads))
-            while len(history) > 2 and history[1][0] <= now - 2 * WINDOW:
-                history.popleft()
+            self.history.add(task.name, task.process.reading())
+            self.history.trim(task.name, now - 2 * WINDOW, keep=2)
 
     def judge(self, found: Mapping[str, tuple[float, str]], now: float) -> Trip | None:
         """Fold one judgement of every task's share in: confirm, update and end stragglers."""

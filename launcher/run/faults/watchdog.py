@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
@@ -44,6 +43,7 @@ from ...records.trace import tracer
 from ..output.progress import Progress
 from ..console.chatter import meaningful
 from ..lifecycle.task import Task, Trip
+from .readings import TaskReadings
 from ...cluster.ranks import TRAINING_ROLES, deciding_roles
 from ...records.states import Role
 
@@ -161,8 +161,7 @@ class Watchdog:
         self.mesh_problems = mesh_problems or _mesh_problems  # the broken pairs of a live cluster
         self.verdict: Verdict | None = None  # once a hang was declared
         self.root_cause: RootCause | None = None  # the hang's culprit, when one task is to blame
-        self._cpu: dict[str, deque[tuple[float, float]]] = {}
-        self._pids: dict[str, int | None] = {}
+        self._cpu: TaskReadings[float] = TaskReadings(lambda reading: reading.cpu_seconds)
 
     def __call__(self, tasks: list[Task]) -> Trip | None:
         now = self.clock()
@@ -212,17 +211,8 @@ class Watchdog:
 
     def _readings(self, task: Task, start: float) -> tuple[tuple[float, float], ...]:
         """The task's CPU readings that the window needs (the newest one before it, and those after)."""
-        history = self._cpu.setdefault(task.name, deque())
-        reading = task.process.reading()
-        if reading is not None:
-            if self._pids.get(task.name, reading.pid) != reading.pid:
-                history.clear()  # restarted in place: its CPU counts from zero again
-            self._pids[task.name] = reading.pid
-            if not history or reading.at > history[-1][0]:
-                history.append((reading.at, reading.cpu_seconds))
-        while len(history) > 1 and history[1][0] <= start:
-            history.popleft()
-        return tuple(history)
+        self._cpu.add(task.name, task.process.reading())
+        return self._cpu.trim(task.name, start)
 
     def declare(self, running: list[Task], stall: Stall, hang: float) -> Trip:
         """A hang: sample every task's stacks at once, compare them, file them, and blame the odd ones out."""

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from launcher.records.metrics import metric_lines, scalars
+from launcher.records.metrics import metric_lines
 from launcher.run.console.writer import Console
 from launcher.run.console.metricview import KEPT, MetricBoard
 from launcher.run.console.terminal import FileBound
