@@ -17,6 +17,10 @@ import signal
 
 import pytest
 
+# tests/suite.py runs a tier's tests that must run alone after its others: the run of the others
+# writes the ids of those (the tests the expression in ALONE_EXPRESSION selects) to ALONE_FILE.
+ALONE_FILE = "TFLAUNCH_SUITE_ALONE_FILE"
+ALONE_EXPRESSION = "TFLAUNCH_SUITE_ALONE_EXPRESSION"
 NOT_UNIT_MARKERS = ("slow", "tensorflow", "ssh", "slurm", "gpu")
 PROCESS_FIXTURES = ("tflaunch", "testhosts", "testslurm")
 # Variables set by others than the test: pytest (for every phase of every test) and scikit-learn (with
@@ -40,6 +44,23 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if conflicts:
         pytest.fail(f"{item.nodeid} is marked unit (pure logic, no TensorFlow, ssh, Slurm or tflaunch run) but is "
                     f"also {', '.join(conflicts)}: drop the unit mark or move the test", pytrace=False)
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects them
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Taken out of the environment: a pytest that a test starts must not write over the list.
+    path, selected = os.environ.pop(ALONE_FILE, None), os.environ.pop(ALONE_EXPRESSION, None)
+    if not path or not selected:
+        return
+    from _pytest.mark import MarkMatcher
+    from _pytest.mark.expression import Expression
+
+    expression = Expression.compile(selected)
+    alone = [item.nodeid for item in items if expression.evaluate(MarkMatcher.from_markers(item.iter_markers()))]
+    written = f"{path}.{os.getpid()}"  # pytest-xdist's workers each collect, and write the same ids
+    with open(written, "w") as out:
+        out.write("".join(f"{nodeid}\n" for nodeid in alone))
+    os.replace(written, path)
 
 
 def _handlers() -> dict[str, object]:

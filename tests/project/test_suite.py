@@ -10,7 +10,7 @@ import pytest
 from _pytest.mark.expression import Expression
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from suite import TIERS, expressions, main  # noqa: E402
+from suite import STAGES, TIERS, WORKERS, TierRun, expressions, main, parts  # noqa: E402
 
 pytestmark = pytest.mark.unit
 MARKERS = ("unit", "slow", "tensorflow", "ssh", "slurm", "gpu")
@@ -43,3 +43,41 @@ def test_an_unknown_tier_is_one_line_and_exit_code_2(capsys):
         main(["--tiers", "unit,fastest"])
     assert exit_.value.code == 2
     assert "--tiers: no tier fastest (tiers: unit, fast, processes, ssh, slurm, tensorflow, rest)" in capsys.readouterr().err
+
+
+def test_every_tier_runs_in_one_stage_in_the_tiers_order():
+    assert [name for stage in STAGES for name in stage] == [name for name, _ in TIERS]
+
+
+def test_a_tier_in_workers_or_beside_another_runs_its_alone_tests_after_it():
+    (unit,) = parts(("unit",))
+    assert unit[0] == "unit" and unit[1].endswith("and not alone") and unit[2].endswith("and alone")
+    assert "unit" in WORKERS
+    ssh, slurm = parts(("ssh", "slurm"))
+    assert ssh[1] == f"{expressions()['ssh']} and not alone" and slurm[2] == f"{expressions()['slurm']} and alone"
+    (rest,) = parts(("rest",))
+    assert "rest" not in WORKERS and rest == ("rest", expressions()["rest"], None)  # one at a time already
+
+
+@pytest.mark.timeout(120)
+def test_the_run_of_a_tiers_other_tests_names_those_that_run_alone(tmp_path, capsys):
+    # The sample runs under the suite's own plugin (tests/tiers.py), as every test file does.
+    (tmp_path / "conftest.py").write_text(f"import sys\nsys.path.insert(0, {str(Path(__file__).parents[1])!r})\n"
+                                          "pytest_plugins = ['tiers']\n")
+    (tmp_path / "test_sample.py").write_text(
+        "import pytest\n"
+        "def test_beside():\n    pass\n"
+        "@pytest.mark.alone\ndef test_alone():\n    pass\n"
+        "@pytest.mark.alone\n@pytest.mark.parametrize('n', [1, 2])\ndef test_alone_twice(n):\n    pass\n")
+    run = TierRun("fast", ["-m", "not alone", str(tmp_path)], 1, ["-p", "no:cacheprovider", "--rootdir", str(tmp_path)],
+                  held=True, alone="alone")
+    assert run.wait() == 0
+    assert sorted(nodeid.split("::")[1] for nodeid in run.left_alone) == ["test_alone", "test_alone_twice[1]",
+                                                                    "test_alone_twice[2]"]
+    shown = capsys.readouterr().out
+    assert "1 passed, 3 deselected" in shown and "=== tier fast: passed" in shown
+    # The ids are the rootdir's (the suite's own is the repository, where it runs pytest).
+    by_itself = TierRun("fast", [f"{tmp_path}/{nodeid}" for nodeid in run.left_alone], 1, ["-p", "no:cacheprovider", "--rootdir", str(tmp_path)],
+                        held=True, by_itself=True)
+    assert by_itself.wait() == 0
+    assert "3 passed" in capsys.readouterr().out

@@ -564,6 +564,7 @@ def check_named(done, culprit: str, function: str, line: int, thread: str = "Mai
     return root
 
 
+@pytest.mark.alone  # a 6 s hang timeout: a slow start on a loaded machine would look like a hang
 @pytest.mark.slow
 @pytest.mark.tensorflow
 def test_an_input_pipeline_stall_is_declared_and_its_worker_named(tflaunch):
@@ -577,6 +578,7 @@ def test_an_input_pipeline_stall_is_declared_and_its_worker_named(tflaunch):
     assert "; root cause: worker-2 on localhost: worker-2 differs from the rest: thread " in shown.stderr
 
 
+@pytest.mark.alone  # a 6 s hang timeout: a slow start on a loaded machine would look like a hang
 @pytest.mark.slow
 @pytest.mark.tensorflow
 @pytest.mark.parametrize("culprit", ["chief-0", "worker-0"])
@@ -585,6 +587,7 @@ def test_a_task_waiting_in_user_code_between_steps_is_named_in_any_role(tflaunch
     check_named(done, culprit, "wait_for_barrier_file", line_of("time.sleep(1.0)"))
 
 
+@pytest.mark.alone  # a 6 s hang timeout: a slow start on a loaded machine would look like a hang
 @pytest.mark.slow
 @pytest.mark.tensorflow
 def test_a_stuck_worker_that_keeps_logging_is_declared_hung(tflaunch):
@@ -594,6 +597,7 @@ def test_a_stuck_worker_that_keeps_logging_is_declared_hung(tflaunch):
     assert retries >= HANG_TIMEOUT  # it logged all along, and the hang was declared all the same
 
 
+@pytest.mark.alone  # a 6 s hang timeout: a slow start on a loaded machine would look like a hang
 @pytest.mark.slow
 @pytest.mark.tensorflow
 def test_every_task_waiting_in_the_same_place_blames_no_task(tflaunch):
@@ -606,6 +610,7 @@ def test_every_task_waiting_in_the_same_place_blames_no_task(tflaunch):
     assert json.loads((done.run_dir / "attempt-1" / "stacks" / "verdict.json").read_text())["verdict"] == "same-place"
 
 
+@pytest.mark.alone  # a 6 s hang timeout: a slow start on a loaded machine would look like a hang
 @pytest.mark.slow
 @pytest.mark.tensorflow
 def test_tasks_computing_longer_than_the_hang_timeout_without_printing_are_not_hung(tflaunch):
@@ -619,6 +624,7 @@ def test_tasks_computing_longer_than_the_hang_timeout_without_printing_are_not_h
         assert f"{name}: " in done.task_output(name) and "silent steps in" in done.task_output(name)
 
 
+@pytest.mark.alone  # a 6 s hang timeout: a slow start on a loaded machine would look like a hang
 @pytest.mark.slow
 @pytest.mark.tensorflow
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user with setpriv")
@@ -646,6 +652,7 @@ def test_stacks_of_a_hung_mwms_run_name_its_culprit_for_its_owner_only(tflaunch,
         stop(proc)
 
 
+@pytest.mark.alone  # a 6 s hang timeout: a slow start on a loaded machine would look like a hang
 @pytest.mark.slow
 @pytest.mark.ssh
 @pytest.mark.tensorflow
@@ -667,6 +674,7 @@ def test_the_culprit_of_a_hang_across_ssh_hosts_is_named_through_the_agents(tfla
     assert {t["host"] for t in done.record["tasks"]} == {"node1", "node2"}
 
 
+@pytest.mark.alone  # a 6 s hang timeout: a slow start on a loaded machine would look like a hang
 @pytest.mark.slow
 @pytest.mark.slurm
 def test_the_culprit_of_a_hang_inside_a_slurm_allocation_is_named_through_the_agents(testslurm, tmp_path):

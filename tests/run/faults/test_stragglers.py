@@ -253,6 +253,7 @@ def watched(pid: int, looks: int) -> threads.ThreadWatch:
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # its waiting thread must get the CPU it asks for
 def test_the_agent_counts_a_sleeping_thread_as_stalled_and_a_waiting_one_not():
     sleeper, waiter = started(SLEEPER), started(WAITER)
     try:
@@ -277,6 +278,7 @@ def cpu_lost(pid: int, seconds: float = 6.0) -> float:
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # it measures the CPU its tasks lose: nothing else may take any
 @needs_two_cpus
 def test_the_agent_sees_a_task_lose_its_cpu_to_a_neighbour_and_to_its_quota():
     cpus = sorted(os.sched_getaffinity(0))[:2]
@@ -339,6 +341,7 @@ def first_batch(tflaunch, tasks: int, timeout: float = 120) -> float:
     return max(wait_for(times, timeout=timeout, message="every task training"))
 
 
+@pytest.mark.alone  # step times and CPU shares: nothing else may take the CPU
 @pytest.mark.slow
 @pytest.mark.tensorflow
 @pytest.mark.timeout(540)
@@ -418,6 +421,7 @@ def pinned_run(tflaunch, seconds: float, command: list[str], neighbour: bool = F
 WIDE = ["python", PROGRAM, "--steps", "100000", "--width", "512"]
 
 
+@pytest.mark.alone  # step times and CPU shares: nothing else may take the CPU
 @pytest.mark.slow
 @pytest.mark.tensorflow
 @pytest.mark.timeout(300)
@@ -427,6 +431,7 @@ def test_two_pinned_workers_without_a_neighbour_name_no_one(tflaunch):
     assert straggler_lines(console) == [] and record["stragglers"] == [], console[-3000:]
 
 
+@pytest.mark.alone  # step times and CPU shares: nothing else may take the CPU
 @pytest.mark.slow
 @pytest.mark.tensorflow
 @pytest.mark.timeout(300)
@@ -442,6 +447,7 @@ def test_a_worker_sharing_its_cpu_with_a_busy_program_is_named(tflaunch):
     assert entry["task"] == "worker-1" and entry["share"] >= CONFIRM_SHARE
 
 
+@pytest.mark.alone  # step times and CPU shares: nothing else may take the CPU
 @pytest.mark.slow
 @pytest.mark.tensorflow
 @pytest.mark.timeout(360)

@@ -261,6 +261,7 @@ STRAGGLER = str(Path(__file__).resolve().parents[2] / "helpers" / "mwms_straggle
 
 
 @pytest.mark.tensorflow
+@pytest.mark.alone  # step times: nothing else may take the CPU
 def test_a_straggler_host_is_named_over_ssh_and_left_out_for_a_spare(tflaunch, testhosts, tmp_path):
     # Every task on node2 has an input pipeline that sleeps 0.2 s per batch: a slow machine, for good.
     cluster = cluster_file(tmp_path, testhosts, ["node1", "node2"], spares=["node3"])
