@@ -23,19 +23,18 @@ class TaskReadings(Generic[Value]):
         self._history: dict[str, deque[tuple[float, Value]]] = {}
         self._pids: dict[str, int | None] = {}
 
-    def add(self, name: str, reading: Reading | None) -> deque[tuple[float, Value]]:
+    def add(self, name: str, reading: Reading | None) -> None:
         """Take ``reading`` into the task's history, unless it has nothing to read or is not newer
-        than the last one; returns the history."""
+        than the last one."""
         history = self._history.setdefault(name, deque())
         value = self.value(reading) if reading is not None else None
         if reading is None or value is None:
-            return history
+            return
         if self._pids.get(name, reading.pid) != reading.pid:
             history.clear()  # restarted in place: its totals count from zero again
         self._pids[name] = reading.pid
         if not history or reading.at > history[-1][0]:
             history.append((reading.at, value))
-        return history
 
     def trim(self, name: str, start: float, keep: int = 1) -> tuple[tuple[float, Value], ...]:
         """The task's history from the newest reading at or before ``start`` on (those before it are
