@@ -674,7 +674,7 @@ def test_the_culprit_of_a_hang_across_ssh_hosts_is_named_through_the_agents(tfla
     assert {t["host"] for t in done.record["tasks"]} == {"node1", "node2"}
 
 
-@pytest.mark.alone  # a 6 s hang timeout: a slow start on a loaded machine would look like a hang
+@pytest.mark.alone  # a 3 s hang timeout: a slow start on a loaded machine would look like a hang
 @pytest.mark.slow
 @pytest.mark.slurm
 def test_the_culprit_of_a_hang_inside_a_slurm_allocation_is_named_through_the_agents(testslurm, tmp_path):
