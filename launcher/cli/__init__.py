@@ -16,7 +16,7 @@ import click
 
 from ..errors import LaunchError
 from ..run.lifecycle.signals import Interrupted
-from .group import cli  # each command's module registers it on the group when it is first used
+from .group import cli, close_options  # each command's module registers it on the group when it is first used
 
 __all__ = ["cli", "main"]
 
@@ -28,6 +28,12 @@ def main(argv: list[str] | None = None) -> None:
         # still ends the process with 1 itself on a broken pipe.
         code = cli.main(args=argv, prog_name="tflaunch", standalone_mode=False)
         sys.exit(code if isinstance(code, int) else 0)
+    except click.NoSuchOption as error:  # the commands that take a task command say more (TaskCommand)
+        like = close_options(error.option_name, error.ctx.command.get_params(error.ctx)) if error.ctx else []
+        hint = f"; did you mean {' or '.join(like)}?" if like else f"; see '{error.ctx.command_path} --help'" \
+            if error.ctx else ""
+        where = error.ctx.command_path if error.ctx else "tflaunch"
+        _fail(f"{where} has no option {error.option_name}{hint}", error.exit_code)
     except click.UsageError as error:
         # click's usage errors (an unknown option, a bad value) take the one format too; the usage
         # line and the pointer to --help stay above it.

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import os
 import re
@@ -57,15 +58,26 @@ RUN_SOURCES = "(CLUSTER.yaml | --local N | -H HOSTS)"
 _PROGRAM = re.compile(r"(.*\.py|python[0-9.]*|.*/python[0-9.]*)")
 
 
-class TaskCommand(click.Command):
+class ClusterCommand(click.Command):
+    """A command told which cluster by the cluster options; ``sources``: how its usage line names them."""
+
+    def __init__(self, *args, sources: str, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.sources = sources
+
+    def format_usage(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        formatter.write(f"Usage: {_typed(ctx)} [OPTIONS] {self.sources}\n")
+
+
+class TaskCommand(ClusterCommand):
     """A command that takes a task command after ``--`` (kept apart from the options, in
-    ``ctx.meta["tflaunch.command"]``). ``sources``: how its usage line names the cluster;
-    ``choosers``: its options that name a cluster without a file. A task command given without
-    ``--`` is one line saying so, with the command line corrected."""
+    ``ctx.meta["tflaunch.command"]``). ``choosers``: its options that name a cluster without a
+    file. A task command given without ``--`` is one line saying so, with the command line
+    corrected; so is an option of the task command given before ``--``."""
 
     def __init__(self, *args, sources: str, choosers: tuple[str, ...], **kwargs):
-        super().__init__(*args, **kwargs)
-        self.sources, self.choosers = sources, choosers
+        super().__init__(*args, sources=sources, **kwargs)
+        self.choosers = choosers
 
     def format_usage(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         # One line, unwrapped: "[-- CMD...]" must not be split at its "--". The command as typed:
@@ -79,7 +91,39 @@ class TaskCommand(click.Command):
             args = args[:cut]
         else:
             self._refuse_misplaced_command(ctx, args)
-        return super().parse_args(ctx, args)
+        given = list(args)  # click's parser consumes the list it is given
+        try:
+            return super().parse_args(ctx, args)
+        except click.NoSuchOption as error:
+            raise self._unknown_option(ctx, given, error.option_name) from None
+
+    def _unknown_option(self, ctx: click.Context, args: list[str], option: str) -> OptionsError:
+        """An option this command lacks: the one it looks like, else the task's option it most
+        likely is, with the command line that passes it after ``--``."""
+        params = self.get_params(ctx)
+        like = close_options(option, params)
+        if like:
+            return OptionsError(f"{_typed(ctx)} has no option {option}; did you mean {' or '.join(like)}?")
+        takes_value = _takes_value(params)
+        kept, moved, index = [], [], 0
+        while index < len(args):  # the command's own options stay before "--"; the unknown ones and their words go after
+            arg = args[index]
+            name = arg.split("=", 1)[0]
+            if name in takes_value:
+                step = 2 if takes_value[name] and "=" not in arg else 1
+                kept += args[index:index + step]
+                index += step
+            else:
+                (moved if moved or arg == option or arg.startswith(option + "=") else kept).append(arg)
+                index += 1
+        command = ctx.meta.get("tflaunch.command")
+        cluster_file = any(word.endswith((".yaml", ".yml")) for word in kept)
+        if command is None:
+            from ..cluster.plan import DEFAULT_COMMAND  # only on this error: the plan module is not light
+
+            command = ("CMD",) if cluster_file else DEFAULT_COMMAND
+        fixed = f"{_typed(ctx)} {shlex.join(masked_argv([*kept, '--', *command, *moved]))}"
+        return OptionsError(f"{_typed(ctx)} has no option {option}; to pass it to the command, put it after --: {fixed}")
 
     def _refuse_misplaced_command(self, ctx: click.Context, args: list[str]) -> None:
         """OptionsError when ``args`` hold a task command without ``--``: a program where the cluster
@@ -112,11 +156,28 @@ def _typed(ctx: click.Context) -> str:
     return ctx.find_root().command_path if ctx.meta.get(_IMPLIED) else ctx.command_path
 
 
+def close_options(option: str, params: list[click.Parameter]) -> list[str]:
+    """The options of ``params`` that ``option`` was most likely meant to be (a typo: ``--loacl`` for
+    ``--local``), compared without their dashes so that the dashes alone never make two names alike."""
+    names = {name.lstrip("-"): name for name in _takes_value(params) if name.startswith("--") == option.startswith("--")}
+    return [names[match] for match in difflib.get_close_matches(option.lstrip("-"), names, n=2, cutoff=_ALIKE)]
+
+
+# How alike (difflib's ratio, 0 to 1) a mistyped option and a real one must be to suggest it:
+# "loacl" and "local" are 0.8 alike, "epochs" and "ps" 0.5.
+_ALIKE = 0.75
+
+
+def _takes_value(params: list[click.Parameter]) -> dict[str, bool]:
+    """Each option name of ``params`` and whether it takes a value."""
+    return {name: not (param.is_flag or param.count) for param in params if isinstance(param, click.Option)
+            for name in (*param.opts, *param.secondary_opts)}
+
+
 def _positionals(args: list[str], params: list[click.Parameter]) -> list[int]:
     """Where the words of ``args`` that are no option nor an option's value are; empty at an unknown
     option before any word (click names it)."""
-    takes_value = {name: not (param.is_flag or param.count) for param in params if isinstance(param, click.Option)
-                   for name in (*param.opts, *param.secondary_opts)}
+    takes_value = _takes_value(params)
     found, index = [], 0
     while index < len(args):
         arg = args[index]

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BAD_FILE = "worker: [localhost:70000]\n"
 
 CASES = {
-    "unknown option": (["--local", "2", "--bogus"], "No such option '--bogus'"),
+    "unknown option": (["runs", "--bogus"], "tflaunch runs has no option --bogus; see 'tflaunch runs --help'"),
     "value out of range": (["runs", "--last", "0"], "Invalid value for '--last': 0 is not in the range"),
     "count below its least": (["--local", "0", "--dry-run"], "--local: expected a whole number >= 1, got 0"),
     "negative ps count": (["check", "--local", "2", "--ps", "-1"], "--ps: expected a whole number >= 0, got -1"),
@@ -72,6 +72,34 @@ def test_every_user_error_has_the_one_format(tmp_path, case):
     assert all(line.startswith(("Usage: tflaunch", "Try 'tflaunch")) for line in lines[:-1]), done.stderr
 
 
+# A task's option before "--", and a typo of one of tflaunch's options: one line each, exit 2.
+UNKNOWN_OPTIONS = {
+    "a task option before --": (["--local", "2", "--epochs", "2"], "tflaunch has no option --epochs; to pass it to the "
+                                "command, put it after --: tflaunch --local 2 -- python -m trainer --epochs 2"),
+    "task options around tflaunch's": (["--local", "2", "--epochs", "2", "--dry-run", "--lr=0.1"],
+                                       "tflaunch has no option --epochs; to pass it to the command, put it after --: "
+                                       "tflaunch --local 2 --dry-run -- python -m trainer --epochs 2 --lr=0.1"),
+    "a task option before -- and the command": (["-H", "localhost:2", "--epochs", "2", "--", "python", "t.py"],
+                                                "put it after --: tflaunch -H localhost:2 -- python t.py --epochs 2"),
+    "a task option to export": (["export", "--local", "2", "--epochs", "1"],
+                                "tflaunch export has no option --epochs; to pass it to the command, put it after --: "
+                                "tflaunch export --local 2 -- python -m trainer --epochs 1"),
+    "a typo": (["--loacl", "2"], "tflaunch has no option --loacl; did you mean --local?"),
+    "a typo of another command's option": (["runs", "--lats", "2"], "tflaunch runs has no option --lats; did you mean "
+                                                                    "--last?"),
+}
+
+
+@pytest.mark.parametrize("case", list(UNKNOWN_OPTIONS))
+def test_an_unknown_option_is_one_line_with_the_fix(tmp_path, case):
+    args, wanted = UNKNOWN_OPTIONS[case]
+    done = subprocess.run([sys.executable, "-m", "launcher", *args], capture_output=True, text=True, timeout=60,
+                          cwd=tmp_path, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert (done.returncode, done.stdout) == (2, ""), done.stderr
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("tflaunch: error: tflaunch") and line.endswith(wanted), line
+
+
 def test_every_mistake_of_a_cluster_file_is_one_error_line(tmp_path):
     (tmp_path / "bad.yaml").write_text("threads: many\nworker:\n  - {host: localhost, port: 70000}\n"
                                        "  - {host: localhost, prot: 2222}\n")
@@ -110,7 +138,8 @@ def test_a_file_that_is_no_cluster_file_and_no_script_is_read_as_one(tmp_path):
     (["--help"], "Usage: tflaunch (CLUSTER.yaml | --local N | -H HOSTS) [OPTIONS] [-- CMD...]"),
     (["run", "--help"], "Usage: tflaunch run [OPTIONS] (CLUSTER.yaml | --local N | -H HOSTS) [-- CMD...]"),
     (["--local", "x"], "Usage: tflaunch [OPTIONS] (CLUSTER.yaml | --local N | -H HOSTS) [-- CMD...]"),
-    (["export", "--bogus"], "Usage: tflaunch export [OPTIONS] (CLUSTER.yaml | --local N | -H HOSTS) [-- CMD...]"),
+    (["export", "--local", "x"], "Usage: tflaunch export [OPTIONS] (CLUSTER.yaml | --local N | -H HOSTS) [-- CMD...]"),
+    (["check", "--help"], "Usage: tflaunch check [OPTIONS] (CLUSTER.yaml | --local N | -H HOSTS)"),
 ])
 def test_the_usage_line_shows_local_n_and_the_task_command(args, usage):
     done = subprocess.run([sys.executable, "-m", "launcher", *args], capture_output=True, text=True, timeout=60,
