@@ -8,6 +8,7 @@ so that ``tflaunch --help`` stays light.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable
 from typing import TypeVar
@@ -20,6 +21,8 @@ from ..records.states import RunStatus
 from .group import cli
 
 RUN_ARG_HELP = f"RUN is {RUN_FORMS}."
+# compare names every run it compares: no RUN stands for the latest there.
+COMPARE_FORMS = RUN_FORMS.replace(" (the default)", "")
 T = TypeVar("T")
 
 log_dir_option = click.option("--log-dir", default=DEFAULT_LOG_DIR, show_default=True, metavar="DIR",
@@ -53,7 +56,9 @@ def runs_command(log_dir: str, last: int | None, as_json: bool) -> None:
     from ..inspect.runs import find_runs, summarize
     from ..slurm.job import job_status
 
-    summaries = [summarize(run, job_state=job_status) for run in find_runs(log_dir)[:last]]
+    # No log directory yet is no run yet: the first run makes it (other commands, which need a run, refuse).
+    runs = find_runs(log_dir)[:last] if os.path.lexists(log_dir) else []
+    summaries = [summarize(run, job_state=job_status) for run in runs]
     if summaries or as_json:
         _show(as_json, summaries, lambda found: [asdict(s) for s in found], runs_lines)
     else:
@@ -126,7 +131,7 @@ def report_command(run_ref: str | None, task: str | None, all_tasks: bool, plot:
     _show(as_json, report, lambda found: found.to_json(), report_lines)
 
 
-@cli.command("compare", epilog=f"Each RUN is {RUN_FORMS}.")
+@cli.command("compare", epilog=f"Each RUN is {COMPARE_FORMS}.")
 @click.argument("run_refs", nargs=-1, required=True, metavar="RUN RUN...")
 @log_dir_option
 @json_option

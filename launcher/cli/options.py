@@ -45,11 +45,13 @@ _OPTIONS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
                        "help": "With --local: add K parameter-server tasks; with -H/--hostfile: the K slots after the "
                                "chief's (implies --chief)."}),
     "evaluator": (("--evaluator",), {"is_flag": True, "help": "With -H/--hostfile: the last slot runs an evaluator."}),
-    "spares": (("--spares",), {"metavar": "HOST[:SLOTS],...|K",
+    "spares": (("--spares",), {"metavar": "HOST[:SLOTS],...",
                                "help": "With -H/--hostfile: spare hosts; a lost host's tasks move to a spare slot at "
-                                       "the next restart. With --slurm: hold the allocation's last K nodes back as "
-                                       "spares."}),
+                                       "the next restart."}),
 }
+# What --spares means besides, in a command that has --slurm.
+_SLURM_SPARES = {"metavar": "HOST[:SLOTS],...|K", "help": _OPTIONS["spares"][1]["help"] + " With --slurm: hold the "
+                 "allocation's last K nodes back as spares."}
 _GPUS = click.option("--gpus", callback=_parse_gpus, metavar="LIST",
                      help="With --local: GPU indices (e.g. 0,1) dealt round-robin to chief and workers; with "
                           "-H/--hostfile: each host's GPUs, dealt to that host's chief and workers.")
@@ -64,8 +66,11 @@ def cluster_options(*, gpus: bool, slurm: bool = False,
     their values as ``choice``, a :class:`ClusterChoice`, instead of one parameter each. ``gpus``: the
     command has ``--gpus``; ``slurm``: it has ``--slurm`` too (its messages may name it); ``words``:
     the help of the options whose meaning differs for this command, by option (``local``)."""
+    words = {**(words or {}), **({"spares": _SLURM_SPARES["help"]} if slurm else {})}
     options = [click.argument(*names, **settings) if name == "cluster"
-               else click.option(*names, **{**settings, **({"help": words[name]} if name in (words or {}) else {})})
+               else click.option(*names, **{**settings, **({"help": words[name]} if name in words else {}),
+                                            **({"metavar": _SLURM_SPARES["metavar"]} if slurm and name == "spares"
+                                               else {})})
                for name, (names, settings) in _OPTIONS.items()]
 
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:

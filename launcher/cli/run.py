@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from .group import RUN_SOURCES, TaskCommand, cli
+from .group import RUN_SOURCES, ClusterCommand, TaskCommand, cli
 from .options import ClusterChoice, cluster_options, run_option, run_options
 
 if TYPE_CHECKING:
@@ -128,7 +128,7 @@ def _source(choice: ClusterChoice, options: dict[str, Any]) -> ClusterSource:
     return choice.source()
 
 
-@cli.command("check")
+@cli.command("check", cls=ClusterCommand, sources=RUN_SOURCES)
 @cluster_options(gpus=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 @click.pass_context

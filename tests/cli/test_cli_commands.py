@@ -52,6 +52,16 @@ def test_a_command_given_by_name_still_runs_from_its_own_module(tmp_path):
     assert "no runs" in (done.stdout + done.stderr).lower()
 
 
+def test_runs_where_no_run_ever_wrote_a_log_directory_says_no_runs_yet(tmp_path):
+    """A fresh clone has no logs/: listing its runs finds none, which is no error."""
+    for args, stdout in ((["runs"], ""), (["runs", "--json"], "[]\n")):
+        done = subprocess.run([sys.executable, "-m", "launcher", *args], capture_output=True, text=True, timeout=60,
+                              cwd=tmp_path, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+        assert (done.returncode, done.stdout) == (0, stdout), done.stderr
+        assert done.stderr == ("no runs in logs/ yet\n" if not stdout else ""), done.stderr
+    assert not (tmp_path / "logs").exists()
+
+
 def test_version_exits_0_and_output_into_a_closed_pipe_exits_1_without_a_traceback(tmp_path):
     version = subprocess.run([sys.executable, "-m", "launcher", "--version"], capture_output=True, text=True,
                              timeout=60, cwd=ROOT)

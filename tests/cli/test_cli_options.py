@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 COMMANDS = ("run", "check", "export")
 SHARED = ("--local", "--hosts", "--hostfile", "--chief", "--ps", "--evaluator")
 EXPORT_WORDS = ("--local", "--hosts")  # what export's --local and -H make: pods, not tasks on this machine
-WITH_GPUS = ("run", "check")  # export writes manifests, where GPUs are the cluster's to hand out
+WITH_GPUS = ("run", "check")  # GPU indices of the hosts; export's --gpus is a count per pod
 
 
 def help_text(command: str) -> str:
@@ -60,8 +60,15 @@ def test_run_check_and_export_show_the_cluster_options_identically():
             assert shown["run"] == shown["check"] and "pod" in shown["export"], shown
     gpus = {command: entries[command].get("--gpus") for command in WITH_GPUS}
     assert None not in gpus.values() and len(set(gpus.values())) == 1, gpus
-    assert "--gpus" not in entries["export"]
-    assert texts["check"].startswith("Usage: tflaunch check [OPTIONS] CLUSTER.yaml"), texts["check"]
+    # export's --gpus is a count, as pods ask for GPUs, not this machine's GPU indices.
+    assert entries["export"]["--gpus"].startswith("--gpus N N GPUs for each chief and worker task: nvidia.com/gpu N "
+                                                  "per pod"), entries["export"]["--gpus"]
+    assert texts["check"].startswith("Usage: tflaunch check [OPTIONS] (CLUSTER.yaml | --local N | -H HOSTS)\n")
+    # Only run has --slurm, so only run's help speaks of it.
+    for command in COMMANDS:
+        assert ("--slurm" in texts[command]) == (command == "run"), command
+    assert entries["check"]["--spares"] == entries["export"]["--spares"]
+    assert entries["run"]["--spares"].startswith(entries["check"]["--spares"].replace(",...", ",...|K", 1))
     for command in ("run", "export"):  # the commands that take a task command
         usage = texts[command].splitlines()[0]
         assert usage == f"Usage: tflaunch {command} [OPTIONS] (CLUSTER.yaml | --local N | -H HOSTS) [-- CMD...]"
