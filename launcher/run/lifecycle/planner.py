@@ -84,12 +84,27 @@ class Planner:
             if problem:
                 raise OptionsError(f"{option_name('min_workers')}: {problem}")
             spec = replace(spec, min_workers=options.min_workers)
+        self._refuse_what_cannot_act(spec)
         spec = replace(spec, network=choose_network(spec, options, self.local_hosts))
         known = [task.name for task in spec.tasks]
         unknown = [name for name in options.tasks if name not in known]
         if unknown:
             raise UnknownTaskError(spec.source, given("tasks", ",".join(options.tasks)), unknown, known)
         return spec
+
+    def _refuse_what_cannot_act(self, spec: ClusterSpec) -> None:
+        """OptionsError for an option that leaves a host out when every task runs on this machine,
+        which is never left out: accepted, it would look like protection the run does not have."""
+        if spec.transport is not None or not all(is_local(t.host, self.local_hosts) for t in spec.slots):
+            return
+        why = "every task runs on this machine, which a run never leaves out"
+        if self.options.min_workers is not None:
+            raise OptionsError(f"{given('min_workers', self.options.min_workers)}: {why}, so no host is lost and "
+                               "nothing shrinks; it applies to runs over ssh or in a Slurm allocation")
+        if self.options.on_straggler == "exclude":
+            raise OptionsError(f"{given('on_straggler', 'exclude')}: {why}, so a straggler's host cannot be left "
+                               f"out; {given('on_straggler', 'warn')} (the default) names it, exclude applies to runs "
+                               "over ssh or in a Slurm allocation with a spare or a minimum of workers")
 
     def notes(self) -> list[str]:
         """What the user should hear before the run starts and that does not stop it: tasks given
