@@ -35,9 +35,15 @@ Examples:
              "commands to paste on each host)."})
 @click.option("--format", "fmt", type=click.Choice(["jobset", "tfjob", "trainjob", "sh"]), default="jobset", show_default=True,
               help="What to print.")
+# Not the cluster options' --gpus LIST (GPU indices of this machine): a count, as a pod asks for them.
+@click.option("--gpus", "gpus_per_task", type=click.IntRange(min=0), metavar="N",
+              help="N GPUs for each chief and worker task: nvidia.com/gpu N per pod, or with --format sh N GPUs of "
+                   "its machine (default: the cluster file's gpus, else none: every task on the CPU).")
 @click.option("--image", metavar="IMAGE", help="Container image with TensorFlow and the training code "
               "(default: the file's kubernetes.image).")
-@click.option("--name", metavar="NAME", help="Name of the job (default: kubernetes.name, else the file's name).")
+@click.option("--name", metavar="NAME", help="Name of the job (default: kubernetes.name, else the file's name; for "
+              "--local and -H, the command's program and a suffix that differs with the cluster, the command, the "
+              "image and --gpus, e.g. trainer-1a2b3).")
 @click.option("--namespace", metavar="NS", help="Namespace of the job (default: kubernetes.namespace, else kubectl's).")
 # Run options with what they mean in a manifest; RunOptions checks their values.
 @run_option("max_restarts",
@@ -50,7 +56,8 @@ Examples:
               help="With --format trainjob: a cluster-wide ClusterTrainingRuntime instead of a TrainingRuntime.")
 @click.option("-o", "--output", metavar="FILE", help="Write to FILE instead of standard output.")
 @click.pass_context
-def export_command(ctx: click.Context, choice: ClusterChoice, fmt: str, image: str | None, name: str | None,
+def export_command(ctx: click.Context, choice: ClusterChoice, fmt: str, gpus_per_task: int | None, image: str | None,
+                   name: str | None,
                    namespace: str | None, max_restarts: int | None, env: dict[str, str | None],
                    cluster_runtime: bool, output: str | None) -> None:
     from ..export import ExportRequest, export  # imported here so "tflaunch --help" stays light
@@ -58,7 +65,7 @@ def export_command(ctx: click.Context, choice: ClusterChoice, fmt: str, image: s
     run_options({"max_restarts": max_restarts, "env": env})
     result = export(ExportRequest(source=choice.source(), format=fmt, image=image, name=name, namespace=namespace,
                                   command=ctx.meta.get("tflaunch.command") or None, max_restarts=max_restarts,
-                                  env=env, cluster_runtime=cluster_runtime))
+                                  env=env, cluster_runtime=cluster_runtime, gpus=gpus_per_task))
     for note in result.notes:
         click.echo(f"tflaunch: note: {note}", err=True)
     if output is None:

@@ -18,30 +18,33 @@ line to show.
 
 from __future__ import annotations
 
-import os
+import hashlib
 import re
-import sys
+import shlex
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ..cluster.machine import cpu_count, local_host_names
 from ..cluster.plan import DEFAULT_COMMAND
-from ..cluster.spec import ClusterSpec, EnvLayer, check_launch_input
+from ..cluster.ranks import TRAINING_ROLES
+from ..cluster.spec import ClusterSpec, EnvLayer, check_launch_input, is_local
 from ..errors import ConfigError
 from ..sources import ClusterSource
 from . import jobset as jobset_format
 from . import tfjob as tfjob_format
 from . import trainjob as trainjob_format
-from .manifest import dump_documents
+from .manifest import comment, dump_documents
 from .pods import plan_pods, secret_note
-from .settings import KubernetesSettings, read_settings, with_overrides
+from .settings import GPU_RESOURCE, KubernetesSettings, read_settings, with_overrides
 from .shell import shell_commands
 
 FORMATS = ("jobset", "tfjob", "trainjob", "sh")
 MODULES: dict[str, Any] = {"jobset": jobset_format, "tfjob": tfjob_format, "trainjob": trainjob_format}
 DEFAULT_NAME = "tflaunch"
 MAX_HOSTNAME = 63  # a pod's hostname is one DNS label
+SUFFIX_LENGTH = 5  # hex digits of the default name's suffix: "trainer-1a2b3"
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,7 @@ class ExportRequest:
     max_restarts: int | None = None  # None: the file's max_restarts
     env: EnvLayer = field(default_factory=dict)  # --env KEY=VALUE (None: by name), over every env layer
     cluster_runtime: bool = False  # trainjob: a ClusterTrainingRuntime instead of a namespaced TrainingRuntime
+    gpus: int | None = None  # GPUs for each chief and worker task; None: the file's gpus, else none
 
 
 @dataclass(frozen=True)
@@ -77,15 +81,18 @@ def export(request: ExportRequest) -> Export:
     if request.max_restarts is not None:
         spec = replace(spec, max_restarts=request.max_restarts)
     spec = replace(spec, max_restarts=int(spec.max_restarts))  # a plain int: YAML numbers carry their text
+    if request.gpus is not None:
+        spec = with_gpus(spec, request.gpus, local_hosts)
     settings = with_overrides(read_settings(spec.kubernetes, spec.source), spec.source, image=request.image,
                               name=request.name, namespace=request.namespace)
-    name = settings.name or default_name(request.source.label)
-    header = f"# tflaunch export --format {request.format} {request.source.label}"
+    command = request.command or spec.command or DEFAULT_COMMAND
+    name = settings.name or default_name(request.source.label, command, (settings.image or "", request.gpus))
+    header = comment(f"tflaunch export --format {request.format} {request.source.label}")
+    gpu_notes = (cpu_note(request.format),) if all(t.gpus == () for t in spec.tasks) else ()
     if request.format == "sh":
         result = shell_commands(spec, name, local_hosts=local_hosts, cores_by_host={"localhost": cpu_count()},
-                                default_python=sys.executable, default_workdir=os.getcwd(), command=request.command,
-                                override_env=request.env)
-        notes = result.notes + _unused_settings_notes(spec, request)
+                                command=request.command, override_env=request.env)
+        notes = result.notes + _unused_settings_notes(spec, request) + gpu_notes
         return Export(f"{header}\n{result.text}", notes, f"{_role_counts(spec)} as shell commands")
     if not settings.image:
         raise ConfigError(spec.source, "--image", "missing; expected the container image that has TensorFlow and "
@@ -104,14 +111,37 @@ def export(request: ExportRequest) -> Export:
         plan = replace(plan, notes=plan.notes + tuple(trainjob_format.trainjob_notes(plan, request.cluster_runtime)))
     else:
         documents, kind = [jobset_format.jobset(plan)], "JobSet"
-    notes = plan.notes
+    notes = plan.notes + gpu_notes
     if plan.hidden:  # the Secret goes with the manifests, also into a file written with -o
-        header += "\n# " + secret_note(plan)
-    if (request.command or spec.command or DEFAULT_COMMAND) == DEFAULT_COMMAND:
+        header += "\n" + comment(secret_note(plan))
+    if command == DEFAULT_COMMAND:
         # Said twice: now, and in the manifest, where whoever builds the image reads it.
         notes += (trainer_image_note(settings.image),)
-        header += "\n# " + notes[-1]
+        header += "\n" + comment(notes[-1])
     return Export(dump_documents(documents, header), notes, f"{kind} {name}: {_role_counts(spec)}")
+
+
+def with_gpus(spec: ClusterSpec, count: int, local_hosts: frozenset[str]) -> ClusterSpec:
+    """``spec`` with ``count`` GPUs for each chief and worker task (``--gpus N``), instead of the file's:
+    GPUs of their own, numbered on from 0 on each machine (a pod's are its own, numbered from 0 anyway).
+    ps and evaluator tasks keep theirs, as ``tflaunch run --gpus`` deals GPUs to the chief and workers only."""
+    dealt: Counter[str] = Counter()
+    tasks = []
+    for task in spec.tasks:
+        if task.role in TRAINING_ROLES:
+            machine = "localhost" if is_local(task.host, local_hosts) else task.host
+            task = replace(task, gpus=tuple(range(dealt[machine], dealt[machine] + count)))
+            dealt[machine] += count
+        tasks.append(task)
+    return replace(spec, tasks=tuple(tasks), share_gpus=False)
+
+
+def cpu_note(fmt: str) -> str:
+    """What a cluster without a GPU does, and how to give it some: said every time, a run on the CPU is
+    otherwise only noticed by its speed."""
+    given = "each chief and worker N GPUs of its machine" if fmt == "sh" else \
+        f"each chief and worker pod N GPUs ({GPU_RESOURCE})"
+    return f"gpus: none asked for, so every task trains on the CPU (CUDA_VISIBLE_DEVICES=-1); --gpus N gives {given}"
 
 
 def trainer_image_note(image: str) -> str:
@@ -121,13 +151,34 @@ def trainer_image_note(image: str) -> str:
             "give your own command after '--'")
 
 
-def default_name(label: str) -> str:
-    """A manifest name from the cluster file's name (``clusters/two_node.yaml`` -> ``two-node``)."""
-    if not label.endswith((".yaml", ".yml")):
-        return DEFAULT_NAME
-    name = re.sub(r"[^a-z0-9]+", "-", Path(label).stem.lower())
-    name = re.sub(r"^[^a-z]+", "", name).strip("-")
-    return name or DEFAULT_NAME
+def default_name(label: str, command: tuple[str, ...] = DEFAULT_COMMAND, more: tuple[Any, ...] = ()) -> str:
+    """A job name when none is given: the cluster file's name (``clusters/two_node.yaml`` ->
+    ``two-node``); for a cluster of options (``--local``, ``-H``), the program the command runs and a
+    short suffix from the options, the command and ``more`` (the image, the GPUs), so that two
+    different exports never share a name and the same export always gets the same one
+    (``--local 2 -- python train.py`` -> ``train-`` and 5 hex digits)."""
+    if label.endswith((".yaml", ".yml")):
+        return _label(Path(label).stem) or DEFAULT_NAME
+    digest = hashlib.sha256("\0".join([label, shlex.join(command), *map(str, more)]).encode()).hexdigest()
+    return f"{_label(_program(command))[:MAX_HOSTNAME // 2].rstrip('-') or DEFAULT_NAME}-{digest[:SUFFIX_LENGTH]}"
+
+
+def _label(text: str) -> str:
+    """``text`` as a DNS label's letters: lowercase letters, digits and '-', starting with a letter."""
+    name = re.sub(r"[^a-z0-9]+", "-", text.lower())
+    return re.sub(r"^[^a-z]+", "", name).strip("-")
+
+
+def _program(command: tuple[str, ...]) -> str:
+    """The program a command runs: the module after ``python -m``, the script after ``python``, else its first word."""
+    words = list(command)
+    if words and Path(words[0]).name.startswith("python"):
+        words = words[1:]
+        while words and words[0].startswith("-") and words[0] != "-m":
+            words = words[1:]  # the interpreter's own options (-u, -O)
+        if words[:1] == ["-m"]:
+            return words[1].rpartition(".")[2] if len(words) > 1 else ""
+    return Path(words[0]).stem if words else ""
 
 
 def _fitting_name(spec: ClusterSpec, request: ExportRequest, settings: KubernetesSettings, name: str,
@@ -138,6 +189,9 @@ def _fitting_name(spec: ClusterSpec, request: ExportRequest, settings: Kubernete
     if len(name) <= room:
         return name
     if request.name is None and settings.name is None:
+        if not request.source.label.endswith((".yaml", ".yml")):  # keep the suffix that tells exports apart
+            base, _, suffix = name.rpartition("-")
+            return f"{base[:room - len(suffix) - 1].rstrip('-') or DEFAULT_NAME[0]}-{suffix}"
         return name[:room].rstrip("-") or DEFAULT_NAME[:room]
     key = "--name" if request.name is not None else "kubernetes.name"
     host = module.pod_host(name, longest.role, longest.index).split(".")[0]

@@ -1,4 +1,5 @@
-"""Kubernetes objects as YAML text: block style, keys in the order written, scripts as literal blocks."""
+"""Kubernetes objects as YAML text: block style, keys in the order written, scripts as literal blocks;
+and the comment lines above them."""
 
 from __future__ import annotations
 
@@ -18,6 +19,13 @@ def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
 
 
 _ManifestDumper.add_representer(str, _represent_str)
+
+
+def comment(text: str) -> str:
+    """``text`` as one comment line, of a manifest or of a shell script: a character that is not
+    printable (a newline, a terminal escape) is written escaped, so no value a cluster file or
+    the command line holds ends the comment and becomes a line of its own."""
+    return "# " + "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def dump_documents(documents: Iterable[dict[str, Any]], header: str = "") -> str:

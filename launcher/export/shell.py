@@ -1,26 +1,37 @@
 """The cluster as plain shell commands, one per task, to paste on each task's machine.
 
-For machines where nothing can be installed: each line is ``cd WORKDIR && [setup &&] env VAR=...
+For machines where nothing can be installed: each line is ``[cd WORKDIR &&] [setup &&] env VAR=...
 COMMAND``, with the env the plan gives that task, exactly what ``tflaunch run`` would start but
-without supervision. Every value is quoted with ``shlex.quote``; only ``setup`` is shell, as in a run.
-A variable passed by name, or whose name marks a secret, is written as ``KEY="$KEY"``: the value
-comes from the shell that runs the line, never from this text.
+without supervision. Every value is quoted with ``shlex.quote``; only ``setup`` is shell, as in a run;
+the comments escape what they show (:func:`.manifest.comment`). A variable passed by name, or whose
+name marks a secret, is written as ``KEY="$KEY"``: the value comes from the shell that runs the
+line, never from this text.
+
+Nothing of this machine goes into another machine's line: where the cluster file names no
+``workdir`` or ``python``, a line for another host runs in the folder it is started in, with that
+host's own ``python3`` (its venv, when one is active), and the run folder's paths
+(``TFLAUNCH_CHECKPOINT_DIR``) are relative to that folder. This machine's lines run in this
+machine's working folder with tflaunch's interpreter, as a run would.
 """
 
 from __future__ import annotations
 
+import os
 import shlex
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Mapping
 
 from ..cluster.plan import RunContext, plan_cluster
 from ..cluster.spec import AUTO, ClusterSpec, EnvLayer, SshSettings, is_local
+from .manifest import comment
 from .pods import NO_RUN_FOLDER_ENV
 from ..records.folder import DEFAULT_LOG_DIR
 from ..records.states import plural
 
 FIRST_PORT = 2222
+REMOTE_PYTHON = "python3"  # another host's own interpreter, found on its PATH: every Python install has python3
 
 
 @dataclass(frozen=True)
@@ -30,22 +41,27 @@ class ShellExport:
 
 
 def shell_commands(spec: ClusterSpec, name: str, *, local_hosts: frozenset[str], cores_by_host: Mapping[str, int],
-                   default_python: str, default_workdir: str, command: tuple[str, ...] | None,
-                   override_env: EnvLayer | None = None) -> ShellExport:
-    """One commented shell line per task, in TF_CONFIG's order."""
+                   command: tuple[str, ...] | None, override_env: EnvLayer | None = None,
+                   this_python: str = sys.executable, this_workdir: str | None = None) -> ShellExport:
+    """One commented shell line per task, in TF_CONFIG's order. ``this_python`` and ``this_workdir``
+    (default: the current folder) are this machine's lines' defaults; other hosts' are their own."""
     spec, notes = _fixed_ports(spec, local_hosts)
-    # Run-folder paths (TFLAUNCH_CHECKPOINT_DIR) go where a run's folder would, which a run
-    # already expects every host to share.
-    run_dir = str(Path(default_workdir, spec.log_dir or DEFAULT_LOG_DIR, name))
+    spec, elsewhere = _own_defaults(spec, local_hosts, this_workdir or os.getcwd())
+    # Run-folder paths (TFLAUNCH_CHECKPOINT_DIR) go where a run's folder would, relative to each
+    # line's folder: a run expects every host to share it.
+    run_dir = str(Path(spec.log_dir or DEFAULT_LOG_DIR, name))
     plan = plan_cluster(spec, RunContext(run_id=name, run_dir=run_dir), local_hosts=local_hosts,
-                        cores_by_host=cores_by_host, default_python=default_python,
-                        default_workdir=default_workdir, command=command, override_env=override_env,
-                        pass_values=False)
-    lines = [f"# {plural(len(plan.launches), 'task')}; run each command on the machine named above it, all at about the same time."]
+                        cores_by_host=cores_by_host, default_python=this_python, default_workdir="",
+                        command=command, override_env=override_env, pass_values=False)
+    lines = [comment(f"{plural(len(plan.launches), 'task')}; run each command on the machine named above it, all at "
+                     "about the same time.")]
+    if elsewhere:
+        lines.append(comment(f"On {', '.join(elsewhere)}: '{REMOTE_PYTHON}' is that host's own (activate its venv "
+                             "first), and a line without 'cd' runs in the folder you start it in."))
     hidden: set[str] = set()
     for launch in plan.launches:
         env = {k: v for k, v in launch.env.items() if k not in NO_RUN_FOLDER_ENV}
-        steps = [f"cd -- {shlex.quote(launch.workdir)}"]
+        steps = [f"cd -- {shlex.quote(launch.workdir)}"] if launch.workdir else []
         if launch.setup and not launch.local:
             steps.append(launch.setup)
         # A hidden variable is the shell's own "$KEY" on that machine: its value is written nowhere.
@@ -53,7 +69,7 @@ def shell_commands(spec: ClusterSpec, name: str, *, local_hosts: frozenset[str],
         steps.append(" ".join(["env", *assignments, shlex.join(launch.argv)]))
         hidden.update(k for k in env if k in launch.hidden)
         where = "this machine" if launch.local else launch.host
-        lines += ["", f"# {launch.name} on {where} (listens on {launch.address})", " && ".join(steps)]
+        lines += ["", comment(f"{launch.name} on {where} (listens on {launch.address})"), " && ".join(steps)]
     if spec.ssh != SshSettings() or any(h.ssh != SshSettings() for h in spec.hosts.values()):
         notes.append("ssh: not used; you start each command on its machine yourself")
     if spec.max_restarts:
@@ -63,6 +79,25 @@ def shell_commands(spec: ClusterSpec, name: str, *, local_hosts: frozenset[str],
         notes.append(f"secret: {', '.join(names)}: written as \"$NAME\" (the values are not written here); set "
                      "them in the shell of each machine before running its command")
     return ShellExport("\n".join(lines) + "\n", tuple(notes) + plan.notes)
+
+
+def _own_defaults(spec: ClusterSpec, local_hosts: frozenset[str], this_workdir: str) -> tuple[ClusterSpec, list[str]]:
+    """``spec`` with each task's folder and interpreter where the file gives none: this machine's
+    folder for its tasks; ``python3`` for other hosts' tasks, whose lines then run where they are
+    started. Also the hosts whose lines rely on that, for the comment that says so."""
+    tasks, elsewhere = [], []
+    for task in spec.tasks:
+        host = spec.hosts.get(task.host)
+        workdir = task.workdir or (host and host.workdir) or spec.workdir
+        python = task.python or (host and host.python) or spec.python
+        if is_local(task.host, local_hosts):
+            task = replace(task, workdir=workdir or this_workdir)
+        else:
+            task = replace(task, python=python or REMOTE_PYTHON)
+            if not (workdir and python) and task.host not in elsewhere:
+                elsewhere.append(task.host)
+        tasks.append(task)
+    return replace(spec, tasks=tuple(tasks)), elsewhere
 
 
 def _fixed_ports(spec: ClusterSpec, local_hosts: frozenset[str]) -> tuple[ClusterSpec, list[str]]:

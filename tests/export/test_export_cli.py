@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ import yaml
 
 from launcher.cluster.machine import cpu_count, local_host_names
 from launcher.cluster.plan import RunContext, plan_cluster
+from launcher.export import default_name
 from launcher.sources.local import LocalSource
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -222,7 +224,8 @@ def test_sh_commands_start_each_task_with_the_plans_env(tmp_path: Path) -> None:
         seen.append(json.loads(line[4:]))
     spec = LocalSource(2, chief=True, ps=1).spec(frozenset({"localhost"}))
     spec = spec.with_ports({"chief-0": 2222, "worker-0": 2223, "worker-1": 2224, "ps-0": 2225})
-    context = RunContext(run_id="tflaunch", run_dir=str(tmp_path / "logs" / "tflaunch"))
+    name = default_name("--local 2 --chief --ps 1", ("python", TASK, "env"), ("", None))
+    context = RunContext(run_id=name, run_dir=str(Path("logs", name)))
     plan = plan_cluster(spec, context, local_hosts=local_host_names(),
                         cores_by_host={"localhost": cpu_count()}, default_python=sys.executable,
                         default_workdir=str(tmp_path), command=("python", TASK, "env"))
@@ -243,10 +246,95 @@ worker: [{host: node1, port: 2222}, localhost:auto]
     assert done.returncode == 0, done.stderr
     assert "--image: not used by --format sh" in done.stderr
     lines = [line for line in done.stdout.splitlines() if line and not line.startswith("#")]
-    assert lines[0].startswith(f"cd -- {ROOT} && . /opt/venv/bin/activate && env ")
+    # node1's line: its setup, then its own python3 in the folder the line is started in.
+    assert lines[0].startswith(". /opt/venv/bin/activate && env ") and lines[0].endswith(" python3 -m trainer")
+    assert lines[1].startswith(f"cd -- {ROOT} && env ")  # this machine's: its folder and interpreter
+    assert lines[1].endswith(f" {sys.executable} -m trainer")
     assert " && . /opt/venv" not in lines[1]  # setup runs on remote hosts only, as in a run
     assert "'MESSAGE=it'\"'\"'s $HOME; `x`'" in lines[0]
     assert "# worker-0 on node1 (listens on node1:2222)" in done.stdout
+
+
+def test_sh_lines_for_other_hosts_hold_nothing_of_this_machine(tmp_path: Path) -> None:
+    """No path of this machine (its folder, its venv) in another host's line; the file's own paths are kept."""
+    path = cluster_file(tmp_path, """
+hosts: {node2: {workdir: /srv/train, python: /opt/venv/bin/python}}
+chief: [localhost:auto]
+worker: [{host: node1, port: 2222}, {host: node2, port: 2222}]
+""")
+    done = tflaunch("export", "--format", "sh", path, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    text = done.stdout
+    blocks = dict(zip(re.findall(r"^# (\S+) on ", text, re.M), [b for b in text.split("\n\n")[1:]]))
+    node1, node2 = blocks["worker-0"].splitlines()[1], blocks["worker-1"].splitlines()[1]
+    for line in (node1, node2):
+        assert str(tmp_path) not in line and sys.prefix not in line and str(ROOT) not in line, line
+    assert node1.startswith("env ") and node1.endswith(" python3 -m trainer")
+    assert "TFLAUNCH_TENSORBOARD_DIR=logs/c/tensorboard" in node1  # the run folder, relative to the line's folder
+    assert node2.startswith("cd -- /srv/train && env ") and node2.endswith(" /opt/venv/bin/python -m trainer")
+    assert "# On node1: 'python3' is that host's own (activate its venv first)" in text
+    chief = blocks["chief-0"].splitlines()[1]
+    assert chief.startswith(f"cd -- {tmp_path} && env ") and chief.endswith(f" {sys.executable} -m trainer")
+
+
+def test_sh_comments_escape_what_the_file_says(tmp_path: Path) -> None:
+    """A host name holding a newline stays inside its comment: the line after it runs nothing of it."""
+    marker = tmp_path / "injected"
+    path = cluster_file(tmp_path, f'worker:\n  - {{host: "node1\\ntouch {marker}", port: 2222}}\n'
+                                  '  - {host: "node2\\u001b[31m", port: 2222}\n', name="a\nb.yaml")
+    done = tflaunch("export", "--format", "sh", path, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert f"# worker-0 on node1\\ntouch {marker} (listens on node1\\ntouch {marker}:2222)" in lines
+    assert "# worker-1 on node2\\x1b[31m (listens on node2\\x1b[31m:2222)" in lines
+    assert lines[0] == f"# tflaunch export --format sh {path}".replace("\n", "\\n")
+    assert not any(line.startswith("touch") for line in lines) and "\x1b" not in done.stdout
+    subprocess.run(["sh", "-n", "-c", done.stdout], check=True)  # the whole text is shell, and parses
+    comments = "\n".join(line for line in lines if line.startswith("#") or not line)
+    subprocess.run(["sh", "-c", comments], check=True, cwd=tmp_path)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("fmt", ["jobset", "tfjob", "trainjob"])
+def test_gpus_go_to_each_chief_and_worker_pod(tmp_path: Path, fmt: str) -> None:
+    done = tflaunch("export", "--format", fmt, "--local", "2", "--chief", "--ps", "1", "--gpus", "2", "--image", "i",
+                    "--", "python", "t.py")
+    assert done.returncode == 0, done.stderr
+    assert "gpus: none asked for" not in done.stderr
+    documents = [d for d in yaml.safe_load_all(done.stdout) if d]
+    containers = {}
+    for document in documents:
+        spec = document["spec"]
+        if "replicatedJobs" in spec.get("template", {}).get("spec", spec):
+            jobs = spec.get("template", {}).get("spec", spec)["replicatedJobs"]
+            containers.update({j["name"]: j["template"]["spec"]["template"]["spec"]["containers"][0] for j in jobs})
+        elif "tfReplicaSpecs" in spec:
+            containers.update({k.lower(): r["template"]["spec"]["containers"][0]
+                               for k, r in spec["tfReplicaSpecs"].items()})
+    assert set(containers) in ({"chief", "worker", "ps"}, {"node", "worker", "ps"}), containers.keys()
+    for role, container in containers.items():
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        if role == "ps":  # a parameter server holds variables only: no GPU, none visible
+            assert "resources" not in container and env["CUDA_VISIBLE_DEVICES"] == "-1"
+        else:
+            assert container["resources"] == {"requests": {"nvidia.com/gpu": 2}, "limits": {"nvidia.com/gpu": 2}}
+            assert env["CUDA_VISIBLE_DEVICES"] == "0,1"
+
+
+def test_without_gpus_export_says_every_task_trains_on_the_cpu(tmp_path: Path) -> None:
+    for fmt, given in (("jobset", "each chief and worker pod N GPUs (nvidia.com/gpu)"),
+                       ("sh", "each chief and worker N GPUs of its machine")):
+        done = tflaunch("export", "--format", fmt, "--local", "2", "--image", "i", cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        assert (f"tflaunch: note: gpus: none asked for, so every task trains on the CPU (CUDA_VISIBLE_DEVICES=-1); "
+                f"--gpus N gives {given}") in done.stderr.splitlines()
+
+
+def test_sh_gpus_are_each_tasks_own_on_its_machine(tmp_path: Path) -> None:
+    done = tflaunch("export", "--format", "sh", "-H", "localhost:2,node1:2", "--chief", "--gpus", "2", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    devices = re.findall(r"CUDA_VISIBLE_DEVICES=(\S+)", done.stdout)
+    assert devices == ["0,1", "2,3", "0,1", "2,3"], done.stdout  # chief-0, worker-0 here; worker-1, worker-2 on node1
 
 
 def test_evaluator_checkpoints_need_shared_storage(tmp_path: Path) -> None:

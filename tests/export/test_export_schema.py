@@ -294,3 +294,18 @@ def _find_patterns(schema: Any, marker: str) -> list[str]:
         for value in schema:
             found += _find_patterns(value, marker)
     return found
+
+
+@pytest.mark.slow
+def test_manifests_with_gpus_are_valid(tmp_path: Path) -> None:
+    """``--gpus N``: each chief and worker pod's GPU limit, valid for the CRDs and for Kubernetes."""
+    sources = [LocalSource(2, chief=True, ps=1), LocalSource(3)]
+    for source in sources:
+        for fmt in ("jobset", "tfjob", "trainjob"):
+            documents = _documents(source, fmt, image="img:1", gpus=2)
+            for document in documents:
+                check_document(document)
+            limits = [c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu")
+                      for document in documents for _, template in pod_templates(document)
+                      for c in template["spec"]["containers"]]
+            assert limits and set(limits) <= {2, None} and 2 in limits, (fmt, limits)

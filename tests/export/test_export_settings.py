@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from launcher.cluster.reader import parse_cluster
@@ -123,10 +125,34 @@ def test_command_line_wins_and_is_checked_the_same_way() -> None:
 
 @pytest.mark.parametrize("label, name", [
     ("clusters/two_node.yaml", "two-node"), ("x/My Cluster.yml", "my-cluster"), ("9lives.yaml", "lives"),
-    ("--local 2 --chief", "tflaunch"), ("___.yaml", "tflaunch"),
+    ("___.yaml", "tflaunch"),
 ])
 def test_default_name_from_the_cluster_file(label: str, name: str) -> None:
     assert default_name(label) == name
+
+
+@pytest.mark.parametrize("command, program", [
+    (("python", "-m", "trainer"), "trainer"), (("python3", "-u", "My_Train.py", "--lr", "1"), "my-train"),
+    (("python", "-m", "pkg.train_cnn"), "train-cnn"), (("./run.sh",), "run"), (("python", "-m", "42"), "tflaunch"),
+])
+def test_default_name_of_a_cluster_of_options_is_its_program_and_a_suffix(command, program) -> None:
+    """--local and -H exports are told apart: the program, then 5 hex digits of what was exported."""
+    name = default_name("--local 2", command)
+    assert re.fullmatch(rf"{program}-[0-9a-f]{{5}}", name), name
+    assert default_name("--local 2", command) == name  # the same export, the same name: kubectl apply updates it
+    others = {default_name("--local 4", command), default_name("--local 2 --chief", command),
+              default_name("--local 2", (*command, "--epochs", "3")), default_name("--local 2", command, ("img:2",)),
+              default_name("--local 2", command, ("", 1))}
+    assert name not in others and len(others) == 5
+
+
+def test_a_long_program_name_keeps_its_suffix_within_a_dns_label(tmp_path) -> None:
+    from launcher.export import ExportRequest, export
+    from launcher.sources.local import LocalSource
+
+    result = export(ExportRequest(source=LocalSource(2), image="i", command=("python", "x" * 80 + ".py")))
+    name = result.summary.split(":")[0].removeprefix("JobSet ")
+    assert re.fullmatch(r"x+-[0-9a-f]{5}", name) and len(f"{name}-worker-0-1") <= 63, name
 
 
 def test_a_long_file_name_is_shortened_to_fit_pod_hostnames(tmp_path) -> None:
