@@ -29,6 +29,7 @@ import http.client
 import importlib.util
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -47,7 +48,9 @@ DEFAULT_HOST = "127.0.0.1"
 FIRST_PORT = 6006  # TensorBoard's own default; the next free one above it otherwise
 PORTS_TRIED = 100
 ANSWER_LIMIT = 64 * 1024  # bytes of /data/logdir read at most: a stranger's endless answer costs no memory
-MISSING = "TensorBoard is not installed; install tflaunch's 'tensorboard' extra: pip install -e '.[tensorboard]'"
+# tflaunch installs TensorBoard; it is missing only where it was removed, from the interpreter that runs it.
+MISSING = (f"TensorBoard is not installed for {sys.executable}; install it: {shlex.quote(sys.executable)} -m pip "
+           "install tensorboard")
 
 # Runs in the server's own process before TensorBoard: die with the parent, then be TensorBoard.
 _BOOT = """\

@@ -7,6 +7,8 @@ curves, and its absence costs the plot alone.
 
 from __future__ import annotations
 
+import shlex
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
@@ -22,7 +24,9 @@ from ..records.metrics import trained_seconds
 from ..records.states import RunStatus, TaskState, duration_text, plural
 from .runs import NoMetricsError, Run, RunState, RunSummary, cause_line, epoch_records, final_record
 
-PLOT_MISSING = "learning curves: not drawn, matplotlib is not installed (pip install 'tflaunch[plot]')"
+# tflaunch installs matplotlib; it is missing only where it was removed, from this interpreter.
+PLOT_MISSING = (f"learning curves: not drawn, matplotlib is not installed for {sys.executable} "
+                f"({shlex.quote(sys.executable)} -m pip install matplotlib)")
 
 
 # -- formatting -------------------------------------------------------------------------------
