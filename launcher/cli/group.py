@@ -105,8 +105,9 @@ class TaskCommand(ClusterCommand):
         if like:
             return OptionsError(f"{_typed(ctx)} has no option {option}; did you mean {' or '.join(like)}?")
         takes_value = _takes_value(params)
+        # The command's own options stay before "--"; the unknown one, and what follows it, go after.
         kept, moved, index = [], [], 0
-        while index < len(args):  # the command's own options stay before "--"; the unknown ones and their words go after
+        while index < len(args):
             arg = args[index]
             name = arg.split("=", 1)[0]
             if name in takes_value:
@@ -123,7 +124,8 @@ class TaskCommand(ClusterCommand):
 
             command = ("CMD",) if cluster_file else DEFAULT_COMMAND
         fixed = f"{_typed(ctx)} {shlex.join(masked_argv([*kept, '--', *command, *moved]))}"
-        return OptionsError(f"{_typed(ctx)} has no option {option}; to pass it to the command, put it after --: {fixed}")
+        return OptionsError(f"{_typed(ctx)} has no option {option}; to pass it to the command, put it after --: "
+                            f"{fixed}")
 
     def _refuse_misplaced_command(self, ctx: click.Context, args: list[str]) -> None:
         """OptionsError when ``args`` hold a task command without ``--``: a program where the cluster
@@ -159,7 +161,8 @@ def _typed(ctx: click.Context) -> str:
 def close_options(option: str, params: list[click.Parameter]) -> list[str]:
     """The options of ``params`` that ``option`` was most likely meant to be (a typo: ``--loacl`` for
     ``--local``), compared without their dashes so that the dashes alone never make two names alike."""
-    names = {name.lstrip("-"): name for name in _takes_value(params) if name.startswith("--") == option.startswith("--")}
+    long = option.startswith("--")
+    names = {name.lstrip("-"): name for name in _takes_value(params) if name.startswith("--") == long}
     return [names[match] for match in difflib.get_close_matches(option.lstrip("-"), names, n=2, cutoff=_ALIKE)]
 
 
