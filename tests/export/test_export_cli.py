@@ -431,3 +431,14 @@ def test_the_built_in_trainer_needs_tflaunch_in_the_image(tmp_path: Path, fmt: s
         source = ["--local", "2"] if own else [cluster_file(tmp_path, "command: python train.py\nworker: [a, b]\n")]
         done = tflaunch("export", "--format", fmt, *source, "--image", "img:1", *own)
         assert done.returncode == 0 and "built-in trainer" not in done.stderr + done.stdout, done.stderr
+
+
+def test_a_manifests_comments_escape_what_they_show(tmp_path: Path) -> None:
+    """The header names the cluster file as given: a newline in its name stays inside the comment."""
+    path = cluster_file(tmp_path, "worker: [localhost:auto]\n", name="a\nkind: Secret\n.yaml")
+    done = tflaunch("export", path, "--image", "i", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    header = done.stdout.split("\n---\n", 1)[0].splitlines()
+    assert header[0] == f"# tflaunch export --format jobset {path}".replace("\n", "\\n")
+    assert all(line.startswith("# ") for line in header), header
+    assert [d["kind"] for d in yaml.safe_load_all(done.stdout) if d] == ["JobSet"]
