@@ -87,10 +87,17 @@ class Run:
 
     @property
     def tasks(self) -> list[TaskRecord]:
-        return list(self.record.tasks)
+        """The tasks of the latest attempt (those it ran without are :attr:`left_out`)."""
+        return [t for t in self.record.tasks if t.state is not TaskState.LEFT_OUT]
+
+    @property
+    def left_out(self) -> list[TaskRecord]:
+        """The tasks of the cluster the latest attempt ran without (it shrank to ``min_workers``)."""
+        return [t for t in self.record.tasks if t.state is TaskState.LEFT_OUT]
 
     def task_names(self) -> list[str]:
-        return [t.name for t in self.tasks]
+        """Every task the record names: the latest attempt's, then those it ran without (their logs stay)."""
+        return list(dict.fromkeys(t.name for t in self.record.tasks))
 
     def require_task(self, name: str) -> None:
         if name not in self.task_names():
@@ -354,7 +361,7 @@ def run_status(run: Run, measure_seconds: float = 0.5, measure: Measure | None =
     figures = run.resources()
     live_local = {}
     tasks = []
-    for task in run.tasks:
+    for task in run.record.tasks:  # those left out too: the console said so
         started = _epoch(task.started_at)
         ended = _epoch(task.ended_at)
         running = task.state == TaskState.RUNNING
