@@ -373,9 +373,11 @@ def run_status(run: Run, measure_seconds: float = 0.5, measure: Measure | None =
         uptime = None
         if started is not None:
             uptime = round((now if running and alive is not False else (ended or now)) - started, 3)
+        ran = task.state is not TaskState.LEFT_OUT  # a task left out may share its name with one that ran
         tasks.append(TaskStatus(task.name, task.role, task.host, task.local, task.state, task.pid, task.started_at,
-                                uptime, task.exit_code, task.signal, task.error, alive, last.get(task.name), None,
-                                figures.get(task.name), task.restarts, list(task.leftovers)))
+                                uptime, task.exit_code, task.signal, task.error, alive,
+                                last.get(task.name) if ran else None, None, figures.get(task.name) if ran else None,
+                                task.restarts, list(task.leftovers)))
     usage = measure(live_local, measure_seconds, run.path) if live_local and measure else {}
     for task in tasks:
         task.usage = usage.get(task.name)
@@ -384,7 +386,7 @@ def run_status(run: Run, measure_seconds: float = 0.5, measure: Measure | None =
     launcher["alive"] = run.launcher_alive()
     return RunState(run.run_id, str(run.path), run.record.source, status.value, run.record.exit_code, run.attempt,
                     run.record.started_at, uptime, launcher, tasks, run.record.error, cause_line(run),
-                    [host.line() for host in run.record.excluded],
+                    run.record.excluded_lines(),
                     [straggler.line() for straggler in run.record.stragglers])
 
 

@@ -15,7 +15,7 @@ import pytest
 pytestmark = pytest.mark.timeout(120)
 
 # In attempt 1 the task named by argv[1] fails as a full disk makes a program fail and the others
-# wait to be stopped; in attempt 2 every task ends well at once.
+# wait to be stopped; in attempt 2 every task reports an epoch and ends well.
 FAILS_ONCE = """import os, sys, time
 me, attempt = os.environ["TFLAUNCH_TASK"], os.environ["TFLAUNCH_ATTEMPT"]
 print("up", me, "attempt", attempt, flush=True)
@@ -24,6 +24,7 @@ if attempt == "1":
         print("OSError: [Errno 28] No space left on device: '/scratch/cache'", flush=True)
         sys.exit(1)
     time.sleep(60)
+print('TFLAUNCH_METRIC {"kind": "epoch", "epoch": 1, "loss": 0.5}', flush=True)
 """
 
 
@@ -89,7 +90,12 @@ def test_a_task_the_cluster_shrank_without_is_recorded_as_left_out(tflaunch, tmp
     assert re.search(rf"^{left_out[0]}\s+worker\s+{left_out[1]}\s+left-out\s", shown, re.M), shown
     for name, host in kept.items():
         assert re.search(rf"^{name}\s+worker\s+{host}\s+succeeded\s", shown, re.M), shown
-    assert f"excluded: {left_out[1]} left out of attempt 2:" in shown
+    excluded = (rf"^excluded: {left_out[1]} left out of attempt 2: left out after {failing} failed the machine's "
+                rf"way \(.*\); attempt 2 runs without {left_out[0]}$")
+    assert len(re.findall(excluded, shown, re.M)) == 1, shown
+    assert re.search(rf"^{left_out[0]}\s+worker\s+{left_out[1]}\s+left-out\s+-\s+-\s+-\s+-\s+-$", shown, re.M), shown
+    report = tflaunch.run("report", str(done.run_dir)).stdout
+    assert len(re.findall(excluded, report, re.M)) == 1, report
     # runs counts the tasks of the last attempt, as the console's closing line does.
     assert re.search(r"succeeded after 2 attempts in .* \(2 tasks\)", done.stderr), done.stderr[-2000:]
     (row,) = [line for line in tflaunch.run("runs").stdout.splitlines() if done.run_dir.name in line]
