@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..options import DEBUG_VARIABLE, LOG_MAX_SIZE
+from ..options import DEBUG_VARIABLE
 from .files import open_own
 
 if TYPE_CHECKING:
@@ -96,7 +96,7 @@ class RunTrace(logging.Handler):
         """Whether the record is this run's: it names the run, or comes from the run's thread."""
         return (record.__dict__.get(RUN_KEY) or _threads.get(record.thread)) is self
 
-    def open(self, path: Path, max_size: int = LOG_MAX_SIZE) -> bool:
+    def open(self, path: Path, max_size: int) -> bool:
         """Write the trace to ``path`` from now on, after what came before, within ``max_size``
         bytes (made anew, never through a link); False when it cannot be made (no trace rather
         than no run)."""

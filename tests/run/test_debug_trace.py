@@ -113,7 +113,7 @@ def test_the_trace_holds_what_comes_before_the_file_and_writes_it_first(tmp_path
     trace = RunTrace.begin()
     try:
         tracer("hostlink").debug("before %s", "the folder")
-        trace.open(tmp_path / DEBUG_LOG)
+        trace.open(tmp_path / DEBUG_LOG, 1 << 20)
         tracer("session").debug("after")
     finally:
         trace.end()
@@ -139,7 +139,7 @@ def test_each_straggler_judgement_traces_every_tasks_share(tmp_path):
                            lambda records: None, clock=lambda: 0.0)
     trace = RunTrace.begin()
     try:
-        trace.open(tmp_path / DEBUG_LOG)
+        trace.open(tmp_path / DEBUG_LOG, 1 << 20)
         watch.judge({"worker-0": (0.02, "cpu"), "worker-1": (0.45, "stall"), "worker-2": (0.01, "cpu")}, 5.0)
     finally:
         trace.end()
