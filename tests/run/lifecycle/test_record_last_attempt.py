@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 # In attempt 1 the task named by argv[1] fails as a full disk makes a program fail and the others
 # wait to be stopped; in attempt 2 every task reports an epoch and ends well.
