@@ -177,7 +177,7 @@ def launch(cluster: str | Path | Mapping[str, Any] | None = None, *, local: int 
         finally:
             if board is not None:
                 board.stop()
-        summary = describe_result(result)
+        summary = describe_result(result, exit_line=False)  # the caller gets the exit code in the result
         console.message("\n".join(summary))
     finally:
         console.close()

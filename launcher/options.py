@@ -195,8 +195,8 @@ class RunOptions:
                     f"{DEBUG_VARIABLE}=1 does the same.")
     log_max_size: int | str = _option(
         LOG_MAX_SIZE, metavar="SIZE", parse=str,
-        help="Keep each task's log within SIZE (512M, 2G, 100k; default 1G), the merged log within 4 x SIZE and "
-             "the metrics file within SIZE or 64M, whichever is less: past it a log keeps its first quarter and its "
+        help="Keep each task's log and tflaunch's trace (--debug) within SIZE (512M, 2G, 100k; default 1G), the merged log within "
+             "4 x SIZE and the metrics file within SIZE or 64M, whichever is less: past it a log keeps its first quarter and its "
              "latest output, with a line between them saying how many bytes were left out. The console written to "
              "a file keeps its task lines' first quarter of SIZE and their last 1M.")
 

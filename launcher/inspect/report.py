@@ -235,7 +235,7 @@ def build_report(run: Run, task: str | None = None, all_tasks: bool = False, plo
     report = Report(run.run_id, str(run.record.source), status, run.record.exit_code,
                     chief, epochs, final_record(run, metrics), run.resources(), root_cause=cause_line(run),
                     seconds=run.record.seconds(time.time() if status is RunStatus.RUNNING else None),
-                    trained_seconds=trained_seconds(metrics), excluded=[host.line() for host in run.record.excluded],
+                    trained_seconds=trained_seconds(metrics), excluded=run.record.excluded_lines(),
                     stragglers=[straggler.line() for straggler in run.record.stragglers])
     report.notes += [f"{name} outgrew its size limit: {format_size(count)} ({count:,} bytes) of output left out "
                      f"between its start and its latest output" for name, count in logs_cut(run)]

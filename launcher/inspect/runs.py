@@ -87,10 +87,17 @@ class Run:
 
     @property
     def tasks(self) -> list[TaskRecord]:
-        return list(self.record.tasks)
+        """The tasks of the latest attempt (those it ran without are :attr:`left_out`)."""
+        return [t for t in self.record.tasks if t.state is not TaskState.LEFT_OUT]
+
+    @property
+    def left_out(self) -> list[TaskRecord]:
+        """The tasks of the cluster the latest attempt ran without (it shrank to ``min_workers``)."""
+        return [t for t in self.record.tasks if t.state is TaskState.LEFT_OUT]
 
     def task_names(self) -> list[str]:
-        return [t.name for t in self.tasks]
+        """Every task the record names: the latest attempt's, then those it ran without (their logs stay)."""
+        return list(dict.fromkeys(t.name for t in self.record.tasks))
 
     def require_task(self, name: str) -> None:
         if name not in self.task_names():
@@ -354,7 +361,7 @@ def run_status(run: Run, measure_seconds: float = 0.5, measure: Measure | None =
     figures = run.resources()
     live_local = {}
     tasks = []
-    for task in run.tasks:
+    for task in run.record.tasks:  # those left out too: the console said so
         started = _epoch(task.started_at)
         ended = _epoch(task.ended_at)
         running = task.state == TaskState.RUNNING
@@ -366,9 +373,11 @@ def run_status(run: Run, measure_seconds: float = 0.5, measure: Measure | None =
         uptime = None
         if started is not None:
             uptime = round((now if running and alive is not False else (ended or now)) - started, 3)
+        ran = task.state is not TaskState.LEFT_OUT  # a task left out may share its name with one that ran
         tasks.append(TaskStatus(task.name, task.role, task.host, task.local, task.state, task.pid, task.started_at,
-                                uptime, task.exit_code, task.signal, task.error, alive, last.get(task.name), None,
-                                figures.get(task.name), task.restarts, list(task.leftovers)))
+                                uptime, task.exit_code, task.signal, task.error, alive,
+                                last.get(task.name) if ran else None, None, figures.get(task.name) if ran else None,
+                                task.restarts, list(task.leftovers)))
     usage = measure(live_local, measure_seconds, run.path) if live_local and measure else {}
     for task in tasks:
         task.usage = usage.get(task.name)
@@ -377,7 +386,7 @@ def run_status(run: Run, measure_seconds: float = 0.5, measure: Measure | None =
     launcher["alive"] = run.launcher_alive()
     return RunState(run.run_id, str(run.path), run.record.source, status.value, run.record.exit_code, run.attempt,
                     run.record.started_at, uptime, launcher, tasks, run.record.error, cause_line(run),
-                    [host.line() for host in run.record.excluded],
+                    run.record.excluded_lines(),
                     [straggler.line() for straggler in run.record.stragglers])
 
 

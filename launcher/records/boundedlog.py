@@ -1,8 +1,9 @@
 """Log files that stop growing at a size limit: the start of the output, a marker line, the latest output.
 
 A week-long run may print without end, so each task's log and ``merged.log`` have a limit
-(``--log-max-size``, :data:`launcher.options.LOG_MAX_SIZE` by default, per task log;
-:data:`MERGED_SHARE` times that for ``merged.log``). Up to its limit a log is one plain file, as if there were none. Past it:
+(``--log-max-size``, :data:`launcher.options.LOG_MAX_SIZE` by default, per task log, and the same
+for ``debug.log``, :mod:`.trace`; :data:`MERGED_SHARE` times that for ``merged.log``). Up to its
+limit a log is one plain file, as if there were none. Past it:
 
 - the file keeps its first quarter of the limit (the head: start-up errors), cut after a line end,
   and then one marker line;
@@ -52,9 +53,10 @@ class BoundedLog:
     """One log file kept within ``max_size`` bytes (see the module docstring). Thread-safe: the
     transports append relayed output while the pump reads it back with a :class:`Reader`."""
 
-    def __init__(self, path: Path | str, max_size: int):
+    def __init__(self, path: Path | str, max_size: int, mode: int = 0o644):
         self.path = Path(path)
         self.max_size = max_size
+        self.mode = mode  # of every file it makes: the log, its parts, its stitched copy
         self.head_size = max_size // HEAD_SHARE
         self.tail_size = max_size - self.head_size
         self.part_size = max(1, self.tail_size // PARTS)
@@ -82,7 +84,7 @@ class BoundedLog:
         view = memoryview(data)
         with self.lock:
             if self.closed:  # a late word after the close: appended as it is
-                self._fd = open_own(self.path, _APPEND)
+                self._fd = open_own(self.path, _APPEND, self.mode)
                 self._write_all(self._fd, view)
                 self.release_locked()
                 return
@@ -147,13 +149,13 @@ class BoundedLog:
                 return
             # the same stitch that repairs a killed writer's log
             stitch(self.path, self.head_end, [(start, part_path(self.path, start)) for start, _ in self.parts],
-                   self.written, self.tail_size)
+                   self.written, self.tail_size, self.mode)
             self.parts = []
 
     def _current_fd(self) -> int:
         if self._fd is None:
             target = self.path if self.head_end is None else part_path(self.path, self.parts[-1][0])
-            self._fd = open_own(target, _APPEND)
+            self._fd = open_own(target, _APPEND, self.mode)
         return self._fd
 
     @staticmethod
@@ -166,7 +168,7 @@ class BoundedLog:
         file, kept under a part's name, holds the output until newer parts hold the tail."""
         self.release_locked()
         head_end = self._head_cut()
-        fd, spare = create_beside(self.path, HEAD_LABEL)
+        fd, spare = create_beside(self.path, HEAD_LABEL, self.mode)
         with open(fd, "wb") as new, open(os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as old:
             copy_range(old.fileno(), 0, head_end, new.fileno())
             new.write(running_marker(0, self.path.name))
@@ -200,7 +202,7 @@ class BoundedLog:
         self.release_locked()
         self.parts.append([self.written, 0])
         self.generation += 1
-        self._fd = open_own(part_path(self.path, self.written), NEW_FILE | os.O_APPEND)
+        self._fd = open_own(part_path(self.path, self.written), NEW_FILE | os.O_APPEND, self.mode)
         dropped = False
         while len(self.parts) > 1 and self._kept - self.parts[0][1] >= self.tail_size:
             start, size = self.parts[0]

@@ -50,13 +50,13 @@ def open_own(path: Path | str, flags: int, mode: int = 0o644) -> int:
     raise FileExistsError(errno.EEXIST, "a name kept reappearing where tflaunch creates a file", str(path))
 
 
-def create_beside(path: Path, label: str) -> tuple[int, Path]:
+def create_beside(path: Path, label: str, mode: int = 0o644) -> tuple[int, Path]:
     """(descriptor, path) of a new empty file beside ``path``, ``.<name>.<label>-<random>``: made
     exclusively under a name nobody can plant beforehand, to be renamed over ``path`` or removed."""
     while True:
         spare = path.with_name(f".{path.name}.{label}-{secrets.token_hex(8)}")
         try:
-            return os.open(spare, NEW_FILE | _NO_LINK, 0o644), spare
+            return os.open(spare, NEW_FILE | _NO_LINK, mode), spare
         except FileExistsError:
             continue  # 64 random bits taken: drawn again
 

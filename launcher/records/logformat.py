@@ -93,14 +93,16 @@ def live_layout(path: Path) -> LiveLayout | None:
     return LiveLayout(size - len(tail) + line_start, sorted(parts))
 
 
-def stitch(path: Path, head_end: int, parts: list[tuple[int, Path]], end: int, tail_size: int | None) -> None:
+def stitch(path: Path, head_end: int, parts: list[tuple[int, Path]], end: int, tail_size: int | None,
+           mode: int = 0o644) -> None:
     """Make ``path`` head + marker + tail (the last ``tail_size`` bytes up to ``end``, from a line
-    start; all the parts hold when None) through a file renamed over it, then delete the parts."""
+    start; all the parts hold when None) through a file (made with ``mode``) renamed over it, then
+    delete the parts."""
     sized = [(start, part, os.stat(part).st_size) for start, part in sorted(parts) if part.exists()]
     layout = LiveLayout(head_end, sized)
     end = min(end, layout.end)
     first = layout.first if tail_size is None else max(layout.first, _line_start(layout, end - tail_size, end))
-    fd, spare = create_beside(path, STITCH_LABEL)
+    fd, spare = create_beside(path, STITCH_LABEL, mode)
     with open(fd, "wb") as new, open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as old:
         copy_range(old.fileno(), 0, head_end, new.fileno())
         if first > head_end:

@@ -297,7 +297,18 @@ class RunRecord:
         return max(numbers, default=1)
 
     def task(self, name: str) -> TaskRecord | None:
-        return next((t for t in self.tasks if t.name == name), None)
+        return next((t for t in self.tasks if t.name == name and t.state is not TaskState.LEFT_OUT), None)
+
+    def excluded_lines(self) -> list[str]:
+        """Each host left out, why (:meth:`ExcludedHost.line`), and the tasks of it the latest attempt
+        runs without, as ``status`` and ``report`` show them."""
+        without: dict[str, list[str]] = {}
+        for task in self.tasks:
+            if task.state is TaskState.LEFT_OUT:
+                without.setdefault(task.host, []).append(task.name)
+        return [host.line() + (f"; attempt {self.attempt} runs without {', '.join(without[host.host])}"
+                               if host.rejoined is None and host.host in without else "")
+                for host in self.excluded]
 
 
 _SCALAR_TYPES = frozenset((str, int, float, bool, type(None)))

@@ -16,6 +16,10 @@ A task's states and the only transitions between them (``TaskState.can_become``)
 
 A task that exits on its own, even while tflaunch is stopping the others (it failed in the same
 moment as the root cause), is FAILED (or SUCCEEDED) by its own exit, not STOPPED.
+
+``LEFT_OUT`` is no state of an attempt's task: it is the record's word for a task of the cluster
+that the latest attempt ran without (its host was left out and no spare could take it, so the
+cluster shrank to ``min_workers``). No transition leads to it or from it.
 """
 
 from __future__ import annotations
@@ -90,6 +94,7 @@ class TaskState(_Word):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     STOPPED = "stopped"
+    LEFT_OUT = "left-out"  # in the record only: the latest attempt ran without it
 
     @property
     def ended(self) -> bool:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from ..agent.protocol import HEARTBEAT, MAX_FRAME, Command, Frame, Status, encode_fields, printable, write_some
 from ..cluster.tfconfig import TfConfig
-from ..records.trace import tracer
+from ..records.trace import bound, run_trace, tracer
 from .base import Reading, ThreadTimes
 from .carriers import Carrier
 from .framing import FrameReader, ProtocolError
@@ -90,8 +90,10 @@ class AgentLink:
         self.last_sent = time.monotonic()  # the last command queued: a heartbeat is due a beat later
         self.frame_counts: dict[bytes, int] = {}  # frames read, by kind: the trace's account of the link
         self._end_traced = False
-        log.debug("%s: link over %s made (channel %s, keep-alive %g s, beat %g s)", host, getattr(carrier, "kind", None),
-                  "open" if read_fd is not None else "to come", keepalive, beat)
+        self.trace = run_trace()  # the link's run: the links' thread traces it to that run's debug.log
+        self.log = bound(log, self.trace)
+        self.log.debug("%s: link over %s made (channel %s, keep-alive %g s, beat %g s)", host,
+                       getattr(carrier, "kind", None), "open" if read_fd is not None else "to come", keepalive, beat)
         hub.add(self)
 
     # -- commands -------------------------------------------------------------------------
@@ -152,7 +154,7 @@ class AgentLink:
     def attach(self, read_fd: int, write_fd: int) -> None:
         """The channel arrived (a Slurm agent connected back): what was queued goes out now."""
         os.set_blocking(write_fd, False)
-        log.debug("%s: its agent connected back", self.host)
+        self.log.debug("%s: its agent connected back", self.host)
         with self._lock:
             self.read_fd, self.write_fd = read_fd, write_fd
             self.last_heard = time.monotonic()
@@ -251,7 +253,7 @@ class AgentLink:
                 return
         if not synced and self.frames.synced:
             self.last_heard = time.monotonic()  # the agent has started
-            log.debug("%s: its agent started (the sync mark read)", self.host)
+            self.log.debug("%s: its agent started (the sync mark read)", self.host)
 
     def _valid(self, kind: bytes, ident: int, length: int) -> bool:
         if kind not in _KINDS or length > MAX_FRAME:
@@ -373,10 +375,10 @@ class AgentLink:
 
     def _trace_end(self, how: str, detail: str = "") -> None:
         """The link's end in the trace, once: how, and how many frames of each kind it read."""
-        if log.isEnabledFor(logging.DEBUG) and not self._end_traced:
+        if self.log.isEnabledFor(logging.DEBUG) and not self._end_traced:
             self._end_traced = True
-            log.debug("%s: link %s%s%s; frames read: %s", self.host, how, ": " if detail else "", detail,
-                      {_KIND_NAMES.get(kind, kind): count for kind, count in sorted(self.frame_counts.items())})
+            self.log.debug("%s: link %s%s%s; frames read: %s", self.host, how, ": " if detail else "", detail,
+                           {_KIND_NAMES.get(kind, kind): count for kind, count in sorted(self.frame_counts.items())})
 
     def _ended_text(self) -> str:
         code = self.carrier.ended()

@@ -18,7 +18,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ..agent.protocol import HEARTBEAT
-from ..records.trace import tracer
+from ..records.trace import bound, tracer
 from .hostlink import READ_SIZE, AgentLink
 
 if TYPE_CHECKING:
@@ -197,7 +197,7 @@ class LinkHub:
                     if fd == link.write_fd and mask & (_WRITE | _TROUBLE) and link.wants_write():
                         link.write_pending()
                 except Exception as exc:  # one broken link must not take every other host down
-                    log.debug("%s: its link failed", link.host, exc_info=True)
+                    bound(log, link.trace).debug("%s: its link failed", link.host, exc_info=True)
                     link.end(f"its link failed ({exc!r})")
                 if mask & _WRITE:
                     with self._lock:
@@ -205,8 +205,9 @@ class LinkHub:
             now = time.monotonic()
             for link, deadline in ending:
                 if link.carrier.ended() is not None or now > deadline:
-                    log.debug("%s: channel closed; its carrier %s", link.host,
-                              "ended" if link.carrier.ended() is not None else "still runs after the end watch")
+                    bound(log, link.trace).debug(
+                        "%s: channel closed; its carrier %s", link.host,
+                        "ended" if link.carrier.ended() is not None else "still runs after the end watch")
                     with self._lock:
                         self._ending.remove((link, deadline))
                     link.lose()

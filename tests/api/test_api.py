@@ -237,6 +237,9 @@ def test_check_true_raises_launch_failed_carrying_the_result(tmp_path):
     assert str(error).startswith(f"run {result.run_id} failed: worker-1 on ") and str(error).endswith(": exit code 3")
     assert f"tflaunch: {error}" in lines
     assert json.loads((result.run_dir / "run.json").read_text())["status"] == "failed"
+    # The summary ends where its logs are; the exit code is the result's, no process exits.
+    assert lines[-1] == f"tflaunch: logs in {result.run_dir}", lines[-3:]
+    assert not [line for line in lines if "exits with" in line]
 
 
 def test_check_defaults_to_false_and_a_run_that_succeeds_returns_either_way(tmp_path):

@@ -6,10 +6,12 @@ from __future__ import annotations
 import stat
 import subprocess
 import sys
+import threading
 
 import pytest
 
 from launcher.records.folder import DEBUG_LOG
+from polling import wait_for
 from launcher.records.trace import RunTrace, tracer, wanted
 
 pytestmark = pytest.mark.timeout(120)
@@ -50,6 +52,9 @@ def test_debug_writes_the_runs_decisions_to_debug_log(tflaunch):
     done = tflaunch.run(*RESTART, "--debug", "--", "python", "-c", FLAKY, env={"TFLAUNCH_DEBUG": "0"})
     assert_traced(trace_of(done))
     assert "tflaunch." not in done.stdout + done.stderr  # nothing of it on the console
+    # but where it is, once
+    assert [line for line in done.stderr.splitlines() if DEBUG_LOG in line] == [
+        f"tflaunch: tflaunch's own trace of this run: {done.run_dir / DEBUG_LOG}"]
 
 
 @pytest.mark.slow
@@ -108,7 +113,7 @@ def test_the_trace_holds_what_comes_before_the_file_and_writes_it_first(tmp_path
     trace = RunTrace.begin()
     try:
         tracer("hostlink").debug("before %s", "the folder")
-        trace.open(tmp_path / DEBUG_LOG)
+        trace.open(tmp_path / DEBUG_LOG, 1 << 20)
         tracer("session").debug("after")
     finally:
         trace.end()
@@ -134,10 +139,77 @@ def test_each_straggler_judgement_traces_every_tasks_share(tmp_path):
                            lambda records: None, clock=lambda: 0.0)
     trace = RunTrace.begin()
     try:
-        trace.open(tmp_path / DEBUG_LOG)
+        trace.open(tmp_path / DEBUG_LOG, 1 << 20)
         watch.judge({"worker-0": (0.02, "cpu"), "worker-1": (0.45, "stall"), "worker-2": (0.01, "cpu")}, 5.0)
     finally:
         trace.end()
     text = (tmp_path / DEBUG_LOG).read_text()
     assert ("tflaunch.stragglers: attempt 1: shares {'worker-0': (0.02, 'cpu'), 'worker-1': (0.45, 'stall'), "
             "'worker-2': (0.01, 'cpu')}; standing out ['worker-1']; suspects ['worker-1']; stragglers []") in text
+
+
+@pytest.mark.unit
+def test_a_flood_of_trace_lines_keeps_debug_log_within_its_size_limit(tmp_path):
+    limit = 64 << 10
+    path = tmp_path / DEBUG_LOG
+    trace = RunTrace.begin()
+    try:
+        trace.open(path, limit)
+        log = tracer("session")
+        for number in range(20_000):  # about 2.2 MB of lines
+            log.debug("line %06d %s", number, "x" * 80)
+        parts = [p for p in tmp_path.iterdir() if p.name != DEBUG_LOG]
+        assert parts and {stat.S_IMODE(p.stat().st_mode) for p in parts} == {0o600}  # the latest lines
+    finally:
+        trace.end()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [DEBUG_LOG]  # stitched: head, marker, tail
+    assert path.stat().st_size <= limit + 200 and stat.S_IMODE(path.stat().st_mode) == 0o600
+    lines = path.read_text().splitlines()
+    assert lines[0].endswith(f"tflaunch.session: line 000000 {'x' * 80}")
+    assert lines[-1].endswith(f"tflaunch.session: line 019999 {'x' * 80}")
+    (marker,) = [line for line in lines if line.startswith("[... tflaunch: ")]
+    assert "left out here" in marker, marker
+
+
+@pytest.mark.slow
+def test_two_launch_calls_at_once_each_trace_to_their_own_debug_log(tmp_path):
+    from launcher import launch
+
+    gate = tmp_path / "both-running"
+    wait = f"import os, time\nwhile not os.path.exists({str(gate)!r}):\n    time.sleep(0.05)"
+    lines: dict[int, list[str]] = {2: [], 3: []}
+    results: dict[int, object] = {}
+
+    def call(count: int) -> None:
+        try:
+            results[count] = launch(local=count, command=[sys.executable, "-c", wait], log_dir=tmp_path / f"logs{count}",
+                                    debug=True, on_line=lines[count].append)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
+            results[count] = exc
+
+    threads = [threading.Thread(target=call, args=(count,)) for count in lines]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_for(lambda: all(any(" tasks from launch(local=" in line for line in said) for said in lines.values()),
+                 timeout=60, message="both runs to start")
+    finally:
+        gate.touch()
+        for thread in threads:
+            thread.join(60)
+    runs = {count: result.run_id for count, result in results.items()}
+    for count, result in results.items():
+        assert result.ok, result
+        path = result.run_dir / DEBUG_LOG
+        text = path.read_text()
+        other = 5 - count
+        assert f"run {runs[count]}: tflaunch" in text and runs[other] not in text
+        assert f"attempt 1: {count} tasks on hosts" in text and f"attempt 1: {other} tasks" not in text
+        assert ("worker-2: pending -> running" in text) is (count == 3)
+        # The links' thread serves both runs' links: each run has its own link's lines, once.
+        assert text.count("this machine: its agent started") == 1
+        (closed,) = [line for line in text.splitlines() if "this machine: link closed by tflaunch" in line]
+        assert f"'status': {2 * count}" in closed and " tflaunch-agents tflaunch.hostlink: " in text
+        # The console said where the trace is, once.
+        assert [line for line in lines[count] if DEBUG_LOG in line] == [
+            f"tflaunch: tflaunch's own trace of this run: {path}"]

@@ -14,6 +14,7 @@ run folder is found and the signal it watches). Everything here reports through 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import TYPE_CHECKING, Callable
 
@@ -50,16 +51,14 @@ def check(request: LaunchRequest) -> CheckReport:
 
     transports = TransportSet(request.options)
     plan = None
-    try:
+    with contextlib.ExitStack() as cleanups:  # last first: the agents closed, then the ports released
+        cleanups.callback(lambda: plan is not None and plan.release())
+        cleanups.callback(transports.close)
         plan = Planner(request).plan_run(transports, checking=True)
         # No mesh probe with 'auto' ports on this machine, as in a run (see check_hosts).
         report = check_hosts(plan.agent_launches, with_mesh=plan.mesh_probe, transports=transports)
         report.items += [CheckItem(host, "ports", False, f"spare: {why}") for host, why in plan.refused.items()]
         return report
-    finally:
-        transports.close()
-        if plan is not None:
-            plan.release()
 
 
 def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS,
@@ -85,6 +84,14 @@ def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS,
         plan = sealing = None
         # The trace holds what comes before the run folder (the hosts being reached) until it exists.
         trace = RunTrace.begin() if wanted(request.options.debug) else None
+        # The launch's cleanups run last first, each whatever the ones before it raised.
+        cleanups = contextlib.ExitStack()
+        if trace is not None:
+            cleanups.callback(trace.end)  # after the links closed: their ends are in it
+        cleanups.callback(exposure.drop)  # a launch stopped before its run (a refusal, Ctrl-C) does not wait for it
+        cleanups.callback(lambda: plan is not None and plan.release())
+        cleanups.callback(lambda: sealing is not None and sealing.close())  # once every task has ended
+        cleanups.callback(transports.close)  # after a refused preflight too: nothing is left on any host
         try:
             plan = planner.plan_run(transports)
             for host, why in plan.refused.items():
@@ -106,8 +113,8 @@ def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS,
             if network is None and plan.spec.network is Network.SEALED:  # it could not be sealed after all
                 plan.check_local_ports()
             folder = (folder_for or _new_folder)(plan.spec)
-            if trace is not None:
-                trace.open(folder.debug_log_path)
+            if trace is not None and trace.open(folder.debug_log_path, request.options.log_max_size):
+                console.message(f"tflaunch's own trace of this run: {folder.debug_log_path}")
             if on_folder is not None:
                 on_folder(folder)
 
@@ -128,14 +135,7 @@ def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS,
                 exposure.join()  # a run's warning is shown, however late its lookups end
             return result
         finally:
-            transports.close()  # after a refused preflight too: nothing is left on any host
-            if sealing is not None:
-                sealing.close()  # once every task has ended
-            if plan is not None:
-                plan.release()
-            exposure.drop()  # a launch stopped before its run (a refusal, Ctrl-C) does not wait for it
-            if trace is not None:
-                trace.end()  # after the links closed: their ends are in it
+            cleanups.close()
 
 
 class _ExposureCheck(threading.Thread):

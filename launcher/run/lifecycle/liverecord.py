@@ -9,6 +9,10 @@ the tasks by at most that long, and the attempt's end (every task ended) is show
 task's env is made for the record once per launch, and in a cluster of more than
 ``FULL_TF_CONFIG_TASKS`` tasks its TF_CONFIG names its task part only: the record's ``cluster``
 has the rest, and n copies of it would make run.json grow with the square of n.
+
+The record's tasks are always the current attempt's, where each runs in it (a task moved to a
+spare names the spare), followed by the tasks of the whole cluster the attempt runs without
+(:meth:`LiveRecord.leave_out`), each marked ``left-out``.
 """
 
 from __future__ import annotations
@@ -20,8 +24,8 @@ from typing import TYPE_CHECKING, Callable
 from ...cluster.plan import Plan, TaskLaunch
 from ...masking import masked_command
 from ...records.folder import RunFolder, iso_time
-from ...records.record import RunRecord, TaskRecord
-from ...records.states import AllFinal
+from ...records.record import RootCause, RunRecord, TaskRecord
+from ...records.states import AllFinal, RunStatus, TaskState
 
 if TYPE_CHECKING:
     from ..console.writer import Console
@@ -52,6 +56,11 @@ class LiveRecord:
         self._all_ended = AllFinal([], lambda task: task.state.ended)  # of the attempt's task list
         self._next_states = 0.0
         self._shown_env: dict[int, tuple[TaskLaunch, dict[str, str]]] = {}  # id -> (launch, its env in run.json)
+        self.left_out: list[TaskRecord] = []  # tasks of the whole cluster the current attempt runs without
+
+    def leave_out(self, launches: list[TaskLaunch], attempt: int) -> None:
+        """Attempt ``attempt`` runs without these tasks of the whole cluster (each as it was first planned)."""
+        self.left_out = [left_out_record(launch, attempt) for launch in launches]
 
     def changed(self, plan: Plan, tasks: list[Task]) -> None:
         """The tasks' states changed: rewrite run.json and redraw the status line, now or when due."""
@@ -91,9 +100,28 @@ class LiveRecord:
             self._write_if_due(force=True)
 
     def tasks(self, plan: Plan, tasks: list[Task]) -> list[TaskRecord]:
-        """Every launch of ``plan`` as run.json keeps it, with its task of ``tasks`` if it started."""
+        """Every launch of ``plan`` as run.json keeps it, with its task of ``tasks`` if it started, then
+        the tasks the attempt runs without."""
         by_name = {t.name: t for t in tasks}
-        return [task_record(launch, by_name.get(launch.name), self._env(launch, plan)) for launch in plan.launches]
+        return [task_record(launch, by_name.get(launch.name), self._env(launch, plan))
+                for launch in plan.launches] + self.left_out
+
+    def finish(self, plan: Plan, tasks: list[Task], status: RunStatus, exit_code: int, error: str | None,
+               root_cause: RootCause | None, started: float) -> None:
+        """Write the final record: the last attempt's tasks, how the run ended, and when."""
+        ended = time.time()
+        with self.lock:
+            record = self.record
+            record.tasks = self.tasks(plan, tasks)
+            record.status, record.exit_code, record.error = status, exit_code, error
+            record.ended_at, record.duration_seconds = iso_time(ended), round(ended - started, 3)
+            record.root_cause = root_cause or record.root_cause  # a hang's culprit, when no task failed first
+            try:
+                self.folder.write_record(record, final=True)
+            except OSError as exc:
+                if error is None:  # the disk filled at the last moment; say so rather than claim a record
+                    record.error = f"{self.folder.record_path}: {exc.strerror or exc}"
+                self.console.message(f"could not write {self.folder.record_path}: {exc.strerror or exc}")
 
     def _write_if_due(self, force: bool = False) -> None:
         pending = self._pending_write
@@ -145,6 +173,15 @@ def task_record(launch: TaskLaunch, task: Task | None, env: dict[str, str] | Non
         fields = status_fields(task)
         record.exit_code, record.signal, record.error = fields["exit_code"], fields["signal"], fields["error"]
     return record
+
+
+def left_out_record(launch: TaskLaunch, attempt: int) -> TaskRecord:
+    """A task of the whole cluster (``launch``, where the file puts it) that attempt ``attempt`` runs
+    without: no process, no env of that attempt."""
+    return TaskRecord(name=launch.name, role=launch.role, index=launch.index, host=launch.host,
+                      address=launch.address, local=launch.local, argv=list(masked_command(tuple(launch.argv))),
+                      workdir=launch.workdir, gpus=None if launch.gpus is None else list(launch.gpus),
+                      state=TaskState.LEFT_OUT, attempt=attempt)
 
 
 def status_fields(task: Task) -> dict:

@@ -3,12 +3,14 @@
 A :class:`RunSession` owns the run folder while the run lasts. It plans each attempt, hands it to
 a :class:`~.supervisor.Supervisor`, decides whether to restart the whole cluster, and keeps
 ``run.json`` (a :class:`~launcher.records.record.RunRecord`) true at every step. The record is
-made final in a ``finally``: whatever ends the run (success, failure, a signal, a full disk, an
-unexpected error) leaves a run folder that says how it ended.
+made final after the run's cleanups, whatever they do (one ``ExitStack``): whatever ends the run
+(success, failure, a signal, a full disk, an unexpected error) leaves a run folder that says how
+it ended.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import sys
@@ -123,47 +125,63 @@ class RunSession:
     # -- the run --------------------------------------------------------------------------
 
     def execute(self) -> RunResult:
-        """Run every attempt; raises EnvironmentProblem, before any task starts, when run.json cannot be written."""
+        """Run every attempt; raises EnvironmentProblem, before any task starts, when run.json cannot be written.
+
+        The run's cleanups are one :class:`contextlib.ExitStack`, the final run.json entered first:
+        each cleanup runs whatever the others do, and the record is made final after them all, also
+        when one raised (its error then names it, and the exception goes on to the caller)."""
         self.supervisor: Supervisor | None = None
         self.attempt_number = 1
-        plan: Plan | None = self._begin()
-        self.pump = OutputPump(self.folder.merged_path, self.folder.metrics_path, self.console,
-                               interval=self.pump_interval, log_max_size=self.options.log_max_size).start()
-        self.live.read_out = self.pump.read_out
-        control = ControlServer(self.folder, lambda: self.supervisor).start()  # serves 'tflaunch stacks'
-        hosts = len({task.host for task in self.spec.tasks})
-        every = 1.0 if hosts == 1 else sample_for(hosts)
-        def readings() -> dict[str, Reading]:  # the current attempt's (a supervisor is only ever replaced)
-            return self.supervisor.readings() if self.supervisor else {}
+        self.plan = self.whole = self._begin()  # the current attempt's plan; the whole cluster's
+        self.pump: OutputPump | None = None
+        ending = _Ending()
+        with contextlib.ExitStack() as cleanups:
+            cleanups.push(lambda kind, exc, tb: self._end(ending, exc))  # entered first: runs last
+            self.pump = OutputPump(self.folder.merged_path, self.folder.metrics_path, self.console,
+                                   interval=self.pump_interval, log_max_size=self.options.log_max_size).start()
+            cleanups.callback(self.pump.close)
+            cleanups.callback(self.transports.close)
+            self.live.read_out = self.pump.read_out
+            hosts = len({task.host for task in self.spec.tasks})
+            every = 1.0 if hosts == 1 else sample_for(hosts)
 
-        sampler = ResourceSampler(readings, self.folder.path, interval=every,
-                                  write_every=max(2.0, every, 4 * self.live.pace), attempt=lambda: self.attempt_number)
-        sampler.start()
-        result: AttemptResult | None = None
-        interrupted: int | None = None
-        error: str | None = None
-        try:
-            for note in plan.notes:
-                self.message(note)
-            self.message(f"run {self.folder.run_id}: {plural(len(plan.launches), 'task')} from {self.spec.source}; "
-                         f"logs in {self.folder.path}")
-            result, interrupted = self._attempts(plan)
-        except OSError as exc:  # the run folder itself failed us (full disk, removed, read-only)
-            error = _describe_os_error(exc)
-        finally:
-            control.close()
-            sampler.stop()
-            self.transports.close()
-            self.pump.close()
-            error = error or self._storage_failure()
-            exit_code, status = self._outcome(result, interrupted, error)
-            tail = []
-            if result is not None and result.root_cause is not None:
-                tail = tail_lines(Path(result.root_cause.log_path), TAIL_LINES, keep=meaningful())
-            diagnosis = self.recovery.diagnosis
-            self._finish(plan, result, status, exit_code, tail, diagnosis, error)
-        return RunResult(self.folder.run_id, self.folder.path, exit_code, self.attempts, tail, diagnosis,
-                         self.record, error)
+            def readings() -> dict[str, Reading]:  # the current attempt's (a supervisor is only ever replaced)
+                return self.supervisor.readings() if self.supervisor else {}
+
+            sampler = ResourceSampler(readings, self.folder.path, interval=every,
+                                      write_every=max(2.0, every, 4 * self.live.pace), attempt=lambda: self.attempt_number)
+            sampler.start()
+            cleanups.callback(sampler.stop)
+            control = ControlServer(self.folder, lambda: self.supervisor).start()  # serves 'tflaunch stacks'
+            cleanups.callback(control.close)
+            try:
+                for note in self.plan.notes:
+                    self.message(note)
+                self.message(f"run {self.folder.run_id}: {plural(len(self.plan.launches), 'task')} from "
+                             f"{self.spec.source}; logs in {self.folder.path}")
+                ending.result, ending.interrupted = self._attempts(self.plan)
+            except OSError as exc:  # the run folder itself failed us (full disk, removed, read-only)
+                ending.error = _describe_os_error(exc)
+        return RunResult(self.folder.run_id, self.folder.path, ending.exit_code, self.attempts, ending.tail,
+                         self.recovery.diagnosis, self.record, ending.error)
+
+    def _end(self, ending: _Ending, exc: BaseException | None) -> bool:
+        """The final record, after every cleanup; ``exc`` is what the run or a cleanup raised, if
+        anything: the record names it, and it goes on."""
+        ending.error = ending.error or self._storage_failure() or (
+            f"tflaunch's own error: {type(exc).__name__}: {exc}" if isinstance(exc, Exception) else None)
+        ending.exit_code, status = self._outcome(ending.result, ending.interrupted, ending.error)
+        root = ending.result.root_cause if ending.result else None
+        cause = None
+        if root is not None:
+            with contextlib.suppress(OSError):
+                ending.tail = tail_lines(Path(root.log_path), TAIL_LINES, keep=meaningful())
+            known = self.recovery.diagnosis
+            cause = RootCause(task=root.name, host=root.launch.host, **status_fields(root), tail=ending.tail,
+                              diagnosis=asdict(known) if known else None)
+        self.live.finish(self.plan, ending.result.tasks if ending.result else [], status, ending.exit_code,
+                         ending.error, cause, self.started_at)
+        return False
 
     def _begin(self) -> Plan:
         """Plan the first attempt and write the first run.json: a run whose record cannot be kept never starts."""
@@ -191,6 +209,9 @@ class RunSession:
             self.pump.attempt = attempt
             if attempt > 1:
                 plan = self._plan(attempt)
+                dropped = set(self.pool.placement.dropped)
+                self.live.leave_out([l for l in self.whole.launches if l.name in dropped], attempt)
+            self.plan = plan
             log.debug("attempt %d: %d tasks on hosts %s", attempt, len(plan.launches),
                       sorted({launch.host for launch in plan.launches}))
             result = self._attempt(plan, attempt)
@@ -250,7 +271,8 @@ class RunSession:
     def message(self, text: str) -> None:
         """One of tflaunch's own messages: on the console and in merged.log."""
         self.console.message(text)
-        self.pump.message(text)
+        if self.pump is not None:
+            self.pump.message(text)
 
     def _stopping(self, attempt: int, root: Task, text: str) -> None:
         """The message that ``root``'s failure stops the other tasks: the console folds their output from here."""
@@ -355,7 +377,7 @@ class RunSession:
     def _storage_failure(self) -> str | None:
         """``<path>: <reason>`` when the logs or run.json could not be written; None while all is well."""
         with self.lock:
-            return self.pump.failure or self.live.failure
+            return (self.pump.failure if self.pump else None) or self.live.failure
 
     def _stall_problems(self, launches: list[TaskLaunch]) -> list[str]:
         """The broken pairs of the live cluster, probed through the run's own agents."""
@@ -363,33 +385,20 @@ class RunSession:
 
         return stall_problems(launches, self.transports)
 
-    # -- the record -----------------------------------------------------------------------
+@dataclass
+class _Ending:
+    """How the run ended, as the session learns it: kept for its final record."""
 
-    def _finish(self, plan: Plan | None, result: AttemptResult | None, status: RunStatus, exit_code: int,
-                tail: list[str], diagnosis: Diagnosis | None, error: str | None) -> None:
-        ended = time.time()
-        with self.lock:
-            record = self.record
-            if plan is not None:
-                record.tasks = self.live.tasks(plan, result.tasks if result else [])
-            record.status, record.exit_code, record.error = status, exit_code, error
-            record.ended_at, record.duration_seconds = iso_time(ended), round(ended - self.started_at, 3)
-            if result is not None and result.root_cause is not None:
-                root = result.root_cause
-                record.root_cause = RootCause(task=root.name, host=root.launch.host, **status_fields(root),
-                                              tail=tail, diagnosis=asdict(diagnosis) if diagnosis else None)
-            try:
-                self.folder.write_record(record, final=True)
-            except OSError as exc:
-                if error is None:  # the disk filled at the last moment; say so rather than claim a record
-                    record.error = _describe_os_error(exc)
-                self.console.message(f"could not write {self.folder.record_path}: {exc.strerror or exc}")
+    result: AttemptResult | None = None
+    interrupted: int | None = None  # the signal that came between attempts
+    error: str | None = None  # what ended it from outside its tasks
+    exit_code: int = 1
+    tail: list[str] = field(default_factory=list)  # the root cause's last lines
 
 
 def _describe_os_error(exc: OSError) -> str:
     where = f"{exc.filename}: " if exc.filename else ""
     return f"{where}{exc.strerror or exc}"
-
 
 
 __all__ = ["RunResult", "RunSession"]

@@ -53,8 +53,9 @@ def describe_plan(spec: ClusterSpec, plan: Plan) -> list[str]:
     return lines
 
 
-def describe_result(result: RunResult) -> list[str]:
-    """The closing lines of a run: a success line, or the failure summary, root cause first."""
+def describe_result(result: RunResult, exit_line: bool = True) -> list[str]:
+    """The closing lines of a run: a success line, or the failure summary, root cause first, ending
+    with the exit code tflaunch exits with (not for a Python caller, ``exit_line=False``, who gets a result)."""
     final = result.final
     duration = duration_text(result.record.seconds() if result.record else None)
     attempts = f" after {plural(len(result.attempts), 'attempt')}" if len(result.attempts) > 1 else ""
@@ -94,7 +95,7 @@ def describe_result(result: RunResult) -> list[str]:
         lines += task_table(others, usage, fold=len(final.tasks) >= FOLD_FROM)
     lines += leftover_lines(result)
     lines += training_lines(read_metrics(RunFolder(Path(result.run_dir)).metrics_path), len(result.attempts))
-    lines.append(f"logs in {result.run_dir}; tflaunch exits with {result.exit_code}")
+    lines.append(f"logs in {result.run_dir}" + (f"; tflaunch exits with {result.exit_code}" if exit_line else ""))
     return lines
 
 

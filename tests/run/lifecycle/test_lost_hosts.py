@@ -181,6 +181,9 @@ def test_a_host_that_fails_the_machines_way_or_is_the_culprit_twice_is_left_out_
                         "--", *task, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert [a["hosts"]["worker-1"] for a in done.record["attempts"]] == hosts
+    # run.json's tasks are the last attempt's, where they ran.
+    assert [(t["name"], t["host"], t["state"]) for t in done.record["tasks"]] == [
+        ("worker-0", "node1", "succeeded"), ("worker-1", "node3", "succeeded")]
     assert lines_with(done.stderr, "; attempt ") == [f"tflaunch: {line}"], done.stderr
     assert [e["host"] for e in done.record["excluded"]] == ["node2"]
 
@@ -246,6 +249,10 @@ def test_a_host_cut_for_good_in_training_is_replaced_or_the_cluster_shrinks_with
     second = record["attempts"][1]["hosts"]
     assert second == ({"worker-0": "node1", "worker-1": "node2", "worker-2": "node4"} if spare
                       else {"worker-0": "node1", "worker-1": "node2"})
+    # run.json's tasks are the last attempt's, where they ran, then worker-2 left out when it shrank.
+    assert [(t["name"], t["host"], t["state"]) for t in record["tasks"]] == [
+        ("worker-0", "node1", "succeeded"), ("worker-1", "node2", "succeeded"),
+        ("worker-2", "node4" if spare else "node3", "succeeded" if spare else "left-out")]
     resumed = [r for r in epochs() if r["epoch"] > 0 and r.get("global_batch")]
     # Every epoch of both attempts has the global batch of the first: 3 workers x 32.
     assert {r["global_batch"] for r in resumed} == {96}, resumed
