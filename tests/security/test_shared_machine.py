@@ -212,6 +212,22 @@ def test_ports_reserved_on_this_machine_cannot_be_taken_by_another_user(tmp_path
             assert port_is_free(port)  # held by tflaunch itself: free for the task it is meant for
 
 
+# The byte ranges of every OFD lock /proc/locks shows (start and end), as another user reads them.
+LOCKED_BYTES = r'''
+import json
+print(json.dumps([line.split()[-2:] for line in open("/proc/locks") if "OFDLCK" in line]))
+'''
+
+
+def test_no_other_user_can_read_which_ports_this_machine_locked(tmp_path):
+    names = [f"worker-{i}" for i in range(8)]
+    with reserve_ports(names, folders=[tmp_path / "locks"], hold=0) as reservation:
+        seen = {int(start) for start, _ in json.loads(nobody_did(LOCKED_BYTES))}
+        ports = set(reservation.ports.values())
+    assert len(ports) == 8 and not ports & seen  # the locks are there, under keyed bytes
+    assert len(seen) >= 8
+
+
 def test_the_tasks_bind_the_ports_that_were_held_for_them(tmp_path, shared_tmp, home):
     # The holds end just before the tasks start: each task binds its own port (exit 5 if it cannot).
     done = run_tflaunch(tmp_path, shared_tmp, home, "--local", "3", "--", "python", TASK, "bind")
