@@ -28,6 +28,9 @@ one else may write it, and only when its file system can lock (NFS without its l
 that folder is passed over for the next); neither the folder nor the file is followed when it is
 a link, and a file that is not the user's own plain file is replaced. Other users can thus neither
 read, lock, redirect nor corrupt it, and a folder another user made first only moves it to the next.
+When another user has made every one of them first (or none can lock), the run's ports are locked
+in a file of its own with no name (:func:`private_lock`): nobody can take that from the run, but it
+keeps the ports from this run's own picks only, not from the user's other runs.
 """
 
 from __future__ import annotations
@@ -102,12 +105,21 @@ def reserve_ports(names: list[str], folders: Sequence[Path] | None = None, attem
     """A free port for each task name, locked, and the first ``hold`` of them held (see the
     module docstring); the others were free when picked.
 
-    OSError when the lock has no folder of the user's own, or when ``attempts`` picks in a row
-    were all ports that this run or another of the user's has locked."""
+    OSError when the lock has none of ``folders`` of the user's own (with the default folders it
+    falls back on :func:`private_lock`), or when ``attempts`` picks in a row were all ports that
+    this run or another of the user's has locked."""
     reservation = PortReservation()
     if not names:
         return reservation
-    fd, key = open_port_lock(lock_folders() if folders is None else folders)
+    if folders is not None:
+        fd, key = open_port_lock(folders)
+    else:
+        try:
+            fd, key = open_port_lock(lock_folders())
+        except OSError as exc:
+            if exc.errno != errno.EACCES:
+                raise
+            fd, key = private_lock()
     reservation._lock_fd = fd
     taken: set[int] = set()
     try:
@@ -194,6 +206,18 @@ def open_port_lock(folders: Sequence[Path]) -> tuple[int, bytes]:
             continue
         return fd, key
     raise OSError(errno.EACCES, "no folder of this user's alone for the port lock: " + "; ".join(passed))
+
+
+def private_lock() -> tuple[int, bytes]:
+    """A lock file with no name (O_TMPFILE; else one unlinked at once) and its key: where every
+    folder the lock could live in was taken, this run still runs, its picks locked against each
+    other only."""
+    import tempfile
+
+    with tempfile.TemporaryFile() as anonymous:
+        fd = os.dup(anonymous.fileno())
+    os.set_inheritable(fd, False)
+    return fd, claim_key(fd)
 
 
 class _NotPrivate(Exception):
