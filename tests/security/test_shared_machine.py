@@ -273,3 +273,23 @@ def test_nothing_a_run_leaves_outside_its_run_folder_is_writable_by_another_user
         assert not stat.S_ISLNK(info.st_mode), path
         assert info.st_uid == os.geteuid(), path
         assert stat.S_IMODE(info.st_mode) & 0o077 == 0, f"{path}: {oct(info.st_mode)}"
+
+
+# A cluster file of ten lines whose aliases, written out, stand for 9**9 values (argv[1]: its path).
+ALIAS_BOMB = r'''
+import sys
+lines = ['a0: &a0 ["x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+lines += ["a%d: &a%d [%s]" % (i, i, ", ".join(["*a%d" % (i - 1)] * 9)) for i in range(1, 9)]
+open(sys.argv[1], "w").write("\n".join(lines + ["worker: *a8"]) + "\n")
+'''
+
+
+@pytest.mark.timeout(60)  # before aliases were counted, reading the file spun one core for minutes
+def test_a_cluster_file_another_user_wrote_to_spin_the_cpu_is_refused_in_one_line(tmp_path, shared_tmp):
+    bomb = shared_tmp / "cluster.yaml"
+    nobody_did(ALIAS_BOMB, str(bomb))
+    done = subprocess.run([sys.executable, "-m", "launcher", "--dry-run", str(bomb)], cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=50)
+    assert done.returncode == 2
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(f"tflaunch: error: {bomb}: line ") and "aliases expand to more than 1,000,000" in line
