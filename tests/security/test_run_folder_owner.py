@@ -137,3 +137,30 @@ def test_another_user_cannot_swap_a_running_runs_folder(tmp_path, folder_for_oth
     assert [p.name for p in log_dir.iterdir()] == [run_dir.name]
     assert json.loads((run_dir / "run.json").read_text())["status"] == "succeeded"
     assert "after" in (run_dir / "worker-0.log").read_text()
+
+
+def test_a_folder_on_the_way_writable_by_a_group_counts_unless_the_group_is_the_users_own(tmp_path):
+    from launcher.records.files import swappable_by_others
+
+    folder = tmp_path / "team"
+    folder.mkdir()
+    folder.chmod(0o775)
+    os.chown(folder, 0, grp.getgrnam("users").gr_gid)
+    assert swappable_by_others(folder / "logs") == f"{str(folder)!r} is writable by its group (mode 0775) and has " \
+                                                   f"no sticky bit"
+    folder.chmod(0o1775)
+    assert swappable_by_others(folder / "logs") is None  # sticky: others remove only their own names
+    folder.chmod(0o775)
+    os.chown(folder, 0, 0)  # root's own private group: nobody else is in it
+    assert swappable_by_others(folder / "logs" / "deeper") is None
+
+
+def test_a_link_on_the_way_that_another_user_owns_is_refused(tmp_path):
+    from launcher.records.files import swappable_by_others
+
+    (tmp_path / "real").mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "real")
+    assert swappable_by_others(link / "logs") is None
+    os.lchown(link, NOBODY, NOBODY)  # its owner could point it elsewhere at any time
+    assert swappable_by_others(link / "logs") == f"{str(link)!r} is a link of another user's (uid {NOBODY})"
