@@ -80,6 +80,12 @@ class LaunchResult:
         """The task whose failure ended the run (its exit, host and last lines), or None."""
         return self.record.root_cause
 
+    @property
+    def sealed(self) -> bool:
+        """Whether every task ran in a network namespace of the run's own (``record.unsealed_because``
+        says why a run that was to be sealed was not)."""
+        return self.record.sealed
+
 
 class LaunchFailed(LaunchError):
     """``launch(check=True)``: the run ended without succeeding (a task failed, a watchdog or the

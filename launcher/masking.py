@@ -17,13 +17,22 @@ from typing import Sequence
 SECRET_NAME_PARTS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "API_KEY", "APIKEY", "ACCESS_KEY", "PRIVATE_KEY",
                      "CREDENTIAL")
 # A name ending with one of these (or one of them alone, without the underscore) marks a secret too:
-# a data source name holds its password (SENTRY_DSN, DATABASE_DSN), a personal access token (GITHUB_PAT).
-SECRET_NAME_ENDINGS = ("_DSN", "_PAT")
+# a data source name holds its password (SENTRY_DSN, DATABASE_DSN), a personal access token
+# (GITHUB_PAT), a key (KAGGLE_KEY, OPENAI_KEY).
+SECRET_NAME_ENDINGS = ("_DSN", "_PAT", "_KEY")
+# Keys of connection strings (``Key=VALUE;...``, Azure's and ODBC's) and URL queries whose value is a
+# secret, in any case: matched in any text, since their names follow no variable's rule.
+SECRET_FORM_KEYS = ("AccountKey", "SharedAccessKey", "SharedAccessSignature", "Password", "Pwd", "sig")
 MASK = "<hidden>"  # what is written and shown instead of a hidden value
 ENV_OPTIONS = ("--env", "-e")  # tflaunch's options that set a variable in every task
 
-# The password of a URL's user information: scheme://user:PASSWORD@host.
-_URL_PASSWORD = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s:/@'\"]*:)[^\s@'\"]+(?=@)")
+# The password of a URL's user information: scheme://user:PASSWORD@host. The authority ends at the
+# first blank, /, ? or #, as URL parsers read it; the password runs to its last @, so one that
+# holds @ or quotes is masked whole.
+_URL_PASSWORD = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s:/?#@'\"]*:)[^\s/?#]+(?=@)")
+# Key=VALUE of a connection string or a URL query, VALUE up to the next ; & blank or quote.
+_SECRET_FORM = re.compile(r"(?<![A-Za-z0-9_])(?P<key>" + "|".join(SECRET_FORM_KEYS) + r")=[^;&\s'\"]*",
+                          re.IGNORECASE)
 # NAME=VALUE in a shell line or a command's word: VALUE quoted, or up to a blank, quote or operator.
 _ASSIGNMENT = re.compile(r"(?<![\w$-])(?P<name>[A-Za-z_][A-Za-z0-9_]*)=(?P<value>'[^']*'|\"(?:[^\"\\]|\\.)*\"|"
                          r"[^\s;&|)'\"]*)")
@@ -41,8 +50,13 @@ def is_secret_name(name: str) -> bool:
 
 
 def masked_url_passwords(text: str) -> str:
-    """``text`` with the password of every URL in it (``scheme://user:PASSWORD@host``) replaced by MASK."""
-    return _URL_PASSWORD.sub(lambda m: m["head"] + MASK, text) if "://" in text else text
+    """``text`` with the password of every URL in it (``scheme://user:PASSWORD@host``), and the value
+    of every secret key of a connection string or URL query (``AccountKey=...``, ``sig=...``), replaced by MASK."""
+    if "://" in text:
+        text = _URL_PASSWORD.sub(lambda m: m["head"] + MASK, text)
+    if "=" in text:
+        text = _SECRET_FORM.sub(lambda m: f"{m['key']}={MASK}", text)
+    return text
 
 
 def masked_text(text: str) -> str:

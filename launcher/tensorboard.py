@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Callable
 
 from .errors import LaunchError
-from .records.files import open_own
+from .records.files import make_folder, open_own
 from .records.folder import TENSORBOARD, TENSORBOARD_LOG
 from .taskenv import TENSORBOARD_DIR
 
@@ -248,7 +248,7 @@ class BesideRun:
     def start(self, run_dir: Path) -> None:
         logdir = Path(run_dir) / TENSORBOARD
         try:
-            logdir.mkdir(exist_ok=True)
+            make_folder(logdir)  # the run folder's mode: its owner's, or its group's to read
             self.server = TensorBoard.start(logdir, host=self.host, port=self.port, log_path=Path(run_dir) / TENSORBOARD_LOG)
         except (OSError, TensorBoardError) as exc:
             self.message(f"TensorBoard not started: {exc}")

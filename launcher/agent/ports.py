@@ -22,7 +22,7 @@ from .protocol import Status, node_name
 # other user can take, block or see it; the byte is a keyed hash of the port (the key is the file's
 # first KEY_BYTES), so /proc/locks, which everyone reads, names no port. The kernel drops the locks
 # when the agent exits. tflaunch's own machine keeps its picks in a lock of its own
-# (launcher.cluster.ports); this agent carries only itself, so it holds its own copy of the rules.
+# (launcher.cluster.ports), keyed by the same rule (keyed_byte, claim_key).
 CLAIM_FILE = "port-claims-%s.lock"
 CLAIM_TRIES = 256  # ports picked and passed by, at most, before PORTS gives up
 KEY_BYTES = 32
@@ -90,10 +90,16 @@ class PortClaims(object):
             fcntl.fcntl(self.fd, F_OFD_SETLK, lock_struct(fcntl.F_UNLCK, self.byte(port)))
 
     def byte(self, port):
-        import hashlib
-        import hmac
+        return keyed_byte(self.key, port)
 
-        return KEY_BYTES + int(hmac.new(self.key, b"%d" % port, hashlib.sha256).hexdigest()[:12], 16)
+
+def keyed_byte(key, port):
+    """The byte of a lock file that stands for ``port`` under ``key``: past the key, at a keyed
+    hash of the port (48 bits), so that /proc/locks names no port to anyone without the key."""
+    import hashlib
+    import hmac
+
+    return KEY_BYTES + int(hmac.new(key, b"%d" % port, hashlib.sha256).hexdigest()[:12], 16)
 
 
 def own_file(folder, name):

@@ -103,7 +103,7 @@ class StartingProcesses(object):
         self.ports.let_go(fields.get("release"))  # the task is about to bind them
         try:
             if output:
-                out_w = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
+                out_w = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
             else:
                 process.out_fd, out_w = os.pipe()
                 if self.wide_pipes < WIDE_PIPES and widen_pipe(out_w):

@@ -16,6 +16,7 @@ from typing import TypeVar
 import click
 
 from ..inspect.runs import RUN_FORMS
+from ..records.control import escaped
 from ..records.folder import DEFAULT_LOG_DIR, LEARNING_CURVES
 from ..records.states import RunStatus
 from .group import cli
@@ -31,8 +32,10 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON f
 
 
 def _show(as_json: bool, found: T, as_data: Callable[[T], object], as_lines: Callable[[T], list[str]]) -> None:
-    """What a command found: as JSON for scripts (--json), else as the lines people read."""
-    click.echo(json.dumps(as_data(found), indent=2, default=str) if as_json else "\n".join(as_lines(found)))
+    """What a command found: as JSON for scripts (--json), else as the lines people read, with the
+    control characters of what tasks wrote into them (names, metric keys, output) escaped."""
+    click.echo(json.dumps(as_data(found), indent=2, default=str) if as_json
+               else "\n".join(escaped(line) for line in as_lines(found)))
 
 
 def _regex(ctx: click.Context, param: click.Parameter, value: str | None) -> re.Pattern[str] | None:
@@ -84,7 +87,7 @@ def logs_command(run_ref: str | None, task: str | None, attempt: int | None, pat
     run = resolve_run(log_dir, run_ref)
     query = LogQuery(task=task, attempt=attempt, pattern=pattern)
     for line in (follow_log if follow else read_log)(run, query):
-        click.echo(line)
+        click.echo(escaped(line, colours=True))  # a task's output is shown, never obeyed
     if follow and run.reload().status is RunStatus.LAUNCHER_LOST:
         click.echo(f"tflaunch: run {run.run_id}: launcher lost (its process is gone); stopped following", err=True)
 

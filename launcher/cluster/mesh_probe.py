@@ -11,8 +11,10 @@ Sent as ``python -c <source> <base64 JSON>``, like the host probe. Input::
 The run's token for the probes is in the ``TFLAUNCH_MESH_TOKEN`` environment variable (which other
 users cannot read, unlike the command line). A connection to a probe's listener proves that the
 probe is there: the caller sends a nonce line (``NONCE_BYTES`` as hex), the listener answers with
-``proof(token, nonce)`` (HMAC-SHA256, hex), and only a right answer counts as reached. A program of
-someone else's on the port, or a name that leads elsewhere, cannot make a pair pass. On a live
+``proof(token, nonce, address, port)`` (HMAC-SHA256, hex) over the address and port the connection
+reached it at, and only the answer for the address and port the caller dialled counts as reached.
+A program of someone else's on the port, a name that leads elsewhere, or a relay that passes the
+bytes on to a probe at another address or port, cannot make a pair pass. On a live
 cluster (no ``listen``) the tasks hold the ports and a connection alone is tried.
 
 Protocol on stdout/stdin, one line each, so that every host listens before any host connects:
@@ -108,9 +110,20 @@ def abort(sock):
     sock.close()
 
 
-def proof(token, nonce):
-    """The answer (hex bytes) of a listener holding ``token`` (bytes) to a caller's ``nonce`` line."""
-    return hmac.new(token, b"tflaunch-mesh\0" + nonce, hashlib.sha256).hexdigest().encode()
+def proof(token, nonce, address, port):
+    """The answer (hex bytes) of a listener holding ``token`` (bytes) to a caller's ``nonce`` line,
+    for a connection that reached it at ``address`` and ``port``."""
+    bound = b"\0".join([b"tflaunch-mesh", nonce, address_text(address).encode(), b"%d" % port])
+    return hmac.new(token, bound, hashlib.sha256).hexdigest().encode()
+
+
+def address_text(address):
+    """An address as both ends of a connection name it: an IPv4 address a dual-stack socket shows
+    as ``::ffff:a.b.c.d`` as ``a.b.c.d``, an IPv6 zone (``%eth0``) left out."""
+    address = address.split("%", 1)[0].lower()
+    if address.startswith("::ffff:") and "." in address:
+        return address[len("::ffff:"):]
+    return address
 
 
 def accept_connections(listeners, hold, token):
@@ -149,7 +162,8 @@ def accept_connections(listeners, hold, token):
             drop(conn)  # no caller of ours says more than its nonce line
         elif len(sent) == line:
             try:
-                conn.send(proof(token, sent[:-1]) + b"\n")
+                local = conn.getsockname()  # where the caller reached this listener
+                conn.send(proof(token, sent[:-1], local[0], local[1]) + b"\n")
             except OSError:
                 drop(conn)
 
@@ -248,7 +262,8 @@ def reach(family, address, port, deadline, timeout, token):
                 if not chunk:
                     raise ConnectionResetError(errno.ECONNRESET, "closed before it answered")
                 answer += chunk
-            return None if hmac.compare_digest(answer, proof(token, nonce) + b"\n") else NOT_OURS
+            expected = proof(token, nonce, address, port) + b"\n"
+            return None if hmac.compare_digest(answer, expected) else NOT_OURS
         except (OSError, socket.timeout) as exc:
             unanswered = token is not None and isinstance(exc, ConnectionResetError)
             if not unanswered or time.time() + RETRY_PAUSE >= deadline:

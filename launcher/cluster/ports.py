@@ -12,12 +12,14 @@ kept two ways:
   start-up, some seconds) any program could take it, and the task would fail to start. At most
   :data:`HELD_AT_MOST` ports of a run are held (fewer when the open-files limit has no room);
   the others were free when picked and are only locked.
-- by an exclusive lock on byte ``port`` of a lock file of the user's own, for the whole run: two
+- by an exclusive lock on one byte of a lock file of the user's own, for the whole run: two
   tflaunch runs of one user never pick the same port, also while one's task is still starting or
   restarting on it and the kernel does not know the port is spoken for. It is an
   open-file-description lock, so one descriptor holds all of a run's ports, two runs in one
   process exclude each other too, and the kernel drops the locks when tflaunch exits. The byte
-  is the port's number, so /proc/locks, which every user can read, shows which ports are locked.
+  is a keyed hash of the port, as an agent's claims are (:func:`launcher.agent.ports.keyed_byte`,
+  under the random key kept at the file's start), so /proc/locks, which every user can read,
+  names no port.
 
 The lock file is ``ports-<host>.lock`` in the first of these folders that will do:
 ``$XDG_RUNTIME_DIR/tflaunch`` (a folder made for this user alone), ``$TMPDIR/tflaunch-<uid>``,
@@ -26,6 +28,9 @@ one else may write it, and only when its file system can lock (NFS without its l
 that folder is passed over for the next); neither the folder nor the file is followed when it is
 a link, and a file that is not the user's own plain file is replaced. Other users can thus neither
 read, lock, redirect nor corrupt it, and a folder another user made first only moves it to the next.
+When another user has made every one of them first (or none can lock), the run's ports are locked
+in a file of its own with no name (:func:`private_lock`): nobody can take that from the run, but it
+keeps the ports from this run's own picks only, not from the user's other runs.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ import struct
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..agent.ports import claim_key, keyed_byte
 from .probe import port_is_free
 
 __all__ = ["HELD_AT_MOST", "PortReservation", "lock_folders", "port_is_free", "reserve_ports"]
@@ -99,12 +105,22 @@ def reserve_ports(names: list[str], folders: Sequence[Path] | None = None, attem
     """A free port for each task name, locked, and the first ``hold`` of them held (see the
     module docstring); the others were free when picked.
 
-    OSError when the lock has no folder of the user's own, or when ``attempts`` picks in a row
-    were all ports that this run or another of the user's has locked."""
+    OSError when the lock has none of ``folders`` of the user's own (with the default folders it
+    falls back on :func:`private_lock`), or when ``attempts`` picks in a row were all ports that
+    this run or another of the user's has locked."""
     reservation = PortReservation()
     if not names:
         return reservation
-    reservation._lock_fd = fd = open_port_lock(lock_folders() if folders is None else folders)
+    if folders is not None:
+        fd, key = open_port_lock(folders)
+    else:
+        try:
+            fd, key = open_port_lock(lock_folders())
+        except OSError as exc:
+            if exc.errno != errno.EACCES:
+                raise
+            fd, key = private_lock()
+    reservation._lock_fd = fd
     taken: set[int] = set()
     try:
         for name in names:
@@ -115,7 +131,7 @@ def reserve_ports(names: list[str], folders: Sequence[Path] | None = None, attem
                 port = holder.getsockname()[1]
                 # Taken: an earlier port of this run that is locked only (its own lock does not stop
                 # it), or locked by another run of this user's, whose task may still be starting.
-                if port in taken or not _lock_byte(fd, port):
+                if port in taken or not _lock_byte(fd, key, port):
                     holder.close()
                     continue
                 taken.add(port)
@@ -165,9 +181,9 @@ def _hold(port: int = 0) -> socket.socket | None:
 # -- the lock file -------------------------------------------------------------------------
 
 
-def open_port_lock(folders: Sequence[Path]) -> int:
+def open_port_lock(folders: Sequence[Path]) -> tuple[int, bytes]:
     """A read-write descriptor of the lock file in the first folder that is the user's alone and
-    can lock.
+    can lock, and the file's key.
 
     OSError naming every folder tried and why it was passed over, when none will do."""
     passed: list[str] = []
@@ -181,17 +197,27 @@ def open_port_lock(folders: Sequence[Path]) -> int:
             passed.append(f"{folder}: {exc.strerror or exc}")
             continue
         try:
-            # Byte 0 stands for no port: locking it shows whether the file system has locks at all.
-            fcntl.fcntl(fd, fcntl.F_OFD_SETLKW, _flock(fcntl.F_RDLCK, 0))
-            fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _flock(fcntl.F_UNLCK, 0))
+            key = claim_key(fd)  # under a lock: it shows whether the file system has locks at all
         except OSError as exc:
             os.close(fd)
             if exc.errno not in _NO_LOCKS:
                 raise
             passed.append(f"{folder}: cannot lock files there ({exc.strerror})")
             continue
-        return fd
+        return fd, key
     raise OSError(errno.EACCES, "no folder of this user's alone for the port lock: " + "; ".join(passed))
+
+
+def private_lock() -> tuple[int, bytes]:
+    """A lock file with no name (O_TMPFILE; else one unlinked at once) and its key: where every
+    folder the lock could live in was taken, this run still runs, its picks locked against each
+    other only."""
+    import tempfile
+
+    with tempfile.TemporaryFile() as anonymous:
+        fd = os.dup(anonymous.fileno())
+    os.set_inheritable(fd, False)
+    return fd, claim_key(fd)
 
 
 class _NotPrivate(Exception):
@@ -248,14 +274,15 @@ def _open_file(name: str, dir_fd: int) -> int | None:
     return fd
 
 
-def _flock(kind: int, port: int) -> bytes:
-    """A ``struct flock`` for byte ``port`` (l_type, l_whence, l_start, l_len, l_pid = 0 for OFD locks)."""
-    return struct.pack("hhqqi4x", kind, os.SEEK_SET, port, 1, 0)
+def _flock(kind: int, start: int) -> bytes:
+    """A ``struct flock`` for byte ``start`` (l_type, l_whence, l_start, l_len, l_pid = 0 for OFD locks)."""
+    return struct.pack("hhqqi4x", kind, os.SEEK_SET, start, 1, 0)
 
 
-def _lock_byte(fd: int, port: int) -> bool:
+def _lock_byte(fd: int, key: bytes, port: int) -> bool:
+    """Lock the byte that stands for ``port``; False when another run of this user's holds it."""
     try:
-        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _flock(fcntl.F_WRLCK, port))
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _flock(fcntl.F_WRLCK, keyed_byte(key, port)))
     except OSError as exc:
         if exc.errno in (errno.EACCES, errno.EAGAIN):
             return False

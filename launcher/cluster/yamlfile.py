@@ -1,10 +1,20 @@
-"""YAML for cluster files: ``safe_load`` that refuses repeated keys and keeps numbers' text."""
+"""YAML for cluster files: ``safe_load`` that refuses repeated keys, keeps numbers' text and bounds
+what aliases expand to.
+
+An alias is a reference to a node read once, so a file of ten lines, each a list of nine aliases
+to the line before, stands for 9**9 values: reading it is quick, but whatever walks its values
+afterwards (every check of the file) never ends. Each node's size, written out, is counted once
+when the file has been read (work in proportion to the file), and a file past
+:data:`EXPANDED_AT_MOST` values is refused before anything is built from it.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 import yaml
+
+EXPANDED_AT_MOST = 1_000_000  # values of a cluster file with its aliases written out: thousands of tasks fit
 
 
 class DuplicateKey(yaml.YAMLError):
@@ -31,7 +41,14 @@ _SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 class ClusterLoader(_SafeLoader):
-    """safe_load that refuses repeated keys and remembers how numbers were written."""
+    """safe_load that refuses repeated keys, remembers how numbers were written and refuses a file
+    whose aliases expand past :data:`EXPANDED_AT_MOST` values."""
+
+    def get_single_node(self) -> yaml.Node | None:
+        node = super().get_single_node()
+        if node is not None:
+            check_expanded_size(node)
+        return node
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen = set()
@@ -62,3 +79,39 @@ class ClusterLoader(_SafeLoader):
 
 ClusterLoader.add_constructor("tag:yaml.org,2002:int", ClusterLoader.construct_yaml_int)
 ClusterLoader.add_constructor("tag:yaml.org,2002:float", ClusterLoader.construct_yaml_float)
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return node.value
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    return []
+
+
+def check_expanded_size(root: yaml.Node, limit: int = EXPANDED_AT_MOST) -> None:
+    """Refuse (a YAML error at the node that passes it) a document whose nodes, each alias written
+    out, number more than ``limit``, or that an alias makes endless (a list holding itself). Each
+    node is sized once, from its children's sizes, without recursion."""
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()  # on the path from the root: met again, an alias loops
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_sized = stack.pop()
+        key = id(node)
+        if children_sized:
+            open_nodes.discard(key)
+            sizes[key] = size = 1 + sum(sizes[id(child)] for child in _children(node))
+            if size > limit:
+                raise yaml.composer.ComposerError(
+                    None, None, f"its aliases expand to more than {limit:,} values; expected a cluster file "
+                                f"that stays small with each alias written out", node.start_mark)
+            continue
+        if key in sizes:
+            continue
+        if key in open_nodes:
+            raise yaml.composer.ComposerError(None, None, "an alias refers to a list or mapping it is part of",
+                                              node.start_mark)
+        open_nodes.add(key)
+        stack.append((node, True))
+        stack.extend((child, False) for child in _children(node) if id(child) not in sizes)

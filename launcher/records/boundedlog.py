@@ -53,10 +53,10 @@ class BoundedLog:
     """One log file kept within ``max_size`` bytes (see the module docstring). Thread-safe: the
     transports append relayed output while the pump reads it back with a :class:`Reader`."""
 
-    def __init__(self, path: Path | str, max_size: int, mode: int = 0o644):
+    def __init__(self, path: Path | str, max_size: int, mode: int | None = None):
         self.path = Path(path)
         self.max_size = max_size
-        self.mode = mode  # of every file it makes: the log, its parts, its stitched copy
+        self.mode = mode  # of every file it makes (None: its folder's file mode)
         self.head_size = max_size // HEAD_SHARE
         self.tail_size = max_size - self.head_size
         self.part_size = max(1, self.tail_size // PARTS)

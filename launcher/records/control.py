@@ -38,6 +38,8 @@ REQUEST_SECONDS = 30.0  # one deadline per request: read, sample, answer
 _PATH_MAX = 100  # longer socket paths go through the folder's descriptor
 # Characters a terminal acts on (C0 and C1 controls, DEL) but a line break and a tab: shown escaped.
 _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# The same, but a colour or style code (SGR: ESC [ digits m), which only paints, passes as it is.
+_CONTROL_BUT_COLOURS = re.compile("\x1b\\[[0-9;]*m|[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
 class ControlError(LaunchError):
@@ -117,7 +119,10 @@ def peer_uid(conn: socket.socket) -> int | None:
     return uid
 
 
-def escaped(text: str) -> str:
+def escaped(text: str, colours: bool = False) -> str:
     """``text`` with every character a terminal would act on (an escape sequence, a bell, a
-    carriage return) written as ``\\xNN``: what a run's tflaunch answers is shown, never obeyed."""
+    carriage return) written as ``\\xNN``: what a run's tflaunch answers, or a task wrote, is
+    shown, never obeyed. With ``colours``, colour and style codes are kept (a task's coloured log)."""
+    if colours:
+        return _CONTROL_BUT_COLOURS.sub(lambda m: m[0] if len(m[0]) > 1 else f"\\x{ord(m[0]):02x}", text)
     return _CONTROL.sub(lambda match: f"\\x{ord(match[0]):02x}", text)

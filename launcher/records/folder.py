@@ -23,8 +23,11 @@ A Slurm run's folder also holds ``job.sbatch``, ``slurm.json`` (:mod:`launcher.r
 job's own output ``slurm-<job id>.out`` and, after requeues, ``requeue-<k>/`` with the run.json,
 task logs and attempt folders of earlier executions.
 
-A run folder is made without write access for anyone but its owner (mode 0755 at most, less under
-the umask), and tflaunch never follows a link in it: every temporary or part file is created
+A run folder and everything tflaunch writes in it are its owner's alone (folders 0700, files 0600),
+or also its group's to read (2750, 0640) when the log directory is shared with its group
+(set-group-ID, :func:`launcher.records.files.shared_with_group`); it is made only in a log directory
+no other user can rename it out of (:func:`launcher.records.files.swappable_by_others`), and
+tflaunch never follows a link in it: every temporary or part file is created
 exclusively (``O_EXCL | O_NOFOLLOW``), temporary ones under unpredictable names, and a log is
 appended to only when it is a regular file of this user's with no other name
 (:func:`launcher.records.files.open_own`), so that a folder others can write (a shared log
@@ -48,7 +51,8 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..options import DEFAULT_LOG_DIR, name
-from .files import open_own, write_atomically
+from .files import (FOLDER_MODE, SHARED_FOLDER_MODE, make_folder, open_own, shared_with_group, swappable_by_others,
+                    write_atomically)
 from .record import RunRecord
 
 # The layout (see the module docstring).
@@ -74,7 +78,6 @@ SBATCH_SCRIPT = "job.sbatch"
 SLURM_OUTPUT = "slurm-%j.out"  # sbatch's --output pattern: %j is the job id
 REQUEUE_PREFIX = "requeue-"  # requeue-<k>/
 RUN_ID_PLACEHOLDER = "<run-id>"  # the folder's name where a dry run shows paths in it
-FOLDER_MODE = 0o755  # a run folder: nobody else may add, remove or replace a name in it
 RUN_ID_DRAWS = 1000  # new ids a run draws when the one it drew is taken (a second holds 65,536)
 READABLE_TASKS = 64  # a final run.json of up to this many tasks is indented throughout
 
@@ -146,17 +149,28 @@ class RunFolder:
         else the default) and the system's reason, when the folder cannot be made.
         """
         base = Path(log_dir or DEFAULT_LOG_DIR)
+        where = (option or name("log_dir")) if log_dir else "the default log directory"
+        try:
+            swappable = swappable_by_others(base)
+        except OSError:
+            swappable = None  # the mkdir below names what is wrong with the folder
+        if swappable:
+            raise ConfigError(source, "log_dir", f"will not make a run folder in {str(base)!r} ({where}): {swappable}, "
+                                                 f"so another user could swap the run folder for one of theirs; use a "
+                                                 f"folder of your own, or make that one sticky (chmod +t)")
         # The folder is made with an exclusive mkdir: a run started in the same second that drew
         # the same id got there first, and this one draws another (16 bits each: rare, not never).
         for _ in range(RUN_ID_DRAWS):
             path = base / new_run_id()
             try:
-                path.mkdir(FOLDER_MODE, parents=True, exist_ok=False)
+                make_folder(base)
+                mode = SHARED_FOLDER_MODE if shared_with_group(base) else FOLDER_MODE
+                path.mkdir(mode & 0o777)
+                os.chmod(path, mode)  # the umask took nothing it should not, and S_ISGID is kept
                 return cls(path)
             except OSError as exc:
                 if isinstance(exc, FileExistsError) and os.path.lexists(path):
                     continue
-                where = (option or name("log_dir")) if log_dir else "the default log directory"
                 raise ConfigError(source, "log_dir", f"cannot create a run folder in {str(base)!r} ({where}): "
                                                      f"{exc.strerror or exc}") from None
         raise ConfigError(source, "log_dir", f"cannot create a run folder in {str(base)!r}: {RUN_ID_DRAWS} run ids "
@@ -236,7 +250,7 @@ class RunFolder:
         folder = self._attempt_dirs.get(attempt)
         if folder is None:  # once per attempt, not once per task
             made = self.attempt_dir(attempt)
-            made.mkdir(FOLDER_MODE, parents=True, exist_ok=True)
+            make_folder(made)
             folder = self._attempt_dirs[attempt] = os.path.realpath(made)
             # Every log of the attempt was closed before the next one started: its part files are
             # all there now, found in one listing rather than one per task (8,192 of them, each a

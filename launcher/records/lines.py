@@ -14,6 +14,7 @@ measured the way a terminal would, which progress bars (ASCII) never need.
 
 from __future__ import annotations
 
+import bisect
 import re
 
 # A line (ending in \n) with a carriage return, a backspace or an erase-line sequence in it.
@@ -101,7 +102,10 @@ def fold_partial(data: bytes) -> bytes:
     The cursor position matters because the rest of the line is still to come: ``abc\\r`` then
     ``d`` shows ``dbc``. It is kept by re-typing the text up to the cursor after a ``\\r``.
     """
-    text = re.sub("\x08+(?=\r)", "", data.decode("utf-8", "surrogateescape"))
+    # Backspaces right before a \r move a cursor the \r moves anyway (split, not a regex: a run
+    # of backspaces with no \r after it would cost a regex time in the square of its length).
+    segments = data.decode("utf-8", "surrogateescape").split("\r")
+    text = "\r".join([segment.rstrip("\x08") for segment in segments[:-1]] + segments[-1:])
     cells, col = _emulate(text)
     shown = "".join(cells)
     if col < len(cells):
@@ -110,10 +114,16 @@ def fold_partial(data: bytes) -> bytes:
 
 
 def _emulate(line: str) -> tuple[list[str], int]:
-    """The cells and the cursor column after drawing ``line`` from column 0."""
+    """The cells and the cursor column after drawing ``line`` from column 0.
+
+    In time linear in the line: an erase from the line's start (``ESC[1K``, ``ESC[2K``) is noted
+    as (when, up to which column), not done cell by cell; each cell remembers when it was last
+    written, and at the end a cell is blank when an erase came after that and reached past it."""
     cells: list[str] = []
+    written: list[int] = []  # per cell: the number of the token that last wrote it
+    erases: list[tuple[int, int]] = []  # (token number, columns erased from the start), in order
     col = 0
-    for token in _TOKENS.split(line):
+    for when, token in enumerate(_TOKENS.split(line)):
         if not token:
             continue
         if token == "\r":
@@ -122,17 +132,27 @@ def _emulate(line: str) -> tuple[list[str], int]:
             col = max(0, col - 1)
         elif token.startswith("\x1b[") and token.endswith("K") and len(token) <= 4:
             mode = token[2:-1]
-            if mode in ("", "0"):
-                del cells[col:]
-            elif mode == "1":
-                cells[:col] = " " * min(col, len(cells))
-            else:
-                cells = [" "] * min(col, len(cells))
+            if mode in ("", "0", "2"):
+                del cells[col:], written[col:]  # each cell is deleted at most once per time it is written
+            if mode in ("1", "2"):
+                erases.append((when, min(col, len(cells))))
         else:
             if col > len(cells):
+                written.extend([when] * (col - len(cells)))
                 cells.extend(" " * (col - len(cells)))
             cells[col:col + len(token)] = token
+            written[col:col + len(token)] = [when] * len(token)
             col += len(token)
+    if erases:
+        # reach[k]: the widest erase among erases[k:]; a cell written at token w is blank when an
+        # erase after w reaches past it.
+        reach = [0] * (len(erases) + 1)
+        for k in range(len(erases) - 1, -1, -1):
+            reach[k] = max(reach[k + 1], erases[k][1])
+        times = [when for when, _ in erases]
+        for index, when in enumerate(written):
+            if reach[bisect.bisect_right(times, when)] > index:
+                cells[index] = " "
     return cells, col
 
 

@@ -94,7 +94,7 @@ def live_layout(path: Path) -> LiveLayout | None:
 
 
 def stitch(path: Path, head_end: int, parts: list[tuple[int, Path]], end: int, tail_size: int | None,
-           mode: int = 0o644) -> None:
+           mode: int | None = None) -> None:
     """Make ``path`` head + marker + tail (the last ``tail_size`` bytes up to ``end``, from a line
     start; all the parts hold when None) through a file (made with ``mode``) renamed over it, then
     delete the parts."""

@@ -265,6 +265,8 @@ class RunRecord:
     excluded: list[ExcludedHost] = field(default_factory=list)  # hosts left out of an attempt
     stragglers: list[StragglerRecord] = field(default_factory=list)  # tasks the others kept waiting for
     error: str | None = None  # what ended the run from outside the tasks (a full disk, a vanished folder)
+    sealed: bool = False  # every task in a network namespace of the run's own (docs/security.md)
+    unsealed_because: str | None = None  # why a run that was to be sealed was not (the console's line)
 
     def to_json(self) -> dict[str, Any]:
         return _plain(self)

@@ -22,8 +22,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..records.folder import (ATTEMPT_PREFIX, DEFAULT_LOG_DIR, FOLDER_MODE, MERGED, RECORD, TASK_LOG_SUFFIX, RunFolder,
+from ..records.folder import (ATTEMPT_PREFIX, DEFAULT_LOG_DIR, MERGED, RECORD, TASK_LOG_SUFFIX, RunFolder,
                               TENSORBOARD_LOG, iso_time, part_of, requeue_name)
+from ..records.files import make_folder, swappable_by_others
 from ..records.slurm import read_slurm_record, write_slurm_record
 from ..records.states import RunStatus
 from .commands import job_states
@@ -47,7 +48,7 @@ def archive_previous_execution(folder: Path, restart_count: int) -> Path | None:
     if not old:
         return None
     target = folder / requeue_name(restart_count)
-    target.mkdir(FOLDER_MODE, exist_ok=True)
+    make_folder(target)
     for path in old:
         path.rename(target / path.name)
     return target
@@ -70,6 +71,10 @@ def prepare_folder(run_dir: str | None, log_dir: str | None, environ: Mapping[st
         if not path.is_dir():
             raise ConfigError(source, "--run-dir", f"{run_dir!r} is not a directory; expected the run folder "
                               "'tflaunch submit' made")
+        swappable = swappable_by_others(path)
+        if swappable:
+            raise ConfigError(source, "--run-dir", f"will not write into {run_dir!r}: {swappable}, so another user "
+                              "could swap the run folder for one of theirs")
     else:
         base = Path(log_dir or DEFAULT_LOG_DIR)
         path = find_job_folder(base, job_id) if restarts else None

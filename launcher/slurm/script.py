@@ -10,6 +10,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 
+from ..masking import masked_argv
 from ..records.folder import BACKUP, RECORD, SLURM_OUTPUT
 from .section import SlurmSettings
 
@@ -87,7 +88,9 @@ def render_script(request: JobRequest) -> str:
     width = max(len(option) for option, _ in sbatch_lines(request)) + len("#SBATCH ") + 2
     out = ["#!/bin/bash",
            # One line: sbatch stops reading #SBATCH lines at the first line that is not a comment.
-           "# Written by 'tflaunch submit'" + (f": {_one_line(shlex.join(request.submitted_argv))}"
+           # Masked: a secret typed on submit's command line is not repeated here (the exec line below
+           # holds only what the job must run).
+           "# Written by 'tflaunch submit'" + (f": {_one_line(shlex.join(masked_argv(request.submitted_argv)))}"
                                                if request.submitted_argv else ""),
            f"# Run folder: {request.run_dir} ({RECORD}, logs, {BACKUP}/ of this job)",
            "#"]

@@ -140,7 +140,6 @@ def submit(options: SubmitOptions, wait: bool, on_submitted: Callable[[Submitted
     request, _ = job_request(options, str(run_dir))
     script = run_dir / SBATCH_SCRIPT
     write_atomically(script, render_script(request))
-    script.chmod(0o755)
     if shutil.which("sbatch") is None:
         shutil.rmtree(run_dir)
         raise SlurmError("submit: 'sbatch' is not installed here (is this a Slurm login node?)")

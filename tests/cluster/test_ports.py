@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher.agent.ports import KEY_BYTES, claim_key
 from launcher.cluster import ports as ports_module
 from launcher.cluster.ports import HELD_AT_MOST, PortReservation, lock_folders, port_is_free, reserve_ports
 
@@ -48,7 +49,7 @@ def hold(folder, port: int) -> int | None:
     """Lock ``port`` as another run of this user's would: a descriptor of its own on the lock file."""
     os.makedirs(folder, mode=0o700, exist_ok=True)
     fd = os.open(lock_file(folder), os.O_RDWR | os.O_CREAT, 0o600)
-    if ports_module._lock_byte(fd, port):
+    if ports_module._lock_byte(fd, claim_key(fd), port):
         return fd
     os.close(fd)
     return None
@@ -272,7 +273,8 @@ def test_a_linked_lock_file_is_replaced_and_what_it_named_is_untouched(folder, t
         # The target carries no lock: the lock file is a new file of its own.
         fd = os.open(target, os.O_RDWR)
         try:
-            assert ports_module._lock_byte(fd, reservation.ports["w"])
+            key = Path(lock_file(folder)).read_bytes()[:KEY_BYTES]
+            assert ports_module._lock_byte(fd, key, reservation.ports["w"])
         finally:
             os.close(fd)
     info = os.lstat(lock_file(folder))

@@ -866,3 +866,47 @@ def test_gpus_this_machine_does_not_have_are_one_warning(gpus_here, expected):
     spec = parse("worker:\n - {host: localhost, gpus: [0]}\n - {host: localhost, gpus: [1]}\n"
                  " - {host: node2, gpus: [5]}\n - {host: localhost}")
     assert missing_gpus_warning(spec, LOCAL, gpus_here) == expected
+
+
+def alias_bomb(depth: int) -> str:
+    """A cluster file of ``depth + 2`` lines whose aliases stand for 9**(depth + 1) values."""
+    lines = ['a0: &a0 ["x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, depth + 1)]
+    return "\n".join([*lines, f"worker: *a{depth}"]) + "\n"
+
+
+@pytest.mark.timeout(10)  # before aliases were counted, the 10-line file took minutes of one core
+def test_a_file_whose_aliases_expand_past_the_limit_is_refused_in_one_line():
+    assert len(alias_bomb(8).splitlines()) == 10
+    message = error(alias_bomb(8))
+    assert message.startswith(f"{SOURCE}: line ") and "aliases expand to more than 1,000,000 values" in message
+    assert "\n" not in message
+
+
+def test_aliases_count_once_per_value_they_stand_for():
+    import yaml
+
+    from launcher.cluster.yamlfile import check_expanded_size
+
+    # a0 is 10 values written out, a1 1 + 9 x 10 = 91, a2 820, a3 7,381; the mapping holds 5 keys,
+    # a0 to a3, and a3 again under worker: 1 + 5 + 10 + 91 + 820 + 7,381 x 2 = 15,689.
+    node = yaml.compose(alias_bomb(3))
+    check_expanded_size(node, limit=15_689)
+    with pytest.raises(yaml.YAMLError, match="more than 15,688 values"):
+        check_expanded_size(node, limit=15_688)
+
+
+def test_a_list_that_holds_itself_through_an_alias_is_refused():
+    assert "an alias refers to a list or mapping it is part of" in error("worker: &w [localhost:2222, *w]\n")
+
+
+def test_anchors_shared_by_many_tasks_still_read():
+    spec = parse("""
+        env: &common {A: "1", B: "2"}
+        hosts:
+          localhost: {env: *common}
+        worker:
+          - {host: localhost, port: 2222, env: *common}
+          - {host: localhost, port: 2223, env: *common}
+    """)
+    assert [t.env["B"] for t in spec.tasks] == ["2", "2"]

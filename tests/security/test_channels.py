@@ -435,3 +435,64 @@ def test_a_port_answered_by_another_users_program_does_not_pass_the_probe():
     assert not result["ok"], result
     assert result["error"] == ("answered, but not as this run's probe (another program on the port, or the name "
                                "leads elsewhere)"), result
+
+
+# Passes every connection to its port on to the probe's port (argv[1]), both ways, as a relay on a
+# name that leads elsewhere would.
+RELAY = r'''
+import socket, sys, threading
+target = int(sys.argv[1])
+server = socket.create_server(("127.0.0.1", 0))
+print(server.getsockname()[1], flush=True)
+def pipe(a, b):
+    try:
+        while True:
+            data = a.recv(4096)
+            if not data:
+                break
+            b.sendall(data)
+    except OSError:
+        pass
+    for s in (a, b):
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+while True:
+    conn = server.accept()[0]
+    upstream = socket.create_connection(("127.0.0.1", target))
+    threading.Thread(target=pipe, args=(conn, upstream), daemon=True).start()
+    threading.Thread(target=pipe, args=(upstream, conn), daemon=True).start()
+'''
+
+
+@pytest.mark.slow
+def test_a_relay_to_a_probe_at_another_port_does_not_pass_the_probe():
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    relay = as_nobody(RELAY, str(port))
+    relayed = int(relay.stdout.readline())
+    probe = started_probe([port], [port, relayed], TOKEN)
+    try:
+        assert probe.stdout.readline().strip() == 'TFLAUNCH_MESH_LISTENING {"%d": null}' % port
+        direct, through_relay = probe_results(probe)
+    finally:
+        relay.kill()
+        relay.wait(timeout=30)
+        probe.stdin.close()
+        probe.wait(timeout=30)
+    assert direct["ok"], direct
+    assert not through_relay["ok"] and through_relay["error"].startswith("answered, but not as this run's probe")
+
+
+@pytest.mark.unit
+def test_a_probes_proof_is_bound_to_the_address_and_port_it_was_reached_at():
+    from launcher.cluster.mesh_probe import proof
+
+    key, nonce = b"k" * 32, b"n" * 32
+    assert proof(key, nonce, "::ffff:10.0.0.1", 2222) == proof(key, nonce, "10.0.0.1", 2222)
+    assert proof(key, nonce, "fe80::1%eth0", 2222) == proof(key, nonce, "FE80::1", 2222)
+    others = {proof(key, nonce, "10.0.0.2", 2222), proof(key, nonce, "10.0.0.1", 2223), proof(key, b"m" * 32,
+                                                                                              "10.0.0.1", 2222)}
+    assert proof(key, nonce, "10.0.0.1", 2222) not in others and len(others) == 3

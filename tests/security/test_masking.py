@@ -240,3 +240,56 @@ def test_the_hint_for_a_misplaced_command_masks_its_secrets(tmp_path):
     done = run_tflaunch("--local", "1", "python", "t.py", f"--api-key={key}", cwd=tmp_path)
     one_error_line(done, "the task command goes after '--'", f"--api-key={MASK}")
     assert key not in done.stderr.decode()
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("name", ["KAGGLE_KEY", "openai_key", "KEY", "MY_APP_SECRET", "SLACK_TOKEN", "DB_PASSWORD",
+                                  "SENTRY_DSN", "GITHUB_PAT"])
+def test_names_ending_as_keys_secrets_tokens_passwords_dsns_and_pats_mark_a_secret(name):
+    assert is_secret_name(name)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("name", ["MONKEY", "KEYBOARD_LAYOUT", "HOCKEY_TEAM", "KEYS_DIR"])
+def test_names_that_only_hold_key_are_ordinary(name):
+    assert not is_secret_name(name)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("url, shown", [
+    ("postgres://app:p@ss@w0rd@db:5432/x", f"postgres://app:{MASK}@db:5432/x"),
+    ('postgres://app:pa"ss\'wd@db/x', f"postgres://app:{MASK}@db/x"),
+    ("mysql://u:it's@h", f"mysql://u:{MASK}@h"),
+    ("https://u:a@b@host/p?q=a@b", f"https://u:{MASK}@host/p?q=a@b"),
+    ("ssh://git@host/repo", "ssh://git@host/repo"),
+    ("https://host:8080/x@y", "https://host:8080/x@y"),
+])
+def test_a_urls_password_is_masked_whole_whatever_it_holds(url, shown):
+    assert masked_text(url) == shown
+    assert masked_argv(["t.py", f"--db={url}", url]) == ["t.py", f"--db={shown}", shown]
+    assert masked_env({"DB": url}, ()) == {"DB": shown}
+
+
+@pytest.mark.unit
+def test_known_secret_forms_are_masked_in_values_and_commands():
+    azure = "DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=abc+/9==;EndpointSuffix=core.windows.net"
+    shown = f"DefaultEndpointsProtocol=https;AccountName=acct;AccountKey={MASK};EndpointSuffix=core.windows.net"
+    assert masked_env({"AZURE_STORAGE_CONNECTION_STRING": azure}, ()) == {"AZURE_STORAGE_CONNECTION_STRING": shown}
+    assert masked_argv(["t.py", "--conn", azure]) == ["t.py", "--conn", shown]
+    assert masked_text("Server=db;Uid=u;Pwd=p4ss;") == f"Server=db;Uid=u;Pwd={MASK};"
+    sas = "https://a.blob.core.windows.net/c?sv=2022&sig=AbC%2Bd&se=2030"
+    assert masked_text(sas) == f"https://a.blob.core.windows.net/c?sv=2022&sig={MASK}&se=2030"
+
+
+@pytest.mark.unit
+def test_submits_job_script_header_repeats_no_secret_of_its_command_line():
+    from launcher.slurm.script import JobRequest, render_script
+    from launcher.slurm.section import SlurmSettings
+
+    argv = ("tflaunch", "submit", "--env", "KAGGLE_KEY", "--", "python", "t.py", "--db",
+            "postgres://u:pw@ss@db/x", "--api-key", "k-123")
+    request = JobRequest(run_dir="/r/logs/run1", workdir="/r", python="/p", settings=SlurmSettings(nodes=1),
+                         command=argv[5:], submitted_argv=argv)
+    comments = [line for line in render_script(request).splitlines() if line.startswith("#")]
+    assert not any("pw@ss" in line or "k-123" in line for line in comments), comments
+    assert any(f"--api-key '{MASK}'" in line for line in comments)  # masked, not left out

@@ -118,6 +118,10 @@ def test_a_killed_task_stops_the_job_with_its_exit_code(slurm, tmp_path):
     assert rec["root_cause"]["task"] == "worker-3" and rec["root_cause"]["host"] == slurm.nodes[1]
     assert {t["name"]: t["state"] for t in rec["tasks"]} == {"worker-0": "stopped", "worker-1": "stopped",
                                                              "worker-2": "stopped", "worker-3": "failed"}
+    # The run's own files, the job script among them, are its user's alone.
+    assert oct(run_dir.stat().st_mode & 0o7777) == "0o700"
+    own = [run_dir / name for name in ("job.sbatch", "slurm.json", "run.json", "merged.log", "worker-3.log")]
+    assert {oct(path.stat().st_mode & 0o7777) for path in own} == {"0o600"}
 
 
 def test_restarts_inside_the_allocation(slurm, tmp_path):

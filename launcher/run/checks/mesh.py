@@ -10,8 +10,9 @@ run's one connection to that host, or this machine's agent), all in parallel:
 
 1. each host listens on its own tasks' ports (``listen=True``; a live cluster's tasks already hold
    them, so the live check only connects) and says so; each connection to a listener must be
-   answered with the proof of the run's probe (a token made for this probe, passed to each host in
-   the probe's environment), so another program on a port cannot make its pair pass;
+   answered with the proof of the run's probe for the address and port dialled (a token made for
+   this probe, passed to each host in the probe's environment), so neither another program on a
+   port nor a relay to a probe elsewhere can make its pair pass;
 2. once every host listens (or has failed), each gets ``go``: it resolves every other task's name
    itself, on that host, and connects to it, with the ssh connect timeout as the connect timeout;
 3. when every host has answered, stdin is closed and the probes exit, so nothing stays behind.

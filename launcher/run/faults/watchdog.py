@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from ...cluster.plan import TaskLaunch
-from ...records.files import write_atomically
-from ...records.folder import FOLDER_MODE, STACKS_SUFFIX, VERDICT, iso_time
+from ...records.files import make_folder, write_atomically
+from ...records.folder import STACKS_SUFFIX, VERDICT, iso_time
 from ...records.logview import TAIL_LINES, tail_lines
 from ...records.record import RootCause
 from ...records.states import TaskState, plural
@@ -236,7 +236,7 @@ class Watchdog:
     def file_stacks(self, texts: Mapping[str, str], found: Verdict, stall: Stall, hang: float) -> None:
         """Each task's stacks in ``<task>.txt`` and the verdict in ``verdict.json``; a failed write costs only itself."""
         try:
-            self.stacks_dir.mkdir(FOLDER_MODE, parents=True, exist_ok=True)
+            make_folder(self.stacks_dir)
             for name, text in texts.items():
                 write_atomically(self.stacks_dir / f"{name}{STACKS_SUFFIX}", text)
             detail = {"declared_at": iso_time(self.clock()), "hang_timeout": hang, "cpu_share_limit": CPU_SHARE,

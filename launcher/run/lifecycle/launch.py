@@ -109,7 +109,13 @@ def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS,
 
             _stop_if_signalled(signals)
             # The namespace comes before the run folder: where it cannot be made, nothing is left.
-            network = sealing.held(console.message) if sealing else None  # None for an open run
+            unsealed: list[str] = []
+
+            def say_unsealed(line: str) -> None:
+                unsealed.append(line)  # why a run to be sealed is not: run.json says it too
+                console.message(line)
+
+            network = sealing.held(say_unsealed) if sealing else None  # None for an open run
             if network is None and plan.spec.network is Network.SEALED:  # it could not be sealed after all
                 plan.check_local_ports()
             folder = (folder_for or _new_folder)(plan.spec)
@@ -130,6 +136,7 @@ def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS,
             session = RunSession(spec, request.options.over_file(spec.max_restarts, spec.restart_delay), folder,
                                  console, plan_attempt, signals, transports, refused_spares=plan.refused,
                                  backup=request.keep_backup)
+            session.record.sealed, session.record.unsealed_because = network is not None, next(iter(unsealed), None)
             result = session.execute()
             if signals.first is None:  # a run stopped by a signal does not wait for its lookups
                 exposure.join()  # a run's warning is shown, however late its lookups end

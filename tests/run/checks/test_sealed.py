@@ -252,6 +252,28 @@ def test_where_namespaces_are_refused_one_line_says_why_and_the_run_goes_on_unse
     assert "No space left on device" in line and "other users of this machine can reach the tasks' ports" in line
     assert "Traceback" not in done.stderr
     assert marker.exists()
+    (run_dir,) = tflaunch.log_dir.iterdir()
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["sealed"] is False and record["unsealed_because"] == line.removeprefix("tflaunch: ")
+
+
+# launch() of one task, sealed unless the first argument says "open"; prints the result's sealed,
+# and run.json's sealed and unsealed_because.
+SEALED_OR_NOT = r'''
+import io, json, sys
+from launcher import launch
+result = launch(local=1, command=["true"], log_dir=sys.argv[2], no_seal=sys.argv[1] == "open", output=io.StringIO())
+record = json.loads((result.run_dir / "run.json").read_text())
+print(json.dumps([result.sealed, record["sealed"], record["unsealed_because"]]))
+'''
+
+
+@pytest.mark.parametrize("network, expected", [("sealed", [True, True, None]), ("open", [False, False, None])])
+def test_run_json_and_launchs_result_say_whether_the_run_was_sealed(tmp_path, network, expected):
+    done = subprocess.run([sys.executable, "-c", SEALED_OR_NOT, network, str(tmp_path / "logs")], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == expected
 
 
 # -- an ordinary user ---------------------------------------------------------------------------------

@@ -1,0 +1,166 @@
+"""A run folder is its owner's: nobody else reads it, nobody else swaps it.
+
+Another user (``nobody``, through setpriv) tries to read a finished run's files, to read them as a
+member of the log directory's group, and to rename a running run's folder away and plant its own.
+"""
+
+from __future__ import annotations
+
+import grp
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, TASK
+from test_shared_machine import NOBODY, SYSTEM_PYTHON, nobody_did, pytestmark  # noqa: F401 (root and setpriv)
+
+# Reads every file named (argv[1:]) and says, per file, "read" or "refused".
+READ = r'''
+import sys
+for path in sys.argv[1:]:
+    try:
+        open(path, "rb").read()
+        print("read")
+    except PermissionError:
+        print("refused")
+'''
+
+# Renames the run folder (argv[1]) away and makes one of nobody's in its place; prints what happened.
+SWAP = r'''
+import os, sys
+run = sys.argv[1]
+try:
+    os.rename(run, run + ".away")
+    os.mkdir(run, 0o777)
+    print("swapped")
+except PermissionError:
+    print("refused")
+'''
+
+
+def tflaunch(cwd: Path, log_dir: Path, *task: str, umask: str = "022") -> subprocess.Popen:
+    argv = ["sh", "-c", f'umask {umask} && exec "$@"', "sh", sys.executable, "-m", "launcher", "--local", "1",
+            "--log-dir", str(log_dir), "--", "python", TASK, *task]
+    return subprocess.Popen(argv, cwd=cwd, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def finished(proc: subprocess.Popen) -> subprocess.CompletedProcess:
+    out, err = proc.communicate(timeout=120)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def everything_in(run_dir: Path) -> tuple[list[Path], list[Path]]:
+    """(folders, files) of a run folder, the folder itself first."""
+    inside = list(run_dir.rglob("*"))
+    return [run_dir, *(p for p in inside if p.is_dir())], [p for p in inside if p.is_file()]
+
+
+@pytest.mark.slow
+def test_a_run_folder_and_everything_in_it_is_its_owners_alone(tmp_path, folder_for_others):
+    log_dir = folder_for_others(0o1777)  # shared as /tmp is: others reach it, and the run folder's mode is all
+    done = finished(tflaunch(tmp_path, log_dir, "print:my-token-1234", "exit-if:worker-0:3", umask="000"))
+    assert done.returncode == 3, done.stderr
+    (run_dir,) = log_dir.iterdir()
+    folders, files = everything_in(run_dir)
+    assert {"run.json", "merged.log", "worker-0.log", "metrics.jsonl"} <= {p.name for p in files}
+    assert {oct(stat.S_IMODE(p.stat().st_mode)) for p in folders} == {"0o700"}
+    assert {oct(stat.S_IMODE(p.stat().st_mode)) for p in files} == {"0o600"}
+    paths = [str(p) for p in files]
+    assert nobody_did(READ, *paths).split() == ["refused"] * len(paths)
+
+
+def as_group_member(gid: int, code: str, *args: str) -> str:
+    done = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", f"--groups={gid}", SYSTEM_PYTHON,
+                           "-c", code, *args], capture_output=True, text=True, timeout=60, cwd="/",
+                          env={"PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.mark.slow
+def test_a_log_directory_shared_with_its_group_shares_runs_with_that_group_alone(tmp_path, folder_for_others):
+    gid = grp.getgrnam("users").gr_gid
+    log_dir = folder_for_others(0o3770)  # set-group-ID and sticky: the group's, nobody swaps another's folder
+    os.chown(log_dir, -1, gid)
+    log_dir.chmod(0o3770)
+    done = finished(tflaunch(tmp_path, log_dir, "print:hello", umask="077"))
+    assert done.returncode == 0, done.stderr
+    (run_dir,) = log_dir.iterdir()
+    folders, files = everything_in(run_dir)
+    assert {oct(stat.S_IMODE(p.stat().st_mode)) for p in folders} == {"0o2750"}
+    assert {oct(stat.S_IMODE(p.stat().st_mode)) for p in files} == {"0o640"}
+    assert {p.stat().st_gid for p in [*folders, *files]} == {gid}
+    paths = [str(p) for p in files]
+    assert as_group_member(gid, READ, *paths).split() == ["read"] * len(paths)
+    assert nobody_did(READ, *paths).split() == ["refused"] * len(paths)  # not in the group: nothing
+
+
+@pytest.mark.slow
+def test_a_log_directory_others_can_write_without_the_sticky_bit_is_refused_in_one_line(tmp_path, folder_for_others):
+    log_dir = folder_for_others(0o777)
+    done = finished(tflaunch(tmp_path, log_dir, "print:hello"))
+    assert done.returncode == 2
+    (line,) = done.stderr.strip().splitlines()
+    assert str(log_dir) in line and "writable by every user" in line and "chmod +t" in line, line
+    assert list(log_dir.iterdir()) == []  # no run folder made, nothing started
+
+
+@pytest.mark.slow
+def test_a_log_directory_inside_another_users_folder_is_refused(tmp_path, folder_for_others):
+    shared = folder_for_others(0o1777)
+    nobody_did("import os, sys; os.mkdir(sys.argv[1], 0o755)", str(shared / "theirs"))
+    os.mkdir(shared / "theirs" / "logs", 0o700)  # root's own, but in a folder whose owner may rename it
+    done = finished(tflaunch(tmp_path, shared / "theirs" / "logs", "print:hello"))
+    assert done.returncode == 2
+    (line,) = done.stderr.strip().splitlines()
+    assert f"{shared / 'theirs'}" in line and f"another user (uid {NOBODY})" in line, line
+
+
+@pytest.mark.slow
+def test_another_user_cannot_swap_a_running_runs_folder(tmp_path, folder_for_others):
+    log_dir = folder_for_others(0o1777)
+    proc = tflaunch(tmp_path, log_dir, "print:before", "sleep:3", "print:after")
+    deadline = time.monotonic() + 60
+    while not list(log_dir.glob("*/worker-0.log")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (run_dir,) = log_dir.iterdir()
+    assert nobody_did(SWAP, str(run_dir)).strip() == "refused"
+    done = finished(proc)
+    assert done.returncode == 0, done.stderr
+    assert [p.name for p in log_dir.iterdir()] == [run_dir.name]
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "succeeded"
+    assert "after" in (run_dir / "worker-0.log").read_text()
+
+
+def test_a_folder_on_the_way_writable_by_a_group_counts_unless_the_group_is_the_users_own(tmp_path):
+    from launcher.records.files import swappable_by_others
+
+    folder = tmp_path / "team"
+    folder.mkdir()
+    folder.chmod(0o775)
+    os.chown(folder, 0, grp.getgrnam("users").gr_gid)
+    assert swappable_by_others(folder / "logs") == f"{str(folder)!r} is writable by its group (mode 0775) and has " \
+                                                   f"no sticky bit"
+    folder.chmod(0o1775)
+    assert swappable_by_others(folder / "logs") is None  # sticky: others remove only their own names
+    folder.chmod(0o775)
+    os.chown(folder, 0, 0)  # root's own private group: nobody else is in it
+    assert swappable_by_others(folder / "logs" / "deeper") is None
+
+
+def test_a_link_on_the_way_that_another_user_owns_is_refused(tmp_path):
+    from launcher.records.files import swappable_by_others
+
+    (tmp_path / "real").mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "real")
+    assert swappable_by_others(link / "logs") is None
+    os.lchown(link, NOBODY, NOBODY)  # its owner could point it elsewhere at any time
+    assert swappable_by_others(link / "logs") == f"{str(link)!r} is a link of another user's (uid {NOBODY})"
