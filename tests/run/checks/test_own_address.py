@@ -21,7 +21,8 @@ import pytest
 from conftest import Finished
 from launcher.cluster.reader import parse_cluster
 from launcher.run.checks import isolation
-from launcher.run.checks.inside import carried, dial_line, own_names
+from launcher.cluster.spec import Network
+from launcher.run.checks.inside import Offline, carried, dial_line, missing_outside, outside_line, own_names
 from test_sealed import NOBODY, SYSTEM_PYTHON, bare_path, needs_nobody
 
 ADDRESS, NAME = "10.77.0.1", "thishost"
@@ -155,6 +156,15 @@ def test_tasks_given_this_machines_address_reach_each_other_inside_the_run(tflau
     assert not [line for line in done.stderr.splitlines() if line.startswith("tflaunch: network:")]
 
 
+def test_an_isolated_run_given_this_machines_address_keeps_it_inside_too(tflaunch, tmp_path):
+    done = on_this_machine(tflaunch, tmp_path, ["-H", f"{ADDRESS}:2", "--isolate-network", "--", "python", "-c",
+                                                PEER], ("slirp4netns",))
+    assert done.returncode == 0, done.stderr[-3000:]
+    ports = {t["name"]: t["address"] for t in done.record["tasks"]}
+    assert heard(done.task_output("worker-0")) == {ports["worker-1"]: "worker-1"}
+    assert interfaces(done.task_output("worker-0")) == ["lo"]  # no outside network, as asked
+
+
 @needs_nobody
 @pytest.mark.parametrize("tools", TOOLS)
 def test_a_cluster_file_naming_this_machine_never_reaches_another_users_listener(tflaunch, tmp_path, tools):
@@ -169,7 +179,8 @@ def test_a_cluster_file_naming_this_machine_never_reaches_another_users_listener
 
 
 def test_dry_run_shows_where_the_tasks_dial_each_other(tflaunch, tmp_path):
-    by_address = on_this_machine(tflaunch, tmp_path, ["-H", f"{ADDRESS}:2", "--dry-run", "--", "true"], ("slirp4netns",))
+    by_address = on_this_machine(tflaunch, tmp_path, ["-H", f"{ADDRESS}:2", "--dry-run", "--", "true"],
+                                 ("slirp4netns",))
     assert by_address.returncode == 0, by_address.stderr
     assert (f"note: network: inside the run's namespace the tasks dial each other at {ADDRESS} (carried on the "
             "namespace's loopback): no task's connection to a peer leaves the run") in by_address.stdout.splitlines()
@@ -215,3 +226,26 @@ def test_the_names_a_cluster_gives_this_machine_and_the_addresses_carried():
         "loopback); 192.0.2.2 (carried on the namespace's loopback); fd00::2 (carried on the namespace's "
         "loopback); gone (it does not resolve here: no task can dial it): no task's connection to a peer leaves "
         "the run")
+
+
+@pytest.mark.unit
+def test_what_a_run_lacks_of_the_outside_network_and_its_fix(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # neither tool
+    assert missing_outside(Network.SEALED, "neither slirp4netns nor pasta is installed") == Offline(
+        "the sealed run has no outside network: neither slirp4netns nor pasta is installed",
+        "apt-get install slirp4netns (or passt, for pasta), or run with --no-seal")
+    (tmp_path / "slirp4netns").write_text("")
+    (tmp_path / "slirp4netns").chmod(0o755)  # installed, but it failed to start
+    assert missing_outside(Network.SEALED, "slirp4netns: open(/dev/net/tun): No such device").fix == (
+        "mend that tool, or run with --no-seal")
+    names = "this machine's name server (127.0.0.53) is on its loopback"
+    assert missing_outside(Network.SEALED, None, names) == Offline(
+        "names do not resolve inside the sealed run (addresses do): this machine's name server (127.0.0.53) is on its "
+        "loopback", "name a name server off loopback in /etc/resolv.conf, or run with --no-seal")
+    assert missing_outside(Network.SEALED, None, None) is None
+    assert missing_outside(Network.OPEN, "anything") is None
+    isolated = missing_outside(Network.ISOLATED, None)
+    assert isolated.fix == "run without --isolate-network (or isolate_network: false in the cluster file)"
+    assert outside_line(Network.SEALED, None, "pasta") == (
+        "outside network through pasta (downloads, name servers; nothing comes in)")
+    assert outside_line(Network.OPEN, None, "pasta") is None
