@@ -254,8 +254,8 @@ class RunNetwork(threading.Thread):
         finally:
             if self._network is not None:
                 # Said only where it matters: --dry-run, check, and the diagnosis of a task that failed of it.
-                self._network.offline = missing_outside(self.mode, lacking, names)
-                log.debug("network: %s", self._network.offline or "outside network up")
+                offline = self._network.offline = missing_outside(self.mode, lacking, names)
+                log.debug("network: %s", f"{offline.why}; {offline.fix}" if offline else "outside network up")
             self._made.set()
         self._closing.wait()
         if self._network is not None:
