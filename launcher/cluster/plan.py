@@ -85,6 +85,9 @@ class TaskLaunch:
     # Namespace files a task on this machine joins before it starts, its user namespace first: a
     # sealed run's network (launcher/run/checks/isolation.py). Empty: this machine's network.
     netns: tuple[str, ...] = ()
+    # What that network lacks, as (why, fix): a sealed run's without outside network, an isolated
+    # run's. A diagnosis names it when the task fails of a name or network error. Empty: nothing.
+    offline: tuple[str, ...] = ()
     watched: bool = False  # its agent watches its threads for the straggler rule
 
     @property

@@ -1,7 +1,8 @@
 """Sealed and isolated runs: every task of a run in one network namespace of the run's own.
 
-Inside it there is a loopback interface, brought up: the tasks reach each other on
-``localhost`` as usual, and nothing outside the namespace reaches their gRPC ports (which
+Inside it there is a loopback interface, brought up, which also carries the addresses the
+cluster names this machine by (:mod:`.inside`): the tasks reach each other on ``localhost``, or
+this machine's address or name, as usual, and nothing outside the namespace reaches their gRPC ports (which
 TensorFlow opens on every interface, without authentication). :func:`choose_network` decides,
 once per run, whether a run is sealed (the default when every task is on this machine: the
 namespace gets outside network through slirp4netns or pasta, see :mod:`.outside`, and a run
@@ -9,7 +10,7 @@ where no namespace can be made goes on unsealed, saying so), isolated (``--isola
 loopback only, and no start without it) or open (``--no-seal``, and every run that spans hosts).
 
 How: a short-lived process made with ``unshare --net`` (as root) or ``unshare --user
---map-root-user --net`` (unprivileged user namespaces) brings ``lo`` up and reserves the run's
+--map-root-user --net`` (unprivileged user namespaces) brings ``lo`` up with those addresses and reserves the run's
 ports inside (``ip_local_reserved_ports``: the kernel never hands them out as a connection's
 local port there). tflaunch then opens the namespace's files and holds them for the run, and
 the host's agent joins each task to it (setns) between fork and exec, through
@@ -33,24 +34,43 @@ from ...cluster.plan import Plan
 from ...cluster.spec import ClusterSpec, Network, is_local
 from ...errors import ConfigError, LaunchError
 from ...options import RunOptions, name
+from ...records.trace import tracer
+from .inside import Offline, carried, dial_line, missing_outside, outside_line, own_names
 
 if TYPE_CHECKING:
     from .outside import OutsideLink
 
+log = tracer("network")
 START_TIMEOUT = 10.0
 
 # The process that makes the namespace: it reserves the ports in its first argument (a kernel where
-# the sysctl cannot be written keeps the run going), brings loopback up, says so, and waits for
+# the sysctl cannot be written keeps the run going), brings loopback up, adds the addresses (with
+# their prefix lengths) of the arguments after it to loopback, says so, and waits for
 # tflaunch to close its stdin once it holds the namespace. A shell with iproute2's ip where there
 # is one (a few milliseconds); else Python, with the SIOCGIFFLAGS/SIOCSIFFLAGS ioctls (tens).
 HOLDER_SH = '''echo "$1" > /proc/sys/net/ipv4/ip_local_reserved_ports 2>/dev/null
-"$0" link set lo up && echo ready && read -r _'''
+ip=$0; shift
+"$ip" link set lo up || exit 1
+for address; do "$ip" address add "$address" dev lo || exit 1; done
+echo ready && read -r _'''
 HOLDER = r'''
-import fcntl, socket, struct, sys
+import fcntl, os, socket, struct, sys
 ifreq = struct.Struct("16sh22x")
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 flags = ifreq.unpack(fcntl.ioctl(s, 0x8913, ifreq.pack(b"lo", 0)))[1]
 fcntl.ioctl(s, 0x8914, ifreq.pack(b"lo", flags | 1))
+def attribute(kind, data):
+    return struct.pack("=HH", 4 + len(data), kind) + data + bytes(-len(data) % 4)
+for given in sys.argv[2:]:  # RTM_NEWADDR on lo (index 1 in every namespace), as "ip address add" sends it
+    text, bits = given.split("/")
+    family = socket.AF_INET6 if ":" in text else socket.AF_INET
+    raw = socket.inet_pton(family, text)
+    body = struct.pack("=BBBBI", family, int(bits), 0, 0, 1) + attribute(2, raw) + attribute(1, raw)
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0) as link:
+        link.send(struct.pack("=IHHII", 16 + len(body), 20, 0x605, 1, 0) + body)
+        error = -struct.unpack_from("=i", link.recv(4096), 16)[0]
+    if error:
+        sys.exit(f"cannot add {given} to lo: {os.strerror(error)}")
 if sys.argv[1]:
     try:
         with open("/proc/sys/net/ipv4/ip_local_reserved_ports", "w") as reserved:
@@ -103,18 +123,21 @@ class NetworkNamespace:
     paths: tuple[str, ...]
     unprivileged: bool
     outside: OutsideLink | None = None
+    offline: Offline | None = None  # what its tasks lack, once known (a diagnosis names it)
 
     @classmethod
-    def create(cls, ports: Iterable[int] = ()) -> "NetworkNamespace":
-        """A new namespace with ``ports`` reserved inside; IsolationError saying why there is none."""
+    def create(cls, ports: Iterable[int] = (), addresses: Iterable[str] = ()) -> "NetworkNamespace":
+        """A new namespace with ``ports`` reserved inside and ``addresses`` (this machine's, as the
+        cluster names it) on its loopback; IsolationError saying why there is none."""
         if shutil.which("unshare") is None:
             raise IsolationError("unshare not found (util-linux)")
         attempts = [(False, ["unshare", "--net"])] if os.geteuid() == 0 else []
         attempts.append((True, ["unshare", "--user", "--map-root-user", "--net"]))
         reserved = ",".join(str(port) for port in sorted(set(ports)))
+        prefixes = [f"{address}/{128 if ':' in address else 32}" for address in addresses]
         reasons = []
         for unprivileged, argv in attempts:
-            made = _hold([*argv, "--", *_holder(), reserved], unprivileged)
+            made = _hold([*argv, "--", *_holder(), reserved, *prefixes], unprivileged)
             if isinstance(made, NetworkNamespace):
                 return made
             reasons.append(made)
@@ -132,8 +155,10 @@ class NetworkNamespace:
         return None
 
     def enter(self, plan: Plan) -> Plan:
-        """The same plan with every task started inside the namespace."""
-        launches = tuple(replace(launch, netns=self.paths) if launch.local else launch for launch in plan.launches)
+        """The same plan with every task started inside the namespace (and told what it lacks)."""
+        offline = (self.offline.why, self.offline.fix) if self.offline else ()
+        launches = tuple(replace(launch, netns=self.paths, offline=offline) if launch.local else launch
+                         for launch in plan.launches)
         return replace(plan, launches=launches)
 
     def close(self) -> None:
@@ -191,12 +216,11 @@ class RunNetwork(threading.Thread):
 
     def __init__(self, spec: ClusterSpec, ports: Iterable[int]):
         super().__init__(name="tflaunch-network", daemon=True)
-        self.mode, self.ports = spec.network, list(ports)
+        self.spec, self.mode, self.ports = spec, spec.network, list(ports)
         self._held, self._made, self._closing = threading.Event(), threading.Event(), threading.Event()
         self._network: NetworkNamespace | None = None
         self._failed: IsolationError | None = None
-        self._lacking: str | None = None
-        self._names: str | None = None  # why names do not resolve inside, when they do not
+        self.names: dict[str, tuple[str, ...]] = {}  # the names the cluster gives this machine (own_names)
 
     @classmethod
     def begin(cls, spec: ClusterSpec, ports: Iterable[int]) -> "RunNetwork | None":
@@ -209,23 +233,29 @@ class RunNetwork(threading.Thread):
 
     def run(self) -> None:
         try:
-            self._network = NetworkNamespace.create(self.ports)
+            self.names = own_names(self.spec)
+            self._network = NetworkNamespace.create(self.ports, carried(self.names))
         except IsolationError as exc:
             self._failed = exc
         except OSError as exc:
             self._failed = IsolationError(f"cannot create a network namespace here ({exc})")
         finally:
             self._held.set()
+        lacking = names = None
         try:
             if self._network is not None and self.mode is Network.SEALED:
-                self._lacking = self._network.connect_outside()
-                if self._lacking is None:
+                lacking = self._network.connect_outside()
+                if lacking is None:
                     from .outside import name_problem
 
-                    self._names = name_problem()
+                    names = name_problem()
         except OSError as exc:
-            self._lacking = str(exc)
+            lacking = str(exc)
         finally:
+            if self._network is not None:
+                # Said only where it matters: --dry-run, check, and the diagnosis of a task that failed of it.
+                offline = self._network.offline = missing_outside(self.mode, lacking, names)
+                log.debug("network: %s", f"{offline.why}; {offline.fix}" if offline else "outside network up")
             self._made.set()
         self._closing.wait()
         if self._network is not None:
@@ -242,20 +272,10 @@ class RunNetwork(threading.Thread):
                 f"(docs/security.md; {name('no_seal')} leaves runs unsealed without this line)")
         return self._network
 
-    def ready(self, say: Callable[[str], None]) -> None:
-        """Wait until the namespace has its outside network, or is known to lack it: ``say`` is
-        told so, in one line, the first time. For the tasks' start, which comes last."""
-        if self._made.is_set() and self._lacking is None and self._names is None:
-            return
+    def ready(self) -> None:
+        """Wait until the namespace has its outside network, or is known to lack it (nothing is said
+        of that here: a run may never need it). For the tasks' start, which comes last."""
         self._made.wait()
-        if self._lacking:
-            say(f"network: sealed, but the tasks have no outside network (no downloads): {self._lacking}; "
-                f"or run with {name('no_seal')}")
-            self._lacking = None
-        if self._names:
-            say(f"network: sealed, but names do not resolve inside (addresses do): {self._names}; "
-                f"or run with {name('no_seal')}")
-            self._names = None
 
     def close(self) -> None:
         """Stop the outside network's tool and let go of the namespace (its tasks have ended). The
@@ -264,3 +284,27 @@ class RunNetwork(threading.Thread):
         if self._network is not None and self._network.outside is not None:
             self._network.outside.kill()
         self._closing.set()
+
+
+def check_network(spec: ClusterSpec, ports: Iterable[int]) -> list[tuple[str, bool, str]]:
+    """What ``tflaunch check`` says of a sealed or isolated run's network, as (check, ok, detail):
+    the namespace is made as a run makes it (this machine's addresses carried, the outside network
+    up), then let go. An outside network the tasks lack is not ok (a warning: a run may not need it)."""
+    network = RunNetwork(spec, ports)
+    network.start()
+    refused: list[str] = []
+    try:
+        made = network.held(refused.append)
+        network.ready()
+        tool = made.outside.tool if made is not None and made.outside is not None else None  # gone once closed
+    except IsolationError as exc:
+        return [("network", False, str(exc))]
+    finally:
+        network.close()
+    if made is None:
+        return [("network", False, refused[0].removeprefix("network: "))]
+    found = [("network", True, f"{spec.network.value}: {dial_line(spec, network.names)}")]
+    outside = outside_line(spec.network, made.offline, tool)
+    if outside and spec.network is Network.SEALED:  # an isolated run asked to reach nothing outside
+        found.append(("outside", made.offline is None, outside))
+    return found

@@ -27,6 +27,7 @@ READY_TIMEOUT = 5.0
 PR_SET_PDEATHSIG = 1
 # Say where the tool comes from: one line a user can act on.
 INSTALL = "apt-get install slirp4netns (or passt, for pasta)"
+TOOLS = ("slirp4netns", "pasta")  # in the order they are tried
 
 
 @dataclass
@@ -73,26 +74,35 @@ def name_problem(path: str = "/etc/resolv.conf") -> str | None:
     return f"this machine's name server ({', '.join(local)}) is on its loopback, out of the tasks' reach"
 
 
+def missing_tools() -> str | None:
+    """Why no sealed run here can have outside network (neither tool installed); None when one is."""
+    if any(shutil.which(tool) for tool in TOOLS):
+        return None
+    return "neither slirp4netns nor pasta is installed"
+
+
 def connect_outside(net: int, user: int | None) -> OutsideLink | str:
     """Start slirp4netns, else pasta, for the namespace open as ``net`` (``user``: its user namespace,
     when unprivileged); the reason neither works otherwise. slirp4netns first: it is up in about
     10 ms, pasta in about 40, and the tasks' start waits for it."""
+    missing = missing_tools()
+    if missing:
+        return missing
     reasons = []
-    for tool, argv in (("slirp4netns", _slirp4netns), ("pasta", _pasta)):
+    for tool, argv in zip(TOOLS, (_slirp4netns, _pasta)):
         if shutil.which(tool) is None:
             continue
         made = _start(tool, argv, net, user)
         if isinstance(made, OutsideLink):
             return made
         reasons.append(f"{tool}: {made}")
-    if not reasons:
-        return f"neither slirp4netns nor pasta is installed: {INSTALL}"
     return "; ".join(reasons)
 
 
 def _pasta(net: int, user: int | None, ready: int, stay: int) -> list[str]:
     # slirp4netns's addresses rather than a copy of this machine's, so that this machine's own
-    # addresses are outside too; neither maps this machine's loopback into the namespace.
+    # addresses are outside too (but those the cluster names it by, which the namespace carries on
+    # its loopback); neither maps this machine's loopback into the namespace.
     argv = ["pasta", "--foreground", "--quiet", "--config-net", "--tcp-ports", "none", "--udp-ports", "none",
             "--tcp-ns", "none", "--udp-ns", "none", "--address", "10.0.2.100", "--netmask", "24",
             "--gateway", "10.0.2.2", "--no-map-gw", "--pid", f"/proc/self/fd/{ready}",

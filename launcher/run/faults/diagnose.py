@@ -15,6 +15,9 @@ so a specific root cause wins over the generic errors that follow from it:
 - ``gpu-hardware``: the GPU itself failed: an uncorrectable ECC error, an Xid, a GPU fallen off the bus;
 - ``disk-full``: a write failed with "No space left on device" (errno 28) on the task's host;
 - ``tensor-oom``: "OOM when allocating tensor";
+- ``no-outside-network``: a name or network error (name resolution, an unreachable network, a URL
+  fetch) in a task whose network has no way out (a sealed run without slirp4netns or pasta, an
+  isolated run): the fix is the way out;
 - ``peer-heartbeat``: "tasks are unhealthy (stopped sending heartbeats)": that peer died first;
 - ``peer-connection-lost``: a connection to a peer closed mid-operation (peer named when TF says);
 - ``peer-unreachable``: connection refused, or no address reachable, naming the address;
@@ -41,7 +44,7 @@ MACHINE_RULES = frozenset({"gpu-library-init", "gpu-hardware", "disk-full"})
 # The rules that name a mistake of the program or its setup: it fails the same way on any host, so
 # such a failure lays no blame on the task's host.
 PROGRAM_RULES = frozenset({"module-not-found", "strategy-after-op", "device-config-after-init", "threads-after-init",
-                           "keras3-multiworker", "port-in-use"})
+                           "keras3-multiworker", "port-in-use", "no-outside-network"})
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,7 @@ class _Tail:
     signal: int | None
     exit_code: int | None
     task_names: tuple[str, ...]
+    offline: tuple[str, ...] = ()  # (why, fix): what the task's network lacks
 
     def task(self, job: str, index: str | int) -> str | None:
         """The tflaunch name for TF's /job:JOB/.../task:INDEX, when it is one of the cluster's tasks."""
@@ -98,6 +102,11 @@ _REMOTE_TARGET = re.compile(r"remote target /job:\w+/replica:\d+/task:\d+")
 _UNREACHABLE = re.compile(r"(Connection refused|DNS resolution failed|No route to host|Connection timed out"
                           r"|Network is unreachable)|(failed to connect to all addresses)", re.IGNORECASE)
 _ADDRESS = re.compile(r"ipv[46]:(\[[^\]]+\]:\d+|[\w.-]+:\d+)|DNS resolution failed for (?:service: )?([\w.-]+:\d+)")
+# A name that did not resolve, a network out of reach, a download that failed on either.
+_OUTSIDE = re.compile(r"Temporary failure in name resolution|Name or service not known|No address associated with "
+                      r"hostname|getaddrinfo failed|Could not resolve host|DNS resolution failed|Network is unreachable"
+                      r"|URL fetch failure|urlopen error|Failed to establish a new connection|Max retries exceeded "
+                      r"with url|\[Errno (?:-[23]|101)\][^>'\"\n]*")
 _WAITING = re.compile(r"Waiting for (\d+)/(\d+) tasks to connect")
 _STRAGGLERS = re.compile(r"Example stragglers:\s*((?:/job:\w+/replica:\d+/task:\d+\s*)+)")
 _ALL_CONNECTED = re.compile(r"Barrier\(WaitForAllTasks[^)]*\) has passed")
@@ -105,12 +114,13 @@ _STOP_CAUGHT = "SIGTERM caught"  # TF's preemption notifier: MWMS tasks outlive 
 
 
 def diagnose(output_tail: list[str], *, signal: int | None, exit_code: int | None,
-             task_names: Sequence[str]) -> Diagnosis | None:
+             task_names: Sequence[str], offline: Sequence[str] = ()) -> Diagnosis | None:
     """The first rule (in the order of the module docstring) that explains this failure, or None.
 
     ``output_tail`` is the last lines of the task's output; ``signal`` the signal that killed it and
     ``exit_code`` its exit code (either may be None); ``task_names`` the cluster's tflaunch task
-    names, used to name the peer a message points at ("/job:worker/replica:0/task:1" -> "worker-1").
+    names, used to name the peer a message points at ("/job:worker/replica:0/task:1" -> "worker-1");
+    ``offline`` (why, fix) what the task's network lacks, when it lacks a way out.
     """
     text = "\n".join(line.rstrip("\r\n") for line in output_tail)
     start = text.rfind(_TRACEBACK)
@@ -119,7 +129,8 @@ def diagnose(output_tail: list[str], *, signal: int | None, exit_code: int | Non
         if earlier < 0 or not _CHAINED.search(text[:start].rstrip()):
             break
         start = earlier
-    tail = _Tail(text, text[start:] if start >= 0 else text, start >= 0, signal, exit_code, tuple(task_names))
+    tail = _Tail(text, text[start:] if start >= 0 else text, start >= 0, signal, exit_code, tuple(task_names),
+                 tuple(offline))
     for rule in _RULES:
         found = rule(tail)
         if found is not None:
@@ -233,6 +244,14 @@ def _tensor_oom(t: _Tail) -> Diagnosis | None:
                      "GPU and enable memory growth where tasks share one")
 
 
+def _no_outside_network(t: _Tail) -> Diagnosis | None:
+    found = _OUTSIDE.search(t.final) if len(t.offline) == 2 else None
+    if not found:
+        return None
+    why, fix = t.offline
+    return Diagnosis("no-outside-network", f"a name or network error ({found.group(0)}): {why}", fix)
+
+
 def _peer_heartbeat(t: _Tail) -> Diagnosis | None:
     found = _HEARTBEAT.search(t.text)
     if not found:
@@ -289,6 +308,6 @@ def _cluster_not_formed(t: _Tail) -> Diagnosis | None:
 
 _RULES: tuple[Callable[[_Tail], Diagnosis | None], ...] = (
     _killed, _port_in_use, _module_not_found, _strategy_after_op, _device_config_after_init, _threads_after_init,
-    _keras3_multiworker, _gpu_hardware, _gpu_library_init, _disk_full, _tensor_oom, _peer_heartbeat, _peer_connection_lost, _peer_unreachable,
-    _cluster_not_formed,
+    _keras3_multiworker, _gpu_hardware, _gpu_library_init, _disk_full, _tensor_oom, _no_outside_network,
+    _peer_heartbeat, _peer_connection_lost, _peer_unreachable, _cluster_not_formed,
 )

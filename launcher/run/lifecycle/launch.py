@@ -18,7 +18,7 @@ import contextlib
 import threading
 from typing import TYPE_CHECKING, Callable
 
-from ...cluster.plan import Plan, RunContext
+from ...cluster.plan import THIS_MACHINE, Plan, RunContext
 from ...cluster.spec import ClusterSpec, Network
 from ...errors import PreflightError
 from ...options import given, python_caller
@@ -41,8 +41,14 @@ __all__ = ["LaunchRequest", "check", "dry_run", "run"]
 
 
 def dry_run(request: LaunchRequest) -> tuple[ClusterSpec, Plan]:
-    """The plan a run would follow (:meth:`.planner.Planner.dry_run`): nothing is picked, held or locked."""
-    return Planner(request).dry_run()
+    """The plan a run would follow (:meth:`.planner.Planner.dry_run`): nothing is picked, held or locked.
+    A sealed or isolated run's notes say where its tasks' dials lead and what they have of the outside."""
+    from dataclasses import replace
+
+    from ..checks.inside import plan_notes
+
+    spec, plan = Planner(request).dry_run()
+    return spec, replace(plan, notes=(*plan.notes, *plan_notes(spec)))
 
 
 def check(request: LaunchRequest) -> CheckReport:
@@ -58,6 +64,14 @@ def check(request: LaunchRequest) -> CheckReport:
         # No mesh probe with 'auto' ports on this machine, as in a run (see check_hosts).
         report = check_hosts(plan.agent_launches, with_mesh=plan.mesh_probe, transports=transports)
         report.items += [CheckItem(host, "ports", False, f"spare: {why}") for host, why in plan.refused.items()]
+        if plan.spec.network in (Network.SEALED, Network.ISOLATED):
+            from ..checks.isolation import check_network
+
+            # What a sealed run would lack is a warning (it goes on, and may never need it); an isolated
+            # run without its namespace does not start.
+            sealed = plan.spec.network is Network.SEALED
+            report.items += [CheckItem(THIS_MACHINE, kind, ok, detail, warning=sealed)
+                             for kind, ok, detail in check_network(plan.spec, plan.fixed_ports)]
         return report
 
 
@@ -126,7 +140,7 @@ def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS,
 
             def plan_attempt(context: RunContext, cluster: ClusterSpec) -> Plan:
                 if sealing is not None:
-                    sealing.ready(console.message)  # its outside network came up beside the run's start
+                    sealing.ready()  # its outside network came up beside the run's start
                 return _entered(network, plan.attempt(context, cluster))
 
             # Its warning comes before any task's output when the names resolve at once; slow

@@ -58,7 +58,8 @@ class Recovery:
             from ..faults.diagnose import diagnose
 
             found = diagnose(tail_lines(Path(root.log_path), DIAGNOSIS_LINES), signal=root.status.signal,
-                             exit_code=root.status.code, task_names=[t.name for t in result.tasks])
+                             exit_code=root.status.code, task_names=[t.name for t in result.tasks],
+                             offline=root.launch.offline)
         self.diagnoses.append(found)
         return found
 

@@ -33,7 +33,7 @@ def describe_plan(spec: ClusterSpec, plan: Plan) -> list[str]:
                      "nothing outside reaches it, and it reaches nothing outside)")
     elif spec.network is Network.SEALED:
         lines.append("network: sealed (every task in one network namespace of the run's own; "
-                     "nothing outside reaches it; outside network through slirp4netns or pasta)")
+                     "nothing outside reaches it)")
     for launch in plan.launches:
         where = "this machine" if launch.local else launch.transport
         lines.append(f"{launch.name}: host {launch.host} ({where}), address {launch.address}")

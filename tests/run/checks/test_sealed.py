@@ -17,6 +17,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -211,16 +212,60 @@ def test_a_sealed_task_reaches_the_outside_network(tflaunch, tmp_path, listener,
     assert sealed(done.task_output("worker-0"))
 
 
-def test_without_slirp4netns_or_pasta_one_line_says_what_the_tasks_lack(tflaunch, tmp_path, listener):
+NO_OUTSIDE = ("the sealed run has no outside network: neither slirp4netns nor pasta is installed; apt-get install "
+              "slirp4netns (or passt, for pasta), or run with --no-seal")
+# A download, as a script that fetches its data set does it.
+DOWNLOAD = "import urllib.request; urllib.request.urlopen('http://example.com/data.npz', timeout=10)"
+
+
+def test_without_slirp4netns_or_pasta_the_start_says_nothing_of_the_outside_network(tflaunch, tmp_path, listener):
     done = tflaunch.run("--local", "2", "--", "python", "-c", FETCH, str(listener.port), *outside_addresses(),
                         env={"PATH": bare_path(tmp_path, "unshare")})
     assert done.returncode == 0, done.stderr
-    assert network_lines(done.stderr) == [
-        "tflaunch: network: sealed, but the tasks have no outside network (no downloads): neither slirp4netns "
-        "nor pasta is installed: apt-get install slirp4netns (or passt, for pasta); or run with --no-seal"]
+    assert network_lines(done.stderr) == []  # a run that never needs the outside is not warned of it
     assert "HEARD" not in done.task_output("worker-0") and "NOT" in done.task_output("worker-0")
     assert sealed(done.task_output("worker-0"))
     assert "Traceback" not in done.stderr
+
+
+def test_without_slirp4netns_or_pasta_a_task_that_fails_to_download_is_diagnosed(tflaunch, tmp_path):
+    done = tflaunch.run("--local", "1", "--", "python", "-c", DOWNLOAD, env={"PATH": bare_path(tmp_path, "unshare")})
+    assert done.returncode == 1, done.stderr
+    assert "Temporary failure in name resolution" in done.task_output("worker-0")
+    lines = done.stderr.splitlines()
+    assert ("tflaunch: diagnosis (no-outside-network): a name or network error ([Errno -3] Temporary failure in "
+            f"name resolution): {NO_OUTSIDE.split('; ')[0]}") in lines, done.stderr
+    assert f"tflaunch: fix: {NO_OUTSIDE.split('; ')[1]}" in lines
+    assert done.record["attempts"][0]["diagnosis"] == "no-outside-network"
+    assert network_lines(done.stderr) == []
+
+
+def test_dry_run_and_check_say_what_a_sealed_run_has_of_the_outside_network(tflaunch, tmp_path):
+    bare = {"PATH": bare_path(tmp_path, "unshare")}
+    planned = tflaunch.run("--local", "2", "--dry-run", "--", "true", env=bare)
+    assert planned.returncode == 0, planned.stderr
+    assert f"note: network: {NO_OUTSIDE}" in planned.stdout.splitlines()
+    checked = tflaunch.run("check", "--local", "2", env=bare)
+    assert checked.returncode == 0, checked.stdout + checked.stderr  # a warning: the run may never need it
+    assert check_row(checked.stdout, "outside") == ["WARN", NO_OUTSIDE], checked.stdout
+    assert check_row(checked.stdout, "network") == ["ok", "sealed: inside the run's namespace the tasks dial each "
+                                                    "other at localhost (the namespace's own loopback): no task's "
+                                                    "connection to a peer leaves the run"]
+    tool = next((tool for tool in ("slirp4netns", "pasta") if shutil.which(tool)), None)
+    if tool is None:
+        return
+    outside = f"outside network through {tool} (downloads, name servers; nothing comes in)"
+    with_tool = {"PATH": bare_path(Path(tempfile.mkdtemp(dir=tmp_path)), "unshare", tool)}
+    planned = tflaunch.run("--local", "2", "--dry-run", "--", "true", env=with_tool)
+    assert f"note: network: {outside}" in planned.stdout.splitlines(), planned.stdout
+    checked = tflaunch.run("check", "--local", "2", env=with_tool)
+    assert checked.returncode == 0 and check_row(checked.stdout, "outside") == ["ok", outside], checked.stdout
+
+
+def check_row(table: str, check: str) -> list[str]:
+    """The result and detail of this machine's ``check`` row in ``tflaunch check``'s table."""
+    (row,) = [line.split(None, 3)[2:] for line in table.splitlines() if line.split()[1:2] == [check]]
+    return row
 
 
 def test_no_seal_keeps_the_machine_network_and_says_nothing(tflaunch, tmp_path, listener):
@@ -381,18 +426,23 @@ def test_name_servers_on_loopback_alone_are_out_of_a_sealed_runs_reach(text, exp
     assert loopback_name_servers(text) == expected
 
 
-def test_a_loopback_name_server_is_one_line_and_the_run_goes_on(tflaunch, tmp_path):
+def test_a_loopback_name_server_is_said_by_dry_run_not_at_the_start(tflaunch, tmp_path):
     """This machine's resolv.conf replaced, in a mount namespace of the test's own, by one naming
     systemd-resolved's 127.0.0.53 alone."""
     if not (shutil.which("slirp4netns") or shutil.which("pasta")):
         pytest.skip("neither slirp4netns nor pasta is installed")
     resolv = tmp_path / "resolv.conf"
     resolv.write_text("nameserver 127.0.0.53\n")
-    argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-            'mount --bind "$0" /etc/resolv.conf && exec "$@"', str(resolv),
-            *tflaunch.argv("--local", "1", "--log-dir", str(tflaunch.log_dir), "--", "true")]
-    done = subprocess.run(argv, cwd=tflaunch.cwd, env=tflaunch.env(), capture_output=True, text=True, timeout=60)
+    def run(*args: str) -> subprocess.CompletedProcess:
+        argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                'mount --bind "$0" /etc/resolv.conf && exec "$@"', str(resolv),
+                *tflaunch.argv("--local", "1", "--log-dir", str(tflaunch.log_dir), *args)]
+        return subprocess.run(argv, cwd=tflaunch.cwd, env=tflaunch.env(), capture_output=True, text=True, timeout=60)
+
+    done = run("--", "true")
     assert done.returncode == 0, done.stderr
-    assert network_lines(done.stderr) == [
-        "tflaunch: network: sealed, but names do not resolve inside (addresses do): this machine's name server "
-        "(127.0.0.53) is on its loopback, out of the tasks' reach; or run with --no-seal"]
+    assert network_lines(done.stderr) == []
+    planned = run("--dry-run", "--", "true")
+    assert ("note: network: names do not resolve inside the sealed run (addresses do): this machine's name server "
+            "(127.0.0.53) is on its loopback, out of the tasks' reach; name a name server off loopback in "
+            "/etc/resolv.conf, or run with --no-seal") in planned.stdout.splitlines(), planned.stdout

@@ -205,3 +205,31 @@ def test_the_module_does_not_import_tensorflow():
     code = "import sys, launcher.run.faults.diagnose; print('tensorflow' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+OFFLINE = ("the sealed run has no outside network: neither slirp4netns nor pasta is installed",
+           "apt-get install slirp4netns (or passt, for pasta), or run with --no-seal")
+
+
+@pytest.mark.parametrize("last, found", [
+    ("Exception: URL fetch failure on https://storage.googleapis.com/tensorflow/tf-keras-datasets/mnist.npz: None -- "
+     "[Errno -3] Temporary failure in name resolution", "URL fetch failure"),
+    ("urllib.error.URLError: <urlopen error [Errno -3] Temporary failure in name resolution>", "urlopen error"),
+    ("requests.exceptions.ConnectionError: HTTPSConnectionPool(host='huggingface.co', port=443): Max retries exceeded "
+     "with url: /bert/resolve/main/config.json", "Max retries exceeded with url"),
+    ("socket.gaierror: [Errno -2] Name or service not known", "[Errno -2] Name or service not known"),
+    ("OSError: [Errno 101] Network is unreachable", "[Errno 101] Network is unreachable"),
+    ("curl: (6) Could not resolve host: example.com", "Could not resolve host"),
+])
+def test_a_name_or_network_error_where_the_network_has_no_way_out_names_the_way_out(last, found):
+    lines = ["Traceback (most recent call last):", '  File "train.py", line 3, in <module>', last]
+    known = diagnose(lines, signal=None, exit_code=1, task_names=WORKERS, offline=OFFLINE)
+    assert known == Diagnosis("no-outside-network", f"a name or network error ({found}): {OFFLINE[0]}", OFFLINE[1])
+    # The same failure where the network has a way out is not put on it.
+    other = diagnose(lines, signal=None, exit_code=1, task_names=WORKERS)
+    assert other is None or other.rule != "no-outside-network"
+
+
+def test_a_peer_that_refuses_in_a_run_without_outside_network_is_still_the_peers():
+    lines = fixture("peer-unreachable")
+    assert diagnose(lines, signal=None, exit_code=1, task_names=WORKERS, offline=OFFLINE).rule == "peer-unreachable"
