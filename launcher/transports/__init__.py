@@ -101,9 +101,7 @@ class TransportSet:
         """The run left ``hosts`` out and took ``back`` in again: a transport that asks a scheduler
         for its hosts (srun's ``--exclude``) keeps the left-out ones out of what it asks for."""
         for transport in self._transports.values():
-            leave_out = getattr(transport, "leave_out", None)
-            if leave_out is not None:
-                leave_out(hosts, back)
+            transport.leave_out(hosts, back)
 
     def helper(self, launch: TaskLaunch, source: str, request: dict, on_line: Callable[[str | None], None],
                env: Mapping[str, str] | None = None):

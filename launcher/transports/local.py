@@ -14,22 +14,22 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Hashable
 
 from ..agent.protocol import EOF_GRACE, encode_fields
 from ..cluster.machine import restore_open_files_limit
 from ..cluster.plan import TaskLaunch
 from ..cluster.tfconfig import tf_config_parts
-from ..options import RunOptions
-from .base import ExitStatus, FailedStart
+from .backend import AgentBackend
+from .base import ExitStatus
 from .carriers import ProcessCarrier, spawn_carrier
 from .hostlink import AgentLink
 from .linkhub import HUB
-from .proxies import AgentTask, LogWriter
 from .shipping import AGENT_MAIN, AGENT_PACKAGE
 
 # The local agent's keep-alive timeout: tflaunch alive but no longer answering (wedged, suspended).
 KEEPALIVE_TIMEOUT = 30.0
+THIS_MACHINE = "this machine"  # how the local agent's host is named in its messages
 # On this machine the agent's package is imported as it is, not bundled, so that its compiled form
 # is Python's cache. The folder above it goes at the end of sys.path (the standard library must win
 # over any module there), and the package is imported by its own name: launcher's __init__ stays out.
@@ -43,7 +43,7 @@ class LocalCarrier(ProcessCarrier):
     kind = "agent"
 
     def __init__(self, popen: subprocess.Popen[bytes], stderr):
-        super().__init__("this machine", popen, stderr)
+        super().__init__(THIS_MACHINE, popen, stderr)
 
     def detail(self) -> str | None:
         code = self.popen.poll()
@@ -68,60 +68,32 @@ class LocalCarrier(ProcessCarrier):
         kill_group(pid)  # the agent cannot (it is gone or wedged): the task's own group goes
 
 
-class LocalTransport:
+class LocalTransport(AgentBackend):
     """Runs every local task of a run under one agent, with tflaunch's environment plus the planned env."""
 
-    def __init__(self, options: RunOptions):
-        self.grace = options.grace
-        self.link: AgentLink | None = None
-        self.logs = LogWriter()
+    kind = "local"
 
-    def prepare(self, launches: Sequence[TaskLaunch]) -> None:
-        """Start the agent now: its interpreter starts while tflaunch sets the run up, not when the
-        first task is due. An agent that cannot start is reported by the tasks' own starts."""
-        try:
-            self.link_for(launches[0])
-        except OSError:
-            pass
+    def host_key(self, launch: TaskLaunch) -> Hashable:
+        return THIS_MACHINE  # one agent for every task here, whatever name the cluster gives this machine
 
-    def start(self, launch: TaskLaunch, log_path: str) -> AgentTask | FailedStart:
+    def fields(self, launch: TaskLaunch) -> dict[str, object]:
         tf_config, env = tf_config_parts(launch.env)  # the link sends the cluster to the agent once
-        fields = {"name": launch.name, "argv": list(launch.argv), "env": env, "tf_config": tf_config,
-                  "cwd": launch.workdir, "grace": repr(float(self.grace)), "netns": " ".join(launch.netns) or None,
-                  "watch": "1" if launch.watched else None,
-                  "gpus": ",".join(map(str, launch.gpus)) if launch.watched and launch.gpus else None}
-        try:
-            link = self.link_for(launch)
-        except OSError as exc:
-            return FailedStart(f"cannot start the agent for this machine's tasks: {exc.strerror or exc}")
-        task = AgentTask(link, launch.name, log_path, self.logs)
-        try:
-            link.start(task, fields)
-        except ValueError as exc:  # a NUL, or more than one command line carries: nothing was sent
-            return FailedStart(f"cannot start: {exc}")
-        return task
+        return {"name": launch.name, "argv": list(launch.argv), "env": env, "tf_config": tf_config,
+                "cwd": launch.workdir, "grace": repr(float(self.grace)), "netns": " ".join(launch.netns) or None,
+                "watch": "1" if launch.watched else None,
+                "gpus": ",".join(map(str, launch.gpus)) if launch.watched and launch.gpus else None}
 
-    def link_for(self, launch: TaskLaunch) -> AgentLink:
-        """The agent of this machine's tasks (started on first use)."""
-        if self.link is None or self.link.gone:
-            self.link = self._connect()
-        return self.link
+    def cannot_connect(self, exc: OSError) -> str:
+        return f"cannot start the agent for this machine's tasks: {exc.strerror or exc}"
 
-    def _connect(self) -> AgentLink:
+    def connect(self, launch: TaskLaunch) -> AgentLink:
+        """The agent of this machine's tasks, a child of tflaunch."""
         spec = encode_fields({"keepalive": KEEPALIVE_TIMEOUT, "eof_grace": min(self.grace, EOF_GRACE), "sample": 1.0})
         # -I -S: the agent needs nothing but the standard library, and starts in half the time.
         popen, stderr, read_fd, write_fd = spawn_carrier([sys.executable, "-I", "-S", "-c", AGENT_BOOT, spec])
         restore_open_files_limit(popen.pid)  # the tasks get the user's limit, not tflaunch's raised one
-        self.link = AgentLink("this machine", LocalCarrier(popen, stderr), read_fd, write_fd,
-                              keepalive=KEEPALIVE_TIMEOUT, hub=HUB)
-        return self.link
-
-    def close(self) -> None:
-        """End of the run: the agent gets EOF, stops whatever is left, and exits."""
-        if self.link is not None:
-            self.link.close()
-            self.link = None
-        self.logs.close()
+        return AgentLink(THIS_MACHINE, LocalCarrier(popen, stderr), read_fd, write_fd,
+                         keepalive=KEEPALIVE_TIMEOUT, hub=HUB)
 
 
 def kill_group(pid: int | None) -> None:

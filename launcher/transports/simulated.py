@@ -45,7 +45,7 @@ class SimulatedCarrier(SshCarrier):
 class SimulatedTransport(SshTransport):
     """The ssh transport with each host's agent started here, over pipes, instead of through ssh."""
 
-    def _connect(self, launch: TaskLaunch) -> AgentLink:
+    def connect(self, launch: TaskLaunch) -> AgentLink:
         popen, stderr, read_fd, write_fd = spawn_carrier(["/bin/sh", "-c", agent_command(launch, self.grace,
                                                                                          self.hosts)])
         restore_open_files_limit(popen.pid)  # as a real host's: the user's limit, not tflaunch's raised one

@@ -35,20 +35,21 @@ import os
 import secrets
 import signal
 import subprocess
+import time
 from collections.abc import Collection, Sequence
 
-from ..agent.protocol import EOF_GRACE, beat_for, encode_fields, sample_for
+from ..agent.protocol import beat_for, sample_for
 from ..cluster.plan import TaskLaunch
 from ..cluster.spec import DEFAULT_KEEPALIVE_TIMEOUT
 from ..options import RunOptions
-from .base import CANNOT_START, ExitStatus, FailedStart
+from .backend import AgentBackend
+from .base import CANNOT_START, ExitStatus
 from .connectback import ConnectBack, source_address
 from .heldoutput import HeldOutput
 from .carriers import Carrier
 from .hostlink import AgentLink
 from .linkhub import HUB
-from .proxies import AgentTask, LogWriter
-from .shipping import SETUP_VARIABLE, agent_spec, remote_agent_argv, task_fields
+from .shipping import SETUP_VARIABLE, agent_spec, remote_agent_argv
 
 NODE_FAILURE = "Node failure on"  # how srun reports that slurmctld declared a node dead
 CONNECT_TIMEOUT = 300.0  # from srun's start to every agent's connection: a busy slurmctld, a node still registering
@@ -224,15 +225,14 @@ def _ends_with(parent: int):
     return arm
 
 
-class SrunTransport:
+class SrunTransport(AgentBackend):
     """Starts each task through its node's agent, all agents in one job step."""
 
+    kind = "srun"
+
     def __init__(self, options: RunOptions):
-        self.grace = options.grace
+        super().__init__(options)
         self.steps: list[AgentStep] = []
-        self.links: dict[str, AgentLink] = {}
-        self.setups: dict[str, str | None] = {}
-        self.logs = LogWriter()
         self.left_out: set[str] = set()  # nodes the run left out: every later step excludes them
 
     def leave_out(self, hosts: Collection[str], back: Collection[str] = ()) -> None:
@@ -245,7 +245,7 @@ class SrunTransport:
         A node whose agent was lost gets a step of its own: a step that names a node Slurm has
         not yet found dead fails as a whole (``Communication connection failure``), and would
         take the agents of the other nodes in it along."""
-        mine = [l for l in launches if l.transport == "srun"]
+        mine = self.mine(launches)
         nodes = list(dict.fromkeys(l.host for l in mine
                                    if l.host not in self.links or self.links[l.host].gone))
         fresh = [node for node in nodes if node not in self.links]
@@ -256,35 +256,30 @@ class SrunTransport:
             self.links.update(step.links)
             self.setups.update({node: first.setup for node in group})
 
+    def connect(self, launch: TaskLaunch) -> AgentLink:
+        """A step of its own for ``launch``'s node, whose agent dials back."""
+        self.prepare([launch])
+        return self.links[launch.host]
+
     def link_for(self, launch: TaskLaunch) -> AgentLink:
-        """The agent of ``launch``'s node (a step of its own if no earlier step has the node)."""
+        """The agent of ``launch``'s node (a step of its own if no earlier step has the node); a
+        lost node's agent is dialled again only by :meth:`prepare`, between attempts."""
         if launch.host not in self.links:
             self.prepare([launch])
         return self.links[launch.host]
 
-    def start(self, launch: TaskLaunch, log_path: str) -> AgentTask | FailedStart:
-        try:
-            self.link_for(launch)
-        except FileNotFoundError:
-            return FailedStart("cannot start: srun is not installed here")
-        except OSError as exc:
-            return FailedStart(f"cannot start the job step for the agents: {exc.strerror or exc}")
-        fields = task_fields(launch, self.grace, self.setups.get(launch.host))
-        try:
-            encode_fields(fields)
-        except ValueError as exc:
-            return FailedStart(f"cannot start: {exc}")
-        task = AgentTask(self.links[launch.host], launch.name, log_path, self.logs)
-        self.links[launch.host].start(task, fields)
-        return task
+    def cannot_connect(self, exc: OSError) -> str:
+        if isinstance(exc, FileNotFoundError):
+            return "cannot start: srun is not installed here"
+        return f"cannot start the job step for the agents: {exc.strerror or exc}"
+
+    def close_carriers(self, links: Sequence[AgentLink], deadline: float) -> None:
+        """Each step's srun ends (Slurm ends its agents with it), every step within the deadline."""
+        for step in self.steps:
+            step.close(max(0.0, deadline - time.monotonic()))
+        self.steps = []
 
     def close(self) -> None:
         for step in self.steps:
             step.listener.close()  # no agent may attach to a link while it closes
-        links, self.links = list(self.links.values()), {}
-        for link in links:
-            link.close_channel()
-        for step in self.steps:
-            step.close(EOF_GRACE + 2.0)
-        self.steps = []
-        self.logs.close()
+        super().close()

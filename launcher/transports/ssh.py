@@ -29,19 +29,18 @@ from __future__ import annotations
 import functools
 import os
 import shlex
-import time
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
-from ..agent.protocol import EOF_GRACE, beat_for, sample_for
+from ..agent.protocol import beat_for, sample_for
 from ..cluster.plan import TaskLaunch
 from ..cluster.spec import DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEEPALIVE_TIMEOUT, SshSettings
 from ..options import RunOptions
-from .base import ExitStatus, FailedStart
+from .backend import AgentBackend
+from .base import ExitStatus
 from .carriers import Carrier, ProcessCarrier, spawn_carrier
 from .hostlink import AgentLink
 from .linkhub import HUB
-from .proxies import AgentTask, LogWriter
-from .shipping import agent_payload, agent_spec, stdin_agent_argv, task_fields
+from .shipping import agent_payload, agent_spec, stdin_agent_argv
 
 # In the remote shell, the setup line's output file: written through SETUP_OUT, read by the agent
 # through SETUP_IN (see agent_command).
@@ -149,57 +148,29 @@ class SshCarrier(ProcessCarrier):
         return ExitStatus(error=f"lost connection to {self.host} ({detail})")
 
 
-class SshTransport:
+class SshTransport(AgentBackend):
     """Starts each remote task through its host's agent, one ssh connection per host."""
 
-    kind = "ssh"  # the launches this transport starts
+    kind = "ssh"
 
     def __init__(self, options: RunOptions):
-        self.grace = options.grace
-        self.links: dict[tuple, AgentLink] = {}
-        self.setups: dict[tuple, str | None] = {}
+        super().__init__(options)
         self.hosts = 1  # how many hosts the run has: heartbeats and samples are spaced out by it
-        self.logs = LogWriter()
+
+    def host_key(self, launch: TaskLaunch) -> Hashable:
+        return host_key(launch)
 
     def prepare(self, launches: Sequence[TaskLaunch]) -> None:
         """Open every host's connection at once, so they come up in parallel."""
-        mine = [launch for launch in launches if launch.transport == self.kind]
-        self.hosts = max(self.hosts, len({host_key(launch) for launch in mine}))
-        for launch in mine:
-            if host_key(launch) not in self.links:
-                self.link_for(launch)
+        self.hosts = max(self.hosts, len({host_key(launch) for launch in self.mine(launches)}))
+        super().prepare(launches)
 
-    def link_for(self, launch: TaskLaunch) -> AgentLink:
-        key = host_key(launch)
-        link = self.links.get(key)
-        if link is None or link.gone:
-            link = self.links[key] = self._connect(launch)
-            self.setups[key] = launch.setup
-        return link
+    def cannot_connect(self, exc: OSError) -> str:
+        if isinstance(exc, FileNotFoundError):
+            return "cannot start: the ssh client is not installed"
+        raise exc
 
-    def _connect(self, launch: TaskLaunch) -> AgentLink:
+    def connect(self, launch: TaskLaunch) -> AgentLink:
         argv = ssh_argv(launch.host, launch.ssh or SshSettings(), agent_command(launch, self.grace, self.hosts))
         popen, stderr, read_fd, write_fd = spawn_carrier(argv)
         return agent_link(launch, SshCarrier(launch.host, popen, stderr), read_fd, write_fd, self.hosts)
-
-    def start(self, launch: TaskLaunch, log_path: str) -> AgentTask | FailedStart:
-        try:
-            link = self.link_for(launch)
-        except FileNotFoundError:
-            return FailedStart("cannot start: the ssh client is not installed")
-        task = AgentTask(link, launch.name, log_path, self.logs)
-        try:
-            link.start(task, task_fields(launch, self.grace, self.setups.get(host_key(launch))))
-        except ValueError as exc:  # a NUL, or more than one command line carries: nothing was sent
-            return FailedStart(f"cannot start: {exc}")
-        return task
-
-    def close(self) -> None:
-        """End of the run: every connection closes; each agent stops whatever is left and exits."""
-        links, self.links = list(self.links.values()), {}
-        for link in links:
-            link.close_channel()
-        deadline = time.monotonic() + EOF_GRACE + 2.0  # one deadline for every host, not one each
-        for link in links:
-            link.carrier.close(max(0.0, deadline - time.monotonic()))
-        self.logs.close()

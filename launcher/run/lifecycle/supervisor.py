@@ -295,7 +295,7 @@ class Supervisor:
         self.message(note)
         if task.process is not None:
             task.process.cleanup()
-            task.leftovers += tuple(getattr(task.process, "leftovers", ()) or ())
+            task.leftovers += tuple(task.process.leftovers)
         task.status = None
         self._start(task)
         task.to(TaskState.RUNNING, self.pacing.wall())
@@ -339,7 +339,7 @@ class Supervisor:
         for task in self.tasks:
             if task.process is not None:
                 task.process.cleanup()
-                found = tuple(getattr(task.process, "leftovers", ()) or ())
+                found = tuple(task.process.leftovers)
                 task.leftovers += tuple(p for p in found if p not in task.leftovers)
         self._changed()
 
