@@ -94,27 +94,31 @@ def open_channel(spec):
     """(read fd, write fd): stdin and stdout, or a connection back to tflaunch (Slurm).
 
     ``connect`` is ``HOST PORT``; a HOST of ``-`` is the address srun was started from. The token
-    tflaunch handed the step on its stdin (read_token) is proven, never sent (see :func:`connect_back`)."""
+    tflaunch handed the step on its stdin (read_token) is proven, never sent (see :func:`connect_back`).
+    ``join`` (a node that joins a run by its rank) is the name the hello gives instead of the
+    host's; such a node may come before the run's owner listens, so a refusal is tried again."""
     target = spec.get("connect")
     if not target:
         return 0, 1
-    host, port = target.split(" ")
+    host, port = target.rsplit(" ", 1)
     if host == "-":
         host = os.environ.get("SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1")
     token = read_token()
-    fd = connect_back(host, int(port), token.encode(), node_name().encode(),
-                      number(spec.get("connect_within"), CONNECT_WITHIN))
+    name = spec.get("join") or node_name()
+    fd = connect_back(host, int(port), token.encode(), name.encode(),
+                      number(spec.get("connect_within"), CONNECT_WITHIN), early=bool(spec.get("join")))
     return fd, fd
 
 
-def connect_back(host, port, token, name, within):
+def connect_back(host, port, token, name, within, early=False):
     """A descriptor connected to a listener at ``host:port`` that proved it holds ``token``, after
-    this agent proved it too; tries again, pausing longer each time, for ``within`` seconds.
+    this agent proved it too; tries again, pausing longer each time, for ``within`` seconds (a name
+    that does not resolve yet, a listener not up yet when ``early``).
 
     Whoever answers there is a stranger until its proof checks out: a listener that closed may have
     left its port to anyone, and an agent obeys nothing before the proof. OSError when no listener
-    proved itself in time, or at once when nothing listens there (tflaunch's listener never reopens
-    a port it closed)."""
+    proved itself in time, or at once when nothing listens there and the agent is not ``early``
+    (tflaunch's listener never reopens a port it closed)."""
     import socket
 
     deadline = time.monotonic() + within
@@ -123,8 +127,10 @@ def connect_back(host, port, token, name, within):
         left = deadline - time.monotonic()
         try:
             connection = socket.create_connection((host, port), timeout=max(0.01, min(left, 10.0)))
-        except ConnectionRefusedError:
-            raise OSError(errno.ECONNREFUSED, "nothing listens there any more")
+        except ConnectionRefusedError as exc:
+            if not early:
+                raise OSError(errno.ECONNREFUSED, "nothing listens there any more")
+            why = exc
         except OSError as exc:
             why = exc
         else:

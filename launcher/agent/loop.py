@@ -35,8 +35,8 @@ except ImportError:
 from .channel import OUTPUT_TICK, open_channel, open_setup_log, set_blocking, wait_for, widen_pipe, write_pieces
 from .ending import EndingProcesses
 from .ports import HeldPorts
-from .protocol import (EOF_GRACE, HEARTBEAT, MAX_FRAME, SAMPLE, SYNC, Command, Frame, decode_fields, frame, node_name,
-                       number, printable, read_some)
+from .protocol import (EOF_GRACE, HEARTBEAT, LOST_RUN, MAX_FRAME, SAMPLE, SYNC, Command, Frame, decode_fields, frame,
+                       node_name, number, printable, read_some)
 from .sampling import readings
 from .starting import StartingProcesses
 from .threads import LOOK_EVERY
@@ -52,6 +52,7 @@ class Agent(StartingProcesses, EndingProcesses):
 
     def __init__(self, spec, read_fd, write_fd, own_session=False):
         self.spec = spec
+        self.end_code = None  # the run's exit code, when tflaunch said it (END)
         # Whether the agent leads a session of its own (see lead_session): each task then starts in
         # a process group of its own within it, else in a session of its own.
         self.own_session = own_session
@@ -176,6 +177,10 @@ class Agent(StartingProcesses, EndingProcesses):
             if not argument.isdigit():
                 return False
             self.control.append(frame(Frame.PORTS, ident, self.ports.pick(int(argument)).encode()))
+        elif command == Command.END:
+            if not argument.isdigit() or int(argument) > 255:
+                return False
+            self.end_code = int(argument)
         elif command == Command.CLUSTER:
             try:
                 self.clusters[ident] = binascii.a2b_base64(argument).decode("utf-8")
@@ -375,7 +380,8 @@ def main():
     agent.setup_fd = open_setup_log(spec)
     agent.outgoing = [SYNC]
     agent.serve()
-    os._exit(0)
+    # A node that joined a run exits with the run's code; the owner gone without one is a lost run.
+    os._exit(agent.end_code if agent.end_code is not None else LOST_RUN if spec.get("join") else 0)
 
 
 if __name__ == "__main__":

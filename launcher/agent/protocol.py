@@ -88,6 +88,7 @@ HELLO_LIMIT = 512  # any one line of the handshake: a mark, a host name (255 at 
 NONCE_BYTES = 16
 CONNECT_WITHIN = 60.0  # seconds an agent keeps trying to reach a listener that proves itself
 CONNECT_BACKOFF = (0.25, 4.0)  # the first pause between tries, and the longest
+LOST_RUN = 255  # a joined node's exit code when the run's owner went without saying the run's
 
 def hello_line(name, nonce):
     """A connect-back agent's first line: who is calling, and its nonce (bytes, hex)."""
@@ -158,7 +159,8 @@ class Command(object):
     TERM = "TERM"
     KILL = "KILL"
     DUMP = "DUMP"
-    ALL = (START, CLUSTER, IN, CLOSE, PORTS, TERM, KILL, DUMP)
+    END = "END"  # the run's exit code, for a node that joined it to exit with (id 0)
+    ALL = (START, CLUSTER, IN, CLOSE, PORTS, TERM, KILL, DUMP, END)
 
 
 class Status(object):

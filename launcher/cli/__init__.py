@@ -4,7 +4,8 @@
 (``run``, the default command of the group in :mod:`.group`, is in :mod:`.run` with ``check``);
 :mod:`.inspect` holds the commands that read run folders, and :mod:`.export`, :mod:`.submit` and
 :mod:`.tensorboard` one command each; :mod:`.options` defines the options that choose a cluster once
-for ``run``, ``check`` and ``export``. :func:`main` is the one place errors become messages and exit
+for ``run``, ``check`` and ``export``, and :mod:`.joining` the options of a run every node starts
+itself (``--nnodes``, ``--node-rank``, ``--rdzv-endpoint``). :func:`main` is the one place errors become messages and exit
 codes, all in one format.
 """
 

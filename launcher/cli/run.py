@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from .group import RUN_SOURCES, ClusterCommand, TaskCommand, cli
+from .joining import join_options, join_run, joined_source
 from .options import ClusterChoice, cluster_options, run_option, run_options
 
 if TYPE_CHECKING:
@@ -28,7 +29,7 @@ Examples:
 """
 
 
-@cli.command(help=RUN_HELP, cls=TaskCommand, sources=RUN_SOURCES, choosers=("--local", "-H", "--hosts", "--hostfile", "--slurm"))
+@cli.command(help=RUN_HELP, cls=TaskCommand, sources=RUN_SOURCES, choosers=("--local", "-H", "--hosts", "--hostfile", "--slurm", "--nnodes"))
 @cluster_options(gpus=True, slurm=True)
 # The run options' defaults, help and checks are launcher.options.RunOptions'; their flags only parse.
 @run_option("log_dir")
@@ -59,14 +60,27 @@ Examples:
 @click.option("--requeue", is_flag=True,
               help="With --slurm: on SIGUSR1 (Slurm's warning signal) stop the tasks so they save, then requeue the job.")
 @click.option("--run-dir", metavar="DIR", hidden=True, help="With --slurm: the run folder 'tflaunch submit' made.")
+@join_options
 @click.pass_context
 def run(ctx: click.Context, choice: ClusterChoice, **options: Any) -> None:
     from ..run.lifecycle.launch import LaunchRequest  # imported here so "tflaunch --help" stays light
 
     given = run_options(options, ctx.meta.get("tflaunch.command") or None)  # checked before the cluster is read
+    if options["nnodes"] is not None and options["node_rank"] != 0:
+        ctx.exit(join_run(choice, options, given))
     source = _source(choice, options)
     request = LaunchRequest(cluster=source.spec, options=given)
+    try:
+        _run(ctx, request, given, options)
+    finally:
+        finish = getattr(source, "finish", None)
+        if finish is not None:  # nodes that joined: they exit with the run's code
+            finish(ctx.meta.get("tflaunch.exit_code", 1))
+
+
+def _run(ctx: click.Context, request, given, options: dict[str, Any]) -> None:
     if options["dry_run"]:
+        ctx.meta["tflaunch.exit_code"] = 0
         from ..run.lifecycle.launch import dry_run as plan_only
         from ..run.lifecycle.summary import describe_plan
 
@@ -110,6 +124,7 @@ def run(ctx: click.Context, choice: ClusterChoice, **options: Any) -> None:
         if board is not None:
             board.stop()
         console.close()  # writes what is queued; a closed or stalled terminal does not change the exit code
+    ctx.meta["tflaunch.exit_code"] = result.exit_code
     ctx.exit(result.exit_code)
 
 
@@ -125,6 +140,8 @@ def _source(choice: ClusterChoice, options: dict[str, Any]) -> ClusterSource:
                            spares=spare_count(choice.spares), cluster_file=choice.cluster)
     if options["requeue"] or options["run_dir"]:
         raise click.UsageError("--requeue and --run-dir only apply to --slurm")
+    if options["nnodes"] is not None:
+        return joined_source(choice, options)
     return choice.source()
 
 

@@ -46,7 +46,8 @@ from typing import Mapping
 
 from ..records.folder import CHECKPOINTS, TENSORBOARD
 from ..taskenv import ATTEMPT, BACKUP_DIR, CHECKPOINT_DIR, RUN_DIR, RUN_ID, TASK, TENSORBOARD_DIR
-from .spec import AUTO, DEFAULT_CONNECT_TIMEOUT, ROLES, ClusterSpec, EnvLayer, SshSettings, TaskSpec, hidden_names, is_local, masked_env, value_by_name
+from .spec import (AUTO, DEFAULT_CONNECT_TIMEOUT, OTHER_HOSTS_ONLY, ROLES, ClusterSpec, EnvLayer, SshSettings, TaskSpec,
+                   hidden_names, is_local, masked_env, value_by_name)
 from .ranks import TRAINING_ROLES, rank_env
 from .tfconfig import TaskEnv, TfConfig, check_tf_config_size
 from .spec import Role
@@ -208,7 +209,8 @@ def plan_cluster(
             ssh=None if local else spec.ssh.overridden_by(host_settings.ssh if host_settings else SshSettings()),
             gpus=task.gpus,
             python=python,
-            transport=spec.transport or ("local" if local else "ssh"),
+            transport=("local" if local and spec.transport in OTHER_HOSTS_ONLY else spec.transport)
+            or ("local" if local else "ssh"),
             env_sources=sources,
             hidden=secrets.secret_names(env) | frozenset(by_name),
             attempt=context.attempt,

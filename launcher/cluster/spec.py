@@ -139,6 +139,7 @@ class ClusterSpec:
     max_restarts: int = MAX_RESTARTS
     restart_delay: float = RESTART_DELAY
     # The transport that starts every task (see launcher.sources); None: 'local' or 'ssh' by host.
+    # One of OTHER_HOSTS_ONLY starts the other hosts' tasks only; this machine's are 'local'.
     transport: str | None = None
     restart_policy_by_role: Mapping[str, RestartPolicy] = field(default_factory=dict)  # as the file says
     task_restarts: int = DEFAULT_TASK_RESTARTS
@@ -196,6 +197,9 @@ class ClusterSpec:
         tasks = tuple(replace(t, port=ports[t.name]) if t.name in ports else t for t in self.tasks)
         spares = tuple(replace(t, port=ports[t.name]) if t.name in ports else t for t in self.spares)
         return replace(self, tasks=tasks, spares=spares)
+
+
+OTHER_HOSTS_ONLY = frozenset({"joined"})  # transports whose agents are on other hosts: nodes that joined the run
 
 
 def is_local(host: str, local_hosts: frozenset[str]) -> bool:

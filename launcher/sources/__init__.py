@@ -6,7 +6,9 @@ hosts, started by which transport?", with a :class:`~launcher.cluster.spec.Clust
 - :class:`~.file.ClusterFileSource`: a cluster YAML file (tasks local or over ssh);
 - :class:`~.local.LocalSource`: ``--local N [--chief] [--ps K] [--gpus LIST]`` on this machine;
 - :class:`~.hosts.HostsSource`: ``-H node1:4,node2:4`` or ``--hostfile FILE``, one task per slot;
-- :class:`~.slurm.SlurmSource`: the slots of a Slurm allocation.
+- :class:`~.slurm.SlurmSource`: the slots of a Slurm allocation;
+- :class:`~.joined.JoinedSource`: ``--nnodes N --node-rank 0 --rdzv-endpoint HOST:PORT``, the nodes
+  that joined the rendezvous, placed only once they are there (membership is a step of its own).
 
 :mod:`.choose` picks the one source a command line or a ``launch()`` call names; :class:`RoleOptions`, here,
 are the role options it and the sources that carve slots share.

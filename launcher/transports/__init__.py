@@ -10,6 +10,7 @@ task's whole tree when the task ends or tflaunch is gone, and samples each task'
 - ``local``: one agent, a child of tflaunch, for every task on this machine (:mod:`.local`);
 - ``ssh``: one ssh connection per host, the agent at its far end (:mod:`.ssh`);
 - ``srun``: one Slurm job step with an agent on each node (:mod:`.srun`);
+- ``joined``: nodes that started tflaunch themselves and joined the run (:mod:`.joined`);
 - ``simulated``: for tests and benchmarks only, with ``TFLAUNCH_SIMULATE_HOSTS=1`` set, every
   ssh host is an agent on this machine over pipes (:mod:`.simulated`).
 
@@ -18,7 +19,8 @@ keeps its transports in one :class:`TransportSet`; preflight probes run as helpe
 same agents (:meth:`TransportSet.helper`), so a host costs one connection per run, and
 :attr:`TransportSet.changes` says which of its tasks' processes changed status.
 
-Under a link: carriers.py (how an agent's channel is carried, a local pipe, an ssh connection or a
+Every named transport is an :class:`~.backend.AgentBackend` (backend.py): its one job is to connect
+a host's agent. Under a link: carriers.py (how an agent's channel is carried, a local pipe, an ssh connection or a
 connection back from a Slurm step, and how its failures are worded), connectback.py (the listener a
 job step's agents connect back to), framing.py (the channel's bytes cut into whole frames) and
 heldoutput.py (a child's output held in memory within a bound).
@@ -46,6 +48,7 @@ TRANSPORTS: dict[str, tuple[str, str]] = {
     "local": (".local", "LocalTransport"),
     "ssh": (".ssh", "SshTransport"),
     "srun": (".srun", "SrunTransport"),  # Slurm (launcher.sources.slurm)
+    "joined": (".joined", "JoinedTransport"),  # nodes that joined the run (launcher.sources.joined)
     "simulated": (".simulated", "SimulatedTransport"),  # tests and benchmarks: ssh hosts simulated here
 }
 SIMULATE_HOSTS = "TFLAUNCH_SIMULATE_HOSTS"  # set (to anything but empty or 0): ssh hosts are simulated

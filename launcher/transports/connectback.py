@@ -49,7 +49,7 @@ class ConnectBack:
     """
 
     def __init__(self, names: Iterable[str], token: str, deliver: Callable[[str, int], None], host: str = "",
-                 *, within: float, alive: Callable[[], bool] = lambda: True,
+                 *, within: float, port: int = 0, alive: Callable[[], bool] = lambda: True,
                  deadline: float = HANDSHAKE_DEADLINE, pending_limit: int | None = None,
                  missing: Callable[[list[str]], None] = lambda names: None):
         self._names = {name.encode(): name for name in names}
@@ -61,7 +61,7 @@ class ConnectBack:
         self._deadline = deadline
         self._limit = pending_limit or max(PENDING_LIMIT, 2 * len(self._names))
         self._pending: dict[socket.socket, _Handshake] = {}  # in accept order: oldest first
-        self._listener = socket.create_server((host, 0), family=socket.AF_INET,
+        self._listener = socket.create_server((host, port), family=socket.AF_INET,
                                               backlog=min(socket.SOMAXCONN, max(128, 2 * len(self._names))))
         self._listener.setblocking(False)
         self.port: int = self._listener.getsockname()[1]

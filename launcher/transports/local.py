@@ -25,16 +25,11 @@ from .base import ExitStatus
 from .carriers import ProcessCarrier, spawn_carrier
 from .hostlink import AgentLink
 from .linkhub import HUB
-from .shipping import AGENT_MAIN, AGENT_PACKAGE
+from .shipping import AGENT_BOOT
 
 # The local agent's keep-alive timeout: tflaunch alive but no longer answering (wedged, suspended).
 KEEPALIVE_TIMEOUT = 30.0
 THIS_MACHINE = "this machine"  # how the local agent's host is named in its messages
-# On this machine the agent's package is imported as it is, not bundled, so that its compiled form
-# is Python's cache. The folder above it goes at the end of sys.path (the standard library must win
-# over any module there), and the package is imported by its own name: launcher's __init__ stays out.
-AGENT_BOOT = (f"import sys; sys.path.append({str(AGENT_PACKAGE.parent)!r}); "
-              f"from {AGENT_PACKAGE.name} import {AGENT_MAIN}; {AGENT_MAIN}.main()")
 
 
 class LocalCarrier(ProcessCarrier):

@@ -17,6 +17,12 @@ from ..cluster.tfconfig import tf_config_parts
 
 AGENT_PACKAGE = Path(__file__).resolve().parent.parent / "agent"  # its modules are read here as text
 AGENT_MAIN = "loop"  # the module whose ``main`` runs the agent: last in the bundle, which runs it
+# On this machine (and on a node that runs tflaunch itself) the agent's package is imported as it
+# is, not bundled, so that its compiled form is Python's cache. The folder above it goes at the end
+# of sys.path (the standard library must win over any module there), and the package is imported by
+# its own name: launcher's __init__ stays out.
+AGENT_BOOT = (f"import sys; sys.path.append({str(AGENT_PACKAGE.parent)!r}); "
+              f"from {AGENT_PACKAGE.name} import {AGENT_MAIN}; {AGENT_MAIN}.main()")
 
 
 def agent_modules(folder: Path = AGENT_PACKAGE) -> dict[str, str]:

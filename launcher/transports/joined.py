@@ -1,0 +1,200 @@
+"""Nodes that join a run themselves: every node runs the same ``tflaunch --nnodes N --node-rank R
+--rdzv-endpoint HOST:PORT`` and no ssh or scheduler reaches from one to another.
+
+Node rank 0 owns the run. Its :class:`Rendezvous` listens at the endpoint with the connect-back
+listener (:mod:`.connectback`): each other node starts the host agent on itself (:func:`join`),
+which dials the endpoint, giving its rank as its name in the hello, and both ends prove that they
+hold the run's token on the channel's own handshake; the token never crosses the wire. A stranger,
+or a node of another run, fails the proof and costs only its own connection; it takes no rank.
+The agent retries a name that does not resolve yet, and an endpoint that does not listen yet,
+pausing longer each time, for the rendezvous timeout.
+
+Once in, a node's agent is a link like any other: :class:`JoinedTransport` starts its tasks
+through it, and a node whose agent goes silent or whose connection closes is a lost host. The
+links outlive the run's transports by a moment: when the run has its exit code the owner tells
+every node (:meth:`Rendezvous.finish`), whose tflaunch exits with it. The owner gone without
+saying it (killed) closes each connection: each node's agent stops its tasks and exits with
+:data:`~launcher.agent.protocol.LOST_RUN`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+from ..agent.protocol import EOF_GRACE, Command, beat_for, encode_fields, sample_for
+from ..cluster.plan import TaskLaunch
+from ..cluster.spec import DEFAULT_KEEPALIVE_TIMEOUT
+from .backend import AgentBackend
+from .base import ExitStatus
+from .carriers import Carrier
+from .connectback import ConnectBack
+from .hostlink import AgentLink
+from .linkhub import HUB
+from .shipping import AGENT_BOOT
+
+KIND = "joined"
+# The joined nodes' links by host (node_host), filled by the rendezvous of this process's run (one per process).
+_NODES: dict[str, AgentLink] = {}
+_NODES_LOCK = threading.Lock()
+
+
+def node_host(rank: int) -> str:
+    """How the run names a joined node's host (its tasks' address is the one it connected from),
+    so that two nodes behind one address are still two hosts."""
+    return f"rank-{rank}"
+
+
+class JoinedCarrier(Carrier):
+    """A node's agent that joined the run over its own connection."""
+
+    kind = KIND
+
+    def __init__(self, host: str, rank: int):
+        super().__init__(host)
+        self.rank = rank
+
+    def where(self, reason: str) -> str:
+        return f"{reason} on node {self.rank} ({self.host})"
+
+    def not_started(self, detail: str) -> ExitStatus:
+        return ExitStatus(error=f"could not start on node {self.rank} ({self.host}): {detail}")
+
+    def lost(self, detail: str) -> ExitStatus:
+        return ExitStatus(error=f"lost node {self.rank} ({self.host}: {detail})")
+
+
+@dataclass(frozen=True)
+class Member:
+    """A node that is there: its rank and the address its tasks are reached at."""
+
+    rank: int
+    address: str
+
+
+class RendezvousMissing(Exception):
+    """Nodes that did not join within the rendezvous timeout, by rank."""
+
+    def __init__(self, ranks: list[int], within: float):
+        self.ranks = ranks
+        self.within = within
+        super().__init__(f"node rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} did not join "
+                         f"within --rdzv-timeout {within:g} s")
+
+
+class Rendezvous:
+    """The owner's side: the listener at the endpoint, and the nodes that joined it."""
+
+    def __init__(self, nnodes: int, token: str, host: str, port: int, within: float,
+                 keepalive: float = DEFAULT_KEEPALIVE_TIMEOUT):
+        self.nnodes = nnodes
+        self.token = token
+        self.host, self.port = host, port
+        self.within = within
+        self.keepalive = keepalive
+        self.members: dict[int, Member] = {}
+        self.links: dict[int, AgentLink] = {}
+        self._done = threading.Event()
+        self._missing: list[int] = []
+
+    def gather(self) -> list[Member]:
+        """Every other node, by rank, once all have joined; RendezvousMissing names those that did
+        not within the timeout."""
+        ranks = [str(rank) for rank in range(1, self.nnodes)]
+        if not ranks or self._done.is_set():
+            return [self.members[rank] for rank in sorted(self.members)]
+        listener = ConnectBack(ranks, self.token, self._deliver, self.host, within=self.within, port=self.port,
+                               missing=self._note_missing)
+        try:
+            listener.start()
+            self._done.wait()
+        finally:
+            listener.close()
+        if self._missing:
+            self._done.clear()
+            raise RendezvousMissing(self._missing, self.within)
+        return [self.members[rank] for rank in sorted(self.members)]
+
+    def _note_missing(self, names: list[str]) -> None:
+        self._missing = sorted(int(name) for name in names)
+        self._done.set()
+
+    def _deliver(self, name: str, fd: int) -> None:
+        rank = int(name)
+        with socket.socket(fileno=os.dup(fd)) as peer:
+            address = peer.getpeername()[0]
+        link = AgentLink(node_host(rank), JoinedCarrier(address, rank), None, None, keepalive=self.keepalive, hub=HUB,
+                         beat=beat_for(self.nnodes, self.keepalive))
+        link.attach(fd, fd)
+        self.members[rank] = Member(rank, address)
+        self.links[rank] = link
+        with _NODES_LOCK:
+            _NODES[node_host(rank)] = link
+        if len(self.members) == self.nnodes - 1:
+            self._done.set()
+
+    def finish(self, code: int) -> None:
+        """Tell every node the run's exit code, then close its channel: its agent exits with it."""
+        for link in self.links.values():
+            if not link.gone:
+                try:
+                    link.send(f"{Command.END} 0 {max(0, min(255, code))}\n".encode())
+                except OSError:
+                    pass
+            link.close_channel()
+        with _NODES_LOCK:
+            for member in self.members.values():
+                _NODES.pop(node_host(member.rank), None)
+
+
+class JoinedTransport(AgentBackend):
+    """Starts tasks on the nodes that joined, through the agent each brought."""
+
+    kind = KIND
+
+    def connect(self, launch: TaskLaunch) -> AgentLink:
+        with _NODES_LOCK:
+            link = _NODES.get(launch.host)
+        if link is None or link.gone:
+            raise OSError(f"node {launch.host} is not in the run (it left, or never joined)")
+        return link
+
+    def cannot_connect(self, exc: OSError) -> str:
+        return f"cannot start: {exc}"
+
+    def host_key(self, launch: TaskLaunch) -> Hashable:
+        return launch.host
+
+    def close(self) -> None:
+        """The links stay the rendezvous's, which closes them with the run's exit code; the
+        transport only lets them go."""
+        self.links = {}
+        self.logs.close()
+
+
+def join(host: str, port: int, rank: int, token: str, within: float, grace: float, nnodes: int) -> int:
+    """A node of rank ``rank`` joins the run whose owner listens at ``host:port``: its agent,
+    started here, dials there and serves the run's tasks of this node until the owner ends the
+    run. The run's exit code, or LOST_RUN when the owner went without one, or 2 when no owner
+    proved itself within ``within`` seconds."""
+    spec = encode_fields({"keepalive": DEFAULT_KEEPALIVE_TIMEOUT, "eof_grace": min(grace, EOF_GRACE),
+                          "sample": sample_for(nnodes), "beat": beat_for(nnodes, DEFAULT_KEEPALIVE_TIMEOUT),
+                          "connect": f"{host} {port}", "connect_within": within, "join": str(rank)})
+    agent = subprocess.Popen([sys.executable, "-I", "-S", "-c", AGENT_BOOT, spec], stdin=subprocess.PIPE,
+                             start_new_session=True, close_fds=True)
+    try:
+        agent.stdin.write(token.encode() + b"\n")  # read once, then its stdin is /dev/null
+        agent.stdin.close()
+    except OSError:
+        pass
+    try:
+        return agent.wait()
+    finally:
+        if agent.poll() is None:  # tflaunch itself is stopped: the agent stops the node's tasks
+            agent.terminate()
+            agent.wait()
