@@ -1,0 +1,189 @@
+"""Every node runs the same command (``--nnodes --node-rank --rdzv-endpoint``), on the namespaced
+test hosts, each node's tflaunch started in its host's network namespace; ssh is never used: an
+``ssh`` on PATH that leaves a mark fails the test."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import TASK
+from polling import wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.ssh, pytest.mark.timeout(180)]
+
+
+class Nodes:
+    """Each node's tflaunch, started in a test host's network namespace with the run's token."""
+
+    def __init__(self, testhosts, tmp_path: Path, nnodes: int = 3, timeout: float = 30):
+        self.hosts = testhosts.hosts
+        self.tmp = tmp_path
+        self.nnodes = nnodes
+        self.timeout = timeout
+        self.port = testhosts.port()
+        self.endpoint = f"{self.hosts[0].address}:{self.port}"
+        self.token = secrets.token_hex(16)
+        fake = tmp_path / "bin"
+        fake.mkdir()
+        self.ssh_mark = tmp_path / "ssh-was-used"
+        (fake / "ssh").write_text(f"#!/bin/sh\necho \"$@\" >> {self.ssh_mark}\nexit 255\n")
+        (fake / "ssh").chmod(0o755)
+        self.env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "TFLAUNCH_RDZV_TOKEN": self.token}
+        self.procs: dict[int, subprocess.Popen] = {}
+
+    def start(self, rank: int, *command: str, token: str | None = None, extra: tuple[str, ...] = (),
+              host: int | None = None) -> subprocess.Popen:
+        netns = self.hosts[rank if host is None else host].netns
+        argv = ["ip", "netns", "exec", netns, sys.executable, "-m", "launcher", "--nnodes", str(self.nnodes),
+                "--node-rank", str(rank), "--rdzv-endpoint", self.endpoint, "--rdzv-timeout", str(self.timeout),
+                "--log-dir", str(self.tmp / "logs"), "--grace", "2", *extra, "--", *command]
+        env = self.env if token is None else {**self.env, "TFLAUNCH_RDZV_TOKEN": token}
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                cwd=self.tmp, start_new_session=True)
+        if token is None:
+            self.procs[rank] = proc
+        return proc
+
+    def finish(self, proc: subprocess.Popen, timeout: float = 90) -> tuple[int, str]:
+        out, _ = proc.communicate(timeout=timeout)
+        return proc.returncode, out
+
+    def record(self) -> dict:
+        (run,) = (self.tmp / "logs").iterdir()
+        return json.loads((run / "run.json").read_text())
+
+    def running(self) -> bool:
+        runs = list((self.tmp / "logs").glob("*/run.json"))
+        try:
+            tasks = json.loads(runs[0].read_text())["tasks"] if runs else []
+        except ValueError:  # being replaced
+            return False
+        return len(tasks) == self.nnodes and all(t["state"] == "running" and t.get("pid") for t in tasks)
+
+    def wait_running(self) -> None:
+        wait_for(self.running, timeout=60, message="every task running")
+
+    def merged(self) -> str:
+        (run,) = (self.tmp / "logs").iterdir()
+        return (run / "merged.log").read_text()
+
+    def stop_all(self) -> None:
+        for proc in self.procs.values():
+            kill_tree(proc.pid)
+
+    def no_ssh(self) -> None:
+        assert not self.ssh_mark.exists(), self.ssh_mark.read_text()
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and everything under it (a node dying)."""
+    try:
+        parent = psutil.Process(pid)
+        family = [parent, *parent.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for proc in family:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+@pytest.fixture
+def nodes(testhosts, tmp_path):
+    made = Nodes(testhosts, tmp_path)
+    yield made
+    made.stop_all()
+    made.no_ssh()
+
+
+def test_three_nodes_started_in_any_order_one_late_train_and_succeed_without_ssh(nodes):
+    # Rank 2 first, then the owner, rank 1 three seconds later: TF_CONFIG follows rank, not arrival.
+    nodes.start(2, "python", str(TASK), "env")
+    time.sleep(1)
+    owner = nodes.start(0, "python", str(TASK), "env", "sleep:1", "print:trained")
+    time.sleep(3)
+    nodes.start(1, "python", str(TASK), "env")
+    code, out = nodes.finish(owner)
+    assert code == 0, out
+    for rank in (1, 2):
+        code, text = nodes.finish(nodes.procs[rank])
+        assert code == 0, text
+        assert f"node rank {rank}: the run ended with exit code 0" in text
+    assert nodes.merged().count("trained") == 3
+    record = nodes.record()
+    addresses = [task["address"].rsplit(":", 1)[0] for task in record["tasks"]]
+    assert addresses == [host.address for host in nodes.hosts[:3]], addresses
+    assert [task["name"] for task in record["tasks"]] == ["worker-0", "worker-1", "worker-2"]
+    assert all(task["state"] == "succeeded" for task in record["tasks"])
+
+
+def test_a_stranger_with_a_wrong_token_joining_first_takes_no_rank(nodes):
+    stranger = nodes.start(1, "python", str(TASK), "env", token=secrets.token_hex(16), host=3)
+    time.sleep(1)
+    owner = nodes.start(0, "python", str(TASK), "print:trained")
+    time.sleep(2)  # the stranger has tried (and failed) at least once by now
+    nodes.start(1, "python", str(TASK))
+    nodes.start(2, "python", str(TASK))
+    code, out = nodes.finish(owner)
+    assert code == 0, out
+    assert nodes.merged().count("trained") == 3
+    assert [t["host"] for t in nodes.record()["tasks"]] == [nodes.hosts[0].address, "rank-1", "rank-2"]
+    assert nodes.record()["tasks"][1]["address"].startswith(nodes.hosts[1].address + ":")
+    kill_tree(stranger.pid)
+    stranger.wait()
+
+
+def test_a_node_that_never_comes_is_named_by_rank_in_one_line(testhosts, tmp_path):
+    nodes = Nodes(testhosts, tmp_path, timeout=4)
+    try:
+        owner = nodes.start(0, "python", str(TASK))
+        nodes.start(1, "python", str(TASK))
+        code, out = nodes.finish(owner)
+        assert code == 1, out
+        lines = [line for line in out.splitlines() if "did not join" in line]
+        assert lines == ["tflaunch: error: node rank 2 did not join within --rdzv-timeout 4 s"], out
+        code, text = nodes.finish(nodes.procs[1])
+        assert code == 1, text  # the node that came exits with the run's code
+    finally:
+        nodes.stop_all()
+        nodes.no_ssh()
+
+
+def test_a_node_killed_mid_run_is_a_lost_host_and_every_node_ends(nodes):
+    owner = nodes.start(0, "python", str(TASK), "print:up", "forever")
+    nodes.start(1, "python", str(TASK))
+    nodes.start(2, "python", str(TASK))
+    nodes.wait_running()
+    kill_tree(nodes.procs[2].pid)  # the node dies: its tflaunch, its agent and its task
+    code, out = nodes.finish(owner)
+    assert code != 0, out
+    assert "rank-2" in out and "lost node 2" in out, out
+    code1, text = nodes.finish(nodes.procs[1])
+    assert code1 == code, text
+
+
+def test_the_owner_killed_ends_every_nodes_tasks(nodes):
+    owner = nodes.start(0, "python", str(TASK), "print:up", "forever")
+    nodes.start(1, "python", str(TASK))
+    nodes.start(2, "python", str(TASK))
+    nodes.wait_running()
+    pids = [t["pid"] for t in nodes.record()["tasks"]]
+    os.killpg(owner.pid, signal.SIGKILL)
+    owner.wait()
+    for rank in (1, 2):
+        code, text = nodes.finish(nodes.procs[rank], timeout=30)
+        assert code == 255, text
+        assert "the run's owner (node rank 0) went away" in text
+    wait_for(lambda: not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+                             for pid in pids if pid), timeout=20, message="every node's task gone")
