@@ -15,18 +15,63 @@ import click
 from ..options import RunOptions
 from ..sources.choose import ClusterChoice
 
-JOIN_OPTIONS = ("nnodes", "node_rank", "rdzv_endpoint", "rdzv_token_file", "rdzv_timeout", "tasks_per_node")
+
+
+def platform_nodes(options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with --nnodes, --node-rank and --rdzv-endpoint filled from --nodes-from's
+    platform (what was given wins), after one line saying what was found."""
+    if not options.get("nodes_from"):
+        if options["nnodes"] is None and (options["node_rank"] is not None or options["rdzv_endpoint"]):
+            raise click.UsageError("--node-rank and --rdzv-endpoint go with --nnodes N (or --nodes-from PLATFORM)")
+        return {**options, "node_rank": options["node_rank"] or 0}
+    import os
+    import socket
+
+    from ..sources.platforms import DEFAULT_PORT, nodes_from
+
+    found = nodes_from(options["nodes_from"], os.environ, socket.getfqdn(), options["nnodes"])
+    host = found.host or _own_address()
+    given_port = options["rdzv_endpoint"].rpartition(":")[2] if options["rdzv_endpoint"] else ""
+    endpoint = options["rdzv_endpoint"] if options["rdzv_endpoint"] and not options["rdzv_endpoint"].startswith(":") \
+        else f"{host}:{given_port or DEFAULT_PORT}"
+    filled = {**options, "nnodes": options["nnodes"] or found.nnodes,
+              "node_rank": found.rank if options["node_rank"] is None else options["node_rank"],
+              "rdzv_endpoint": endpoint}
+    click.echo(f"tflaunch: --nodes-from {options['nodes_from']}: {found.platform}, node rank {filled['node_rank']} "
+               f"of {filled['nnodes']}, rank 0 at {endpoint}", err=True)
+    return filled
+
+
+def _own_address() -> str:
+    """This machine's address for the others (a platform that names none for rank 0): its first
+    address that is not loopback."""
+    from ..cluster.machine import local_host_names
+    from ..cluster.spec import is_loopback
+
+    import ipaddress
+
+    addresses = []
+    for name in local_host_names():
+        try:
+            address = ipaddress.ip_address(name)
+        except ValueError:
+            continue
+        if address.version == 4 and not is_loopback(name) and not address.is_link_local:
+            addresses.append(address)
+    return str(min(addresses)) if addresses else "127.0.0.1"
 
 
 def join_options(command: Callable) -> Callable:
     """The rendezvous options, added to ``tflaunch run``."""
     from ..sources.joined import DEFAULT_TIMEOUT, TOKEN_VARIABLE
+    from ..sources.platforms import CHOICES, DEFAULT_PORT
 
     options = [
         click.option("--nnodes", metavar="N", type=click.IntRange(min=1),
                      help="Every node runs this same command: N nodes in all (no ssh between them)."),
-        click.option("--node-rank", metavar="R", type=click.IntRange(min=0), default=0, show_default=True,
-                     help="With --nnodes: this node's rank; rank 0 owns the run and listens at --rdzv-endpoint."),
+        click.option("--node-rank", metavar="R", type=click.IntRange(min=0),
+                     help="With --nnodes: this node's rank (default 0); rank 0 owns the run and listens at "
+                          "--rdzv-endpoint."),
         click.option("--rdzv-endpoint", metavar="HOST:PORT",
                      help="With --nnodes: where node rank 0 listens (an address of rank 0's host)."),
         click.option("--rdzv-token-file", metavar="FILE",
@@ -34,6 +79,10 @@ def join_options(command: Callable) -> Callable:
         click.option("--rdzv-timeout", metavar="SECONDS", type=click.FloatRange(min=0, min_open=True),
                      default=DEFAULT_TIMEOUT, show_default=True,
                      help="With --nnodes: how long the nodes wait for each other."),
+        click.option("--nodes-from", metavar="PLATFORM", type=click.Choice(CHOICES),
+                     help="Fill --nnodes, --node-rank and --rdzv-endpoint from the platform's variables "
+                          f"(rank 0's address, port {DEFAULT_PORT} unless --rdzv-endpoint gives one); "
+                          "auto: the platform whose variables are set."),
         click.option("--tasks-per-node", metavar="K", type=click.IntRange(min=1), default=1, show_default=True,
                      help="With --nnodes: tasks on each node (roles: --chief, --ps, --evaluator)."),
     ]
