@@ -54,18 +54,22 @@ Examples:
                  "as a reference: a Kubernetes Secret's key (secretKeyRef), or \"$KEY\" in --format sh.")
 @click.option("--cluster-runtime", is_flag=True,
               help="With --format trainjob: a cluster-wide ClusterTrainingRuntime instead of a TrainingRuntime.")
+@click.option("--supervised", is_flag=True,
+              help="With --format jobset: pods that run tflaunch (--nodes-from kubernetes), pod 0 owning the run: "
+                   "the merged log, run.json, watchdogs and restarts (the image must hold tflaunch).")
 @click.option("-o", "--output", metavar="FILE", help="Write to FILE instead of standard output.")
 @click.pass_context
 def export_command(ctx: click.Context, choice: ClusterChoice, fmt: str, gpus_per_task: int | None, image: str | None,
                    name: str | None,
                    namespace: str | None, max_restarts: int | None, env: dict[str, str | None],
-                   cluster_runtime: bool, output: str | None) -> None:
+                   cluster_runtime: bool, supervised: bool, output: str | None) -> None:
     from ..export import ExportRequest, export  # imported here so "tflaunch --help" stays light
 
     run_options({"max_restarts": max_restarts, "env": env})
     result = export(ExportRequest(source=choice.source(), format=fmt, image=image, name=name, namespace=namespace,
                                   command=ctx.meta.get("tflaunch.command") or None, max_restarts=max_restarts,
-                                  env=env, cluster_runtime=cluster_runtime, gpus=gpus_per_task))
+                                  env=env, cluster_runtime=cluster_runtime, gpus=gpus_per_task,
+                                  supervised=supervised))
     for note in result.notes:
         click.echo(f"tflaunch: note: {note}", err=True)
     if output is None:

@@ -2,7 +2,8 @@
 
 Four formats, all built from the same plan ``tflaunch run`` uses (:mod:`launcher.cluster.plan`):
 
-- ``jobset``: one JobSet (:mod:`.jobset`), needing only the JobSet controller;
+- ``jobset``: one JobSet (:mod:`.jobset`), needing only the JobSet controller; with ``--supervised``
+  its pods run tflaunch itself, pod 0 owning the run (:mod:`.supervised`);
 - ``tfjob``: one TFJob (:mod:`.tfjob`) for the Kubeflow training operator;
 - ``trainjob``: a Kubeflow Trainer v2 runtime and the TrainJob that runs it (:mod:`.trainjob`);
 - ``sh``: one shell command per task (:mod:`.shell`), to paste on each machine.
@@ -33,6 +34,7 @@ from ..cluster.spec import ClusterSpec, EnvLayer, check_launch_input, is_local
 from ..errors import ConfigError
 from ..sources import ClusterSource
 from . import jobset as jobset_format
+from . import supervised as supervised_format
 from . import tfjob as tfjob_format
 from . import trainjob as trainjob_format
 from .manifest import comment, dump_documents
@@ -59,6 +61,7 @@ class ExportRequest:
     env: EnvLayer = field(default_factory=dict)  # --env KEY=VALUE (None: by name), over every env layer
     cluster_runtime: bool = False  # trainjob: a ClusterTrainingRuntime instead of a namespaced TrainingRuntime
     gpus: int | None = None  # GPUs for each chief and worker task; None: the file's gpus, else none
+    supervised: bool = False  # jobset: pods that run tflaunch (--nodes-from kubernetes), pod 0 the owner
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,8 @@ def export(request: ExportRequest) -> Export:
     """Read the source, plan it, and render it in ``request.format``."""
     if request.format not in FORMATS:
         raise ConfigError("--format", "", f"expected one of {', '.join(FORMATS)}, got {request.format!r}")
+    if request.supervised and request.format != "jobset":
+        raise ConfigError("--supervised", "", f"only applies to --format jobset, got --format {request.format}")
     if request.cluster_runtime and request.format != "trainjob":
         raise ConfigError("--cluster-runtime", "", f"only applies to --format trainjob, got --format {request.format}")
     local_hosts = local_host_names()
@@ -97,7 +102,7 @@ def export(request: ExportRequest) -> Export:
     if not settings.image:
         raise ConfigError(spec.source, "--image", "missing; expected the container image that has TensorFlow and "
                           "the training code (--image IMAGE, or 'image:' in the kubernetes section)")
-    module = MODULES[request.format]
+    module = supervised_format if request.supervised else MODULES[request.format]
     name = _fitting_name(spec, request, settings, name, module)
     plan = plan_pods(spec, settings, name, request.command, lambda role, index: module.pod_host(name, role, index),
                      override_env=request.env)
@@ -109,6 +114,9 @@ def export(request: ExportRequest) -> Export:
                      trainjob_format.trainjob(plan, request.cluster_runtime)]
         kind = f"{trainjob_format.runtime_kind(request.cluster_runtime)} and TrainJob"
         plan = replace(plan, notes=plan.notes + tuple(trainjob_format.trainjob_notes(plan, request.cluster_runtime)))
+    elif request.supervised:
+        documents, kind = [supervised_format.supervised_jobset(plan)], "JobSet (supervised by tflaunch)"
+        plan = replace(plan, notes=plan.notes + tuple(supervised_format.supervised_notes(plan)))
     else:
         documents, kind = [jobset_format.jobset(plan)], "JobSet"
     notes = plan.notes + gpu_notes
