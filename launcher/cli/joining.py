@@ -92,17 +92,29 @@ def join_options(command: Callable) -> Callable:
 def _checked(choice: ClusterChoice, options: dict[str, Any]) -> tuple[str, int, str]:
     from ..sources.joined import parse_endpoint, read_token
 
-    if any(value is not None for value in (choice.cluster, choice.local, choice.hosts, choice.hostfile, choice.spares)) \
+    if any(value is not None for value in (choice.cluster, choice.local, choice.hosts, choice.hostfile)) \
             or options.get("slurm"):
         raise click.UsageError("--nnodes takes its hosts from the nodes that join; drop the cluster file, --local, "
-                               "-H, --hostfile, --spares and --slurm")
+                               "-H, --hostfile and --slurm")
     if not options["rdzv_endpoint"]:
         raise click.UsageError("--nnodes needs --rdzv-endpoint HOST:PORT (where node rank 0 listens)")
-    if options["node_rank"] >= options["nnodes"]:
-        raise click.UsageError(f"--node-rank: expected 0 to {options['nnodes'] - 1} with --nnodes "
-                               f"{options['nnodes']}, got {options['node_rank']}")
+    spares = spare_nodes(choice.spares)
+    if options["node_rank"] >= options["nnodes"] + spares and not (options["node_rank"] and choice.spares is None):
+        raise click.UsageError(f"--node-rank: expected 0 to {options['nnodes'] + spares - 1} with --nnodes "
+                               f"{options['nnodes']}{f' --spares {spares}' if spares else ''}, "
+                               f"got {options['node_rank']}")
     host, port = parse_endpoint(options["rdzv_endpoint"])
     return host, port, read_token(options["rdzv_token_file"], host)
+
+
+def spare_nodes(text: str | None) -> int:
+    """``--spares K`` with --nnodes: K spare nodes, ranks N to N+K-1."""
+    if text is None:
+        return 0
+    if not (text.strip().isascii() and text.strip().isdigit()) or int(text) < 1:
+        raise click.UsageError(f"--spares: with --nnodes, expected a number of spare nodes K >= 1 (ranks N to "
+                               f"N+K-1), got {text!r}")
+    return int(text)
 
 
 def joined_source(choice: ClusterChoice, options: dict[str, Any]):
@@ -112,6 +124,7 @@ def joined_source(choice: ClusterChoice, options: dict[str, Any]):
     host, port, token = _checked(choice, options)
     return JoinedNodes(JoinedSource(nnodes=options["nnodes"], host=host, port=port, token=token,
                                     timeout=options["rdzv_timeout"], tasks_per_node=options["tasks_per_node"],
+                                    spares=spare_nodes(choice.spares),
                                     chief=choice.chief, ps=choice.ps, evaluator=choice.evaluator, gpus=choice.gpus))
 
 

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..cluster.checks import check_cluster
-from ..cluster.spec import ClusterSpec, is_local, is_loopback
+from ..cluster.placement import SPARE_ROLE
+from ..cluster.spec import AUTO, ClusterSpec, TaskSpec, is_local, is_loopback
 from ..errors import ConfigError, LaunchError, OptionsError
 from ..options import label as options_label
 from . import RoleOptions
@@ -79,17 +80,18 @@ class JoinedSource(RoleOptions):
     token: str = field(repr=False)
     timeout: float = DEFAULT_TIMEOUT
     tasks_per_node: int = 1
+    spares: int = 0  # spare nodes: ranks nnodes .. nnodes + spares - 1
 
     @property
     def label(self) -> str:
         return options_label([("nnodes", self.nnodes), ("node-rank", 0), ("rdzv-endpoint", f"{self.host}:{self.port}"),
                               *([("tasks-per-node", self.tasks_per_node)] if self.tasks_per_node != 1 else []),
-                              *self.role_words()])
+                              *self.role_words(), *([("spares", self.spares)] if self.spares else [])])
 
     def rendezvous(self):
         from ..transports.joined import Rendezvous
 
-        return Rendezvous(self.nnodes, self.token, self.host, self.port, self.timeout)
+        return Rendezvous(self.nnodes, self.token, self.host, self.port, self.timeout, spares=self.spares)
 
 
 def joined_spec(source: JoinedSource, rendezvous, local_hosts: frozenset[str]) -> ClusterSpec:
@@ -107,12 +109,16 @@ def joined_spec(source: JoinedSource, rendezvous, local_hosts: frozenset[str]) -
         raise RendezvousError(f"--rdzv-endpoint {source.host}:{source.port}: cannot listen there: "
                               f"{exc.strerror or exc}") from None
     addresses = {source.host: source.host, **{node_host(m.rank): m.address for m in members}}
+    nodes = [m for m in members if m.rank < source.nnodes]
     hosts = (HostSlots(source.host, source.tasks_per_node, "node rank 0"),
-             *(HostSlots(node_host(m.rank), source.tasks_per_node, f"node rank {m.rank}") for m in members))
+             *(HostSlots(node_host(m.rank), source.tasks_per_node, f"node rank {m.rank}") for m in nodes))
     tasks = place(hosts, chief=source.chief, ps=source.ps, evaluator=source.evaluator, gpus=source.gpus,
                   source=source.label)
     tasks = tuple(replace(task, address=addresses[task.host]) for task in tasks)
-    spec = ClusterSpec(source=source.label, tasks=tasks, transport=KIND)
+    spares = tuple(TaskSpec(SPARE_ROLE, slot, node_host(m.rank), AUTO, address=m.address, key=f"spares[{slot}]")
+                   for slot, m in enumerate(m for m in members if m.rank >= source.nnodes
+                                            for _ in range(source.tasks_per_node)))
+    spec = ClusterSpec(source=source.label, tasks=tasks, transport=KIND, spares=spares)
     check_cluster(spec, local_hosts)
     return spec
 

@@ -91,8 +91,9 @@ class Rendezvous:
     """The owner's side: the listener at the endpoint, and the nodes that joined it."""
 
     def __init__(self, nnodes: int, token: str, host: str, port: int, within: float,
-                 keepalive: float = DEFAULT_KEEPALIVE_TIMEOUT):
+                 keepalive: float = DEFAULT_KEEPALIVE_TIMEOUT, spares: int = 0):
         self.nnodes = nnodes
+        self.spares = spares  # ranks nnodes .. nnodes + spares - 1: spare nodes
         self.token = token
         self.host, self.port = host, port
         self.within = within
@@ -103,9 +104,9 @@ class Rendezvous:
         self._missing: list[int] = []
 
     def gather(self) -> list[Member]:
-        """Every other node, by rank, once all have joined; RendezvousMissing names those that did
-        not within the timeout."""
-        ranks = [str(rank) for rank in range(1, self.nnodes)]
+        """Every other node, by rank, once all have joined (spares too); RendezvousMissing names the
+        nodes (not spares) that did not within the timeout. A spare that did not is left out."""
+        ranks = [str(rank) for rank in range(1, self.nnodes + self.spares)]
         if not ranks or self._done.is_set():
             return [self.members[rank] for rank in sorted(self.members)]
         listener = ConnectBack(ranks, self.token, self._deliver, self.host, within=self.within, port=self.port,
@@ -115,10 +116,16 @@ class Rendezvous:
             self._done.wait()
         finally:
             listener.close()
-        if self._missing:
+        needed = [rank for rank in self._missing if rank < self.nnodes]
+        if needed:
             self._done.clear()
-            raise RendezvousMissing(self._missing, self.within)
+            raise RendezvousMissing(needed, self.within)
         return [self.members[rank] for rank in sorted(self.members)]
+
+    @property
+    def spares_missing(self) -> list[int]:
+        """The spare ranks that had not joined when the rendezvous closed."""
+        return [rank for rank in self._missing if rank >= self.nnodes]
 
     def _note_missing(self, names: list[str]) -> None:
         self._missing = sorted(int(name) for name in names)
@@ -135,7 +142,7 @@ class Rendezvous:
         self.links[rank] = link
         with _NODES_LOCK:
             _NODES[node_host(rank)] = link
-        if len(self.members) == self.nnodes - 1:
+        if len(self.members) == self.nnodes + self.spares - 1:
             self._done.set()
 
     def finish(self, code: int) -> None:

@@ -68,7 +68,8 @@ class Nodes:
             tasks = json.loads(runs[0].read_text())["tasks"] if runs else []
         except ValueError:  # being replaced
             return False
-        return len(tasks) == self.nnodes and all(t["state"] == "running" and t.get("pid") for t in tasks)
+        running = [t for t in tasks if t["state"] == "running" and t.get("pid")]
+        return len(running) == self.nnodes
 
     def wait_running(self) -> None:
         wait_for(self.running, timeout=60, message="every task running")
@@ -173,6 +174,26 @@ def test_a_node_killed_mid_run_is_a_lost_host_and_every_node_ends(nodes):
     assert code1 == code, text
 
 
+def test_a_node_killed_mid_run_is_replaced_by_a_spare_node(testhosts, tmp_path):
+    nodes = Nodes(testhosts, tmp_path, nnodes=2)
+    try:
+        extra = ("--spares", "1", "--max-restarts", "1", "--restart-delay", "0")
+        owner = nodes.start(0, "python", str(TASK), "print:up", "sleep:8", extra=extra)
+        nodes.start(1, "python", str(TASK))
+        nodes.start(2, "python", str(TASK))  # rank 2 of --nnodes 2: the spare
+        nodes.wait_running()
+        kill_tree(nodes.procs[1].pid)
+        code, out = nodes.finish(owner)
+        assert code == 0, out
+        tasks = nodes.record()["tasks"]
+        assert {t["host"] for t in tasks if t["state"] == "succeeded"} == {nodes.hosts[0].address, "rank-2"}, tasks
+        code, text = nodes.finish(nodes.procs[2])
+        assert code == 0, text
+    finally:
+        nodes.stop_all()
+        nodes.no_ssh()
+
+
 def test_the_owner_killed_ends_every_nodes_tasks(nodes):
     owner = nodes.start(0, "python", str(TASK), "print:up", "forever")
     nodes.start(1, "python", str(TASK))
@@ -187,3 +208,23 @@ def test_the_owner_killed_ends_every_nodes_tasks(nodes):
         assert "the run's owner (node rank 0) went away" in text
     wait_for(lambda: not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
                              for pid in pids if pid), timeout=20, message="every node's task gone")
+
+
+@pytest.mark.tensorflow
+@pytest.mark.timeout(400)
+def test_two_nodes_train_the_built_in_trainer_in_lockstep(testhosts, tmp_path):
+    nodes = Nodes(testhosts, tmp_path, nnodes=2, timeout=60)
+    try:
+        owner = nodes.start(0, "python", "-m", "trainer", "--epochs", "1")
+        nodes.start(1, "python", "-m", "trainer", "--epochs", "1")
+        code, out = nodes.finish(owner, timeout=300)
+        assert code == 0, out[-3000:]
+        code, text = nodes.finish(nodes.procs[1])
+        assert code == 0, text
+        (run,) = (tmp_path / "logs").iterdir()
+        metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        losses = {m["task"]: m["loss"] for m in metrics if m["kind"] == "epoch" and m["epoch"] == 1}
+        assert sorted(losses) == ["worker-0", "worker-1"] and losses["worker-0"] == losses["worker-1"]
+    finally:
+        nodes.stop_all()
+        nodes.no_ssh()

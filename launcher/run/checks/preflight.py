@@ -273,7 +273,7 @@ def unreachable_hosts(launches: Sequence[TaskLaunch], transports: TransportSet) 
     are not checked."""
     first_by_host: dict[str, TaskLaunch] = {}
     for launch in launches:
-        if not launch.local and launch.transport in ("ssh", "srun"):
+        if not launch.local:  # a host reached through an agent of its own (ssh, srun, a joined node)
             first_by_host.setdefault(launch.host, launch)
     nodes = [host for host, launch in first_by_host.items() if launch.transport == "srun"]
     lost: dict[str, str] = {}
