@@ -20,6 +20,7 @@ from ..sources.choose import ClusterChoice
 def platform_nodes(options: dict[str, Any]) -> dict[str, Any]:
     """``options`` with --nnodes, --node-rank and --rdzv-endpoint filled from --nodes-from's
     platform (what was given wins), after one line saying what was found."""
+    options = {**options, **_node_count(options["nnodes"])}
     if not options.get("nodes_from"):
         if options["nnodes"] is None and (options["node_rank"] is not None or options["rdzv_endpoint"]):
             raise click.UsageError("--node-rank and --rdzv-endpoint go with --nnodes N (or --nodes-from PLATFORM)")
@@ -40,6 +41,18 @@ def platform_nodes(options: dict[str, Any]) -> dict[str, Any]:
     click.echo(f"tflaunch: --nodes-from {options['nodes_from']}: {found.platform}, node rank {filled['node_rank']} "
                f"of {filled['nnodes']}, rank 0 at {endpoint}", err=True)
     return filled
+
+
+def _node_count(text: str | None) -> dict[str, int | None]:
+    """``--nnodes N`` or ``MIN:MAX`` as nnodes (MAX) and nnodes_min (None for N)."""
+    if text is None:
+        return {"nnodes": None, "nnodes_min": None}
+    low, sep, high = text.partition(":")
+    words = [low, high] if sep else [low]
+    if not all(w.strip().isascii() and w.strip().isdigit() and int(w) >= 1 for w in words) or \
+            (sep and int(low) > int(high)):
+        raise click.UsageError(f"--nnodes: expected N or MIN:MAX (whole numbers, 1 <= MIN <= MAX), got {text!r}")
+    return {"nnodes": int(words[-1]), "nnodes_min": int(low) if sep else None}
 
 
 def _own_address() -> str:
@@ -67,8 +80,9 @@ def join_options(command: Callable) -> Callable:
     from ..sources.platforms import CHOICES, DEFAULT_PORT
 
     options = [
-        click.option("--nnodes", metavar="N", type=click.IntRange(min=1),
-                     help="Every node runs this same command: N nodes in all (no ssh between them)."),
+        click.option("--nnodes", metavar="N|MIN:MAX",
+                     help="Every node runs this same command: N nodes in all (no ssh between them); MIN:MAX: "
+                          "MAX, or at least MIN that came within --rdzv-timeout, and never fewer."),
         click.option("--node-rank", metavar="R", type=click.IntRange(min=0),
                      help="With --nnodes: this node's rank (default 0); rank 0 owns the run and listens at "
                           "--rdzv-endpoint."),
@@ -124,7 +138,7 @@ def joined_source(choice: ClusterChoice, options: dict[str, Any]):
     host, port, token = _checked(choice, options)
     return JoinedNodes(JoinedSource(nnodes=options["nnodes"], host=host, port=port, token=token,
                                     timeout=options["rdzv_timeout"], tasks_per_node=options["tasks_per_node"],
-                                    spares=spare_nodes(choice.spares),
+                                    spares=spare_nodes(choice.spares), minimum=options["nnodes_min"],
                                     chief=choice.chief, ps=choice.ps, evaluator=choice.evaluator, gpus=choice.gpus))
 
 

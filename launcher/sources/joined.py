@@ -81,17 +81,20 @@ class JoinedSource(RoleOptions):
     timeout: float = DEFAULT_TIMEOUT
     tasks_per_node: int = 1
     spares: int = 0  # spare nodes: ranks nnodes .. nnodes + spares - 1
+    minimum: int | None = None  # --nnodes MIN:MAX: MIN (nnodes is MAX); None: nnodes
 
     @property
     def label(self) -> str:
-        return options_label([("nnodes", self.nnodes), ("node-rank", 0), ("rdzv-endpoint", f"{self.host}:{self.port}"),
+        nnodes = self.nnodes if self.minimum is None else f"{self.minimum}:{self.nnodes}"
+        return options_label([("nnodes", nnodes), ("node-rank", 0), ("rdzv-endpoint", f"{self.host}:{self.port}"),
                               *([("tasks-per-node", self.tasks_per_node)] if self.tasks_per_node != 1 else []),
                               *self.role_words(), *([("spares", self.spares)] if self.spares else [])])
 
     def rendezvous(self):
         from ..transports.joined import Rendezvous
 
-        return Rendezvous(self.nnodes, self.token, self.host, self.port, self.timeout, spares=self.spares)
+        return Rendezvous(self.nnodes, self.token, self.host, self.port, self.timeout, spares=self.spares,
+                          minimum=self.minimum)
 
 
 def joined_spec(source: JoinedSource, rendezvous, local_hosts: frozenset[str]) -> ClusterSpec:
@@ -119,6 +122,10 @@ def joined_spec(source: JoinedSource, rendezvous, local_hosts: frozenset[str]) -
                    for slot, m in enumerate(m for m in members if m.rank >= source.nnodes
                                             for _ in range(source.tasks_per_node)))
     spec = ClusterSpec(source=source.label, tasks=tasks, transport=KIND, spares=spares)
+    if source.minimum is not None:  # the floor: the training tasks MIN nodes hold (--min-workers wins)
+        floor = len(place(hosts[:source.minimum], chief=source.chief, ps=source.ps, evaluator=source.evaluator,
+                          source=source.label))
+        spec = replace(spec, min_workers=floor - source.ps - int(source.evaluator))
     check_cluster(spec, local_hosts)
     return spec
 

@@ -78,21 +78,22 @@ class Member:
 
 
 class RendezvousMissing(Exception):
-    """Nodes that did not join within the rendezvous timeout, by rank."""
+    """Nodes that did not join within the rendezvous timeout, by rank (with fewer than the minimum in)."""
 
-    def __init__(self, ranks: list[int], within: float):
+    def __init__(self, ranks: list[int], within: float, short: str = ""):
         self.ranks = ranks
         self.within = within
         super().__init__(f"node rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} did not join "
-                         f"within --rdzv-timeout {within:g} s")
+                         f"within --rdzv-timeout {within:g} s{short}")
 
 
 class Rendezvous:
     """The owner's side: the listener at the endpoint, and the nodes that joined it."""
 
     def __init__(self, nnodes: int, token: str, host: str, port: int, within: float,
-                 keepalive: float = DEFAULT_KEEPALIVE_TIMEOUT, spares: int = 0):
+                 keepalive: float = DEFAULT_KEEPALIVE_TIMEOUT, spares: int = 0, minimum: int | None = None):
         self.nnodes = nnodes
+        self.minimum = nnodes if minimum is None else minimum  # --nnodes MIN:MAX: the run starts with MIN
         self.spares = spares  # ranks nnodes .. nnodes + spares - 1: spare nodes
         self.token = token
         self.host, self.port = host, port
@@ -117,9 +118,10 @@ class Rendezvous:
         finally:
             listener.close()
         needed = [rank for rank in self._missing if rank < self.nnodes]
-        if needed:
+        if needed and 1 + sum(1 for rank in self.members if rank < self.nnodes) < self.minimum:
             self._done.clear()
-            raise RendezvousMissing(needed, self.within)
+            short = f" (the run needs at least {self.minimum} nodes)" if self.minimum < self.nnodes else ""
+            raise RendezvousMissing(needed, self.within, short)
         return [self.members[rank] for rank in sorted(self.members)]
 
     @property

@@ -161,6 +161,20 @@ def test_a_node_that_never_comes_is_named_by_rank_in_one_line(testhosts, tmp_pat
         nodes.no_ssh()
 
 
+def test_nnodes_min_max_runs_with_the_nodes_that_came_within_the_timeout(testhosts, tmp_path):
+    nodes = Nodes(testhosts, tmp_path, timeout=4)
+    try:
+        owner = nodes.start(0, "python", str(TASK), "print:trained", extra=("--nnodes", "2:3"))
+        nodes.start(2, "python", str(TASK))  # rank 1 never comes
+        code, out = nodes.finish(owner)
+        assert code == 0, out
+        assert [t["host"] for t in nodes.record()["tasks"]] == [nodes.hosts[0].address, "rank-2"]
+        assert nodes.merged().count("trained") == 2
+    finally:
+        nodes.stop_all()
+        nodes.no_ssh()
+
+
 def test_a_node_killed_mid_run_is_a_lost_host_and_every_node_ends(nodes):
     owner = nodes.start(0, "python", str(TASK), "print:up", "forever")
     nodes.start(1, "python", str(TASK))

@@ -120,3 +120,31 @@ def test_a_node_whose_owner_never_comes_says_so_and_exits_2(unused_tcp_port):
     assert lines[0] == f"tflaunch: --nodes-from skypilot: skypilot, node rank 1 of 2, rank 0 at 127.0.0.1:{unused_tcp_port}"
     assert lines[-1] == f"tflaunch: node rank 1: no owner at 127.0.0.1:{unused_tcp_port} proved itself within " \
                         "--rdzv-timeout 1 s"
+
+
+@pytest.mark.unit
+def test_nnodes_min_max_starts_with_the_nodes_that_came_and_floors_at_min():
+    source = JoinedSource(nnodes=4, minimum=2, host="10.0.0.1", port=29455, token=TOKEN, tasks_per_node=2)
+    spec = joined_spec(source, Gathered([Member(2, "10.0.0.9")]), frozenset({"10.0.0.1"}))
+    assert [t.host for t in spec.tasks] == ["10.0.0.1", "10.0.0.1", "rank-2", "rank-2"]
+    assert spec.min_workers == 4  # two nodes of two slots
+    assert source.label.startswith("--nnodes 2:4 ")
+
+
+@pytest.mark.unit
+def test_a_rendezvous_short_of_min_names_the_missing_ranks():
+    from launcher.transports.joined import Rendezvous, RendezvousMissing
+
+    rendezvous = Rendezvous(4, TOKEN, "127.0.0.1", 0, within=0.2, minimum=3)
+    with pytest.raises(RendezvousMissing, match=r"node ranks 1, 2, 3 did not join within --rdzv-timeout 0.2 s "
+                                                r"\(the run needs at least 3 nodes\)"):
+        rendezvous.gather()
+
+
+@pytest.mark.parametrize("value", ["0", "3:2", "x", "2:"])
+def test_a_bad_nnodes_is_one_line(value):
+    done = subprocess.run([sys.executable, "-m", "launcher", "--nnodes", value, "--rdzv-endpoint", "127.0.0.1:1",
+                           "--", "true"], capture_output=True, text=True)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == \
+        f"tflaunch: error: --nnodes: expected N or MIN:MAX (whole numbers, 1 <= MIN <= MAX), got {value!r}"
