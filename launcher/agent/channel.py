@@ -24,6 +24,7 @@ WIDE_PIPES = 16
 OUTPUT_TICK = 0.005
 
 IOV_MAX = 1024  # the most pieces one writev takes (Linux)
+CHUNK_LINE = 1 << 16  # a line echoed without its end once this long
 
 
 def write_pieces(fd, pieces):
@@ -219,3 +220,18 @@ def open_setup_log(spec):
     return int(value)
 
 
+def echo_lines(fd, name, rest, data):
+    """Write the whole lines of ``rest`` + ``data`` to ``fd``, each as ``name | line`` (a node that
+    joined a run shows its own tasks' lines too); what follows the last newline is returned, to
+    come before the next data. A line longer than CHUNK_LINE is written as it stands."""
+    text = rest + data
+    cut = text.rfind(b"\n") + 1
+    if not cut and len(text) < CHUNK_LINE:
+        return text
+    whole, rest = (text[:cut], text[cut:]) if cut else (text + b"\n", b"")
+    prefix = name.encode("utf-8", "replace") + b" | "
+    try:
+        os.write(fd, b"".join(prefix + line + b"\n" for line in whole.splitlines()))
+    except OSError:
+        pass  # a closed terminal: the owner has the lines anyway
+    return rest

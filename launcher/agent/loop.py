@@ -32,7 +32,8 @@ try:  # the C module: the signal wrapper imports enum, which costs start-up time
 except ImportError:
     import signal
 
-from .channel import OUTPUT_TICK, open_channel, open_setup_log, set_blocking, wait_for, widen_pipe, write_pieces
+from .channel import (OUTPUT_TICK, echo_lines, open_channel, open_setup_log, set_blocking, wait_for, widen_pipe,
+                      write_pieces)
 from .ending import EndingProcesses
 from .ports import HeldPorts
 from .protocol import (EOF_GRACE, HEARTBEAT, LOST_RUN, MAX_FRAME, SAMPLE, SYNC, Command, Frame, decode_fields, frame,
@@ -53,6 +54,7 @@ class Agent(StartingProcesses, EndingProcesses):
     def __init__(self, spec, read_fd, write_fd, own_session=False):
         self.spec = spec
         self.end_code = None  # the run's exit code, when tflaunch said it (END)
+        self.echo = {} if spec.get("echo") else None  # process id -> its output's unfinished line
         # Whether the agent leads a session of its own (see lead_session): each task then starts in
         # a process group of its own within it, else in a session of its own.
         self.own_session = own_session
@@ -320,6 +322,10 @@ class Agent(StartingProcesses, EndingProcesses):
             data = read_some(process.out_fd, CHUNK)
             if data is None:
                 break
+            if self.echo is not None and process.fields.get("kind") != "helper":  # a joined node's own console
+                rest = self.echo.pop(process.id, b"")
+                if data or rest:
+                    self.echo[process.id] = echo_lines(2, process.name, rest, data or b"\n")
             if not data:
                 os.close(process.out_fd)
                 process.out_fd = None

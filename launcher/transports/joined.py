@@ -193,7 +193,8 @@ def join(host: str, port: int, rank: int, token: str, within: float, grace: floa
     proved itself within ``within`` seconds."""
     spec = encode_fields({"keepalive": DEFAULT_KEEPALIVE_TIMEOUT, "eof_grace": min(grace, EOF_GRACE),
                           "sample": sample_for(nnodes), "beat": beat_for(nnodes, DEFAULT_KEEPALIVE_TIMEOUT),
-                          "connect": f"{host} {port}", "connect_within": within, "join": str(rank)})
+                          "connect": f"{host} {port}", "connect_within": within, "join": str(rank),
+                          "echo": "1"})
     agent = subprocess.Popen([sys.executable, "-I", "-S", "-c", AGENT_BOOT, spec], stdin=subprocess.PIPE,
                              start_new_session=True, close_fds=True)
     try:

@@ -121,6 +121,7 @@ def test_three_nodes_started_in_any_order_one_late_train_and_succeed_without_ssh
         code, text = nodes.finish(nodes.procs[rank])
         assert code == 0, text
         assert f"node rank {rank}: the run ended with exit code 0" in text
+        assert f"worker-{rank} | ENV " in text  # a node shows its own tasks' lines
     assert nodes.merged().count("trained") == 3
     record = nodes.record()
     addresses = [task["address"].rsplit(":", 1)[0] for task in record["tasks"]]
