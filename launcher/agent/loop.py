@@ -55,6 +55,8 @@ class Agent(StartingProcesses, EndingProcesses):
         self.spec = spec
         self.end_code = None  # the run's exit code, when tflaunch said it (END)
         self.echo = {} if spec.get("echo") else None  # process id -> its output's unfinished line
+        if self.echo is not None:
+            set_blocking(2, False)  # a pipe of its own: what the terminal cannot take now is dropped
         # Whether the agent leads a session of its own (see lead_session): each task then starts in
         # a process group of its own within it, else in a session of its own.
         self.own_session = own_session

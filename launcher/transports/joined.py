@@ -195,14 +195,19 @@ def join(host: str, port: int, rank: int, token: str, within: float, grace: floa
                           "sample": sample_for(nnodes), "beat": beat_for(nnodes, DEFAULT_KEEPALIVE_TIMEOUT),
                           "connect": f"{host} {port}", "connect_within": within, "join": str(rank),
                           "echo": "1"})
+    # Its stderr (its own messages and its tasks' lines) comes through here, so that a stalled
+    # terminal costs only lines the agent then drops, never the agent's pace.
     agent = subprocess.Popen([sys.executable, "-I", "-S", "-c", AGENT_BOOT, spec], stdin=subprocess.PIPE,
-                             start_new_session=True, close_fds=True)
+                             stderr=subprocess.PIPE, start_new_session=True, close_fds=True)
     try:
         agent.stdin.write(token.encode() + b"\n")  # read once, then its stdin is /dev/null
         agent.stdin.close()
     except OSError:
         pass
     try:
+        for chunk in iter(lambda: agent.stderr.read1(1 << 16), b""):
+            sys.stderr.buffer.write(chunk)
+            sys.stderr.buffer.flush()
         return agent.wait()
     finally:
         if agent.poll() is None:  # tflaunch itself is stopped: the agent stops the node's tasks

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+import tempfile
 
 import pytest
 
@@ -12,15 +12,12 @@ pytestmark = pytest.mark.unit
 
 
 def echoed(chunks: list[bytes]) -> tuple[bytes, bytes]:
-    read_fd, write_fd = os.pipe()
-    rest = b""
-    try:
+    with tempfile.TemporaryFile() as out:  # a file: a pipe would fill up with nobody reading it
+        rest = b""
         for chunk in chunks:
-            rest = echo_lines(write_fd, "worker-1", rest, chunk)
-    finally:
-        os.close(write_fd)
-    with os.fdopen(read_fd, "rb") as pipe:
-        return pipe.read(), rest
+            rest = echo_lines(out.fileno(), "worker-1", rest, chunk)
+        out.seek(0)
+        return out.read(), rest
 
 
 def test_whole_lines_go_out_with_the_task_name_and_a_partial_line_waits():
