@@ -33,6 +33,8 @@ LOCAL_WORLD_SIZE = "TFLAUNCH_LOCAL_WORLD_SIZE"  # chief and workers only: how ma
 BACKUP_DIR = "TFLAUNCH_BACKUP_DIR"  # when the run may restart: the trainer's BackupAndRestore folder
 CHECKPOINT_DIR = "TFLAUNCH_CHECKPOINT_DIR"  # when there is an evaluator: the chief's per-epoch checkpoints
 TENSORBOARD_DIR = "TFLAUNCH_TENSORBOARD_DIR"  # always: where TensorBoard scalars go
+# Not a task's: tflaunch's own, on every node of a run its nodes join (launcher/sources/joined.py).
+RDZV_TOKEN = "TFLAUNCH_RDZV_TOKEN"  # the token every node of such a run proves
 
 OWNED = (TASK, RUN_ID, RUN_DIR, ATTEMPT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE)
 OFFERED = (BACKUP_DIR, CHECKPOINT_DIR, TENSORBOARD_DIR)

@@ -56,7 +56,7 @@ Examples:
               help="With --format trainjob: a cluster-wide ClusterTrainingRuntime instead of a TrainingRuntime.")
 @click.option("--supervised", is_flag=True,
               help="With --format jobset: pods that run tflaunch (--nodes-from kubernetes), pod 0 owning the run: "
-                   "the merged log, run.json, watchdogs and restarts (the image must hold tflaunch).")
+                   "the merged log, the run record, watchdogs and restarts (the image must hold tflaunch).")
 @click.option("-o", "--output", metavar="FILE", help="Write to FILE instead of standard output.")
 @click.pass_context
 def export_command(ctx: click.Context, choice: ClusterChoice, fmt: str, gpus_per_task: int | None, image: str | None,

@@ -6,7 +6,7 @@ watchdogs and tflaunch's restarts.
 One replicated job, ``node``, of N pods (one per task of the plan, so one task per pod), whose
 stable DNS names JobSet gives as for the plain export (``<name>-node-0-<index>.<name>``). The roles
 are carved out of the pods by tflaunch as with ``-H`` (``--chief``, ``--ps``, ``--evaluator``).
-The run folder is written under the storage the export mounts (``<path>/<name>/runs``); without
+The run folder goes under the storage the export mounts (``<path>/<name>/runs``); without
 storage it stays in pod 0. The token every pod proves comes from the Secret ``<name>-rdzv``.
 """
 
@@ -16,7 +16,9 @@ import shlex
 from dataclasses import replace
 from typing import Any
 
+from ..records.folder import MERGED, RECORD
 from ..records.states import Role
+from ..taskenv import RDZV_TOKEN
 from .jobset import API_VERSION
 from .jobset import pod_host as jobset_host
 from .pods import PodPlan
@@ -25,7 +27,6 @@ from .podspec import container, pod_spec
 JOB = "node"  # the one replicated job
 TOKEN_SECRET_SUFFIX = "rdzv"
 TOKEN_KEY = "token"
-TOKEN_VARIABLE = "TFLAUNCH_RDZV_TOKEN"  # what launcher.sources.joined reads (the export does not import the run)
 
 
 def pod_host(name: str, role: str, index: int) -> str:
@@ -63,7 +64,7 @@ def supervised_jobset(plan: PodPlan) -> dict[str, Any]:
     template = plan.role(Role.WORKER) or plan.roles[0]
     # No variable of the plan goes into the pods: tflaunch in pod 0 plans each task's own.
     pods = replace(template, env={}, hidden=frozenset())
-    token = {"name": TOKEN_VARIABLE, "valueFrom": {"secretKeyRef": {"name": token_secret(plan), "key": TOKEN_KEY}}}
+    token = {"name": RDZV_TOKEN, "valueFrom": {"secretKeyRef": {"name": token_secret(plan), "key": TOKEN_KEY}}}
     main = container(plan, pods, command=tflaunch_argv(plan), extra_env=[token])
     count = node_count(plan)
     job = {"completionMode": "Indexed", "completions": count, "parallelism": count,
@@ -86,5 +87,5 @@ def supervised_notes(plan: PodPlan) -> list[str]:
              f"{shlex.quote('import secrets; print(secrets.token_hex(16))')})",
              "the image must hold tflaunch (pip install it there): every pod runs it"]
     if plan.settings.storage is None:
-        notes.append("no kubernetes.storage: the run folder (run.json, merged.log) stays in pod 0, gone with it")
+        notes.append(f"no kubernetes.storage: the run folder ({RECORD}, {MERGED}) stays in pod 0, gone with it")
     return notes

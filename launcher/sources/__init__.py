@@ -10,6 +10,9 @@ hosts, started by which transport?", with a :class:`~launcher.cluster.spec.Clust
 - :class:`~.joined.JoinedSource`: ``--nnodes N --node-rank 0 --rdzv-endpoint HOST:PORT``, the nodes
   that joined the rendezvous, placed only once they are there (membership is a step of its own).
 
+:mod:`.platforms` reads ``--nodes-from``'s platform variables (SkyPilot, dstack, Kubernetes, AWS
+Batch, SageMaker, Slurm) into the node count, this node's rank and rank 0's address.
+
 :mod:`.choose` picks the one source a command line or a ``launch()`` call names; :class:`RoleOptions`, here,
 are the role options it and the sources that carve slots share.
 

@@ -24,10 +24,11 @@ from ..cluster.placement import SPARE_ROLE
 from ..cluster.spec import AUTO, ClusterSpec, TaskSpec, is_local, is_loopback
 from ..errors import ConfigError, LaunchError, OptionsError
 from ..options import label as options_label
+from ..taskenv import RDZV_TOKEN
 from . import RoleOptions
 from .hosts import HostSlots, place
 
-TOKEN_VARIABLE = "TFLAUNCH_RDZV_TOKEN"
+TOKEN_VARIABLE = RDZV_TOKEN
 DEFAULT_TIMEOUT = 600.0  # seconds the owner waits for every node, and a node for the owner
 MIN_TOKEN = 16  # characters: a token shorter than that is guessable
 

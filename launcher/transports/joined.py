@@ -36,7 +36,7 @@ from .carriers import Carrier
 from .connectback import ConnectBack
 from .hostlink import AgentLink
 from .linkhub import HUB
-from .shipping import AGENT_BOOT
+from .shipping import AGENT_BOOT, without_token
 
 KIND = "joined"
 # The joined nodes' links by host (node_host), filled by the rendezvous of this process's run (one per process).
@@ -198,7 +198,8 @@ def join(host: str, port: int, rank: int, token: str, within: float, grace: floa
     # Its stderr (its own messages and its tasks' lines) comes through here, so that a stalled
     # terminal costs only lines the agent then drops, never the agent's pace.
     agent = subprocess.Popen([sys.executable, "-I", "-S", "-c", AGENT_BOOT, spec], stdin=subprocess.PIPE,
-                             stderr=subprocess.PIPE, start_new_session=True, close_fds=True)
+                             stderr=subprocess.PIPE, start_new_session=True, close_fds=True,
+                             env=without_token(os.environ))
     try:
         agent.stdin.write(token.encode() + b"\n")  # read once, then its stdin is /dev/null
         agent.stdin.close()

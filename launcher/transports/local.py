@@ -25,7 +25,7 @@ from .base import ExitStatus
 from .carriers import ProcessCarrier, spawn_carrier
 from .hostlink import AgentLink
 from .linkhub import HUB
-from .shipping import AGENT_BOOT
+from .shipping import AGENT_BOOT, without_token
 
 # The local agent's keep-alive timeout: tflaunch alive but no longer answering (wedged, suspended).
 KEEPALIVE_TIMEOUT = 30.0
@@ -85,7 +85,8 @@ class LocalTransport(AgentBackend):
         """The agent of this machine's tasks, a child of tflaunch."""
         spec = encode_fields({"keepalive": KEEPALIVE_TIMEOUT, "eof_grace": min(self.grace, EOF_GRACE), "sample": 1.0})
         # -I -S: the agent needs nothing but the standard library, and starts in half the time.
-        popen, stderr, read_fd, write_fd = spawn_carrier([sys.executable, "-I", "-S", "-c", AGENT_BOOT, spec])
+        popen, stderr, read_fd, write_fd = spawn_carrier([sys.executable, "-I", "-S", "-c", AGENT_BOOT, spec],
+                                                         env=without_token(os.environ))
         restore_open_files_limit(popen.pid)  # the tasks get the user's limit, not tflaunch's raised one
         return AgentLink(THIS_MACHINE, LocalCarrier(popen, stderr), read_fd, write_fd,
                          keepalive=KEEPALIVE_TIMEOUT, hub=HUB)

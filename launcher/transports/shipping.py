@@ -9,11 +9,13 @@ import base64
 import functools
 import re
 import zlib
+from collections.abc import Mapping
 from pathlib import Path
 
 from ..agent.protocol import EOF_GRACE, HEARTBEAT, SAMPLE, encode_fields
 from ..cluster.plan import TaskLaunch
 from ..cluster.tfconfig import tf_config_parts
+from ..taskenv import RDZV_TOKEN
 
 AGENT_PACKAGE = Path(__file__).resolve().parent.parent / "agent"  # its modules are read here as text
 AGENT_MAIN = "loop"  # the module whose ``main`` runs the agent: last in the bundle, which runs it
@@ -180,3 +182,9 @@ def task_fields(launch: TaskLaunch, grace: float, host_setup: str | None) -> dic
             "release": launch.address.rsplit(":", 1)[1],  # a port the agent picked and holds for it
             "watch": "1" if launch.watched else None,
             "gpus": ",".join(map(str, launch.gpus)) if launch.watched and launch.gpus else None}
+
+
+def without_token(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` for an agent on this machine: without the rendezvous token, which its tasks must
+    not inherit (it is tflaunch's, proven on the channel and never passed on)."""
+    return {name: value for name, value in environ.items() if name != RDZV_TOKEN}

@@ -126,6 +126,7 @@ def test_three_nodes_started_in_any_order_one_late_train_and_succeed_without_ssh
     record = nodes.record()
     addresses = [task["address"].rsplit(":", 1)[0] for task in record["tasks"]]
     assert addresses == [host.address for host in nodes.hosts[:3]], addresses
+    assert nodes.token not in nodes.merged()  # no task inherits the token (``env`` prints TFLAUNCH_*)
     assert [task["name"] for task in record["tasks"]] == ["worker-0", "worker-1", "worker-2"]
     assert all(task["state"] == "succeeded" for task in record["tasks"])
 
