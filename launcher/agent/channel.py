@@ -96,8 +96,7 @@ def open_channel(spec):
 
     ``connect`` is ``HOST PORT``; a HOST of ``-`` is the address srun was started from. The token
     tflaunch handed the step on its stdin (read_token) is proven, never sent (see :func:`connect_back`).
-    ``join`` (a node that joins a run by its rank) is the name the hello gives instead of the
-    host's; such a node may come before the run's owner listens, so a refusal is tried again."""
+    ``join``: a joining node's rank, its name in the hello."""
     target = spec.get("connect")
     if not target:
         return 0, 1
@@ -113,13 +112,12 @@ def open_channel(spec):
 
 def connect_back(host, port, token, name, within, early=False):
     """A descriptor connected to a listener at ``host:port`` that proved it holds ``token``, after
-    this agent proved it too; tries again, pausing longer each time, for ``within`` seconds (a name
-    that does not resolve yet, a listener not up yet when ``early``).
+    this agent proved it too; tries again, pausing longer each time, for ``within`` seconds.
 
     Whoever answers there is a stranger until its proof checks out: a listener that closed may have
     left its port to anyone, and an agent obeys nothing before the proof. OSError when no listener
-    proved itself in time, or at once when nothing listens there and the agent is not ``early``
-    (tflaunch's listener never reopens a port it closed)."""
+    proved itself in time, or at once when nothing listens there unless ``early`` (a joining node
+    may come first; tflaunch's listener never reopens a port it closed)."""
     import socket
 
     deadline = time.monotonic() + within
@@ -221,9 +219,7 @@ def open_setup_log(spec):
 
 
 def echo_lines(fd, name, rest, data):
-    """Write the whole lines of ``rest`` + ``data`` to ``fd``, each as ``name | line`` (a node that
-    joined a run shows its own tasks' lines too); what follows the last newline is returned, to
-    come before the next data. A line longer than CHUNK_LINE is written as it stands."""
+    """Write the whole lines of ``rest`` + ``data`` to ``fd`` as ``name | line``; the rest is returned."""
     text = rest + data
     cut = text.rfind(b"\n") + 1
     if not cut and len(text) < CHUNK_LINE:

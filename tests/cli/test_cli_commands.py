@@ -42,7 +42,7 @@ def test_a_run_loads_only_the_run_commands_module(tmp_path):
                           env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert done.returncode == 0, done.stderr
     (line,) = [line for line in done.stdout.splitlines() if line.startswith("LOADED ")]
-    assert line == "LOADED ['launcher.cli.group', 'launcher.cli.options', 'launcher.cli.run']"
+    assert line == "LOADED ['launcher.cli.group', 'launcher.cli.joining', 'launcher.cli.options', 'launcher.cli.run']"
 
 
 def test_a_command_given_by_name_still_runs_from_its_own_module(tmp_path):
