@@ -76,8 +76,9 @@ def _own_address() -> str:
 
 def join_options(command: Callable) -> Callable:
     """The rendezvous options, added to ``tflaunch run``."""
-    from ..sources.joined import DEFAULT_TIMEOUT, TOKEN_VARIABLE
-    from ..sources.platforms import CHOICES, DEFAULT_PORT
+    # Light modules only: the options are made whenever tflaunch starts.
+    from ..sources.platforms import CHOICES, DEFAULT_PORT, DEFAULT_TIMEOUT
+    from ..taskenv import RDZV_TOKEN as TOKEN_VARIABLE
 
     options = [
         click.option("--nnodes", metavar="N|MIN:MAX",

@@ -27,9 +27,9 @@ from ..options import label as options_label
 from ..taskenv import RDZV_TOKEN
 from . import RoleOptions
 from .hosts import HostSlots, place
+from .platforms import DEFAULT_TIMEOUT
 
 TOKEN_VARIABLE = RDZV_TOKEN
-DEFAULT_TIMEOUT = 600.0  # seconds the owner waits for every node, and a node for the owner
 MIN_TOKEN = 16  # characters: a token shorter than that is guessable
 
 

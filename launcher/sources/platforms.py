@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from ..errors import ConfigError, OptionsError
 
 DEFAULT_PORT = 29455  # rank 0 listens here unless --rdzv-endpoint names a port
+DEFAULT_TIMEOUT = 600.0  # seconds rank 0 waits for every node, and a node for rank 0 (--rdzv-timeout)
 AUTO = "auto"
 
 
