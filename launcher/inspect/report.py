@@ -19,6 +19,7 @@ from ..records.exits import exit_words
 from ..records.files import create_beside
 from ..records.logview import left_out
 from ..records.metrics import trained_seconds
+from ..records.metrictext import time_text
 from ..records.states import RunStatus, TaskState, duration_text, plural
 from .runs import NoMetricsError, Run, RunState, RunSummary, cause_line, epoch_records, final_record
 
@@ -55,11 +56,6 @@ def num(value: float | None, digits: int) -> str:
     if not is_number(value):
         return "-" if value is None else str(value)
     return f"{value:.{digits}f}"
-
-
-def _first_known(*values: Any) -> Any:
-    """The first value that is not None (a figure of the wrong type shows as it is)."""
-    return next((v for v in values if v is not None), None)
 
 
 def _epochs(count: Any) -> str:
@@ -295,9 +291,13 @@ def report_lines(report: Report) -> list[str]:
         lines += table(headers, body, "r" * len(headers))
     final = report.final
     if final:
+        trained = f" in {duration_text(report.trained_seconds)}" if report.trained_seconds is not None else ""
         lines += ["", f"final ({final.get('task')}): test accuracy {_cell(final.get('test_accuracy'))}, "
-                      f"test loss {_cell(final.get('test_loss'))}, {_epochs(final.get('epochs'))} in "
-                      f"{duration_text(_first_known(report.trained_seconds, final.get('total_seconds')))}"]
+                      f"test loss {_cell(final.get('test_loss'))}, {_epochs(final.get('epochs'))}{trained}"]
+        rows = [r for r in report.epochs.get(final.get("task"), []) if r.get("attempt") == final.get("attempt")]
+        spent = time_text(final, sum(r["epoch_seconds"] for r in rows if is_number(r.get("epoch_seconds"))))
+        if spent:
+            lines.append(f"{final.get('task')}'s time: {spent}")
     lines.append("")
     if report.resources:
         lines += [f"resource use per task ({RESOURCES}):", *resources_lines(report.resources)]

@@ -124,22 +124,21 @@ def speaker(tasks: Iterable[str], reported: Iterable[str] = ()) -> str | None:
 
 
 def trained_seconds(records: Iterable[Record]) -> float | None:
-    """How long the run trained, summed over its attempts: for each attempt, what the task that
-    speaks for it (:func:`speaker`) reported: its ``final`` record's ``total_seconds``, or, for an
-    attempt that ended before one, the sum of its epochs' ``epoch_seconds``. None when no attempt
-    reported either. The closing summary and ``tflaunch report`` both show this figure."""
+    """How long the run trained: the ``epoch_seconds`` of every epoch the task that speaks for each
+    attempt (:func:`speaker`) reported, summed over the attempts; what the epoch lines add up to,
+    without the task's start-up (TensorFlow's import) or its test. None when no epoch said its time.
+    The closing summary and ``tflaunch report`` both show this figure."""
     by_attempt: dict[Any, list[Record]] = {}
     for record in records:
-        if record.get("kind") in ("epoch", "final"):
+        if record.get("kind") == "epoch":
             by_attempt.setdefault(record.get("attempt", 1), []).append(record)
     total = None
     for found in by_attempt.values():
         tasks = [r.get("task") for r in found]
-        mine = [r for r in found if r.get("task") == speaker(tasks, tasks)]
-        finals = [r["total_seconds"] for r in mine if r.get("kind") == "final" and _seconds(r.get("total_seconds"))]
-        epochs = [r["epoch_seconds"] for r in mine if r.get("kind") == "epoch" and _seconds(r.get("epoch_seconds"))]
-        if finals or epochs:
-            total = (total or 0.0) + (finals[-1] if finals else sum(epochs))
+        epochs = [r["epoch_seconds"] for r in found if r.get("task") == speaker(tasks, tasks)
+                  and _seconds(r.get("epoch_seconds"))]
+        if epochs:
+            total = (total or 0.0) + sum(epochs)
     return total
 
 

@@ -105,8 +105,11 @@ def test_epoch_and_final_lines():
         "epoch 3/8  loss 0.262  acc 0.920  val_loss 0.242  val_acc 0.911  2,575 samples/s  0.84 s")
     assert epoch_text({"epoch": 1, "loss": None, "accuracy": 0.5, "samples_per_second": None}) == "epoch 1  acc 0.500"
     assert final_text({"test_loss": 0.109611, "test_accuracy": 0.962963, "total_seconds": 14.78, "epochs": 8}) == (
-        "test  loss 0.110  acc 0.963  8 epochs  14.78 s")
-    assert final_text({"test_accuracy": 0.9, "total_seconds": 3.0, "epochs": 1}) == "test  acc 0.900  1 epoch  3.00 s"
+        "test  loss 0.110  acc 0.963  8 epochs in 14.78 s since the task started")
+    assert final_text({"test_accuracy": 0.9, "total_seconds": 3.0, "epochs": 1}) == (
+        "test  acc 0.900  1 epoch in 3.00 s since the task started")
+    assert final_text({"test_accuracy": 0.9, "test_seconds": 0.8, "total_seconds": 30.0, "epochs": 1}) == (
+        "test  acc 0.900  0.80 s")
 
 
 def board(*tasks: str) -> MetricBoard:
@@ -333,7 +336,7 @@ def test_training_lines_use_the_final_attempt_of_the_reporting_task():
          "total_seconds": 12.34, "attempt": 2},
     ]
     assert training_lines(records, 2) == [
-        "training: 3 epochs in 12.3 s, median 2,000 samples/s; last epoch: loss 0.333  acc 0.500",
+        "training: 3 epochs, median 2,000 samples/s; last epoch: loss 0.333  acc 0.500",
         "test: acc 0.750  loss 0.250"]
     assert training_lines([], 1) == []
 
