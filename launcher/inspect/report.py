@@ -118,7 +118,7 @@ def status_lines(status: RunState, now: float | None = None) -> list[str]:
         state = task.state
         if task.state in (TaskState.FAILED, TaskState.STOPPED, TaskState.SUCCEEDED) and (
                 task.exit_code is not None or task.signal is not None or task.error is not None):
-            state += f" ({exit_words(task.exit_code, task.signal, task.error)})"
+            state += f" ({exit_words(task.exit_code, task.signal, task.error, task.state == TaskState.STOPPED)})"
         elif task.state == TaskState.RUNNING and task.alive is False:
             state += " (process gone)"
         if task.restarts:

@@ -344,7 +344,7 @@ def test_status_of_a_live_run_shows_states_pids_uptime_metric_and_usage(tflaunch
     assert run.returncode == 130
     text = inspect(tflaunch, "status").stdout
     assert "not running: stopped (exit 130)" in text
-    assert re.search(r"^worker-0\s+worker\s+localhost\s+stopped \(killed by SIG[A-Z]+\)", text, re.M)
+    assert re.search(r"^worker-0\s+worker\s+localhost\s+stopped \(SIG[A-Z]+ from tflaunch\)", text, re.M)
 
 
 def test_status_of_a_hung_run_shows_its_root_cause(tflaunch):

@@ -265,7 +265,7 @@ def _report_hint(result: RunResult) -> str:
 
 
 def _exit(task: Task) -> str:
-    return "-" if task.status is None else task.status.describe()
+    return "-" if task.status is None else task.status.describe(stopped=task.state is TaskState.STOPPED)
 
 
 EXCEPTION_SEARCH = 1 << 18  # bytes at the end of a task's log searched for its exception

@@ -243,7 +243,7 @@ def test_the_table_folds_alike_tasks_from_eight_on():
     assert cells_of(task_table(tasks, usage)) == [
         ["chief-0,worker-[0-3,5] (6 tasks)", "2 hosts", "succeeded", "exit code 0", "706 MB", "53 %", "96 %"],
         ["worker-4", "node0", "succeeded", "exit code 0", "2,900 MB", "55 %", "99 %"],
-        ["worker-6", "node0", "stopped", "killed by SIGTERM", "707 MB", "57 %", "97 %"],
+        ["worker-6", "node0", "stopped", "SIGTERM from tflaunch", "707 MB", "57 %", "97 %"],
     ]
     assert len(task_table(tasks[:FOLD_FROM - 1], usage)) == FOLD_FROM  # seven tasks: a row each
 
