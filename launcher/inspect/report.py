@@ -171,7 +171,7 @@ EPOCH_KEYS = ("epoch", "loss", "accuracy", "val_loss", "val_accuracy", "epoch_se
 # Fields of an epoch record that are no figure of the model's (a Keras script's other figures,
 # sparse_categorical_accuracy or lr, get columns of their own).
 _NOT_FIGURES = {"kind", "task", "time", "attempt", "epochs", "global_batch", "replicas", "steps", "step_seconds",
-                "source"}
+                "keras_seconds", "source", "train_seconds", "first_step_seconds"}
 
 
 @dataclass

@@ -47,8 +47,9 @@ def parse_line(line: bytes) -> Record | None:
 MetricLines = list[tuple[int, Record | None]]  # (index of the line in its block, its record)
 
 
-def metric_lines(block: bytes, keras: KerasState = KerasState()) -> tuple[KerasState, MetricLines]:
-    """The metric lines of a block of one task's complete lines, with the task's Keras state after it.
+def metric_lines(block: bytes, keras: KerasState = KerasState(), now: float | None = None) -> tuple[KerasState, MetricLines]:
+    """The metric lines of a block of one task's complete lines, with the task's Keras state after
+    it; ``now``, when the block arrived, times Keras's epochs where Keras rounds (:mod:`.kerasepochs`).
 
     One ``(index of the line in the block, record)`` per line that holds the prefix (its record,
     or None when malformed: it stays a plain line) and per Keras epoch result of a task that has
@@ -63,7 +64,7 @@ def metric_lines(block: bytes, keras: KerasState = KerasState()) -> tuple[KerasS
             found.append((index, parse_line(line)))
             keras = KerasState(explicit=True)
         elif not keras.explicit:
-            keras, record = read_line(keras, line.decode("utf-8", "replace"))
+            keras, record = read_line(keras, line.decode("utf-8", "replace"), now)
             if record is not None:
                 found.append((index, record))
     return keras, found

@@ -26,7 +26,7 @@ _FINAL_VALUES = (("test_loss", "loss", 3), ("test_accuracy", "acc", 3))
 _NOT_SHOWN = {"kind", "task", "time", "attempt"}
 # Figures of an epoch record shown in their own place, or not at all.
 _EPOCH_OWN = {*_NOT_SHOWN, "epoch", "epochs", "epoch_seconds", "train_seconds", "first_step_seconds",
-              "samples_per_second", "step_seconds", "steps", "global_batch", "replicas", "source",
+              "samples_per_second", "step_seconds", "keras_seconds", "steps", "global_batch", "replicas", "source",
               *(key for key, _, _ in _EPOCH_VALUES)}
 
 
