@@ -681,6 +681,6 @@ def test_stacks_show_a_terminals_control_characters_escaped():
                          "stacks": "Thread 1 (idle): \x1b]0;owned\x07\n    f (x.py:1)\rcover\n"}]}
     lines = stacks_lines(answer)
     assert not any(re.search("[\x00-\x08\x0b-\x1f\x7f-\x9f]", line) for line in lines), lines
-    assert lines[0].startswith("run r\\x1b[2J, attempt 1")
+    assert lines[0].startswith("run r\\x1b[2J, attempt 1: stacks of 1 running task, sampled at")
     assert lines[1] == "verdict: odd \\x9b31m"
     assert lines[-2:] == ["Thread 1 (idle): \\x1b]0;owned\\x07", "    f (x.py:1)\\x0dcover"]
