@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -20,7 +19,7 @@ from ..records.files import create_beside
 from ..records.logview import left_out
 from ..records.metrics import trained_seconds
 from ..records.metrictext import time_text
-from ..records.states import RunStatus, TaskState, duration_text, plural
+from ..records.states import RunStatus, TaskState, clock_text, duration_text, plural
 from .runs import NoMetricsError, Run, RunState, RunSummary, cause_line, epoch_records, final_record
 
 PLOT_MISSING = "learning curves: not drawn, matplotlib is not installed (pip install 'tflaunch[plot]')"
@@ -66,15 +65,6 @@ def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def clock_time(iso: str | None) -> str:
-    if not iso:
-        return "-"
-    try:
-        return datetime.fromisoformat(iso).strftime("%Y-%m-%d %H:%M:%S")
-    except ValueError:
-        return iso
-
-
 def status_text(status: str, exit_code: int | None) -> str:
     """``failed (exit 3)``: the exit code is shown wherever it is not plain success."""
     status = getattr(status, "value", status)  # a RunStatus prints as its spelling, not as "RunStatus.X"
@@ -89,7 +79,7 @@ def status_text(status: str, exit_code: int | None) -> str:
 
 
 def runs_lines(summaries: list[RunSummary]) -> list[str]:
-    rows = [[s.run_id, clock_time(s.started_at), s.source, s.tasks, s.attempts, status_text(s.status, s.exit_code),
+    rows = [[s.run_id, clock_text(s.started_at), s.source, s.tasks, s.attempts, status_text(s.status, s.exit_code),
              duration_text(s.duration_seconds), s.test_accuracy] for s in summaries]
     lines = table(["RUN", "STARTED", "CLUSTER", "TASKS", "ATTEMPTS", "STATUS", "DURATION", "TEST ACC"], rows,
                   "lllrrlrr")

@@ -265,3 +265,15 @@ def test_json_nested_deeper_than_python_reads_is_no_record_and_no_crash(tmp_path
     (tmp_path / "resources.json").write_bytes(nested)
     assert read_metrics(folder.metrics_path) == [{"loss": 1}]
     assert folder.read_resources() == {}
+
+
+@pytest.mark.unit
+def test_a_moment_reads_the_same_from_the_clock_and_from_run_json():
+    from datetime import datetime
+
+    from launcher.records.folder import iso_time
+    from launcher.records.states import clock_text
+
+    now = 1796170000.25
+    assert clock_text(now) == clock_text(iso_time(now)) == datetime.fromtimestamp(now).strftime("%Y-%m-%d %H:%M:%S")
+    assert clock_text(None) == "-" and clock_text("not a time") == "not a time"
