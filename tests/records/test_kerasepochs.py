@@ -182,3 +182,18 @@ def test_keras_own_milliseconds_and_an_arrival_that_disagrees_are_kept_as_keras_
     assert record["epoch_seconds"] == 2.0 and "keras_seconds" not in record
     assert read_line(state, line, 15.0)[1]["epoch_seconds"] == 2.0  # 5 s: the pump fell behind
     assert read_line(state, line, 12.3)[1] == {**record, "epoch_seconds": 2.3, "keras_seconds": 2.0}
+
+
+@pytest.mark.parametrize("name", ["keras3_verbose1_plain.log", "tf_keras_verbose1_plain.log"])
+def test_a_line_written_while_a_bar_is_drawn_starts_a_line_of_its_own(name):
+    # A warning on stderr (the same pipe) arrives between two updates of the bar: it is not glued to it.
+    # (Each update is one write: backspaces over the last, a carriage return, the bar.)
+    raw = (FIXTURES / name).read_bytes()
+    first_update = raw.index(b"\n", raw.index(b"Epoch 2/3")) + 1
+    second_update = raw.index(b"\x08", first_update + 2)
+    warning = b"W0000 00:00:1795357848.580920   20415 some_file.cc:90] a warning mid-epoch\n"
+    splitter = LineSplitter()
+    lines = [line.decode() for chunk in (raw[:second_update], warning, raw[second_update:])
+             for line in splitter.feed(chunk)] + [line.decode() for line in splitter.flush()]
+    assert warning.decode().rstrip("\n") in lines
+    assert [r["epoch"] for r in records(lines)] == [1, 2, 3]  # the epochs are read as before
