@@ -288,6 +288,8 @@ def report_lines(report: Report) -> list[str]:
         spent = time_text(final, sum(r["epoch_seconds"] for r in rows if is_number(r.get("epoch_seconds"))))
         if spent:
             lines.append(f"{final.get('task')}'s time: {spent}")
+        elif final.get("total_seconds") is not None:  # a figure of the wrong type shows as it is
+            lines.append(f"{final.get('task')}'s time since it started: {duration_text(final['total_seconds'])}")
     lines.append("")
     if report.resources:
         lines += [f"resource use per task ({RESOURCES}):", *resources_lines(report.resources)]
