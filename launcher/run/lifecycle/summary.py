@@ -272,8 +272,11 @@ EXCEPTION_SEARCH = 1 << 18  # bytes at the end of a task's log searched for its 
 
 
 def _exception(task: Task) -> list[str] | None:
-    """The task's last Python exception, as :func:`launcher.run.console.pyerror.exception_lines` shows it."""
-    if not task.log_path:
+    """The task's last Python exception, as :func:`launcher.run.console.pyerror.exception_lines` shows
+    it, for a task that ended as an uncaught exception ends Python (exit code 1): a task that ended
+    otherwise (a signal, its own exit code) shows its last lines, whatever it printed before."""
+    status = task.status
+    if not task.log_path or status is None or status.signal is not None or status.code != 1:
         return None
     return exception_lines(tail_lines(Path(task.log_path), 1 << 30, EXCEPTION_SEARCH, keep=meaningful()))
 

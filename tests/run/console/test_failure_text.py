@@ -62,3 +62,13 @@ def test_the_failure_summary_shows_the_exception_not_the_last_lines(tflaunch):
     assert summary.startswith("root cause: worker-0 (host localhost, exit code 1); its exception:\n"), summary
     assert "worker-0 | ValueError: Unrecognized data type: x=[array([[ 0." in summary
     assert "worker-0 | [... 47 more lines after it ...]" in summary
+
+
+@pytest.mark.timeout(60)
+def test_a_task_that_ends_with_its_own_exit_code_shows_its_last_lines_whatever_it_printed_before(tflaunch):
+    code = (f"import sys; sys.stderr.write(open({str(FIXTURE)!r}).read()); "
+            "print('recovered, then gave up', flush=True); sys.exit(3)")
+    done = tflaunch.run("--local", "1", "--", sys.executable, "-c", code)
+    assert done.returncode == 3, done.stderr
+    assert "root cause: worker-0 (host localhost, exit code 3); last 20 lines of its output:" in done.stderr
+    assert "worker-0 | recovered, then gave up" in done.stderr
