@@ -13,7 +13,8 @@ by compact single-line JSON (no spaces after separators). Three kinds:
    "first_step_seconds":2.1,"steps":100,"samples_per_second":7920.0,"global_batch":64,"replicas":2}
   epoch counts from 1, as Keras prints it; epochs is how many the run trains.
   epoch_seconds is the whole epoch, validation included; train_seconds its training
-  phase (so validation took epoch_seconds - train_seconds); first_step_seconds the
+  phase (so validation took epoch_seconds - train_seconds, with the epoch's backup and
+  checkpoint when the run writes them); first_step_seconds the
   first of its steps (steps in all), which traces the step function in a run's first
   epoch. samples_per_second is the steady-state training throughput of the whole
   cluster: it is timed from the end of the epoch's first step to the end of its last
