@@ -45,8 +45,9 @@ class ExitStatus:
             return self.error_code
         return int(self.code or 0)
 
-    def describe(self) -> str:
-        return exit_words(self.code, self.signal, self.error)
+    def describe(self, stopped: bool = False) -> str:
+        """In words (:func:`launcher.records.exits.exit_words`); ``stopped``: tflaunch stopped the task."""
+        return exit_words(self.code, self.signal, self.error, stopped)
 
 
 @dataclass(frozen=True)

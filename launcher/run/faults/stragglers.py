@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from ...cluster.ranks import TRAINING_ROLES
 from ...records.folder import iso_time
 from ...records.record import StragglerRecord
-from ...records.states import TaskState
+from ...records.states import TaskState, clock_text
 from ...records.trace import tracer
 from ...transports.base import ThreadTimes
 from ..lifecycle.task import Task, Trip
@@ -221,7 +221,7 @@ class StragglerWatch:
         self.since_at[name] = suspect.since
         self.changed(self.all_records)  # the record first: whoever reads the line finds it there
         self.message(f"straggler: {name} on {record.host} holds the others back: they wait for it about "
-                     f"{share:.0%} of each step since {_clock(suspect.since)}; {record.cause}")
+                     f"{share:.0%} of each step since {clock_text(suspect.since)}; {record.cause}")
 
     def _end(self, name: str, until: float) -> None:
         record = self.records.pop(name)
@@ -230,8 +230,8 @@ class StragglerWatch:
         self.ended.append(record)
         self.changed(self.all_records)
         self.message(f"straggler: {name} on {record.host} no longer holds the others back (since "
-                     f"{_clock(until)}; they waited for it about {record.share:.0%} of each step from "
-                     f"{_clock(self.since_at.pop(name))})")
+                     f"{clock_text(until)}; they waited for it about {record.share:.0%} of each step from "
+                     f"{clock_text(self.since_at.pop(name))})")
 
     def close(self) -> list[StragglerRecord]:
         """The attempt ended: every straggler still going ends with it. The attempt's records."""
@@ -261,11 +261,6 @@ class StragglerWatch:
             return Trip(f"straggler: {name} on {record.host} held the others back for {now - since:.0f} s "
                         f"(about {record.share:.0%} of each step); restarting without {record.host}", (name,))
         return None
-
-
-def _clock(at: float) -> str:
-    """The time of day of ``at`` as the console shows it (HH:MM:SS, this machine's zone)."""
-    return time.strftime("%H:%M:%S", time.localtime(at))
 
 
 def status_words(records: Sequence[StragglerRecord]) -> str | None:
