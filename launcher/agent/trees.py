@@ -9,6 +9,11 @@ when its task ends.
 
 import os
 
+try:  # the C module: the signal wrapper imports enum, which costs start-up time
+    import _signal as signal
+except ImportError:
+    import signal
+
 from .protocol import OWNER_VARIABLE
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -94,11 +99,56 @@ def handles(pid, signum):
         return True
 
 
-def send(pid, signum, group=False):
+def send(pid, signum):
     try:
-        (os.killpg if group else os.kill)(pid, signum)
+        os.kill(pid, signum)
     except (ProcessLookupError, PermissionError):
         pass  # already gone
+
+
+class Leader(object):
+    """A task's first process, which leads the task's process group. The agent reaps its own
+    children, so the leader's pid (the group's id) is not reused before the reap; after it, nothing
+    is sent. The group is signalled only while /proc shows the process that started when the
+    leader did still leading it; else the leader alone, through a pidfd (Linux 5.3+, Python 3.9+),
+    which names it whatever its number."""
+
+    def __init__(self, pid):
+        self.pid = pid
+        self.reaped = False
+        try:
+            self.pidfd = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            self.pidfd = None
+        self.started = self.fields()
+
+    def fields(self):
+        """(start time, process group) of the process at ``pid`` now; None once it is gone."""
+        fields = stat_fields(self.pid)
+        return fields and (fields[19], fields[2])
+
+    def owns_group(self):
+        return not self.reaped and bool(self.started) and self.started[1] == b"%d" % self.pid \
+            and self.fields() == self.started
+
+    def signal(self, signum):
+        if self.owns_group():
+            try:
+                os.killpg(self.pid, signum)
+            except (ProcessLookupError, PermissionError):
+                pass
+        elif self.pidfd is not None and not self.reaped:
+            try:
+                signal.pidfd_send_signal(self.pidfd, signum)
+            except OSError:
+                pass  # it has exited
+
+    def reap(self):
+        """The agent reaped it: its number is free for any process from now on."""
+        self.reaped = True
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
 
 
 def lead_session():

@@ -39,8 +39,9 @@ class Carrier:
     def lost(self, detail: str) -> ExitStatus:
         return ExitStatus(error=f"lost the agent on {self.host} ({detail})")
 
-    def extra_backstop(self, pid: int | None) -> None:
-        """A task ignored KILL: what tflaunch itself can still do about it."""
+    def extra_backstop(self, pid: int | None, ident: int) -> None:
+        """The task ``ident`` (its leader's pid as the agent reported it) ignored KILL, or its agent
+        is gone: what tflaunch itself can still do about it."""
 
 
 class ProcessCarrier(Carrier):

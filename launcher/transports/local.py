@@ -17,6 +17,7 @@ import sys
 from collections.abc import Sequence
 
 from ..agent.protocol import EOF_GRACE, encode_fields
+from ..agent.trees import owner_of, stat_fields
 from ..cluster.machine import restore_open_files_limit
 from ..cluster.plan import TaskLaunch
 from ..cluster.tfconfig import tf_config_parts
@@ -64,8 +65,8 @@ class LocalCarrier(ProcessCarrier):
     def lost(self, detail: str) -> ExitStatus:
         return ExitStatus(error=f"the agent in front of the task ended ({detail}); the task was stopped with it")
 
-    def extra_backstop(self, pid: int | None) -> None:
-        kill_group(pid)  # the agent cannot (it is gone or wedged): the task's own group goes
+    def extra_backstop(self, pid: int | None, ident: int) -> None:
+        kill_group(pid, ident)  # the agent cannot (it is gone or wedged): the task's own group goes
 
 
 class LocalTransport:
@@ -124,9 +125,16 @@ class LocalTransport:
         self.logs.close()
 
 
-def kill_group(pid: int | None) -> None:
-    if pid is None:
+def kill_group(pid: int | None, ident: int) -> None:
+    """SIGKILL to the process group of the task ``ident`` on this machine, led by ``pid``, only
+    while /proc shows that group is still the task's: the process at ``pid`` carries the task's
+    mark (the agent's ``OWNER_VARIABLE``, the task's id) and leads its own group. The agent, not
+    tflaunch, reaps the task, so by now the number may name another process, another user's too."""
+    if pid is None or owner_of(pid) != ident:
         return
+    fields = stat_fields(pid)
+    if not fields or fields[2] != b"%d" % pid:
+        return  # no longer leads a group of its own
     try:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
