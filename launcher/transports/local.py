@@ -43,18 +43,14 @@ class LocalCarrier(ProcessCarrier):
 
     kind = "agent"
 
-    def __init__(self, popen: subprocess.Popen[bytes], stderr):
-        super().__init__("this machine", popen, stderr)
+    def __init__(self, popen: subprocess.Popen[bytes], stderr_fd: int):
+        super().__init__("this machine", popen, stderr_fd)
 
     def detail(self) -> str | None:
         code = self.popen.poll()
         if code is not None and code < 0:
             return f"the agent was killed by signal {-code}"
         return super().detail()
-
-    def close(self, wait: float) -> None:
-        super().close(wait)
-        self.stderr.close()
 
     def where(self, reason: str) -> str:
         return reason
