@@ -16,8 +16,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-from ..agent.protocol import EOF_GRACE, encode_fields
-from ..agent.trees import owner_of, stat_fields
+from ..agent.protocol import EOF_GRACE, OWNER_VARIABLE, encode_fields
 from ..cluster.machine import restore_open_files_limit
 from ..cluster.plan import TaskLaunch
 from ..cluster.tfconfig import tf_config_parts
@@ -126,12 +125,22 @@ def kill_group(pid: int | None, ident: int) -> None:
     while /proc shows that group is still the task's: the process at ``pid`` carries the task's
     mark (the agent's ``OWNER_VARIABLE``, the task's id) and leads its own group. The agent, not
     tflaunch, reaps the task, so by now the number may name another process, another user's too."""
-    if pid is None or owner_of(pid) != ident:
+    if pid is None or not _is_task_leader(pid, ident):
         return
-    fields = stat_fields(pid)
-    if not fields or fields[2] != b"%d" % pid:
-        return  # no longer leads a group of its own
     try:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _is_task_leader(pid: int, ident: int) -> bool:
+    """Whether the process at ``pid`` carries the mark of task ``ident`` and leads its own group."""
+    mark = f"{OWNER_VARIABLE}={ident}".encode()
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as environ:
+            if mark not in environ.read().split(b"\0"):
+                return False
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[2] == str(pid).encode()
+    except (OSError, IndexError):
+        return False
