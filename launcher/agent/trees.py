@@ -120,16 +120,17 @@ class Leader(object):
             self.pidfd = os.pidfd_open(pid)
         except (AttributeError, OSError):
             self.pidfd = None
-        self.started = self.fields()
-
-    def fields(self):
-        """(start time, process group) of the process at ``pid`` now; None once it is gone."""
-        fields = stat_fields(self.pid)
-        return fields and (fields[19], fields[2])
+        fields = stat_fields(pid)
+        self.started = fields and fields[19]  # with the pid, it names this one process
 
     def owns_group(self):
-        return not self.reaped and bool(self.started) and self.started[1] == b"%d" % self.pid \
-            and self.fields() == self.started
+        """Whether /proc shows the leader, not reaped, leading a group: the process at ``pid`` that
+        started when it did, its group's id its own. (Read when a signal goes, not at the start:
+        a forked task makes its group only after the fork returned here.)"""
+        if self.reaped or not self.started:
+            return False
+        fields = stat_fields(self.pid)
+        return bool(fields) and fields[19] == self.started and fields[2] == b"%d" % self.pid
 
     def signal(self, signum):
         if self.owns_group():

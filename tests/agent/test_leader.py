@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -69,6 +70,7 @@ def test_a_reaped_leader_gets_no_signal_and_neither_does_its_number(procs):
 def test_a_number_that_names_another_process_gets_no_signal_while_the_leader_still_does(procs):
     task = procs(SLEEP)
     leader = Leader(task.pid)
+    time.sleep(0.05)  # /proc counts start times in clock ticks (10 ms): a reused number comes later
     stranger = procs(SLEEP)  # another process at the leader's number: another start time
     leader.pid = stranger.pid
     assert not leader.owns_group()

@@ -253,6 +253,21 @@ def test_term_stops_one_task_and_leaves_its_neighbours_running(host):
     assert ended(neighbour) == ExitStatus(signal=signal.SIGTERM)
 
 
+@pytest.mark.parametrize("started", ["spawned", "forked"])
+def test_term_reaches_every_process_of_the_tasks_group_however_it_was_started(host, tmp_path, started):
+    # The TERM goes to the task's group while /proc shows the leader leading it (a forked task
+    # makes its group only after the fork returned to the agent); its child, in the group, ends too.
+    h = host()
+    marker = f"grouped-{uuid.uuid4().hex[:8]}"
+    task = h.start(["sh", "-c", f"{sys.executable} -c 'import time; time.sleep(600)' {marker} & wait"],
+                   cwd=str(tmp_path) if started == "forked" else None)
+    running(task)
+    wait_for(lambda: len(marked(marker)) == 1, timeout=10, message="the task's child to start")
+    task.terminate()
+    assert ended(task) == ExitStatus(signal=signal.SIGTERM)
+    wait_for(lambda: not marked(marker), timeout=10, message="the child, in the task's group, to end with it")
+
+
 def test_an_exit_says_whether_the_term_ended_it(host):
     # "termed": the TERM is what ended it (the supervisor calls such a task stopped, and any other
     # that exits on its own failed or succeeded).
