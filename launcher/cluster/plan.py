@@ -161,6 +161,7 @@ def plan_cluster(
     ranks = rank_env(spec.tasks, host_of)
     legacy_keras = len(spec.tasks) > 1
     has_evaluator = bool(spec.role_tasks(Role.EVALUATOR))
+    watch = context.watch_stragglers and spec.synchronous  # once: it counts the cluster's tasks
 
     launches = []
     secrets = _SecretNames()
@@ -213,7 +214,7 @@ def plan_cluster(
             env_sources=sources,
             hidden=secrets.secret_names(env) | frozenset(by_name),
             attempt=context.attempt,
-            watched=context.watch_stragglers and spec.synchronous and task.role in TRAINING_ROLES,
+            watched=watch and task.role in TRAINING_ROLES,
         ))
     notes = []
     # The note applies where tflaunch chose legacy Keras for a Python program, not where the user did.

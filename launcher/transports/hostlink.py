@@ -203,13 +203,15 @@ class AgentLink:
     # -- the hub's side ---------------------------------------------------------------------
 
     def release_descriptors(self) -> None:
-        """Close the channel's descriptors (the hub's thread only, once nothing polls them)."""
+        """Close the channel's descriptors and the carrier's stderr (the hub's thread only, once
+        nothing polls them)."""
         for fd in {self.read_fd, self.write_fd}:
             if fd is not None:
                 try:
                     os.close(fd)
                 except OSError:
                     pass
+        self.carrier.release()
 
     def wants_write(self) -> bool:
         return bool(self._out) and self.write_fd is not None and not self.closed

@@ -40,13 +40,14 @@ def agent_modules(folder: Path = AGENT_PACKAGE) -> dict[str, str]:
 _SIBLING = re.compile(r"^from \.(\w+) import ", re.MULTILINE)
 _SIBLING_IMPORT = re.compile(r"^from \.\w+ import (?:\([^)]*\)|[^\n(]*)\n", re.MULTILINE)
 _DOCSTRING = re.compile(r'\A"""(?:[^"\\]|\\.|"(?!""))*"""\n')
+_COMMENT_LINE = re.compile(r"^[ \t]*#.*\n", re.MULTILINE)  # a line that is only a comment
 
 
 def bundle(modules: dict[str, str]) -> str:
-    """``modules`` (name: source, in order) as one source: each module's imports of the others and
-    its docstring (read here, not on a host: the srun command line carries the whole source) taken
-    out, a comment line naming where each starts."""
-    return "\n\n".join(f"# -- {name}.py\n" + _SIBLING_IMPORT.sub("", _DOCSTRING.sub("", text))
+    """``modules`` (name: source, in order) as one source: each module's imports of the others, its
+    docstring and its comment lines (read here, not on a host: the srun command line carries the
+    whole source) taken out, a comment line naming where each starts."""
+    return "\n\n".join(f"# -- {name}.py\n" + _COMMENT_LINE.sub("", _SIBLING_IMPORT.sub("", _DOCSTRING.sub("", text)))
                        for name, text in modules.items())
 
 

@@ -107,6 +107,10 @@ def test_the_bundle_is_the_package_with_no_name_defined_twice():
             if not (isinstance(n, ast.ImportFrom) and n.level)]
     assert all(ast.get_docstring(ast.parse(text)) for text in modules.values())
     assert [ast.dump(n) for n in shipped.body] == kept
+    # Nor a line that is only a comment, but the one naming where each module starts: the srun
+    # command line carries the source whole.
+    assert [line for line in agent_source().splitlines() if line.lstrip().startswith("#")] == \
+        [f"# -- {name}.py" for name in modules]
 
 
 def test_a_name_bound_in_two_modules_is_caught():

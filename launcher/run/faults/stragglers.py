@@ -93,16 +93,29 @@ def shares(figures: Mapping[str, Figures]) -> dict[str, tuple[float, str]]:
     """Each task's share of the step the others spend waiting for it, and which figure says so
     (``stall`` or ``gpu``): how far its figure stands above the others' typical one (the higher
     median: one odd task among the others never makes their baseline)."""
+    if len(figures) < 2:
+        return {}
+    names = list(figures)
+    others = {kind: _others_median_high([getattr(figures[name], kind) for name in names])
+              for kind in ("stall", "gpu", "cpu")}
     found = {}
-    for name, mine in figures.items():
-        others = [f for other, f in figures.items() if other != name]
-        if not others:
-            continue
-        stall = mine.stall - statistics.median_high(f.stall for f in others)
-        gpu = mine.gpu - statistics.median_high(f.gpu for f in others)
-        cpu = mine.cpu - statistics.median_high(f.cpu for f in others)
-        share, cause = max((stall, "stall"), (gpu, "gpu"), (cpu, "cpu"))
+    for i, name in enumerate(names):
+        mine = figures[name]
+        share, cause = max((mine.stall - others["stall"][i], "stall"), (mine.gpu - others["gpu"][i], "gpu"),
+                           (mine.cpu - others["cpu"][i], "cpu"))
         found[name] = (min(max(share, 0.0), 1.0), cause)
+    return found
+
+
+def _others_median_high(values: Sequence[float]) -> list[float]:
+    """For each value, the higher median of all the other values: one sort for all of them, so a
+    judgement costs n log n, not n sorts of n (16 ms every 2 s at 256 tasks)."""
+    ranked = sorted(range(len(values)), key=values.__getitem__)
+    ordered = [values[i] for i in ranked]
+    middle = (len(values) - 1) // 2  # the higher median's place among the n - 1 others
+    found = [0.0] * len(values)
+    for place, i in enumerate(ranked):
+        found[i] = ordered[middle] if middle < place else ordered[middle + 1]
     return found
 
 
