@@ -19,7 +19,7 @@ Each task's figures are compared with the other training tasks' typical figures 
 :func:`shares`); the largest difference estimates the share of each step the others spend
 waiting for it (its ``share``). A task is confirmed a straggler once its share stayed at or above
 :data:`CONFIRM_SHARE` for :data:`CONFIRM_FOR` seconds while it was one of a clear minority (at most
-half of the others show the same), and never in an attempt's first :data:`WARM_UP` seconds. It
+half of the others show the same), and never in an attempt's warm-up (``--straggler-warm-up``). It
 stops being one once its share stayed under :data:`END_SHARE` for :data:`END_FOR` seconds, or when
 its attempt ends. Once one training task ended (the others no longer step together) no new
 straggler is named. The rules are pure functions (:func:`figures_over`, :func:`shares`); the
@@ -48,7 +48,6 @@ from .readings import TaskReadings
 
 log = tracer("stragglers")
 
-WARM_UP = 60.0  # seconds of an attempt in which no straggler is named (start-up, graph building, warm caches)
 WINDOW = 20.0  # seconds of readings a task's figures are taken over
 LEAST_SPAN = 0.5 * WINDOW  # readings spanning less than this cannot judge yet
 CONFIRM_SHARE = 0.2
@@ -126,13 +125,16 @@ class StragglerWatch:
     attempt's :class:`StragglerRecord` list whenever it changes (for run.json and the status line).
     With ``exclude_after`` (``--on-straggler exclude``), a straggler that lasted that long stops
     the attempt with a :class:`Trip`, when ``excludable`` (asked with the task's name) returns
-    None; otherwise what it returns is said once, and the run goes on.
+    None; otherwise what it returns is said once, and the run goes on. No straggler is named in the
+    attempt's first ``warm_up`` seconds (``--straggler-warm-up``).
     """
 
     def __init__(self, attempt: int, hosts: Mapping[str, str], message: Callable[[str], None],
-                 changed: Callable[[list[StragglerRecord]], None], exclude_after: float | None = None,
-                 excludable: Callable[[str], str | None] = lambda name: None, clock: Callable[[], float] = time.time):
+                 changed: Callable[[list[StragglerRecord]], None], *, warm_up: float,
+                 exclude_after: float | None = None, excludable: Callable[[str], str | None] = lambda name: None,
+                 clock: Callable[[], float] = time.time):
         self.attempt = attempt
+        self.warm_up = warm_up
         self.hosts = dict(hosts)
         self.message = message
         self.changed = changed
@@ -196,7 +198,7 @@ class StragglerWatch:
             suspect.shares.append(share)
             suspect.cause = cause
             if (name not in self.records and now - suspect.since >= CONFIRM_FOR
-                    and now - self.started >= WARM_UP and not self.finishing):
+                    and now - self.started >= self.warm_up and not self.finishing):
                 self._confirm(name, suspect)
         for name, record in list(self.records.items()):
             share = found.get(name, (0.0, ""))[0]

@@ -23,8 +23,9 @@ import pytest
 
 from launcher.records.record import RunRecord
 from launcher.records.states import TaskState
-from launcher.run.faults.stragglers import (CONFIRM_FOR, CONFIRM_SHARE, END_FOR, WARM_UP, Figures, StragglerWatch,
-                                     figures_over, minority, shares, status_words)
+from launcher.options import STRAGGLER_WARM_UP as WARM_UP, RunOptions
+from launcher.run.faults.stragglers import (CONFIRM_FOR, CONFIRM_SHARE, END_FOR, Figures, StragglerWatch,
+                                            figures_over, minority, shares, status_words)
 from launcher.agent import threads
 from launcher.transports.base import ThreadTimes
 from polling import wait_for
@@ -84,7 +85,7 @@ def watch_with(clock: Clock, **settings):
     said, changes = [], []
     watch = StragglerWatch(1, {"worker-0": "node1", "worker-1": "node2", "worker-2": "node3"}, said.append,
                            lambda records: changes.append([r.task for r in records if r.until is None]),
-                           clock=clock, **settings)
+                           clock=clock, **{"warm_up": WARM_UP, **settings})
     return watch, said, changes
 
 
@@ -118,6 +119,18 @@ def test_a_straggler_is_confirmed_after_warm_up_and_its_end_is_said_once():
     (record,) = watch.all_records
     assert (record.task, record.host, record.share, record.attempt) == ("worker-2", "node3", 0.5, 1)
     assert record.until is not None and status_words(watch.all_records) is None
+
+
+@pytest.mark.unit
+def test_the_warm_up_is_the_run_s_option():
+    assert RunOptions().straggler_warm_up == WARM_UP == 60.0
+    clock = Clock()
+    watch, said, _ = watch_with(clock, warm_up=5.0)
+    slow = {"worker-0": (0.0, "stall"), "worker-1": (0.0, "stall"), "worker-2": (0.5, "stall")}
+    judge_for(watch, clock, CONFIRM_FOR - 2, slow)
+    assert said == []  # a short warm-up still leaves the straggler its CONFIRM_FOR
+    judge_for(watch, clock, 4, slow)
+    assert len(said) == 1 and said[0].startswith("straggler: worker-2 on node3")
 
 
 @pytest.mark.unit
