@@ -277,6 +277,51 @@ def test_the_agent_counts_a_sleeping_thread_as_stalled_and_a_waiting_one_not():
     assert waiting.stalled == 0
 
 
+# An input pipeline that sleeps per batch, on one thread for good (``KEEP``) or on a new thread for
+# each short "epoch" (``CHURN``: tf.data makes new threads for each new iterator), among idle ones.
+PIPELINE = """
+import sys, threading, time
+def batches(seconds):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        time.sleep(0.005)
+for _ in range(20):
+    threading.Thread(target=threading.Event().wait, daemon=True).start()
+print("ready", flush=True)
+if sys.argv[1] == "keep":
+    batches(3600)
+while True:
+    epoch = threading.Thread(target=batches, args=(0.15,))
+    epoch.start()
+    epoch.join()
+"""
+
+
+def pipeline_stall(how: str, looks: int = 80, every: float = 0.05) -> float:
+    """The stalled threads per look the agent's watch finds in a PIPELINE run ``how``."""
+    proc = subprocess.Popen([sys.executable, "-c", PIPELINE, how], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        watch = threads.ThreadWatch()
+        for _ in range(looks):
+            watch.look([proc.pid])
+            time.sleep(every)
+    finally:
+        proc.kill()
+        proc.wait()
+    return watch.stalled / watch.looks
+
+
+@pytest.mark.slow
+def test_a_pipeline_whose_threads_come_and_go_counts_like_one_that_keeps_them():
+    # Looks 0.05 s apart, a new thread every 0.15 s: the work moves to a new thread every third look
+    # or so, as a pipeline rebuilt each epoch does between looks 2 s apart. A watch that followed the
+    # threads it saw stalled found the new ones only at its censuses (every fifth look).
+    kept, churned = pipeline_stall("keep"), pipeline_stall("churn")
+    assert kept > 0.7, kept
+    assert churned > 0.8 * kept, (kept, churned)
+
+
 SPINNER = "print('ready', flush=True)\nwhile True: pass"
 
 
