@@ -13,10 +13,11 @@ from .trees import stat_fields
 LOOK_EVERY = 2.0  # seconds between looks at a watched task's threads
 CENSUS_LOOKS = 5  # looks between readings of its threads' CPU and run-queue times
 FULL_CENSUSES = 12  # censuses between readings of all its threads (else: those that ran, and new ones)
-DISCOVER = 1  # threads looked at per look besides the watched ones, in turn, to find new suspects
-MOST_WATCHED = 16
+DISCOVER = 1  # threads looked at per look besides the suspects and newcomers, in turn, to find new suspects
+MOST_SUSPECTS = 16
+SUSPECT_LOOKS = 15  # looks after which a suspect not seen stalled again is one no more
+MOST_NEWCOMERS = 8  # new threads looked at until a census takes them in: the newest ones
 TICKS = os.sysconf("SC_CLK_TCK")
-WATCH_LOOKS = 15  # looks after which a thread watched, new or seen stalled, and not seen stalled since is left
 BUSY_SHARED = 0.1  # seconds for which one reading of /proc/stat serves every watched task of the agent
 # A thread holds its task up by itself when it sleeps on purpose or waits for a disk: its kernel
 # wait channel (/proc/<pid>/task/<tid>/wchan) names one of these. A thread waiting on a lock, a
@@ -185,12 +186,13 @@ class ThreadWatch(object):
       of some of the task's threads; ``stalled`` sums, over the looks, how many of them sleep on
       purpose or wait for a disk (an input pipeline that sleeps or reads slowly). The figure is the
       task's, whichever threads do the work: a census's look takes every thread that runs; the
-      others take the threads ``watched`` (those seen stalled lately, and those new lately) and
-      ``DISCOVER`` others in turn, so a look costs a few reads however many threads TensorFlow made.
-      Threads come and go (tf.data makes new ones for each new iterator: each epoch of a finite
-      dataset, each call of ``fit``): a look lists the task's threads again when their count
-      changed or a watched one ended, and watches the new ones at once, so the work is followed
-      to the threads that took it over.
+      others take the ``suspects`` (threads seen stalled lately: an input pipeline's work hops
+      between a pool's threads), the ``newcomers`` (the newest threads made since the last
+      census) and ``DISCOVER`` others in turn, so a look costs a few reads however many threads
+      TensorFlow made. Threads come and go (tf.data makes new ones for each new iterator: each
+      epoch of a finite dataset, each call of ``fit``; gRPC's come and go all the time): a look
+      lists the task's threads again when their count changed or a suspect ended, and looks at
+      the new ones at once, so the work is followed to the threads that took it over.
     - ``cpu_looks`` and ``cpu_lost``: at each census but the first, the share of its CPUs it lost
       to others while it waited for one, or to its cgroup's CPU quota (:class:`CpuShare`), summed.
     - ``gpu_looks`` and ``gpu_slowdown`` (sent only for a task with GPUs on a host with NVML):
@@ -218,7 +220,8 @@ class ThreadWatch(object):
         self.cpu_lost = 0.0
         self.live = []  # threads that ran since the last full census, and new ones
         self.ran = set()  # threads seen running since the last full census
-        self.watched = {}  # threads seen stalled or new lately -> the look that last saw them so
+        self.suspects = {}  # threads seen stalled -> the look that last saw them so
+        self.newcomers = {}  # threads new since the last census, the newest MOST_NEWCOMERS of them
         self.turn = 0
         self.censuses = 0
 
@@ -230,21 +233,22 @@ class ThreadWatch(object):
             self.censuses += 1
             self.look_at_cpus(pids, waited)
             self.look_at_gpus()
+            self.newcomers = {}  # the census's look takes every new thread, as live
         self.looks += 1
-        self.watch(new)
         if census:
             live = set(self.live)
-            keys = list(self.live) + [key for key in self.watched if key not in live]
+            keys = list(self.live) + [key for key in self.suspects if key not in live]
         else:
-            others = [key for key in self.live if key not in self.watched]
+            self.welcome(new)
+            looked = set(self.suspects) | set(self.newcomers)
+            others = [key for key in self.live if key not in looked]
             count = min(DISCOVER, len(others))
-            keys = list(self.watched) + [others[(self.turn + n) % len(others)] for n in range(count)]
+            keys = list(looked) + [others[(self.turn + n) % len(others)] for n in range(count)]
             self.turn = (self.turn + count) % max(1, len(others))
-        stalled, ended = self.count_stalled(keys)
-        if ended and not census:
+        stalled, suspect_ended = self.count_stalled(keys)
+        if suspect_ended and not census:
             # Its work may have gone to a thread made since: a pipeline rebuilt, a pool renewed.
-            new = self.watch(self.listing(pids, force=True))
-            stalled += self.count_stalled(new)[0]
+            stalled += self.count_stalled(self.welcome(self.listing(pids, force=True)))[0]
         self.stalled += stalled
 
     def listing(self, pids, force):
@@ -271,31 +275,34 @@ class ThreadWatch(object):
         self.threads = keys
         return new
 
-    def watch(self, keys):
-        """Watch the threads ``keys`` (new ones) from this look on, as far as there is room."""
-        taken = []
-        for key in keys:
-            if len(self.watched) < MOST_WATCHED and key not in self.watched:
-                self.watched[key] = self.looks
-                taken.append(key)
-        return taken
+    def welcome(self, new):
+        """Take the threads ``new`` (oldest first) among the newcomers, the oldest of whom make
+        room: a pipeline's new thread is looked at the look after it came, however many short-lived
+        threads came with it. Returns those taken."""
+        for key in new[-MOST_NEWCOMERS:]:
+            self.newcomers[key] = self.looks
+        while len(self.newcomers) > MOST_NEWCOMERS:
+            del self.newcomers[min(self.newcomers, key=self.newcomers.get)]
+        return [key for key in new if key in self.newcomers]
 
     def count_stalled(self, keys):
-        """How many of the threads ``keys`` are stalled, and whether any of them has ended; threads
-        seen stalled are watched, watched ones not seen so for ``WATCH_LOOKS`` looks are left."""
-        stalled, ended = 0, False
+        """How many of the threads ``keys`` are stalled, and whether a suspect among them has
+        ended. Threads seen stalled become suspects; a suspect not seen so for ``SUSPECT_LOOKS``
+        looks is one no more."""
+        stalled, suspect_ended = 0, False
         for key in keys:
             state = stalls(key)
             if state is None:
-                self.watched.pop(key, None)
-                ended = True
+                self.newcomers.pop(key, None)
+                suspect_ended = self.suspects.pop(key, None) is not None or suspect_ended
             elif state:
                 stalled += 1
-                if key in self.watched or len(self.watched) < MOST_WATCHED:
-                    self.watched[key] = self.looks
-            elif self.looks - self.watched.get(key, self.looks) > WATCH_LOOKS:
-                del self.watched[key]  # not seen stalled for a while: a thread of a pool that moved on
-        return stalled, ended
+                self.newcomers.pop(key, None)
+                if key in self.suspects or len(self.suspects) < MOST_SUSPECTS:
+                    self.suspects[key] = self.looks
+            elif self.looks - self.suspects.get(key, self.looks) > SUSPECT_LOOKS:
+                del self.suspects[key]  # not seen stalled for a while: a thread of a pool that moved on
+        return stalled, suspect_ended
 
     def census(self, full):
         """Which threads ran, of those of the last listing: of every thread when ``full``, else of

@@ -1,11 +1,14 @@
 """The straggler rule (launcher/run/faults/stragglers.py) and the agent's watch of a task's threads.
 
 Unit tests hold the pure rule: figures over a window, shares against the median of the others,
-the clear-minority rule, confirmation after warm-up, the end, and exclusion. A test runs the
-agent's ThreadWatch on real processes (a thread that sleeps, one that waits). Slow tests run
-real MultiWorkerMirroredStrategy programs (tests/helpers/mwms_straggler.py) through tflaunch and
-read the console and run.json while the run goes on; tests/run/lifecycle/test_lost_hosts.py names and
-leaves out a straggler's host over ssh, and tests/trainer/test_gpu.py a worker on a slowed GPU.
+the clear-minority rule, a burst that stands out in one half of the window only, confirmation
+after the warm-up (--straggler-warm-up), the end, and exclusion. Tests run the agent's
+ThreadWatch on real processes (a thread that sleeps, one that waits, a pipeline whose threads
+come and go, CPUs shared or held by a quota). Real runs of tflaunch, each with a short warm-up:
+standard-library tasks for the CPU signals and the closing summary, and one real
+MultiWorkerMirroredStrategy run (tests/helpers/mwms_straggler.py) whose slow worker's pipeline is
+rebuilt each epoch; tests/run/lifecycle/test_lost_hosts.py names and leaves out a straggler's host
+over ssh, and tests/trainer/test_gpu.py a worker on a slowed GPU.
 """
 
 from __future__ import annotations
@@ -317,8 +320,9 @@ def test_the_agent_counts_a_sleeping_thread_as_stalled_and_a_waiting_one_not():
     assert waiting.stalled == 0
 
 
-# An input pipeline that sleeps per batch, on one thread for good (``KEEP``) or on a new thread for
-# each short "epoch" (``CHURN``: tf.data makes new threads for each new iterator), among idle ones.
+# An input pipeline that sleeps per batch, on one thread for good ("keep") or on a new thread for
+# each short "epoch" ("churn": tf.data makes new threads for each new iterator), among idle threads
+# and short-lived ones that only wait.
 PIPELINE = """
 import sys, threading, time
 def batches(seconds):
@@ -327,6 +331,12 @@ def batches(seconds):
         time.sleep(0.005)
 for _ in range(20):
     threading.Thread(target=threading.Event().wait, daemon=True).start()
+def chatter():  # short-lived threads that only wait, as gRPC's come and go all the time
+    while True:
+        for _ in range(2):
+            threading.Thread(target=threading.Event().wait, args=(0.1,), daemon=True).start()
+        threading.Event().wait(0.05)
+threading.Thread(target=chatter, daemon=True).start()
 print("ready", flush=True)
 if sys.argv[1] == "keep":
     batches(3600)
@@ -353,12 +363,13 @@ def pipeline_stall(how: str, looks: int = 80, every: float = 0.05) -> float:
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # its sleeping threads must get the CPU as soon as they wake
 def test_a_pipeline_whose_threads_come_and_go_counts_like_one_that_keeps_them():
     # Looks 0.05 s apart, a new thread every 0.15 s: the work moves to a new thread every third look
     # or so, as a pipeline rebuilt each epoch does between looks 2 s apart. A watch that followed the
     # threads it saw stalled found the new ones only at its censuses (every fifth look).
     kept, churned = pipeline_stall("keep"), pipeline_stall("churn")
-    assert kept > 0.7, kept
+    assert kept > 0.5, kept
     assert churned > 0.8 * kept, (kept, churned)
 
 
@@ -508,96 +519,109 @@ def test_a_straggler_named_during_the_run_is_in_the_closing_summary(tflaunch):
 
 
 def pin(pid: int, cpu: int) -> None:
-    """Every thread of ``pid`` onto ``cpu`` (threads made later inherit it from their makers)."""
-    for tid in os.listdir(f"/proc/{pid}/task"):
+    """Every thread of ``pid`` and of its descendants onto ``cpu``."""
+    import psutil
+
+    try:
+        pids = [pid] + [child.pid for child in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return
+    for one in pids:
         try:
-            os.sched_setaffinity(int(tid), {cpu})
+            tids = os.listdir(f"/proc/{one}/task")
         except OSError:
-            pass
+            continue
+        for tid in tids:
+            try:
+                os.sched_setaffinity(int(tid), {cpu})
+            except OSError:
+                pass
 
 
 SPIN = "while True: pass"
+# A stand-in for a training task that keeps its CPU busy, no TensorFlow: two processes that work
+# in bursts and rest between them, so that on one core they want it more than they get it (as a
+# TensorFlow worker's threads outnumber its core) and still leave it idle now and then.
+BUSY = """
+import os, sys, time
+end = time.time() + float(sys.argv[1])
+os.fork()  # the task's tree: two processes, both watched
+print("TRAINING %.3f" % time.time(), flush=True)
+while time.time() < end:
+    stop = time.perf_counter() + 0.04
+    while time.perf_counter() < stop:
+        pass
+    time.sleep(0.01)
+"""
 
 
-def pinned_run(tflaunch, seconds: float, command: list[str], neighbour: bool = False,
-               until=lambda: False) -> tuple[str, dict]:
-    """Two workers, each pinned to a CPU of its own, with ``neighbour`` a program outside the run
-    spinning on worker-1's CPU; ``seconds`` of training (or until ``until()`` holds), then Ctrl-C."""
+def pinned_run(tflaunch, seconds: float, neighbour: bool = False, quota: CpuQuota | None = None) -> tuple[str, dict]:
+    """Two BUSY tasks for ``seconds``, each pinned to a CPU of its own, with ``neighbour`` a program
+    outside the run spinning on worker-1's CPU from the start, or worker-1 held by ``quota``."""
     cpus = sorted(os.sched_getaffinity(0))[:2]
-    proc = tflaunch.start("--local", "2", "--debug", "--", *command)
-    wait_for(tflaunch.latest_run, timeout=30, message="the run folder")
-    tasks = {t["name"]: t["pid"] for t in tflaunch.live_tasks(timeout=60)}
+    proc = tflaunch.start("--local", "2", "--debug", "--straggler-warm-up", "2", "--",
+                          sys.executable, "-c", BUSY, str(seconds))
     spinner = None
     try:
-        wait_for(lambda: "TRAINING" in tflaunch.merged_text(), timeout=120, message="training")
+        wait_for(tflaunch.latest_run, timeout=30, message="the run folder")
+        tasks = {t["name"]: t["pid"] for t in tflaunch.live_tasks(timeout=60)}
+        wait_for(lambda: tflaunch.merged_text().count("TRAINING") >= 4, timeout=60, message="both tasks working")
+        pin(tasks["worker-0"], cpus[0])
+        pin(tasks["worker-1"], cpus[1])
         if neighbour:
             spinner = subprocess.Popen([sys.executable, "-c", SPIN])
             os.sched_setaffinity(spinner.pid, {cpus[1]})
-            print(f"the neighbour spins from {time.time():.1f}")
-        for _ in range(int(seconds / 5)):
-            pin(tasks["worker-0"], cpus[0])  # again and again: the threads made since are pinned too
-            pin(tasks["worker-1"], cpus[1])
-            if until():
-                break
-            time.sleep(5)
+        if quota is not None:
+            import psutil
+
+            for process in [psutil.Process(tasks["worker-1"]), *psutil.Process(tasks["worker-1"]).children()]:
+                quota.hold(process.pid)
+        console = console_of(proc, timeout=seconds + 60)
     finally:
-        proc.send_signal(signal.SIGINT)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            console_of(proc)
         if spinner is not None:
             spinner.kill()
             spinner.wait()
-    return console_of(proc), record_of(tflaunch)
+    return console, record_of(tflaunch)
 
 
-WIDE = ["python", PROGRAM, "--steps", "100000", "--width", "512"]
-
-
-@pytest.mark.alone  # step times and CPU shares: nothing else may take the CPU
+@pytest.mark.alone  # CPU shares: nothing else may take the CPU
 @pytest.mark.slow
-@pytest.mark.tensorflow
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(200)
 @needs_two_cpus
 def test_two_pinned_workers_without_a_neighbour_name_no_one(tflaunch):
-    console, record = pinned_run(tflaunch, seconds=110, command=WIDE)
+    console, record = pinned_run(tflaunch, seconds=60)
     assert straggler_lines(console) == [] and record["stragglers"] == [], console[-3000:]
 
 
-@pytest.mark.alone  # step times and CPU shares: nothing else may take the CPU
+@pytest.mark.alone  # CPU shares: nothing else may take the CPU
 @pytest.mark.slow
-@pytest.mark.tensorflow
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(200)
 @needs_two_cpus
 def test_a_worker_sharing_its_cpu_with_a_busy_program_is_named(tflaunch):
-    console, record = pinned_run(tflaunch, seconds=150, command=WIDE, neighbour=True,
-                                 until=lambda: straggler_lines(tflaunch.merged_text()))
+    console, record = pinned_run(tflaunch, seconds=60, neighbour=True)
     lines = straggler_lines(console)
-    print(lines[:1])
     assert lines and "worker-1 on localhost holds the others back" in lines[0], console[-3000:]
     assert "others take its CPUs while it waits for one" in lines[0]
     (entry,) = record["stragglers"]
     assert entry["task"] == "worker-1" and entry["share"] >= CONFIRM_SHARE
 
 
-@pytest.mark.alone  # step times and CPU shares: nothing else may take the CPU
+@pytest.mark.alone  # CPU shares: nothing else may take the CPU
 @pytest.mark.slow
-@pytest.mark.tensorflow
-@pytest.mark.timeout(360)
+@pytest.mark.timeout(200)
+@needs_two_cpus
 @pytest.mark.skipif(not cpu_quotas_available(), reason="needs root and a cgroup CPU controller")
-def test_the_built_in_trainer_names_a_worker_its_cpu_quota_holds_back(tflaunch):
+def test_a_worker_its_cpu_quota_holds_back_is_named(tflaunch):
     quota = CpuQuota(0.3)
-    proc = tflaunch.start("--local", "2", "--debug", "--", sys.executable, "-m", "trainer", "--epochs", "1000")
     try:
-        wait_for(tflaunch.latest_run, timeout=30, message="the run folder")
-        tasks = {t["name"]: t["pid"] for t in tflaunch.live_tasks(timeout=60)}
-        quota.hold(tasks["worker-1"])
-        lines = wait_for(lambda: straggler_lines(tflaunch.merged_text()) or None, timeout=240,
-                         message="the straggler line")
+        console, record = pinned_run(tflaunch, seconds=60, quota=quota)
     finally:
-        proc.send_signal(signal.SIGINT)
-        console = console_of(proc)
         quota.remove()
-    assert "worker-1 on localhost holds the others back" in lines[0], console[-3000:]
+    lines = straggler_lines(console)
+    assert lines and "worker-1 on localhost holds the others back" in lines[0], console[-3000:]
     assert "or its CPU quota holds it back" in lines[0]
-    record = record_of(tflaunch)
     assert [s["task"] for s in record["stragglers"]] == ["worker-1"], record["stragglers"]
     assert record["stragglers"][0]["share"] >= CONFIRM_SHARE
-    assert straggler_lines(console)[0].endswith(lines[0].split("| ", 1)[1])
