@@ -16,7 +16,7 @@ FULL_CENSUSES = 12  # censuses between readings of all its threads (else: those 
 DISCOVER = 1  # threads looked at per look besides the suspects and newcomers, in turn, to find new suspects
 MOST_SUSPECTS = 16
 SUSPECT_LOOKS = 15  # looks after which a suspect not seen stalled again is one no more
-MOST_NEWCOMERS = 8  # new threads looked at until a census takes them in: the newest ones
+MOST_NEWCOMERS = 32  # new threads a look takes at most (the newest), each at its first look only
 TICKS = os.sysconf("SC_CLK_TCK")
 BUSY_SHARED = 0.1  # seconds for which one reading of /proc/stat serves every watched task of the agent
 # A thread holds its task up by itself when it sleeps on purpose or waits for a disk: its kernel
@@ -149,7 +149,11 @@ class CpuShare(object):
         threads spent waiting for a CPU since then."""
         now = time.monotonic()
         busy, own = busy_ticks(), cpu_seconds(pids)
+        # Looked up again each time: a task may be moved into another cgroup (and quota) as it runs.
+        throttle, self.throttle = self.throttle, cgroup_throttle_file(self.pid)
         held = throttled(*self.throttle[:2]) if self.throttle else None
+        if throttle != self.throttle:
+            self.quota_held = held or 0  # another cgroup's count: it counts from here
         try:
             cpus = os.sched_getaffinity(self.pid)
         except OSError:
@@ -187,12 +191,13 @@ class ThreadWatch(object):
       purpose or wait for a disk (an input pipeline that sleeps or reads slowly). The figure is the
       task's, whichever threads do the work: a census's look takes every thread that runs; the
       others take the ``suspects`` (threads seen stalled lately: an input pipeline's work hops
-      between a pool's threads), the ``newcomers`` (the newest threads made since the last
-      census) and ``DISCOVER`` others in turn, so a look costs a few reads however many threads
-      TensorFlow made. Threads come and go (tf.data makes new ones for each new iterator: each
+      between a pool's threads), the threads new since the last look, once each, and
+      ``DISCOVER`` others in turn, so a look costs a few reads however many threads TensorFlow
+      made. Threads come and go (tf.data makes new ones for each new iterator: each
       epoch of a finite dataset, each call of ``fit``; gRPC's come and go all the time): a look
-      lists the task's threads again when their count changed or a suspect ended, and looks at
-      the new ones at once, so the work is followed to the threads that took it over.
+      lists the task's threads again when their count changed, and at every look for
+      ``SUSPECT_LOOKS`` looks after a suspect ended, and looks at the new ones at once, so the
+      work is followed to the threads that took it over.
     - ``cpu_looks`` and ``cpu_lost``: at each census but the first, the share of its CPUs it lost
       to others while it waited for one, or to its cgroup's CPU quota (:class:`CpuShare`), summed.
     - ``gpu_looks`` and ``gpu_slowdown`` (sent only for a task with GPUs on a host with NVML):
@@ -221,34 +226,36 @@ class ThreadWatch(object):
         self.live = []  # threads that ran since the last full census, and new ones
         self.ran = set()  # threads seen running since the last full census
         self.suspects = {}  # threads seen stalled -> the look that last saw them so
-        self.newcomers = {}  # threads new since the last census, the newest MOST_NEWCOMERS of them
+        self.follow_until = 0  # until this look, the threads are listed at every look (a suspect ended)
         self.turn = 0
         self.censuses = 0
 
     def look(self, pids):
         census = self.looks % CENSUS_LOOKS == 0
-        new = self.listing(pids, force=census)
+        new = self.listing(pids, force=census or self.looks < self.follow_until)
         if census:
             waited = self.census(full=self.censuses % FULL_CENSUSES == 0)
             self.censuses += 1
             self.look_at_cpus(pids, waited)
             self.look_at_gpus()
-            self.newcomers = {}  # the census's look takes every new thread, as live
         self.looks += 1
         if census:
             live = set(self.live)
             keys = list(self.live) + [key for key in self.suspects if key not in live]
         else:
-            self.welcome(new)
-            looked = set(self.suspects) | set(self.newcomers)
+            new = [key for key in new[-MOST_NEWCOMERS:] if key not in self.suspects]
+            looked = set(self.suspects) | set(new)
             others = [key for key in self.live if key not in looked]
             count = min(DISCOVER, len(others))
-            keys = list(looked) + [others[(self.turn + n) % len(others)] for n in range(count)]
+            keys = list(self.suspects) + new + [others[(self.turn + n) % len(others)] for n in range(count)]
             self.turn = (self.turn + count) % max(1, len(others))
         stalled, suspect_ended = self.count_stalled(keys)
-        if suspect_ended and not census:
-            # Its work may have gone to a thread made since: a pipeline rebuilt, a pool renewed.
-            stalled += self.count_stalled(self.welcome(self.listing(pids, force=True)))[0]
+        if suspect_ended:
+            # Its work may have gone to a thread made since (a pipeline rebuilt, a pool renewed, a
+            # thread per call): follow it for a while, whether or not the next look finds it stalled.
+            self.follow_until = self.looks + SUSPECT_LOOKS
+            if not census:
+                stalled += self.count_stalled(self.listing(pids, force=True)[-MOST_NEWCOMERS:])[0]
         self.stalled += stalled
 
     def listing(self, pids, force):
@@ -275,16 +282,6 @@ class ThreadWatch(object):
         self.threads = keys
         return new
 
-    def welcome(self, new):
-        """Take the threads ``new`` (oldest first) among the newcomers, the oldest of whom make
-        room: a pipeline's new thread is looked at the look after it came, however many short-lived
-        threads came with it. Returns those taken."""
-        for key in new[-MOST_NEWCOMERS:]:
-            self.newcomers[key] = self.looks
-        while len(self.newcomers) > MOST_NEWCOMERS:
-            del self.newcomers[min(self.newcomers, key=self.newcomers.get)]
-        return [key for key in new if key in self.newcomers]
-
     def count_stalled(self, keys):
         """How many of the threads ``keys`` are stalled, and whether a suspect among them has
         ended. Threads seen stalled become suspects; a suspect not seen so for ``SUSPECT_LOOKS``
@@ -293,11 +290,9 @@ class ThreadWatch(object):
         for key in keys:
             state = stalls(key)
             if state is None:
-                self.newcomers.pop(key, None)
                 suspect_ended = self.suspects.pop(key, None) is not None or suspect_ended
             elif state:
                 stalled += 1
-                self.newcomers.pop(key, None)
                 if key in self.suspects or len(self.suspects) < MOST_SUSPECTS:
                     self.suspects[key] = self.looks
             elif self.looks - self.suspects.get(key, self.looks) > SUSPECT_LOOKS:
