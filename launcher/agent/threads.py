@@ -293,8 +293,11 @@ class ThreadWatch(object):
                 suspect_ended = self.suspects.pop(key, None) is not None or suspect_ended
             elif state:
                 stalled += 1
-                if key in self.suspects or len(self.suspects) < MOST_SUSPECTS:
-                    self.suspects[key] = self.looks
+                if key not in self.suspects and len(self.suspects) >= MOST_SUSPECTS:
+                    # The one seen stalled longest ago makes room: threads that stalled at start-up
+                    # must not keep a pipeline's new thread out.
+                    del self.suspects[min(self.suspects, key=self.suspects.get)]
+                self.suspects[key] = self.looks
             elif self.looks - self.suspects.get(key, self.looks) > SUSPECT_LOOKS:
                 del self.suspects[key]  # not seen stalled for a while: a thread of a pool that moved on
         return stalled, suspect_ended
