@@ -91,6 +91,7 @@ def label(options: Iterable[tuple[str, Any]]) -> str:
 GRACE = AGENT_GRACE
 EVALUATOR_TIMEOUT = 300.0  # seconds an evaluator may go on after training succeeded
 STRAGGLER_TIMEOUT = 600.0  # seconds a straggler lasts before --on-straggler exclude leaves its host out
+STRAGGLER_WARM_UP = 60.0  # seconds of an attempt in which no straggler is named (start-up, graph building, caches)
 STRAGGLER_ACTIONS = ("warn", "exclude", "off")
 # A cluster file's max_restarts and restart_delay, when it does not set them (the options win over the file).
 MAX_RESTARTS = 0
@@ -163,12 +164,16 @@ class RunOptions:
     on_straggler: str = _option(
         "warn", metavar="warn|exclude|off", parse=str,
         help="What to do about a training task the others keep waiting for, step after step (named on the console, "
-             "by 'tflaunch status' and in the run record, never in the first minute): warn; exclude, which also restarts the "
+             "by 'tflaunch status' and in the run record, never in an attempt's --straggler-warm-up): warn; exclude, which also restarts the "
              "cluster from its backup without that task's host once it was the straggler for --straggler-timeout "
              "seconds, where a spare or --min-workers allows; or off (its threads are not watched).")
     straggler_timeout: float = _option(
         STRAGGLER_TIMEOUT, metavar="S", parse=float,
         help="With --on-straggler exclude: seconds a task stays the straggler before its host is left out.")
+    straggler_warm_up: float = _option(
+        STRAGGLER_WARM_UP, metavar="S", parse=float,
+        help="Seconds at the start of each attempt in which no straggler is named (TensorFlow starts up, builds its "
+             "graphs and fills its caches then).")
     evaluator_timeout: float = _option(
         EVALUATOR_TIMEOUT, metavar="S", parse=float,
         help="After training succeeds, seconds a running evaluator may take to finish its last evaluation "
@@ -217,6 +222,7 @@ class RunOptions:
         if self.on_straggler not in STRAGGLER_ACTIONS:
             raise bad("on_straggler", " or ".join(STRAGGLER_ACTIONS), self.on_straggler)
         put(self, "straggler_timeout", seconds("straggler_timeout", self.straggler_timeout, positive=True))
+        put(self, "straggler_warm_up", seconds("straggler_warm_up", self.straggler_warm_up))
         put(self, "tasks", _names(self.tasks))
         put(self, "log_max_size", size("log_max_size", self.log_max_size))
         for flag in ("isolate_network", "no_seal", "no_check", "quiet", "verbose", "tensorboard", "debug"):

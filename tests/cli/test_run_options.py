@@ -59,6 +59,7 @@ BAD = [
     ("grace", float("nan"), "a number of seconds >= 0", "nan"),
     ("evaluator_timeout", True, "a number of seconds >= 0", "True"),
     ("restart_delay", -0.5, "a number of seconds >= 0", "-0.5"),
+    ("straggler_warm_up", -5, "a number of seconds >= 0", "-5"),
     ("start_timeout", 0, "a number of seconds > 0", "0"),
     ("hang_timeout", float("inf"), "a number of seconds > 0", "inf"),
     ("max_restarts", -1, "a whole number >= 0", "-1"),
@@ -71,6 +72,7 @@ BAD = [
     ("env", {"A-B": "1"}, "variable names mapped to strings, or to None (passed by name)", "'A-B'"),
 ]
 CLI_NAMES = {"grace": "--grace", "evaluator_timeout": "--evaluator-timeout", "restart_delay": "--restart-delay",
+             "straggler_warm_up": "--straggler-warm-up",
              "start_timeout": "--start-timeout", "hang_timeout": "--hang-timeout", "max_restarts": "--max-restarts",
              "threads": "--threads", "command": "the command after --", "tasks": "--tasks", "log_dir": "--log-dir",
              "env": "--env"}
@@ -155,6 +157,8 @@ def test_launch_s_defaults_are_the_dataclasss():
     (["--local", "1", "--grace", "-1", "--dry-run"], "--grace: expected a number of seconds >= 0, got -1.0"),
     (["--local", "1", "--threads", "0", "--dry-run"], "--threads: expected 'auto', 'off' or a thread count >= 1, got 0"),
     (["--local", "1", "--hang-timeout", "0", "--dry-run"], "--hang-timeout: expected a number of seconds > 0, got 0.0"),
+    (["--local", "1", "--straggler-warm-up", "-1", "--dry-run"],
+     "--straggler-warm-up: expected a number of seconds >= 0, got -1.0"),
     (["--local", "1", "--quiet", "--verbose", "--dry-run"], "--quiet and --verbose cannot be combined"),
     (["submit", "--nodes", "1", "--max-restarts", "-1", "--dry-run"],
      "--max-restarts: expected a whole number >= 0, got -1"),

@@ -17,12 +17,13 @@ and sends running totals with its resource readings, from which, over the last :
 
 Each task's figures are compared with the other training tasks' typical figures (see
 :func:`shares`); the largest difference estimates the share of each step the others spend
-waiting for it (its ``share``). A task is confirmed a straggler once its share stayed at or above
+waiting for it (its ``share``), taken over each half of the window and the lesser kept
+(:func:`steady_shares`), so that a short burst never stands for a straggler. A task is confirmed a straggler once its share stayed at or above
 :data:`CONFIRM_SHARE` for :data:`CONFIRM_FOR` seconds while it was one of a clear minority (at most
-half of the others show the same), and never in an attempt's first :data:`WARM_UP` seconds. It
+half of the others show the same), and never in an attempt's warm-up (``--straggler-warm-up``). It
 stops being one once its share stayed under :data:`END_SHARE` for :data:`END_FOR` seconds, or when
 its attempt ends. Once one training task ended (the others no longer step together) no new
-straggler is named. The rules are pure functions (:func:`figures_over`, :func:`shares`); the
+straggler is named. The rules are pure functions (:func:`figures_over`, :func:`shares`, :func:`steady_shares`); the
 :class:`StragglerWatch` keeps the history, says each change in one line and records it.
 
 What it cannot see: a slow link, or a GPU slow for reasons other than its clocks. A task
@@ -48,9 +49,7 @@ from .readings import TaskReadings
 
 log = tracer("stragglers")
 
-WARM_UP = 60.0  # seconds of an attempt in which no straggler is named (start-up, graph building, warm caches)
 WINDOW = 20.0  # seconds of readings a task's figures are taken over
-LEAST_SPAN = 0.5 * WINDOW  # readings spanning less than this cannot judge yet
 CONFIRM_SHARE = 0.2
 CONFIRM_FOR = 15.0
 END_SHARE = 0.15
@@ -72,14 +71,15 @@ class Figures:
 
 
 def figures_over(history: Sequence[tuple[float, ThreadTimes]], now: float, window: float = WINDOW) -> Figures | None:
-    """A task's :class:`Figures` from its readings (oldest first) over the last ``window`` seconds;
-    None while they span less than :data:`LEAST_SPAN`."""
+    """A task's :class:`Figures` from its readings (oldest first) over the ``window`` seconds up to
+    ``now``; None while they span less than half of it."""
+    history = [(at, t) for at, t in history if at <= now]
     if len(history) < 2:
         return None
     start = now - window
     base_at, base = next(((at, t) for at, t in reversed(history) if at <= start), history[0])
     last_at, last = history[-1]
-    if last_at - base_at < LEAST_SPAN or last.looks <= base.looks:
+    if last_at - base_at < 0.5 * window or last.looks <= base.looks:
         return None
     stall = max(0.0, last.stalled - base.stalled) / (last.looks - base.looks)
     cpu_looks = last.cpu_looks - base.cpu_looks
@@ -119,6 +119,26 @@ def _others_median_high(values: Sequence[float]) -> list[float]:
     return found
 
 
+def steady_shares(histories: Mapping[str, Sequence[tuple[float, ThreadTimes]]],
+                  now: float) -> dict[str, tuple[float, str]]:
+    """Each task's share over the last :data:`WINDOW`, as the lesser of its :func:`shares` over the
+    window's two halves, and the later half's cause: a task must stand out in both to stand out.
+    Over the whole window, a burst of stalls a few seconds long (a checkpoint written, a last
+    evaluation, a task's own end of training) holds its task's figure up for as long as the burst
+    stays in the window, longer than the rule's :data:`CONFIRM_FOR`; a burst shorter than that
+    never fills both halves at once. Tasks whose readings span too little yet are left out."""
+    half = WINDOW / 2
+    earlier, later = {}, {}
+    for name, history in histories.items():
+        first, second = figures_over(history, now - half, half), figures_over(history, now, half)
+        if first is not None and second is not None:
+            earlier[name], later[name] = first, second
+    if len(later) < 2:
+        return {}
+    before, after = shares(earlier), shares(later)
+    return {name: (min(before[name][0], share), cause) for name, (share, cause) in after.items()}
+
+
 def minority(tasks: int) -> int:
     """How many tasks at most may stand out at once for any of them to be named: at most half of
     the others (one of two or three, two of five)."""
@@ -139,13 +159,16 @@ class StragglerWatch:
     attempt's :class:`StragglerRecord` list whenever it changes (for run.json and the status line).
     With ``exclude_after`` (``--on-straggler exclude``), a straggler that lasted that long stops
     the attempt with a :class:`Trip`, when ``excludable`` (asked with the task's name) returns
-    None; otherwise what it returns is said once, and the run goes on.
+    None; otherwise what it returns is said once, and the run goes on. No straggler is named in the
+    attempt's first ``warm_up`` seconds (``--straggler-warm-up``).
     """
 
     def __init__(self, attempt: int, hosts: Mapping[str, str], message: Callable[[str], None],
-                 changed: Callable[[list[StragglerRecord]], None], exclude_after: float | None = None,
-                 excludable: Callable[[str], str | None] = lambda name: None, clock: Callable[[], float] = time.time):
+                 changed: Callable[[list[StragglerRecord]], None], *, warm_up: float,
+                 exclude_after: float | None = None, excludable: Callable[[str], str | None] = lambda name: None,
+                 clock: Callable[[], float] = time.time):
         self.attempt = attempt
+        self.warm_up = warm_up
         self.hosts = dict(hosts)
         self.message = message
         self.changed = changed
@@ -179,14 +202,10 @@ class StragglerWatch:
             self.finishing = True
             log.debug("attempt %d: a training task ended; no straggler is named from now on", self.attempt)
         self._read(tasks, now)
-        figures = {}
-        for name, history in self.history.items():
-            found = figures_over(history, now)
-            if found is not None:
-                figures[name] = found
-        if len(figures) < 2:
+        found = steady_shares(dict(self.history.items()), now)
+        if len(found) < 2:
             return None
-        return self.judge(shares(figures), now)
+        return self.judge(found, now)
 
     def _read(self, tasks: list[Task], now: float) -> None:
         for task in tasks:
@@ -209,7 +228,7 @@ class StragglerWatch:
             suspect.shares.append(share)
             suspect.cause = cause
             if (name not in self.records and now - suspect.since >= CONFIRM_FOR
-                    and now - self.started >= WARM_UP and not self.finishing):
+                    and now - self.started >= self.warm_up and not self.finishing):
                 self._confirm(name, suspect)
         for name, record in list(self.records.items()):
             share = found.get(name, (0.0, ""))[0]

@@ -65,7 +65,7 @@ def describe_result(result: RunResult, exit_line: bool = True) -> list[str]:
     if final.outcome is Outcome.SUCCEEDED:
         training = training_lines(read_metrics(RunFolder(Path(result.run_dir)).metrics_path), len(result.attempts))
         return [f"run {result.run_id} succeeded{attempts} in {duration} ({plural(len(final.tasks), 'task')})",
-                *task_table(final.tasks, usage), *leftover_lines(result), *training,
+                *task_table(final.tasks, usage), *leftover_lines(result), *straggler_lines(result), *training,
                 f"logs in {result.run_dir}", *([_report_hint(result)] if training else [])]
     lines: list[str] = []
     root = final.root_cause
@@ -102,6 +102,7 @@ def describe_result(result: RunResult, exit_line: bool = True) -> list[str]:
         lines.append("other tasks:" if root is not None else "tasks:")
         lines += task_table(others, usage, fold=len(final.tasks) >= FOLD_FROM)
     lines += leftover_lines(result)
+    lines += straggler_lines(result)
     lines += training_lines(read_metrics(RunFolder(Path(result.run_dir)).metrics_path), len(result.attempts))
     lines.append(f"logs in {result.run_dir}" + (f"; tflaunch exits with {result.exit_code}" if exit_line else ""))
     return lines
@@ -118,6 +119,11 @@ def leftover_lines(result: RunResult) -> list[str]:
                 lines.append(f"{task.name} left {plural(count, 'process', 'processes')} behind{where}: "
                              f"{', '.join(task.leftovers)}, stopped")
     return lines
+
+
+def straggler_lines(result: RunResult) -> list[str]:
+    """Each straggler named during the run, attempt by attempt, as ``status`` and ``report`` say it."""
+    return [f"straggler: {straggler.line()}" for straggler in (result.record.stragglers if result.record else [])]
 
 
 FOLD_FROM = 8  # a table of this many tasks or more folds alike tasks into one row

@@ -273,7 +273,8 @@ def test_a_straggler_host_is_named_over_ssh_and_left_out_for_a_spare(tflaunch, t
     # Every task on node2 has an input pipeline that sleeps 0.2 s per batch: a slow machine, for good.
     cluster = cluster_file(tmp_path, testhosts, ["node1", "node2"], spares=["node3"])
     proc = tflaunch.start(str(cluster), "--on-straggler", "exclude", "--straggler-timeout", "10",
-                          "--max-restarts", "1", "--restart-delay", "0", "--", "python", STRAGGLER,
+                          "--straggler-warm-up", "10", "--max-restarts", "1", "--restart-delay", "0", "--",
+                          "python", STRAGGLER,
                           "--steps", "3000", "--pace", "0.02", "--slow-host", "node2", "--sleep", "0.2")
     try:
         _, err = proc.communicate(timeout=500)
