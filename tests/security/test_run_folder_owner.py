@@ -76,6 +76,24 @@ def test_a_run_folder_and_everything_in_it_is_its_owners_alone(tmp_path, folder_
     assert nobody_did(READ, *paths).split() == ["refused"] * len(paths)
 
 
+@pytest.mark.slow
+def test_another_user_asking_about_runs_they_cannot_read_gets_one_line_not_a_traceback(tmp_path, folder_for_others):
+    log_dir = folder_for_others(0o1777)
+    assert finished(tflaunch(tmp_path, log_dir, "print:done")).returncode == 0
+    (run_dir,) = log_dir.iterdir()
+    nobody = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", sys.executable, "-m", "launcher"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for command in ("runs", "status", "report", "logs", "stacks"):
+        done = subprocess.run([*nobody, command, "--log-dir", str(log_dir)], capture_output=True, text=True,
+                              timeout=60, cwd=log_dir, env=env)
+        assert "Traceback" not in done.stderr, (command, done.stderr)
+        if command == "runs":  # listed, as a run that cannot be read, beside any the user can read
+            assert done.returncode == 0 and "unreadable" in done.stdout, done
+        else:
+            assert done.returncode == 2, (command, done)
+            assert done.stderr.strip() == f"tflaunch: error: {run_dir / 'run.json'}: cannot read it (Permission denied)"
+
+
 def as_group_member(gid: int, code: str, *args: str) -> str:
     done = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", f"--groups={gid}", SYSTEM_PYTHON,
                            "-c", code, *args], capture_output=True, text=True, timeout=60, cwd="/",

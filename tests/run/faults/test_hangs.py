@@ -452,6 +452,15 @@ def test_another_user_cannot_ask_for_the_stacks_even_through_an_open_socket(tfla
     proc = sleepers(tflaunch)
     try:
         run_dir = running_run(tflaunch, proc)
+        # The run folder is its owner's alone: another user cannot even find the run, and says so in one line.
+        hidden = stacks(tflaunch, "--log-dir", str(tflaunch.log_dir), user=NOBODY, cwd=shared_dir)
+        assert hidden.returncode == 2
+        assert hidden.stderr.strip() == (f"tflaunch: error: log directory {tflaunch.log_dir}/ cannot be read by you: "
+                                         f"a run folder is its owner's alone (docs/security.md)")
+        # Folders opened to everyone by their owner: the socket's owner check still refuses.
+        tflaunch.log_dir.chmod(0o755)
+        run_dir.chmod(0o755)
+        (run_dir / "run.json").chmod(0o644)
         refused = stacks(tflaunch, "--log-dir", str(tflaunch.log_dir), user=NOBODY, cwd=shared_dir)
         assert refused.returncode == 2
         assert refused.stderr.strip() == (f"tflaunch: error: run {run_dir.name} belongs to another user: only the "
