@@ -153,7 +153,9 @@ def test_runs_lists_newest_first_with_status_exit_code_and_accuracy(tflaunch):
 
 
 def test_missing_unknown_and_ambiguous_runs_are_one_line_errors(tflaunch):
-    for command in ("runs", "logs", "status", "report"):
+    # No log directory yet: no runs to list, and nothing for a command that needs a run.
+    assert inspect(tflaunch, "runs").stderr.strip() == f"no runs in {tflaunch.log_dir}/ yet"
+    for command in ("logs", "status", "report"):
         done = inspect(tflaunch, command, code=2)
         assert done.stderr.strip() == f"tflaunch: error: log directory {tflaunch.log_dir}/ does not exist " \
                                       f"(choose another with --log-dir DIR)"
