@@ -19,6 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 HELPERS = ROOT / "tests" / "helpers"
 TASK = str(HELPERS / "task.py")
+LOCKSTEP = str(ROOT / "tests" / "workers" / "lockstep.py")  # the stand-in for a TensorFlow task
 
 from testhosts_fixture import testhosts  # noqa: E402,F401  (fixture re-exported for ssh tests)
 from testslurm_fixture import slurm, slurm3, testslurm, testslurm3  # noqa: E402,F401  (the Slurm tests' fixtures)
