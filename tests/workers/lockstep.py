@@ -313,19 +313,21 @@ def coordinate(task: Task, args: argparse.Namespace) -> None:
     say(f"{task.name}: done")
 
 
-def evaluate(task: Task) -> None:
-    """An evaluator: idles until the chief's saved model is in TFLAUNCH_CHECKPOINT_DIR, evaluates it and ends.
-    Without that folder it idles until stopped."""
+def evaluate(task: Task, seconds: float) -> None:
+    """An evaluator: idles until the chief's saved model is in TFLAUNCH_CHECKPOINT_DIR, evaluates it for
+    ``seconds`` and ends. Without that folder it idles until stopped."""
     checkpoints = os.environ.get("TFLAUNCH_CHECKPOINT_DIR")
     say(f"{task.name}: idle")
     path = Path(checkpoints) / "model.json" if checkpoints else None
     while path is None or not path.exists():
         time.sleep(0.2)
     model = json.loads(path.read_text())
+    time.sleep(seconds)
     loss = model["weight"] ** 2
     metric({"kind": "eval", "epoch": model["epochs"], "checkpoint": path.name, "val_loss": loss,
             "val_accuracy": 1.0 / (1.0 + loss), "eval_seconds": 0.0, "final": True, "test_loss": loss,
             "test_accuracy": 1.0 / (1.0 + loss)})
+    say(f"{task.name}: done after {path.name}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -338,6 +340,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--backup-every-steps", type=int, default=0)
     parser.add_argument("--step-metrics", action="store_true", help="a metric line per step too")
     parser.add_argument("--connect-timeout", type=float, default=60.0)
+    parser.add_argument("--eval-seconds", type=float, default=0.0, help="an evaluator's time on the final model")
     args = parser.parse_args(argv)
     task = Task()
     if knob("IGNORE_TERM", task.name) == "1":
@@ -345,8 +348,8 @@ def main(argv: list[str] | None = None) -> None:
     if knob("STRAY", task.name) == "1":
         start_stray(task.name)
     if task.type == "evaluator":
-        evaluate(task)
-    if task.type == "ps" or (task.servers and task.type == "worker"):
+        evaluate(task, args.eval_seconds)
+    elif task.type == "ps" or (task.servers and task.type == "worker"):
         say(f"{task.name}: serving")
         serve(task.address())
     elif task.servers:
