@@ -56,16 +56,20 @@ class Finished:
 class Tflaunch:
     """Runs ``python -m launcher`` as a real subprocess with its own log dir."""
 
-    def __init__(self, log_dir: Path, cwd: Path):
+    def __init__(self, log_dir: Path, cwd: Path, no_tensorflow: bool = False):
         self.log_dir = log_dir
         self.cwd = cwd
         self._started: list[subprocess.Popen] = []
+        from tiers import NO_TENSORFLOW  # the plugin pytest loads: imported once pytest has
+
+        # A unit or fast test's tasks cannot import TensorFlow (tests/tiers.py).
+        self._path = [str(NO_TENSORFLOW)] * no_tensorflow + [str(ROOT)]
 
     def argv(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "launcher", *args]
 
     def env(self, extra: dict | None = None) -> dict:
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(self._path)}
         env.update(extra or {})
         return env
 
@@ -153,8 +157,10 @@ def folder_for_others() -> Iterator[Callable[[int], Path]]:
 
 
 @pytest.fixture
-def tflaunch(tmp_path: Path):
-    launcher = Tflaunch(tmp_path / "logs", tmp_path)
+def tflaunch(tmp_path: Path, request: pytest.FixtureRequest):
+    from tiers import light
+
+    launcher = Tflaunch(tmp_path / "logs", tmp_path, no_tensorflow=light(request.node))
     yield launcher
     launcher.stop_leftovers()
 

@@ -34,13 +34,13 @@ import time
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
-from tiers import ALONE_EXPRESSION, ALONE_FILE
+from tiers import ALONE_EXPRESSION, ALONE_FILE, HEAVY_MARKERS
 
 ROOT = Path(__file__).resolve().parents[1]
 # (name, markers): a test runs in the first tier whose expression it matches.
 TIERS = (
     ("unit", "unit"),
-    ("fast", "not slow and not ssh and not slurm and not tensorflow"),
+    ("fast", " and ".join(f"not {name}" for name in HEAVY_MARKERS)),
     ("processes", "not ssh and not slurm and not tensorflow"),
     ("ssh", "ssh and not slurm and not tensorflow"),
     ("slurm", "slurm and not tensorflow"),
