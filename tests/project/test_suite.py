@@ -10,7 +10,8 @@ import pytest
 from _pytest.mark.expression import Expression
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from suite import ALONE, BESIDE, SLOWEST, STAGES, TIERS, WORKERS, TierRun, expressions, main, parts, slowest  # noqa: E402
+from suite import (ALONE, BESIDE, SLOWEST, STAGES, TIERS, WORKERS, TierRun, expressions, main, parts,  # noqa: E402
+                   slowest)
 
 pytestmark = pytest.mark.unit
 MARKERS = ("unit", "slow", "tensorflow", "ssh", "slurm", "gpu")

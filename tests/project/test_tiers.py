@@ -193,7 +193,8 @@ def test_a_unit_or_fast_test_that_imports_tensorflow_errors_and_a_tensorflow_tes
     '''
     done = pytest_run(tmp_path, body)
     assert outcomes(done) == {"test_pure_imports_it": "ERROR", "test_fast_imports_it": "ERROR",
-                              "test_fast_does_not": "PASSED", "test_marked_tensorflow_imports_it": "PASSED"}, done.stdout
+                              "test_fast_does_not": "PASSED",
+                              "test_marked_tensorflow_imports_it": "PASSED"}, done.stdout
     assert "test_sample.py::test_fast_imports_it is a unit or fast test but imported tf_keras" in done.stdout
 
 
@@ -215,6 +216,7 @@ def test_the_tasks_of_a_fast_test_cannot_import_tensorflow_and_those_of_a_tensor
     assert trainer.returncode != 0 and "TensorFlow runs only in tests marked tensorflow" in trainer.stderr
     heavy = Tflaunch(tmp_path, tmp_path).env()
     assert heavy["PYTHONPATH"] == str(ROOT)
-    found = subprocess.run([sys.executable, "-c", "import importlib.util as u; print(u.find_spec('tensorflow').origin)"],
+    where = "import importlib.util as u; print(u.find_spec('tensorflow').origin)"
+    found = subprocess.run([sys.executable, "-c", where],
                            env=heavy, capture_output=True, text=True, timeout=60)
     assert "no_tensorflow" not in found.stdout and found.stdout.strip().endswith("__init__.py"), found.stdout

@@ -82,7 +82,8 @@ def test_a_crash_restarts_the_cluster_and_it_resumes_from_the_backup(tflaunch):
 
 def test_a_resume_on_fewer_workers_keeps_the_global_batch(tflaunch, tmp_path):
     backup = tmp_path / "backup"
-    first = tflaunch.run("--local", "3", "--env", f"TFLAUNCH_BACKUP_DIR={backup}", "--env", "LOCKSTEP_CRASH=worker-0=7:4", "--",
+    first = tflaunch.run("--local", "3", "--env", f"TFLAUNCH_BACKUP_DIR={backup}", "--env", "LOCKSTEP_CRASH=worker-0=7:4",
+                         "--",
                          "python", LOCKSTEP, "--epochs", "3", "--steps", "5")
     assert first.returncode != 0
     done = tflaunch.run("--local", "2", "--env", f"TFLAUNCH_BACKUP_DIR={backup}", "--",

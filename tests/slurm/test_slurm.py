@@ -126,7 +126,8 @@ def test_restarts_inside_the_allocation(slurm, tmp_path):
             "if os.environ['TFLAUNCH_TASK'] == 'worker-1' and not os.path.exists(p):\n"
             "    open(p, 'w').close(); sys.exit(3)\n"
             "print('attempt', os.environ['TFLAUNCH_ATTEMPT'], 'backup', os.environ['TFLAUNCH_BACKUP_DIR'])")
-    done, run_dir = submit(slurm, tmp_path, "--nodes", "2", "--max-restarts", "1", "--wait", "--",
+    done, run_dir = submit(slurm, tmp_path, "--nodes", "2", "--max-restarts", "1", "--restart-delay", "0", "--wait",
+                           "--",
                            "python", "-c", code)
     assert done.returncode == 0, done.stderr
     rec = record(run_dir)

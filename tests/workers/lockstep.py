@@ -12,10 +12,10 @@ It keeps the contract a TensorFlow task keeps with tflaunch:
   exchange with every peer (:func:`all_reduce`, a sum over sockets), so one slow task slows all; the
   main thread waits in a socket read (``peers.read_exactly``) while a peer is late, and an input thread
   (:func:`slow_source`) feeds it. A peer that goes away ends the task with exit code 1 and one line
-  (``peers.PEER_LOST_EXIT`` seconds later), as TensorFlow's collectives do. With ``ps`` tasks in the cluster (ParameterServerStrategy) the
-  chief drives each step against every worker and ps, which serve until stopped and are reached
-  again when one restarts in place; an evaluator idles until the chief's model is saved, evaluates it
-  (a ``"kind":"eval"`` metric line) and ends;
+  (``peers.PEER_LOST_EXIT`` seconds later), as TensorFlow's collectives do. With ``ps`` tasks in the
+  cluster (ParameterServerStrategy) the chief drives each step against every worker and ps, which
+  serve until stopped and are reached again when one restarts in place; an evaluator idles until the
+  chief's model is saved, evaluates it (a ``"kind":"eval"`` metric line) and ends;
 - it prints Keras's epoch lines (``Epoch 1/3`` and ``5/5 [====...] - 0s 10ms/step - loss: ...``) and
   tflaunch's metric lines (``TFLAUNCH_METRIC {"kind":"epoch",...}``, the trainer's fields; ``--report
   keras`` prints Keras's lines only), the same figures in every task;
