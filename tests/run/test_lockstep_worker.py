@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from conftest import LOCKSTEP
@@ -57,13 +58,28 @@ def test_keras_lines_alone_are_read_as_epochs(tflaunch):
     assert [(r["epoch"], r["source"], r["steps"]) for r in epochs] == [(1, "keras", 3), (2, "keras", 3)]
 
 
-def test_one_slow_input_slows_every_task(tflaunch):
-    done = tflaunch.run("--local", "3", "--env", "LOCKSTEP_INPUT_SLEEP=worker-2=0.3", "--",
+@pytest.mark.parametrize("knob", ["INPUT_SLEEP", "COMPUTE"])
+def test_one_slow_task_slows_every_task(tflaunch, knob):
+    done = tflaunch.run("--local", "3", "--env", f"LOCKSTEP_{knob}=worker-2=0.3", "--",
                         "python", LOCKSTEP, "--epochs", "1", "--steps", "6", "--step-seconds", "0")
     assert done.returncode == 0, done.stderr[-3000:]
     for name in ("worker-0", "worker-1", "worker-2"):
         (epoch,) = records(done.run_dir, "epoch", name)
-        assert epoch["epoch_seconds"] >= 1.5, epoch  # six steps paced by worker-2's input: at least 5 x 0.3 s
+        assert epoch["epoch_seconds"] >= 1.5, epoch  # six steps paced by worker-2: at least 5 x 0.3 s
+
+
+def test_a_flood_a_task_deaf_to_sigterm_and_a_stray_grandchild_are_the_launchers_to_stop(tflaunch):
+    done = tflaunch.run("--local", "2", "--grace", "1", "--env", "LOCKSTEP_STRAY=worker-0=1",
+                        "--env", "LOCKSTEP_IGNORE_TERM=worker-1=1", "--env", "LOCKSTEP_FLOOD=worker-1=40",
+                        "--env", "LOCKSTEP_CRASH=worker-0=3:5", "--", "python", LOCKSTEP, "--epochs", "2")
+    assert done.returncode == 5, done.stderr[-3000:]
+    tasks = {t["name"]: t for t in done.record["tasks"]}
+    assert tasks["worker-0"]["exit_code"] == 5
+    assert (tasks["worker-1"]["state"], tasks["worker-1"]["signal"]) == ("stopped", 9)  # deaf to SIGTERM: killed
+    assert done.task_output("worker-1").count("filler line") >= 80  # 40 lines a step, two steps at least
+    stray = int(next(line for line in done.task_output("worker-0").splitlines() if line.startswith("STRAY "))[6:])
+    wait_for(lambda: not psutil.pid_exists(stray) or psutil.Process(stray).status() == psutil.STATUS_ZOMBIE,
+             timeout=10, message="the stray grandchild to be stopped with its task")
 
 
 def test_a_crash_restarts_the_cluster_and_it_resumes_from_the_backup(tflaunch):
