@@ -156,6 +156,19 @@ def folder_for_others() -> Iterator[Callable[[int], Path]]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+# The tests that read a run of the default job share one (xdist_group keeps them in one worker).
+DEFAULT_LOCAL_TWO = "default_local_two"
+
+
+@pytest.fixture(scope="session")
+def default_local_two(tmp_path_factory) -> tuple[Finished, Tflaunch]:
+    """One ``tflaunch --local 2`` of the default job (the built-in trainer on two MultiWorkerMirroredStrategy
+    workers), for the tests that read such a run: (the finished run, a Tflaunch whose log folder holds it)."""
+    path = tmp_path_factory.mktemp(DEFAULT_LOCAL_TWO)
+    launcher = Tflaunch(path / "logs", path)
+    return launcher.run("--local", "2", timeout=240), launcher  # about 30 s here
+
+
 @pytest.fixture
 def tflaunch(tmp_path: Path, request: pytest.FixtureRequest):
     from tiers import light

@@ -127,7 +127,8 @@ class TierRun:
         os.close(handle)
         self.report = Path(report)
         self.started = time.monotonic()
-        in_workers = ["-n", str(workers)] if workers else []
+        # loadgroup: the tests of one xdist_group (those that share one run) go to one worker.
+        in_workers = ["-n", str(workers), "--dist", "loadgroup"] if workers else []
         self.process = subprocess.Popen(
             [sys.executable, "-m", "pytest", "-p", "randomly", f"--randomly-seed={seed}", *in_workers, *selection,
              f"--durations={SLOWEST}", f"--junitxml={report}", *passed_on], cwd=ROOT, env=env, stdout=self.output,
