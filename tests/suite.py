@@ -85,18 +85,20 @@ def parts(stage: tuple[str, ...]) -> list[tuple[str, str, str]]:
     return [(name, f"{expressions()[name]} and not {ALONE}", f"{expressions()[name]} and {ALONE}") for name in stage]
 
 
-def slowest(reports: list[tuple[str, Path]], count: int = SLOWEST) -> list[tuple[float, str, str]]:
-    """The ``count`` slowest tests of the suite as (seconds, tier, test id), from each run's JUnit report."""
-    found = []
+def slowest(reports: list[tuple[str, Path]], count: int = SLOWEST) -> tuple[list[tuple[float, str, str]], list[str]]:
+    """The ``count`` slowest tests of the suite as (seconds, tier, test id), from each run's JUnit report,
+    and a line for each report that could not be read."""
+    found, unread = [], []
     for tier, path in reports:
         try:
             root = ElementTree.parse(path).getroot()
-        except (OSError, ElementTree.ParseError):
+        except (OSError, ElementTree.ParseError) as exc:
+            unread.append(f"tier {tier}: no test times ({path}: {exc})")
             continue
         for case in root.iter("testcase"):
             test_id = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
             found.append((float(case.get("time") or 0), tier, test_id))
-    return sorted(found, reverse=True)[:count]
+    return sorted(found, reverse=True)[:count], unread
 
 
 class TierRun:
@@ -199,8 +201,11 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     results, runs = run_suite(chosen, seed, passed_on)
     print(f"\n=== the {SLOWEST} slowest tests of the suite")
-    for took, tier, test_id in slowest([(run.name, run.report) for run in runs]):
+    found, unread = slowest([(run.name, run.report) for run in runs])
+    for took, tier, test_id in found:
         print(f"{took:8.1f}s  {tier:<12}{test_id}")
+    for line in unread:
+        print(line)
     for run in runs:
         run.report.unlink(missing_ok=True)
     print(f"\n{'tier':<12}{'outcome':<22}{'time':>8}")

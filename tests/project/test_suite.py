@@ -70,8 +70,9 @@ def test_the_suite_names_its_slowest_tests_from_every_run(tmp_path):
                      '<testcase classname="tests.run.test_a" name="test_y" time="0.1"/></testsuite></testsuites>')
     second.write_text('<testsuites><testsuite><testcase classname="tests.slurm.test_s" name="test_z[1]" time="9"/>'
                       '</testsuite></testsuites>')
-    found = slowest([("fast", first), ("slurm", second), ("ssh", tmp_path / "missing.xml")], count=2)
+    found, unread = slowest([("fast", first), ("slurm", second), ("ssh", tmp_path / "missing.xml")], count=2)
     assert found == [(9.0, "slurm", "tests/slurm/test_s.py::test_z[1]"), (3.5, "fast", "tests/run/test_a.py::test_x")]
+    assert len(unread) == 1 and unread[0].startswith(f"tier ssh: no test times ({tmp_path / 'missing.xml'}: ")
     assert SLOWEST == 15
 
 
