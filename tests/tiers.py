@@ -3,6 +3,10 @@
 - A test marked ``unit`` (the pure tier: ``pytest -m unit``) may not also be marked slow, tensorflow,
   ssh, slurm or gpu, nor use a fixture that starts tflaunch, test hosts or a Slurm cluster; such a
   test errors at setup, naming what it is marked or uses, and is not run.
+- A test of the unit or fast tier (:func:`light`) may not import TensorFlow (or tf_keras, or Keras):
+  one that does errors at teardown, naming the modules. The tasks it starts through the ``tflaunch``
+  fixture find :data:`NO_TENSORFLOW` first on their path, whose ``tensorflow`` fails to import, so
+  neither the trainer nor any TensorFlow program runs there.
 - Every test leaves the process as it found it: the working directory, os.environ and the handlers of
   the signals tflaunch handles. A test that changes one of them without undoing it (monkeypatch
   undoes its own changes; the fixture ``signal_handlers`` puts the handlers back) errors at teardown,
@@ -14,6 +18,8 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +28,10 @@ import pytest
 ALONE_FILE = "TFLAUNCH_SUITE_ALONE_FILE"
 ALONE_EXPRESSION = "TFLAUNCH_SUITE_ALONE_EXPRESSION"
 NOT_UNIT_MARKERS = ("slow", "tensorflow", "ssh", "slurm", "gpu")
+HEAVY_MARKERS = ("slow", "ssh", "slurm", "tensorflow")  # the fast tier is the tests with none of these
+TENSORFLOW_MODULES = ("tensorflow", "tf_keras", "keras")
+# Packages named as TensorFlow's that fail to import: first on the path of a light test's tasks.
+NO_TENSORFLOW = Path(__file__).resolve().parent / "no_tensorflow"
 PROCESS_FIXTURES = ("tflaunch", "testhosts", "testslurm")
 # Variables set by others than the test: pytest (for every phase of every test) and scikit-learn (with
 # os.environ.setdefault, the first time it is imported, whichever test that is).
@@ -37,6 +47,30 @@ def unit_conflicts(item: pytest.Item) -> list[str]:
     found = [f"marked {name}" for name in NOT_UNIT_MARKERS if item.get_closest_marker(name) is not None]
     found += [f"uses the {name} fixture" for name in PROCESS_FIXTURES if name in getattr(item, "fixturenames", ())]
     return found
+
+
+def light(item: pytest.Item) -> bool:
+    """Whether ``item`` is a test of the unit or the fast tier: TensorFlow has no place there."""
+    return item.get_closest_marker("unit") is not None or \
+        all(item.get_closest_marker(name) is None for name in HEAVY_MARKERS)
+
+
+def tensorflow_loaded() -> set[str]:
+    return {name for name in TENSORFLOW_MODULES if name in sys.modules}
+
+
+@pytest.fixture(autouse=True)
+def _no_tensorflow_in_light_tests(request: pytest.FixtureRequest):
+    if not light(request.node):
+        yield
+        return
+    before = tensorflow_loaded()
+    yield
+    imported = sorted(tensorflow_loaded() - before)
+    if imported:
+        pytest.fail(f"{request.node.nodeid} is a unit or fast test but imported {', '.join(imported)}: TensorFlow "
+                    f"runs only in tests marked tensorflow (mark it, or use the stand-in worker "
+                    f"tests/workers/lockstep.py)", pytrace=False)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
