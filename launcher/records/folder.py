@@ -175,7 +175,11 @@ class RunFolder:
                 mode = SHARED_FOLDER_MODE if gid is not None or shared_with_group(base) else FOLDER_MODE
                 path.mkdir(FOLDER_MODE)  # the owner's alone until it has the group it is shared with
                 if gid is not None:
-                    os.chown(path, -1, gid, follow_symlinks=False)
+                    try:
+                        os.chown(path, -1, gid, follow_symlinks=False)
+                    except OSError:
+                        path.rmdir()  # refused with nothing made, as for a group found wanting before
+                        raise
                 os.chmod(path, mode)  # the umask took nothing it should not, and S_ISGID is kept
                 return cls(path)
             except OSError as exc:
