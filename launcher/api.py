@@ -111,7 +111,7 @@ def launch(cluster: str | Path | Mapping[str, Any] | None = None, *, local: int 
            hosts: str | Mapping[str, int] | Sequence[str] | None = None, hostfile: str | Path | None = None,
            command: Sequence[str] | str | None = None, chief: bool = False, ps: int = 0, evaluator: bool = False,
            gpus: Sequence[int] | str | None = None, env: Mapping[str, str | None] | None = None,
-           log_dir: str | Path | None = None, threads: int | str | None = None, grace: float = RunOptions.grace,
+           log_dir: str | Path | None = None, log_group: str | int | None = None, threads: int | str | None = None, grace: float = RunOptions.grace,
            max_restarts: int | None = None, restart_delay: float | None = None, min_workers: int | None = None,
            cooldown: float | None = None, spares: str | Mapping[str, int] | Sequence[str] | None = None,
            start_timeout: float | None = None, hang_timeout: float | None = None, on_straggler: str = RunOptions.on_straggler,
@@ -142,7 +142,7 @@ def launch(cluster: str | Path | Mapping[str, Any] | None = None, *, local: int 
     from .run.lifecycle.signals import Interrupted
     from .sources.choose import ClusterChoice, OptionsError
 
-    options = RunOptions(command=command, env=env, log_dir=log_dir, threads=threads, grace=grace,
+    options = RunOptions(command=command, env=env, log_dir=log_dir, log_group=log_group, threads=threads, grace=grace,
                          max_restarts=max_restarts, restart_delay=restart_delay, min_workers=min_workers,
                          cooldown=cooldown, start_timeout=start_timeout,
                          hang_timeout=hang_timeout, on_straggler=on_straggler, straggler_timeout=straggler_timeout,

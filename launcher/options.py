@@ -134,6 +134,11 @@ class RunOptions:
     env: Mapping[str, str | None] = _option(factory=dict, metavar="KEY[=VALUE]", help=ENV_HELP)
     log_dir: str | None = _option(
         metavar="DIR", help=f"Where run folders go (default: the file's log_dir, else ./{DEFAULT_LOG_DIR}).")
+    log_group: str | None = _option(
+        metavar="GROUP", parse=str,
+        help="Share the run folder with GROUP (a group you are in): made with that group, set-group-ID, 2750, "
+             "its files 0640; the group must be able to enter the log directory (default: the file's log_group, "
+             "else the run is yours alone, unless the log directory is shared with its group).")
     threads: int | str | None = _option(metavar="N|auto|off",
                                         help="Thread limit per task (default auto: cores shared among a host's tasks).")
     grace: float = _option(GRACE, metavar="S", parse=float, help="Seconds between SIGTERM and SIGKILL when stopping tasks.")
@@ -210,6 +215,7 @@ class RunOptions:
         put(self, "command", _command(self.command))
         put(self, "env", _env(self.env))
         put(self, "log_dir", _path("log_dir", self.log_dir))
+        put(self, "log_group", _log_group(self.log_group))
         put(self, "threads", _threads(self.threads))
         put(self, "grace", seconds("grace", self.grace))
         put(self, "max_restarts", None if self.max_restarts is None else count("max_restarts", self.max_restarts, 0))
@@ -370,6 +376,33 @@ def _path(option: str, value: Any) -> str | None:
         return os.fspath(value)
     except TypeError:
         raise bad(option, "a path", value) from None
+
+
+def group_id(group: Any) -> int:
+    """The id of ``group`` (a name, or a number as text or int) that this user may give a run folder:
+    one it is a member of (root: any). ValueError saying why not, naming the value, otherwise."""
+    import grp
+
+    if isinstance(group, bool) or not isinstance(group, (str, int)) or str(group).strip() == "":
+        raise ValueError(f"expected the name or number of a group, got {masked_text(repr(group))}")
+    text = str(group).strip()
+    try:
+        gid = grp.getgrgid(int(text)).gr_gid if text.isascii() and text.isdecimal() else grp.getgrnam(text).gr_gid
+    except (KeyError, OverflowError):
+        raise ValueError(f"no group {text!r} on this machine") from None
+    if os.geteuid() != 0 and gid != os.getegid() and gid not in os.getgroups():
+        raise ValueError(f"you are not a member of group {text!r} (gid {gid}), so a run folder cannot be given it")
+    return gid
+
+
+def _log_group(value: Any) -> str | None:
+    if value is None:
+        return None
+    try:
+        group_id(value)
+    except ValueError as exc:
+        raise OptionsError(f"{name('log_group')}: {exc}") from None
+    return str(value).strip()
 
 
 def _names(value: Any) -> tuple[str, ...]:

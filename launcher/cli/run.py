@@ -32,6 +32,7 @@ Examples:
 @cluster_options(gpus=True, slurm=True)
 # The run options' defaults, help and checks are launcher.options.RunOptions'; their flags only parse.
 @run_option("log_dir")
+@run_option("log_group")
 @run_option("threads")
 @run_option("grace")
 @run_option("log_max_size", show_default=False)

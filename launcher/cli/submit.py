@@ -50,6 +50,7 @@ Examples:
 @run_option("max_restarts")
 @run_option("grace", default=None, show_default=False)
 @run_option("log_dir")
+@run_option("log_group")
 @run_option("env", "-e",
             help="Set a variable in every task (repeatable): KEY=VALUE, written into the script, or KEY alone to "
                  "pass this environment's KEY by name: sbatch passes its value on, and the script holds only the "
@@ -80,7 +81,7 @@ def submit_command(ctx: click.Context, cluster: str | None, **options: Any) -> N
                  "requeue": options["requeue"], "warning_seconds": options["warning_seconds"]}
     request = SubmitOptions(cluster_file=cluster, overrides=overrides, command=ctx.meta.get("tflaunch.command") or (),
                             run_options=tuple(passed), log_dir=options["log_dir"],
-                            argv=("tflaunch", *sys.argv[1:]), env=options["env"])
+                            log_group=options["log_group"], argv=("tflaunch", *sys.argv[1:]), env=options["env"])
     if options["dry_run"]:
         click.echo(dry_run(request), nl=False)
         return

@@ -136,7 +136,7 @@ def test_submit_shows_the_same_run_options():
     runs = {param.name: param for param in run.params}
     passed = submit.make_context("submit", ["--nodes", "1"]).params
     shared = [param for param in submit.params if param.name in OPTIONS]
-    assert sorted(param.name for param in shared) == ["env", "grace", "log_dir", "max_restarts"]
+    assert sorted(param.name for param in shared) == ["env", "grace", "log_dir", "log_group", "max_restarts"]
     for param in shared:
         assert (param.opts, param.metavar) == (runs[param.name].opts, runs[param.name].metavar), param.name
         # --env's help says what submit writes into the script and what it refuses.
@@ -235,3 +235,17 @@ def test_the_options_shown_whole_hide_every_env_value_and_a_secret_in_the_comman
     assert not any(value in shown for value in ("s3cr3t-one", "pl4in-two", "s3cr3t-three"))
     assert "'MY_API_TOKEN': '<hidden>'" in shown and "'train.py'" in shown and "grace=2.0" in shown
     assert options.env["DATA"] == "pl4in-two"  # only what is shown is masked
+
+
+def test_a_log_group_must_exist_and_be_the_users_own_in_either_front_ends_words():
+    import grp
+    import os
+
+    with pytest.raises(OptionsError, match="^--log-group: no group 'no-such-group-here' on this machine$"):
+        RunOptions(log_group="no-such-group-here")
+    with python_words(), pytest.raises(OptionsError, match="^log_group: no group 'no-such-group-here' on this machine$"):
+        RunOptions(log_group="no-such-group-here")
+    with pytest.raises(OptionsError, match=r"^--log-group: expected the name or number of a group, got \[1\]$"):
+        RunOptions(log_group=[1])
+    own = grp.getgrgid(os.getegid()).gr_name
+    assert RunOptions(log_group=own).log_group == own and RunOptions(log_group=os.getegid()).log_group == str(os.getegid())
