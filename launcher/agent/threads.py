@@ -16,7 +16,8 @@ FULL_CENSUSES = 12  # censuses between readings of all its threads (else: those 
 DISCOVER = 1  # threads looked at per look besides the suspects and newcomers, in turn, to find new suspects
 MOST_SUSPECTS = 16
 SUSPECT_LOOKS = 15  # looks after which a suspect not seen stalled again is one no more
-MOST_NEWCOMERS = 32  # new threads a look takes at most (the newest), each at its first look only
+MOST_NEWCOMERS = 32  # new threads a look takes at most (the newest)
+NEWCOMER_LOOKS = 5  # looks for which a new thread is looked at every time, stalled or not
 TICKS = os.sysconf("SC_CLK_TCK")
 BUSY_SHARED = 0.1  # seconds for which one reading of /proc/stat serves every watched task of the agent
 # A thread holds its task up by itself when it sleeps on purpose or waits for a disk: its kernel
@@ -191,13 +192,16 @@ class ThreadWatch(object):
       purpose or wait for a disk (an input pipeline that sleeps or reads slowly). The figure is the
       task's, whichever threads do the work: a census's look takes every thread that runs; the
       others take the ``suspects`` (threads seen stalled lately: an input pipeline's work hops
-      between a pool's threads), the threads new since the last look, once each, and
-      ``DISCOVER`` others in turn, so a look costs a few reads however many threads TensorFlow
-      made. Threads come and go (tf.data makes new ones for each new iterator: each
-      epoch of a finite dataset, each call of ``fit``; gRPC's come and go all the time): a look
-      lists the task's threads again when their count changed, and at every look for
-      ``SUSPECT_LOOKS`` looks after a suspect ended, and looks at the new ones at once, so the
-      work is followed to the threads that took it over.
+      between a pool's threads), the ``newcomers`` (threads new within the last
+      ``NEWCOMER_LOOKS`` looks, stalled or not) and ``DISCOVER`` others in turn, so a look costs
+      a few reads however many threads TensorFlow made. Threads come and go (tf.data makes new
+      ones for each new iterator: each epoch of a finite dataset, each call of ``fit``; gRPC's
+      come and go all the time): a look lists the task's threads again when their count changed,
+      and at every look for ``SUSPECT_LOOKS`` looks after a suspect ended, so the work is
+      followed to the threads that took it over. A newcomer is looked at for several looks, not
+      one: tf.data runs a ``from_generator`` input on a new pair of threads that hand the batches
+      to each other in turn, so one look finds either of them waiting for its turn about as
+      often as asleep in the generator, and each must be seen stalled once to become a suspect.
     - ``cpu_looks`` and ``cpu_lost``: at each census but the first, the share of its CPUs it lost
       to others while it waited for one, or to its cgroup's CPU quota (:class:`CpuShare`), summed.
     - ``gpu_looks`` and ``gpu_slowdown`` (sent only for a task with GPUs on a host with NVML):
@@ -226,6 +230,7 @@ class ThreadWatch(object):
         self.live = []  # threads that ran since the last full census, and new ones
         self.ran = set()  # threads seen running since the last full census
         self.suspects = {}  # threads seen stalled -> the look that last saw them so
+        self.newcomers = {}  # threads new lately -> the look that first found them
         self.follow_until = 0  # until this look, the threads are listed at every look (a suspect ended)
         self.turn = 0
         self.censuses = 0
@@ -239,15 +244,17 @@ class ThreadWatch(object):
             self.look_at_cpus(pids, waited)
             self.look_at_gpus()
         self.looks += 1
+        self.welcome(new)
         if census:
             live = set(self.live)
-            keys = list(self.live) + [key for key in self.suspects if key not in live]
+            keys = list(self.live) + [key for key in list(self.suspects) + list(self.newcomers) if key not in live]
         else:
-            new = [key for key in new[-MOST_NEWCOMERS:] if key not in self.suspects]
-            looked = set(self.suspects) | set(new)
+            looked = set(self.suspects)
+            fresh = [key for key in self.newcomers if key not in looked]
+            looked.update(fresh)
             others = [key for key in self.live if key not in looked]
             count = min(DISCOVER, len(others))
-            keys = list(self.suspects) + new + [others[(self.turn + n) % len(others)] for n in range(count)]
+            keys = list(self.suspects) + fresh + [others[(self.turn + n) % len(others)] for n in range(count)]
             self.turn = (self.turn + count) % max(1, len(others))
         stalled, suspect_ended = self.count_stalled(keys)
         if suspect_ended:
@@ -255,8 +262,23 @@ class ThreadWatch(object):
             # thread per call): follow it for a while, whether or not the next look finds it stalled.
             self.follow_until = self.looks + SUSPECT_LOOKS
             if not census:
-                stalled += self.count_stalled(self.listing(pids, force=True)[-MOST_NEWCOMERS:])[0]
+                new = self.listing(pids, force=True)
+                self.welcome(new)
+                stalled += self.count_stalled([key for key in new if key in self.newcomers])[0]
         self.stalled += stalled
+
+    def welcome(self, new):
+        """Take the threads ``new`` (the newest :data:`MOST_NEWCOMERS`) as newcomers, looked at every
+        look for :data:`NEWCOMER_LOOKS` looks: a pool's new threads may take up its work only after
+        their first look, and then hand it to each other in turn (tf.data's threads do), so a
+        single look finds a pipeline's new threads waiting for work as often as doing it."""
+        for key in new[-MOST_NEWCOMERS:]:
+            self.newcomers[key] = self.looks
+        for key, since in list(self.newcomers.items()):
+            if self.looks - since >= NEWCOMER_LOOKS or key in self.suspects:
+                del self.newcomers[key]
+        while len(self.newcomers) > MOST_NEWCOMERS:
+            del self.newcomers[min(self.newcomers, key=self.newcomers.get)]
 
     def listing(self, pids, force):
         """The task's threads new since the last listing. It lists them again only when ``force``
@@ -290,6 +312,7 @@ class ThreadWatch(object):
         for key in keys:
             state = stalls(key)
             if state is None:
+                self.newcomers.pop(key, None)
                 suspect_ended = self.suspects.pop(key, None) is not None or suspect_ended
             elif state:
                 stalled += 1
