@@ -673,8 +673,10 @@ def test_stacks_of_a_hung_lock_step_run_name_its_culprit_for_its_owner_only(tfla
             ("input", "slow_source", line_of("the input pipeline stalls here", LOCKSTEP)),
             ("MainThread", "train", line_of("batches.get()", LOCKSTEP))}, culprit["threads"]
         assert answer["seconds"] < 5.0
+        # Another user finds no run to ask (its folder is its owner's alone), in one line.
         refused = stacks(tflaunch, "--log-dir", str(tflaunch.log_dir), user=NOBODY, cwd=shared_dir)
-        assert refused.returncode == 2 and "belongs to another user" in refused.stderr
+        assert refused.returncode == 2 and "cannot be read by you" in refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1
         assert proc.poll() is None and json.loads((run_dir / "run.json").read_text())["status"] == "running"
     finally:
         stop(proc)
