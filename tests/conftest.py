@@ -200,3 +200,22 @@ def marked(marker: str) -> list[int]:
         except psutil.NoSuchProcess:
             pass
     return found
+
+
+@pytest.fixture
+def procs():
+    """Start processes each in a session of its own (``procs(argv, **popen_kwargs)``); every group
+    is killed and every process reaped when the test ends."""
+    started: list[subprocess.Popen] = []
+
+    def start(argv, **kwargs) -> subprocess.Popen:
+        started.append(subprocess.Popen(argv, start_new_session=True, **kwargs))
+        return started[-1]
+
+    yield start
+    for proc in started:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()

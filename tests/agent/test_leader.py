@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 
@@ -17,23 +16,6 @@ from launcher.agent.trees import Leader
 from polling import wait_for
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(600)"]
-
-
-@pytest.fixture
-def procs():
-    started: list[subprocess.Popen] = []
-
-    def start(argv, **kwargs) -> subprocess.Popen:
-        started.append(subprocess.Popen(argv, start_new_session=True, **kwargs))
-        return started[-1]
-
-    yield start
-    for proc in started:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
 
 
 def gone(pid: int) -> bool:

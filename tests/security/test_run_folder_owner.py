@@ -104,6 +104,18 @@ def as_group_member(gid: int, code: str, *args: str) -> str:
     return done.stdout
 
 
+def assert_shared_with_group_alone(run_dir: Path, gid: int) -> None:
+    """Every folder of ``run_dir`` 2750 and every file 0640, all of group ``gid``: a member reads
+    each file, a user outside the group none."""
+    folders, files = everything_in(run_dir)
+    assert {oct(stat.S_IMODE(p.stat().st_mode)) for p in folders} == {"0o2750"}
+    assert {oct(stat.S_IMODE(p.stat().st_mode)) for p in files} == {"0o640"}
+    assert {p.stat().st_gid for p in [*folders, *files]} == {gid}
+    paths = [str(p) for p in files]
+    assert as_group_member(gid, READ, *paths).split() == ["read"] * len(paths)
+    assert nobody_did(READ, *paths).split() == ["refused"] * len(paths)  # not in the group: nothing
+
+
 @pytest.mark.slow
 def test_a_log_directory_shared_with_its_group_shares_runs_with_that_group_alone(tmp_path, folder_for_others):
     gid = grp.getgrnam("users").gr_gid
@@ -113,13 +125,7 @@ def test_a_log_directory_shared_with_its_group_shares_runs_with_that_group_alone
     done = finished(tflaunch(tmp_path, log_dir, "print:hello", umask="077"))
     assert done.returncode == 0, done.stderr
     (run_dir,) = log_dir.iterdir()
-    folders, files = everything_in(run_dir)
-    assert {oct(stat.S_IMODE(p.stat().st_mode)) for p in folders} == {"0o2750"}
-    assert {oct(stat.S_IMODE(p.stat().st_mode)) for p in files} == {"0o640"}
-    assert {p.stat().st_gid for p in [*folders, *files]} == {gid}
-    paths = [str(p) for p in files]
-    assert as_group_member(gid, READ, *paths).split() == ["read"] * len(paths)
-    assert nobody_did(READ, *paths).split() == ["refused"] * len(paths)  # not in the group: nothing
+    assert_shared_with_group_alone(run_dir, gid)
 
 
 @pytest.mark.slow
@@ -129,14 +135,8 @@ def test_a_run_given_a_group_shares_its_folder_with_that_group_alone(tmp_path, f
     done = finished(tflaunch(tmp_path, log_dir, "print:my-token-1234", umask="077", options=("--log-group", "users")))
     assert done.returncode == 0, done.stderr
     (run_dir,) = log_dir.iterdir()
-    folders, files = everything_in(run_dir)
-    assert {"run.json", "merged.log", "worker-0.log"} <= {p.name for p in files}
-    assert {oct(stat.S_IMODE(p.stat().st_mode)) for p in folders} == {"0o2750"}
-    assert {oct(stat.S_IMODE(p.stat().st_mode)) for p in files} == {"0o640"}
-    assert {p.stat().st_gid for p in [*folders, *files]} == {gid}
-    paths = [str(p) for p in files]
-    assert as_group_member(gid, READ, *paths).split() == ["read"] * len(paths)
-    assert nobody_did(READ, *paths).split() == ["refused"] * len(paths)  # not in the group: nothing
+    assert {"run.json", "merged.log", "worker-0.log"} <= {p.name for p in everything_in(run_dir)[1]}
+    assert_shared_with_group_alone(run_dir, gid)
 
 
 # As another user, with the system python3 (the project's venv is out of its reach): asks for --log-group

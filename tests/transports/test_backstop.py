@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 
 import pytest
@@ -17,23 +16,6 @@ from launcher.transports.local import kill_group
 from polling import wait_for
 
 SLEEP = "import time; time.sleep(600)"
-
-
-@pytest.fixture
-def procs():
-    started: list[subprocess.Popen] = []
-
-    def start(argv, **kwargs) -> subprocess.Popen:
-        started.append(subprocess.Popen(argv, start_new_session=True, **kwargs))
-        return started[-1]
-
-    yield start
-    for proc in started:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
 
 
 def test_a_process_without_the_tasks_mark_is_left_alone(procs):
