@@ -48,6 +48,7 @@ Examples:
               help="With --requeue: how long before the end Slurm warns tflaunch (default 120).")
 # The run options the job's 'tflaunch --slurm' is given: none unless given here (its own defaults apply).
 @run_option("max_restarts")
+@run_option("restart_delay")
 @run_option("grace", default=None, show_default=False)
 @run_option("log_dir")
 @run_option("log_group")
@@ -71,6 +72,8 @@ def submit_command(ctx: click.Context, cluster: str | None, **options: Any) -> N
     passed: list[str] = []
     if options["max_restarts"] is not None:
         passed += ["--max-restarts", str(options["max_restarts"])]
+    if options["restart_delay"] is not None:
+        passed += ["--restart-delay", f"{options['restart_delay']:g}"]
     if options["grace"] is not None:
         passed += ["--grace", f"{options['grace']:g}"]
     overrides = {"nodes": options["nodes"], "ntasks_per_node": options["ntasks_per_node"], "chief": options["chief"],
