@@ -583,8 +583,11 @@ SPIN = "while True: pass"
 # A stand-in for a training task that keeps its CPU busy, no TensorFlow: two processes that work
 # in bursts and rest between them, so that on one core they want it more than they get it (as a
 # TensorFlow worker's threads outnumber its core) and still leave it idle now and then.
+# Between bursts of work each task waits as a training task waits for its peers (a poll with a
+# timeout), not in a sleep of its own: a deliberate sleep is what the rule counts as a stalled
+# input pipeline, and a task held to a CPU quota sleeps less of each step than its peer does.
 BUSY = """
-import os, sys, time
+import os, select, sys, time
 end = time.time() + float(sys.argv[1])
 child = os.fork()  # the task's tree: two processes, both watched
 if child:
@@ -593,7 +596,7 @@ while time.time() < end:
     stop = time.perf_counter() + 0.04
     while time.perf_counter() < stop:
         pass
-    time.sleep(0.01)
+    select.select([], [], [], 0.01)
 if child:
     os.waitpid(child, 0)
 """
