@@ -4,7 +4,8 @@ In synchronous training (MultiWorkerMirroredStrategy: every step ends in an all-
 training tasks) a step lasts as long as its slowest task takes, so every task's step time is the
 same and cannot tell who holds the others back. What sets the slowest apart is what its threads
 do meanwhile. Each training task's host agent watches its threads (the agent's ``ThreadWatch``)
-and sends running totals with its resource readings, from which, over the last :data:`WINDOW`:
+and sends running totals with its resource readings, from which, over the last window of readings
+(:data:`WINDOW` seconds by default, ``--straggler-window``):
 
 - ``stall``: how many of its threads sleep on purpose or wait for a disk, on average (an input
   pipeline that sleeps per batch or reads from a slow disk);
@@ -19,9 +20,9 @@ Each task's figures are compared with the other training tasks' typical figures 
 :func:`shares`); the largest difference estimates the share of each step the others spend
 waiting for it (its ``share``), taken over each half of the window and the lesser kept
 (:func:`steady_shares`), so that a short burst never stands for a straggler. A task is confirmed a straggler once its share stayed at or above
-:data:`CONFIRM_SHARE` for :data:`CONFIRM_FOR` seconds while it was one of a clear minority (at most
+:data:`CONFIRM_SHARE` for :data:`CONFIRM_PART` of the window while it was one of a clear minority (at most
 half of the others show the same), and never in an attempt's warm-up (``--straggler-warm-up``). It
-stops being one once its share stayed under :data:`END_SHARE` for :data:`END_FOR` seconds, or when
+stops being one once its share stayed under :data:`END_SHARE` for :data:`END_PART` of it, or when
 its attempt ends. Once one training task ended (the others no longer step together) no new
 straggler is named. The rules are pure functions (:func:`figures_over`, :func:`shares`, :func:`steady_shares`); the
 :class:`StragglerWatch` keeps the history, says each change in one line and records it.
@@ -39,6 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ...cluster.ranks import TRAINING_ROLES
+from ...options import STRAGGLER_WINDOW
 from ...records.folder import iso_time
 from ...records.record import StragglerRecord
 from ...records.states import TaskState, clock_text
@@ -49,12 +51,15 @@ from .readings import TaskReadings
 
 log = tracer("stragglers")
 
-WINDOW = 20.0  # seconds of readings a task's figures are taken over
+WINDOW = STRAGGLER_WINDOW  # seconds of readings a task's figures are taken over, by default (--straggler-window)
 CONFIRM_SHARE = 0.2
-CONFIRM_FOR = 15.0
+CONFIRM_PART = 0.75  # of the window: how long a task stands out before it is named
+CONFIRM_FOR = CONFIRM_PART * WINDOW
 END_SHARE = 0.15
-END_FOR = 10.0
-JUDGE_EVERY = 2.0  # seconds between two judgements: the readings come every second at the most
+END_PART = 0.5  # of the window: how long a straggler stays calm before its end is said
+END_FOR = END_PART * WINDOW
+JUDGE_EVERY = 2.0  # seconds between two judgements at the default window, a tenth of a shorter one
+READINGS_EVERY = 1.0  # the readings come every second at the most: judging more often sees nothing new
 CAUSES = {"stall": "its threads sleep or wait for a disk (its input pipeline?)",
           "gpu": "its GPU runs throttled, below its peak clock (power cap, heat or a hardware slowdown?)",
           "cpu": "others take its CPUs while it waits for one, or its CPU quota holds it back"}
@@ -120,14 +125,14 @@ def _others_median_high(values: Sequence[float]) -> list[float]:
 
 
 def steady_shares(histories: Mapping[str, Sequence[tuple[float, ThreadTimes]]],
-                  now: float) -> dict[str, tuple[float, str]]:
-    """Each task's share over the last :data:`WINDOW`, as the lesser of its :func:`shares` over the
+                  now: float, window: float = WINDOW) -> dict[str, tuple[float, str]]:
+    """Each task's share over the last ``window``, as the lesser of its :func:`shares` over the
     window's two halves, and the later half's cause: a task must stand out in both to stand out.
     Over the whole window, a burst of stalls a few seconds long (a checkpoint written, a last
     evaluation, a task's own end of training) holds its task's figure up for as long as the burst
     stays in the window, longer than the rule's :data:`CONFIRM_FOR`; a burst shorter than that
     never fills both halves at once. Tasks whose readings span too little yet are left out."""
-    half = WINDOW / 2
+    half = window / 2
     earlier, later = {}, {}
     for name, history in histories.items():
         first, second = figures_over(history, now - half, half), figures_over(history, now, half)
@@ -160,15 +165,21 @@ class StragglerWatch:
     With ``exclude_after`` (``--on-straggler exclude``), a straggler that lasted that long stops
     the attempt with a :class:`Trip`, when ``excludable`` (asked with the task's name) returns
     None; otherwise what it returns is said once, and the run goes on. No straggler is named in the
-    attempt's first ``warm_up`` seconds (``--straggler-warm-up``).
+    attempt's first ``warm_up`` seconds (``--straggler-warm-up``). Each judgement takes the last
+    ``window`` seconds of readings (``--straggler-window``); a task is named once it stood out for
+    :data:`CONFIRM_PART` of them and its end said once it was calm for :data:`END_PART` of them.
     """
 
     def __init__(self, attempt: int, hosts: Mapping[str, str], message: Callable[[str], None],
-                 changed: Callable[[list[StragglerRecord]], None], *, warm_up: float,
+                 changed: Callable[[list[StragglerRecord]], None], *, warm_up: float, window: float = WINDOW,
                  exclude_after: float | None = None, excludable: Callable[[str], str | None] = lambda name: None,
                  clock: Callable[[], float] = time.time):
         self.attempt = attempt
         self.warm_up = warm_up
+        self.window = window
+        self.confirm_for = CONFIRM_PART * window
+        self.end_for = END_PART * window
+        self.judge_every = max(READINGS_EVERY, min(JUDGE_EVERY, window / 10))
         self.hosts = dict(hosts)
         self.message = message
         self.changed = changed
@@ -197,12 +208,12 @@ class StragglerWatch:
         now = self.clock()
         if now < self.next_judgement:
             return None
-        self.next_judgement = now + JUDGE_EVERY
+        self.next_judgement = now + self.judge_every
         if not self.finishing and any(task.role in TRAINING_ROLES and task.state.ended for task in tasks):
             self.finishing = True
             log.debug("attempt %d: a training task ended; no straggler is named from now on", self.attempt)
         self._read(tasks, now)
-        found = steady_shares(dict(self.history.items()), now)
+        found = steady_shares(dict(self.history.items()), now, self.window)
         if len(found) < 2:
             return None
         return self.judge(found, now)
@@ -213,7 +224,7 @@ class StragglerWatch:
                 self.history.drop(task.name)
                 continue
             self.history.add(task.name, task.process.reading())
-            self.history.trim(task.name, now - 2 * WINDOW, keep=2)
+            self.history.trim(task.name, now - 2 * self.window, keep=2)
 
     def judge(self, found: Mapping[str, tuple[float, str]], now: float) -> Trip | None:
         """Fold one judgement of every task's share in: confirm, update and end stragglers."""
@@ -227,7 +238,7 @@ class StragglerWatch:
             suspect = self.suspects.setdefault(name, _Suspect(now, [], cause))
             suspect.shares.append(share)
             suspect.cause = cause
-            if (name not in self.records and now - suspect.since >= CONFIRM_FOR
+            if (name not in self.records and now - suspect.since >= self.confirm_for
                     and now - self.started >= self.warm_up and not self.finishing):
                 self._confirm(name, suspect)
         for name, record in list(self.records.items()):
@@ -239,7 +250,7 @@ class StragglerWatch:
                     record.share = round(sum(shares_seen) / len(shares_seen), 3)
                 continue
             calm = self.calm_since.setdefault(name, now)
-            if now - calm >= END_FOR:
+            if now - calm >= self.end_for:
                 self._end(name, calm)
         log.debug("attempt %d: shares %s; standing out %s; suspects %s; stragglers %s", self.attempt, found,
                   list(standing), list(self.suspects), list(self.records))
