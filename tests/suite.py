@@ -3,10 +3,11 @@
     python tests/suite.py [--tiers unit,fast,...] [--seed N] [pytest arguments]
 
 The tiers run cheapest first, so a mistake in pure logic shows in seconds rather than after the
-TensorFlow runs: ``unit`` (pure logic), ``fast`` (real processes, quick), ``processes`` (slow
-real-process tests: many tasks, restarts, terminals), ``ssh`` (namespaced hosts and a real sshd),
-``slurm`` (a real slurmctld and slurmd nodes), ``tensorflow`` (real TensorFlow runs) and ``rest``
-(whatever no tier above took, so no test is ever left out). A test belongs to the first tier whose
+TensorFlow runs: ``unit`` (pure logic), ``project`` (checks of the source tree), ``fast`` (real
+processes, quick), ``processes`` (slow real-process tests: many tasks, restarts, terminals),
+``ssh`` (namespaced hosts and a real sshd), ``slurm`` (a real slurmctld and slurmd nodes),
+``tensorflow`` (real TensorFlow runs) and ``rest`` (whatever no tier above took, so no test is
+ever left out). A test belongs to the first tier whose
 markers it has.
 
 Every tier runs in random order (pytest-randomly) with one seed, printed first and given again
@@ -40,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # (name, markers): a test runs in the first tier whose expression it matches.
 TIERS = (
     ("unit", "unit"),
+    ("project", "project"),
     ("fast", " and ".join(f"not {name}" for name in HEAVY_MARKERS)),
     ("processes", "not ssh and not slurm and not tensorflow"),
     ("ssh", "ssh and not slurm and not tensorflow"),
@@ -56,9 +58,10 @@ WORKERS = {"unit": 2, "fast": 4, "processes": 4, "tensorflow": 2}
 # shown whole when it ends; the stages run one after the other, cheapest first.
 STAGES = (("unit",), ("fast",), ("processes",), ("ssh",), ("tensorflow",), ("rest",))
 # Tiers that share nothing with the others start with the first stage and run beside all of them,
-# off the critical path: the Slurm tier brings up its one cluster (namespaced nodes under a random
-# prefix and subnet) once, and its tests mostly wait for the scheduler.
-BESIDE = ("slurm",)
+# off the critical path: the project tier reads the source tree; the Slurm tier brings up its one
+# cluster (namespaced nodes under a random prefix and subnet) once, and its tests mostly wait for
+# the scheduler.
+BESIDE = ("project", "slurm")
 # A test that measures CPU shares or times what it starts against a bound: every tier leaves such
 # tests out, and they run in one queue after every tier ended, one at a time, with nothing beside them.
 ALONE = "alone"

@@ -1,8 +1,9 @@
 """Rules of the test tiers and of test isolation, loaded by conftest.py as a pytest plugin.
 
-- A test marked ``unit`` (the pure tier: ``pytest -m unit``) may not also be marked slow, tensorflow,
-  ssh, slurm or gpu, nor use a fixture that starts tflaunch, test hosts or a Slurm cluster; such a
-  test errors at setup, naming what it is marked or uses, and is not run.
+- A test marked ``unit`` (the pure tier: ``pytest -m unit``) or ``project`` (a check of the source
+  tree) may not also be marked slow, tensorflow, ssh, slurm or gpu, nor use a fixture that starts
+  tflaunch, test hosts or a Slurm cluster; such a test errors at setup, naming what it is marked or
+  uses, and is not run.
 - A test of the unit or fast tier (:func:`light`) may not import TensorFlow (or tf_keras, or Keras):
   one that does errors at teardown, naming the modules. The tasks it starts through the ``tflaunch``
   fixture find :data:`NO_TENSORFLOW` first on their path, whose ``tensorflow`` fails to import, so
@@ -41,8 +42,9 @@ WATCHED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
 
 
 def unit_conflicts(item: pytest.Item) -> list[str]:
-    """Why ``item`` cannot be a unit test: the markers and fixtures that make it more than pure logic."""
-    if item.get_closest_marker("unit") is None:
+    """Why ``item`` cannot be a unit test (or a project check, as light): the markers and fixtures that
+    make it more than pure logic."""
+    if item.get_closest_marker("unit") is None and item.get_closest_marker("project") is None:
         return []
     found = [f"marked {name}" for name in NOT_UNIT_MARKERS if item.get_closest_marker(name) is not None]
     found += [f"uses the {name} fixture" for name in PROCESS_FIXTURES if name in getattr(item, "fixturenames", ())]
@@ -50,7 +52,7 @@ def unit_conflicts(item: pytest.Item) -> list[str]:
 
 
 def light(item: pytest.Item) -> bool:
-    """Whether ``item`` is a test of the unit or the fast tier: TensorFlow has no place there."""
+    """Whether ``item`` is a test of the unit, project or fast tier: TensorFlow has no place there."""
     return item.get_closest_marker("unit") is not None or \
         all(item.get_closest_marker(name) is None for name in HEAVY_MARKERS)
 
@@ -76,8 +78,9 @@ def _no_tensorflow_in_light_tests(request: pytest.FixtureRequest):
 def pytest_runtest_setup(item: pytest.Item) -> None:
     conflicts = unit_conflicts(item)
     if conflicts:
-        pytest.fail(f"{item.nodeid} is marked unit (pure logic, no TensorFlow, ssh, Slurm or tflaunch run) but is "
-                    f"also {', '.join(conflicts)}: drop the unit mark or move the test", pytrace=False)
+        mark = "unit" if item.get_closest_marker("unit") is not None else "project"
+        pytest.fail(f"{item.nodeid} is marked {mark} (pure logic, no TensorFlow, ssh, Slurm or tflaunch run) but is "
+                    f"also {', '.join(conflicts)}: drop the {mark} mark or move the test", pytrace=False)
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects them

@@ -17,7 +17,7 @@ from launcher.records.states import Role
 from launcher.records.states import Outcome, RunStatus, TaskState
 from source_scan import LAUNCHER, code_strings, launcher_modules
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.project
 
 STATES = LAUNCHER / "records" / "states.py"
 STATE_WORDS = {w.value for enum in (RunStatus, TaskState, Outcome) for w in enum} | {"died"}

@@ -13,8 +13,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from suite import (ALONE, BESIDE, SLOWEST, STAGES, TIERS, WORKERS, TierRun, expressions, main, parts,  # noqa: E402
                    slowest)
 
-pytestmark = pytest.mark.unit
-MARKERS = ("unit", "slow", "tensorflow", "ssh", "slurm", "gpu")
+pytestmark = pytest.mark.project
+MARKERS = ("unit", "project", "slow", "tensorflow", "ssh", "slurm", "gpu")
 
 
 def tiers_of(markers: set[str]) -> list[str]:
@@ -31,6 +31,7 @@ def test_every_mix_of_markers_runs_in_exactly_one_tier():
 def test_a_test_runs_in_the_first_tier_its_markers_name():
     assert tiers_of(set()) == ["fast"]
     assert tiers_of({"unit"}) == ["unit"]
+    assert tiers_of({"project"}) == ["project"]
     assert tiers_of({"slow"}) == ["processes"]
     assert tiers_of({"slow", "ssh"}) == ["ssh"]
     assert tiers_of({"slow", "ssh", "slurm"}) == ["slurm"]
@@ -43,14 +44,15 @@ def test_an_unknown_tier_is_one_line_and_exit_code_2(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["--tiers", "unit,fastest"])
     assert exit_.value.code == 2
-    assert "--tiers: no tier fastest (tiers: unit, fast, processes, ssh, slurm, tensorflow, rest)" in capsys.readouterr().err
+    assert "--tiers: no tier fastest (tiers: unit, project, fast, processes, ssh, slurm, tensorflow, rest)" in capsys.readouterr().err
 
 
 def test_every_tier_runs_in_one_stage_or_beside_them_in_the_tiers_order():
     staged = [name for stage in STAGES for name in stage]
     assert sorted(staged + list(BESIDE)) == sorted(name for name, _ in TIERS) and not set(staged) & set(BESIDE)
     assert staged == [name for name, _ in TIERS if name not in BESIDE]
-    assert BESIDE == ("slurm",)  # off the critical path: one cluster, tests that wait for the scheduler
+    # Off the critical path: the source tree's checks; one cluster, tests that wait for the scheduler.
+    assert BESIDE == ("project", "slurm")
 
 
 def test_every_tier_leaves_its_alone_tests_to_one_queue():
