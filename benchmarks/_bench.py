@@ -2,7 +2,8 @@
 
 Every benchmark runs the tflaunch way and its baseline in one process, interleaving the two
 sides (ABAB..., the order flipping every repetition), and reports medians. A benchmark reports;
-it always exits 0.
+it exits 0 unless a goal it guards (:func:`verdict` with ``guard=True``) was missed, then 1, with
+a ``FAILED`` line naming each.
 """
 
 from __future__ import annotations
@@ -99,10 +100,16 @@ def _cell(value: object) -> str:
     return str(value)
 
 
-def verdict(name: str, value: float, target: float, unit: str = "") -> None:
-    """The line each benchmark ends with: the measured ratio (or figure) against its target."""
+_missed: list[str] = []  # the guarded goals missed so far: main_guard exits 1 when there are any
+
+
+def verdict(name: str, value: float, target: float, unit: str = "", guard: bool = False) -> None:
+    """The line each benchmark ends with: the measured ratio (or figure) against its target.
+    ``guard``: a goal the project holds, whose miss makes the benchmark exit 1 (:func:`main_guard`)."""
     status = "within target" if value <= target else "OVER TARGET"
     print(f"RESULT {name}: {value:.3f}{unit} (target <= {target:g}{unit}): {status}", flush=True)
+    if guard and not value <= target:  # NaN (nothing measured) misses too
+        _missed.append(f"{name}: {value:.3f}{unit}, over its goal of {target:g}{unit}")
 
 
 def ratio_interval(numerator: Sequence[float], denominator: Sequence[float], level: float = 0.9,
@@ -229,7 +236,8 @@ def cleanup(grace: float = 10.0) -> None:
 
 
 def main_guard(main: Callable[[], None]) -> None:
-    """Run ``main``; whatever happens, clean up and exit 0 (benchmarks report, they do not fail)."""
+    """Run ``main``; whatever happens, clean up; exit 0, or 1 with one ``FAILED`` line per goal
+    that a guarded :func:`verdict` found missed."""
     def on_term(signum, frame):
         raise KeyboardInterrupt
 
@@ -245,7 +253,9 @@ def main_guard(main: Callable[[], None]) -> None:
         print(f"RESULT benchmark error: {exc}", flush=True)
     finally:
         cleanup()
-    sys.exit(0)
+    for missed in _missed:
+        print(f"FAILED {missed}", flush=True)
+    sys.exit(1 if _missed else 0)
 
 
 @dataclass

@@ -111,11 +111,13 @@ def launch(cluster: str | Path | Mapping[str, Any] | None = None, *, local: int 
            hosts: str | Mapping[str, int] | Sequence[str] | None = None, hostfile: str | Path | None = None,
            command: Sequence[str] | str | None = None, chief: bool = False, ps: int = 0, evaluator: bool = False,
            gpus: Sequence[int] | str | None = None, env: Mapping[str, str | None] | None = None,
-           log_dir: str | Path | None = None, threads: int | str | None = None, grace: float = RunOptions.grace,
+           log_dir: str | Path | None = None, log_group: str | int | None = None, threads: int | str | None = None, grace: float = RunOptions.grace,
            max_restarts: int | None = None, restart_delay: float | None = None, min_workers: int | None = None,
            cooldown: float | None = None, spares: str | Mapping[str, int] | Sequence[str] | None = None,
            start_timeout: float | None = None, hang_timeout: float | None = None, on_straggler: str = RunOptions.on_straggler,
-           straggler_timeout: float = RunOptions.straggler_timeout, evaluator_timeout: float = RunOptions.evaluator_timeout, isolate_network: bool = False, no_seal: bool = False,
+           straggler_timeout: float = RunOptions.straggler_timeout,
+           straggler_warm_up: float = RunOptions.straggler_warm_up,
+           straggler_window: float = RunOptions.straggler_window, evaluator_timeout: float = RunOptions.evaluator_timeout, isolate_network: bool = False, no_seal: bool = False,
            log_max_size: int | str = RunOptions.log_max_size, no_check: bool = False, tasks: Iterable[str] | str | None = None,
            quiet: bool = False, verbose: bool = False, tensorboard: bool = False, debug: bool = False,
            output: IO[str] | None = None,
@@ -141,10 +143,11 @@ def launch(cluster: str | Path | Mapping[str, Any] | None = None, *, local: int 
     from .run.lifecycle.signals import Interrupted
     from .sources.choose import ClusterChoice, OptionsError
 
-    options = RunOptions(command=command, env=env, log_dir=log_dir, threads=threads, grace=grace,
+    options = RunOptions(command=command, env=env, log_dir=log_dir, log_group=log_group, threads=threads, grace=grace,
                          max_restarts=max_restarts, restart_delay=restart_delay, min_workers=min_workers,
                          cooldown=cooldown, start_timeout=start_timeout,
                          hang_timeout=hang_timeout, on_straggler=on_straggler, straggler_timeout=straggler_timeout,
+                         straggler_warm_up=straggler_warm_up, straggler_window=straggler_window,
                          evaluator_timeout=evaluator_timeout,
                          isolate_network=isolate_network, no_seal=no_seal, no_check=no_check, tasks=tasks, quiet=quiet,
                          verbose=verbose, tensorboard=tensorboard, debug=debug, log_max_size=log_max_size)

@@ -91,6 +91,8 @@ def label(options: Iterable[tuple[str, Any]]) -> str:
 GRACE = AGENT_GRACE
 EVALUATOR_TIMEOUT = 300.0  # seconds an evaluator may go on after training succeeded
 STRAGGLER_TIMEOUT = 600.0  # seconds a straggler lasts before --on-straggler exclude leaves its host out
+STRAGGLER_WARM_UP = 60.0  # seconds of an attempt in which no straggler is named (start-up, graph building, caches)
+STRAGGLER_WINDOW = 20.0  # seconds of readings the straggler rule judges each task over
 STRAGGLER_ACTIONS = ("warn", "exclude", "off")
 # A cluster file's max_restarts and restart_delay, when it does not set them (the options win over the file).
 MAX_RESTARTS = 0
@@ -133,6 +135,11 @@ class RunOptions:
     env: Mapping[str, str | None] = _option(factory=dict, metavar="KEY[=VALUE]", help=ENV_HELP)
     log_dir: str | None = _option(
         metavar="DIR", help=f"Where run folders go (default: the file's log_dir, else ./{DEFAULT_LOG_DIR}).")
+    log_group: str | None = _option(
+        metavar="GROUP", parse=str,
+        help="Share the run folder with GROUP (a group you are in): made with that group, set-group-ID, 2750, "
+             "its files 0640; the group must be able to enter the log directory (default: the file's log_group, "
+             "else the run is yours alone, unless the log directory is shared with its group).")
     threads: int | str | None = _option(metavar="N|auto|off",
                                         help="Thread limit per task (default auto: cores shared among a host's tasks).")
     grace: float = _option(GRACE, metavar="S", parse=float, help="Seconds between SIGTERM and SIGKILL when stopping tasks.")
@@ -163,12 +170,21 @@ class RunOptions:
     on_straggler: str = _option(
         "warn", metavar="warn|exclude|off", parse=str,
         help="What to do about a training task the others keep waiting for, step after step (named on the console, "
-             "by 'tflaunch status' and in the run record, never in the first minute): warn; exclude, which also restarts the "
+             "by 'tflaunch status' and in the run record, never in an attempt's --straggler-warm-up): warn; exclude, which also restarts the "
              "cluster from its backup without that task's host once it was the straggler for --straggler-timeout "
              "seconds, where a spare or --min-workers allows; or off (its threads are not watched).")
     straggler_timeout: float = _option(
         STRAGGLER_TIMEOUT, metavar="S", parse=float,
         help="With --on-straggler exclude: seconds a task stays the straggler before its host is left out.")
+    straggler_warm_up: float = _option(
+        STRAGGLER_WARM_UP, metavar="S", parse=float,
+        help="Seconds at the start of each attempt in which no straggler is named (TensorFlow starts up, builds its "
+             "graphs and fills its caches then).")
+    straggler_window: float = _option(
+        STRAGGLER_WINDOW, metavar="S", parse=float,
+        help="Seconds of readings the straggler rule judges each task over: a task is named once it stood out for "
+             "three quarters of S, its end said once it stayed calm for half of S. Shorter names stragglers sooner "
+             "and is swayed more by short bursts.")
     evaluator_timeout: float = _option(
         EVALUATOR_TIMEOUT, metavar="S", parse=float,
         help="After training succeeds, seconds a running evaluator may take to finish its last evaluation "
@@ -205,6 +221,7 @@ class RunOptions:
         put(self, "command", _command(self.command))
         put(self, "env", _env(self.env))
         put(self, "log_dir", _path("log_dir", self.log_dir))
+        put(self, "log_group", _log_group(self.log_group))
         put(self, "threads", _threads(self.threads))
         put(self, "grace", seconds("grace", self.grace))
         put(self, "max_restarts", None if self.max_restarts is None else count("max_restarts", self.max_restarts, 0))
@@ -217,6 +234,8 @@ class RunOptions:
         if self.on_straggler not in STRAGGLER_ACTIONS:
             raise bad("on_straggler", " or ".join(STRAGGLER_ACTIONS), self.on_straggler)
         put(self, "straggler_timeout", seconds("straggler_timeout", self.straggler_timeout, positive=True))
+        put(self, "straggler_warm_up", seconds("straggler_warm_up", self.straggler_warm_up))
+        put(self, "straggler_window", seconds("straggler_window", self.straggler_window, positive=True))
         put(self, "tasks", _names(self.tasks))
         put(self, "log_max_size", size("log_max_size", self.log_max_size))
         for flag in ("isolate_network", "no_seal", "no_check", "quiet", "verbose", "tensorboard", "debug"):
@@ -364,6 +383,33 @@ def _path(option: str, value: Any) -> str | None:
         return os.fspath(value)
     except TypeError:
         raise bad(option, "a path", value) from None
+
+
+def group_id(group: Any) -> int:
+    """The id of ``group`` (a name, or a number as text or int) that this user may give a run folder:
+    one it is a member of (root: any). ValueError saying why not, naming the value, otherwise."""
+    import grp
+
+    if isinstance(group, bool) or not isinstance(group, (str, int)) or str(group).strip() == "":
+        raise ValueError(f"expected the name or number of a group, got {masked_text(repr(group))}")
+    text = str(group).strip()
+    try:
+        gid = grp.getgrgid(int(text)).gr_gid if text.isascii() and text.isdecimal() else grp.getgrnam(text).gr_gid
+    except (KeyError, OverflowError):
+        raise ValueError(f"no group {text!r} on this machine") from None
+    if os.geteuid() != 0 and gid != os.getegid() and gid not in os.getgroups():
+        raise ValueError(f"you are not a member of group {text!r} (gid {gid}), so a run folder cannot be given it")
+    return gid
+
+
+def _log_group(value: Any) -> str | None:
+    if value is None:
+        return None
+    try:
+        group_id(value)
+    except ValueError as exc:
+        raise OptionsError(f"{name('log_group')}: {exc}") from None
+    return str(value).strip()
 
 
 def _names(value: Any) -> tuple[str, ...]:

@@ -19,6 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 HELPERS = ROOT / "tests" / "helpers"
 TASK = str(HELPERS / "task.py")
+LOCKSTEP = str(ROOT / "tests" / "workers" / "lockstep.py")  # the stand-in for a TensorFlow task
 
 from testhosts_fixture import testhosts  # noqa: E402,F401  (fixture re-exported for ssh tests)
 from testslurm_fixture import slurm, slurm3, testslurm, testslurm3  # noqa: E402,F401  (the Slurm tests' fixtures)
@@ -55,16 +56,20 @@ class Finished:
 class Tflaunch:
     """Runs ``python -m launcher`` as a real subprocess with its own log dir."""
 
-    def __init__(self, log_dir: Path, cwd: Path):
+    def __init__(self, log_dir: Path, cwd: Path, no_tensorflow: bool = False):
         self.log_dir = log_dir
         self.cwd = cwd
         self._started: list[subprocess.Popen] = []
+        from tiers import NO_TENSORFLOW  # the plugin pytest loads: imported once pytest has
+
+        # A unit or fast test's tasks cannot import TensorFlow (tests/tiers.py).
+        self._path = [str(NO_TENSORFLOW)] * no_tensorflow + [str(ROOT)]
 
     def argv(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "launcher", *args]
 
     def env(self, extra: dict | None = None) -> dict:
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(self._path)}
         env.update(extra or {})
         return env
 
@@ -151,9 +156,24 @@ def folder_for_others() -> Iterator[Callable[[int], Path]]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+# The tests that read a run of the default job share one (xdist_group keeps them in one worker).
+DEFAULT_LOCAL_TWO = "default_local_two"
+
+
+@pytest.fixture(scope="session")
+def default_local_two(tmp_path_factory) -> tuple[Finished, Tflaunch]:
+    """One ``tflaunch --local 2`` of the default job (the built-in trainer on two MultiWorkerMirroredStrategy
+    workers), for the tests that read such a run: (the finished run, a Tflaunch whose log folder holds it)."""
+    path = tmp_path_factory.mktemp(DEFAULT_LOCAL_TWO)
+    launcher = Tflaunch(path / "logs", path)
+    return launcher.run("--local", "2", timeout=240), launcher  # about 30 s here
+
+
 @pytest.fixture
-def tflaunch(tmp_path: Path):
-    launcher = Tflaunch(tmp_path / "logs", tmp_path)
+def tflaunch(tmp_path: Path, request: pytest.FixtureRequest):
+    from tiers import light
+
+    launcher = Tflaunch(tmp_path / "logs", tmp_path, no_tensorflow=light(request.node))
     yield launcher
     launcher.stop_leftovers()
 
@@ -180,3 +200,22 @@ def marked(marker: str) -> list[int]:
         except psutil.NoSuchProcess:
             pass
     return found
+
+
+@pytest.fixture
+def procs():
+    """Start processes each in a session of its own (``procs(argv, **popen_kwargs)``); every group
+    is killed and every process reaped when the test ends."""
+    started: list[subprocess.Popen] = []
+
+    def start(argv, **kwargs) -> subprocess.Popen:
+        started.append(subprocess.Popen(argv, start_new_session=True, **kwargs))
+        return started[-1]
+
+    yield start
+    for proc in started:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()

@@ -3,10 +3,11 @@
     python tests/suite.py [--tiers unit,fast,...] [--seed N] [pytest arguments]
 
 The tiers run cheapest first, so a mistake in pure logic shows in seconds rather than after the
-TensorFlow runs: ``unit`` (pure logic), ``fast`` (real processes, quick), ``processes`` (slow
-real-process tests: many tasks, restarts, terminals), ``ssh`` (namespaced hosts and a real sshd),
-``slurm`` (a real slurmctld and slurmd nodes), ``tensorflow`` (real TensorFlow runs) and ``rest``
-(whatever no tier above took, so no test is ever left out). A test belongs to the first tier whose
+TensorFlow runs: ``unit`` (pure logic), ``project`` (checks of the source tree), ``fast`` (real
+processes, quick), ``processes`` (slow real-process tests: many tasks, restarts, terminals),
+``ssh`` (namespaced hosts and a real sshd), ``slurm`` (a real slurmctld and slurmd nodes),
+``tensorflow`` (real TensorFlow runs) and ``rest`` (whatever no tier above took, so no test is
+ever left out). A test belongs to the first tier whose
 markers it has.
 
 Every tier runs in random order (pytest-randomly) with one seed, printed first and given again
@@ -14,11 +15,12 @@ with ``--seed`` to replay the same order: a test that passes only after another 
 tiers run their tests in parallel worker processes (pytest-xdist, :data:`WORKERS`): there the seed
 fixes the order the tests are handed out in, not which worker runs each. The tiers of one stage
 (:data:`STAGES`) run at the same time, each in a pytest process of its own, its output shown whole
-when it ends. A tier in workers or beside another runs its tests marked ``alone`` (they measure
-CPU shares or time what they start) after the rest, one at a time, with nothing beside them.
-Each tier's time and outcome are printed as it ends (after its slowest tests) and again in a
-table at the end, with the suite's whole time. The exit code is 0 when every tier passed (a tier
-with no test passes), else 1.
+when it ends; the tiers in :data:`BESIDE` start with the first stage and run beside every stage.
+The tests marked ``alone`` (they measure CPU shares or time what they start) of every tier wait in
+one queue, run after every tier ended, one at a time, with nothing beside them.
+Each tier's time and outcome are printed as it ends (after its slowest tests), then the
+:data:`SLOWEST` slowest tests of the whole suite, and a table with the suite's whole time. The exit
+code is 0 when every tier passed (a tier with no test passes), else 1.
 """
 
 from __future__ import annotations
@@ -30,15 +32,17 @@ import subprocess
 import sys
 import tempfile
 import time
+import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
-from tiers import ALONE_EXPRESSION, ALONE_FILE
+from tiers import ALONE_EXPRESSION, ALONE_FILE, HEAVY_MARKERS
 
 ROOT = Path(__file__).resolve().parents[1]
 # (name, markers): a test runs in the first tier whose expression it matches.
 TIERS = (
     ("unit", "unit"),
-    ("fast", "not slow and not ssh and not slurm and not tensorflow"),
+    ("project", "project"),
+    ("fast", " and ".join(f"not {name}" for name in HEAVY_MARKERS)),
     ("processes", "not ssh and not slurm and not tensorflow"),
     ("ssh", "ssh and not slurm and not tensorflow"),
     ("slurm", "slurm and not tensorflow"),
@@ -51,15 +55,18 @@ TIERS = (
 # alone from about 1,660 s to 1,156 s.
 WORKERS = {"unit": 2, "fast": 4, "processes": 4, "tensorflow": 2}
 # The tiers of one stage run at the same time, each in a pytest process of its own whose output is
-# shown whole when it ends. The ssh and Slurm tiers share nothing: each session brings up its own
-# namespaced hosts or Slurm cluster under a random prefix and subnet, and their tests mostly wait
-# for the network and the scheduler.
-STAGES = (("unit",), ("fast",), ("processes",), ("ssh", "slurm"), ("tensorflow",), ("rest",))
-# A test that measures CPU shares or times what it starts against a bound: in a tier that runs in
-# workers or beside another tier, such tests run after it, one at a time, with nothing beside them.
+# shown whole when it ends; the stages run one after the other, cheapest first.
+STAGES = (("unit",), ("fast",), ("processes",), ("ssh",), ("tensorflow",), ("rest",))
+# Tiers that share nothing with the others start with the first stage and run beside all of them,
+# off the critical path: the project tier reads the source tree; the Slurm tier brings up its one
+# cluster (namespaced nodes under a random prefix and subnet) once, and its tests mostly wait for
+# the scheduler.
+BESIDE = ("project", "slurm")
+# A test that measures CPU shares or times what it starts against a bound: every tier leaves such
+# tests out, and they run in one queue after every tier ended, one at a time, with nothing beside them.
 ALONE = "alone"
 NO_TESTS = 5  # pytest's exit code when no test was selected
-SLOWEST = 10  # each tier ends with its slowest tests and their times: where the suite's time goes
+SLOWEST = 15  # each tier, and then the suite, ends with its slowest tests: where the suite's time goes
 
 
 def expressions() -> dict[str, str]:
@@ -75,29 +82,43 @@ def passed(code: int) -> bool:
     return code in (0, NO_TESTS)
 
 
-def parts(stage: tuple[str, ...]) -> list[tuple[str, str, str | None]]:
+def parts(stage: tuple[str, ...]) -> list[tuple[str, str, str]]:
     """The pytest runs of one stage's tiers, as (tier, marker expression, the expression of its tests
-    that run alone afterwards, or None): a tier in workers or beside another tier runs those after."""
-    found = []
-    for name in stage:
-        expression = expressions()[name]
-        if len(stage) > 1 or name in WORKERS:
-            found.append((name, f"{expression} and not {ALONE}", f"{expression} and {ALONE}"))
-        else:
-            found.append((name, expression, None))
-    return found
+    that wait in the queue of tests that run alone)."""
+    return [(name, f"{expressions()[name]} and not {ALONE}", f"{expressions()[name]} and {ALONE}") for name in stage]
+
+
+def slowest(reports: list[tuple[str, Path]], count: int = SLOWEST) -> tuple[list[tuple[float, str, str]], list[str]]:
+    """The ``count`` slowest tests of the suite as (seconds, tier, test id), from each run's JUnit report,
+    and a line for each report that could not be read."""
+    found, unread = [], []
+    for tier, path in reports:
+        try:
+            root = ElementTree.parse(path).getroot()
+        except (OSError, ElementTree.ParseError) as exc:
+            unread.append(f"tier {tier}: no test times ({path}: {exc})")
+            continue
+        for case in root.iter("testcase"):
+            test_id = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
+            found.append((float(case.get("time") or 0), tier, test_id))
+    return sorted(found, reverse=True)[:count], unread
 
 
 class TierRun:
-    """One pytest run of a tier's tests, its output to this terminal or held until it ends. ``alone``
-    is the expression of the tier's tests that it leaves out, to run alone after it: their ids are
-    in :attr:`left_alone` once it ended."""
+    """One pytest run of a tier's tests (or of the queue of tests that run alone, named :data:`ALONE`),
+    its output to this terminal or held until it ends. ``alone`` is the expression of the tier's tests
+    that it leaves out, to run alone after every tier: their ids are in :attr:`left_alone` once it ended."""
 
     def __init__(self, name: str, selection: list[str], seed: int, passed_on: list[str], *, held: bool = False,
-                 workers: int = 0, alone: str | None = None, by_itself: bool = False):
-        self.name, self.by_itself = name, by_itself
-        what = "whatever the tiers above left" if name == TIERS[-1][0] else f"{dict(TIERS)[name]}, less the tiers above"
-        self.heading = f"=== tier {name}: {'its tests that run alone' if by_itself else what}"
+                 workers: int = 0, alone: str | None = None):
+        self.name = name
+        if name == ALONE:
+            what = "the tests of every tier that run alone, one at a time"
+        elif name == TIERS[-1][0]:
+            what = "whatever the tiers above left"
+        else:
+            what = f"{dict(TIERS)[name]}, less the tiers above"
+        self.heading = f"=== tier {name}: {what}"
         self.output = tempfile.TemporaryFile() if held else None
         if not held:
             print(f"\n{self.heading}", flush=True)
@@ -107,11 +128,15 @@ class TierRun:
             handle, self.alone_file = tempfile.mkstemp(prefix="tflaunch-suite-alone-")
             os.close(handle)
             env.update({ALONE_FILE: self.alone_file, ALONE_EXPRESSION: alone})
+        handle, report = tempfile.mkstemp(prefix="tflaunch-suite-junit-", suffix=".xml")
+        os.close(handle)
+        self.report = Path(report)
         self.started = time.monotonic()
-        in_workers = ["-n", str(workers)] if workers else []
+        # loadgroup: the tests of one xdist_group (those that share one run) go to one worker.
+        in_workers = ["-n", str(workers), "--dist", "loadgroup"] if workers else []
         self.process = subprocess.Popen(
             [sys.executable, "-m", "pytest", "-p", "randomly", f"--randomly-seed={seed}", *in_workers, *selection,
-             f"--durations={SLOWEST}", *passed_on], cwd=ROOT, env=env, stdout=self.output,
+             f"--durations={SLOWEST}", f"--junitxml={report}", *passed_on], cwd=ROOT, env=env, stdout=self.output,
             stderr=subprocess.STDOUT if held else None)
         self.took = 0.0
         self.left_alone: list[str] = []
@@ -129,24 +154,39 @@ class TierRun:
             self.left_alone = Path(self.alone_file).read_text().split()
             os.unlink(self.alone_file)
         outcome = "passed" if passed(code) else f"FAILED (exit {code})"
-        print(f"=== tier {self.name}{' (alone)' if self.by_itself else ''}: {outcome} in {self.took:.0f} s", flush=True)
+        print(f"=== tier {self.name}: {outcome} in {self.took:.0f} s", flush=True)
         return code
 
 
-def run_stage(stage: tuple[str, ...], seed: int, passed_on: list[str]) -> list[tuple[str, int, float]]:
-    """Run one stage's tiers at the same time, then the tests of each that run alone, one tier after
-    the other; returns (tier, exit code, time) for each tier, its two parts added up."""
-    runs = [TierRun(name, ["-m", expression], seed, passed_on, held=len(stage) > 1, workers=WORKERS.get(name, 0),
-                    alone=alone) for name, expression, alone in parts(stage)]
-    results = {run.name: (run.wait(), run.took) for run in runs}
-    for run in runs:
-        if run.left_alone:
-            by_itself = TierRun(run.name, run.left_alone, seed, passed_on, by_itself=True)
-            code, took = results[run.name]
-            alone_code = by_itself.wait()
-            results[run.name] = (code if not passed(code) else alone_code if not passed(alone_code) else 0,
-                                 took + by_itself.took)
-    return [(name, *results[name]) for name in stage]
+def start_stage(stage: tuple[str, ...], seed: int, passed_on: list[str], held: bool) -> list[TierRun]:
+    return [TierRun(name, ["-m", expression], seed, passed_on, held=held, workers=WORKERS.get(name, 0), alone=alone)
+            for name, expression, alone in parts(stage)]
+
+
+def run_suite(chosen: list[str], seed: int, passed_on: list[str]) -> tuple[list[tuple[str, int, float]], list[TierRun]]:
+    """Every chosen tier: the tiers beside the stages started first, the stages one after the other, then
+    the queue of tests that run alone. Returns (tier, exit code, time) per tier, ``alone`` last, and the runs."""
+    beside = start_stage(tuple(name for name in BESIDE if name in chosen), seed, passed_on, held=True)
+    runs: list[TierRun] = []
+    for stage in STAGES:
+        tiers = tuple(name for name in stage if name in chosen and name not in BESIDE)
+        if tiers:
+            started = start_stage(tiers, seed, passed_on, held=len(tiers) > 1)
+            for run in started:
+                run.wait()
+            runs += started
+    for run in beside:
+        run.wait()
+    runs += beside
+    results = {run.name: (run.process.returncode, run.took) for run in runs}
+    queue = [nodeid for name, _ in TIERS for run in runs if run.name == name for nodeid in run.left_alone]
+    if queue:
+        alone = TierRun(ALONE, queue, seed, passed_on)
+        alone.wait()
+        runs.append(alone)
+        results[ALONE] = (alone.process.returncode, alone.took)
+    order = [name for name, _ in TIERS] + [ALONE]
+    return [(name, *results[name]) for name in order if name in results], runs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,15 +202,20 @@ def main(argv: list[str] | None = None) -> int:
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 2**31)
     print(f"test order seed {seed} (again: python tests/suite.py --seed {seed})", flush=True)
     started = time.monotonic()
-    results = []
-    for stage in STAGES:
-        tiers = tuple(name for name in stage if name in chosen)
-        if tiers:
-            results += run_stage(tiers, seed, passed_on)
+    results, runs = run_suite(chosen, seed, passed_on)
+    print(f"\n=== the {SLOWEST} slowest tests of the suite")
+    found, unread = slowest([(run.name, run.report) for run in runs])
+    for took, tier, test_id in found:
+        print(f"{took:8.1f}s  {tier:<12}{test_id}")
+    for line in unread:
+        print(line)
+    for run in runs:
+        run.report.unlink(missing_ok=True)
     print(f"\n{'tier':<12}{'outcome':<22}{'time':>8}")
     for name, code, took in results:
         print(f"{name:<12}{'passed' if passed(code) else f'failed (exit {code})':<22}{took:>7.0f}s")
-    print(f"{'all':<12}{'':<22}{time.monotonic() - started:>7.0f}s   seed {seed} (tiers of one stage overlap)")
+    print(f"{'all':<12}{'':<22}{time.monotonic() - started:>7.0f}s   seed {seed} "
+          f"({', '.join(BESIDE)} beside the other tiers; {ALONE}: the tests of every tier that run alone)")
     return 0 if all(passed(code) for _, code, _ in results) else 1
 
 

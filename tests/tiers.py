@@ -1,8 +1,13 @@
 """Rules of the test tiers and of test isolation, loaded by conftest.py as a pytest plugin.
 
-- A test marked ``unit`` (the pure tier: ``pytest -m unit``) may not also be marked slow, tensorflow,
-  ssh, slurm or gpu, nor use a fixture that starts tflaunch, test hosts or a Slurm cluster; such a
-  test errors at setup, naming what it is marked or uses, and is not run.
+- A test marked ``unit`` (the pure tier: ``pytest -m unit``) or ``project`` (a check of the source
+  tree) may not also be marked slow, tensorflow, ssh, slurm or gpu, nor use a fixture that starts
+  tflaunch, test hosts or a Slurm cluster; such a test errors at setup, naming what it is marked or
+  uses, and is not run.
+- A test of the unit or fast tier (:func:`light`) may not import TensorFlow (or tf_keras, or Keras):
+  one that does errors at teardown, naming the modules. The tasks it starts through the ``tflaunch``
+  fixture find :data:`NO_TENSORFLOW` first on their path, whose ``tensorflow`` fails to import, so
+  neither the trainer nor any TensorFlow program runs there.
 - Every test leaves the process as it found it: the working directory, os.environ and the handlers of
   the signals tflaunch handles. A test that changes one of them without undoing it (monkeypatch
   undoes its own changes; the fixture ``signal_handlers`` puts the handlers back) errors at teardown,
@@ -14,6 +19,8 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +29,10 @@ import pytest
 ALONE_FILE = "TFLAUNCH_SUITE_ALONE_FILE"
 ALONE_EXPRESSION = "TFLAUNCH_SUITE_ALONE_EXPRESSION"
 NOT_UNIT_MARKERS = ("slow", "tensorflow", "ssh", "slurm", "gpu")
+HEAVY_MARKERS = ("slow", "ssh", "slurm", "tensorflow")  # the fast tier is the tests with none of these
+TENSORFLOW_MODULES = ("tensorflow", "tf_keras", "keras")
+# Packages named as TensorFlow's that fail to import: first on the path of a light test's tasks.
+NO_TENSORFLOW = Path(__file__).resolve().parent / "no_tensorflow"
 PROCESS_FIXTURES = ("tflaunch", "testhosts", "testslurm")
 # Variables set by others than the test: pytest (for every phase of every test) and scikit-learn (with
 # os.environ.setdefault, the first time it is imported, whichever test that is).
@@ -31,19 +42,45 @@ WATCHED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
 
 
 def unit_conflicts(item: pytest.Item) -> list[str]:
-    """Why ``item`` cannot be a unit test: the markers and fixtures that make it more than pure logic."""
-    if item.get_closest_marker("unit") is None:
+    """Why ``item`` cannot be a unit test (or a project check, as light): the markers and fixtures that
+    make it more than pure logic."""
+    if item.get_closest_marker("unit") is None and item.get_closest_marker("project") is None:
         return []
     found = [f"marked {name}" for name in NOT_UNIT_MARKERS if item.get_closest_marker(name) is not None]
     found += [f"uses the {name} fixture" for name in PROCESS_FIXTURES if name in getattr(item, "fixturenames", ())]
     return found
 
 
+def light(item: pytest.Item) -> bool:
+    """Whether ``item`` is a test of the unit, project or fast tier: TensorFlow has no place there."""
+    return item.get_closest_marker("unit") is not None or \
+        all(item.get_closest_marker(name) is None for name in HEAVY_MARKERS)
+
+
+def tensorflow_loaded() -> set[str]:
+    return {name for name in TENSORFLOW_MODULES if name in sys.modules}
+
+
+@pytest.fixture(autouse=True)
+def _no_tensorflow_in_light_tests(request: pytest.FixtureRequest):
+    if not light(request.node):
+        yield
+        return
+    before = tensorflow_loaded()
+    yield
+    imported = sorted(tensorflow_loaded() - before)
+    if imported:
+        pytest.fail(f"{request.node.nodeid} is a unit or fast test but imported {', '.join(imported)}: TensorFlow "
+                    f"runs only in tests marked tensorflow (mark it, or use the stand-in worker "
+                    f"tests/workers/lockstep.py)", pytrace=False)
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     conflicts = unit_conflicts(item)
     if conflicts:
-        pytest.fail(f"{item.nodeid} is marked unit (pure logic, no TensorFlow, ssh, Slurm or tflaunch run) but is "
-                    f"also {', '.join(conflicts)}: drop the unit mark or move the test", pytrace=False)
+        mark = "unit" if item.get_closest_marker("unit") is not None else "project"
+        pytest.fail(f"{item.nodeid} is marked {mark} (pure logic, no TensorFlow, ssh, Slurm or tflaunch run) but is "
+                    f"also {', '.join(conflicts)}: drop the {mark} mark or move the test", pytrace=False)
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects them

@@ -132,8 +132,7 @@ class CustomLoop:
             if scalars is not None:
                 scalars.epoch(epoch + 1, logs)
             session.reporter.epoch(
-                epoch=epoch + 1, logs=logs, epoch_seconds=clock.seconds(),
-                samples_per_second=clock.samples_per_second(),
+                epoch=epoch + 1, logs=logs, timing=clock.figures(clock.samples_per_second()),
                 global_batch=session.global_batch, replicas=session.replicas, epochs=args.epochs)
         if backup:
             backup.finish()

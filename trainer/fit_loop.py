@@ -72,7 +72,7 @@ class EpochMetrics(keras.callbacks.Callback):
         if self.scalars is not None:
             self.scalars.epoch(epoch + 1, logs)
         self.session.reporter.epoch(
-            epoch=epoch + 1, logs=logs, epoch_seconds=self.clock.seconds(), samples_per_second=rate,
+            epoch=epoch + 1, logs=logs, timing=self.clock.figures(rate),
             global_batch=self.session.global_batch, replicas=self.session.replicas,
             epochs=self.session.args.epochs)
 

@@ -9,18 +9,28 @@ by compact single-line JSON (no spaces after separators). Three kinds:
 
 - one per epoch, from every training task:
   {"kind":"epoch","task":"worker-0","epoch":1,"epochs":8,"loss":0.51,"accuracy":0.85,
-   "val_loss":0.32,"val_accuracy":0.9,"epoch_seconds":3.1,
-   "samples_per_second":1234.5,"global_batch":64,"replicas":2}
-  epoch counts from 1, as Keras prints it; epochs is how many the run trains. samples_per_second is the steady-state
-  training throughput of the whole cluster: it is timed from the end of the
-  epoch's first step to the end of its last one, so tracing and warm-up are left
-  out. Under ParameterServerStrategy, where steps run asynchronously on the
-  workers and Keras allows no per-step callbacks, it is timed over the epoch's
-  whole training phase and is null for the first epoch of a run (its tracing
-  would distort it). Values that are not finite are null.
+   "val_loss":0.32,"val_accuracy":0.9,"epoch_seconds":3.1,"train_seconds":2.9,
+   "first_step_seconds":2.1,"steps":100,"samples_per_second":7920.0,"global_batch":64,"replicas":2}
+  epoch counts from 1, as Keras prints it; epochs is how many the run trains.
+  epoch_seconds is the whole epoch, validation included; train_seconds its training
+  phase (so validation took epoch_seconds - train_seconds, with the epoch's backup and
+  checkpoint when the run writes them); first_step_seconds the
+  first of its steps (steps in all), which traces the step function in a run's first
+  epoch. samples_per_second is the steady-state training throughput of the whole
+  cluster: it is timed from the end of the epoch's first step to the end of its last
+  one, so (steps - 1) * global_batch / samples_per_second is train_seconds -
+  first_step_seconds. Under ParameterServerStrategy, where steps run asynchronously
+  on the workers and Keras allows no per-step callbacks, first_step_seconds is null
+  and the rate is timed over the whole training phase (steps * global_batch /
+  samples_per_second is train_seconds), and is null for the first epoch of a run
+  (its tracing would distort it). Values that are not finite are null.
 - one at the end, from every task that evaluates (at least the chief):
   {"kind":"final","task":"worker-0","test_loss":0.2,"test_accuracy":0.95,
-   "total_seconds":55.2,"epochs":4}
+   "startup_seconds":14.1,"test_seconds":0.8,"total_seconds":33.2,"epochs":4}
+  startup_seconds runs from the process's start to the start of training (TensorFlow's
+  import, the data, the strategy, the model), test_seconds is the test evaluation, and
+  total_seconds runs from the process's start to this line: the epochs' epoch_seconds,
+  start-up and test fit within it.
 - one per checkpoint an evaluator task evaluates (trainer.evaluator):
   {"kind":"eval","task":"evaluator-0","epoch":3,"checkpoint":"ckpt-3",
    "val_loss":0.3,"val_accuracy":0.91,"eval_seconds":0.4,"final":false}
@@ -46,9 +56,11 @@ from typing import IO, Any
 
 METRIC_PREFIX = "TFLAUNCH_METRIC "
 
-EPOCH_FIELDS = ("kind", "task", "epoch", "epochs", "loss", "accuracy", "val_loss", "val_accuracy",
-                "epoch_seconds", "samples_per_second", "global_batch", "replicas")
-FINAL_FIELDS = ("kind", "task", "test_loss", "test_accuracy", "total_seconds", "epochs")
+TIMING_FIELDS = ("epoch_seconds", "train_seconds", "first_step_seconds", "steps", "samples_per_second")
+EPOCH_FIELDS = ("kind", "task", "epoch", "epochs", "loss", "accuracy", "val_loss", "val_accuracy", *TIMING_FIELDS,
+                "global_batch", "replicas")
+FINAL_FIELDS = ("kind", "task", "test_loss", "test_accuracy", "startup_seconds", "test_seconds", "total_seconds",
+                "epochs")
 EVAL_FIELDS = ("kind", "task", "epoch", "checkpoint", "val_loss", "val_accuracy", "eval_seconds", "final")
 
 
@@ -119,6 +131,22 @@ class EpochClock:
     def seconds(self) -> float:
         return self._clock() - self.start
 
+    def train_seconds(self) -> float | None:
+        """The epoch's training phase: from its start to its last step (or to train_done)."""
+        end = self.last_step_end if self.last_step_end is not None else self.train_end
+        return None if end is None else end - self.start
+
+    def first_step_seconds(self) -> float | None:
+        """The epoch's first step, when steps were timed one by one."""
+        return None if self.first_step_end is None else self.first_step_end - self.start
+
+    def figures(self, rate: float | None) -> dict[str, Any]:
+        """The epoch record's timing fields, with ``rate`` as its samples_per_second; read once at
+        the epoch's end, so the parts fit within epoch_seconds."""
+        return {"epoch_seconds": self.seconds(), "train_seconds": self.train_seconds(),
+                "first_step_seconds": self.first_step_seconds(), "steps": self.steps or None,
+                "samples_per_second": rate}
+
     def samples_per_second(self) -> float | None:
         if self.first_step_end is not None:
             if self.steps >= 2 and self.last_step_end > self.first_step_end:
@@ -149,9 +177,9 @@ class Reporter:
     def say(self, message: str) -> None:
         self._write(f"trainer: {message}")
 
-    def epoch(self, *, epoch: int, logs: dict[str, Any], epoch_seconds: float,
-              samples_per_second: float | None, global_batch: int, replicas: int,
+    def epoch(self, *, epoch: int, logs: dict[str, Any], timing: dict[str, Any], global_batch: int, replicas: int,
               epochs: int | None = None) -> None:
+        """One epoch's line; ``timing`` is :meth:`EpochClock.figures`."""
         self._write(format_line({
             "kind": "epoch",
             "task": self.task,
@@ -161,18 +189,20 @@ class Reporter:
             "accuracy": logs.get("accuracy"),
             "val_loss": logs.get("val_loss"),
             "val_accuracy": logs.get("val_accuracy"),
-            "epoch_seconds": epoch_seconds,
-            "samples_per_second": samples_per_second,
+            **{key: timing.get(key) for key in TIMING_FIELDS},
             "global_batch": global_batch,
             "replicas": replicas,
         }))
 
-    def final(self, *, test_loss: float, test_accuracy: float, total_seconds: float, epochs: int) -> None:
+    def final(self, *, test_loss: float, test_accuracy: float, startup_seconds: float, test_seconds: float,
+              total_seconds: float, epochs: int) -> None:
         self._write(format_line({
             "kind": "final",
             "task": self.task,
             "test_loss": test_loss,
             "test_accuracy": test_accuracy,
+            "startup_seconds": startup_seconds,
+            "test_seconds": test_seconds,
             "total_seconds": total_seconds,
             "epochs": epochs,
         }))

@@ -57,6 +57,7 @@ def run(args: argparse.Namespace, task: TaskInfo, splits: Splits, reporter: Repo
             if args.loop == "fit":
                 fit_loop.compile_model(model, optimizer)
         checkpoints = epoch_checkpoints.for_session(session, model, optimizer)
+        startup_seconds = time.perf_counter() - started
         if args.loop == "fit":
             fit_loop.train(session, model, checkpoints)
         else:
@@ -64,10 +65,12 @@ def run(args: argparse.Namespace, task: TaskInfo, splits: Splits, reporter: Repo
             loop.train(checkpoints)
         if checkpoints is not None:
             checkpoints.finish(args.epochs)
+        testing = time.perf_counter()
         if args.loop == "fit":
             test_loss, test_accuracy = fit_loop.evaluate(session, model)
         else:
             test_loss, test_accuracy = loop.evaluate(splits.x_test, splits.y_test)
+        test_seconds = time.perf_counter() - testing
         model_dir = session.model_write_dir()
         if model_dir:
             # Every worker saves (saving may need all of them); only the chief's copy is kept.
@@ -75,5 +78,5 @@ def run(args: argparse.Namespace, task: TaskInfo, splits: Splits, reporter: Repo
         if session.is_chief:
             saved = f", model saved to {model_dir}" if model_dir else ""
             reporter.say(f"test accuracy {test_accuracy:.4f}, test loss {test_loss:.4f}{saved}")
-        reporter.final(test_loss=test_loss, test_accuracy=test_accuracy,
-                       total_seconds=time.perf_counter() - started, epochs=args.epochs)
+        reporter.final(test_loss=test_loss, test_accuracy=test_accuracy, startup_seconds=startup_seconds,
+                       test_seconds=test_seconds, total_seconds=time.perf_counter() - started, epochs=args.epochs)

@@ -7,7 +7,8 @@ Its modules, each importing only the ones above it:
 - :mod:`.protocol`: every fact of the protocol between tflaunch and the agent (frames, commands,
   statuses, the fields encoding, the connect-back handshake); tflaunch imports it from here;
 - :mod:`.trees`: process trees from /proc (children, descendants, a task's mark, signals);
-- :mod:`.threads`: a watched task's threads and GPUs, running totals for tflaunch's straggler rule;
+- :mod:`.gpus`: the GPUs of watched tasks, read through NVML on a thread of its own;
+- :mod:`.threads`: a watched task's threads, CPUs and GPUs, running totals for tflaunch's straggler rule;
 - :mod:`.sampling`: each task's resource readings (and those totals), sent in one frame;
 - :mod:`.ports`: ports picked, held and claimed against this user's other runs;
 - :mod:`.channel`: the channel to tflaunch (stdin and stdout, or a connection back with its

@@ -31,6 +31,7 @@ class EndingProcesses(object):
                 return
             process = self.by_pid.pop(pid, None)
             if process is not None:
+                process.leader.reap()
                 process.status = status
                 process.read_after = 0.0  # its last output and its pipe's end are read at once
                 process.settle_until = time.monotonic() + (SETTLE if process.termed or process.hurry else 0.0)
@@ -100,9 +101,13 @@ class EndingProcesses(object):
                 found += descendants(child)
         return found
 
+    def signal_group(self, process, signum):
+        """``signum`` to ``process``'s group while it is the process's (see :class:`.trees.Leader`)."""
+        if process.leader is not None:
+            process.leader.signal(signum)
+
     def signal_tree(self, process, signum):
-        if process.pid is not None and process.status is None:
-            send(process.pid, signum, group=True)
+        self.signal_group(process, signum)
         for pid in self.tree_of(process):
             send(pid, signum)
 
@@ -112,8 +117,7 @@ class EndingProcesses(object):
         """tflaunch is gone: SIGTERM to every process and its tree, ``eof_grace``, then SIGKILL."""
         self.control = []
         for process in self.processes.values():
-            if process.pid is not None and process.status is None:
-                send(process.pid, signal.SIGTERM, group=True)
+            self.signal_group(process, signal.SIGTERM)
         for pid in descendants(self.me):
             send(pid, signal.SIGTERM)
         deadline = time.monotonic() + self.eof_grace
@@ -125,8 +129,7 @@ class EndingProcesses(object):
             for pid in left:
                 send(pid, signal.SIGKILL)
             for process in self.processes.values():
-                if process.pid is not None and process.status is None:
-                    send(process.pid, signal.SIGKILL, group=True)
+                self.signal_group(process, signal.SIGKILL)
             self.reap()
             if not left:
                 break

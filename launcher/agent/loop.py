@@ -41,7 +41,7 @@ from .protocol import (EOF_GRACE, HEARTBEAT, LOST_RUN, MAX_FRAME, SAMPLE, SYNC, 
 from .sampling import readings
 from .starting import StartingProcesses
 from .threads import LOOK_EVERY
-from .trees import become_subreaper, handles, lead_session, send
+from .trees import become_subreaper, handles, lead_session
 
 TICK = 0.25  # how often the setup line's output file is looked at (a regular file cannot be waited on)
 CHUNK = 1 << 16  # one output frame at most, and what the writer sends of one process per turn
@@ -213,7 +213,7 @@ class Agent(StartingProcesses, EndingProcesses):
             if process.status is None:
                 process.termed = True
                 process.catches_term = handles(process.pid, signal.SIGTERM)
-                send(process.pid, signal.SIGTERM, group=True)
+                self.signal_group(process, signal.SIGTERM)
         elif command == Command.KILL:
             process.hurry = True
             self.signal_tree(process, signal.SIGKILL)

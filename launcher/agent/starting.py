@@ -15,6 +15,7 @@ except ImportError:
 from .channel import WIDE_PIPES, set_blocking, widen_pipe
 from .protocol import GRACE, OWNER_VARIABLE, Frame, Status, frame, number, write_some
 from .threads import ThreadWatch
+from .trees import Leader
 
 # posix_spawn with setpgroup or setsid needs Python 3.8; signals the agent ignores or handles go back
 # to their defaults in the task (Python ignores SIGPIPE; the agent catches SIGINT, SIGHUP and SIGTERM).
@@ -57,6 +58,7 @@ class Process(object):
         self.name = fields.get("name") or str(ident)
         self.grace = number(fields.get("grace"), GRACE)
         self.pid = None
+        self.leader = None  # a Leader (launcher.agent.trees): how its group is signalled
         self.status = None  # wait status once reaped
         self.termed = False
         self.catches_term = True  # whether it caught or ignored SIGTERM when tflaunch sent it one
@@ -166,6 +168,7 @@ class StartingProcesses(object):
         if process.out_fd is not None:
             set_blocking(process.out_fd, False)
         process.pid = pid
+        process.leader = Leader(pid)
         self.by_pid[pid] = process
         self.say(process, "%s %d" % (Status.STARTED, pid))
 
@@ -211,6 +214,7 @@ class StartingProcesses(object):
         set_blocking(errors_r, False)
         process.exec_fd = errors_r
         process.pid = pid
+        process.leader = Leader(pid)
         self.by_pid[pid] = process
 
     def exec_result(self, process):

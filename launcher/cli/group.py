@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import os
 import re
@@ -163,6 +162,8 @@ def close_options(option: str, params: list[click.Parameter]) -> list[str]:
     ``--local``), compared without their dashes so that the dashes alone never make two names alike."""
     long = option.startswith("--")
     names = {name.lstrip("-"): name for name in _takes_value(params) if name.startswith("--") == long}
+    import difflib  # only for a mistyped option: not loaded at every start
+
     return [names[match] for match in difflib.get_close_matches(option.lstrip("-"), names, n=2, cutoff=_ALIKE)]
 
 

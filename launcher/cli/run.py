@@ -33,6 +33,7 @@ Examples:
 @cluster_options(gpus=True, slurm=True)
 # The run options' defaults, help and checks are launcher.options.RunOptions'; their flags only parse.
 @run_option("log_dir")
+@run_option("log_group")
 @run_option("threads")
 @run_option("grace")
 @run_option("log_max_size", show_default=False)
@@ -51,6 +52,8 @@ Examples:
 @run_option("hang_timeout")
 @run_option("on_straggler")
 @run_option("straggler_timeout")
+@run_option("straggler_warm_up")
+@run_option("straggler_window")
 @run_option("env", "-e")
 @run_option("evaluator_timeout")
 @run_option("tensorboard")

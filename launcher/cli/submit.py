@@ -48,8 +48,10 @@ Examples:
               help="With --requeue: how long before the end Slurm warns tflaunch (default 120).")
 # The run options the job's 'tflaunch --slurm' is given: none unless given here (its own defaults apply).
 @run_option("max_restarts")
+@run_option("restart_delay")
 @run_option("grace", default=None, show_default=False)
 @run_option("log_dir")
+@run_option("log_group")
 @run_option("env", "-e",
             help="Set a variable in every task (repeatable): KEY=VALUE, written into the script, or KEY alone to "
                  "pass this environment's KEY by name: sbatch passes its value on, and the script holds only the "
@@ -70,6 +72,8 @@ def submit_command(ctx: click.Context, cluster: str | None, **options: Any) -> N
     passed: list[str] = []
     if options["max_restarts"] is not None:
         passed += ["--max-restarts", str(options["max_restarts"])]
+    if options["restart_delay"] is not None:
+        passed += ["--restart-delay", f"{options['restart_delay']:g}"]
     if options["grace"] is not None:
         passed += ["--grace", f"{options['grace']:g}"]
     overrides = {"nodes": options["nodes"], "ntasks_per_node": options["ntasks_per_node"], "chief": options["chief"],
@@ -80,7 +84,7 @@ def submit_command(ctx: click.Context, cluster: str | None, **options: Any) -> N
                  "requeue": options["requeue"], "warning_seconds": options["warning_seconds"]}
     request = SubmitOptions(cluster_file=cluster, overrides=overrides, command=ctx.meta.get("tflaunch.command") or (),
                             run_options=tuple(passed), log_dir=options["log_dir"],
-                            argv=("tflaunch", *sys.argv[1:]), env=options["env"])
+                            log_group=options["log_group"], argv=("tflaunch", *sys.argv[1:]), env=options["env"])
     if options["dry_run"]:
         click.echo(dry_run(request), nl=False)
         return

@@ -58,7 +58,8 @@ THIS_MACHINE = "localhost"  # key for this machine in ``cores_by_host``
 INTEROP_THREADS = 2
 LEGACY_KERAS_NOTE = (
     "TF_USE_LEGACY_KERAS=1 set for every task: tf.keras is tf_keras there, because Keras 3 cannot run "
-    "Model.fit under MultiWorkerMirroredStrategy (set TF_USE_LEGACY_KERAS=0 in 'env' to keep Keras 3)"
+    "Model.fit under MultiWorkerMirroredStrategy (TF_USE_LEGACY_KERAS=0 in 'env' keeps Keras 3, and "
+    "Model.fit then fails under MultiWorkerMirroredStrategy)"
 )
 
 
@@ -161,6 +162,7 @@ def plan_cluster(
     ranks = rank_env(spec.tasks, host_of)
     legacy_keras = len(spec.tasks) > 1
     has_evaluator = bool(spec.role_tasks(Role.EVALUATOR))
+    watch = context.watch_stragglers and spec.synchronous  # once: it counts the cluster's tasks
 
     launches = []
     secrets = _SecretNames()
@@ -214,7 +216,7 @@ def plan_cluster(
             env_sources=sources,
             hidden=secrets.secret_names(env) | frozenset(by_name),
             attempt=context.attempt,
-            watched=context.watch_stragglers and spec.synchronous and task.role in TRAINING_ROLES,
+            watched=watch and task.role in TRAINING_ROLES,
         ))
     notes = []
     # The note applies where tflaunch chose legacy Keras for a Python program, not where the user did.
@@ -257,14 +259,17 @@ def layer_env(layers: list[tuple[str, EnvLayer]]) -> tuple[dict[str, str | None]
 
 _SHELLS = ("sh", "bash", "dash", "zsh")
 _PYTHON_WORD = re.compile(r"(?:^|[\s/;&|(])python[\w.]*(?:\s|$)|\.py(?:\s|$)")
+_KERAS_WORD = re.compile(r"tensorflow|keras|\btf\b|import|exec|open\(")  # code that may reach Keras
 
 
 def runs_python(argv: tuple[str, ...], python: str = "") -> bool:
-    """Whether a task's command can run TensorFlow, so the Keras note concerns it.
+    """Whether a task's command can run TensorFlow's Keras, so the Keras note concerns it.
 
-    Yes for the task's interpreter or any ``python*`` (``-m module``, ``-c code``, the default
-    trainer), a Python script (``train.py``), either behind ``env [NAME=VALUE ...]``, and a shell's
-    ``-c`` line that names one; no for other programs (``sleep``, ``true``, a binary).
+    Yes for the task's interpreter or any ``python*`` (``-m module``, a script, ``-c code`` that
+    imports or names TensorFlow or Keras), a Python script (``train.py``), either behind
+    ``env [NAME=VALUE ...]``, and a shell's ``-c`` line that names one; no for the built-in
+    trainer (``-m trainer``: it chooses its Keras itself), for ``-c`` code that imports nothing,
+    and for other programs (``sleep``, ``true``, a binary).
     """
     words = list(argv)
     if words and words[0].rsplit("/", 1)[-1] == "env":
@@ -274,7 +279,13 @@ def runs_python(argv: tuple[str, ...], python: str = "") -> bool:
     if not words:
         return False
     program = words[0].rsplit("/", 1)[-1]
-    if words[0] == python or program.startswith("python") or program.endswith(".py"):
+    if words[0] == python or program.startswith("python"):
+        # The built-in trainer chooses its Keras itself (and its start line names it); code given
+        # with -c that names neither TensorFlow nor Keras never meets tf.keras.
+        if words[1:3] == ["-m", "trainer"]:
+            return False
+        return words[1:2] != ["-c"] or len(words) < 3 or _KERAS_WORD.search(words[2]) is not None
+    if program.endswith(".py"):
         return True
     if program in _SHELLS and "-c" in words[1:-1]:
         return _PYTHON_WORD.search(words[words.index("-c", 1) + 1]) is not None

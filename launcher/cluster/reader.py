@@ -37,7 +37,7 @@ from .spec import (  # noqa: F401  (re-exported: the spec is part of this module
     text_problem,
 )
 
-CLUSTER_KEYS = ("command", "env", "log_dir", "share_gpus", "threads", "workdir", "python", "setup", "ssh",
+CLUSTER_KEYS = ("command", "env", "log_dir", "log_group", "share_gpus", "threads", "workdir", "python", "setup", "ssh",
                 "hosts", "max_restarts", "restart_delay", "restart_policy", "task_restarts", "kubernetes", "slurm", "isolate_network",
                 "spares", "min_workers", "cooldown") + ROLES
 TASK_KEYS = ("host", "port", "address", "gpus", "env", "workdir", "python", "setup")
@@ -121,6 +121,7 @@ class _ClusterReader(FieldReader):
             command=collect(lambda: self.read_command(mapping["command"], "command"), None) if "command" in mapping else None,
             env=collect(lambda: self.read_env(get("env"), "env"), {}),
             log_dir=collect(lambda: self.optional_str(mapping, "log_dir", ""), None),
+            log_group=collect(lambda: self._read_log_group(get("log_group")), None),
             share_gpus=collect(lambda: self.read_bool(get("share_gpus", False), "share_gpus"), False),
             threads=collect(lambda: self.read_threads(get("threads", AUTO)), AUTO),
             workdir=collect(lambda: self.optional_str(mapping, "workdir", ""), None),
@@ -183,6 +184,17 @@ class _ClusterReader(FieldReader):
                     check_text(name, self.source, f"{key or 'top level'} key {show(name[:20])}")
                 if isinstance(item, (dict, list)) or (isinstance(item, str) and text_problem(item)):
                     self._check_strings(item, join_key(key, str(name)) if mapping else f"{key}[{name}]")
+
+    def _read_log_group(self, value: Any) -> str | None:
+        """A group's name or number; whether this user may give it a run folder is the run's check
+        (the machine's groups are not the file's to know)."""
+        if value is None:
+            return None
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return str(value)
+        if isinstance(value, str) and value.strip():
+            return value.strip()
+        raise self.fail("log_group", f"expected the name or number of a group, got {show(value)}")
 
     def _read_network(self, value: Any) -> Network | None:
         """``isolate_network``: true isolates the tasks, false leaves them on this machine's network,

@@ -129,6 +129,7 @@ class ClusterSpec:
     command: tuple[str, ...] | None = None  # None = the built-in trainer
     env: EnvLayer = field(default_factory=dict)
     log_dir: str | None = None
+    log_group: str | None = None  # the group run folders are shared with (launcher.options.group_id); None: nobody
     share_gpus: bool = False
     threads: int | str = AUTO  # AUTO, "off", or a thread count per task
     workdir: str | None = None

@@ -250,8 +250,9 @@ def carry_over_notes(spec: ClusterSpec, settings: KubernetesSettings) -> list[st
                      "to get that many")
     if spec.share_gpus:
         notes.append("share_gpus: not used; each pod gets GPUs of its own")
-    if spec.log_dir:
-        notes.append("log_dir: not used; read the pods' output with kubectl logs")
+    if spec.log_dir or spec.log_group:
+        keys = ", ".join(key for key in ("log_dir", "log_group") if getattr(spec, key))
+        notes.append(f"{keys}: not used; read the pods' output with kubectl logs")
     if spec.max_restarts:
         notes.append("restart_delay: not used; the controller restarts pods at once")
     if spec.spares or spec.min_workers is not None:

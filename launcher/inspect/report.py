@@ -11,7 +11,6 @@ import shlex
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -21,7 +20,8 @@ from ..records.exits import exit_words
 from ..records.files import create_beside
 from ..records.logview import left_out
 from ..records.metrics import trained_seconds
-from ..records.states import RunStatus, TaskState, duration_text, plural
+from ..records.metrictext import time_text
+from ..records.states import RunStatus, TaskState, clock_text, duration_text, plural
 from .runs import NoMetricsError, Run, RunState, RunSummary, cause_line, epoch_records, final_record
 
 # tflaunch installs matplotlib; it is missing only where it was removed, from this interpreter.
@@ -61,26 +61,12 @@ def num(value: float | None, digits: int) -> str:
     return f"{value:.{digits}f}"
 
 
-def _first_known(*values: Any) -> Any:
-    """The first value that is not None (a figure of the wrong type shows as it is)."""
-    return next((v for v in values if v is not None), None)
-
-
 def _epochs(count: Any) -> str:
     return plural(count, "epoch") if isinstance(count, int) and not isinstance(count, bool) else f"{count} epochs"
 
 
 def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def clock_time(iso: str | None) -> str:
-    if not iso:
-        return "-"
-    try:
-        return datetime.fromisoformat(iso).strftime("%Y-%m-%d %H:%M:%S")
-    except ValueError:
-        return iso
 
 
 def status_text(status: str, exit_code: int | None) -> str:
@@ -97,7 +83,7 @@ def status_text(status: str, exit_code: int | None) -> str:
 
 
 def runs_lines(summaries: list[RunSummary]) -> list[str]:
-    rows = [[s.run_id, clock_time(s.started_at), s.source, s.tasks, s.attempts, status_text(s.status, s.exit_code),
+    rows = [[s.run_id, clock_text(s.started_at), s.source, s.tasks, s.attempts, status_text(s.status, s.exit_code),
              duration_text(s.duration_seconds), s.test_accuracy] for s in summaries]
     lines = table(["RUN", "STARTED", "CLUSTER", "TASKS", "ATTEMPTS", "STATUS", "DURATION", "TEST ACC"], rows,
                   "lllrrlrr")
@@ -126,7 +112,7 @@ def status_lines(status: RunState, now: float | None = None) -> list[str]:
         state = task.state
         if task.state in (TaskState.FAILED, TaskState.STOPPED, TaskState.SUCCEEDED) and (
                 task.exit_code is not None or task.signal is not None or task.error is not None):
-            state += f" ({exit_words(task.exit_code, task.signal, task.error)})"
+            state += f" ({exit_words(task.exit_code, task.signal, task.error, task.state == TaskState.STOPPED)})"
         elif task.state == TaskState.RUNNING and task.alive is False:
             state += " (process gone)"
         if task.restarts:
@@ -179,7 +165,7 @@ EPOCH_KEYS = ("epoch", "loss", "accuracy", "val_loss", "val_accuracy", "epoch_se
 # Fields of an epoch record that are no figure of the model's (a Keras script's other figures,
 # sparse_categorical_accuracy or lr, get columns of their own).
 _NOT_FIGURES = {"kind", "task", "time", "attempt", "epochs", "global_batch", "replicas", "steps", "step_seconds",
-                "source"}
+                "keras_seconds", "source", "train_seconds", "first_step_seconds"}
 
 
 @dataclass
@@ -299,9 +285,15 @@ def report_lines(report: Report) -> list[str]:
         lines += table(headers, body, "r" * len(headers))
     final = report.final
     if final:
+        trained = f" in {duration_text(report.trained_seconds)}" if report.trained_seconds is not None else ""
         lines += ["", f"final ({final.get('task')}): test accuracy {_cell(final.get('test_accuracy'))}, "
-                      f"test loss {_cell(final.get('test_loss'))}, {_epochs(final.get('epochs'))} in "
-                      f"{duration_text(_first_known(report.trained_seconds, final.get('total_seconds')))}"]
+                      f"test loss {_cell(final.get('test_loss'))}, {_epochs(final.get('epochs'))}{trained}"]
+        rows = [r for r in report.epochs.get(final.get("task"), []) if r.get("attempt") == final.get("attempt")]
+        spent = time_text(final, sum(r["epoch_seconds"] for r in rows if is_number(r.get("epoch_seconds"))))
+        if spent:
+            lines.append(f"{final.get('task')}'s time: {spent}")
+        elif final.get("total_seconds") is not None:  # a figure of the wrong type shows as it is
+            lines.append(f"{final.get('task')}'s time since it started: {duration_text(final['total_seconds'])}")
     lines.append("")
     if report.resources:
         lines += [f"resource use per task ({RESOURCES}):", *resources_lines(report.resources)]

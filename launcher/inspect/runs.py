@@ -178,11 +178,21 @@ def find_runs(log_dir: Path | str) -> list[Run]:
     if not log_dir.is_dir():
         raise RunNotFoundError(f"log directory {_shown(log_dir)} does not exist (choose another with "
                                f"{form('log_dir', 'DIR')})")
+    try:
+        entries = list(log_dir.iterdir())
+    except PermissionError:
+        raise RunNotFoundError(f"log directory {_shown(log_dir)} cannot be read by you: a run folder is "
+                               f"its owner's alone (docs/security.md)") from None
     runs = []
-    for path in log_dir.iterdir():
-        if path.is_dir() and RunFolder(path).record_path.is_file():
+    for path in entries:
+        try:
+            recorded = path.is_dir() and RunFolder(path).record_path.is_file()
+            pending = not recorded and path.is_dir() and (path / SLURM_RECORD).is_file() and pending_record(path)
+        except PermissionError:  # another user's run folder: listed as one that cannot be read
+            recorded, pending = True, None
+        if recorded:
             runs.append(read_run(path))
-        elif path.is_dir() and (path / SLURM_RECORD).is_file() and (pending := pending_record(path)):
+        elif pending:
             runs.append(Run(path, pending))  # submitted to Slurm; its run has not started yet
     return sorted(runs, key=lambda r: (r.started or _id_time(r.run_id), r.run_id), reverse=True)
 

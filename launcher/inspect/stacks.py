@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..records.states import RunStatus
+from ..records.states import RunStatus, plural
 from ..records.control import ControlError, ask, escaped
 from .runs import Run
 
@@ -33,7 +33,7 @@ def stacks_lines(answer: dict[str, Any]) -> list[str]:
     would act on is shown escaped (a task names its own threads and functions)."""
     tasks = [task for task in answer.get("tasks") or [] if isinstance(task, dict)]
     verdict = answer.get("verdict") if isinstance(answer.get("verdict"), dict) else {}
-    lines = [f"run {answer.get('run_id')}, attempt {answer.get('attempt')}: stacks of {len(tasks)} running tasks, "
+    lines = [f"run {answer.get('run_id')}, attempt {answer.get('attempt')}: stacks of {plural(len(tasks), 'running task')}, "
              f"sampled at {answer.get('sampled_at')} in {answer.get('seconds')} s",
              f"verdict: {verdict.get('summary', '-')}"]
     for task in tasks:

@@ -1,5 +1,5 @@
 """How a task ended, in words: the one wording of an exit that the console, the closing summary
-and ``tflaunch status`` share (``exit code 1``, ``killed by SIGKILL``).
+and ``tflaunch status`` share (``exit code 1``, ``killed by SIGKILL``, ``SIGTERM from tflaunch``).
 
 Apart from :mod:`.states` because it needs the ``signal`` module, which the cluster's pure modules
 (which read the states) must not load.
@@ -18,10 +18,12 @@ def signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def exit_words(code: int | None, signal: int | None = None, error: str | None = None) -> str:
-    """How a task ended: ``exit code 1``, ``killed by SIGKILL``, or what kept it from running (its host lost)."""
+def exit_words(code: int | None, signal: int | None = None, error: str | None = None, stopped: bool = False) -> str:
+    """How a task ended: ``exit code 1``, ``killed by SIGKILL``, or what kept it from running (its
+    host lost). A task tflaunch ``stopped`` (its state is ``stopped``: the run ended, or another
+    task failed) and that ended of tflaunch's signal says ``SIGTERM from tflaunch``: no one killed it."""
     if signal is not None:
-        return f"killed by {signal_name(signal)}"
+        return f"{signal_name(signal)} from tflaunch" if stopped else f"killed by {signal_name(signal)}"
     if error is not None:
         return error
     return f"exit code {code}"

@@ -24,8 +24,9 @@ job's own output ``slurm-<job id>.out`` and, after requeues, ``requeue-<k>/`` wi
 task logs and attempt folders of earlier executions.
 
 A run folder and everything tflaunch writes in it are its owner's alone (folders 0700, files 0600),
-or also its group's to read (2750, 0640) when the log directory is shared with its group
-(set-group-ID, :func:`launcher.records.files.shared_with_group`); it is made only in a log directory
+or also its group's to read (2750, 0640) when the run is given a group (``--log-group``, a
+cluster file's ``log_group``) or the log directory is shared with its group (set-group-ID,
+:func:`launcher.records.files.shared_with_group`); it is made only in a log directory
 no other user can rename it out of (:func:`launcher.records.files.swappable_by_others`), and
 tflaunch never follows a link in it: every temporary or part file is created
 exclusively (``O_EXCL | O_NOFOLLOW``), temporary ones under unpredictable names, and a log is
@@ -50,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from ..options import DEFAULT_LOG_DIR, name
+from ..options import DEFAULT_LOG_DIR, group_id, name
 from .files import (FOLDER_MODE, SHARED_FOLDER_MODE, make_folder, open_own, shared_with_group, swappable_by_others,
                     write_atomically)
 from .record import RunRecord
@@ -142,14 +143,21 @@ class RunFolder:
         self._parts_left: dict[str, list[str]] = {}  # log -> its part files at the top, when an attempt ended
 
     @classmethod
-    def create(cls, log_dir: str | Path | None, source: str, option: str | None = None) -> "RunFolder":
-        """A new run folder in ``log_dir`` (None: :data:`DEFAULT_LOG_DIR`).
+    def create(cls, log_dir: str | Path | None, source: str, option: str | None = None,
+               group: str | None = None) -> "RunFolder":
+        """A new run folder in ``log_dir`` (None: :data:`DEFAULT_LOG_DIR`), shared with ``group`` when
+        given (a group of the user's: :func:`launcher.options.group_id`), else with the log
+        directory's group when that is shared (:func:`launcher.records.files.shared_with_group`).
 
         ConfigError names ``source``, the directory, where it came from (``option`` when given,
         else the default) and the system's reason, when the folder cannot be made.
         """
         base = Path(log_dir or DEFAULT_LOG_DIR)
         where = (option or name("log_dir")) if log_dir else "the default log directory"
+        try:
+            gid = None if group is None else group_id(group)
+        except ValueError as exc:
+            raise ConfigError(source, "log_group", str(exc)) from None
         try:
             swappable = swappable_by_others(base)
         except OSError:
@@ -164,8 +172,14 @@ class RunFolder:
             path = base / new_run_id()
             try:
                 make_folder(base)
-                mode = SHARED_FOLDER_MODE if shared_with_group(base) else FOLDER_MODE
-                path.mkdir(mode & 0o777)
+                mode = SHARED_FOLDER_MODE if gid is not None or shared_with_group(base) else FOLDER_MODE
+                path.mkdir(FOLDER_MODE)  # the owner's alone until it has the group it is shared with
+                if gid is not None:
+                    try:
+                        os.chown(path, -1, gid, follow_symlinks=False)
+                    except OSError:
+                        path.rmdir()  # refused with nothing made, as for a group found wanting before
+                        raise
                 os.chmod(path, mode)  # the umask took nothing it should not, and S_ISGID is kept
                 return cls(path)
             except OSError as exc:

@@ -19,8 +19,13 @@ built-in trainer's (:mod:`launcher.records.metrics`)::
      "epoch_seconds": 2.0, "step_seconds": 0.03, "source": "keras"}
 
 with every figure Keras printed under its own name, in its order (``nan`` and ``inf`` become
-null, as in the trainer's records). ``epoch_seconds`` is Keras's whole seconds (milliseconds
-where ``verbose=2`` of tf_keras gives ``951ms/epoch``); ``step_seconds`` its time per step.
+null, as in the trainer's records). ``epoch_seconds`` is Keras's own time where it gives
+milliseconds (``951ms/epoch``, ``verbose=2`` of tf_keras); where it gives whole seconds (``3s``)
+and the lines' arrival times are known (the output pump passes them), it is the time from the
+``Epoch N/M`` line's arrival to the result's, to the millisecond, with Keras's rounded figure
+kept as ``keras_seconds``: two runs whose epochs both print ``1s`` are told apart. An arrival time
+that disagrees with Keras's own by more than its rounding (a pump that fell behind, a header and
+result read in one block) is not used. ``step_seconds`` is Keras's time per step.
 
 One source per task: a task (in one attempt) that prints a ``TFLAUNCH_METRIC`` line has chosen
 its figures, and none of its Keras lines is read from then on. A callback that prints metric
@@ -58,6 +63,7 @@ class KerasState:
     epoch: int | None = None
     epochs: int | None = None
     explicit: bool = False
+    began: float | None = None  # when the due epoch's ``Epoch N/M`` line arrived, when known
 
 
 def header(text: str) -> tuple[int, int] | None:
@@ -73,9 +79,18 @@ def figure(text: str) -> float | None:
     return value if math.isfinite(value) else None
 
 
+ROUNDING = 1.0  # Keras's whole seconds are within this of the epoch's time (it rounds, or truncates)
+
+
 def result(text: str) -> dict[str, Any] | None:
     """The figures of a line that ends an epoch (see the module's docstring), without epoch and
     kind; None for any other line, a bar mid-epoch included."""
+    found = _result(text)
+    return None if found is None else found[0]
+
+
+def _result(text: str) -> tuple[dict[str, Any], bool] | None:
+    """:func:`result`, and whether its epoch_seconds is Keras's whole seconds."""
     text = _SGR.sub("", text).strip()
     count = _COUNT.match(text + " ")
     if count is None or count.group(1) != count.group(2) or "ETA:" in text:
@@ -108,24 +123,31 @@ def result(text: str) -> dict[str, Any] | None:
     if "step" not in timing or not figures:
         return None
     seconds = timing.get("epoch", elapsed)
-    return {**figures, "steps": int(count.group(1)), "epoch_seconds": None if seconds is None else round(seconds, 6),
-            "step_seconds": round(timing["step"], 6)}
+    rounded = "epoch" not in timing and seconds is not None and float(seconds).is_integer()
+    return ({**figures, "steps": int(count.group(1)), "epoch_seconds": None if seconds is None else round(seconds, 6),
+             "step_seconds": round(timing["step"], 6)}, rounded)
 
 
-def read_line(state: KerasState, text: str) -> tuple[KerasState, dict[str, Any] | None]:
-    """The state after one line of a task's output, and the epoch record the line completes, if any."""
+def read_line(state: KerasState, text: str, now: float | None = None) -> tuple[KerasState, dict[str, Any] | None]:
+    """The state after one line of a task's output, and the epoch record the line completes, if
+    any; ``now``: when the line arrived (epoch times to the millisecond where Keras rounds)."""
     if state.explicit:
         return state, None
     found = header(text)
     if found:
-        return replace(state, epoch=found[0], epochs=found[1]), None
+        return replace(state, epoch=found[0], epochs=found[1], began=now), None
     if state.epoch is None:
         return state, None
-    figures = result(text)
-    if figures is None:
+    read = _result(text)
+    if read is None:
         return state, None
+    figures, rounded = read
     record = {"kind": "epoch", "epoch": state.epoch, "epochs": state.epochs, **figures, "source": SOURCE}
-    return replace(state, epoch=None), record
+    if rounded and now is not None and state.began is not None:
+        arrived = now - state.began
+        if 0 < arrived and abs(arrived - figures["epoch_seconds"]) <= ROUNDING:
+            record["epoch_seconds"], record["keras_seconds"] = round(arrived, 3), figures["epoch_seconds"]
+    return replace(state, epoch=None, began=None), record
 
 
 def may_hold(block: bytes, state: KerasState) -> bool:

@@ -8,6 +8,10 @@ empty lines such bars leave behind are dropped. Everything else is kept byte for
 :class:`LineSplitter` cuts a stream of bytes into such lines, holding at most
 :data:`LineSplitter.MAX_PENDING` bytes of an unfinished one.
 
+A Keras progress bar that another writer's line was drawn after (a warning on stderr, which shares
+the task's pipe, written between two updates of the bar) becomes two lines, the bar's state and
+that line (:func:`unglued`), where a terminal shows them glued.
+
 Cells are code points: wide characters and colour codes inside an overwritten line are not
 measured the way a terminal would, which progress bars (ASCII) never need.
 """
@@ -48,7 +52,26 @@ def _fold_match(match: re.Match[bytes]) -> bytes:
     text = fold_text(line.decode("utf-8", "surrogateescape"))
     if not text.strip():
         return b""
-    return text.encode("utf-8", "surrogateescape") + b"\n"
+    return unglued(text).encode("utf-8", "surrogateescape") + b"\n"
+
+
+# A Keras progress bar as a terminal leaves it (`` 3/16 [==>...`` or Keras 3's coloured `` 3/16 ━━``),
+# and where another writer's line starts: a TensorFlow log stamp (glog, or the older dated form), a
+# Python traceback or warning, absl's Python logging.
+_BAR_TEXT = re.compile(r"(?:\x1b\[[0-9;]*m)*\s*\d+/\d+(?:\x1b\[[0-9;]*m)* ")
+_LINE_START = re.compile(r"[IWEF]\d{4} \d\d:\d\d:\d+\.\d+ +\d+ |\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWEF] "
+                         r"|Traceback \(most recent call last\):|[\w./-]+\.py:\d+: \w*Warning: |(?:WARNING|ERROR|INFO):")
+
+
+def unglued(text: str) -> str:
+    """A Keras progress bar with another writer's text drawn after it (a warning on stderr, which
+    shares the task's pipe, written between two of the bar's updates) as two lines: the bar's state,
+    then the text, which a terminal would show glued to the bar."""
+    bar = _BAR_TEXT.match(text)
+    if bar is None:
+        return text
+    start = _LINE_START.search(text, bar.end())
+    return text if start is None else text[:start.start()].rstrip() + "\n" + text[start.start():]
 
 
 def fold_text(line: str) -> str:

@@ -47,8 +47,9 @@ def parse_line(line: bytes) -> Record | None:
 MetricLines = list[tuple[int, Record | None]]  # (index of the line in its block, its record)
 
 
-def metric_lines(block: bytes, keras: KerasState = KerasState()) -> tuple[KerasState, MetricLines]:
-    """The metric lines of a block of one task's complete lines, with the task's Keras state after it.
+def metric_lines(block: bytes, keras: KerasState = KerasState(), now: float | None = None) -> tuple[KerasState, MetricLines]:
+    """The metric lines of a block of one task's complete lines, with the task's Keras state after
+    it; ``now``, when the block arrived, times Keras's epochs where Keras rounds (:mod:`.kerasepochs`).
 
     One ``(index of the line in the block, record)`` per line that holds the prefix (its record,
     or None when malformed: it stays a plain line) and per Keras epoch result of a task that has
@@ -63,7 +64,7 @@ def metric_lines(block: bytes, keras: KerasState = KerasState()) -> tuple[KerasS
             found.append((index, parse_line(line)))
             keras = KerasState(explicit=True)
         elif not keras.explicit:
-            keras, record = read_line(keras, line.decode("utf-8", "replace"))
+            keras, record = read_line(keras, line.decode("utf-8", "replace"), now)
             if record is not None:
                 found.append((index, record))
     return keras, found
@@ -124,22 +125,21 @@ def speaker(tasks: Iterable[str], reported: Iterable[str] = ()) -> str | None:
 
 
 def trained_seconds(records: Iterable[Record]) -> float | None:
-    """How long the run trained, summed over its attempts: for each attempt, what the task that
-    speaks for it (:func:`speaker`) reported: its ``final`` record's ``total_seconds``, or, for an
-    attempt that ended before one, the sum of its epochs' ``epoch_seconds``. None when no attempt
-    reported either. The closing summary and ``tflaunch report`` both show this figure."""
+    """How long the run trained: the ``epoch_seconds`` of every epoch the task that speaks for each
+    attempt (:func:`speaker`) reported, summed over the attempts; what the epoch lines add up to,
+    without the task's start-up (TensorFlow's import) or its test. None when no epoch said its time.
+    The closing summary and ``tflaunch report`` both show this figure."""
     by_attempt: dict[Any, list[Record]] = {}
     for record in records:
-        if record.get("kind") in ("epoch", "final"):
+        if record.get("kind") == "epoch":
             by_attempt.setdefault(record.get("attempt", 1), []).append(record)
     total = None
     for found in by_attempt.values():
         tasks = [r.get("task") for r in found]
-        mine = [r for r in found if r.get("task") == speaker(tasks, tasks)]
-        finals = [r["total_seconds"] for r in mine if r.get("kind") == "final" and _seconds(r.get("total_seconds"))]
-        epochs = [r["epoch_seconds"] for r in mine if r.get("kind") == "epoch" and _seconds(r.get("epoch_seconds"))]
-        if finals or epochs:
-            total = (total or 0.0) + (finals[-1] if finals else sum(epochs))
+        epochs = [r["epoch_seconds"] for r in found if r.get("task") == speaker(tasks, tasks)
+                  and _seconds(r.get("epoch_seconds"))]
+        if epochs:
+            total = (total or 0.0) + sum(epochs)
     return total
 
 

@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping
 
 from ..errors import shown
 from ..taskenv import ATTEMPT
-from .states import Outcome, RunStatus, TaskState
+from .states import Outcome, RunStatus, TaskState, clock_text
 
 FORMAT_VERSION = 2
 
@@ -198,7 +198,8 @@ class StragglerRecord:
 
     def line(self) -> str:
         """The straggler in one line, as ``status`` and ``report`` show it."""
-        when = f"from {self.since} to {self.until}" if self.until else f"since {self.since}"
+        when = (f"from {clock_text(self.since)} to {clock_text(self.until)}" if self.until
+                else f"since {clock_text(self.since)}")
         return (f"{self.task} on {self.host} held the others back {when} (attempt {self.attempt}): they waited "
                 f"for it about {self.share:.0%} of each step; {self.cause}")
 

@@ -155,6 +155,25 @@ def duration_text(seconds: float | None) -> str:
     return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
 
 
+CLOCK_FORMAT = "%Y-%m-%d %H:%M:%S"  # a moment as every view shows it, in this machine's zone
+
+
+def clock_text(when: float | str | None) -> str:
+    """``2026-12-02 14:02:11``: a moment (seconds since the epoch, or an ISO time as run.json holds
+    it) as the console, ``status``, ``runs`` and ``report`` all show it; ``-`` for none, and text
+    that is no time as it is."""
+    import datetime  # here: the cluster's pure modules read the states without needing it
+
+    if when is None or when == "":
+        return "-"
+    try:
+        moment = (datetime.datetime.fromtimestamp(when) if isinstance(when, (int, float))
+                  else datetime.datetime.fromisoformat(when).astimezone())
+    except (ValueError, OverflowError, OSError, TypeError):
+        return str(when)
+    return moment.strftime(CLOCK_FORMAT)
+
+
 def plural(count: int, word: str, many: str | None = None) -> str:
     """``1 task``, ``2 tasks``, ``0 tasks`` (``many`` for a word that takes more than an s)."""
     return f"{count:,} {word if count == 1 else many or word + 's'}"

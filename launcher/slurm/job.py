@@ -62,7 +62,8 @@ def _task_log(name: str) -> bool:
     return stem.endswith(TASK_LOG_SUFFIX) and stem not in (MERGED, TENSORBOARD_LOG)
 
 
-def prepare_folder(run_dir: str | None, log_dir: str | None, environ: Mapping[str, str], source: str) -> RunFolder:
+def prepare_folder(run_dir: str | None, log_dir: str | None, environ: Mapping[str, str], source: str,
+                   group: str | None = None) -> RunFolder:
     """The run folder this execution of the job writes into (see the module docstring)."""
     job_id = environ.get("SLURM_JOB_ID", "")
     restarts = int(environ.get("SLURM_RESTART_COUNT") or 0)
@@ -79,7 +80,7 @@ def prepare_folder(run_dir: str | None, log_dir: str | None, environ: Mapping[st
         base = Path(log_dir or DEFAULT_LOG_DIR)
         path = find_job_folder(base, job_id) if restarts else None
         if path is None:
-            path = RunFolder.create(log_dir, source).path
+            path = RunFolder.create(log_dir, source, group=group).path
     archive_previous_execution(path, restarts)
     record = read_slurm_record(path)
     record.update({"job_id": job_id, "restart_count": restarts, "nodelist": environ.get("SLURM_JOB_NODELIST"),

@@ -26,6 +26,7 @@ from ..cluster.reader import load_cluster_file
 from ..cluster.spec import value_by_name
 from ..masking import is_secret_name
 from ..errors import ConfigError
+from ..options import group_id
 from ..records.files import write_atomically
 from ..records.folder import DEFAULT_LOG_DIR, RUN_ID_PLACEHOLDER, SBATCH_SCRIPT, RunFolder, iso_time
 from ..records.slurm import write_slurm_record
@@ -45,6 +46,7 @@ class SubmitOptions:
     command: tuple[str, ...] = ()
     run_options: tuple[str, ...] = ()
     log_dir: str | None = None
+    log_group: str | None = None
     argv: tuple[str, ...] = ()
     env: Mapping[str, str | None] = field(default_factory=dict)  # --env: a value, or None (by name)
 
@@ -56,9 +58,10 @@ class Submitted:
     script: Path
 
 
-def job_request(options: SubmitOptions, run_dir: str) -> tuple[JobRequest, str]:
-    """The validated request and the log directory; ConfigError (exit 2) names the bad option."""
-    settings, log_dir, cluster_file = SlurmSettings(), options.log_dir, None
+def job_request(options: SubmitOptions, run_dir: str) -> tuple[JobRequest, str, str | None]:
+    """The validated request, the log directory and the group run folders are shared with (None:
+    nobody); ConfigError (exit 2) names the bad option."""
+    settings, log_dir, cluster_file, log_group = SlurmSettings(), options.log_dir, None, options.log_group
     if options.cluster_file:
         cluster_file = os.path.abspath(options.cluster_file)
         spec = load_cluster_file(options.cluster_file, frozenset(), slurm_template=True)
@@ -67,6 +70,12 @@ def job_request(options: SubmitOptions, run_dir: str) -> tuple[JobRequest, str]:
                               "the allocation; remove the role lists and use the 'slurm:' section")
         settings = read_slurm_section(options.cluster_file, spec.slurm)
         log_dir = log_dir or spec.log_dir
+        if log_group is None and spec.log_group is not None:
+            log_group = spec.log_group
+            try:
+                group_id(log_group)
+            except ValueError as exc:
+                raise ConfigError(options.cluster_file, "log_group", str(exc)) from None
     given = {k: v for k, v in (options.overrides or {}).items() if v not in (None, (), False)}
     for name, option in SCRIPT_TEXT_OPTIONS.items():
         problem = script_text_problem(given.get(name))
@@ -92,7 +101,7 @@ def job_request(options: SubmitOptions, run_dir: str) -> tuple[JobRequest, str]:
     request = JobRequest(run_dir=run_dir, workdir=workdir, python=sys.executable, settings=settings,
                          cluster_file=cluster_file, command=options.command,
                          run_options=(*options.run_options, *env_options), submitted_argv=options.argv)
-    return request, log_dir or DEFAULT_LOG_DIR
+    return request, log_dir or DEFAULT_LOG_DIR, log_group
 
 
 def job_env_options(env: Mapping[str, str | None], sbatch_options: Sequence[str],
@@ -127,17 +136,17 @@ def job_env_options(env: Mapping[str, str | None], sbatch_options: Sequence[str]
 
 def dry_run(options: SubmitOptions) -> str:
     """The script submit would write, with a stand-in run folder."""
-    _, log_dir = job_request(options, "")
-    request, _ = job_request(options, str(Path(log_dir).resolve() / RUN_ID_PLACEHOLDER))
+    _, log_dir, _ = job_request(options, "")
+    request, _, _ = job_request(options, str(Path(log_dir).resolve() / RUN_ID_PLACEHOLDER))
     return render_script(request)
 
 
 def submit(options: SubmitOptions, wait: bool, on_submitted: Callable[[Submitted], None]) -> int:
     """Write the script into a new run folder and submit it; with ``wait``, the cluster's exit code."""
-    _, log_dir = job_request(options, "")
-    folder = RunFolder.create(log_dir, options.cluster_file or "submit")
+    _, log_dir, log_group = job_request(options, "")
+    folder = RunFolder.create(log_dir, options.cluster_file or "submit", group=log_group)
     run_dir = folder.path.resolve()
-    request, _ = job_request(options, str(run_dir))
+    request, _, _ = job_request(options, str(run_dir))
     script = run_dir / SBATCH_SCRIPT
     write_atomically(script, render_script(request))
     if shutil.which("sbatch") is None:

@@ -45,8 +45,9 @@ class ExitStatus:
             return self.error_code
         return int(self.code or 0)
 
-    def describe(self) -> str:
-        return exit_words(self.code, self.signal, self.error)
+    def describe(self, stopped: bool = False) -> str:
+        """In words (:func:`launcher.records.exits.exit_words`); ``stopped``: tflaunch stopped the task."""
+        return exit_words(self.code, self.signal, self.error, stopped)
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ class ThreadTimes:
     cpu_lost: float = 0.0  # over them, the sum of the share of its CPUs others took while it waited for one
     gpu_looks: int = 0  # looks at its GPUs (none without GPUs or NVML)
     gpu_slowdown: float = 0.0  # over them, the sum of how much slower than its peak its slowest GPU ran, throttled
+    gpu_stale: int = 0  # looks at its GPUs at which NVML had not answered within its deadline
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,13 @@
 """A child's output held in memory within a bound: its start, its latest lines, and the lines that matter.
 
-srun's own output (its errors, ``Node failure on ...``) is read to say why a node was lost or an
-agent never connected. The child writes into a pipe that a thread drains, so however much it
-prints, what is held is at most :data:`HEAD` bytes of its start, :data:`TAIL` bytes of its latest
-lines and :data:`KEPT` lines that ``keep`` picks (each cut at :data:`LINE_MAX`), plus the count of
-bytes left out between the head and the tail.
+What a carrier says is read to say why a host was lost or an agent never started: srun's own
+output (its errors, ``Node failure on ...``), an ssh client's or the local agent's stderr. However
+much the child prints, what is held (:class:`HeldText`) is at most a head of its start, a tail of
+its latest lines and :data:`KEPT` lines that ``keep`` picks (each cut at :data:`LINE_MAX`), plus
+the count of bytes left out between the head and the tail, as a task's log keeps its start, a
+marker and its end. srun writes into a pipe that a thread drains (:class:`HeldOutput`); an ssh
+client's or the local agent's stderr is a pipe the link hub drains with the agent's channel
+(:class:`launcher.transports.carriers.ProcessCarrier`).
 """
 
 from __future__ import annotations
@@ -20,12 +23,13 @@ KEPT = 256  # lines picked by ``keep`` (srun names each lost node once)
 LINE_MAX = 4096  # of a picked line, and of the line being read when it has no end yet
 
 
-class HeldOutput:
-    """Give :attr:`fd` to the child as its stdout and stderr, then call :meth:`started`."""
+class HeldText:
+    """A child's output, fed with :meth:`take`, held as at most ``head`` bytes of its start,
+    ``tail`` bytes of its latest lines and the lines ``keep`` picks. Thread-safe."""
 
-    def __init__(self, keep: Callable[[str], bool]):
-        self._read, self.fd = os.pipe()
+    def __init__(self, keep: Callable[[str], bool] | None = None, head: int = HEAD, tail: int = TAIL):
         self.keep = keep
+        self.head_size, self.tail_size = head, tail
         self.head = b""
         self.tail: deque[bytes] = deque()  # the latest lines, ``\n`` included
         self._tail_size = 0
@@ -33,6 +37,53 @@ class HeldOutput:
         self.kept: list[str] = []
         self._partial = b""
         self._lock = threading.Lock()
+
+    def take(self, data: bytes) -> None:
+        with self._lock:
+            self._take(data)
+
+    def lines(self) -> list[str]:
+        """Head, a marker when bytes were left out, then the latest lines."""
+        with self._lock:
+            head, tail, left_out, partial = self.head, b"".join(self.tail), self.left_out, self._partial
+        marker = [f"[... {left_out:,} bytes left out here ...]"] if left_out else []
+        return head.decode("utf-8", "replace").splitlines() + marker + \
+            (tail + partial).decode("utf-8", "replace").splitlines()
+
+    def picked(self) -> list[str]:
+        with self._lock:
+            return list(self.kept)
+
+    def _take(self, data: bytes) -> None:
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        if len(self._partial) > LINE_MAX:  # a line without end: its start is kept, the rest left out
+            self.left_out += len(self._partial) - LINE_MAX
+            self._partial = self._partial[:LINE_MAX]
+        for line in lines:
+            if self.keep is not None and len(self.kept) < KEPT:
+                text = line[:LINE_MAX].decode("utf-8", "replace")
+                if self.keep(text):
+                    self.kept.append(text)
+            line += b"\n"
+            if not self.tail and len(self.head) + len(line) <= self.head_size:
+                self.head += line
+                continue
+            self.tail.append(line[-self.tail_size:])
+            self.left_out += len(line) - len(self.tail[-1])
+            self._tail_size += len(self.tail[-1])
+            while self._tail_size > self.tail_size and len(self.tail) > 1:
+                dropped = self.tail.popleft()
+                self._tail_size -= len(dropped)
+                self.left_out += len(dropped)
+
+
+class HeldOutput(HeldText):
+    """Give :attr:`fd` to the child as its stdout and stderr, then call :meth:`started`: a thread
+    drains the pipe into what is held."""
+
+    def __init__(self, keep: Callable[[str], bool]):
+        super().__init__(keep)
+        self._read, self.fd = os.pipe()
         self._thread = threading.Thread(target=self._drain, name="tflaunch-srun-output", daemon=True)
 
     def started(self) -> None:
@@ -53,45 +104,11 @@ class HeldOutput:
         if self._thread.is_alive():
             self._thread.join(timeout)
 
-    def lines(self) -> list[str]:
-        """Head, a marker when bytes were left out, then the latest lines."""
-        with self._lock:
-            head, tail, left_out, partial = self.head, b"".join(self.tail), self.left_out, self._partial
-        marker = [f"[... {left_out:,} bytes left out here ...]"] if left_out else []
-        return head.decode("utf-8", "replace").splitlines() + marker + \
-            (tail + partial).decode("utf-8", "replace").splitlines()
-
-    def picked(self) -> list[str]:
-        with self._lock:
-            return list(self.kept)
-
     def _drain(self) -> None:
         try:
             while data := os.read(self._read, 1 << 16):
-                with self._lock:
-                    self._take(data)
+                self.take(data)
         except OSError:
             pass
         finally:
             os.close(self._read)
-
-    def _take(self, data: bytes) -> None:
-        *lines, self._partial = (self._partial + data).split(b"\n")
-        if len(self._partial) > LINE_MAX:  # a line without end: its start is kept, the rest left out
-            self.left_out += len(self._partial) - LINE_MAX
-            self._partial = self._partial[:LINE_MAX]
-        for line in lines:
-            text = line[:LINE_MAX].decode("utf-8", "replace")
-            if len(self.kept) < KEPT and self.keep(text):
-                self.kept.append(text)
-            line += b"\n"
-            if not self.tail and len(self.head) + len(line) <= HEAD:
-                self.head += line
-                continue
-            self.tail.append(line[-TAIL:])
-            self.left_out += len(line) - len(self.tail[-1])
-            self._tail_size += len(self.tail[-1])
-            while self._tail_size > TAIL and len(self.tail) > 1:
-                dropped = self.tail.popleft()
-                self._tail_size -= len(dropped)
-                self.left_out += len(dropped)

@@ -203,13 +203,15 @@ class AgentLink:
     # -- the hub's side ---------------------------------------------------------------------
 
     def release_descriptors(self) -> None:
-        """Close the channel's descriptors (the hub's thread only, once nothing polls them)."""
+        """Close the channel's descriptors and the carrier's stderr (the hub's thread only, once
+        nothing polls them)."""
         for fd in {self.read_fd, self.write_fd}:
             if fd is not None:
                 try:
                     os.close(fd)
                 except OSError:
                     pass
+        self.carrier.release()
 
     def wants_write(self) -> bool:
         return bool(self._out) and self.write_fd is not None and not self.closed
@@ -317,9 +319,11 @@ class AgentLink:
                 number, rss, cpu, count = words[:4]
                 reading = (int(number), int(rss), float(cpu), int(count))
                 threads = None
-                if len(words) in (8, 10):
-                    gpu = (int(words[8]), float(words[9])) if len(words) == 10 else (0, 0.0)
-                    threads = ThreadTimes(int(words[4]), float(words[5]), int(words[6]), float(words[7]), *gpu)
+                if len(words) in (8, 10, 11):
+                    gpu = (int(words[8]), float(words[9])) if len(words) >= 10 else (0, 0.0)
+                    stale = int(words[10]) if len(words) == 11 else 0
+                    threads = ThreadTimes(int(words[4]), float(words[5]), int(words[6]), float(words[7]), *gpu,
+                                          gpu_stale=stale)
                 elif len(words) != 4:
                     raise ValueError(line)
             except ValueError:

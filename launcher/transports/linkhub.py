@@ -141,6 +141,8 @@ class LinkHub:
                 wanted[link.read_fd] = _READ
             if link.wants_write():
                 wanted[link.write_fd] = wanted.get(link.write_fd, 0) | _WRITE
+            if link.carrier.stderr_fd is not None and not link.carrier.said_all:
+                wanted[link.carrier.stderr_fd] = _READ
         had = self._masks_of.pop(link, {})
         for fd in had.keys() - wanted.keys():
             self._link_of.pop(fd, None)
@@ -196,6 +198,11 @@ class LinkHub:
                         link.read_ready(self._read_buffer)
                     if fd == link.write_fd and mask & (_WRITE | _TROUBLE) and link.wants_write():
                         link.write_pending()
+                    if fd == link.carrier.stderr_fd:
+                        link.carrier.drain()
+                        if link.carrier.said_all:
+                            with self._lock:
+                                self._dirty.add(link)  # no longer watched
                 except Exception as exc:  # one broken link must not take every other host down
                     bound(log, link.trace).debug("%s: its link failed", link.host, exc_info=True)
                     link.end(f"its link failed ({exc!r})")

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from collections.abc import Hashable
 
-from ..agent.protocol import EOF_GRACE, encode_fields
+from ..agent.protocol import EOF_GRACE, OWNER_VARIABLE, encode_fields
 from ..cluster.machine import restore_open_files_limit
 from ..cluster.plan import TaskLaunch
 from ..cluster.tfconfig import tf_config_parts
@@ -37,18 +37,14 @@ class LocalCarrier(ProcessCarrier):
 
     kind = "agent"
 
-    def __init__(self, popen: subprocess.Popen[bytes], stderr):
-        super().__init__(THIS_MACHINE, popen, stderr)
+    def __init__(self, popen: subprocess.Popen[bytes], stderr_fd: int):
+        super().__init__(THIS_MACHINE, popen, stderr_fd)
 
     def detail(self) -> str | None:
         code = self.popen.poll()
         if code is not None and code < 0:
             return f"the agent was killed by signal {-code}"
         return super().detail()
-
-    def close(self, wait: float) -> None:
-        super().close(wait)
-        self.stderr.close()
 
     def where(self, reason: str) -> str:
         return reason
@@ -59,8 +55,8 @@ class LocalCarrier(ProcessCarrier):
     def lost(self, detail: str) -> ExitStatus:
         return ExitStatus(error=f"the agent in front of the task ended ({detail}); the task was stopped with it")
 
-    def extra_backstop(self, pid: int | None) -> None:
-        kill_group(pid)  # the agent cannot (it is gone or wedged): the task's own group goes
+    def extra_backstop(self, pid: int | None, ident: int) -> None:
+        kill_group(pid, ident)  # the agent cannot (it is gone or wedged): the task's own group goes
 
 
 class LocalTransport(AgentBackend):
@@ -92,10 +88,27 @@ class LocalTransport(AgentBackend):
                          keepalive=KEEPALIVE_TIMEOUT, hub=HUB)
 
 
-def kill_group(pid: int | None) -> None:
-    if pid is None:
+def kill_group(pid: int | None, ident: int) -> None:
+    """SIGKILL to the process group of the task ``ident`` on this machine, led by ``pid``, only
+    while /proc shows that group is still the task's: the process at ``pid`` carries the task's
+    mark (the agent's ``OWNER_VARIABLE``, the task's id) and leads its own group. The agent, not
+    tflaunch, reaps the task, so by now the number may name another process, another user's too."""
+    if pid is None or not _is_task_leader(pid, ident):
         return
     try:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _is_task_leader(pid: int, ident: int) -> bool:
+    """Whether the process at ``pid`` carries the mark of task ``ident`` and leads its own group."""
+    mark = f"{OWNER_VARIABLE}={ident}".encode()
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as environ:
+            if mark not in environ.read().split(b"\0"):
+                return False
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[2] == str(pid).encode()
+    except (OSError, IndexError):
+        return False

@@ -97,7 +97,7 @@ class AgentTask(AgentProcessBase):
     def poll(self) -> ExitStatus | None:
         if self.status is None and self._kill_deadline is not None and time.monotonic() > self._kill_deadline:
             self._kill_deadline = None
-            self.link.carrier.extra_backstop(self.pid)
+            self.link.carrier.extra_backstop(self.pid, self.id)
         return self.status
 
     def terminate(self) -> None:
@@ -137,7 +137,7 @@ class AgentTask(AgentProcessBase):
     def lose(self, carrier: Carrier, detail: str, started: bool) -> None:
         if self.log_path is not None and detail:
             self.logs.append(self.log_path, f"[{carrier.kind} {carrier.host}] {detail}\n".encode())
-        carrier.extra_backstop(self.pid)
+        carrier.extra_backstop(self.pid, self.id)
         super().lose(carrier, detail, started)
 
 

@@ -48,16 +48,21 @@ def agent_modules(folder: Path = AGENT_PACKAGE) -> dict[str, str]:
 _SIBLING = re.compile(r"^from \.(\w+) import ", re.MULTILINE)
 _SIBLING_IMPORT = re.compile(r"^from \.\w+ import (?:\([^)]*\)|[^\n(]*)\n", re.MULTILINE)
 _DOCSTRING = re.compile(r'\A"""(?:[^"\\]|\\.|"(?!""))*"""\n')
-_COMMENT_LINE = re.compile(r"^[ \t]*#[^\n]*\n", re.MULTILINE)  # a whole line of comment: no host reads it
+_COMMENT_LINE = re.compile(r"^[ \t]*#.*\n", re.MULTILINE)  # a line that is only a comment
+# A docstring that opens a function's or class's body with more of the body after it, at its indent
+# (so that the body stays a body without it).
+_BLOCK_DOCSTRING = re.compile(r':\n([ \t]+)"""(?:[^"\\]|\\.|"(?!""))*"""\n(?=(?:[ \t]*\n)*\1\S)')
 
 
 def bundle(modules: dict[str, str]) -> str:
     """``modules`` (name: source, in order) as one source: each module's imports of the others, its
-    docstring and its lines of comment (read here, not on a host: the srun command line carries the
+    docstrings and its comment lines (read here, not on a host: the srun command line carries the
     whole source) taken out, a comment line naming where each starts."""
-    return "\n\n".join(f"# -- {name}.py\n"
-                       + _COMMENT_LINE.sub("", _SIBLING_IMPORT.sub("", _DOCSTRING.sub("", text)))
-                       for name, text in modules.items())
+    def shipped(text: str) -> str:
+        text = _SIBLING_IMPORT.sub("", _DOCSTRING.sub("", text))
+        return _BLOCK_DOCSTRING.sub(":\n", _COMMENT_LINE.sub("", text))
+
+    return "\n\n".join(f"# -- {name}.py\n" + shipped(text) for name, text in modules.items())
 
 
 @functools.cache

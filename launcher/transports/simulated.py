@@ -38,8 +38,8 @@ class SimulatedCarrier(SshCarrier):
             pass
         super().close(wait)
 
-    def extra_backstop(self, pid: int | None) -> None:
-        kill_group(pid)  # the task runs here: its group goes when its agent cannot stop it
+    def extra_backstop(self, pid: int | None, ident: int) -> None:
+        kill_group(pid, ident)  # the task runs here: its group goes when its agent cannot stop it
 
 
 class SimulatedTransport(SshTransport):

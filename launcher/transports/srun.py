@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -52,6 +53,10 @@ from .linkhub import HUB
 from .shipping import SETUP_VARIABLE, agent_spec, remote_agent_argv
 
 NODE_FAILURE = "Node failure on"  # how srun reports that slurmctld declared a node dead
+# srun's line: "srun: error: Node failure on <hostlist>", the hostlist as Slurm writes one
+# ("n10", "n[1,10-12]", "gpu[007-009],login1").
+_FAILED_NODES = re.compile(re.escape(NODE_FAILURE) + r"\s+(\S+)")
+_GROUP = re.compile(r"\[([^\]]*)\]")
 CONNECT_TIMEOUT = 300.0  # from srun's start to every agent's connection: a busy slurmctld, a node still registering
 SCONTROL_TIMEOUT = 10.0  # for the nodes' addresses; without them the listener is on every address
 
@@ -71,6 +76,39 @@ def node_addresses(nodes: Sequence[str]) -> list[str]:
         if fields.get("NodeName") and fields.get("NodeAddr"):
             known[fields["NodeName"]] = fields["NodeAddr"]
     return [known[node] for node in nodes] if done.returncode == 0 and all(n in known for n in nodes) else []
+
+
+def in_hostlist(node: str, hostlist: str) -> bool:
+    """Whether ``hostlist``, as Slurm writes one (``n[1,10-12],gpu07``), names ``node`` as a whole:
+    ``n1`` is not ``n10``. A range's numbers have the width of its first bound (``[007-009]``)."""
+    for item in re.split(r",(?![^\[]*\])", hostlist):
+        if "[" not in item:
+            if item == node:
+                return True
+            continue
+        groups = _GROUP.findall(item)
+        pattern = "".join(re.escape(part) if i % 2 == 0 else r"(\d+)"
+                          for i, part in enumerate(_GROUP.split(item)))
+        match = re.fullmatch(pattern, node)
+        if match and all(_in_ranges(digits, ranges) for digits, ranges in zip(match.groups(), groups)):
+            return True
+    return False
+
+
+def _in_ranges(digits: str, ranges: str) -> bool:
+    for each in ranges.split(","):
+        low, _, high = each.partition("-")
+        if not low.isdigit() or not (high or low).isdigit():
+            continue
+        if int(low) <= int(digits) <= int(high or low) and digits == f"{int(digits):0{len(low)}d}":
+            return True
+    return False
+
+
+def failed_on(line: str, node: str) -> bool:
+    """Whether srun's ``line`` says that ``node`` failed (its ``Node failure on`` line)."""
+    found = _FAILED_NODES.search(line)
+    return bool(found) and in_hostlist(node, found.group(1))
 
 
 def srun_argv(nodes: Sequence[str], first: TaskLaunch, grace: float, port: int, host: str = "-",
@@ -184,7 +222,7 @@ class AgentStep:
     def node_failure(self, node: str) -> str | None:
         self._settle()
         for line in self.output.picked():
-            if node in line:
+            if failed_on(line, node):
                 return line.strip()
         return None
 

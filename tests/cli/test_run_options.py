@@ -59,6 +59,7 @@ BAD = [
     ("grace", float("nan"), "a number of seconds >= 0", "nan"),
     ("evaluator_timeout", True, "a number of seconds >= 0", "True"),
     ("restart_delay", -0.5, "a number of seconds >= 0", "-0.5"),
+    ("straggler_warm_up", -5, "a number of seconds >= 0", "-5"),
     ("start_timeout", 0, "a number of seconds > 0", "0"),
     ("hang_timeout", float("inf"), "a number of seconds > 0", "inf"),
     ("max_restarts", -1, "a whole number >= 0", "-1"),
@@ -71,6 +72,7 @@ BAD = [
     ("env", {"A-B": "1"}, "variable names mapped to strings, or to None (passed by name)", "'A-B'"),
 ]
 CLI_NAMES = {"grace": "--grace", "evaluator_timeout": "--evaluator-timeout", "restart_delay": "--restart-delay",
+             "straggler_warm_up": "--straggler-warm-up",
              "start_timeout": "--start-timeout", "hang_timeout": "--hang-timeout", "max_restarts": "--max-restarts",
              "threads": "--threads", "command": "the command after --", "tasks": "--tasks", "log_dir": "--log-dir",
              "env": "--env"}
@@ -134,7 +136,7 @@ def test_submit_shows_the_same_run_options():
     runs = {param.name: param for param in run.params}
     passed = submit.make_context("submit", ["--nodes", "1"]).params
     shared = [param for param in submit.params if param.name in OPTIONS]
-    assert sorted(param.name for param in shared) == ["env", "grace", "log_dir", "max_restarts"]
+    assert sorted(param.name for param in shared) == ["env", "grace", "log_dir", "log_group", "max_restarts", "restart_delay"]
     for param in shared:
         assert (param.opts, param.metavar) == (runs[param.name].opts, runs[param.name].metavar), param.name
         # --env's help says what submit writes into the script and what it refuses.
@@ -155,6 +157,8 @@ def test_launch_s_defaults_are_the_dataclasss():
     (["--local", "1", "--grace", "-1", "--dry-run"], "--grace: expected a number of seconds >= 0, got -1.0"),
     (["--local", "1", "--threads", "0", "--dry-run"], "--threads: expected 'auto', 'off' or a thread count >= 1, got 0"),
     (["--local", "1", "--hang-timeout", "0", "--dry-run"], "--hang-timeout: expected a number of seconds > 0, got 0.0"),
+    (["--local", "1", "--straggler-warm-up", "-1", "--dry-run"],
+     "--straggler-warm-up: expected a number of seconds >= 0, got -1.0"),
     (["--local", "1", "--quiet", "--verbose", "--dry-run"], "--quiet and --verbose cannot be combined"),
     (["submit", "--nodes", "1", "--max-restarts", "-1", "--dry-run"],
      "--max-restarts: expected a whole number >= 0, got -1"),
@@ -231,3 +235,17 @@ def test_the_options_shown_whole_hide_every_env_value_and_a_secret_in_the_comman
     assert not any(value in shown for value in ("s3cr3t-one", "pl4in-two", "s3cr3t-three"))
     assert "'MY_API_TOKEN': '<hidden>'" in shown and "'train.py'" in shown and "grace=2.0" in shown
     assert options.env["DATA"] == "pl4in-two"  # only what is shown is masked
+
+
+def test_a_log_group_must_exist_and_be_the_users_own_in_either_front_ends_words():
+    import grp
+    import os
+
+    with pytest.raises(OptionsError, match="^--log-group: no group 'no-such-group-here' on this machine$"):
+        RunOptions(log_group="no-such-group-here")
+    with python_words(), pytest.raises(OptionsError, match="^log_group: no group 'no-such-group-here' on this machine$"):
+        RunOptions(log_group="no-such-group-here")
+    with pytest.raises(OptionsError, match=r"^--log-group: expected the name or number of a group, got \[1\]$"):
+        RunOptions(log_group=[1])
+    own = grp.getgrgid(os.getegid()).gr_name
+    assert RunOptions(log_group=own).log_group == own and RunOptions(log_group=os.getegid()).log_group == str(os.getegid())

@@ -334,9 +334,13 @@ def test_pythonunbuffered_for_every_task():
 
 
 def test_legacy_keras_for_multi_task_clusters_with_a_note():
-    p = plan("worker: [localhost:1, localhost:2]")
+    p = plan("worker: [localhost:1, localhost:2]", command=("python", "train.py"))
     assert [launch.env["TF_USE_LEGACY_KERAS"] for launch in p.launches] == ["1", "1"]
     assert p.notes == (LEGACY_KERAS_NOTE,)
+    assert "Model.fit then fails" in LEGACY_KERAS_NOTE  # the way out is never offered without its cost
+    # the built-in trainer chooses its Keras itself: the variable is set, the note would say nothing
+    p = plan("worker: [localhost:1, localhost:2]")
+    assert [launch.env["TF_USE_LEGACY_KERAS"] for launch in p.launches] == ["1", "1"] and p.notes == ()
 
 
 def test_no_legacy_keras_for_a_single_task():
@@ -359,7 +363,8 @@ def test_user_turns_legacy_keras_off_and_gets_no_note(where):
 
 
 def test_legacy_keras_note_stays_while_any_task_uses_it():
-    p = plan("worker: [{host: localhost, port: 1, env: {TF_USE_LEGACY_KERAS: 0}}, localhost:2]")
+    p = plan("worker: [{host: localhost, port: 1, env: {TF_USE_LEGACY_KERAS: 0}}, localhost:2]",
+             command=("python", "train.py"))
     assert [launch.env["TF_USE_LEGACY_KERAS"] for launch in p.launches] == ["0", "1"]
     assert p.notes == (LEGACY_KERAS_NOTE,)
 

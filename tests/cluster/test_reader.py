@@ -910,3 +910,14 @@ def test_anchors_shared_by_many_tasks_still_read():
           - {host: localhost, port: 2223, env: *common}
     """)
     assert [t.env["B"] for t in spec.tasks] == ["2", "2"]
+
+
+@pytest.mark.parametrize("value, read", [("team", "team"), (" team ", "team"), ("1001", "1001"), (1001, "1001")])
+def test_log_group_is_a_groups_name_or_number_which_the_run_checks_on_its_machine(value, read):
+    assert parse(f"log_group: {value!r}\nworker: [localhost:2222]").log_group == read
+    assert parse("worker: [localhost:2222]").log_group is None
+
+
+@pytest.mark.parametrize("value", ["''", "[team]", "true", "-1"])
+def test_a_log_group_that_names_no_group_is_one_line_with_the_key_and_value(value):
+    assert "log_group: expected the name or number of a group, got" in error(f"log_group: {value}\nworker: [localhost:2222]")

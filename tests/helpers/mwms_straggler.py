@@ -2,15 +2,18 @@
 in which one task may be slow: its input pipeline sleeps per batch.
 
     python mwms_straggler.py --steps N [--pace S] [--slow TASK | --slow-host HOST] [--sleep S]
-                             [--recover-after S] [--width N]
+                             [--recover-after S] [--width N] [--epoch-steps N] [--rebuild-each-epoch]
 
-Every task trains ``--steps`` steps (rounded down to tens), its input sleeping ``--pace`` seconds
+Every task trains ``--steps`` steps (rounded down to whole epochs of ``--epoch-steps``, 10 by
+default), its input sleeping ``--pace`` seconds
 per batch (0 by default: a source as fast as it can be); ``--width`` sets the dense layers' width
 (the work of a step). The slow task (``--slow`` names it as TFLAUNCH_TASK does, ``--slow-host`` by
 its host name) sleeps ``--sleep`` seconds per batch instead, until ``--recover-after`` seconds
 after its first batch, when it prints ``RECOVERED <time>`` and goes on at the others' pace. Each
-task prints ``TRAINING <time>`` at its first batch, an epoch metric line every 10 steps
-(``trainer.metrics.print_epoch``) and ``DONE`` at its end.
+task prints ``TRAINING <time>`` at its first batch, an epoch metric line every epoch
+(``trainer.metrics.print_epoch``) and ``DONE`` at its end. With ``--rebuild-each-epoch`` it calls
+``fit`` once per epoch, as a training loop over a finite dataset does: each call makes a new input
+iterator, whose tf.data threads are new ones (the generator runs on them).
 """
 
 import argparse
@@ -37,24 +40,27 @@ def main():
     parser.add_argument("--sleep", type=float, default=0.1)
     parser.add_argument("--recover-after", type=float)
     parser.add_argument("--width", type=int, default=128)
+    parser.add_argument("--epoch-steps", type=int, default=10)
+    parser.add_argument("--rebuild-each-epoch", action="store_true")
     args = parser.parse_args()
     slow = args.slow == ME or (args.slow_host is not None and socket.gethostname() == args.slow_host)
-    steps = max(10, args.steps // 10 * 10)
+    epochs = max(1, args.steps // args.epoch_steps)
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
 
+    state = {"first": None, "sleeping": slow}  # across the iterators of a rebuilt pipeline
+
     def source():
         rng = np.random.default_rng(0)
-        first, sleeping = None, slow
         while True:
             now = time.time()
-            if first is None:
-                first = now
+            if state["first"] is None:
+                state["first"] = now
                 print(f"TRAINING {now:.3f}", flush=True)
-            if sleeping and args.recover_after is not None and now - first >= args.recover_after:
-                sleeping = False
+            if state["sleeping"] and args.recover_after is not None and now - state["first"] >= args.recover_after:
+                state["sleeping"] = False
                 print(f"RECOVERED {now:.3f}", flush=True)
-            pause = args.sleep if sleeping else args.pace
+            pause = args.sleep if state["sleeping"] else args.pace
             if pause:
                 time.sleep(pause)
             yield rng.random((BATCH, FEATURES), dtype=np.float32), rng.random((BATCH, 1), dtype=np.float32)
@@ -71,8 +77,13 @@ def main():
         model.compile("sgd", "mse")
     from trainer.metrics import print_epoch  # the documented callback: an epoch metric line each epoch
 
-    model.fit(data, epochs=steps // 10, steps_per_epoch=10, verbose=0,
-              callbacks=[tf.keras.callbacks.LambdaCallback(on_epoch_end=print_epoch)])
+    callbacks = [tf.keras.callbacks.LambdaCallback(on_epoch_end=print_epoch)]
+    if args.rebuild_each_epoch:
+        for epoch in range(epochs):
+            model.fit(data, epochs=epoch + 1, initial_epoch=epoch, steps_per_epoch=args.epoch_steps, verbose=0,
+                      callbacks=callbacks)
+    else:
+        model.fit(data, epochs=epochs, steps_per_epoch=args.epoch_steps, verbose=0, callbacks=callbacks)
     print("DONE", flush=True)
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TASK, interrupt
+from conftest import DEFAULT_LOCAL_TWO, TASK, interrupt
 from launcher.run.output.resources import ResourceSampler
 from polling import wait_for
 
@@ -153,7 +153,9 @@ def test_runs_lists_newest_first_with_status_exit_code_and_accuracy(tflaunch):
 
 
 def test_missing_unknown_and_ambiguous_runs_are_one_line_errors(tflaunch):
-    for command in ("runs", "logs", "status", "report"):
+    # No log directory yet: no runs to list, and nothing for a command that needs a run.
+    assert inspect(tflaunch, "runs").stderr.strip() == f"no runs in {tflaunch.log_dir}/ yet"
+    for command in ("logs", "status", "report"):
         done = inspect(tflaunch, command, code=2)
         assert done.stderr.strip() == f"tflaunch: error: log directory {tflaunch.log_dir}/ does not exist " \
                                       f"(choose another with --log-dir DIR)"
@@ -267,13 +269,13 @@ def test_a_runs_duration_and_training_time_read_the_same_everywhere(tflaunch):
     took = duration_text(json.loads((done.run_dir / "run.json").read_text())["duration_seconds"])
     assert float(took.split()[0]) >= 1.0  # both attempts and the restart delay, not the last attempt alone
     assert f"succeeded after 2 attempts in {took} (1 task)" in done.stderr
-    # Trained: attempt 1's epoch (0.5 s, it never sent a final record) and attempt 2's total (1.25 s).
-    assert "training: 2 epochs in 1.8 s" in done.stderr
+    # Trained: attempt 1's epoch (0.5 s) and attempt 2's (0.75 s); not the task's total of 1.25 s.
+    assert "training: 2 epochs in 1.2 s (every attempt's epochs)" in done.stderr
     runs = inspect(tflaunch, "runs").stdout.splitlines()
     assert re.search(rf"\s{re.escape(took)}\s", next(line for line in runs if done.run_dir.name in line))
     report = inspect(tflaunch, "report").stdout.splitlines()
     assert report[0] == f"run {done.run_dir.name} (--local 1): succeeded in {took}, 2 epochs"
-    assert "final (worker-0): test accuracy 0.7000, test loss 0.3000, 2 epochs in 1.8 s" in report
+    assert "final (worker-0): test accuracy 0.7000, test loss 0.3000, 2 epochs in 1.2 s" in report
     status = inspect(tflaunch, "status").stdout.splitlines()
     assert f"not running: succeeded after {took}, 2 attempts;" in status[0] + ";"
 
@@ -344,7 +346,7 @@ def test_status_of_a_live_run_shows_states_pids_uptime_metric_and_usage(tflaunch
     assert run.returncode == 130
     text = inspect(tflaunch, "status").stdout
     assert "not running: stopped (exit 130)" in text
-    assert re.search(r"^worker-0\s+worker\s+localhost\s+stopped \(killed by SIG[A-Z]+\)", text, re.M)
+    assert re.search(r"^worker-0\s+worker\s+localhost\s+stopped \(SIG[A-Z]+ from tflaunch\)", text, re.M)
 
 
 def test_status_of_a_hung_run_shows_its_root_cause(tflaunch):
@@ -513,7 +515,8 @@ def test_report_shows_exact_epoch_figures_and_writes_a_png_only_with_plot(tflaun
         "2": ["2", "0.6000", "0.6000", "0.9000", "0.5500", "1.250", "512.0"],
         "3": ["3", "0.4500", "0.7000", "0.6750", "0.6500", "1.500", "480.0"],
     }
-    assert "final (worker-0): test accuracy 0.9125, test loss 0.2500, 3 epochs in 9.5 s" in lines
+    # the epochs' own times (3.0 + 1.25 + 1.5 s), not the task's total of 9.5 s
+    assert "final (worker-0): test accuracy 0.9125, test loss 0.2500, 3 epochs in 5.8 s" in lines
     png = done.run_dir / "learning_curves.png"
     assert lines[-1] == f"learning curves: {png}"
     assert png_size(png) == (1000, 400) and png.stat().st_size > 10_000
@@ -594,7 +597,8 @@ def test_compare_speedup_is_the_ratio_of_recorded_epoch_times(tflaunch):
     text = inspect(tflaunch, "compare", one.run_dir.name, two.run_dir.name, solo.run_dir.name[:-1]).stdout
     lines = text.splitlines()
     assert lines[0].startswith("epoch time and samples/s: means over the epochs after the first (the warm-up)")
-    assert lines[-1] == "(speedup: epoch time of the first run / epoch time of this run)"
+    assert "(speedup: epoch time of the first run / epoch time of this run)" in lines
+    assert lines[-1].startswith(f"arguments that differ: {one.run_dir.name}: 'print:TFLAUNCH_METRIC ")
     rows = data_rows(text, r"\d{8}-")
     recorded = {}
     for done in (one, two, solo):
@@ -607,10 +611,12 @@ def test_compare_speedup_is_the_ratio_of_recorded_epoch_times(tflaunch):
     for done, workers, batch, rate, accuracy in expected:
         row = rows[done.run_dir.name]
         assert row[3:6] == [str(workers), str(batch), f"{recorded[done.run_dir.name]:.3f}"]
-        assert row[6:9] == [f"{batch / rate * 1000:.2f}", f"{rate:.1f}", accuracy]
-        printed = float(row[9].rstrip("x"))
+        assert row[6:8] == [f"{batch / rate * 1000:.2f}", f"{rate:.1f}"] and row[10] == accuracy
+        printed = float(row[11].rstrip("x"))
         assert printed == round(base / recorded[done.run_dir.name], 2)
-    assert [rows[d.run_dir.name][9] for d in (one, two, solo)] == ["1.00x", "1.53x", "1.31x"]  # 2.1 s / 1.375 s, / 1.6 s
+    assert [rows[d.run_dir.name][11] for d in (one, two, solo)] == ["1.00x", "1.53x", "1.31x"]  # 2.1 s / 1.375 s, / 1.6 s
+    # the last epoch's training loss and accuracy
+    assert rows[one.run_dir.name][8:10] == ["0.3333", "0.7000"] and rows[solo.run_dir.name][8:10] == ["1.0000", "0.5000"]
     data = json.loads(inspect(tflaunch, "compare", one.run_dir.name, two.run_dir.name, "--json").stdout)
     assert data["baseline"] == one.run_dir.name
     first, second = data["runs"]
@@ -619,16 +625,41 @@ def test_compare_speedup_is_the_ratio_of_recorded_epoch_times(tflaunch):
     assert second["step_seconds"] == pytest.approx(64 / 115.0)
 
 
+def keras_epochs(seconds: float) -> list[str]:
+    """Actions of a task that prints what Keras 3's Model.fit(verbose=2) does for two epochs of
+    ``seconds`` each: both print "0s", the whole seconds Keras rounds to."""
+    actions = []
+    for epoch in (1, 2):
+        actions += [f"print:Epoch {epoch}/2", f"sleep:{seconds}",
+                    f"print:10/10 - 0s - 30ms/step - accuracy: 0.{epoch}000 - loss: {1.0 / epoch:.4f}"]
+    return actions
+
+
+def test_compare_tells_keras_runs_apart_where_keras_prints_the_same_whole_seconds(tflaunch):
+    fast = run_ok(tflaunch, "--local", "1", "--", "python", TASK, *keras_epochs(0.2))
+    slow = run_ok(tflaunch, "--local", "1", "--", "python", TASK, *keras_epochs(0.6))
+    rows = data_rows(inspect(tflaunch, "compare", fast.run_dir.name, slow.run_dir.name).stdout, r"\d{8}-")
+    quick, late = (float(rows[done.run_dir.name][5]) for done in (fast, slow))
+    assert 0.2 <= quick < 0.5 and 0.6 <= late < 0.9, rows  # each epoch's own time, not Keras's 0s
+    assert float(rows[slow.run_dir.name][11].rstrip("x")) < 0.7  # slower: no "1.00x"
+    assert rows[fast.run_dir.name][8:10] == ["0.5000", "0.2000"]  # the last epoch's loss and accuracy
+
+
 # -- the real trainer -------------------------------------------------------------------------
 
 
 @pytest.mark.slow
 @pytest.mark.tensorflow
 @pytest.mark.timeout(300)
-def test_real_trainer_run_reports_epochs_resources_and_learning_curves(tflaunch):
-    done = launch(tflaunch, "--local", "2", "--", "python", "-m", "trainer", "--epochs", "2", timeout=280)
+@pytest.mark.xdist_group(DEFAULT_LOCAL_TWO)
+def test_real_trainer_run_reports_epochs_resources_and_learning_curves(default_local_two):
+    done, tflaunch = default_local_two
+    assert done.returncode == 0, done.stderr[-3000:]
+    trained = sorted({json.loads(line)["epoch"] for line in (done.run_dir / "metrics.jsonl").read_text().splitlines()
+                      if '"kind":"epoch"' in line})
     report = json.loads(inspect(tflaunch, "report", "--json").stdout)
-    assert report["chief"] == "worker-0" and [r["epoch"] for r in report["epochs"]["worker-0"]] == [1, 2]
+    assert report["chief"] == "worker-0" and [r["epoch"] for r in report["epochs"]["worker-0"]] == trained
+    assert len(trained) >= 2
     for row in report["epochs"]["worker-0"]:
         assert 0 < row["loss"] and 0 <= row["accuracy"] <= 1 and row["epoch_seconds"] > 0
     assert 0 <= report["final"]["test_accuracy"] <= 1
@@ -660,6 +691,6 @@ def test_stacks_show_a_terminals_control_characters_escaped():
                          "stacks": "Thread 1 (idle): \x1b]0;owned\x07\n    f (x.py:1)\rcover\n"}]}
     lines = stacks_lines(answer)
     assert not any(re.search("[\x00-\x08\x0b-\x1f\x7f-\x9f]", line) for line in lines), lines
-    assert lines[0].startswith("run r\\x1b[2J, attempt 1")
+    assert lines[0].startswith("run r\\x1b[2J, attempt 1: stacks of 1 running task, sampled at")
     assert lines[1] == "verdict: odd \\x9b31m"
     assert lines[-2:] == ["Thread 1 (idle): \\x1b]0;owned\\x07", "    f (x.py:1)\\x0dcover"]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.project
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / ".importlinter"

@@ -37,3 +37,21 @@ def test_a_side_without_runs_has_no_interval():
     bench = load_bench()
     assert all(math.isnan(x) for x in bench.ratio_interval([], [1.0, 1.1]))
     assert all(math.isnan(x) for x in bench.ratio_interval([1.0], []))
+
+
+def test_a_missed_goal_ends_the_benchmark_with_a_failed_line_and_exit_1_and_a_missed_target_does_not():
+    import subprocess
+
+    def run(body: str) -> subprocess.CompletedProcess:
+        code = f"import sys; sys.path.insert(0, {str(BENCH.parent)!r}); import _bench\n{body}"
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+
+    missed = run('_bench.main_guard(lambda: _bench.verdict("start CPU per host", 6.5, 5.0, " ms", guard=True))')
+    assert missed.returncode == 1, missed.stdout + missed.stderr
+    assert missed.stdout.splitlines()[-1] == "FAILED start CPU per host: 6.500 ms, over its goal of 5 ms"
+    nothing = run('_bench.main_guard(lambda: _bench.verdict("running", float("nan"), 7.5, " ms/s", guard=True))')
+    assert nothing.returncode == 1 and nothing.stdout.splitlines()[-1].startswith("FAILED running: nan")
+    held = run('_bench.main_guard(lambda: _bench.verdict("start CPU per host", 4.5, 5.0, " ms", guard=True))')
+    over = run('_bench.main_guard(lambda: _bench.verdict("a ratio", 1.4, 1.2))')
+    assert (held.returncode, over.returncode) == (0, 0) and "FAILED" not in held.stdout + over.stdout
+    assert "OVER TARGET" in over.stdout

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.project
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"

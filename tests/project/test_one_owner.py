@@ -17,7 +17,7 @@ from launcher.records.states import Role
 from launcher.records.states import Outcome, RunStatus, TaskState
 from source_scan import LAUNCHER, code_strings, launcher_modules
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.project
 
 STATES = LAUNCHER / "records" / "states.py"
 STATE_WORDS = {w.value for enum in (RunStatus, TaskState, Outcome) for w in enum} | {"died"}
@@ -139,7 +139,7 @@ def test_no_help_or_message_spells_the_default_log_dir_by_hand():
 
 # The names of the run options' defaults in launcher/options.py, which only RunOptions may take as a
 # default (MAX_RESTARTS and RESTART_DELAY are the cluster file's defaults too: ClusterSpec takes them).
-OPTION_DEFAULTS = {"GRACE", "EVALUATOR_TIMEOUT", "STRAGGLER_TIMEOUT", "LOG_MAX_SIZE"}
+OPTION_DEFAULTS = {"GRACE", "EVALUATOR_TIMEOUT", "STRAGGLER_TIMEOUT", "STRAGGLER_WARM_UP", "LOG_MAX_SIZE"}
 OPTIONS = LAUNCHER / "options.py"
 
 

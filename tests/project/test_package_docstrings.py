@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.project
 
 LAUNCHER = Path(__file__).resolve().parents[2] / "launcher"
 

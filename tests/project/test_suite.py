@@ -10,10 +10,11 @@ import pytest
 from _pytest.mark.expression import Expression
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from suite import STAGES, TIERS, WORKERS, TierRun, expressions, main, parts  # noqa: E402
+from suite import (ALONE, BESIDE, SLOWEST, STAGES, TIERS, WORKERS, TierRun, expressions, main, parts,  # noqa: E402
+                   slowest)
 
-pytestmark = pytest.mark.unit
-MARKERS = ("unit", "slow", "tensorflow", "ssh", "slurm", "gpu")
+pytestmark = pytest.mark.project
+MARKERS = ("unit", "project", "slow", "tensorflow", "ssh", "slurm", "gpu")
 
 
 def tiers_of(markers: set[str]) -> list[str]:
@@ -30,6 +31,7 @@ def test_every_mix_of_markers_runs_in_exactly_one_tier():
 def test_a_test_runs_in_the_first_tier_its_markers_name():
     assert tiers_of(set()) == ["fast"]
     assert tiers_of({"unit"}) == ["unit"]
+    assert tiers_of({"project"}) == ["project"]
     assert tiers_of({"slow"}) == ["processes"]
     assert tiers_of({"slow", "ssh"}) == ["ssh"]
     assert tiers_of({"slow", "ssh", "slurm"}) == ["slurm"]
@@ -42,21 +44,38 @@ def test_an_unknown_tier_is_one_line_and_exit_code_2(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["--tiers", "unit,fastest"])
     assert exit_.value.code == 2
-    assert "--tiers: no tier fastest (tiers: unit, fast, processes, ssh, slurm, tensorflow, rest)" in capsys.readouterr().err
+    assert "--tiers: no tier fastest (tiers: unit, project, fast, processes, ssh, slurm, tensorflow, rest)" in capsys.readouterr().err
 
 
-def test_every_tier_runs_in_one_stage_in_the_tiers_order():
-    assert [name for stage in STAGES for name in stage] == [name for name, _ in TIERS]
+def test_every_tier_runs_in_one_stage_or_beside_them_in_the_tiers_order():
+    staged = [name for stage in STAGES for name in stage]
+    assert sorted(staged + list(BESIDE)) == sorted(name for name, _ in TIERS) and not set(staged) & set(BESIDE)
+    assert staged == [name for name, _ in TIERS if name not in BESIDE]
+    # Off the critical path: the source tree's checks; one cluster, tests that wait for the scheduler.
+    assert BESIDE == ("project", "slurm")
 
 
-def test_a_tier_in_workers_or_beside_another_runs_its_alone_tests_after_it():
+def test_every_tier_leaves_its_alone_tests_to_one_queue():
     (unit,) = parts(("unit",))
-    assert unit[0] == "unit" and unit[1].endswith("and not alone") and unit[2].endswith("and alone")
+    assert unit == ("unit", f"{expressions()['unit']} and not alone", f"{expressions()['unit']} and alone")
     assert "unit" in WORKERS
     ssh, slurm = parts(("ssh", "slurm"))
     assert ssh[1] == f"{expressions()['ssh']} and not alone" and slurm[2] == f"{expressions()['slurm']} and alone"
     (rest,) = parts(("rest",))
-    assert "rest" not in WORKERS and rest == ("rest", expressions()["rest"], None)  # one at a time already
+    assert rest == ("rest", f"{expressions()['rest']} and not alone", f"{expressions()['rest']} and alone")
+    assert ALONE not in {name for name, _ in TIERS}
+
+
+def test_the_suite_names_its_slowest_tests_from_every_run(tmp_path):
+    first, second = tmp_path / "a.xml", tmp_path / "b.xml"
+    first.write_text('<testsuites><testsuite><testcase classname="tests.run.test_a" name="test_x" time="3.5"/>'
+                     '<testcase classname="tests.run.test_a" name="test_y" time="0.1"/></testsuite></testsuites>')
+    second.write_text('<testsuites><testsuite><testcase classname="tests.slurm.test_s" name="test_z[1]" time="9"/>'
+                      '</testsuite></testsuites>')
+    found, unread = slowest([("fast", first), ("slurm", second), ("ssh", tmp_path / "missing.xml")], count=2)
+    assert found == [(9.0, "slurm", "tests/slurm/test_s.py::test_z[1]"), (3.5, "fast", "tests/run/test_a.py::test_x")]
+    assert len(unread) == 1 and unread[0].startswith(f"tier ssh: no test times ({tmp_path / 'missing.xml'}: ")
+    assert SLOWEST == 15
 
 
 @pytest.mark.timeout(120)
@@ -77,7 +96,7 @@ def test_the_run_of_a_tiers_other_tests_names_those_that_run_alone(tmp_path, cap
     shown = capsys.readouterr().out
     assert "1 passed, 3 deselected" in shown and "=== tier fast: passed" in shown
     # The ids are the rootdir's (the suite's own is the repository, where it runs pytest).
-    by_itself = TierRun("fast", [f"{tmp_path}/{nodeid}" for nodeid in run.left_alone], 1, ["-p", "no:cacheprovider", "--rootdir", str(tmp_path)],
-                        held=True, by_itself=True)
+    by_itself = TierRun(ALONE, [f"{tmp_path}/{nodeid}" for nodeid in run.left_alone], 1, ["-p", "no:cacheprovider", "--rootdir", str(tmp_path)],
+                        held=True)
     assert by_itself.wait() == 0
     assert "3 passed" in capsys.readouterr().out

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.project
 TESTS = Path(__file__).resolve().parents[1]
 PACKAGES = ("launcher", "trainer")
 HEAVY = ("trainer",)  # importing the trainer's modules loads TensorFlow: checked as files, not imported

@@ -166,3 +166,57 @@ def test_test_files_are_grouped_as_the_code_is_and_named_once():
     # Every layer of the launcher, and every package of a layer, has its folder of tests.
     assert packages - {folder[0] for folder in folders} == set()
     assert subpackages - set(folders) == set()
+
+
+def test_a_unit_or_fast_test_that_imports_tensorflow_errors_and_a_tensorflow_test_may(tmp_path):
+    # Modules named as TensorFlow's, in the sample's folder: what a light test must not import. (Each
+    # test imports its own: the first test to import one is the one that errors.)
+    for name in ("tensorflow", "tf_keras", "keras"):
+        (tmp_path / f"{name}.py").write_text("")
+    body = '''
+        import pytest
+
+        @pytest.mark.unit
+        def test_pure_imports_it():
+            import tensorflow
+
+        def test_fast_imports_it():
+            import tf_keras
+
+        def test_fast_does_not():
+            pass
+
+        @pytest.mark.slow
+        @pytest.mark.tensorflow
+        def test_marked_tensorflow_imports_it():
+            import keras
+    '''
+    done = pytest_run(tmp_path, body)
+    assert outcomes(done) == {"test_pure_imports_it": "ERROR", "test_fast_imports_it": "ERROR",
+                              "test_fast_does_not": "PASSED",
+                              "test_marked_tensorflow_imports_it": "PASSED"}, done.stdout
+    assert "test_sample.py::test_fast_imports_it is a unit or fast test but imported tf_keras" in done.stdout
+
+
+def test_the_tasks_of_a_fast_test_cannot_import_tensorflow_and_those_of_a_tensorflow_test_can(tmp_path):
+    from conftest import Tflaunch
+    from tiers import NO_TENSORFLOW
+
+    code = "import tensorflow"
+    light = Tflaunch(tmp_path, tmp_path, no_tensorflow=True).env()
+    assert light["PYTHONPATH"].split(os.pathsep) == [str(NO_TENSORFLOW), str(ROOT)]
+    for module in ("tensorflow", "tf_keras", "keras"):
+        refused = subprocess.run([sys.executable, "-c", f"import {module}"], env=light, capture_output=True,
+                                 text=True, timeout=60)
+        assert refused.returncode == 1 and (f"ImportError: {module} in a unit or fast test: TensorFlow runs only in "
+                                            "tests marked tensorflow") in refused.stderr, refused.stderr
+    # The trainer's modules that train import TensorFlow: they cannot be imported there either.
+    trainer = subprocess.run([sys.executable, "-c", "import trainer.strategy"], env=light, capture_output=True,
+                             text=True, timeout=120, cwd=ROOT)
+    assert trainer.returncode != 0 and "TensorFlow runs only in tests marked tensorflow" in trainer.stderr
+    heavy = Tflaunch(tmp_path, tmp_path).env()
+    assert heavy["PYTHONPATH"] == str(ROOT)
+    where = "import importlib.util as u; print(u.find_spec('tensorflow').origin)"
+    found = subprocess.run([sys.executable, "-c", where],
+                           env=heavy, capture_output=True, text=True, timeout=60)
+    assert "no_tensorflow" not in found.stdout and found.stdout.strip().endswith("__init__.py"), found.stdout

@@ -151,3 +151,49 @@ def test_a_task_that_prints_metric_lines_keeps_them_as_its_only_source():
 def test_plain_output_costs_one_search():
     state = KerasState()
     assert metric_lines(b"line\n" * 1000, state) == (state, [])
+
+
+@pytest.mark.parametrize("name", [n for n in KINDS if "tf_keras_verbose2" not in n])
+def test_where_keras_rounds_to_whole_seconds_the_lines_arrival_times_the_epoch(name):
+    # Two runs whose epochs print the same whole seconds: their times come from when the lines arrived.
+    times = {}
+    for run, later in enumerate([0.3, 0.7]):
+        state, clock, found = KerasState(), 100.0, []
+        for line in folded(name):
+            figures = result(line)
+            if figures is not None and state.epoch is not None:
+                clock += figures["epoch_seconds"] + later  # Keras's rounded figure, and what it left out
+            state, record = read_line(state, line, clock)
+            if record is not None:
+                found.append(record)
+            clock += 0.01
+        assert [r["epoch_seconds"] for r in found] == [pytest.approx(r["keras_seconds"] + later, abs=0.05) for r in found]
+        times[run] = [r["epoch_seconds"] for r in found]
+    assert all(a < b for a, b in zip(times[0], times[1]))
+
+
+def test_keras_own_milliseconds_and_an_arrival_that_disagrees_are_kept_as_keras_said():
+    state = read_line(KerasState(), "Epoch 1/2", 10.0)[0]
+    line = "10/10 - 2s - loss: 1.1031 - accuracy: 0.3625 - 951ms/epoch - 95ms/step"
+    assert read_line(state, line, 10.5)[1]["epoch_seconds"] == 0.951  # Keras's milliseconds
+    state = read_line(KerasState(), "Epoch 1/2", 10.0)[0]
+    line = "10/10 [==============================] - 2s 30ms/step - loss: 0.4321"
+    record = read_line(state, line, 10.0)[1]  # read in one block with its header: no time between them
+    assert record["epoch_seconds"] == 2.0 and "keras_seconds" not in record
+    assert read_line(state, line, 15.0)[1]["epoch_seconds"] == 2.0  # 5 s: the pump fell behind
+    assert read_line(state, line, 12.3)[1] == {**record, "epoch_seconds": 2.3, "keras_seconds": 2.0}
+
+
+@pytest.mark.parametrize("name", ["keras3_verbose1_plain.log", "tf_keras_verbose1_plain.log"])
+def test_a_line_written_while_a_bar_is_drawn_starts_a_line_of_its_own(name):
+    # A warning on stderr (the same pipe) arrives between two updates of the bar: it is not glued to it.
+    # (Each update is one write: backspaces over the last, a carriage return, the bar.)
+    raw = (FIXTURES / name).read_bytes()
+    first_update = raw.index(b"\n", raw.index(b"Epoch 2/3")) + 1
+    second_update = raw.index(b"\x08", first_update + 2)
+    warning = b"W0000 00:00:1795357848.580920   20415 some_file.cc:90] a warning mid-epoch\n"
+    splitter = LineSplitter()
+    lines = [line.decode() for chunk in (raw[:second_update], warning, raw[second_update:])
+             for line in splitter.feed(chunk)] + [line.decode() for line in splitter.flush()]
+    assert warning.decode().rstrip("\n") in lines
+    assert [r["epoch"] for r in records(lines)] == [1, 2, 3]  # the epochs are read as before

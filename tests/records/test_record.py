@@ -240,10 +240,11 @@ def final(task, attempt, seconds):
 
 @pytest.mark.parametrize("records, trained", [
     ([], None),
-    ([epoch("worker-0", 1, 1, 2.0), epoch("worker-1", 1, 1, 2.5), final("worker-0", 1, 3.0)], 3.0),  # the speaker's
-    # attempt 1 ended before its final record: its epochs count; attempt 2's total (not counting epoch 2 twice)
+    # the speaker's epochs; a final record's total counts the task's start-up too: not training
+    ([epoch("worker-0", 1, 1, 2.0), epoch("worker-1", 1, 1, 2.5), final("worker-0", 1, 3.0)], 2.0),
+    # every attempt's epochs: epoch 2 ran twice, and took its time twice
     ([epoch("worker-0", 1, 1, 2.0), epoch("worker-0", 1, 2, 1.5), epoch("worker-0", 2, 2, 1.0),
-      final("worker-0", 2, 1.25)], 4.75),
+      final("worker-0", 2, 1.25)], 4.5),
     ([epoch("chief-0", 1, 1, 1.0), epoch("worker-0", 1, 1, 9.0), epoch("chief-0", 2, 1, "x")], 1.0),
     ([{"kind": "epoch", "task": "worker-0", "epoch": 1, "epoch_seconds": 0.5}], 0.5),  # no attempt: the first
 ])
@@ -264,3 +265,15 @@ def test_json_nested_deeper_than_python_reads_is_no_record_and_no_crash(tmp_path
     (tmp_path / "resources.json").write_bytes(nested)
     assert read_metrics(folder.metrics_path) == [{"loss": 1}]
     assert folder.read_resources() == {}
+
+
+@pytest.mark.unit
+def test_a_moment_reads_the_same_from_the_clock_and_from_run_json():
+    from datetime import datetime
+
+    from launcher.records.folder import iso_time
+    from launcher.records.states import clock_text
+
+    now = 1796170000.25
+    assert clock_text(now) == clock_text(iso_time(now)) == datetime.fromtimestamp(now).strftime("%Y-%m-%d %H:%M:%S")
+    assert clock_text(None) == "-" and clock_text("not a time") == "not a time"

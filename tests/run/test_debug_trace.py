@@ -133,10 +133,11 @@ def test_wanted_by_the_option_or_the_variable(option, variable, expected):
 
 @pytest.mark.unit
 def test_each_straggler_judgement_traces_every_tasks_share(tmp_path):
+    from launcher.options import STRAGGLER_WARM_UP
     from launcher.run.faults.stragglers import StragglerWatch
 
     watch = StragglerWatch(1, {"worker-0": "node1", "worker-1": "node2", "worker-2": "node3"}, lambda text: None,
-                           lambda records: None, clock=lambda: 0.0)
+                           lambda records: None, clock=lambda: 0.0, warm_up=STRAGGLER_WARM_UP)
     trace = RunTrace.begin()
     try:
         trace.open(tmp_path / DEBUG_LOG, 1 << 20)

@@ -60,7 +60,7 @@ def test_tasks_failing_in_the_same_moment_are_failed_and_only_those_the_stop_end
             own = task["signal"] is None
             assert task["state"] == ("failed" if own and task["exit_code"] == 1 else "stopped"), task
         rows = [line.split() for line in done.stderr.splitlines() if re.match(r"tflaunch:   worker-", line)]
-        assert rows and all(row[3:5] == ["failed", "exit"] or row[3:6] == ["stopped", "killed", "by"] for row in rows)
+        assert rows and all(row[3:5] == ["failed", "exit"] or row[3:6] == ["stopped", "SIGTERM", "from"] for row in rows)
 
 
 def test_a_closing_summary_counts_in_english_and_prints_no_empty_tail(tflaunch):
@@ -306,7 +306,7 @@ def test_the_closing_summary_of_forty_tasks_folds_alike_tasks_while_status_and_r
     assert done.returncode == 3, done.stderr[-3000:]
     rows = [line.split() for line in done.stderr.splitlines() if re.match(r"tflaunch:   worker-", line)]
     assert [row[1:3] for row in rows] == [["worker-[0-6,8-19,21-39]", "(38"], ["worker-20", "localhost"]]
-    assert rows[0][4:9] == ["localhost", "stopped", "killed", "by", "SIGTERM"]
+    assert rows[0][4:9] == ["localhost", "stopped", "SIGTERM", "from", "tflaunch"]
     record = done.record
     assert len(record["tasks"]) == 40 and record["root_cause"]["task"] == "worker-7"
     status = subprocess.run(tflaunch.argv("status", "--log-dir", str(tflaunch.log_dir)), cwd=tflaunch.cwd,

@@ -117,7 +117,6 @@ def _waiting_task(flag: Path) -> list[str]:
     return ["python", "-c", code]
 
 
-@pytest.mark.alone  # TensorBoard's start is timed against the run's
 @pytest.mark.slow
 def test_tensorboard_beside_a_run_serves_it_and_stops_with_it(tflaunch, tmp_path):
     flag = tmp_path / "finish"
@@ -145,7 +144,6 @@ def test_tensorboard_beside_a_run_serves_it_and_stops_with_it(tflaunch, tmp_path
     assert "TensorBoard caught SIGTERM" in (run_dir / "tensorboard.log").read_text()
 
 
-@pytest.mark.alone  # TensorBoard's start is timed against the run's
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGKILL])
 def test_tensorboard_beside_a_run_goes_when_tflaunch_is_interrupted_or_killed(tflaunch, tmp_path, signum):

@@ -44,9 +44,11 @@ except PermissionError:
 '''
 
 
-def tflaunch(cwd: Path, log_dir: Path, *task: str, umask: str = "022") -> subprocess.Popen:
-    argv = ["sh", "-c", f'umask {umask} && exec "$@"', "sh", sys.executable, "-m", "launcher", "--local", "1",
-            "--log-dir", str(log_dir), "--", "python", TASK, *task]
+def tflaunch(cwd: Path, log_dir: Path, *task: str, umask: str = "022", options: tuple[str, ...] = (),
+             user: tuple[str, ...] = ()) -> subprocess.Popen:
+    """tflaunch --local 1 writing into ``log_dir``, run by root or by ``user`` (a setpriv prefix)."""
+    argv = [*user, "sh", "-c", f'umask {umask} && exec "$@"', "sh", sys.executable, "-m", "launcher", "--local", "1",
+            "--log-dir", str(log_dir), *options, "--", "python", TASK, *task]
     return subprocess.Popen(argv, cwd=cwd, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
@@ -76,12 +78,42 @@ def test_a_run_folder_and_everything_in_it_is_its_owners_alone(tmp_path, folder_
     assert nobody_did(READ, *paths).split() == ["refused"] * len(paths)
 
 
+@pytest.mark.slow
+def test_another_user_asking_about_runs_they_cannot_read_gets_one_line_not_a_traceback(tmp_path, folder_for_others):
+    log_dir = folder_for_others(0o1777)
+    assert finished(tflaunch(tmp_path, log_dir, "print:done")).returncode == 0
+    (run_dir,) = log_dir.iterdir()
+    nobody = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", sys.executable, "-m", "launcher"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for command in ("runs", "status", "report", "logs", "stacks"):
+        done = subprocess.run([*nobody, command, "--log-dir", str(log_dir)], capture_output=True, text=True,
+                              timeout=60, cwd=log_dir, env=env)
+        assert "Traceback" not in done.stderr, (command, done.stderr)
+        if command == "runs":  # listed, as a run that cannot be read, beside any the user can read
+            assert done.returncode == 0 and "unreadable" in done.stdout, done
+        else:
+            assert done.returncode == 2, (command, done)
+            assert done.stderr.strip() == f"tflaunch: error: {run_dir / 'run.json'}: cannot read it (Permission denied)"
+
+
 def as_group_member(gid: int, code: str, *args: str) -> str:
     done = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", f"--groups={gid}", SYSTEM_PYTHON,
                            "-c", code, *args], capture_output=True, text=True, timeout=60, cwd="/",
                           env={"PATH": "/usr/bin:/bin"})
     assert done.returncode == 0, done.stderr
     return done.stdout
+
+
+def assert_shared_with_group_alone(run_dir: Path, gid: int) -> None:
+    """Every folder of ``run_dir`` 2750 and every file 0640, all of group ``gid``: a member reads
+    each file, a user outside the group none."""
+    folders, files = everything_in(run_dir)
+    assert {oct(stat.S_IMODE(p.stat().st_mode)) for p in folders} == {"0o2750"}
+    assert {oct(stat.S_IMODE(p.stat().st_mode)) for p in files} == {"0o640"}
+    assert {p.stat().st_gid for p in [*folders, *files]} == {gid}
+    paths = [str(p) for p in files]
+    assert as_group_member(gid, READ, *paths).split() == ["read"] * len(paths)
+    assert nobody_did(READ, *paths).split() == ["refused"] * len(paths)  # not in the group: nothing
 
 
 @pytest.mark.slow
@@ -93,13 +125,66 @@ def test_a_log_directory_shared_with_its_group_shares_runs_with_that_group_alone
     done = finished(tflaunch(tmp_path, log_dir, "print:hello", umask="077"))
     assert done.returncode == 0, done.stderr
     (run_dir,) = log_dir.iterdir()
-    folders, files = everything_in(run_dir)
-    assert {oct(stat.S_IMODE(p.stat().st_mode)) for p in folders} == {"0o2750"}
-    assert {oct(stat.S_IMODE(p.stat().st_mode)) for p in files} == {"0o640"}
-    assert {p.stat().st_gid for p in [*folders, *files]} == {gid}
-    paths = [str(p) for p in files]
-    assert as_group_member(gid, READ, *paths).split() == ["read"] * len(paths)
-    assert nobody_did(READ, *paths).split() == ["refused"] * len(paths)  # not in the group: nothing
+    assert_shared_with_group_alone(run_dir, gid)
+
+
+@pytest.mark.slow
+def test_a_run_given_a_group_shares_its_folder_with_that_group_alone(tmp_path, folder_for_others):
+    gid = grp.getgrnam("users").gr_gid
+    log_dir = folder_for_others(0o1777)  # root's, not shared with any group: the option alone shares the run
+    done = finished(tflaunch(tmp_path, log_dir, "print:my-token-1234", umask="077", options=("--log-group", "users")))
+    assert done.returncode == 0, done.stderr
+    (run_dir,) = log_dir.iterdir()
+    assert {"run.json", "merged.log", "worker-0.log"} <= {p.name for p in everything_in(run_dir)[1]}
+    assert_shared_with_group_alone(run_dir, gid)
+
+
+# As another user, with the system python3 (the project's venv is out of its reach): asks for --log-group
+# argv[2] and makes a run folder with that group in argv[1]; prints the folder, or the one-line refusal.
+GROUP_RUN = r'''
+import sys
+sys.path.insert(0, sys.argv[3])
+from launcher.errors import LaunchError
+from launcher.options import RunOptions
+from launcher.records.folder import RunFolder
+try:
+    options = RunOptions(log_group=sys.argv[2])
+    print(RunFolder.create(sys.argv[1], "cluster.yaml", group=options.log_group).path)
+except LaunchError as exc:
+    print(f"refused: {exc}")
+'''
+
+
+def test_a_group_the_user_is_not_in_is_refused_in_one_line_and_one_it_is_in_is_given(folder_for_others):
+    gid = grp.getgrnam("users").gr_gid
+    log_dir = folder_for_others(0o1777)
+    said = nobody_did(GROUP_RUN, str(log_dir / "logs"), "users", str(ROOT)).strip()
+    assert said == f"refused: --log-group: you are not a member of group 'users' (gid {gid}), so a run folder " \
+                   f"cannot be given it"
+    assert list(log_dir.iterdir()) == []  # nothing made
+    run_dir = Path(as_group_member(gid, GROUP_RUN, str(log_dir / "logs"), str(gid), str(ROOT)).strip())
+    info = run_dir.stat()
+    assert (info.st_uid, info.st_gid, oct(stat.S_IMODE(info.st_mode))) == (NOBODY, gid, "0o2750")
+
+
+@pytest.mark.parametrize("value, why", [("no-such-group-here", "no group 'no-such-group-here' on this machine"),
+                                        ("[users]", "expected the name or number of a group, got a list")])
+def test_a_cluster_files_bad_log_group_is_one_line_naming_the_file_key_and_value(tmp_path, value, why):
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(f"log_group: {value}\nlog_dir: {tmp_path / 'logs'}\nworker: [localhost:auto]\n")
+    done = subprocess.run([sys.executable, "-m", "launcher", str(cluster), "--", "python", TASK, "print:hello"],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 2, done
+    assert done.stderr.strip() == f"tflaunch: error: {cluster}: log_group: {why}"
+    assert not (tmp_path / "logs").exists()
+
+
+def test_a_bad_log_group_option_is_one_line_and_nothing_is_made(tmp_path):
+    done = finished(tflaunch(tmp_path, tmp_path / "logs", "print:hello", options=("--log-group", "no-such-group-here")))
+    assert done.returncode == 2, done
+    assert done.stderr.strip() == "tflaunch: error: --log-group: no group 'no-such-group-here' on this machine"
+    assert not (tmp_path / "logs").exists()
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, TASK
+from conftest import LOCKSTEP, ROOT, TASK
 from polling import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
@@ -130,7 +130,8 @@ def test_restarts_inside_the_allocation(slurm, tmp_path):
             "if os.environ['TFLAUNCH_TASK'] == 'worker-1' and not os.path.exists(p):\n"
             "    open(p, 'w').close(); sys.exit(3)\n"
             "print('attempt', os.environ['TFLAUNCH_ATTEMPT'], 'backup', os.environ['TFLAUNCH_BACKUP_DIR'])")
-    done, run_dir = submit(slurm, tmp_path, "--nodes", "2", "--max-restarts", "1", "--wait", "--",
+    done, run_dir = submit(slurm, tmp_path, "--nodes", "2", "--max-restarts", "1", "--restart-delay", "0", "--wait",
+                           "--",
                            "python", "-c", code)
     assert done.returncode == 0, done.stderr
     rec = record(run_dir)
@@ -181,11 +182,14 @@ def test_a_node_that_dies_is_reported_as_such(slurm, tmp_path):
         assert rec["root_cause"]["task"] == "worker-1" and rec["root_cause"]["error"] == worker["error"]
 
 
-@pytest.mark.tensorflow
+REQUEUED_EPOCHS = 12
+
+
 @pytest.mark.timeout(360)  # its job waits up to 300 s
 def test_a_warned_job_saves_is_requeued_and_resumes_after_its_last_saved_epoch(slurm, tmp_path):
-    done, run_dir = submit(slurm, tmp_path, "--nodes", "2", "--requeue", "--", "python", "-m", "trainer",
-                           "--epochs", "4", "--batch-per-worker", "24", "--steps-per-epoch", "40")
+    # The stand-in worker in lock step across both nodes: twelve epochs of about a second each.
+    done, run_dir = submit(slurm, tmp_path, "--nodes", "2", "--requeue", "--", "python", LOCKSTEP,
+                           "--epochs", str(REQUEUED_EPOCHS), "--steps", "10", "--step-seconds", "0.1")
     assert done.returncode == 0, done.stderr
     job = job_id_of(run_dir)
     wait_for(lambda: any(r["kind"] == "epoch" and r["epoch"] == 2 for r in metrics(run_dir)), timeout=240,
@@ -207,7 +211,7 @@ def test_a_warned_job_saves_is_requeued_and_resumes_after_its_last_saved_epoch(s
     before = [r["epoch"] for r in epochs if r["time"] < requeued_at]
     after = [r["epoch"] for r in epochs if r["time"] > requeued_at]
     assert before[:2] == [1, 2] and after, (before, after)
-    assert after[0] == before[-1] + 1 and after[-1] == 4, (before, after)  # resumed after the last saved epoch
+    assert after[0] == before[-1] + 1 and after[-1] == REQUEUED_EPOCHS, (before, after)  # after the last saved epoch
 
 
 def test_bad_input_is_one_line_with_exit_code_2(slurm, tmp_path):

@@ -247,3 +247,25 @@ def test_a_requeue_moves_the_last_executions_record_task_logs_and_attempts_aside
     assert all((target / name).read_text() == name for name in moved)  # renamed, every byte kept
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*kept, "backup", "requeue-1"])
     assert archive_previous_execution(tmp_path, 2) is None  # nothing of an execution left to move
+
+
+def test_a_jobs_run_folder_is_given_the_group_the_file_or_option_names(tmp_path, monkeypatch):
+    import grp
+    import os
+    import stat
+
+    from launcher.slurm.job import prepare_folder
+    from launcher.slurm.submit import SubmitOptions, job_request
+
+    monkeypatch.chdir(tmp_path)
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text("log_group: users\nslurm: {nodes: 1}\n")
+    assert job_request(SubmitOptions(cluster_file=str(cluster)), "")[2] == "users"
+    assert job_request(SubmitOptions(cluster_file=str(cluster), log_group="root"), "")[2] == "root"  # the option wins
+    cluster.write_text("log_group: no-such-group-here\nslurm: {nodes: 1}\n")
+    with pytest.raises(ConfigError, match=f"^{cluster}: log_group: no group 'no-such-group-here' on this machine$"):
+        job_request(SubmitOptions(cluster_file=str(cluster)), "")
+    run_dir = prepare_folder(None, str(tmp_path / "logs"), {"SLURM_JOB_ID": "7"}, str(cluster), "users").path
+    info = os.stat(run_dir)
+    assert (info.st_gid, oct(stat.S_IMODE(info.st_mode))) == (grp.getgrnam("users").gr_gid, "0o2750")
+    assert oct(stat.S_IMODE(os.stat(run_dir / "slurm.json").st_mode)) == "0o640"

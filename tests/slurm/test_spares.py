@@ -88,7 +88,8 @@ def test_submit_spares_asks_for_one_more_node_and_the_run_holds_it_back(slurm3, 
             "flush=True); os.environ['TFLAUNCH_ATTEMPT'] + os.environ['TFLAUNCH_TASK'] == '1worker-1' and "
             "sys.exit(\"OSError: [Errno 28] No space left on device: '/scratch/ckpt'\")")
     done = subprocess.run([sys.executable, "-m", "launcher", "submit", "--nodes", "2", "--spares", "1",
-                           "--max-restarts", "1", "--log-dir", str(tmp_path / "logs"), "--wait", "--",
+                           "--max-restarts", "1", "--restart-delay", "0", "--log-dir", str(tmp_path / "logs"),
+                           "--wait", "--",
                            "python", "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=240,
                           env={**slurm3.env, "PYTHONPATH": str(ROOT)}, stdin=subprocess.DEVNULL)
     assert "run folder " in done.stdout, done.stderr

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import LOCKSTEP
 
 pytestmark = [pytest.mark.slow, pytest.mark.ssh, pytest.mark.timeout(300)]
 
@@ -116,11 +117,9 @@ def test_dry_run_says_who_picks_the_ports_and_when(as_user, hosts, testhosts, tm
             "ports there when the run starts") in done.stdout
 
 
-@pytest.mark.tensorflow
-def test_mwms_trains_across_hosts_on_agent_picked_ports(as_user, hosts, tmp_path):
+def test_lock_step_tasks_meet_across_hosts_on_agent_picked_ports(as_user, hosts, tmp_path):
     logs = tmp_path / "logs"
-    done = subprocess.run(as_user(tflaunch_argv(logs, "-H", hosts(1, 1), "--", "python", "-m", "trainer",
-                                                "--epochs", "2")),
+    done = subprocess.run(as_user(tflaunch_argv(logs, "-H", hosts(1, 1), "--", "python", LOCKSTEP, "--epochs", "2")),
                           capture_output=True, text=True, timeout=240, env=env(), cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     (run_dir,) = logs.iterdir()

@@ -178,9 +178,9 @@ def test_trainer_accuracy_on_a_gpu_is_the_cpus(tflaunch) -> None:
 
 
 def test_the_agent_reads_every_gpu_s_clocks_throttle_reasons_and_use() -> None:
-    from launcher.agent.threads import Nvml
+    from launcher.agent.gpus import Nvml
 
-    nvml = Nvml.here()
+    nvml = Nvml.opened()
     assert nvml is not None, "NVML (libnvidia-ml.so.1) did not open on a host with nvidia-smi"
     for index in range(len(GPUS)):
         clock, most, reasons, use = nvml.reading(index)

@@ -199,6 +199,15 @@ def test_single_process_learns_digits(tmp_path):
     final = task.final()
     assert final["test_accuracy"] >= 0.90, final
     assert final["epochs"] == 4 and final["total_seconds"] > 0
+    # The figures add up: each epoch's parts within it, its rate over the steps after the first,
+    # and the task's start-up, epochs and test within its whole time.
+    for e in epochs:
+        assert 0 < e["first_step_seconds"] <= e["train_seconds"] <= e["epoch_seconds"], e
+        steady = e["train_seconds"] - e["first_step_seconds"]
+        assert (e["steps"] - 1) * 32 / e["samples_per_second"] == pytest.approx(steady, rel=1e-3), e
+    assert epochs[0]["first_step_seconds"] > epochs[1]["first_step_seconds"]  # the first traces the step
+    spent = final["startup_seconds"] + sum(e["epoch_seconds"] for e in epochs) + final["test_seconds"]
+    assert spent <= final["total_seconds"] < spent + 5, final
 
 
 def test_custom_loop_learns_digits(tmp_path):

@@ -433,8 +433,10 @@ def test_reporter_lines_have_the_contract_fields():
     stream = io.StringIO()
     reporter = metrics.Reporter("worker-1", stream)
     reporter.epoch(epoch=2, logs={"loss": 1.0, "accuracy": 0.5, "val_loss": 1.1, "val_accuracy": 0.4},
-                   epoch_seconds=2.0, samples_per_second=100.0, global_batch=64, replicas=2)
-    reporter.final(test_loss=0.3, test_accuracy=0.9, total_seconds=10.0, epochs=4)
+                   timing={"epoch_seconds": 2.0, "train_seconds": 1.8, "first_step_seconds": 0.5, "steps": 10,
+                           "samples_per_second": 100.0}, global_batch=64, replicas=2)
+    reporter.final(test_loss=0.3, test_accuracy=0.9, startup_seconds=5.0, test_seconds=0.5, total_seconds=10.0,
+                   epochs=4)
     epoch_line, final_line = stream.getvalue().splitlines()
     epoch = metrics.parse_line(epoch_line)
     assert tuple(epoch) == metrics.EPOCH_FIELDS
@@ -453,6 +455,7 @@ def test_epoch_clock_leaves_out_the_first_step():
     # 3 steps of 10 samples between t=5 and t=8: 10/s; the 5 s first step is left out.
     assert clock.samples_per_second() == pytest.approx(10.0)
     assert clock.seconds() == pytest.approx(9.0)
+    assert (clock.first_step_seconds(), clock.train_seconds()) == (5.0, 8.0)  # validation: the last 1 s
 
 
 def test_epoch_clock_without_step_timing():

@@ -10,7 +10,6 @@ import resource
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -41,16 +40,18 @@ class Host:
         for a frame; ``agent_keepalive``: the agent's."""
         self.tmp_path = tmp_path
         spec = encode_fields({"keepalive": agent_keepalive, "eof_grace": eof_grace, "sample": sample})
-        self.stderr = tempfile.TemporaryFile()
+        said, stderr = os.pipe()
         boot = boot or [sys.executable, "-I", "-S", "-c", AGENT_BOOT]
         self.proc = subprocess.Popen([*boot, spec], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=self.stderr, start_new_session=True)
+                                     stdout=subprocess.PIPE, stderr=stderr, start_new_session=True)
+        os.close(stderr)
+        os.set_blocking(said, False)
         read_fd, write_fd = os.dup(self.proc.stdout.fileno()), os.dup(self.proc.stdin.fileno())
         self.proc.stdout.close()
         self.proc.stdin.close()
         os.set_blocking(read_fd, False)
         os.set_blocking(write_fd, False)
-        self.link = AgentLink("testhost", LocalCarrier(self.proc, self.stderr), read_fd, write_fd, keepalive=keepalive,
+        self.link = AgentLink("testhost", LocalCarrier(self.proc, said), read_fd, write_fd, keepalive=keepalive,
                               hub=HUB, preamble=preamble)
         self.logs = LogWriter()
 
@@ -88,8 +89,8 @@ def state_of(task: AgentTask) -> str:
     link = task.link
     agent, said = link.carrier.popen, ""
     try:
-        link.carrier.stderr.seek(0)
-        said = link.carrier.stderr.read().decode(errors="replace")[-500:]
+        link.carrier.drain()
+        said = "\n".join(link.carrier.said.lines())[-500:]
     except (OSError, ValueError):
         pass
     under_agent = subprocess.run(["ps", "-o", "pid,stat,args", "--ppid", str(agent.pid)], capture_output=True,
@@ -250,6 +251,21 @@ def test_term_stops_one_task_and_leaves_its_neighbours_running(host):
     assert neighbour.poll() is None and _alive(neighbour.pid)
     neighbour.terminate()
     assert ended(neighbour) == ExitStatus(signal=signal.SIGTERM)
+
+
+@pytest.mark.parametrize("started", ["spawned", "forked"])
+def test_term_reaches_every_process_of_the_tasks_group_however_it_was_started(host, tmp_path, started):
+    # The TERM goes to the task's group while /proc shows the leader leading it (a forked task
+    # makes its group only after the fork returned to the agent); its child, in the group, ends too.
+    h = host()
+    marker = f"grouped-{uuid.uuid4().hex[:8]}"
+    task = h.start(["sh", "-c", f"{sys.executable} -c 'import time; time.sleep(600)' {marker} & wait"],
+                   cwd=str(tmp_path) if started == "forked" else None)
+    running(task)
+    wait_for(lambda: len(marked(marker)) == 1, timeout=10, message="the task's child to start")
+    task.terminate()
+    assert ended(task) == ExitStatus(signal=signal.SIGTERM)
+    wait_for(lambda: not marked(marker), timeout=10, message="the child, in the task's group, to end with it")
 
 
 def test_an_exit_says_whether_the_term_ended_it(host):

@@ -28,7 +28,7 @@ import pytest
 from conftest import TASK, marked
 from launcher.agent import protocol
 from launcher.agent.protocol import HEADER, MAX_FRAME, Frame, encode_fields
-from launcher.transports import framing, hostlink, linkhub, proxies
+from launcher.transports import carriers, framing, hostlink, linkhub, proxies
 from launcher.transports.base import ExitStatus
 from launcher.transports.local import AGENT_BOOT
 from launcher.transports.shipping import agent_source
@@ -118,7 +118,7 @@ def test_frames_cut_anywhere_by_the_reads_are_put_together_again(tmp_path):
     # A read ends wherever the channel's bytes ran out: in a header, in a payload, between frames.
     # The link must act on every frame exactly once and whole, whatever the cuts. (Pure logic: the
     # link's channel is attached later, so the test hands it the reads itself.)
-    link = hostlink.AgentLink("cuts", None, None, None, keepalive=30, hub=linkhub.LinkHub(), attach_within=600)
+    link = hostlink.AgentLink("cuts", carriers.Carrier("cuts"), None, None, keepalive=30, hub=linkhub.LinkHub(), attach_within=600)
     logs = proxies.LogWriter()
     log = tmp_path / "task.log"
     log.touch()

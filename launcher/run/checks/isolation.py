@@ -35,7 +35,7 @@ from ...cluster.spec import ClusterSpec, Network, is_local
 from ...errors import ConfigError, LaunchError
 from ...options import RunOptions, name
 from ...records.trace import tracer
-from .inside import Offline, carried, dial_line, missing_outside, outside_line, own_names
+from .inside import LOOKUP_WAIT, Offline, carried, cluster_hosts, dial_line, missing_outside, outside_line, own_names
 
 if TYPE_CHECKING:
     from .outside import OutsideLink
@@ -233,7 +233,10 @@ class RunNetwork(threading.Thread):
 
     def run(self) -> None:
         try:
-            self.names = own_names(self.spec)
+            self.names = own_names(self.spec, wait=LOOKUP_WAIT)
+            unresolved = [host for host in cluster_hosts(self.spec) if host not in self.names]
+            if unresolved:
+                log.debug("network: not carried, unresolved within %.1f s: %s", LOOKUP_WAIT, ", ".join(unresolved))
             self._network = NetworkNamespace.create(self.ports, carried(self.names))
         except IsolationError as exc:
             self._failed = exc
@@ -303,7 +306,7 @@ def check_network(spec: ClusterSpec, ports: Iterable[int]) -> list[tuple[str, bo
         network.close()
     if made is None:
         return [("network", False, refused[0].removeprefix("network: "))]
-    found = [("network", True, f"{spec.network.value}: {dial_line(spec, network.names)}")]
+    found = [("network", True, f"{spec.network.value}: {dial_line(spec, network.names, carried(network.names))}")]
     outside = outside_line(spec.network, made.offline, tool)
     if outside and spec.network is Network.SEALED:  # an isolated run asked to reach nothing outside
         found.append(("outside", made.offline is None, outside))

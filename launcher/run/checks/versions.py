@@ -23,6 +23,8 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from ...records.states import plural
+
 PACKAGES = ("python", "tensorflow", "tf_keras", "keras")
 MAJOR, MINOR, PATCH = 0, 1, 2  # the part in which two versions first differ
 # A difference at this part or above fails: MultiWorkerMirroredStrategy's collective protocol and
@@ -95,7 +97,7 @@ def version_lines(findings: Sequence[VersionFinding]) -> list[tuple[str, bool]]:
     for (candidate, differences), names in groups.items():
         shown = ", ".join(names[:HOSTS_NAMED])
         if len(names) > HOSTS_NAMED:
-            shown += f" and {len(names) - HOSTS_NAMED} other hosts"
+            shown += f" and {plural(len(names) - HOSTS_NAMED, 'other host')}"
         verb = "differs" if len(names) == 1 else "differ"
         others = "the run's hosts" if candidate else "the other hosts"
         text = f"{shown} {verb} from {others}: {', '.join(d.text for d in differences)}"

@@ -7,4 +7,5 @@ twins.py: the same line from several tasks, printed once under all their names.
 stopfold.py: what the other tasks print once a failure stops the cluster, folded to one line per task.
 metricview.py: metric records as lines for people, each shown once.
 terminal.py: the console's end of a stream, written straight to its file descriptor without blocking.
+pyerror.py: a task's Python exception found in its last lines, as a failure summary shows it.
 """

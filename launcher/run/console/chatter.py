@@ -3,7 +3,9 @@
 :class:`Chatter` recognises what TensorFlow's C++ runtime prints at start-up on every task (INFO
 lines, the oneDNN notice, the absl pre-init warning, "no cuda drivers" and the cuInit error that
 follows it on a CPU-only machine), with the lines that continue such a message (the CPU feature
-notice's "To enable the following instructions" line, the stragglers' task names). The console
+notice's "To enable the following instructions" line, the stragglers' task names), and what
+TensorFlow prints as a task ends of tflaunch's stop ("SIGTERM caught", collectives aborted or
+cancelled, with the lines that continue those: "The tasks have crashed. ..."). The console
 hides these unless ``--verbose``, and a failure summary leaves them out of a task's last lines
 (:func:`meaningful`). :func:`twin_key`
 says which lines of different tasks are the same line for the console's folding (:mod:`.twins`):
@@ -42,7 +44,9 @@ _CUINIT = "failed call to cuInit"
 #   To enable the following instructions: AVX2 FMA, in other operations, rebuild TensorFlow with ...
 # and a task name per line after "Example stragglers:". Only these shapes count, and only right
 # after a line that is hidden: a program's own line after the chatter is never taken for part of it.
-_CONTINUATION = re.compile(r"To enable the following instructions: |/job:[\w-]+/replica:\d+/task:\d+\s*$")
+_CONTINUATION = re.compile(r"To enable the following instructions: |/job:[\w-]+/replica:\d+/task:\d+\s*$"
+                           r"|The tasks have crashed\. |The error could be from a previous operation\. "
+                           r"|\s+\[\[\{\{node [^}]*\}\}\]\]")
 # Warnings TensorFlow prints for every run of an ordinary program, whatever the program does.
 _ROUTINE_WARNINGS = (
     "will not be optimized because the dataset does not implement the AsGraphDefInternal()",
@@ -52,6 +56,11 @@ _ROUTINE_WARNINGS = (
     "Unable to register cuBLAS factory",
     "computation placer already registered",
 )
+# What TensorFlow prints as a task ends because tflaunch stopped it (the run ended, or another task
+# failed): its preemption notifier's note of the SIGTERM, and the collectives it was in, aborted or
+# cancelled. These follow from the stop and never explain a failure (a collective aborted for
+# another reason, UNAVAILABLE or RESOURCE_EXHAUSTED, stays).
+_SHUTDOWN = re.compile(r"SIGTERM caught at |Local rendezvous is aborting with status: (?:ABORTED|CANCELLED)")
 
 
 def may_hold_chatter(block: bytes) -> bool:
@@ -87,7 +96,7 @@ class Chatter:
     """Which lines of a task are TensorFlow's routine start-up output rather than the program's.
 
     Hidden: every INFO line of the C++ runtime, the absl pre-init warning, the routine warnings
-    above, and the cuInit error, but only after the same task said it found no cuda driver (then
+    above, the messages of a task's stop, and the cuInit error, but only after the same task said it found no cuda driver (then
     the error only repeats that there is no GPU); and the continuation lines of a hidden message.
     Every other warning or error stays. A task's lines must be given in order, every one of them
     while :meth:`continues` says so.
@@ -124,7 +133,7 @@ class Chatter:
         if level == "E" and text.startswith(_CUINIT):
             return task in self._no_driver
         if level in ("W", "E"):
-            return any(routine in text for routine in _ROUTINE_WARNINGS)
+            return any(routine in text for routine in _ROUTINE_WARNINGS) or _SHUTDOWN.match(text) is not None
         return False
 
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from .pyspy import LIBRARY, USER, Dump, Frame, Thread
-from ...records.states import Role
+from ...records.states import Role, plural
 
 _SAMPLING = threading.Lock()  # one sample at a time: an agent answers one dump per task at a time
 
@@ -99,7 +99,7 @@ class Crowd:
     def describe(self) -> str:
         shown = sorted(self.places, key=lambda p: (p.thread != "MainThread", p.owner.kind != LIBRARY))[:2]
         more = len(self.places) - len(shown)
-        return "; ".join(p.describe() for p in shown) + (f" (and {more} more threads)" if more > 0 else "")
+        return "; ".join(p.describe() for p in shown) + (f" (and {plural(more, 'more thread')})" if more > 0 else "")
 
 
 SAME_PLACE = "same-place"

@@ -4,7 +4,8 @@ In synchronous training (MultiWorkerMirroredStrategy: every step ends in an all-
 training tasks) a step lasts as long as its slowest task takes, so every task's step time is the
 same and cannot tell who holds the others back. What sets the slowest apart is what its threads
 do meanwhile. Each training task's host agent watches its threads (the agent's ``ThreadWatch``)
-and sends running totals with its resource readings, from which, over the last :data:`WINDOW`:
+and sends running totals with its resource readings, from which, over the last window of readings
+(:data:`WINDOW` seconds by default, ``--straggler-window``):
 
 - ``stall``: how many of its threads sleep on purpose or wait for a disk, on average (an input
   pipeline that sleeps per batch or reads from a slow disk);
@@ -17,12 +18,13 @@ and sends running totals with its resource readings, from which, over the last :
 
 Each task's figures are compared with the other training tasks' typical figures (see
 :func:`shares`); the largest difference estimates the share of each step the others spend
-waiting for it (its ``share``). A task is confirmed a straggler once its share stayed at or above
-:data:`CONFIRM_SHARE` for :data:`CONFIRM_FOR` seconds while it was one of a clear minority (at most
-half of the others show the same), and never in an attempt's first :data:`WARM_UP` seconds. It
-stops being one once its share stayed under :data:`END_SHARE` for :data:`END_FOR` seconds, or when
+waiting for it (its ``share``), taken over each half of the window and the lesser kept
+(:func:`steady_shares`), so that a short burst never stands for a straggler. A task is confirmed a straggler once its share stayed at or above
+:data:`CONFIRM_SHARE` for :data:`CONFIRM_PART` of the window while it was one of a clear minority (at most
+half of the others show the same), and never in an attempt's warm-up (``--straggler-warm-up``). It
+stops being one once its share stayed under :data:`END_SHARE` for :data:`END_PART` of it, or when
 its attempt ends. Once one training task ended (the others no longer step together) no new
-straggler is named. The rules are pure functions (:func:`figures_over`, :func:`shares`); the
+straggler is named. The rules are pure functions (:func:`figures_over`, :func:`shares`, :func:`steady_shares`); the
 :class:`StragglerWatch` keeps the history, says each change in one line and records it.
 
 What it cannot see: a slow link, or a GPU slow for reasons other than its clocks. A task
@@ -38,9 +40,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ...cluster.ranks import TRAINING_ROLES
+from ...options import STRAGGLER_WINDOW
 from ...records.folder import iso_time
 from ...records.record import StragglerRecord
-from ...records.states import TaskState
+from ...records.states import TaskState, clock_text
 from ...records.trace import tracer
 from ...transports.base import ThreadTimes
 from ..lifecycle.task import Task, Trip
@@ -48,14 +51,15 @@ from .readings import TaskReadings
 
 log = tracer("stragglers")
 
-WARM_UP = 60.0  # seconds of an attempt in which no straggler is named (start-up, graph building, warm caches)
-WINDOW = 20.0  # seconds of readings a task's figures are taken over
-LEAST_SPAN = 0.5 * WINDOW  # readings spanning less than this cannot judge yet
+WINDOW = STRAGGLER_WINDOW  # seconds of readings a task's figures are taken over, by default (--straggler-window)
 CONFIRM_SHARE = 0.2
-CONFIRM_FOR = 15.0
+CONFIRM_PART = 0.75  # of the window: how long a task stands out before it is named
+CONFIRM_FOR = CONFIRM_PART * WINDOW
 END_SHARE = 0.15
-END_FOR = 10.0
-JUDGE_EVERY = 2.0  # seconds between two judgements: the readings come every second at the most
+END_PART = 0.5  # of the window: how long a straggler stays calm before its end is said
+END_FOR = END_PART * WINDOW
+JUDGE_EVERY = 2.0  # seconds between two judgements at the default window, a tenth of a shorter one
+READINGS_EVERY = 1.0  # the readings come every second at the most: judging more often sees nothing new
 CAUSES = {"stall": "its threads sleep or wait for a disk (its input pipeline?)",
           "gpu": "its GPU runs throttled, below its peak clock (power cap, heat or a hardware slowdown?)",
           "cpu": "others take its CPUs while it waits for one, or its CPU quota holds it back"}
@@ -72,14 +76,15 @@ class Figures:
 
 
 def figures_over(history: Sequence[tuple[float, ThreadTimes]], now: float, window: float = WINDOW) -> Figures | None:
-    """A task's :class:`Figures` from its readings (oldest first) over the last ``window`` seconds;
-    None while they span less than :data:`LEAST_SPAN`."""
+    """A task's :class:`Figures` from its readings (oldest first) over the ``window`` seconds up to
+    ``now``; None while they span less than half of it."""
+    history = [(at, t) for at, t in history if at <= now]
     if len(history) < 2:
         return None
     start = now - window
     base_at, base = next(((at, t) for at, t in reversed(history) if at <= start), history[0])
     last_at, last = history[-1]
-    if last_at - base_at < LEAST_SPAN or last.looks <= base.looks:
+    if last_at - base_at < 0.5 * window or last.looks <= base.looks:
         return None
     stall = max(0.0, last.stalled - base.stalled) / (last.looks - base.looks)
     cpu_looks = last.cpu_looks - base.cpu_looks
@@ -93,17 +98,50 @@ def shares(figures: Mapping[str, Figures]) -> dict[str, tuple[float, str]]:
     """Each task's share of the step the others spend waiting for it, and which figure says so
     (``stall`` or ``gpu``): how far its figure stands above the others' typical one (the higher
     median: one odd task among the others never makes their baseline)."""
+    if len(figures) < 2:
+        return {}
+    names = list(figures)
+    others = {kind: _others_median_high([getattr(figures[name], kind) for name in names])
+              for kind in ("stall", "gpu", "cpu")}
     found = {}
-    for name, mine in figures.items():
-        others = [f for other, f in figures.items() if other != name]
-        if not others:
-            continue
-        stall = mine.stall - statistics.median_high(f.stall for f in others)
-        gpu = mine.gpu - statistics.median_high(f.gpu for f in others)
-        cpu = mine.cpu - statistics.median_high(f.cpu for f in others)
-        share, cause = max((stall, "stall"), (gpu, "gpu"), (cpu, "cpu"))
+    for i, name in enumerate(names):
+        mine = figures[name]
+        share, cause = max((mine.stall - others["stall"][i], "stall"), (mine.gpu - others["gpu"][i], "gpu"),
+                           (mine.cpu - others["cpu"][i], "cpu"))
         found[name] = (min(max(share, 0.0), 1.0), cause)
     return found
+
+
+def _others_median_high(values: Sequence[float]) -> list[float]:
+    """For each value, the higher median of all the other values: one sort for all of them, so a
+    judgement costs n log n, not n sorts of n (16 ms every 2 s at 256 tasks)."""
+    ranked = sorted(range(len(values)), key=values.__getitem__)
+    ordered = [values[i] for i in ranked]
+    middle = (len(values) - 1) // 2  # the higher median's place among the n - 1 others
+    found = [0.0] * len(values)
+    for place, i in enumerate(ranked):
+        found[i] = ordered[middle] if middle < place else ordered[middle + 1]
+    return found
+
+
+def steady_shares(histories: Mapping[str, Sequence[tuple[float, ThreadTimes]]],
+                  now: float, window: float = WINDOW) -> dict[str, tuple[float, str]]:
+    """Each task's share over the last ``window``, as the lesser of its :func:`shares` over the
+    window's two halves, and the later half's cause: a task must stand out in both to stand out.
+    Over the whole window, a burst of stalls a few seconds long (a checkpoint written, a last
+    evaluation, a task's own end of training) holds its task's figure up for as long as the burst
+    stays in the window, longer than the rule's :data:`CONFIRM_FOR`; a burst shorter than that
+    never fills both halves at once. Tasks whose readings span too little yet are left out."""
+    half = window / 2
+    earlier, later = {}, {}
+    for name, history in histories.items():
+        first, second = figures_over(history, now - half, half), figures_over(history, now, half)
+        if first is not None and second is not None:
+            earlier[name], later[name] = first, second
+    if len(later) < 2:
+        return {}
+    before, after = shares(earlier), shares(later)
+    return {name: (min(before[name][0], share), cause) for name, (share, cause) in after.items()}
 
 
 def minority(tasks: int) -> int:
@@ -126,13 +164,22 @@ class StragglerWatch:
     attempt's :class:`StragglerRecord` list whenever it changes (for run.json and the status line).
     With ``exclude_after`` (``--on-straggler exclude``), a straggler that lasted that long stops
     the attempt with a :class:`Trip`, when ``excludable`` (asked with the task's name) returns
-    None; otherwise what it returns is said once, and the run goes on.
+    None; otherwise what it returns is said once, and the run goes on. No straggler is named in the
+    attempt's first ``warm_up`` seconds (``--straggler-warm-up``). Each judgement takes the last
+    ``window`` seconds of readings (``--straggler-window``); a task is named once it stood out for
+    :data:`CONFIRM_PART` of them and its end said once it was calm for :data:`END_PART` of them.
     """
 
     def __init__(self, attempt: int, hosts: Mapping[str, str], message: Callable[[str], None],
-                 changed: Callable[[list[StragglerRecord]], None], exclude_after: float | None = None,
-                 excludable: Callable[[str], str | None] = lambda name: None, clock: Callable[[], float] = time.time):
+                 changed: Callable[[list[StragglerRecord]], None], *, warm_up: float, window: float = WINDOW,
+                 exclude_after: float | None = None, excludable: Callable[[str], str | None] = lambda name: None,
+                 clock: Callable[[], float] = time.time):
         self.attempt = attempt
+        self.warm_up = warm_up
+        self.window = window
+        self.confirm_for = CONFIRM_PART * window
+        self.end_for = END_PART * window
+        self.judge_every = max(READINGS_EVERY, min(JUDGE_EVERY, window / 10))
         self.hosts = dict(hosts)
         self.message = message
         self.changed = changed
@@ -161,19 +208,15 @@ class StragglerWatch:
         now = self.clock()
         if now < self.next_judgement:
             return None
-        self.next_judgement = now + JUDGE_EVERY
+        self.next_judgement = now + self.judge_every
         if not self.finishing and any(task.role in TRAINING_ROLES and task.state.ended for task in tasks):
             self.finishing = True
             log.debug("attempt %d: a training task ended; no straggler is named from now on", self.attempt)
         self._read(tasks, now)
-        figures = {}
-        for name, history in self.history.items():
-            found = figures_over(history, now)
-            if found is not None:
-                figures[name] = found
-        if len(figures) < 2:
+        found = steady_shares(dict(self.history.items()), now, self.window)
+        if len(found) < 2:
             return None
-        return self.judge(shares(figures), now)
+        return self.judge(found, now)
 
     def _read(self, tasks: list[Task], now: float) -> None:
         for task in tasks:
@@ -181,7 +224,7 @@ class StragglerWatch:
                 self.history.drop(task.name)
                 continue
             self.history.add(task.name, task.process.reading())
-            self.history.trim(task.name, now - 2 * WINDOW, keep=2)
+            self.history.trim(task.name, now - 2 * self.window, keep=2)
 
     def judge(self, found: Mapping[str, tuple[float, str]], now: float) -> Trip | None:
         """Fold one judgement of every task's share in: confirm, update and end stragglers."""
@@ -195,8 +238,8 @@ class StragglerWatch:
             suspect = self.suspects.setdefault(name, _Suspect(now, [], cause))
             suspect.shares.append(share)
             suspect.cause = cause
-            if (name not in self.records and now - suspect.since >= CONFIRM_FOR
-                    and now - self.started >= WARM_UP and not self.finishing):
+            if (name not in self.records and now - suspect.since >= self.confirm_for
+                    and now - self.started >= self.warm_up and not self.finishing):
                 self._confirm(name, suspect)
         for name, record in list(self.records.items()):
             share = found.get(name, (0.0, ""))[0]
@@ -207,7 +250,7 @@ class StragglerWatch:
                     record.share = round(sum(shares_seen) / len(shares_seen), 3)
                 continue
             calm = self.calm_since.setdefault(name, now)
-            if now - calm >= END_FOR:
+            if now - calm >= self.end_for:
                 self._end(name, calm)
         log.debug("attempt %d: shares %s; standing out %s; suspects %s; stragglers %s", self.attempt, found,
                   list(standing), list(self.suspects), list(self.records))
@@ -221,7 +264,7 @@ class StragglerWatch:
         self.since_at[name] = suspect.since
         self.changed(self.all_records)  # the record first: whoever reads the line finds it there
         self.message(f"straggler: {name} on {record.host} holds the others back: they wait for it about "
-                     f"{share:.0%} of each step since {_clock(suspect.since)}; {record.cause}")
+                     f"{share:.0%} of each step since {clock_text(suspect.since)}; {record.cause}")
 
     def _end(self, name: str, until: float) -> None:
         record = self.records.pop(name)
@@ -230,8 +273,8 @@ class StragglerWatch:
         self.ended.append(record)
         self.changed(self.all_records)
         self.message(f"straggler: {name} on {record.host} no longer holds the others back (since "
-                     f"{_clock(until)}; they waited for it about {record.share:.0%} of each step from "
-                     f"{_clock(self.since_at.pop(name))})")
+                     f"{clock_text(until)}; they waited for it about {record.share:.0%} of each step from "
+                     f"{clock_text(self.since_at.pop(name))})")
 
     def close(self) -> list[StragglerRecord]:
         """The attempt ended: every straggler still going ends with it. The attempt's records."""
@@ -261,11 +304,6 @@ class StragglerWatch:
             return Trip(f"straggler: {name} on {record.host} held the others back for {now - since:.0f} s "
                         f"(about {record.share:.0%} of each step); restarting without {record.host}", (name,))
         return None
-
-
-def _clock(at: float) -> str:
-    """The time of day of ``at`` as the console shows it (HH:MM:SS, this machine's zone)."""
-    return time.strftime("%H:%M:%S", time.localtime(at))
 
 
 def status_words(records: Sequence[StragglerRecord]) -> str | None:

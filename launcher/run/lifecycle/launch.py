@@ -219,4 +219,4 @@ def _stop_if_signalled(signals: Signals) -> None:
 
 
 def _new_folder(spec: ClusterSpec) -> RunFolder:
-    return RunFolder.create(spec.log_dir, spec.source)
+    return RunFolder.create(spec.log_dir, spec.source, group=spec.log_group)

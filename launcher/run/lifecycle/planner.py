@@ -35,8 +35,8 @@ from ...cluster.placement import checked_spec
 from ...cluster.plan import Plan, RunContext, TaskLaunch, check_cluster_fits, plan_cluster
 from ...cluster.ports import HELD_AT_MOST, PortReservation, port_is_free, reserve_ports
 from ...cluster.spec import AUTO, ClusterSpec, Network, TaskSpec, check_launch_input, is_local
-from ...errors import EnvironmentProblem, OptionsError, PortInUseError, UnknownTaskError
-from ...options import RunOptions, given
+from ...errors import ConfigError, EnvironmentProblem, OptionsError, PortInUseError, UnknownTaskError
+from ...options import RunOptions, given, group_id
 from ...options import name as option_name
 from ...records.folder import DEFAULT_LOG_DIR, RUN_ID_PLACEHOLDER
 from ...records.states import plural
@@ -75,6 +75,10 @@ class Planner:
             spec = replace(spec, command=options.command)
         if options.log_dir:
             spec = replace(spec, log_dir=options.log_dir)
+        if options.log_group:
+            spec = replace(spec, log_group=options.log_group)  # checked by RunOptions
+        elif spec.log_group:
+            check_log_group(spec)
         if options.threads is not None:
             spec = replace(spec, threads=options.threads)
         if options.cooldown is not None:
@@ -237,6 +241,15 @@ class Planner:
             notes.append(f"port auto: {where}: each host's agent picks free ports there when the run starts and "
                          "holds them until its tasks start (shown as port 0 here)")
         return spec, replace(plan, notes=(*plan.notes, *notes))
+
+
+def check_log_group(spec: ClusterSpec) -> None:
+    """ConfigError naming the file, ``log_group`` and its value when this user cannot give a run
+    folder that group (no such group here, or not one of the user's)."""
+    try:
+        group_id(spec.log_group)
+    except ValueError as exc:
+        raise ConfigError(spec.source, "log_group", str(exc)) from None
 
 
 def without_spares(spec: ClusterSpec, hosts: Mapping[str, str]) -> ClusterSpec:

@@ -45,7 +45,7 @@ from .signals import Signals
 from ..faults.stragglers import StragglerWatch, status_words
 from ..faults.stacks_server import ControlServer
 from .supervisor import Pacing, Supervisor
-from .task import AttemptResult, Task, Trip
+from .task import AttemptResult, Task, Trip, reason_head
 from ..faults.watchdog import Watchdog, WatchdogSettings, training_tasks
 
 if TYPE_CHECKING:
@@ -227,7 +227,7 @@ class RunSession:
                 return result, None
             if alike and not changed:
                 self.message(f"attempt {attempt} failed exactly like attempt {attempt - 1} before any training "
-                         f"progress ({result.reason}): not restarting")
+                         f"progress ({reason_head(result.reason)}): not restarting")
                 return result, None
             self.message(f"attempt {attempt} failed ({result.reason}); restarting the whole cluster in "
                      f"{self.options.restart_delay:g} s (restart {attempt} of {self.options.max_restarts})")
@@ -367,7 +367,8 @@ class RunSession:
 
         exclude_after = self.options.straggler_timeout if self.options.on_straggler == "exclude" else None
         return StragglerWatch(attempt, {l.name: l.host for l in plan.launches}, self.message, changed,
-                              exclude_after=exclude_after, excludable=excludable)
+                              exclude_after=exclude_after, excludable=excludable,
+                              warm_up=self.options.straggler_warm_up, window=self.options.straggler_window)
 
     def _check_logging(self) -> Trip | None:
         """Stop the attempt when the run's files could not be written (a full disk)."""

@@ -42,7 +42,8 @@ def run_in_job(request: LaunchRequest, console: Console, *, run_dir: str | None 
     request = replace(request, keep_backup=request.keep_backup or requeue,
                       options=replace(request.options, no_check=True))
     result = run(request, console, signals, watch=(WARNING_SIGNAL,) if requeue else (),
-                 folder_for=lambda spec: prepare_folder(run_dir, spec.log_dir, environ, spec.source))
+                 folder_for=lambda spec: prepare_folder(run_dir, spec.log_dir, environ, spec.source,
+                                                           spec.log_group))
     if requeue and signals.first == WARNING_SIGNAL:
         job_id = environ.get("SLURM_JOB_ID", "")
         console.message(f"Slurm's warning signal (SIGUSR1): tasks stopped; requeueing job {job_id}")

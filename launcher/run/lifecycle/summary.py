@@ -16,9 +16,11 @@ from ...masking import masked_command, masked_text
 from ...records.folder import DEFAULT_LOG_DIR, LEARNING_CURVES, RunFolder
 from ...records.logview import TAIL_LINES, tail_lines
 from ...records.metrics import read_metrics, speaker, trained_seconds
+from ...records.metrictext import time_text
 from ...records.states import Outcome, TaskState, duration_text, plural
 from ..console.metricview import number as figure
 from ..console.chatter import meaningful
+from ..console.pyerror import exception_lines
 from .session import RunResult
 from .task import Task
 from ..console.twins import names_text
@@ -63,7 +65,7 @@ def describe_result(result: RunResult, exit_line: bool = True) -> list[str]:
     if final.outcome is Outcome.SUCCEEDED:
         training = training_lines(read_metrics(RunFolder(Path(result.run_dir)).metrics_path), len(result.attempts))
         return [f"run {result.run_id} succeeded{attempts} in {duration} ({plural(len(final.tasks), 'task')})",
-                *task_table(final.tasks, usage), *leftover_lines(result), *training,
+                *task_table(final.tasks, usage), *leftover_lines(result), *straggler_lines(result), *training,
                 f"logs in {result.run_dir}", *([_report_hint(result)] if training else [])]
     lines: list[str] = []
     root = final.root_cause
@@ -71,9 +73,12 @@ def describe_result(result: RunResult, exit_line: bool = True) -> list[str]:
         lines.append(f"run {result.run_id} stopped{attempts}: {final.reason or 'interrupted'}; exit code {result.exit_code}")
     elif root is not None:
         lines.append(f"run {result.run_id} failed: {root.name} on {root.launch.host}: {root.status.describe()}")
+        raised = _exception(root)
+        shown = raised or result.root_cause_tail
+        what = "its exception" if raised else f"{_last_lines(len(shown))} of its output"
         lines.append(f"root cause: {root.name} (host {root.launch.host}, {root.status.describe()})"
-                     + (f"; {_last_lines(len(result.root_cause_tail))} of its output:" if result.root_cause_tail else ""))
-        lines += [f"  {root.name} | {line}" for line in result.root_cause_tail]
+                     + (f"; {what}:" if shown else ""))
+        lines += [f"  {root.name} | {line}" for line in shown]
         lines.append(f"  (all of its output, TensorFlow's start-up chatter included: {root.log_path})")
         known = result.diagnosis
         if known is not None:
@@ -83,9 +88,12 @@ def describe_result(result: RunResult, exit_line: bool = True) -> list[str]:
         lines.append(f"run {result.run_id} failed{attempts}: {final.reason}")
         for task in final.tasks:
             if task.name in final.blamed:
-                tail = tail_lines(Path(task.log_path), TAIL_LINES // 2, keep=meaningful()) if task.log_path else []
+                raised = _exception(task)
+                tail = raised or (tail_lines(Path(task.log_path), TAIL_LINES // 2, keep=meaningful())
+                                  if task.log_path else [])
                 if tail:
-                    lines.append(f"{task.name} (host {task.launch.host}): {_last_lines(len(tail))} of its output:")
+                    what = "its exception" if raised else f"{_last_lines(len(tail))} of its output"
+                    lines.append(f"{task.name} (host {task.launch.host}): {what}:")
                     lines += [f"  {task.name} | {line}" for line in tail]
     if root is not None and len(result.attempts) > 1:
         lines[0] += attempts
@@ -94,6 +102,7 @@ def describe_result(result: RunResult, exit_line: bool = True) -> list[str]:
         lines.append("other tasks:" if root is not None else "tasks:")
         lines += task_table(others, usage, fold=len(final.tasks) >= FOLD_FROM)
     lines += leftover_lines(result)
+    lines += straggler_lines(result)
     lines += training_lines(read_metrics(RunFolder(Path(result.run_dir)).metrics_path), len(result.attempts))
     lines.append(f"logs in {result.run_dir}" + (f"; tflaunch exits with {result.exit_code}" if exit_line else ""))
     return lines
@@ -110,6 +119,11 @@ def leftover_lines(result: RunResult) -> list[str]:
                 lines.append(f"{task.name} left {plural(count, 'process', 'processes')} behind{where}: "
                              f"{', '.join(task.leftovers)}, stopped")
     return lines
+
+
+def straggler_lines(result: RunResult) -> list[str]:
+    """Each straggler named during the run, attempt by attempt, as ``status`` and ``report`` say it."""
+    return [f"straggler: {straggler.line()}" for straggler in (result.record.stragglers if result.record else [])]
 
 
 FOLD_FROM = 8  # a table of this many tasks or more folds alike tasks into one row
@@ -199,8 +213,13 @@ def _state(task: Task) -> str:
 
 
 def training_lines(records: list[dict[str, Any]], attempt: int) -> list[str]:
-    """Epochs, the last epoch's figures, throughput and the test result of the final attempt, and
-    the training time of every attempt together."""
+    """Epochs, the last epoch's figures, throughput and the test result of the final attempt, the
+    training time of every attempt together, and where the reporting task's time went.
+
+    Training time is what the epoch lines add up to (:func:`launcher.records.metrics.trained_seconds`);
+    the task's start-up (TensorFlow's import, the data, the strategy) and its test are said apart,
+    with the parts adding up to the task's whole time (:func:`launcher.records.metrictext.time_text`).
+    """
     trained = trained_seconds(records)
     records = [r for r in records if r.get("attempt", 1) == attempt]
     reporter = _reporter(records)
@@ -216,6 +235,8 @@ def training_lines(records: list[dict[str, Any]], attempt: int) -> list[str]:
         head = f"training: {plural(last['epoch'], 'epoch')}"
         if trained is not None:
             head += f" in {duration_text(trained)}"
+            if attempt > 1:
+                head += " (every attempt's epochs)"
         if rates:
             import statistics  # here: it loads fractions and decimal, and only a run with metrics needs it
 
@@ -229,6 +250,11 @@ def training_lines(records: list[dict[str, Any]], attempt: int) -> list[str]:
                    if (text := figure(final.get(key))) is not None]
         if figures:
             lines.append(f"test: {'  '.join(figures)}")
+        seconds = sum(r["epoch_seconds"] for r in epochs if figure(r.get("epoch_seconds")))
+        spent = time_text(final, seconds)
+        if spent:
+            where = f"{reporter}'s time" + (f" in attempt {attempt}" if attempt > 1 else "")
+            lines.append(f"{where}: {spent}")
     return lines
 
 
@@ -246,7 +272,20 @@ def _report_hint(result: RunResult) -> str:
 
 
 def _exit(task: Task) -> str:
-    return "-" if task.status is None else task.status.describe()
+    return "-" if task.status is None else task.status.describe(stopped=task.state is TaskState.STOPPED)
+
+
+EXCEPTION_SEARCH = 1 << 18  # bytes at the end of a task's log searched for its exception
+
+
+def _exception(task: Task) -> list[str] | None:
+    """The task's last Python exception, as :func:`launcher.run.console.pyerror.exception_lines` shows
+    it, for a task that ended as an uncaught exception ends Python (exit code 1): a task that ended
+    otherwise (a signal, its own exit code) shows its last lines, whatever it printed before."""
+    status = task.status
+    if not task.log_path or status is None or status.signal is not None or status.code != 1:
+        return None
+    return exception_lines(tail_lines(Path(task.log_path), 1 << 30, EXCEPTION_SEARCH, keep=meaningful()))
 
 
 def _last_lines(count: int) -> str:

@@ -44,7 +44,7 @@ from ...records.states import AllFinal, Outcome, TaskState, plural
 from ...records.trace import tracer
 from ...transports.base import CANNOT_START, ExitStatus, FailedStart, Reading, Transport
 from .signals import Signals
-from .task import AttemptResult, Task, Trip
+from .task import AttemptResult, Task, Trip, reason_head
 from .wakeups import Changes, Wakeups
 
 log = tracer("supervisor")
@@ -198,7 +198,8 @@ class Supervisor:
                 trip = self.watchdog(self.tasks)
                 if trip:
                     log.debug("tripped: %s (blamed %s, exit code %d)", trip.reason, trip.tasks, trip.exit_code)
-                    self.message(f"{trip.reason}: stopping the cluster")
+                    # the details (a hang's verdict) come once: in the restart's message or the summary
+                    self.message(f"{reason_head(trip.reason)}: stopping the cluster")
                     self._shutdown()
                     return AttemptResult(Outcome.FAILED, trip.exit_code, self.tasks, reason=trip.reason,
                                          blamed=trip.tasks)

@@ -61,11 +61,18 @@ class Task:
 
 @dataclass(frozen=True)
 class Trip:
-    """A watchdog's verdict: stop the attempt, blaming these tasks."""
+    """A watchdog's verdict: stop the attempt, blaming these tasks. Its reason says what tripped,
+    then, after ``"; "``, the details (a hang's verdict): :func:`reason_head` is the first part."""
 
     reason: str
     tasks: tuple[str, ...] = ()
     exit_code: int = 124  # as timeout(1) reports a command it had to stop
+
+
+def reason_head(reason: str) -> str:
+    """What ended an attempt without its details (``hang timeout: no training progress for 6 s``):
+    what a message says where the whole reason is said once elsewhere (the closing summary)."""
+    return reason.split("; ", 1)[0]
 
 
 @dataclass

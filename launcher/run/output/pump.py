@@ -353,7 +353,8 @@ class OutputPump:
         if not block:
             return
         self.files.lines(source.name, source.attempt, block)
-        source.keras, records = metric_lines(block, source.keras)  # the one place metric lines are read
+        # the one place metric lines are read; the arrival time times Keras's epochs where it rounds
+        source.keras, records = metric_lines(block, source.keras, time.time())
         if records:
             self.files.records(source.name, source.attempt, records)
             if not source.oversized and (size := oversized(block, records)):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import shlex
 import shutil
 import subprocess
+import time
 import sys
 import tempfile
 from pathlib import Path
@@ -219,13 +220,24 @@ def test_the_names_a_cluster_gives_this_machine_and_the_addresses_carried():
     assert names == {"vm": ("127.0.1.1", "198.51.100.4", "fe80::1"), "192.0.2.2": ("192.0.2.2",),
                      "fd00::2": ("fd00::2",), "gone": ()}
     # Loopback is every namespace's own, and a link-local address needs an interface the namespace lacks.
-    assert carried(names) == ["198.51.100.4", "192.0.2.2", "fd00::2"]
-    assert dial_line(spec, names) == (
+    kept = carried(names)
+    assert kept == ["192.0.2.2", "fd00::2", "198.51.100.4"]
+    assert dial_line(spec, names, kept) == (
         "inside the run's namespace the tasks dial each other at localhost (the namespace's own loopback); "
         "127.0.0.2 (the namespace's own loopback); vm (127.0.1.1, 198.51.100.4, fe80::1, carried on the namespace's "
         "loopback); 192.0.2.2 (carried on the namespace's loopback); fd00::2 (carried on the namespace's "
         "loopback); gone (it does not resolve here: no task can dial it): no task's connection to a peer leaves "
         "the run")
+    # At a run's start a name that does not resolve in time is left out, and the line says so.
+    def silent(host):
+        time.sleep(5 if host == "vm" else 0)
+        return table[host]
+
+    started = time.monotonic()
+    quick = own_names(spec, resolver=silent, wait=0.2)
+    assert time.monotonic() - started < 2 and "vm" not in quick and quick["gone"] == ()
+    assert "vm (not resolved within 0.2 s at the start: not carried)" in dial_line(spec, quick, carried(quick))
+    assert carried(quick) == ["192.0.2.2", "fd00::2"]
 
 
 @pytest.mark.unit

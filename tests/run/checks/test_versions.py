@@ -147,6 +147,8 @@ def test_hosts_that_differ_alike_share_one_line_and_many_are_counted():
     assert lines(compare_versions(many)) == [
         ("node10, node11, node12, node13, node14 and 2 other hosts differ from the other hosts: "
          "tf_keras 2.21.1 (others 2.21.0)", False)]
+    six = hosts(*([{}] * 9), *([{"tf_keras": "2.21.1"}] * 6))  # one more than are named: "1 other host"
+    assert lines(compare_versions(six))[0][0].startswith("node10, node11, node12, node13, node14 and 1 other host differ")
 
 
 @pytest.mark.unit

@@ -36,7 +36,7 @@ def test_metric_lines_for_a_stalled_terminal_are_bounded_too():
     limit = 256 << 10
     console = Console(stream, messages=err, colour=False, status=False, max_queued=limit)
     console.register(["worker-0"])
-    for start in range(1, 2001, 20):  # 2,000 records of 10 KB: 20 MB of metric lines
+    for start in range(1, 1001, 20):  # 1,000 records of 10 KB: 10 MB of metric lines
         block = _metric_block(start, 20)
         _, found = metric_lines(block)
         console.task_block("worker-0", block, 1, found)

@@ -105,8 +105,11 @@ def test_epoch_and_final_lines():
         "epoch 3/8  loss 0.262  acc 0.920  val_loss 0.242  val_acc 0.911  2,575 samples/s  0.84 s")
     assert epoch_text({"epoch": 1, "loss": None, "accuracy": 0.5, "samples_per_second": None}) == "epoch 1  acc 0.500"
     assert final_text({"test_loss": 0.109611, "test_accuracy": 0.962963, "total_seconds": 14.78, "epochs": 8}) == (
-        "test  loss 0.110  acc 0.963  8 epochs  14.78 s")
-    assert final_text({"test_accuracy": 0.9, "total_seconds": 3.0, "epochs": 1}) == "test  acc 0.900  1 epoch  3.00 s"
+        "test  loss 0.110  acc 0.963  8 epochs in 14.78 s since the task started")
+    assert final_text({"test_accuracy": 0.9, "total_seconds": 3.0, "epochs": 1}) == (
+        "test  acc 0.900  1 epoch in 3.00 s since the task started")
+    assert final_text({"test_accuracy": 0.9, "test_seconds": 0.8, "total_seconds": 30.0, "epochs": 1}) == (
+        "test  acc 0.900  0.80 s")
 
 
 def board(*tasks: str) -> MetricBoard:
@@ -333,7 +336,7 @@ def test_training_lines_use_the_final_attempt_of_the_reporting_task():
          "total_seconds": 12.34, "attempt": 2},
     ]
     assert training_lines(records, 2) == [
-        "training: 3 epochs in 12.3 s, median 2,000 samples/s; last epoch: loss 0.333  acc 0.500",
+        "training: 3 epochs, median 2,000 samples/s; last epoch: loss 0.333  acc 0.500",
         "test: acc 0.750  loss 0.250"]
     assert training_lines([], 1) == []
 
@@ -352,7 +355,7 @@ def test_task_table_has_state_exit_memory_and_cpu(tmp_path):
     assert lines[0].split() == ["task", "host", "state", "exit", "peak", "RSS", "CPU", "mean", "CPU", "peak"]
     cells = [[cell.strip() for cell in line.split("  ") if cell.strip()] for line in lines[1:]]
     assert cells[0] == ["worker-0", "localhost", "succeeded", "exit code 0", "431 MB", "93 %", "101 %"]
-    assert cells[1] == ["worker-1", "localhost", "stopped", "killed by SIGTERM", "-", "-", "-"]
+    assert cells[1] == ["worker-1", "localhost", "stopped", "SIGTERM from tflaunch", "-", "-", "-"]
 
 
 @pytest.mark.parametrize("status, words", [(ExitStatus(code=1), "exit code 1"),
@@ -389,8 +392,31 @@ def test_a_table_of_many_tasks_folds_alike_tasks_and_names_tasks_that_never_star
     rows = [line.split("  ") for line in task_table(tasks, usage)[1:]]
     cells = [[cell.strip() for cell in row if cell.strip()] for row in rows]
     assert cells == [
-        ["worker-[0-4] (5 tasks)", "localhost", "stopped", "killed by SIGTERM", "120 MB", "20 %", "50 %"],
+        ["worker-[0-4] (5 tasks)", "localhost", "stopped", "SIGTERM from tflaunch", "120 MB", "20 %", "50 %"],
         ["worker-[5,6] (2 tasks)", "localhost", "succeeded", "exit code 0", "-", "-", "-"],
         ["worker-[7-29] (23 tasks)", "localhost", "not started", "-", "-", "-", "-"],
     ]
     assert len(task_table(tasks[:7], usage)) == 8  # 7 tasks: one row each
+
+
+SHUTDOWN = [  # what MWMS and ParameterServer tasks print as tflaunch stops them, a successful run's end included
+    "W0000 00:00:1795357848.580920   20415 preemption_notifier.cc:90] SIGTERM caught at 2026-11-22T14:30:48.580918041+00:00",
+    "W0000 00:00:1795357875.049559   21882 local_rendezvous.cc:412] Local rendezvous is aborting with status: "
+    "ABORTED: Collective ops is aborted by: the task was stopped",
+    "/job:worker/replica:0/task:1",
+    "The tasks have crashed. Check the task logs for an earlier error, or scheduler events (e.g. preemption, "
+    "eviction) to debug further.",
+    "The error could be from a previous operation. Restart your program to reset.",
+    "\t [[{{node CollectiveReduceV2}}]] [type.googleapis.com/tensorflow.DerivedStatus='']",
+    "W0000 00:00:1795357875.049559   21882 local_rendezvous.cc:412] Local rendezvous is aborting with status: "
+    "CANCELLED: the step was cancelled",
+]
+
+
+def test_what_tensorflow_prints_as_tflaunch_stops_a_task_is_chatter_and_a_real_abort_is_not():
+    chatter = Chatter()
+    assert [chatter.hides("worker-1", line) for line in SHUTDOWN] == [True] * len(SHUTDOWN)
+    kept = [line for line in captured("../errors/tensor-oom.txt") if "local_rendezvous" in line]
+    assert kept and not any(Chatter().hides("worker-0", line) for line in kept)  # RESOURCE_EXHAUSTED: the cause
+    chatter = Chatter()
+    assert not chatter.hides("worker-0", "The tasks have crashed. on its own line, after a line of the program")

@@ -243,7 +243,7 @@ def test_the_table_folds_alike_tasks_from_eight_on():
     assert cells_of(task_table(tasks, usage)) == [
         ["chief-0,worker-[0-3,5] (6 tasks)", "2 hosts", "succeeded", "exit code 0", "706 MB", "53 %", "96 %"],
         ["worker-4", "node0", "succeeded", "exit code 0", "2,900 MB", "55 %", "99 %"],
-        ["worker-6", "node0", "stopped", "killed by SIGTERM", "707 MB", "57 %", "97 %"],
+        ["worker-6", "node0", "stopped", "SIGTERM from tflaunch", "707 MB", "57 %", "97 %"],
     ]
     assert len(task_table(tasks[:FOLD_FROM - 1], usage)) == FOLD_FROM  # seven tasks: a row each
 
@@ -265,9 +265,10 @@ def test_a_busy_task_keeps_a_row_of_its_own_and_tasks_never_measured_join_any_ro
 
 
 @pytest.mark.parametrize("argv, python", [
-    (("python", "-m", "trainer"), True), (("/venv/bin/python3.11", "train.py"), True),
-    (("./train.py", "--epochs", "3"), True), (("env", "A=1", "python3", "-c", "pass"), True),
-    (("bash", "-c", "cd src && python train.py"), True), (("/opt/interp", "-m", "trainer"), True),
+    (("python", "-m", "trainer"), False), (("/venv/bin/python3.11", "train.py"), True),
+    (("./train.py", "--epochs", "3"), True), (("env", "A=1", "python3", "-c", "import keras"), True),
+    (("python", "-c", "print(1)"), False), (("python", "-m", "mytrainer"), True),
+    (("bash", "-c", "cd src && python train.py"), True), (("/opt/interp", "-m", "trainer"), False),
     (("sleep", "30"), False), (("true",), False), (("sh", "-c", "echo $TFLAUNCH_TASK"), False),
     (("./a.out",), False), (("env",), False)])
 def test_which_commands_can_run_tensorflow(argv, python):
@@ -275,7 +276,8 @@ def test_which_commands_can_run_tensorflow(argv, python):
 
 
 @pytest.mark.parametrize("command, noted", [
-    (None, True), (("python", "-c", "pass"), True), (("train.py",), True), (("sleep", "1"), False)])
+    (None, False), (("python", "-c", "pass"), False), (("python", "-c", "import tensorflow"), True),
+    (("train.py",), True), (("sleep", "1"), False)])
 def test_the_keras_note_follows_the_command(command, noted):
     spec = parse_cluster("worker: [localhost:1, localhost:2]\n", "c.yaml", frozenset({"localhost"}))
     plan = plan_cluster(spec, RunContext(run_id="r", run_dir="/logs/r"), local_hosts=frozenset({"localhost"}),
@@ -371,7 +373,7 @@ def test_a_real_table_of_eight_tasks_is_one_row(tflaunch):
 
 
 def test_the_keras_note_is_shown_for_python_and_not_for_sleep(tflaunch):
-    python = tflaunch.run("--local", "2", "--", "python", "-c", "pass")
+    python = tflaunch.run("--local", "2", "--", "python", "-c", "import sys")
     sleep = tflaunch.run("--local", "2", "--", "sleep", "0")
     assert python.returncode == sleep.returncode == 0, python.stderr + sleep.stderr
     assert f"tflaunch: {LEGACY_KERAS_NOTE}" in python.stderr

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, TASK
+from conftest import DEFAULT_LOCAL_TWO, ROOT, TASK
 from console_names import tasks_saying
 from polling import wait_for
 
@@ -272,8 +272,9 @@ def test_keras_progress_bars_leave_no_backspaces_in_merged_log(tflaunch, legacy)
 
 @pytest.mark.slow
 @pytest.mark.tensorflow
-def test_the_default_job_console_is_for_people(tflaunch):
-    done = tflaunch.run("--local", "2", timeout=240)  # about 30 s here
+@pytest.mark.xdist_group(DEFAULT_LOCAL_TWO)
+def test_the_default_job_console_is_for_people(default_local_two):
+    done, _ = default_local_two
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert "TFLAUNCH_METRIC" not in out and "{" not in out

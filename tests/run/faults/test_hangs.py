@@ -3,8 +3,9 @@
 Fast tests check the pure parts on real data: the hang rule (launcher/run/faults/watchdog.py,
 :func:`stalled`), py-spy's text (launcher/run/faults/pyspy.py) and the verdict (launcher/run/faults/hang_verdict.py)
 on py-spy dumps captured from hung TensorFlow clusters (tests/fixtures/stacks/). Slow tests run
-real tflaunch runs: small Python tasks for the control socket, and three-task
-MultiWorkerMirroredStrategy programs (tests/helpers/mwms_hang.py) for the hangs themselves.
+real tflaunch runs: small Python tasks for the control socket, three-task clusters of the
+stand-in worker (tests/workers/lockstep.py, lock step over sockets) for the hangs themselves, and
+one real MultiWorkerMirroredStrategy hang (tests/helpers/mwms_hang.py) whose culprit is named.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TASK
+from conftest import LOCKSTEP, TASK
 from launcher.records.control import SOCKET, short_path
 from launcher.run.faults.hang_verdict import CULPRIT, NO_STACKS, SAME_PLACE, UNCLEAR, names, peer_groups, verdict
 from launcher.run.faults.pyspy import LIBRARY, STDLIB, USER, kind_of, parse_dump
@@ -452,6 +453,15 @@ def test_another_user_cannot_ask_for_the_stacks_even_through_an_open_socket(tfla
     proc = sleepers(tflaunch)
     try:
         run_dir = running_run(tflaunch, proc)
+        # The run folder is its owner's alone: another user cannot even find the run, and says so in one line.
+        hidden = stacks(tflaunch, "--log-dir", str(tflaunch.log_dir), user=NOBODY, cwd=shared_dir)
+        assert hidden.returncode == 2
+        assert hidden.stderr.strip() == (f"tflaunch: error: log directory {tflaunch.log_dir}/ cannot be read by you: "
+                                         f"a run folder is its owner's alone (docs/security.md)")
+        # Folders opened to everyone by their owner: the socket's owner check still refuses.
+        tflaunch.log_dir.chmod(0o755)
+        run_dir.chmod(0o755)
+        (run_dir / "run.json").chmod(0o644)
         refused = stacks(tflaunch, "--log-dir", str(tflaunch.log_dir), user=NOBODY, cwd=shared_dir)
         assert refused.returncode == 2
         assert refused.stderr.strip() == (f"tflaunch: error: run {run_dir.name} belongs to another user: only the "
@@ -515,14 +525,16 @@ def test_silent_or_oversized_clients_cannot_hold_the_socket(tflaunch):
         stop(proc)
 
 
-# -- real MultiWorkerMirroredStrategy hangs ----------------------------------------------------------------
+# -- hangs of lock-step clusters: the stand-in worker, and one real MultiWorkerMirroredStrategy hang ------
 
 HANG_TIMEOUT = 6
+PEERS = str(Path(LOCKSTEP).with_name("peers.py"))
+WAITING_IN_TF = "quick_execute (tensorflow/python/eager/execute.py:53)"  # a MWMS task waiting in the all-reduce
 
 
-def line_of(marker: str) -> int:
-    """The line of tests/helpers/mwms_hang.py that holds ``marker``."""
-    return next(n for n, text in enumerate(Path(HANG).read_text().splitlines(), 1) if marker in text)
+def line_of(marker: str, path: str = HANG) -> int:
+    """The line of ``path`` (tests/helpers/mwms_hang.py) that holds ``marker``."""
+    return next(n for n, text in enumerate(Path(path).read_text().splitlines(), 1) if marker in text)
 
 
 def hung_run(tflaunch, cluster: list[str], mode: str, culprit: str = "", *extra: str, timeout: float = 240):
@@ -530,13 +542,30 @@ def hung_run(tflaunch, cluster: list[str], mode: str, culprit: str = "", *extra:
                         "python", HANG, mode, culprit, timeout=timeout)
 
 
-def check_named(done, culprit: str, function: str, line: int, thread: str = "MainThread") -> dict:
-    """The run failed as hung, naming ``culprit`` first: on the console, in run.json and beside the stacks."""
+def hung_stand_in(tflaunch, cluster: list[str], *knobs: str, timeout: float = 120):
+    """A stand-in cluster run with the hang timeout; ``knobs`` are its LOCKSTEP_* settings (``NAME=VALUE``)."""
+    settings = [arg for knob in knobs for arg in ("--env", knob)]
+    return tflaunch.run(*cluster, "--hang-timeout", str(HANG_TIMEOUT), "--grace", "1", *settings, "--",
+                        "python", LOCKSTEP, "--epochs", "1000", "--step-metrics", timeout=timeout)
+
+
+def in_exchange() -> str:
+    """Where a stand-in task waits for a late peer: its main thread in a socket read."""
+    return f"read_exactly (peers.py:{line_of('# a late peer keeps the main thread here', PEERS)})"
+
+
+HUNG_HERE = "# the task hangs here"  # the stand-in's line in hang_in_exchange
+
+
+def check_named(done, culprit: str, function: str, line: int, thread: str = "MainThread", script: str = "lockstep.py",
+                others_wait: str | None = None) -> dict:
+    """The run failed as hung, naming ``culprit`` first: on the console, in run.json and beside the stacks;
+    the others' main threads wait at ``others_wait`` (the stand-in's exchange unless given)."""
     assert done.returncode == 124, done.stderr[-3000:]
     record = done.record
     attempt = record["attempts"][0]
     assert attempt["blamed_tasks"] == [culprit]
-    where = f"{function} (mwms_hang.py:{line})"
+    where = f"{function} ({script}:{line})"
     assert attempt["reason"].startswith(f"hang timeout: no training progress for {HANG_TIMEOUT} s; {culprit} differs "
                                         f"from the rest: "), attempt["reason"]
     failed = next(line for line in done.stderr.splitlines() if "failed: hang timeout" in line)
@@ -546,11 +575,12 @@ def check_named(done, culprit: str, function: str, line: int, thread: str = "Mai
     assert root["task"] == culprit and root["diagnosis"]["rule"] == "hang"
     (named,) = root["diagnosis"]["evidence"]["culprits"]
     evidence = named["threads"][0]
-    assert (evidence["function"], evidence["file"], evidence["line"]) == (function, "mwms_hang.py", line), named
+    assert (evidence["function"], evidence["file"], evidence["line"]) == (function, script, line), named
     if thread:
         assert evidence["thread"] == thread
     others = root["diagnosis"]["evidence"]["others"]
-    assert others and all(t["innermost"] == "quick_execute (tensorflow/python/eager/execute.py:53)"
+    waiting = others_wait or in_exchange()
+    assert others and all(t["innermost"] == waiting
                           for crowd in others for t in crowd["threads"] if t["thread"] == "MainThread"), others
     stacks = done.run_dir / "attempt-1" / "stacks"
     filed = json.loads((stacks / "verdict.json").read_text())
@@ -569,7 +599,8 @@ def check_named(done, culprit: str, function: str, line: int, thread: str = "Mai
 @pytest.mark.tensorflow
 def test_an_input_pipeline_stall_is_declared_and_its_worker_named(tflaunch):
     done = hung_run(tflaunch, ["--local", "3"], "input-stall", "worker-2")
-    root = check_named(done, "worker-2", "slow_source", line_of("the input pipeline stalls here"), thread="")
+    root = check_named(done, "worker-2", "slow_source", line_of("the input pipeline stalls here"), thread="",
+                       script="mwms_hang.py", others_wait=WAITING_IN_TF)
     assert root["diagnosis"]["evidence"]["culprits"][0]["threads"][0]["thread"].startswith("thread ")
     assert "STALLED" in "\n".join(root["tail"])
     shown = subprocess.run(tflaunch.argv("report", done.run_dir.name, "--log-dir", str(tflaunch.log_dir)),
@@ -578,45 +609,41 @@ def test_an_input_pipeline_stall_is_declared_and_its_worker_named(tflaunch):
     assert "; root cause: worker-2 on localhost: worker-2 differs from the rest: thread " in shown.stderr
 
 
-@pytest.mark.alone  # a 6 s hang timeout: a slow start on a loaded machine would look like a hang
 @pytest.mark.slow
-@pytest.mark.tensorflow
 @pytest.mark.parametrize("culprit", ["chief-0", "worker-0"])
 def test_a_task_waiting_in_user_code_between_steps_is_named_in_any_role(tflaunch, culprit):
-    done = hung_run(tflaunch, ["--local", "2", "--chief"], "barrier-wait", culprit)
-    check_named(done, culprit, "wait_for_barrier_file", line_of("time.sleep(1.0)"))
+    done = hung_stand_in(tflaunch, ["--local", "2", "--chief"], f"LOCKSTEP_HANG={culprit}=4")
+    check_named(done, culprit, "hang_in_exchange", line_of(HUNG_HERE, LOCKSTEP))
 
 
-@pytest.mark.alone  # a 6 s hang timeout: a slow start on a loaded machine would look like a hang
 @pytest.mark.slow
-@pytest.mark.tensorflow
 def test_a_stuck_worker_that_keeps_logging_is_declared_hung(tflaunch):
-    done = hung_run(tflaunch, ["--local", "3"], "barrier-wait-logging", "worker-1")
-    check_named(done, "worker-1", "wait_for_barrier_file", line_of("time.sleep(1.0)"))
+    done = hung_stand_in(tflaunch, ["--local", "3"], "LOCKSTEP_HANG=worker-1=4", "LOCKSTEP_HANG_LOG=1")
+    check_named(done, "worker-1", "hang_in_exchange", line_of(HUNG_HERE, LOCKSTEP))
     retries = done.task_output("worker-1").count("is not there yet; retrying")
     assert retries >= HANG_TIMEOUT  # it logged all along, and the hang was declared all the same
 
 
-@pytest.mark.alone  # a 6 s hang timeout: a slow start on a loaded machine would look like a hang
 @pytest.mark.slow
-@pytest.mark.tensorflow
 def test_every_task_waiting_in_the_same_place_blames_no_task(tflaunch):
-    done = hung_run(tflaunch, ["--local", "3"], "all-wait")
+    done = hung_stand_in(tflaunch, ["--local", "3"], "LOCKSTEP_HANG=4")
     assert done.returncode == 124, done.stderr[-3000:]
     attempt = done.record["attempts"][0]
     assert attempt["blamed_tasks"] == [] and done.record["root_cause"] is None
-    assert (f"every task is in the same place (MainThread in wait_for_barrier_file (mwms_hang.py:"
-            f"{line_of('time.sleep(1.0)')})): no task to blame") in attempt["reason"]
+    assert (f"every task is in the same place (MainThread in hang_in_exchange (lockstep.py:"
+            f"{line_of(HUNG_HERE, LOCKSTEP)}); input in ") in attempt["reason"], attempt["reason"]
+    # ... and their input threads, full, wait in one place too
+    assert (f"from slow_source (lockstep.py:{line_of('batches.put(produced)', LOCKSTEP)})): no task to blame"
+            in attempt["reason"]), attempt["reason"]
     assert json.loads((done.run_dir / "attempt-1" / "stacks" / "verdict.json").read_text())["verdict"] == "same-place"
 
 
-@pytest.mark.alone  # a 6 s hang timeout: a slow start on a loaded machine would look like a hang
+@pytest.mark.alone  # three tasks must each keep over a tenth of a core busy: nothing else may take the CPU
 @pytest.mark.slow
-@pytest.mark.tensorflow
 def test_tasks_computing_longer_than_the_hang_timeout_without_printing_are_not_hung(tflaunch):
     seconds = 2.5 * HANG_TIMEOUT  # silent for well past the hang timeout
-    done = tflaunch.run("--local", "3", "--hang-timeout", str(HANG_TIMEOUT), "--", "python", HANG, "silent-compute",
-                        "--seconds", str(seconds), timeout=240)
+    done = tflaunch.run("--local", "3", "--hang-timeout", str(HANG_TIMEOUT), "--env", f"LOCKSTEP_SILENT={seconds}",
+                        "--", "python", LOCKSTEP, "--epochs", "1", timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     assert not (done.run_dir / "attempt-1" / "stacks").exists()
     assert "no training progress" not in done.stderr
@@ -624,13 +651,12 @@ def test_tasks_computing_longer_than_the_hang_timeout_without_printing_are_not_h
         assert f"{name}: " in done.task_output(name) and "silent steps in" in done.task_output(name)
 
 
-@pytest.mark.alone  # a 6 s hang timeout: a slow start on a loaded machine would look like a hang
 @pytest.mark.slow
-@pytest.mark.tensorflow
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user with setpriv")
-def test_stacks_of_a_hung_mwms_run_name_its_culprit_for_its_owner_only(tflaunch, shared_dir):
+def test_stacks_of_a_hung_lock_step_run_name_its_culprit_for_its_owner_only(tflaunch, shared_dir):
     tflaunch.log_dir = shared_dir / "logs"
-    proc = tflaunch.start("--local", "3", "--grace", "1", "--", "python", HANG, "input-stall", "worker-1")
+    proc = tflaunch.start("--local", "3", "--grace", "1", "--env", "LOCKSTEP_INPUT_STALL=worker-1=4", "--",
+                          "python", LOCKSTEP, "--epochs", "1000")
     try:
         run_dir = running_run(tflaunch, proc)
         wait_for(lambda: "STALLED" in tflaunch.merged_text(), timeout=180, message="worker-1's input to stall")
@@ -642,21 +668,22 @@ def test_stacks_of_a_hung_mwms_run_name_its_culprit_for_its_owner_only(tflaunch,
         answer = wait_for(named, timeout=60, interval=1.0, message="the other workers to wait in the all-reduce")
         (culprit,) = answer["verdict"]["culprits"]
         assert culprit["task"] == "worker-1"
-        assert (culprit["threads"][0]["function"], culprit["threads"][0]["line"]) == (
-            "slow_source", line_of("the input pipeline stalls here"))
+        # Its input thread stalled in slow_source, and its main thread waits for that input.
+        assert {(t["thread"], t["function"], t["line"]) for t in culprit["threads"]} >= {
+            ("input", "slow_source", line_of("the input pipeline stalls here", LOCKSTEP)),
+            ("MainThread", "train", line_of("batches.get()", LOCKSTEP))}, culprit["threads"]
         assert answer["seconds"] < 5.0
+        # Another user finds no run to ask (its folder is its owner's alone), in one line.
         refused = stacks(tflaunch, "--log-dir", str(tflaunch.log_dir), user=NOBODY, cwd=shared_dir)
-        assert refused.returncode == 2 and "belongs to another user" in refused.stderr
+        assert refused.returncode == 2 and "cannot be read by you" in refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1
         assert proc.poll() is None and json.loads((run_dir / "run.json").read_text())["status"] == "running"
     finally:
         stop(proc)
 
 
-@pytest.mark.alone  # a 6 s hang timeout: a slow start on a loaded machine would look like a hang
 @pytest.mark.slow
 @pytest.mark.ssh
-@pytest.mark.tensorflow
-@pytest.mark.timeout(360)  # its run waits up to 300 s
 def test_the_culprit_of_a_hang_across_ssh_hosts_is_named_through_the_agents(tflaunch, testhosts, tmp_path):
     node1, node2 = testhosts.hosts[:2]
     port = testhosts.port(span=2)
@@ -666,21 +693,22 @@ def test_the_culprit_of_a_hang_across_ssh_hosts_is_named_through_the_agents(tfla
                        f"  - host: node1\n    address: {node1.address}\n    port: {port}\n"
                        f"  - host: node1\n    address: {node1.address}\n    port: {port + 1}\n"
                        f"  - host: node2\n    address: {node2.address}\n    port: {port}\n")
-    done = hung_run(tflaunch, [str(cluster)], "barrier-wait", "worker-2", timeout=300)
-    root = check_named(done, "worker-2", "wait_for_barrier_file", line_of("time.sleep(1.0)"))
+    done = hung_stand_in(tflaunch, [str(cluster)], "LOCKSTEP_HANG=worker-2=4")
+    root = check_named(done, "worker-2", "hang_in_exchange", line_of(HUNG_HERE, LOCKSTEP))
     assert root["host"] == "node2"
     for name in ("worker-0", "worker-1", "worker-2"):
-        assert "mwms_hang.py" in (done.run_dir / "attempt-1" / "stacks" / f"{name}.txt").read_text()
+        assert "lockstep.py" in (done.run_dir / "attempt-1" / "stacks" / f"{name}.txt").read_text()
     assert {t["host"] for t in done.record["tasks"]} == {"node1", "node2"}
 
 
-@pytest.mark.alone  # a 3 s hang timeout: a slow start on a loaded machine would look like a hang
+# Not alone, so that the Slurm tier's one cluster serves it: a hang timeout of 10 s outlasts a slow start
+# of tasks that print one line and sleep.
 @pytest.mark.slow
 @pytest.mark.slurm
 def test_the_culprit_of_a_hang_inside_a_slurm_allocation_is_named_through_the_agents(testslurm, tmp_path):
     logs = tmp_path / "logs"
     script = tmp_path / "job.sh"
-    script.write_text(f"#!/bin/bash\nexec {sys.executable} -m launcher --slurm --hang-timeout 3 --grace 1 "
+    script.write_text(f"#!/bin/bash\nexec {sys.executable} -m launcher --slurm --hang-timeout 10 --grace 1 "
                       f"--log-dir {logs} -- python {TASK} print:up sleep-if:worker-3:600 forever\n")
     out = tmp_path / "job.out"
     try:

@@ -530,6 +530,8 @@ def test_exit_status_of_a_code_or_a_signal(status, ok, shell_code, text):
 def test_exit_status_unknown_signal_number():
     status = ExitStatus(signal=99)
     assert status.describe() == "killed by signal 99"
+    # a task tflaunch stopped was not killed: the signal was tflaunch's
+    assert ExitStatus(signal=15).describe(stopped=True) == "SIGTERM from tflaunch"
     assert status.shell_code == 227
     assert signal_name(9) == "SIGKILL" and signal_name(99) == "signal 99"
 

@@ -1,0 +1,4 @@
+"""Stands in front of the real tf_keras for the tasks of unit and fast tests (tests/tiers.py): importing it fails."""
+
+raise ImportError("tf_keras in a unit or fast test: TensorFlow runs only in tests marked tensorflow "
+                  "(tests/tiers.py); mark the test or run the stand-in worker tests/workers/lockstep.py")
