@@ -18,7 +18,8 @@ what the listener holds stays bounded: ``pending_limit`` descriptors and buffers
 caller is in, when its owner closes it, when ``alive()`` turns false, or ``within`` seconds after
 it opened; closed for any reason but the owner's with callers still missing, it says which to
 ``missing``. A closed port is never opened again, so a caller that finds nothing listening there
-knows that it is too late.
+knows that it is too late. A listener made with ``keep`` expects every name again after it came (a
+node that restarted joins again under its name) and stays open until its owner closes it.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ class ConnectBack:
     def __init__(self, names: Iterable[str], token: str, deliver: Callable[[str, int], None], host: str = "",
                  *, within: float, port: int = 0, alive: Callable[[], bool] = lambda: True,
                  deadline: float = HANDSHAKE_DEADLINE, pending_limit: int | None = None,
-                 missing: Callable[[list[str]], None] = lambda names: None):
+                 missing: Callable[[list[str]], None] = lambda names: None, keep: bool = False):
+        self._keep = keep
         self._names = {name.encode(): name for name in names}
         self._waiting = set(self._names)
         self._token = token.encode()
@@ -235,7 +237,8 @@ class ConnectBack:
             return
         del self._pending[connection]
         selector.unregister(connection)
-        self._waiting.discard(name)
+        if not self._keep:
+            self._waiting.discard(name)
         self._deliver(self._names[name], connection.detach())
 
     def _proof(self, side: bytes, handshake: "_Handshake") -> bytes:

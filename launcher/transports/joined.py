@@ -12,18 +12,23 @@ pausing longer each time, for the rendezvous timeout.
 Once in, a node's agent is a link like any other: :class:`JoinedTransport` starts its tasks
 through it, and a node whose agent goes silent or whose connection closes is a lost host. The
 links outlive the run's transports by a moment: when the run has its exit code the owner tells
-every node (:meth:`Rendezvous.finish`), whose tflaunch exits with it. The owner gone without
+every node (:meth:`Rendezvous.finish`), whose tflaunch exits with it. Until then the endpoint stays
+open to the nodes that joined: one that restarts (the platform's retry: its tflaunch started again
+with the same rank) joins again from the same address, its earlier link ends as lost, and the run's
+next attempt starts its tasks there. The owner gone without
 saying it (killed) closes each connection: each node's agent stops its tasks and exits with
 :data:`~launcher.agent.protocol.LOST_RUN`.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Hashable
 from dataclasses import dataclass
 
@@ -42,6 +47,8 @@ KIND = "joined"
 # The joined nodes' links by host (node_host), filled by the rendezvous of this process's run (one per process).
 _NODES: dict[str, AgentLink] = {}
 _NODES_LOCK = threading.Lock()
+_NODES_CHANGED = threading.Condition(_NODES_LOCK)  # a node joined again
+_GIVE_UP: dict[str, float] = {}  # a node whose link is gone: when the wait for it to join again ends
 
 
 def node_host(rank: int) -> str:
@@ -103,6 +110,8 @@ class Rendezvous:
         self.links: dict[int, AgentLink] = {}
         self._done = threading.Event()
         self._missing: list[int] = []
+        self._again: ConnectBack | None = None  # the endpoint kept open for nodes that restart
+        self._lock = threading.Lock()  # members and links: the listener's thread adds to them
 
     def gather(self) -> list[Member]:
         """Every other node, by rank, once all have joined (spares too); RendezvousMissing names the
@@ -122,7 +131,15 @@ class Rendezvous:
             self._done.clear()
             short = f" (the run needs at least {self.minimum} nodes)" if self.minimum < self.nnodes else ""
             raise RendezvousMissing(needed, self.within, short)
+        self._listen_again()
         return [self.members[rank] for rank in sorted(self.members)]
+
+    def _listen_again(self) -> None:
+        """Keep the endpoint open, for the run, to the ranks that joined (see :meth:`_rejoin`)."""
+        if self._again is None and self.members:
+            self._again = ConnectBack([str(rank) for rank in sorted(self.members)], self.token, self._rejoin,
+                                      self.host, within=math.inf, port=self.port, keep=True)
+            self._again.start()
 
     @property
     def spares_missing(self) -> list[int]:
@@ -135,21 +152,44 @@ class Rendezvous:
 
     def _deliver(self, name: str, fd: int) -> None:
         rank = int(name)
-        with socket.socket(fileno=os.dup(fd)) as peer:
-            address = peer.getpeername()[0]
-        link = AgentLink(node_host(rank), JoinedCarrier(address, rank), None, None, keepalive=self.keepalive, hub=HUB,
-                         beat=beat_for(self.nnodes, self.keepalive))
-        link.attach(fd, fd)
-        self.members[rank] = Member(rank, address)
-        self.links[rank] = link
-        with _NODES_LOCK:
-            _NODES[node_host(rank)] = link
+        self._admit(rank, _peer_address(fd), fd)
         if len(self.members) == self.nnodes + self.spares - 1:
             self._done.set()
 
+    def _rejoin(self, name: str, fd: int) -> None:
+        """A node that joined comes again: it restarted, so whatever its earlier link still
+        carries is gone with it. Its tasks were planned at its address; from another one it is
+        turned away (its agent sees the connection close) and stays a lost host."""
+        rank, address = int(name), _peer_address(fd)
+        with self._lock:
+            known, earlier = self.members.get(rank), self.links.get(rank)
+        if known is None or known.address != address:
+            os.close(fd)
+            return
+        if earlier is not None:
+            earlier.lose(f"node {rank} joined the run again: it restarted")
+            earlier.close_channel()
+        self._admit(rank, address, fd)
+
+    def _admit(self, rank: int, address: str, fd: int) -> None:
+        link = AgentLink(node_host(rank), JoinedCarrier(address, rank), None, None, keepalive=self.keepalive, hub=HUB,
+                         beat=beat_for(self.nnodes, self.keepalive))
+        link.attach(fd, fd)
+        with self._lock:
+            self.members[rank] = Member(rank, address)
+            self.links[rank] = link
+        with _NODES_CHANGED:
+            _NODES[node_host(rank)] = link
+            _GIVE_UP.pop(node_host(rank), None)
+            _NODES_CHANGED.notify_all()
+
     def finish(self, code: int) -> None:
         """Tell every node the run's exit code, then close its channel: its agent exits with it."""
-        for link in self.links.values():
+        if self._again is not None:
+            self._again.close()
+        with self._lock:
+            links = list(self.links.values())
+        for link in links:
             if not link.gone:
                 try:
                     link.send(f"{Command.END} 0 {max(0, min(255, code))}\n".encode())
@@ -159,6 +199,12 @@ class Rendezvous:
         with _NODES_LOCK:
             for member in self.members.values():
                 _NODES.pop(node_host(member.rank), None)
+                _GIVE_UP.pop(node_host(member.rank), None)
+
+
+def _peer_address(fd: int) -> str:
+    with socket.socket(fileno=os.dup(fd)) as peer:
+        return peer.getpeername()[0]
 
 
 class JoinedTransport(AgentBackend):
@@ -167,11 +213,16 @@ class JoinedTransport(AgentBackend):
     kind = KIND
 
     def connect(self, launch: TaskLaunch) -> AgentLink:
-        with _NODES_LOCK:
-            link = _NODES.get(launch.host)
-        if link is None or link.gone:
-            raise OSError(f"node {launch.host} is not in the run (it left, or never joined)")
-        return link
+        """The node's link; for a node whose link is gone, the one it brings when it joins again
+        (it restarted) within its connect timeout, waited for once per absence."""
+        with _NODES_CHANGED:
+            give_up = _GIVE_UP.setdefault(launch.host, time.monotonic() + launch.connect_timeout)
+            while (link := _NODES.get(launch.host)) is not None and link.gone and time.monotonic() < give_up:
+                _NODES_CHANGED.wait(give_up - time.monotonic())
+            if link is None or link.gone:
+                raise OSError(f"node {launch.host} is not in the run (it left, or never joined)")
+            _GIVE_UP.pop(launch.host, None)
+            return link
 
     def cannot_connect(self, exc: OSError) -> str:
         return f"cannot start: {exc}"

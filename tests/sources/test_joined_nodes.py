@@ -210,6 +210,25 @@ def test_a_node_killed_mid_run_is_replaced_by_a_spare_node(testhosts, tmp_path):
         nodes.no_ssh()
 
 
+def test_a_node_that_restarts_rejoins_the_run_at_the_next_attempt(nodes):
+    extra = ("--max-restarts", "1", "--restart-delay", "0")
+    owner = nodes.start(0, "python", str(TASK), "print:up", "sleep:6", extra=extra)
+    nodes.start(1, "python", str(TASK))
+    nodes.start(2, "python", str(TASK))
+    nodes.wait_running()
+    kill_tree(nodes.procs[2].pid)
+    nodes.start(2, "python", str(TASK))  # the platform's retry: the same command, the same rank
+    code, out = nodes.finish(owner)
+    assert code == 0, out
+    assert "restarting the whole cluster" in out, out
+    tasks = nodes.record()["tasks"]
+    assert [(t["host"], t["state"]) for t in tasks] == [(nodes.hosts[0].address, "succeeded"),
+                                                         ("rank-1", "succeeded"), ("rank-2", "succeeded")], tasks
+    for rank in (1, 2):
+        code, text = nodes.finish(nodes.procs[rank])
+        assert code == 0, text
+
+
 def test_the_owner_killed_ends_every_nodes_tasks(nodes):
     owner = nodes.start(0, "python", str(TASK), "print:up", "forever")
     nodes.start(1, "python", str(TASK))
@@ -244,3 +263,4 @@ def test_two_nodes_train_the_built_in_trainer_in_lockstep(testhosts, tmp_path):
     finally:
         nodes.stop_all()
         nodes.no_ssh()
+
