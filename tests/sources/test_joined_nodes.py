@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import TASK
+from conftest import HELPERS, TASK
 from polling import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.ssh, pytest.mark.timeout(180)]
@@ -264,3 +264,26 @@ def test_two_nodes_train_the_built_in_trainer_in_lockstep(testhosts, tmp_path):
         nodes.stop_all()
         nodes.no_ssh()
 
+
+@pytest.mark.tensorflow
+@pytest.mark.timeout(400)
+def test_a_plain_keras_script_trains_across_two_joined_nodes(testhosts, tmp_path):
+    nodes = Nodes(testhosts, tmp_path, nnodes=2, timeout=60)
+    try:
+        script = str(HELPERS / "keras_fit.py")
+        owner = nodes.start(0, "python", script, "2")
+        nodes.start(1, "python", script, "2")
+        code, out = nodes.finish(owner, timeout=300)
+        assert code == 0, out[-3000:]
+        code, text = nodes.finish(nodes.procs[1])
+        assert code == 0, text
+        assert "worker-1 | trained" in text  # the node's own task's lines, on its own console
+        (run,) = (tmp_path / "logs").iterdir()
+        metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        losses = {(m["task"], m["epoch"]): m["loss"] for m in metrics if m["kind"] == "epoch"}
+        assert sorted(losses) == [(task, n) for task in ("worker-0", "worker-1") for n in (1, 2, 3)], metrics
+        assert all(losses[("worker-0", n)] == losses[("worker-1", n)] for n in (1, 2, 3))  # lock-step
+        assert nodes.merged().count("trained") == 2
+    finally:
+        nodes.stop_all()
+        nodes.no_ssh()
