@@ -22,11 +22,14 @@ saying it (killed) closes each connection: each node's agent stops its tasks and
 
 from __future__ import annotations
 
+import fcntl
 import math
 import os
+import select
 import socket
 import subprocess
 import sys
+import termios
 import threading
 import time
 from collections.abc import Hashable
@@ -48,6 +51,7 @@ KIND = "joined"
 _NODES: dict[str, AgentLink] = {}
 _NODES_LOCK = threading.Lock()
 _NODES_CHANGED = threading.Condition(_NODES_LOCK)  # a node joined again
+END_WAIT = EOF_GRACE + 1.0  # for a node's agent to close its channel once it has the run's exit code
 _GIVE_UP: dict[str, float] = {}  # a node whose link is gone: when the wait for it to join again ends
 
 
@@ -184,22 +188,53 @@ class Rendezvous:
             _NODES_CHANGED.notify_all()
 
     def finish(self, code: int) -> None:
-        """Tell every node the run's exit code, then close its channel: its agent exits with it."""
+        """Tell every node the run's exit code and end its channel: its agent exits with that code.
+
+        The channel's write side is shut after the code, and kept open until the agent has closed
+        its end and the link has read all it said (within :data:`END_WAIT`): a socket closed with
+        bytes it has not read resets the connection, and the agent would lose the code with them (a
+        ``--dry-run`` ends before the agents' first frames are read)."""
         if self._again is not None:
             self._again.close()
         with self._lock:
-            links = list(self.links.values())
+            links = [link for link in self.links.values() if not link.gone]
+        channels = []
         for link in links:
-            if not link.gone:
-                try:
-                    link.send(f"{Command.END} 0 {max(0, min(255, code))}\n".encode())
-                except OSError:
-                    pass
+            try:
+                link.send(f"{Command.END} 0 {max(0, min(255, code))}\n".encode())
+                channel = socket.socket(fileno=os.dup(link.write_fd))  # open until the agent's end is read
+            except (OSError, TypeError):  # gone meanwhile (TypeError: its descriptor already let go)
+                continue
+            channels.append(channel)
+            try:
+                channel.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+        deadline = time.monotonic() + END_WAIT
+        while channels and time.monotonic() < deadline:
+            ended = [channel for channel in channels if _read_to_the_end(channel)]
+            for channel in ended:
+                channel.close()
+            channels = [channel for channel in channels if channel not in ended]
+            if channels:
+                time.sleep(0.02)
+        for channel in channels:
+            channel.close()
+        for link in links:
             link.close_channel()
         with _NODES_LOCK:
             for member in self.members.values():
                 _NODES.pop(node_host(member.rank), None)
                 _GIVE_UP.pop(node_host(member.rank), None)
+
+
+def _read_to_the_end(channel: socket.socket) -> bool:
+    """Whether the node closed its end of ``channel`` and every byte it sent has been read."""
+    poller = select.poll()
+    poller.register(channel, select.POLLRDHUP)
+    if not poller.poll(0):
+        return False
+    return fcntl.ioctl(channel, termios.FIONREAD, bytes(4)) == bytes(4)
 
 
 def _peer_address(fd: int) -> str:

@@ -110,6 +110,19 @@ def test_three_nodes_of_this_machine_run_and_each_exits_with_the_runs_code(tmp_p
         assert said.splitlines()[-1] == f"tflaunch: node rank {rank}: the run ended with exit code 3"
 
 
+@pytest.mark.slow
+def test_dry_run_on_rank_0_waits_for_the_nodes_and_shows_the_plan_of_those_found(tmp_path, unused_tcp_port):
+    common = ("--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{unused_tcp_port}", "--rdzv-timeout", "30")
+    node = tflaunch(*common, "--node-rank", "1", "--", "true", cwd=tmp_path)
+    owner = tflaunch(*common, "--dry-run", "--", "python", TASK, cwd=tmp_path)
+    out, _ = owner.communicate(timeout=60)
+    assert owner.returncode == 0, out
+    assert "rank-1" in out and "worker-1" in out, out
+    said, _ = node.communicate(timeout=30)
+    assert node.returncode == 0, said
+    assert not list(tmp_path.glob("logs/*/run.json"))  # nothing ran
+
+
 def test_a_node_whose_owner_never_comes_says_so_and_exits_2(unused_tcp_port):
     node = tflaunch("--nodes-from", "skypilot", "--rdzv-endpoint", f":{unused_tcp_port}", "--rdzv-timeout", "1",
                     "--", "true", env={"SKYPILOT_NODE_RANK": "1", "SKYPILOT_NUM_NODES": "2",
