@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -42,10 +43,10 @@ class Nodes:
         self.procs: dict[int, subprocess.Popen] = {}
 
     def start(self, rank: int, *command: str, token: str | None = None, extra: tuple[str, ...] = (),
-              host: int | None = None) -> subprocess.Popen:
+              host: int | None = None, endpoint: str | None = None) -> subprocess.Popen:
         netns = self.hosts[rank if host is None else host].netns
         argv = ["ip", "netns", "exec", netns, sys.executable, "-m", "launcher", "--nnodes", str(self.nnodes),
-                "--node-rank", str(rank), "--rdzv-endpoint", self.endpoint, "--rdzv-timeout", str(self.timeout),
+                "--node-rank", str(rank), "--rdzv-endpoint", endpoint or self.endpoint, "--rdzv-timeout", str(self.timeout),
                 "--log-dir", str(self.tmp / "logs"), "--grace", "2", *extra, "--", *command]
         env = self.env if token is None else {**self.env, "TFLAUNCH_RDZV_TOKEN": token}
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -145,6 +146,31 @@ def test_a_stranger_with_a_wrong_token_joining_first_takes_no_rank(nodes):
     assert nodes.record()["tasks"][1]["address"].startswith(nodes.hosts[1].address + ":")
     kill_tree(stranger.pid)
     stranger.wait()
+
+
+def test_a_node_whose_endpoint_name_resolves_late_joins_once_it_does(testhosts, tmp_path):
+    nodes = Nodes(testhosts, tmp_path, nnodes=2)
+    # ip netns exec mounts /etc/netns/NETNS/* over /etc/*: rank 1's own hosts file, without the name yet.
+    etc = Path("/etc/netns") / nodes.hosts[1].netns
+    etc.mkdir(parents=True)
+    try:
+        (etc / "hosts").write_text("127.0.0.1 localhost\n")
+        (etc / "resolv.conf").write_text("")  # no name server: only the hosts file answers
+        name = "rank0.tflaunch.test"
+        nodes.start(1, "python", str(TASK), endpoint=f"{name}:{nodes.port}")
+        owner = nodes.start(0, "python", str(TASK), "print:trained")
+        time.sleep(2)  # rank 1 has tried the name, and failed, more than once by now
+        with open(etc / "hosts", "a") as hosts:  # the same file: the mount shows the new line
+            hosts.write(f"{nodes.hosts[0].address} {name}\n")
+        code, out = nodes.finish(owner)
+        assert code == 0, out
+        assert nodes.merged().count("trained") == 2
+        code, text = nodes.finish(nodes.procs[1])
+        assert code == 0, text
+    finally:
+        shutil.rmtree(etc, ignore_errors=True)
+        nodes.stop_all()
+        nodes.no_ssh()
 
 
 def test_a_node_that_never_comes_is_named_by_rank_in_one_line(testhosts, tmp_path):
