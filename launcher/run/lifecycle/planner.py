@@ -36,7 +36,8 @@ from ...cluster.plan import Plan, RunContext, TaskLaunch, check_cluster_fits, pl
 from ...cluster.ports import HELD_AT_MOST, PortReservation, port_is_free, reserve_ports
 from ...cluster.spec import AUTO, ClusterSpec, Network, TaskSpec, check_launch_input, is_local
 from ...errors import ConfigError, EnvironmentProblem, OptionsError, PortInUseError, UnknownTaskError
-from ...options import RunOptions, given, group_id
+from ...options import RunOptions, given
+from ...units import group_id
 from ...options import name as option_name
 from ...records.folder import DEFAULT_LOG_DIR, RUN_ID_PLACEHOLDER
 from ...records.states import plural
