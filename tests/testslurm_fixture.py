@@ -10,7 +10,7 @@ Use it in a test::
         testslurm.nodes                    # ["s1a2-1", "s1a2-2"]
         testslurm.run("sinfo")             # CompletedProcess of a Slurm command, text
         testslurm.pids("s1a2-2")           # processes left on a node (its slurmd excluded)
-        testslurm.wait_idle()              # every job finished and both nodes idle again
+        testslurm.wait_idle()              # every job finished, nothing left, both nodes idle again
         testslurm.kill_node(node); testslurm.revive(node)   # a node dies, and comes back (always revive)
 
 `slurm` and `slurm3` are the same clusters, checked to be idle after each test.
@@ -93,15 +93,22 @@ class TestSlurm:
         out = self.run("squeue", "-h", "-o", "%i %T").stdout
         return [line.split() for line in out.splitlines() if line.strip()]
 
+    def states(self):
+        """Each node's state as sinfo names it: idle, alloc, comp, down*, idle* (not responding), ..."""
+        out = self.run("sinfo", "-h", "-N", "-o", "%N %t").stdout
+        return dict(line.split() for line in out.splitlines() if len(line.split()) == 2)
+
     def wait_idle(self, timeout=60.0):
-        """Every job ended and nothing left on any node; raises AssertionError naming what stayed."""
+        """Every job ended, nothing left on any node and every node idle, as slurmctld sees it (the next
+        test's job can have it at once); raises AssertionError naming what stayed."""
         deadline = time.monotonic() + timeout
         while True:
-            jobs, left = self.jobs(), {n: self.pids(n) for n in self.nodes}
-            if not jobs and not any(left.values()):
+            jobs, left, states = self.jobs(), {n: self.pids(n) for n in self.nodes}, self.states()
+            if not jobs and not any(left.values()) and all(states.get(n) == "idle" for n in self.nodes):
                 return
             if time.monotonic() > deadline:
-                raise AssertionError(f"still there after {timeout:g} s: jobs {jobs}, processes {left}")
+                raise AssertionError(f"still there after {timeout:g} s: jobs {jobs}, processes {left}, "
+                                     f"nodes {states}")
             time.sleep(0.2)
 
     def cancel_all(self):

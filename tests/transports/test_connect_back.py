@@ -491,7 +491,7 @@ def test_a_step_whose_listener_closed_with_agents_missing_is_cancelled(slurm, tm
 
 # tflaunch in the shell of an allocation that stays: killed while the agents are still on their way.
 KILLED_UNDER_SALLOC = """
-{python} -m launcher --slurm {cluster} --log-dir {logs} -- sleep 60 &
+{python} -m launcher --slurm {cluster} --log-dir {logs} -- sleep 60 > {console} 2>&1 &
 echo $! > {pidfile}
 wait
 sleep 40
@@ -505,8 +505,9 @@ def test_nothing_of_the_step_outlives_tflaunch_killed_under_salloc(slurm, tmp_pa
     cluster.write_text("slurm:\n  nodes: 2\nsetup: sleep 30\n")
     pidfile = tmp_path / "tflaunch.pid"
     script = tmp_path / "shell.sh"
+    console = tmp_path / "tflaunch.out"
     script.write_text(KILLED_UNDER_SALLOC.format(python=sys.executable, cluster=cluster, logs=tmp_path / "logs",
-                                                 pidfile=pidfile))
+                                                 pidfile=pidfile, console=console))
     salloc = subprocess.Popen(["salloc", "--nodes=2", "--time=3", "bash", str(script)], cwd=tmp_path,
                               env={**slurm.env, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
@@ -515,8 +516,12 @@ def test_nothing_of_the_step_outlives_tflaunch_killed_under_salloc(slurm, tmp_pa
                            message="tflaunch's pid"))
         srun = wait_for(lambda: [p for p in psutil.Process(pid).children() if p.name() == "srun"], timeout=60,
                         message="tflaunch's srun")[0]
-        wait_for(lambda: any(slurm.pids(node) for node in slurm.nodes), timeout=60, message="the agents' step")
-        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: all(slurm.pids(node) for node in slurm.nodes), timeout=60,
+                 message="the agents' step on both nodes")
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:  # the step failed and tflaunch with it: say why, not just that the pid is gone
+            pytest.fail(f"tflaunch ended before it was killed:\n{console.read_text(errors='replace')[-3000:]}")
         killed = time.monotonic()
         wait_for(lambda: not srun.is_running() or srun.status() == psutil.STATUS_ZOMBIE, timeout=30,
                  message="srun to end with tflaunch")
