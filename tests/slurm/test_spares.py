@@ -2,7 +2,7 @@
 
 Each run is a job allocated with --no-kill (a failed node does not end it) whose tflaunch --slurm
 runs light tasks; one task node dies mid-run (testslurm kill-node, always revived) and the next
-attempt must run without it.
+attempt must run without it. A node whose agent went silent is lost after 5 s (--keepalive-timeout), not 15.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def start_job(cluster, tmp_path: Path, nodes: int, *run_options: str) -> tuple[s
     """sbatch a --no-kill job whose batch shell is 'tflaunch --slurm'; (job id, its output file)."""
     script = tmp_path / "job.sh"
     script.write_text(f"#!/bin/bash\nexec {sys.executable} -m launcher --slurm {' '.join(run_options)} "
-                      f"--max-restarts 2 --restart-delay 0 --log-dir {tmp_path}/logs -- python -c \"{TASK_CODE}\"\n")
+                      f"--max-restarts 2 --restart-delay 0 --keepalive-timeout 5 --log-dir {tmp_path}/logs -- python -c \"{TASK_CODE}\"\n")
     out = tmp_path / "job.out"
     done = cluster.run("sbatch", "--parsable", "--no-kill", f"--nodes={nodes}", "--ntasks-per-node=1",
                        f"--output={out}", f"--chdir={tmp_path}", f"--export=ALL,PYTHONPATH={ROOT}", str(script))
