@@ -21,6 +21,8 @@ started by hand, and is taken down at the end of the session, also when tests fa
 `ip netns`, munge or slurm-wlm the fixture skips with the reason; under CI it fails instead.
 """
 
+import importlib.machinery
+import importlib.util
 import json
 import os
 import random
@@ -35,6 +37,14 @@ import pytest
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "testslurm"
 DAEMONS = ("/usr/sbin/munged", "/usr/sbin/slurmctld", "/usr/sbin/slurmd")
+
+
+def _script_module():
+    """scripts/testslurm itself, loaded once: asked in this process, a node's processes cost no Python start."""
+    loader = importlib.machinery.SourceFileLoader("testslurm_script", str(SCRIPT))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(module)
+    return module
 
 
 def unavailable_reason():
@@ -78,7 +88,9 @@ class TestSlurm:
         return done.stdout
 
     def pids(self, node):
-        return [int(p) for p in self._script("pids", node).split()]
+        # In this process: a test's end asks about every node several times a second, and a loaded
+        # machine takes seconds to start the script once.
+        return _SCRIPT.node_pids(self.doc, node)
 
     def kill_node(self, node):
         """The node dies: every process in it (slurmd included) killed, its link cut."""
@@ -117,6 +129,8 @@ class TestSlurm:
     def down(self):
         self._script("down", "--keep-state")
 
+
+_SCRIPT = _script_module()
 
 # The OS's randomness, not the random module's: a random-order plugin reseeds that one before every
 # test, so two sessions given the same seed would otherwise draw the same subnets and ports.
