@@ -184,9 +184,6 @@ class AgentStep:
         address = source_address(node_addresses(nodes))
         self.listener = ConnectBack(nodes, token, self._attach, address or "", within=CONNECT_TIMEOUT,
                                     alive=lambda: self.popen.poll() is None, missing=self._cancel)
-        self.links = {node: AgentLink(node, SrunCarrier(node, self, keepalive), None, None, keepalive=keepalive,
-                                      hub=HUB, attach_within=CONNECT_TIMEOUT, beat=beat_for(len(nodes), keepalive))
-                      for node in nodes}
         self.output = HeldOutput(keep=lambda line: NODE_FAILURE in line)  # srun's own output, bounded
         env = {**os.environ, SETUP_VARIABLE: first.setup} if first.setup else None
         try:
@@ -203,6 +200,11 @@ class AgentStep:
             self.output.close()
             raise
         self.output.started()
+        # Only now: a link's carrier asks srun whether it ended from the moment the link exists, and
+        # starting srun takes a while on a loaded host.
+        self.links = {node: AgentLink(node, SrunCarrier(node, self, keepalive), None, None, keepalive=keepalive,
+                                      hub=HUB, attach_within=CONNECT_TIMEOUT, beat=beat_for(len(nodes), keepalive))
+                      for node in nodes}
         try:  # srun reads it once every node's agent is there, and hands each a copy, then its end
             self.popen.stdin.write(token.encode() + b"\n")
             self.popen.stdin.close()

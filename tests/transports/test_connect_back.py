@@ -536,3 +536,27 @@ def test_nothing_of_the_step_outlives_tflaunch_killed_under_salloc(slurm, tmp_pa
             shell.kill()
         slurm.cancel_all()
         salloc.wait(timeout=60)
+
+
+def test_a_step_whose_srun_is_slow_to_start_loses_no_node(tmp_path, monkeypatch):
+    # srun's start held 2.5 s before its exec (a loaded host): the links' heartbeat passes, once a
+    # second, must find the step's srun there, not fail every node's link.
+    from launcher.cluster.plan import TaskLaunch
+    from launcher.transports import srun
+
+    fake = tmp_path / "bin" / "srun"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\nexec sleep 30\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    monkeypatch.setattr(srun, "_ends_with", lambda parent: lambda: time.sleep(2.5))
+    first = TaskLaunch(name="worker-0", role="worker", index=0, host="n1", address="n1:1", local=False,
+                       argv=("true",), env={}, workdir=str(tmp_path), python=sys.executable, transport="srun")
+    step = srun.AgentStep(["n1", "n2"], first, 1.0, 30.0)
+    try:
+        time.sleep(1.5)  # a heartbeat pass or two over the links
+        assert {node: link.lost_reason for node, link in step.links.items()} == {"n1": None, "n2": None}
+    finally:
+        for link in step.links.values():
+            link.close_channel()
+        step.close(0.5)
