@@ -100,6 +100,9 @@ RESTART_DELAY = 1.0
 # Each task log's size limit (merged.log's is MERGED_SHARE times it: launcher/records/boundedlog.py), and
 # the sizes --log-max-size takes: a log keeps a head and a tail of it, so not less than a few lines' worth.
 LOG_MAX_SIZE = 1 << 30
+# Seconds of silence before a host is lost: a Slurm node's unless --keepalive-timeout says, an ssh host's unless
+# its cluster file's ssh.keepalive_timeout says.
+DEFAULT_KEEPALIVE_TIMEOUT = 15.0
 DEFAULT_LOG_DIR = "logs"  # where run folders go when neither --log-dir nor a cluster file's log_dir says
 DEBUG_VARIABLE = "TFLAUNCH_DEBUG"  # in tflaunch's environment: --debug for every run (launcher/records/trace.py)
 
@@ -158,6 +161,10 @@ class RunOptions:
         metavar="S", parse=float,
         help="When no chief or worker makes progress for S seconds (no new metric line, under 10% of a core; "
              "output does not count): sample every task's stacks, name the task that differs, fail the attempt.")
+    keepalive_timeout: float | None = _option(
+        metavar="S", parse=float,
+        help=f"Inside a Slurm allocation: seconds without a word from a node's agent before the node is lost "
+             f"(default {DEFAULT_KEEPALIVE_TIMEOUT:g}; over ssh, the cluster file's ssh.keepalive_timeout says).")
     min_workers: int | None = _option(
         metavar="N", parse=int,
         help="When a host is lost for good and no spare is left, restart with the training tasks (chief and workers) "
@@ -226,7 +233,7 @@ class RunOptions:
         put(self, "max_restarts", None if self.max_restarts is None else count("max_restarts", self.max_restarts, 0))
         put(self, "min_workers", None if self.min_workers is None else count("min_workers", self.min_workers, 1))
         put(self, "cooldown", None if self.cooldown is None else seconds("cooldown", self.cooldown))
-        for option in ("restart_delay", "start_timeout", "hang_timeout"):
+        for option in ("restart_delay", "start_timeout", "hang_timeout", "keepalive_timeout"):
             value = getattr(self, option)
             put(self, option, None if value is None else seconds(option, value, positive=option != "restart_delay"))
         put(self, "evaluator_timeout", seconds("evaluator_timeout", self.evaluator_timeout))

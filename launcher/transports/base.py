@@ -9,7 +9,7 @@ process reports, and the descriptors a transport keeps open (:data:`OPEN_LOGS`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from ..cluster.plan import TaskLaunch
@@ -130,9 +130,10 @@ class HostLink(Protocol):
     """tflaunch's end of one host's agent (:class:`launcher.transports.hostlink.AgentLink`), as far
     as a run uses it besides starting tasks."""
 
-    def pick_ports(self, count: int, timeout: float) -> list[int]:
+    def pick_ports(self, count: int, timeout: float, stopped: Callable[[], bool] = lambda: False) -> list[int]:
         """``count`` free ports on the host, picked by its agent and held there until the tasks that
-        use them start; OSError when the agent cannot answer within ``timeout`` seconds."""
+        use them start; OSError when the agent cannot answer within ``timeout`` seconds, or once
+        ``stopped()`` says the run was stopped meanwhile."""
 
     def start(self, process: Any, fields: dict[str, object]) -> None:
         """Start ``process`` (a task or a helper such as a probe) on the agent with ``fields``."""

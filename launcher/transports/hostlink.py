@@ -26,7 +26,7 @@ import logging
 import os
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from ..agent.protocol import HEARTBEAT, MAX_FRAME, Command, Frame, Status, encode_fields, printable, write_some
 from ..cluster.tfconfig import TfConfig
@@ -160,10 +160,11 @@ class AgentLink:
             self.last_heard = time.monotonic()
         self.hub.update(self)
 
-    def pick_ports(self, count: int, timeout: float) -> list[int]:
+    def pick_ports(self, count: int, timeout: float, stopped: Callable[[], bool] = lambda: False) -> list[int]:
         """``count`` free ports on the agent's host, held there until the tasks that use them start.
 
-        Raises OSError naming the host when they cannot be had (the host is lost, or said why)."""
+        Raises OSError naming the host when they cannot be had (the host is lost, or said why), or
+        once ``stopped()`` says the run was stopped (a Ctrl-C while an agent is still on its way)."""
         ident = self.new_id()
         answered: tuple[threading.Event, list] = (threading.Event(), [])
         self._ports[ident] = answered
@@ -172,6 +173,8 @@ class AgentLink:
         while not answered[0].wait(0.05):
             if self.lost_reason is not None:
                 raise OSError(f"cannot pick ports on {self.host}: {self.lost_reason}")
+            if stopped():
+                raise OSError(f"cannot pick ports on {self.host}: the run was stopped first")
             if time.monotonic() > deadline:
                 raise OSError(f"cannot pick ports on {self.host}: no answer from its agent within {timeout:g} s")
         text = answered[1][0]
