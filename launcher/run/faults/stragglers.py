@@ -37,6 +37,7 @@ import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ...cluster.ranks import TRAINING_ROLES
 from ...records.folder import iso_time
@@ -60,10 +61,10 @@ CAUSES = {"stall": "its threads sleep or wait for a disk (its input pipeline?)",
           "cpu": "others take its CPUs while it waits for one, or its CPU quota holds it back"}
 
 
-@dataclass(frozen=True)
-class Figures:
+class Figures(NamedTuple):
     """One task's figures over a window: its stalled threads on average, and how much slower than
-    its peak its slowest GPU ran, throttled (0 without GPUs)."""
+    its peak its slowest GPU ran, throttled (0 without GPUs). A named tuple: each judgement makes
+    two per task."""
 
     stall: float
     gpu: float = 0.0
@@ -73,12 +74,19 @@ class Figures:
 def figures_over(history: Sequence[tuple[float, ThreadTimes]], now: float, window: float = WINDOW) -> Figures | None:
     """A task's :class:`Figures` from its readings (oldest first) over the ``window`` seconds up to
     ``now``; None while they span less than half of it."""
-    history = [(at, t) for at, t in history if at <= now]
-    if len(history) < 2:
+    # Walked from its newest end, without a copy: judged every JUDGE_EVERY seconds for every task
+    # twice, this is most of what the rule costs tflaunch.
+    last_place = len(history) - 1
+    while last_place >= 0 and history[last_place][0] > now:
+        last_place -= 1
+    if last_place < 1:
         return None
     start = now - window
-    base_at, base = next(((at, t) for at, t in reversed(history) if at <= start), history[0])
-    last_at, last = history[-1]
+    place = last_place
+    while place >= 0 and history[place][0] > start:
+        place -= 1
+    base_at, base = history[max(place, 0)]
+    last_at, last = history[last_place]
     if last_at - base_at < 0.5 * window or last.looks <= base.looks:
         return None
     stall = max(0.0, last.stalled - base.stalled) / (last.looks - base.looks)
@@ -95,15 +103,14 @@ def shares(figures: Mapping[str, Figures]) -> dict[str, tuple[float, str]]:
     median: one odd task among the others never makes their baseline)."""
     if len(figures) < 2:
         return {}
-    names = list(figures)
-    others = {kind: _others_median_high([getattr(figures[name], kind) for name in names])
-              for kind in ("stall", "gpu", "cpu")}
+    names, values = list(figures), list(figures.values())
+    stall = _others_median_high([mine.stall for mine in values])
+    gpu = _others_median_high([mine.gpu for mine in values])
+    cpu = _others_median_high([mine.cpu for mine in values])
     found = {}
-    for i, name in enumerate(names):
-        mine = figures[name]
-        share, cause = max((mine.stall - others["stall"][i], "stall"), (mine.gpu - others["gpu"][i], "gpu"),
-                           (mine.cpu - others["cpu"][i], "cpu"))
-        found[name] = (min(max(share, 0.0), 1.0), cause)
+    for i, mine in enumerate(values):
+        share, cause = max((mine.stall - stall[i], "stall"), (mine.gpu - gpu[i], "gpu"), (mine.cpu - cpu[i], "cpu"))
+        found[names[i]] = (min(max(share, 0.0), 1.0), cause)
     return found
 
 
