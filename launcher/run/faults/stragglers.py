@@ -89,11 +89,12 @@ def figures_over(history: Sequence[tuple[float, ThreadTimes]], now: float, windo
     last_at, last = history[last_place]
     if last_at - base_at < 0.5 * window or last.looks <= base.looks:
         return None
-    stall = max(0.0, last.stalled - base.stalled) / (last.looks - base.looks)
-    cpu_looks = last.cpu_looks - base.cpu_looks
-    cpu = max(0.0, last.cpu_lost - base.cpu_lost) / cpu_looks if cpu_looks > 0 else 0.0
-    gpu_looks = last.gpu_looks - base.gpu_looks
-    gpu = max(0.0, last.gpu_slowdown - base.gpu_slowdown) / gpu_looks if gpu_looks > 0 else 0.0
+    stall = last.stalled - base.stalled
+    stall = stall / (last.looks - base.looks) if stall > 0.0 else 0.0
+    cpu_looks, cpu = last.cpu_looks - base.cpu_looks, last.cpu_lost - base.cpu_lost
+    cpu = cpu / cpu_looks if cpu_looks > 0 and cpu > 0.0 else 0.0
+    gpu_looks, gpu = last.gpu_looks - base.gpu_looks, last.gpu_slowdown - base.gpu_slowdown
+    gpu = gpu / gpu_looks if gpu_looks > 0 and gpu > 0.0 else 0.0
     return Figures(stall, gpu, cpu)
 
 
@@ -109,8 +110,14 @@ def shares(figures: Mapping[str, Figures]) -> dict[str, tuple[float, str]]:
     cpu = _others_median_high([mine.cpu for mine in values])
     found = {}
     for i, mine in enumerate(values):
-        share, cause = max((mine.stall - stall[i], "stall"), (mine.gpu - gpu[i], "gpu"), (mine.cpu - cpu[i], "cpu"))
-        found[names[i]] = (min(max(share, 0.0), 1.0), cause)
+        # The largest difference; on a tie, stall before gpu before cpu.
+        share, cause = mine.stall - stall[i], "stall"
+        by_gpu, by_cpu = mine.gpu - gpu[i], mine.cpu - cpu[i]
+        if by_gpu > share:
+            share, cause = by_gpu, "gpu"
+        if by_cpu > share:
+            share, cause = by_cpu, "cpu"
+        found[names[i]] = (0.0 if share < 0.0 else 1.0 if share > 1.0 else share, cause)
     return found
 
 
