@@ -10,6 +10,15 @@ import os
 from .trees import descendants, stat_fields
 
 
+def until_sample(every, wall, sampled=False):
+    """Seconds until the agent's next sample: at the multiples of ``every`` seconds of the wall
+    clock, so that all the agents of a run sample at the same moments and tflaunch, whose links'
+    thread wakes for each frame it reads, reads the run's readings together rather than one host's
+    at a time. Right after a sample (``sampled``), never sooner than half a period."""
+    wait = every - wall % every
+    return wait + every if sampled and wait < every / 2.0 else wait
+
+
 def usage(pids, page=os.sysconf("SC_PAGE_SIZE"), ticks=os.sysconf("SC_CLK_TCK")):
     """(resident bytes, CPU seconds) of ``pids``; the first one's reaped children's CPU counts too."""
     rss = cpu = 0

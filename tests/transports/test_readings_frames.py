@@ -91,3 +91,16 @@ def test_readings_that_are_none_of_the_agents_end_the_link_where_they_come_in(li
     with pytest.raises(ProtocolError, match="^read the readings '.*', which are none of the agent's$"):
         feed(link, payload.replace(b"1 ", f"{task.id} ".encode(), 1))
     assert task.reading() is None
+
+
+def test_agents_take_their_samples_at_the_same_moments_of_the_wall_clock():
+    # Every agent of a run samples at the multiples of its period on the wall clock, whenever it
+    # started: tflaunch's links' thread then reads the run's readings in a few wakes, not one per host.
+    for every in (2.0, 0.5):
+        for started in (1000.0, 1000.3, 1001.7):
+            first = started + sampling.until_sample(every, started)
+            assert first % every == pytest.approx(0.0, abs=1e-9) or first % every == pytest.approx(every)
+            assert 0 < first - started <= every
+    # Right after a sample taken a moment early (the wall clock slewed), the next waits a whole period.
+    assert sampling.until_sample(2.0, 1001.99, sampled=True) == pytest.approx(2.01)
+    assert sampling.until_sample(2.0, 1002.01, sampled=True) == pytest.approx(1.99)
