@@ -1,4 +1,5 @@
-"""Each task's resource readings, taken every ``sample`` seconds and sent as one ``R`` frame
+"""Each task's resource readings, taken every ``sample`` seconds (at its multiples on the wall
+clock: :func:`until_sample`) and sent as one ``R`` frame
 (:data:`.protocol.Frame.READINGS`): a line per living task, ``id rss_bytes cpu_seconds processes``
 of the task's whole tree, and for a watched task its threads' totals after them
 (:class:`.threads.ThreadWatch`). tflaunch takes a reading of a process on its own machine the same way
