@@ -13,8 +13,8 @@ __main__.py (``python -m launcher``), cli/ (the command line and its one error b
 may run), run/ (a run started, watched and recorded), slurm/ and transports/ (Slurm's commands, how
 a task is started where it runs), cluster/ (what a cluster is and how each of its tasks starts),
 records/ (run folders and the run record), options.py (the run options as each front end names
-them), errors.py and taskenv.py (the domain errors; the ``TFLAUNCH_*`` variables of every task),
-masking.py and agent/ (secrets masked wherever shown; the host agent, standard library only).
+them), errors.py, taskenv.py and units.py (the domain errors; the ``TFLAUNCH_*`` variables of every
+task; sizes and groups as this machine reads them), masking.py and agent/ (secrets masked wherever shown; the host agent, standard library only).
 """
 
 import os

@@ -20,7 +20,6 @@ from __future__ import annotations
 import math
 import operator
 import os
-import re
 import shlex
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -32,6 +31,7 @@ from .agent.protocol import GRACE as AGENT_GRACE
 from .errors import OptionsError
 from .masking import MASK, masked_argv, masked_text
 from .taskenv import ENV_NAME
+from .units import LOG_SIZE_RANGE, group_id, parse_size
 
 # An option's identity is its keyword argument of launch(). The command line writes it as
 # --identity-with-dashes, except for these:
@@ -100,7 +100,9 @@ RESTART_DELAY = 1.0
 # Each task log's size limit (merged.log's is MERGED_SHARE times it: launcher/records/boundedlog.py), and
 # the sizes --log-max-size takes: a log keeps a head and a tail of it, so not less than a few lines' worth.
 LOG_MAX_SIZE = 1 << 30
-LOG_SIZE_RANGE = (64 << 10, 1 << 50)
+# Seconds of silence before a host is lost: a Slurm node's unless --keepalive-timeout says, an ssh host's unless
+# its cluster file's ssh.keepalive_timeout says.
+DEFAULT_KEEPALIVE_TIMEOUT = 15.0
 DEFAULT_LOG_DIR = "logs"  # where run folders go when neither --log-dir nor a cluster file's log_dir says
 DEBUG_VARIABLE = "TFLAUNCH_DEBUG"  # in tflaunch's environment: --debug for every run (launcher/records/trace.py)
 
@@ -159,6 +161,10 @@ class RunOptions:
         metavar="S", parse=float,
         help="When no chief or worker makes progress for S seconds (no new metric line, under 10% of a core; "
              "output does not count): sample every task's stacks, name the task that differs, fail the attempt.")
+    keepalive_timeout: float | None = _option(
+        metavar="S", parse=float,
+        help=f"Inside a Slurm allocation: seconds without a word from a node's agent before the node is lost "
+             f"(default {DEFAULT_KEEPALIVE_TIMEOUT:g}; over ssh, the cluster file's ssh.keepalive_timeout says).")
     min_workers: int | None = _option(
         metavar="N", parse=int,
         help="When a host is lost for good and no spare is left, restart with the training tasks (chief and workers) "
@@ -227,7 +233,7 @@ class RunOptions:
         put(self, "max_restarts", None if self.max_restarts is None else count("max_restarts", self.max_restarts, 0))
         put(self, "min_workers", None if self.min_workers is None else count("min_workers", self.min_workers, 1))
         put(self, "cooldown", None if self.cooldown is None else seconds("cooldown", self.cooldown))
-        for option in ("restart_delay", "start_timeout", "hang_timeout"):
+        for option in ("restart_delay", "start_timeout", "hang_timeout", "keepalive_timeout"):
             value = getattr(self, option)
             put(self, option, None if value is None else seconds(option, value, positive=option != "restart_delay"))
         put(self, "evaluator_timeout", seconds("evaluator_timeout", self.evaluator_timeout))
@@ -311,25 +317,6 @@ def _gpu_index(item: Any) -> int:
     return operator.index(item)  # an int or a numpy integer; a float raises TypeError
 
 
-_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?", re.IGNORECASE)
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
-def parse_size(text: str) -> int:
-    """``512M``, ``2G``, ``100k``, ``1.5GiB``, ``1048576`` as bytes (k, M, G and T are powers of 1024),
-    within :data:`LOG_SIZE_RANGE`; ValueError saying what was expected otherwise."""
-    match = _SIZE.fullmatch(str(text).strip())
-    if match is None:
-        raise ValueError(f"expected a size such as 512M, 2G or 100k, got {text!r}")
-    try:
-        value = int(float(match[1]) * _UNITS[match[2].lower()])
-    except OverflowError:  # more digits than a float holds
-        value = LOG_SIZE_RANGE[1] + 1
-    if not LOG_SIZE_RANGE[0] <= value <= LOG_SIZE_RANGE[1]:
-        raise ValueError(f"expected a size from 64k to 1024T, got {text!r}")
-    return value
-
-
 def size(option: str, value: Any) -> int:
     """A size: a number of bytes, or text such as '512M' (:func:`parse_size`)."""
     if isinstance(value, int) and not isinstance(value, bool) and LOG_SIZE_RANGE[0] <= value <= LOG_SIZE_RANGE[1]:
@@ -383,23 +370,6 @@ def _path(option: str, value: Any) -> str | None:
         return os.fspath(value)
     except TypeError:
         raise bad(option, "a path", value) from None
-
-
-def group_id(group: Any) -> int:
-    """The id of ``group`` (a name, or a number as text or int) that this user may give a run folder:
-    one it is a member of (root: any). ValueError saying why not, naming the value, otherwise."""
-    import grp
-
-    if isinstance(group, bool) or not isinstance(group, (str, int)) or str(group).strip() == "":
-        raise ValueError(f"expected the name or number of a group, got {masked_text(repr(group))}")
-    text = str(group).strip()
-    try:
-        gid = grp.getgrgid(int(text)).gr_gid if text.isascii() and text.isdecimal() else grp.getgrnam(text).gr_gid
-    except (KeyError, OverflowError):
-        raise ValueError(f"no group {text!r} on this machine") from None
-    if os.geteuid() != 0 and gid != os.getegid() and gid not in os.getgroups():
-        raise ValueError(f"you are not a member of group {text!r} (gid {gid}), so a run folder cannot be given it")
-    return gid
 
 
 def _log_group(value: Any) -> str | None:

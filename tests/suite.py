@@ -53,14 +53,14 @@ TIERS = (
 # mostly wait for the runs they start: on two cores, four workers took the fast tier from 283 s to
 # 120 s and the processes tier from 218 s to 128 s; two took the TensorFlow tests that need not run
 # alone from about 1,660 s to 1,156 s.
-WORKERS = {"unit": 2, "fast": 4, "processes": 4, "tensorflow": 2}
+WORKERS = {"unit": 2, "fast": 4, "processes": 4, "slurm": 2, "tensorflow": 2}
 # The tiers of one stage run at the same time, each in a pytest process of its own whose output is
 # shown whole when it ends; the stages run one after the other, cheapest first.
 STAGES = (("unit",), ("fast",), ("processes",), ("ssh",), ("tensorflow",), ("rest",))
 # Tiers that share nothing with the others start with the first stage and run beside all of them,
-# off the critical path: the project tier reads the source tree; the Slurm tier brings up its one
-# cluster (namespaced nodes under a random prefix and subnet) once, and its tests mostly wait for
-# the scheduler.
+# off the critical path: the project tier reads the source tree; each of the Slurm tier's workers
+# brings up clusters of its own (namespaced nodes under a random prefix and subnet) once, and its
+# tests mostly wait for the scheduler.
 BESIDE = ("project", "slurm")
 # A test that measures CPU shares or times what it starts against a bound: every tier leaves such
 # tests out, and they run in one queue after every tier ended, one at a time, with nothing beside them.

@@ -10,7 +10,7 @@ Use it in a test::
         testslurm.nodes                    # ["s1a2-1", "s1a2-2"]
         testslurm.run("sinfo")             # CompletedProcess of a Slurm command, text
         testslurm.pids("s1a2-2")           # processes left on a node (its slurmd excluded)
-        testslurm.wait_idle()              # every job finished and both nodes idle again
+        testslurm.wait_idle()              # every job finished, nothing left, both nodes idle again
         testslurm.kill_node(node); testslurm.revive(node)   # a node dies, and comes back (always revive)
 
 `slurm` and `slurm3` are the same clusters, checked to be idle after each test.
@@ -21,6 +21,8 @@ started by hand, and is taken down at the end of the session, also when tests fa
 `ip netns`, munge or slurm-wlm the fixture skips with the reason; under CI it fails instead.
 """
 
+import importlib.machinery
+import importlib.util
 import json
 import os
 import random
@@ -35,6 +37,14 @@ import pytest
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "testslurm"
 DAEMONS = ("/usr/sbin/munged", "/usr/sbin/slurmctld", "/usr/sbin/slurmd")
+
+
+def _script_module():
+    """scripts/testslurm itself, loaded once: asked in this process, a node's processes cost no Python start."""
+    loader = importlib.machinery.SourceFileLoader("testslurm_script", str(SCRIPT))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(module)
+    return module
 
 
 def unavailable_reason():
@@ -78,7 +88,9 @@ class TestSlurm:
         return done.stdout
 
     def pids(self, node):
-        return [int(p) for p in self._script("pids", node).split()]
+        # In this process: a test's end asks about every node several times a second, and a loaded
+        # machine takes seconds to start the script once.
+        return _SCRIPT.node_pids(self.doc, node)
 
     def kill_node(self, node):
         """The node dies: every process in it (slurmd included) killed, its link cut."""
@@ -93,15 +105,22 @@ class TestSlurm:
         out = self.run("squeue", "-h", "-o", "%i %T").stdout
         return [line.split() for line in out.splitlines() if line.strip()]
 
+    def states(self):
+        """Each node's state as sinfo names it: idle, alloc, comp, down*, idle* (not responding), ..."""
+        out = self.run("sinfo", "-h", "-N", "-o", "%N %t").stdout
+        return dict(line.split() for line in out.splitlines() if len(line.split()) == 2)
+
     def wait_idle(self, timeout=60.0):
-        """Every job ended and nothing left on any node; raises AssertionError naming what stayed."""
+        """Every job ended, nothing left on any node and every node idle, as slurmctld sees it (the next
+        test's job can have it at once); raises AssertionError naming what stayed."""
         deadline = time.monotonic() + timeout
         while True:
-            jobs, left = self.jobs(), {n: self.pids(n) for n in self.nodes}
-            if not jobs and not any(left.values()):
+            jobs, left, states = self.jobs(), {n: self.pids(n) for n in self.nodes}, self.states()
+            if not jobs and not any(left.values()) and all(states.get(n) == "idle" for n in self.nodes):
                 return
             if time.monotonic() > deadline:
-                raise AssertionError(f"still there after {timeout:g} s: jobs {jobs}, processes {left}")
+                raise AssertionError(f"still there after {timeout:g} s: jobs {jobs}, processes {left}, "
+                                     f"nodes {states}")
             time.sleep(0.2)
 
     def cancel_all(self):
@@ -110,6 +129,8 @@ class TestSlurm:
     def down(self):
         self._script("down", "--keep-state")
 
+
+_SCRIPT = _script_module()
 
 # The OS's randomness, not the random module's: a random-order plugin reseeds that one before every
 # test, so two sessions given the same seed would otherwise draw the same subnets and ports.

@@ -38,7 +38,7 @@ from .ending import EndingProcesses
 from .ports import HeldPorts
 from .protocol import (EOF_GRACE, HEARTBEAT, LOST_RUN, MAX_FRAME, SAMPLE, SYNC, Command, Frame, decode_fields, frame,
                        node_name, number, printable, read_some)
-from .sampling import readings
+from .sampling import readings, until_sample
 from .starting import StartingProcesses
 from .threads import LOOK_EVERY
 from .trees import become_subreaper, handles, lead_session
@@ -79,7 +79,7 @@ class Agent(StartingProcesses, EndingProcesses):
         now = time.monotonic()
         self.last_heard = now
         self.next_heartbeat = now
-        self.next_sample = now + self.sample_every
+        self.next_sample = now + (until_sample(self.sample_every, time.time()) if self.sample_every else 0.0)
         self.next_look = now + LOOK_EVERY
         self.setup_fd = None  # the host's setup line's output, relayed as it grows (see open_setup_log)
         self.next_setup_read = now
@@ -256,7 +256,7 @@ class Agent(StartingProcesses, EndingProcesses):
             self.next_heartbeat = now + self.beat
         if self.sample_every and now >= self.next_sample:
             self.sample()
-            self.next_sample = now + self.sample_every
+            self.next_sample = now + until_sample(self.sample_every, time.time(), sampled=True)
         if now >= self.next_look:
             self.look()
             self.next_look = now + LOOK_EVERY

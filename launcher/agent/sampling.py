@@ -1,4 +1,5 @@
-"""Each task's resource readings, taken every ``sample`` seconds and sent as one ``R`` frame
+"""Each task's resource readings, taken every ``sample`` seconds (at its multiples on the wall
+clock: :func:`until_sample`) and sent as one ``R`` frame
 (:data:`.protocol.Frame.READINGS`): a line per living task, ``id rss_bytes cpu_seconds processes``
 of the task's whole tree, and for a watched task its threads' totals after them
 (:class:`.threads.ThreadWatch`). tflaunch takes a reading of a process on its own machine the same way
@@ -8,6 +9,15 @@ of the task's whole tree, and for a watched task its threads' totals after them
 import os
 
 from .trees import descendants, stat_fields
+
+
+def until_sample(every, wall, sampled=False):
+    """Seconds until the agent's next sample: at the multiples of ``every`` seconds of the wall
+    clock, so that all the agents of a run sample at the same moments and tflaunch, whose links'
+    thread wakes for each frame it reads, reads the run's readings together rather than one host's
+    at a time. Right after a sample (``sampled``), never sooner than half a period."""
+    wait = every - wall % every
+    return wait + every if sampled and wait < every / 2.0 else wait
 
 
 def usage(pids, page=os.sysconf("SC_PAGE_SIZE"), ticks=os.sysconf("SC_CLK_TCK")):

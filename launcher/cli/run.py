@@ -50,6 +50,7 @@ Examples:
 @run_option("cooldown")
 @run_option("start_timeout")
 @run_option("hang_timeout")
+@run_option("keepalive_timeout")
 @run_option("on_straggler")
 @run_option("straggler_timeout")
 @run_option("straggler_warm_up")

@@ -50,6 +50,7 @@ Examples:
 @run_option("max_restarts")
 @run_option("restart_delay")
 @run_option("grace", default=None, show_default=False)
+@run_option("keepalive_timeout")
 @run_option("log_dir")
 @run_option("log_group")
 @run_option("env", "-e",
@@ -76,6 +77,8 @@ def submit_command(ctx: click.Context, cluster: str | None, **options: Any) -> N
         passed += ["--restart-delay", f"{options['restart_delay']:g}"]
     if options["grace"] is not None:
         passed += ["--grace", f"{options['grace']:g}"]
+    if options["keepalive_timeout"] is not None:
+        passed += ["--keepalive-timeout", f"{options['keepalive_timeout']:g}"]
     overrides = {"nodes": options["nodes"], "ntasks_per_node": options["ntasks_per_node"], "chief": options["chief"],
                  "ps": options["ps"], "evaluator": options["evaluator"], "spares": options["spares"],
                  "partition": options["partition"],

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..masking import MASK, is_secret_name, masked_url_passwords
-from ..options import MAX_RESTARTS, RESTART_DELAY
+from ..options import DEFAULT_KEEPALIVE_TIMEOUT, MAX_RESTARTS, RESTART_DELAY
 from ..options import name as option_name
 from ..records.states import Role
 from ..taskenv import OWNED as OWNED_TASK_ENV
@@ -53,7 +53,6 @@ class RestartPolicy(str, enum.Enum):
 
 
 DEFAULT_CONNECT_TIMEOUT = 10.0  # seconds for an ssh connection when ssh.connect_timeout is not set
-DEFAULT_KEEPALIVE_TIMEOUT = 15.0  # seconds of silence before a host is lost when ssh.keepalive_timeout is not set
 DEFAULT_COOLDOWN = 300.0  # seconds a host left out of a run waits before it may rejoin at a restart
 DEFAULT_TASK_RESTARTS = 3  # in-place restarts allowed per task under the "task" policy, unless task_restarts says
 

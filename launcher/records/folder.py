@@ -51,7 +51,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from ..options import DEFAULT_LOG_DIR, group_id, name
+from ..options import DEFAULT_LOG_DIR, name
+from ..units import group_id
 from .files import (FOLDER_MODE, SHARED_FOLDER_MODE, make_folder, open_own, shared_with_group, swappable_by_others,
                     write_atomically)
 from .record import RunRecord

@@ -26,7 +26,7 @@ from ..cluster.reader import load_cluster_file
 from ..cluster.spec import value_by_name
 from ..masking import is_secret_name
 from ..errors import ConfigError
-from ..options import group_id
+from ..units import group_id
 from ..records.files import write_atomically
 from ..records.folder import DEFAULT_LOG_DIR, RUN_ID_PLACEHOLDER, SBATCH_SCRIPT, RunFolder, iso_time
 from ..records.slurm import write_slurm_record

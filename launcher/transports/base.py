@@ -9,8 +9,8 @@ process reports, and the descriptors a transport keeps open (:data:`OPEN_LOGS`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from collections.abc import Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, Protocol
 
 from ..cluster.plan import TaskLaunch
 from ..records.exits import exit_words
@@ -50,8 +50,9 @@ class ExitStatus:
         return exit_words(self.code, self.signal, self.error, stopped)
 
 
-@dataclass(frozen=True)
-class ThreadTimes:
+# ThreadTimes and Reading are named tuples: a run makes one of each per task per sample, and a
+# frozen dataclass takes three times as long to make.
+class ThreadTimes(NamedTuple):
     """A watched task's threads since its agent began watching them (see the agent's ``ThreadWatch``)."""
 
     looks: int
@@ -63,8 +64,7 @@ class ThreadTimes:
     gpu_stale: int = 0  # looks at its GPUs at which NVML had not answered within its deadline
 
 
-@dataclass(frozen=True)
-class Reading:
+class Reading(NamedTuple):
     """One sample of a task's process tree, as its host agent took it."""
 
     pid: int | None
@@ -130,9 +130,10 @@ class HostLink(Protocol):
     """tflaunch's end of one host's agent (:class:`launcher.transports.hostlink.AgentLink`), as far
     as a run uses it besides starting tasks."""
 
-    def pick_ports(self, count: int, timeout: float) -> list[int]:
+    def pick_ports(self, count: int, timeout: float, stopped: Callable[[], bool] = lambda: False) -> list[int]:
         """``count`` free ports on the host, picked by its agent and held there until the tasks that
-        use them start; OSError when the agent cannot answer within ``timeout`` seconds."""
+        use them start; OSError when the agent cannot answer within ``timeout`` seconds, or once
+        ``stopped()`` says the run was stopped meanwhile."""
 
     def start(self, process: Any, fields: dict[str, object]) -> None:
         """Start ``process`` (a task or a helper such as a probe) on the agent with ``fields``."""

@@ -24,9 +24,10 @@ import base64
 import itertools
 import logging
 import os
+import re
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from ..agent.protocol import HEARTBEAT, MAX_FRAME, Command, Frame, Status, encode_fields, printable, write_some
 from ..cluster.tfconfig import TfConfig
@@ -49,6 +50,13 @@ HOST_OUTPUT_KEPT = 1 << 16  # what a host said outside any task, kept for the ta
 READ_SIZE = 1 << 20
 _IDS = itertools.count(1)  # ids of processes and requests, unique in this tflaunch
 _KINDS = frozenset(Frame.OF_HOST + Frame.OF_REQUEST)
+# A readings frame as the agent writes it (launcher.agent.sampling.readings): a line per task, ``id
+# rss_bytes cpu_seconds processes``, then for a watched task its threads' totals, 4, 6 or 7 words
+# (launcher.agent.threads.ThreadWatch.totals). Checked in one pass, where the frame comes in.
+_INT, _DEC = rb"-?[0-9]+", rb"-?[0-9]+\.[0-9]+"
+_READING = _INT + b" " + _INT + b" " + _DEC + b" " + _INT + \
+    b"(?: " + _INT + b" " + _DEC + b" " + _INT + b" " + _DEC + b"(?: " + _INT + b" " + _DEC + b"(?: " + _INT + b")?)?)?"
+READINGS_TEXT = re.compile(_READING + b"(?:\n" + _READING + b")*\n?")
 _KIND_NAMES = {kind: word.lower() for word, kind in vars(Frame).items() if isinstance(kind, bytes)}  # for the trace
 log = tracer("hostlink")
 
@@ -78,7 +86,9 @@ class AgentLink:
         self.last_heard = time.monotonic()  # the last whole frame (or the connection's start)
         self.attach_within = attach_within
         self.attach_by = None if attach_within is None else time.monotonic() + attach_within
-        self.readings: dict[int, Reading] = {}  # process id -> its newest resource reading
+        # The newest readings frame (payload, time.time() it came), and its parse (see :meth:`reading`).
+        self._newest: tuple[bytes, float] | None = None
+        self._parsed: tuple[tuple[bytes, float] | None, dict[int, Reading]] = (None, {})
         self._processes: dict[int, AgentProcessBase] = {}
         self._lock = threading.Lock()
         self._out = bytearray(preamble)  # written by the hub once it has the link
@@ -160,10 +170,11 @@ class AgentLink:
             self.last_heard = time.monotonic()
         self.hub.update(self)
 
-    def pick_ports(self, count: int, timeout: float) -> list[int]:
+    def pick_ports(self, count: int, timeout: float, stopped: Callable[[], bool] = lambda: False) -> list[int]:
         """``count`` free ports on the agent's host, held there until the tasks that use them start.
 
-        Raises OSError naming the host when they cannot be had (the host is lost, or said why)."""
+        Raises OSError naming the host when they cannot be had (the host is lost, or said why), or
+        once ``stopped()`` says the run was stopped (a Ctrl-C while an agent is still on its way)."""
         ident = self.new_id()
         answered: tuple[threading.Event, list] = (threading.Event(), [])
         self._ports[ident] = answered
@@ -172,6 +183,8 @@ class AgentLink:
         while not answered[0].wait(0.05):
             if self.lost_reason is not None:
                 raise OSError(f"cannot pick ports on {self.host}: {self.lost_reason}")
+            if stopped():
+                raise OSError(f"cannot pick ports on {self.host}: the run was stopped first")
             if time.monotonic() > deadline:
                 raise OSError(f"cannot pick ports on {self.host}: no answer from its agent within {timeout:g} s")
         text = answered[1][0]
@@ -307,30 +320,43 @@ class AgentLink:
             if process.status is not None:
                 with self._lock:
                     self._processes.pop(ident, None)
-                self.readings.pop(ident, None)
         elif kind == Frame.STACKS:
             process.stacks(payload.decode("utf-8", "replace"))
 
     def _readings(self, payload: bytes) -> None:
-        now = time.time()
-        for line in payload.decode("utf-8", "replace").splitlines():
+        """Keep the frame whole, checked but not parsed: the hub wakes for each host's frame, and
+        parsing it there, line by line, cost more than everything else the hub does; whoever asks
+        for a reading (:meth:`reading`) parses the newest frame once for all its processes."""
+        if READINGS_TEXT.fullmatch(payload) is None:
+            raise ProtocolError(f"read the readings {printable(payload)}, which are none of the agent's")
+        self._newest = (payload, time.time())
+
+    def reading(self, ident: int) -> Reading | None:
+        """The newest resource reading of process ``ident`` (any thread), None while there is none."""
+        newest = self._newest  # replaced whole by the hub's thread, so read once
+        if newest is None:
+            return None
+        parsed = self._parsed
+        if parsed[0] is not newest:
+            parsed = self._parsed = (newest, self._parse(*newest))  # two threads at once parse it twice, alike
+        return parsed[1].get(ident)
+
+    def _parse(self, payload: bytes, at: float) -> dict[int, Reading]:
+        found = {}
+        for line in payload.split(b"\n"):
             words = line.split()
-            try:
-                number, rss, cpu, count = words[:4]
-                reading = (int(number), int(rss), float(cpu), int(count))
-                threads = None
-                if len(words) in (8, 10, 11):
-                    gpu = (int(words[8]), float(words[9])) if len(words) >= 10 else (0, 0.0)
-                    stale = int(words[10]) if len(words) == 11 else 0
-                    threads = ThreadTimes(int(words[4]), float(words[5]), int(words[6]), float(words[7]), *gpu,
-                                          gpu_stale=stale)
-                elif len(words) != 4:
-                    raise ValueError(line)
-            except ValueError:
-                raise ProtocolError(f"read the readings {printable(payload)}, which are none of the agent's") from None
-            process = self._processes.get(reading[0])
-            if process is not None:
-                self.readings[process.id] = Reading(process.pid, reading[1], reading[2], reading[3], now, threads)
+            if not words:
+                continue
+            process = self._processes.get(int(words[0]))
+            if process is None:
+                continue
+            threads = None
+            if len(words) > 4:
+                gpu = (int(words[8]), float(words[9])) if len(words) >= 10 else (0, 0.0)
+                threads = ThreadTimes(int(words[4]), float(words[5]), int(words[6]), float(words[7]), *gpu,
+                                      gpu_stale=int(words[10]) if len(words) == 11 else 0)
+            found[process.id] = Reading(process.pid, int(words[1]), float(words[2]), int(words[3]), at, threads)
+        return found
 
     def heartbeat(self, now: float) -> None:
         if self.lost_reason is not None or self.closed:

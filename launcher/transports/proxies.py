@@ -124,7 +124,7 @@ class AgentTask(AgentProcessBase):
 
     def reading(self) -> Reading | None:
         """The newest sample of the task's CPU and memory, while it runs."""
-        return self.link.readings.get(self.id)
+        return None if self.status is not None else self.link.reading(self.id)
 
     # -- from the hub -------------------------------------------------------------------------
 

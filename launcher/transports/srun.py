@@ -112,13 +112,13 @@ def failed_on(line: str, node: str) -> bool:
 
 
 def srun_argv(nodes: Sequence[str], first: TaskLaunch, grace: float, port: int, host: str = "-",
-              exclude: Collection[str] = ()) -> list[str]:
+              exclude: Collection[str] = (), keepalive: float = DEFAULT_KEEPALIVE_TIMEOUT) -> list[str]:
     """The one srun step that runs an agent on each of ``nodes``, dialling ``host`` (``-``: the
     address srun was started from) at ``port``; ``exclude``: nodes the run left out, which Slurm
-    must not place the step on."""
+    must not place the step on; ``keepalive``: seconds of silence after which either side is gone."""
     # Heartbeats and samples spaced out as for as many ssh hosts (see launcher.agent.protocol.beat_for, sample_for).
-    spec = agent_spec(grace, DEFAULT_KEEPALIVE_TIMEOUT, sample=sample_for(len(nodes)), connect=f"{host} {port}",
-                      beat=beat_for(len(nodes), DEFAULT_KEEPALIVE_TIMEOUT))
+    spec = agent_spec(grace, keepalive, sample=sample_for(len(nodes)), connect=f"{host} {port}",
+                      beat=beat_for(len(nodes), keepalive))
     agent = [*remote_agent_argv(first.python), spec]
     if first.setup:
         # The setup line is shell by design, run from the environment (see step_env) with no stdin,
@@ -185,13 +185,11 @@ class AgentStep:
         address = source_address(node_addresses(nodes))
         self.listener = ConnectBack(nodes, token, self._attach, address or "", within=CONNECT_TIMEOUT,
                                     alive=lambda: self.popen.poll() is None, missing=self._cancel)
-        self.links = {node: AgentLink(node, SrunCarrier(node, self, keepalive), None, None, keepalive=keepalive,
-                                      hub=HUB, attach_within=CONNECT_TIMEOUT, beat=beat_for(len(nodes), keepalive))
-                      for node in nodes}
         self.output = HeldOutput(keep=lambda line: NODE_FAILURE in line)  # srun's own output, bounded
         env = {**os.environ, SETUP_VARIABLE: first.setup} if first.setup else None
         try:
-            self.popen = subprocess.Popen(srun_argv(nodes, first, grace, self.listener.port, address or "-", exclude),
+            self.popen = subprocess.Popen(srun_argv(nodes, first, grace, self.listener.port, address or "-", exclude,
+                                                    keepalive),
                                           stdin=subprocess.PIPE, stdout=self.output.fd, stderr=self.output.fd,
                                           env=env,
                                           # Terminal signals reach tflaunch only (srun would forward them
@@ -203,6 +201,11 @@ class AgentStep:
             self.output.close()
             raise
         self.output.started()
+        # Only now: a link's carrier asks srun whether it ended from the moment the link exists, and
+        # starting srun takes a while on a loaded host.
+        self.links = {node: AgentLink(node, SrunCarrier(node, self, keepalive), None, None, keepalive=keepalive,
+                                      hub=HUB, attach_within=CONNECT_TIMEOUT, beat=beat_for(len(nodes), keepalive))
+                      for node in nodes}
         try:  # srun reads it once every node's agent is there, and hands each a copy, then its end
             self.popen.stdin.write(token.encode() + b"\n")
             self.popen.stdin.close()
@@ -270,6 +273,7 @@ class SrunTransport(AgentBackend):
 
     def __init__(self, options: RunOptions):
         super().__init__(options)
+        self.keepalive = options.keepalive_timeout or DEFAULT_KEEPALIVE_TIMEOUT
         self.steps: list[AgentStep] = []
         self.left_out: set[str] = set()  # nodes the run left out: every later step excludes them
 
@@ -289,7 +293,7 @@ class SrunTransport(AgentBackend):
         fresh = [node for node in nodes if node not in self.links]
         for group in ([fresh] if fresh else []) + [[node] for node in nodes if node in self.links]:
             first = next(l for l in mine if l.host in group)
-            step = AgentStep(group, first, self.grace, DEFAULT_KEEPALIVE_TIMEOUT, exclude=self.left_out)
+            step = AgentStep(group, first, self.grace, self.keepalive, exclude=self.left_out)
             self.steps.append(step)
             self.links.update(step.links)
             self.setups.update({node: first.setup for node in group})

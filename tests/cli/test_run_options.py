@@ -136,7 +136,8 @@ def test_submit_shows_the_same_run_options():
     runs = {param.name: param for param in run.params}
     passed = submit.make_context("submit", ["--nodes", "1"]).params
     shared = [param for param in submit.params if param.name in OPTIONS]
-    assert sorted(param.name for param in shared) == ["env", "grace", "log_dir", "log_group", "max_restarts", "restart_delay"]
+    assert sorted(param.name for param in shared) == ["env", "grace", "keepalive_timeout", "log_dir", "log_group",
+                                                         "max_restarts", "restart_delay"]
     for param in shared:
         assert (param.opts, param.metavar) == (runs[param.name].opts, runs[param.name].metavar), param.name
         # --env's help says what submit writes into the script and what it refuses.

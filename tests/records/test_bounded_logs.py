@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from launcher.api import launch
-from launcher.options import LOG_MAX_SIZE, LOG_SIZE_RANGE, parse_size
+from launcher.options import LOG_MAX_SIZE
+from launcher.units import LOG_SIZE_RANGE, parse_size
 from launcher.records.boundedlog import BoundedLog
 from launcher.records.logformat import MARKER, format_size, live_layout
 from launcher.records.logview import Follower, left_out, read_tail, read_view, tail_lines

@@ -154,10 +154,14 @@ def test_scancel_leaves_nothing_on_any_node_and_a_final_run_folder(slurm, tmp_pa
     assert rec["status"] == "stopped" and rec["ended_at"]
 
 
+KEEPALIVE = 5  # seconds: a node whose agent went silent is lost after this
+
+
 def test_a_node_that_dies_is_reported_as_such(slurm, tmp_path):
     # --no-requeue: by default Slurm requeues a batch job whose node failed; this test wants it to end.
-    done, run_dir = submit(slurm, tmp_path, "--nodes", "2", "--sbatch-option=--no-requeue", "--", "python", TASK,
-                           "forever")
+    # A silent node is lost after 5 s, not the default 15 (the killed agent's connection may close unseen).
+    done, run_dir = submit(slurm, tmp_path, "--nodes", "2", "--sbatch-option=--no-requeue", "--keepalive-timeout",
+                           str(KEEPALIVE), "--", "python", TASK, "forever")
     assert done.returncode == 0, done.stderr
     wait_for(lambda: (run_dir / "run.json").exists() and len(record(run_dir)["tasks"]) == 2
              and all(t["state"] == "running" for t in record(run_dir)["tasks"]), timeout=120,
@@ -176,7 +180,8 @@ def test_a_node_that_dies_is_reported_as_such(slurm, tmp_path):
     assert worker["host"] == lost and (worker["error"] or "").startswith(f"lost node {lost} ("), worker
     # Whoever noticed first speaks: the node's agent gone (its connection closed) or silent (tflaunch's own
     # keep-alive), srun's report of the node failure, or the job's cancellation for it.
-    assert any(words in worker["error"] for words in (f"connection to {lost} closed", "keep-alive timeout",
+    assert any(words in worker["error"] for words in (f"connection to {lost} closed",
+                                                      f"within the {KEEPALIVE} s keep-alive timeout",
                                                       "Node failure", "Job step aborted")), worker["error"]
     if rec["status"] == "failed":
         assert rec["root_cause"]["task"] == "worker-1" and rec["root_cause"]["error"] == worker["error"]

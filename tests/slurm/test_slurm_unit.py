@@ -232,6 +232,21 @@ def test_a_run_is_one_step_with_one_agent_per_node():
     assert with_setup[-len(agent) - 1:-1] == agent  # the agent's argv passes through "$@" untouched
 
 
+def test_the_agents_keepalive_is_the_runs_keepalive_timeout():
+    from launcher.agent.protocol import decode_fields
+    from launcher.cluster.plan import TaskLaunch
+    from launcher.options import DEFAULT_KEEPALIVE_TIMEOUT, RunOptions
+    from launcher.transports.srun import SrunTransport, srun_argv
+
+    launch = TaskLaunch(name="worker-0", role="worker", index=0, host="n1", address="n1:20001", local=False,
+                        argv=("true",), env={}, workdir="/w", python="/venv/bin/python")
+    assert float(decode_fields(srun_argv(["n1"], launch, grace=5, port=4711)[-1])["keepalive"]) == \
+        DEFAULT_KEEPALIVE_TIMEOUT
+    assert float(decode_fields(srun_argv(["n1"], launch, 5, 4711, keepalive=4.0)[-1])["keepalive"]) == 4.0
+    assert SrunTransport(RunOptions(keepalive_timeout=4)).keepalive == 4.0
+    assert SrunTransport(RunOptions()).keepalive == DEFAULT_KEEPALIVE_TIMEOUT
+
+
 def test_a_requeue_moves_the_last_executions_record_task_logs_and_attempts_aside(tmp_path):
     kept = ["merged.log", "merged.log.part-4096", "metrics.jsonl", "slurm.json", "tensorboard.log", "job.sbatch"]
     moved = ["run.json", "worker-0.log", "worker-0.log.part-8192", "ps-0.log"]

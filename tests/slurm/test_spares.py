@@ -2,7 +2,8 @@
 
 Each run is a job allocated with --no-kill (a failed node does not end it) whose tflaunch --slurm
 runs light tasks; one task node dies mid-run (testslurm kill-node, always revived) and the next
-attempt must run without it.
+attempt must run without it. Each pytest-xdist worker has clusters of its own; the tests of the
+three-node cluster share one worker, so that only one such cluster comes up. A node whose agent went silent is lost after 5 s (--keepalive-timeout), not 15.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def start_job(cluster, tmp_path: Path, nodes: int, *run_options: str) -> tuple[s
     """sbatch a --no-kill job whose batch shell is 'tflaunch --slurm'; (job id, its output file)."""
     script = tmp_path / "job.sh"
     script.write_text(f"#!/bin/bash\nexec {sys.executable} -m launcher --slurm {' '.join(run_options)} "
-                      f"--max-restarts 2 --restart-delay 0 --log-dir {tmp_path}/logs -- python -c \"{TASK_CODE}\"\n")
+                      f"--max-restarts 2 --restart-delay 0 --keepalive-timeout 5 --log-dir {tmp_path}/logs -- python -c \"{TASK_CODE}\"\n")
     out = tmp_path / "job.out"
     done = cluster.run("sbatch", "--parsable", "--no-kill", f"--nodes={nodes}", "--ntasks-per-node=1",
                        f"--output={out}", f"--chdir={tmp_path}", f"--export=ALL,PYTHONPATH={ROOT}", str(script))
@@ -53,6 +54,7 @@ def kill_mid_run(cluster, tmp_path: Path, job: str, node: str, tasks: int) -> di
     return run_record(tmp_path)
 
 
+@pytest.mark.xdist_group("slurm3")  # one worker brings the three-node cluster up
 def test_a_node_that_dies_is_left_out_and_its_task_moves_to_the_spare_node(slurm3, tmp_path):
     first, dying, spare = slurm3.nodes
     job, out = start_job(slurm3, tmp_path, 3, "--spares 1")
@@ -80,6 +82,7 @@ def test_with_no_spare_the_run_shrinks_to_min_workers_on_the_node_left(slurm, tm
     assert len(shrunk) == 1 and len(json.loads(shrunk[0].split(" attempt 2 ", 1)[1])["cluster"]["worker"]) == 1
 
 
+@pytest.mark.xdist_group("slurm3")  # one worker brings the three-node cluster up
 def test_submit_spares_asks_for_one_more_node_and_the_run_holds_it_back(slurm3, tmp_path):
     first, second, spare = slurm3.nodes
     # Attempt 1's worker-1 fails the machine's way (a full disk): its node is left out where a spare

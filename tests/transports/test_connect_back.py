@@ -443,6 +443,8 @@ def test_the_listener_closes_when_the_run_ends_before_the_agents_are_in(slurm, t
     assert closed_by_peer(pending, 30.0)
     code, out = run.finish()
     assert code != 0 and "Traceback" not in out, out[-3000:]
+    if end == "interrupt":  # the Ctrl-C's own exit, not that of the ports the agents never came to pick
+        assert code == 128 + signal.SIGINT and "cannot pick ports" not in out, (code, out[-3000:])
 
 
 def test_a_listener_that_closes_with_callers_missing_names_them():
@@ -491,7 +493,7 @@ def test_a_step_whose_listener_closed_with_agents_missing_is_cancelled(slurm, tm
 
 # tflaunch in the shell of an allocation that stays: killed while the agents are still on their way.
 KILLED_UNDER_SALLOC = """
-{python} -m launcher --slurm {cluster} --log-dir {logs} -- sleep 60 &
+{python} -m launcher --slurm {cluster} --log-dir {logs} -- sleep 60 > {console} 2>&1 &
 echo $! > {pidfile}
 wait
 sleep 40
@@ -505,8 +507,9 @@ def test_nothing_of_the_step_outlives_tflaunch_killed_under_salloc(slurm, tmp_pa
     cluster.write_text("slurm:\n  nodes: 2\nsetup: sleep 30\n")
     pidfile = tmp_path / "tflaunch.pid"
     script = tmp_path / "shell.sh"
+    console = tmp_path / "tflaunch.out"
     script.write_text(KILLED_UNDER_SALLOC.format(python=sys.executable, cluster=cluster, logs=tmp_path / "logs",
-                                                 pidfile=pidfile))
+                                                 pidfile=pidfile, console=console))
     salloc = subprocess.Popen(["salloc", "--nodes=2", "--time=3", "bash", str(script)], cwd=tmp_path,
                               env={**slurm.env, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
@@ -515,8 +518,12 @@ def test_nothing_of_the_step_outlives_tflaunch_killed_under_salloc(slurm, tmp_pa
                            message="tflaunch's pid"))
         srun = wait_for(lambda: [p for p in psutil.Process(pid).children() if p.name() == "srun"], timeout=60,
                         message="tflaunch's srun")[0]
-        wait_for(lambda: any(slurm.pids(node) for node in slurm.nodes), timeout=60, message="the agents' step")
-        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: all(slurm.pids(node) for node in slurm.nodes), timeout=60,
+                 message="the agents' step on both nodes")
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:  # the step failed and tflaunch with it: say why, not just that the pid is gone
+            pytest.fail(f"tflaunch ended before it was killed:\n{console.read_text(errors='replace')[-3000:]}")
         killed = time.monotonic()
         wait_for(lambda: not srun.is_running() or srun.status() == psutil.STATUS_ZOMBIE, timeout=30,
                  message="srun to end with tflaunch")
@@ -529,3 +536,27 @@ def test_nothing_of_the_step_outlives_tflaunch_killed_under_salloc(slurm, tmp_pa
             shell.kill()
         slurm.cancel_all()
         salloc.wait(timeout=60)
+
+
+def test_a_step_whose_srun_is_slow_to_start_loses_no_node(tmp_path, monkeypatch):
+    # srun's start held 2.5 s before its exec (a loaded host): the links' heartbeat passes, once a
+    # second, must find the step's srun there, not fail every node's link.
+    from launcher.cluster.plan import TaskLaunch
+    from launcher.transports import srun
+
+    fake = tmp_path / "bin" / "srun"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\nexec sleep 30\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    monkeypatch.setattr(srun, "_ends_with", lambda parent: lambda: time.sleep(2.5))
+    first = TaskLaunch(name="worker-0", role="worker", index=0, host="n1", address="n1:1", local=False,
+                       argv=("true",), env={}, workdir=str(tmp_path), python=sys.executable, transport="srun")
+    step = srun.AgentStep(["n1", "n2"], first, 1.0, 30.0)
+    try:
+        time.sleep(1.5)  # a heartbeat pass or two over the links
+        assert {node: link.lost_reason for node, link in step.links.items()} == {"n1": None, "n2": None}
+    finally:
+        for link in step.links.values():
+            link.close_channel()
+        step.close(0.5)

@@ -342,6 +342,31 @@ def test_dump_returns_the_tasks_python_stacks(host):
     assert task.leftovers == ()  # py-spy was the agent's helper, not the task's
 
 
+def test_agents_started_apart_send_their_readings_together(host):
+    # Each agent samples at the multiples of its period on the wall clock: two started half a
+    # period apart send their readings at the same moments (once apart by half a period).
+    first = host(sample=1.0)
+    time.sleep(0.5)
+    second = host(sample=1.0)
+    tasks = [h.start(["sleep", "600"]) for h in (first, second)]
+    arrivals: list[list[float]] = [[], []]
+
+    def two_each() -> bool:
+        for i, task in enumerate(tasks):
+            reading = task.reading()
+            if reading is not None and reading.at not in arrivals[i]:
+                arrivals[i].append(reading.at)
+        return all(len(at) >= 3 for at in arrivals)
+
+    wait_for(two_each, timeout=20, interval=0.02, message="three readings from each agent")
+    phases = [sorted(at % 1.0 for at in times)[1] for times in arrivals]  # the median of three
+    gap = abs(phases[0] - phases[1])
+    assert min(gap, 1.0 - gap) < 0.25, arrivals
+    for task in tasks:
+        task.kill()
+        ended(task)
+
+
 def test_the_agent_samples_each_tasks_memory_and_cpu(host):
     h = host(sample=0.2)
     code = "x = bytearray(40 * 1024 * 1024)\nprint('ready', flush=True)\nwhile True: pass"

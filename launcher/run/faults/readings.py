@@ -26,7 +26,9 @@ class TaskReadings(Generic[Value]):
     def add(self, name: str, reading: Reading | None) -> None:
         """Take ``reading`` into the task's history, unless it has nothing to read or is not newer
         than the last one."""
-        history = self._history.setdefault(name, deque())
+        history = self._history.get(name)
+        if history is None:
+            history = self._history[name] = deque()
         value = self.value(reading) if reading is not None else None
         if reading is None or value is None:
             return

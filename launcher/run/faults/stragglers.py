@@ -38,6 +38,7 @@ import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ...cluster.ranks import TRAINING_ROLES
 from ...options import STRAGGLER_WINDOW
@@ -65,10 +66,10 @@ CAUSES = {"stall": "its threads sleep or wait for a disk (its input pipeline?)",
           "cpu": "others take its CPUs while it waits for one, or its CPU quota holds it back"}
 
 
-@dataclass(frozen=True)
-class Figures:
+class Figures(NamedTuple):
     """One task's figures over a window: its stalled threads on average, and how much slower than
-    its peak its slowest GPU ran, throttled (0 without GPUs)."""
+    its peak its slowest GPU ran, throttled (0 without GPUs). A named tuple: each judgement makes
+    two per task."""
 
     stall: float
     gpu: float = 0.0
@@ -78,19 +79,27 @@ class Figures:
 def figures_over(history: Sequence[tuple[float, ThreadTimes]], now: float, window: float = WINDOW) -> Figures | None:
     """A task's :class:`Figures` from its readings (oldest first) over the ``window`` seconds up to
     ``now``; None while they span less than half of it."""
-    history = [(at, t) for at, t in history if at <= now]
-    if len(history) < 2:
+    # Walked from its newest end, without a copy: judged every JUDGE_EVERY seconds for every task
+    # twice, this is most of what the rule costs tflaunch.
+    last_place = len(history) - 1
+    while last_place >= 0 and history[last_place][0] > now:
+        last_place -= 1
+    if last_place < 1:
         return None
     start = now - window
-    base_at, base = next(((at, t) for at, t in reversed(history) if at <= start), history[0])
-    last_at, last = history[-1]
+    place = last_place
+    while place >= 0 and history[place][0] > start:
+        place -= 1
+    base_at, base = history[max(place, 0)]
+    last_at, last = history[last_place]
     if last_at - base_at < 0.5 * window or last.looks <= base.looks:
         return None
-    stall = max(0.0, last.stalled - base.stalled) / (last.looks - base.looks)
-    cpu_looks = last.cpu_looks - base.cpu_looks
-    cpu = max(0.0, last.cpu_lost - base.cpu_lost) / cpu_looks if cpu_looks > 0 else 0.0
-    gpu_looks = last.gpu_looks - base.gpu_looks
-    gpu = max(0.0, last.gpu_slowdown - base.gpu_slowdown) / gpu_looks if gpu_looks > 0 else 0.0
+    stall = last.stalled - base.stalled
+    stall = stall / (last.looks - base.looks) if stall > 0.0 else 0.0
+    cpu_looks, cpu = last.cpu_looks - base.cpu_looks, last.cpu_lost - base.cpu_lost
+    cpu = cpu / cpu_looks if cpu_looks > 0 and cpu > 0.0 else 0.0
+    gpu_looks, gpu = last.gpu_looks - base.gpu_looks, last.gpu_slowdown - base.gpu_slowdown
+    gpu = gpu / gpu_looks if gpu_looks > 0 and gpu > 0.0 else 0.0
     return Figures(stall, gpu, cpu)
 
 
@@ -100,15 +109,20 @@ def shares(figures: Mapping[str, Figures]) -> dict[str, tuple[float, str]]:
     median: one odd task among the others never makes their baseline)."""
     if len(figures) < 2:
         return {}
-    names = list(figures)
-    others = {kind: _others_median_high([getattr(figures[name], kind) for name in names])
-              for kind in ("stall", "gpu", "cpu")}
+    names, values = list(figures), list(figures.values())
+    stall = _others_median_high([mine.stall for mine in values])
+    gpu = _others_median_high([mine.gpu for mine in values])
+    cpu = _others_median_high([mine.cpu for mine in values])
     found = {}
-    for i, name in enumerate(names):
-        mine = figures[name]
-        share, cause = max((mine.stall - others["stall"][i], "stall"), (mine.gpu - others["gpu"][i], "gpu"),
-                           (mine.cpu - others["cpu"][i], "cpu"))
-        found[name] = (min(max(share, 0.0), 1.0), cause)
+    for i, mine in enumerate(values):
+        # The largest difference; on a tie, stall before gpu before cpu.
+        share, cause = mine.stall - stall[i], "stall"
+        by_gpu, by_cpu = mine.gpu - gpu[i], mine.cpu - cpu[i]
+        if by_gpu > share:
+            share, cause = by_gpu, "gpu"
+        if by_cpu > share:
+            share, cause = by_cpu, "cpu"
+        found[names[i]] = (0.0 if share < 0.0 else 1.0 if share > 1.0 else share, cause)
     return found
 
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Callable
 
 from ...cluster.plan import THIS_MACHINE, Plan, RunContext
 from ...cluster.spec import ClusterSpec, Network
-from ...errors import PreflightError
+from ...errors import EnvironmentProblem, PreflightError
 from ...options import given, python_caller
 from ...records.folder import RunFolder
 from ...records.trace import RunTrace, wanted
@@ -107,7 +107,11 @@ def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS,
         cleanups.callback(lambda: sealing is not None and sealing.close())  # once every task has ended
         cleanups.callback(transports.close)  # after a refused preflight too: nothing is left on any host
         try:
-            plan = planner.plan_run(transports)
+            try:
+                plan = planner.plan_run(transports, stopped=lambda: signals.first is not None)
+            except EnvironmentProblem:
+                _stop_if_signalled(signals)  # a signal cut the wait for an agent short: the signal's exit
+                raise
             for host, why in plan.refused.items():
                 console.message(f"preflight: spare {host} not used: {why}")
             # A sealed or isolated run's namespace is made while this machine's agent starts.

@@ -36,7 +36,8 @@ from ...cluster.plan import Plan, RunContext, TaskLaunch, check_cluster_fits, pl
 from ...cluster.ports import HELD_AT_MOST, PortReservation, port_is_free, reserve_ports
 from ...cluster.spec import AUTO, ClusterSpec, Network, TaskSpec, check_launch_input, is_local
 from ...errors import ConfigError, EnvironmentProblem, OptionsError, PortInUseError, UnknownTaskError
-from ...options import RunOptions, given, group_id
+from ...options import RunOptions, given
+from ...units import group_id
 from ...options import name as option_name
 from ...records.folder import DEFAULT_LOG_DIR, RUN_ID_PLACEHOLDER
 from ...records.states import plural
@@ -116,16 +117,18 @@ class Planner:
         warning = missing_gpus_warning(self.spec, self.local_hosts, gpu_count())
         return [warning] if warning else []
 
-    def plan_run(self, transports: TransportSet, *, checking: bool = False) -> RunPlan:
+    def plan_run(self, transports: TransportSet, *, checking: bool = False,
+                 stopped: Callable[[], bool] = lambda: False) -> RunPlan:
         """Steps 2 to 5: the run's finished plan before its first attempt. Remote ``auto`` ports are
         picked through ``transports`` (the run's agents, which start here when the cluster has any).
 
         ``checking`` plans for ``tflaunch check``: every slot's launch for its probes, at most the
-        usual ports held, and a fixed port in use left for the probes to report."""
+        usual ports held, and a fixed port in use left for the probes to report. ``stopped()`` says
+        when the run was stopped meanwhile: an agent's ports are then no longer waited for."""
         hold = HELD_AT_MOST if checking else check_open_files(self.spec, self.local_hosts)
         reservation = self.reserve(hold)
         try:
-            spec, refused = self.with_agent_ports(self.spec.with_ports(reservation.ports), transports)
+            spec, refused = self.with_agent_ports(self.spec.with_ports(reservation.ports), transports, stopped)
             if not checking and spec.network is Network.OPEN:  # in a namespace of its own, the machine's ports do not matter
                 self.check_local_ports(spec, set(reservation.ports))
             remote = spec.transport is not None or not all(is_local(t.host, self.local_hosts) for t in spec.slots)
@@ -168,7 +171,8 @@ class Planner:
         """Tasks whose port is ``auto`` on another host (their host's agent picks it)."""
         return [t for t in spec.slots if t.port == AUTO and not is_local(t.host, self.local_hosts)]
 
-    def with_agent_ports(self, spec: ClusterSpec, transports: TransportSet) -> tuple[ClusterSpec, dict[str, str]]:
+    def with_agent_ports(self, spec: ClusterSpec, transports: TransportSet,
+                         stopped: Callable[[], bool] = lambda: False) -> tuple[ClusterSpec, dict[str, str]]:
         """The spec with every remote ``auto`` port filled in by that host's agent, which holds the
         port until the task that uses it starts (see :mod:`launcher.agent.ports`), and the spare
         hosts whose agent could not pick theirs, {host: why}: those spares are left out of the spec."""
@@ -189,7 +193,7 @@ class Planner:
             try:
                 link = transports.for_launch(first).link_for(first)
                 timeout = first.connect_timeout + 20.0
-                chosen.update(zip(names, link.pick_ports(len(names), timeout)))
+                chosen.update(zip(names, link.pick_ports(len(names), timeout, stopped)))
             except OSError as exc:
                 why = f"port auto: {exc.strerror or exc}"
                 if host in task_hosts:
