@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from polling import wait_for
-from test_trainer_tf import (IN_PROCESS, THREAD_LIMITS, Cluster, Task, free_ports, trainer_here,  # noqa: F401
-                             wait_for_epoch)
+from test_trainer_tf import (IN_PROCESS, THREAD_LIMITS, Cluster, Task, free_ports, tensorflow_here,  # noqa: F401
+                             trainer_here, wait_for_epoch)
 
 pytestmark = [pytest.mark.slow, pytest.mark.tensorflow]
 

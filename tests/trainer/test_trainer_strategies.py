@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from test_trainer_tf import (IN_PROCESS, Cluster, assert_user_error, killed_after_epoch, run_single,  # noqa: F401
-                             trainer_here)
+                             tensorflow_here, trainer_here)
 
 pytestmark = [pytest.mark.slow, pytest.mark.tensorflow]
 

@@ -334,8 +334,9 @@ def test_only_the_chief_keeps_the_model(default_local_two, tensorflow_here):
     assert sorted(p.name for p in (done.run_dir / TENSORBOARD).iterdir()) == ["train", "validation"]
     # Worker 1 saved into its own temporary directory (under TMPDIR), then removed it. Autograph
     # imports the code it generates from TMPDIR too, so where Python writes bytecode (no
-    # PYTHONDONTWRITEBYTECODE) a __pycache__ of TensorFlow's stays there; it is not the model's.
-    assert [p for p in (path / "tmp").iterdir() if p.name != "__pycache__"] == []
+    # PYTHONDONTWRITEBYTECODE) a __pycache__ of TensorFlow's stays there, and tflaunch keeps its
+    # port locks in tflaunch-<uid> there: neither is the model's.
+    assert [p for p in (path / "tmp").iterdir() if p.name not in ("__pycache__", f"tflaunch-{os.geteuid()}")] == []
     assert not list(path.rglob("workertemp_*"))
     # The saved model loads and scores what worker 0 reported on the same test split;
     # the TensorBoard events hold one loss per epoch.
