@@ -9,9 +9,11 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import psutil
 import pytest
@@ -160,13 +162,27 @@ def folder_for_others() -> Iterator[Callable[[int], Path]]:
 DEFAULT_LOCAL_TWO = "default_local_two"
 
 
+class DefaultRun(NamedTuple):
+    """The shared run of the default job: the finished run, a Tflaunch whose log folder holds it (its
+    ``cwd`` holds ``model``, the saved model, and ``tmp``, the tasks' TMPDIR) and its wall-clock seconds."""
+
+    done: Finished
+    tflaunch: Tflaunch
+    seconds: float
+
+
 @pytest.fixture(scope="session")
-def default_local_two(tmp_path_factory) -> tuple[Finished, Tflaunch]:
-    """One ``tflaunch --local 2`` of the default job (the built-in trainer on two MultiWorkerMirroredStrategy
-    workers), for the tests that read such a run: (the finished run, a Tflaunch whose log folder holds it)."""
+def default_local_two(tmp_path_factory) -> DefaultRun:
+    """One ``tflaunch --local 2`` of the built-in trainer with its default training options (two
+    MultiWorkerMirroredStrategy workers, as the default job), the chief saving its model, for the
+    tests that read such a run."""
     path = tmp_path_factory.mktemp(DEFAULT_LOCAL_TWO)
+    (path / "tmp").mkdir()
     launcher = Tflaunch(path / "logs", path)
-    return launcher.run("--local", "2", timeout=240), launcher  # about 30 s here
+    started = time.monotonic()
+    done = launcher.run("--local", "2", "--", "python", "-m", "trainer", "--model-dir", str(path / "model"),
+                        timeout=240, env={"TMPDIR": str(path / "tmp")})  # about 30 s here
+    return DefaultRun(done, launcher, time.monotonic() - started)
 
 
 @pytest.fixture

@@ -653,7 +653,7 @@ def test_compare_tells_keras_runs_apart_where_keras_prints_the_same_whole_second
 @pytest.mark.timeout(300)
 @pytest.mark.xdist_group(DEFAULT_LOCAL_TWO)
 def test_real_trainer_run_reports_epochs_resources_and_learning_curves(default_local_two):
-    done, tflaunch = default_local_two
+    done, tflaunch, _ = default_local_two
     assert done.returncode == 0, done.stderr[-3000:]
     trained = sorted({json.loads(line)["epoch"] for line in (done.run_dir / "metrics.jsonl").read_text().splitlines()
                       if '"kind":"epoch"' in line})

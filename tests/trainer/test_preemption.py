@@ -1,5 +1,6 @@
 """A stopped training task saves where it is: SIGTERM makes the built-in trainer write its backup at
-the next step boundary and end by SIGTERM, so a restarted (or requeued) run resumes from that step."""
+the next step boundary and end by SIGTERM, so a restarted (or requeued) run resumes from that step.
+A SIGTERM that reaches one worker of several stops them all after the same step: test_resize.py."""
 
 from __future__ import annotations
 
@@ -21,13 +22,13 @@ def epoch_done(run_dir, epoch: int) -> bool:
         for line in metrics.read_text().splitlines() if line.strip())
 
 
-def running_at_epoch_2(tflaunch, options, workers: int = 2):
-    """A trainer run of ``workers`` workers with one restart allowed, once epoch 2 is done: (its
+def running_in_epoch_2(tflaunch, options, workers: int = 2):
+    """A trainer run of ``workers`` workers with one restart allowed, once epoch 1 of 3 is done: (its
     process, its run folder, its run.json then)."""
     proc = tflaunch.start("--local", str(workers), "--max-restarts", "1", "--restart-delay", "0", "--",
-                          "python", "-m", "trainer", "--epochs", "4", *options)
+                          "python", "-m", "trainer", "--epochs", "3", *options)
     run_dir = wait_for(tflaunch.latest_run, timeout=60, message="the run folder")
-    wait_for(lambda: epoch_done(run_dir, 2) or proc.poll() is not None, timeout=180, message="epoch 2")
+    wait_for(lambda: epoch_done(run_dir, 1) or proc.poll() is not None, timeout=180, message="epoch 1")
     assert proc.poll() is None, "the run ended before the tasks could be stopped"
     return proc, run_dir, json.loads((run_dir / "run.json").read_text())
 
@@ -39,7 +40,7 @@ def running_at_epoch_2(tflaunch, options, workers: int = 2):
     (("--loop", "custom"), True),
 ])
 def test_sigterm_saves_a_backup_and_the_restart_resumes_from_it(tflaunch, options, resumes_after_step):
-    proc, run_dir, record = running_at_epoch_2(tflaunch, options)
+    proc, run_dir, record = running_in_epoch_2(tflaunch, options)
     for task in record["tasks"]:  # as a scheduler's preemption does: every task at once
         try:
             psutil.Process(task["pid"]).send_signal(signal.SIGTERM)
@@ -60,36 +61,8 @@ def test_sigterm_saves_a_backup_and_the_restart_resumes_from_it(tflaunch, option
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("options", [("--loop", "custom"), ("--backup-every", "5")])
-def test_a_sigterm_that_reaches_one_worker_stops_every_worker_after_the_same_step(tflaunch, options):
-    # Each worker's "asked to stop" is summed over the cluster after the same steps (the custom
-    # loop reduces it with each step's loss, the fit loop's callback on its own every few steps), so
-    # a signal that reached one worker is known to all after the same step, and each saves there:
-    # looking at its own signal only, the other worker would go on into the next step's collective
-    # and wait there for a peer that is saving and gone.
-    proc, run_dir, record = running_at_epoch_2(tflaunch, options)
-    psutil.Process(next(t["pid"] for t in record["tasks"] if t["name"] == "worker-1")).send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=240)
-    assert proc.returncode == 0, err[-3000:]
-    pattern = r"SIGTERM: backup saved in epoch (\d+) after step (\d+)"
-    saved = {name: re.search(pattern, (run_dir / "attempt-1" / f"{name}.log").read_text())
-             for name in ("worker-0", "worker-1")}
-    assert saved["worker-0"] and saved["worker-1"], (run_dir / "attempt-1" / "worker-0.log").read_text()[-2000:]
-    assert saved["worker-0"].groups() == saved["worker-1"].groups()
-    if "--loop" not in options:
-        # The fit loop's workers agree every few steps, on a spacing they derived together.
-        spacing = {name: re.findall(r"the workers agree on stopping every (\d+) steps?\n",
-                                    (run_dir / "attempt-1" / f"{name}.log").read_text())
-                   for name in ("worker-0", "worker-1")}
-        assert len(spacing["worker-0"]) == 1 and spacing["worker-0"] == spacing["worker-1"], spacing
-    epoch, step = (int(x) for x in saved["worker-0"].groups())
-    second = (run_dir / "worker-0.log").read_text()
-    assert f"resuming from backup at epoch {epoch} step {step + 1}" in second, second[:2000]
-
-
-@pytest.mark.timeout(300)
 def test_a_lone_worker_saves_after_the_step_it_was_signalled_in_without_agreeing_with_anyone(tflaunch):
-    proc, run_dir, record = running_at_epoch_2(tflaunch, ("--backup-every", "5"), workers=1)
+    proc, run_dir, record = running_in_epoch_2(tflaunch, ("--backup-every", "5"), workers=1)
     psutil.Process(record["tasks"][0]["pid"]).send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=240)
     assert proc.returncode == 0, err[-3000:]

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from polling import wait_for
-from test_trainer_tf import THREAD_LIMITS, Cluster, Task, free_ports, run_single, wait_for_epoch
+from test_trainer_tf import (IN_PROCESS, THREAD_LIMITS, Cluster, Task, free_ports, tensorflow_here,  # noqa: F401
+                             trainer_here, wait_for_epoch)
 
 pytestmark = [pytest.mark.slow, pytest.mark.tensorflow]
 
@@ -49,10 +50,12 @@ class RoleCluster(Cluster):
         return task
 
 
-def check_evaluator_matches(evaluator: Task, chief: Task, epochs: int, checkpoints: Path) -> None:
-    """The evaluator evaluated checkpoints in order, ending with the final one, on the chief's weights."""
-    evals = evaluator.metrics("eval")
-    assert evals, evaluator.output()[-3000:]
+def check_evaluations(records: list[dict], chief: str, epochs: int, checkpoints: Path, evaluator_output: str,
+                      run_id: str | None = None) -> None:
+    """The evaluator evaluated checkpoints in order, ending with the final one, on the chief's weights
+    (``records``: the metric records of the evaluator and the chief)."""
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert evals, evaluator_output[-3000:]
     assert all(r["task"] == "evaluator-0" for r in evals)
     numbers = [r["epoch"] for r in evals]
     assert [r["final"] for r in evals] == [False] * (len(evals) - 1) + [True]
@@ -63,93 +66,85 @@ def check_evaluator_matches(evaluator: Task, chief: Task, epochs: int, checkpoin
     last = evals[-1]
     assert last["checkpoint"] == f"ckpt-{epochs}"
     # The final checkpoint holds the weights the chief tested: the same split gives the same figures.
-    assert last["test_accuracy"] == pytest.approx(chief.final()["test_accuracy"], abs=1e-6)
-    assert last["test_loss"] == pytest.approx(chief.final()["test_loss"], rel=1e-4)
-    chief_val = {r["epoch"]: r["val_accuracy"] for r in chief.metrics("epoch")}
+    final = next(r for r in records if r["kind"] == "final" and r["task"] == chief)
+    assert last["test_accuracy"] == pytest.approx(final["test_accuracy"], abs=1e-6)
+    assert last["test_loss"] == pytest.approx(final["test_loss"], rel=1e-4)
+    chief_val = {r["epoch"]: r["val_accuracy"] for r in records if r["kind"] == "epoch" and r["task"] == chief}
     for record in evals:
         assert record["val_accuracy"] == pytest.approx(chief_val[record["epoch"]], abs=1e-6), record
-    assert "trainer: training ended; final checkpoint" in evaluator.output()
+    assert "trainer: training ended; final checkpoint" in evaluator_output
     marker = json.loads((checkpoints / "training-finished.json").read_text())
-    assert marker == {"epochs": epochs, "checkpoint": f"ckpt-{epochs}", "run_id": None}
+    assert marker == {"epochs": epochs, "checkpoint": f"ckpt-{epochs}", "run_id": run_id}
     # Only the chief writes there; other workers' copies went to their own scratch folders.
     assert not [p for p in checkpoints.iterdir() if p.is_dir()]
 
 
-@pytest.mark.timeout(300)
-def test_evaluator_follows_two_mirrored_workers(tmp_path):
-    checkpoints = tmp_path / "checkpoints"
-    argv = ["--epochs", "4", "--checkpoint-dir", str(checkpoints)]
-    with RoleCluster(tmp_path, {"worker": 2, "evaluator": 1}, argv) as cluster:
-        # The evaluator ends by itself once it has evaluated the final checkpoint.
-        codes = cluster.wait(timeout=240)
-    assert codes == {"worker-0": 0, "worker-1": 0, "evaluator-0": 0}, cluster["evaluator-0"].output()[-3000:]
-    check_evaluator_matches(cluster["evaluator-0"], cluster["worker-0"], 4, checkpoints)
-    assert "replicas=2" in cluster["worker-0"].output()
-    # The evaluator trains nothing and reports no epochs of its own.
-    assert cluster["evaluator-0"].metrics("epoch") == [] and cluster["evaluator-0"].metrics("final") == []
-
-
-@pytest.mark.timeout(300)
-def test_evaluator_beside_parameter_servers_even_in_every_tasks_cluster(tmp_path):
-    # Some launchers name the evaluator in every task's TF_CONFIG; a ParameterServerStrategy
-    # chief would then wait for it forever, so the trainer leaves it out of the cluster it uses.
-    checkpoints = tmp_path / "checkpoints"
-    argv = ["--epochs", "3", "--checkpoint-dir", str(checkpoints)]
-    roles = {"ps": 1, "worker": 1, "chief": 1, "evaluator": 1}
-    with RoleCluster(tmp_path, roles, argv, evaluator_in_every_cluster=True) as cluster:
-        codes = cluster.wait(timeout=240, names=["chief-0", "evaluator-0"])
-    assert codes == {"chief-0": 0, "evaluator-0": 0}, cluster["chief-0"].output()[-3000:]
-    assert "ParameterServerStrategy" in cluster["chief-0"].output()
-    check_evaluator_matches(cluster["evaluator-0"], cluster["chief-0"], 3, checkpoints)
-
-
 @pytest.mark.timeout(180)
-def test_evaluator_user_errors_are_one_line(tmp_path):
+@pytest.mark.xdist_group(IN_PROCESS)
+def test_evaluator_user_errors_are_one_line(tmp_path, trainer_here):
     evaluator_config = json.dumps({"cluster": {"worker": ["localhost:1"], "evaluator": ["localhost:2"]},
                                    "task": {"type": "evaluator", "index": 0}})
     env = {"TF_CONFIG": evaluator_config, "TFLAUNCH_CHECKPOINT_DIR": ""}
-    task = run_single(tmp_path, [], env=env)
-    assert task.proc.returncode == 2 and "Traceback" not in task.output(), task.output()
+    task = trainer_here([], env=env)
+    assert task.returncode == 2 and "Traceback" not in task.output(), task.output()
     assert "trainer: error: the evaluator task needs --checkpoint-dir" in task.output()
     # Checkpoints of a narrower model than the evaluator builds.
     checkpoints = tmp_path / "checkpoints"
-    chief = run_single(tmp_path, ["--epochs", "1", "--width", "0.125", "--checkpoint-dir", str(checkpoints)])
-    assert chief.proc.returncode == 0, chief.output()
-    task = run_single(tmp_path, ["--checkpoint-dir", str(checkpoints)], env={"TF_CONFIG": evaluator_config})
+    chief = trainer_here(["--epochs", "1", "--steps-per-epoch", "2", "--width", "0.125",
+                          "--checkpoint-dir", str(checkpoints)])
+    assert chief.returncode == 0, chief.output()
+    task = trainer_here(["--checkpoint-dir", str(checkpoints)], env={"TF_CONFIG": evaluator_config})
     out = task.output()
-    assert task.proc.returncode == 2 and "Traceback" not in out, out
+    assert task.returncode == 2 and "Traceback" not in out, out
     errors = [line for line in out.splitlines() if line.startswith("trainer: error: ")]
     assert len(errors) == 1 and "ckpt-1: does not match this model" in errors[0], out
     assert "WARNING:tensorflow" not in out
 
 
+EPOCHS = 20
+
+
 @pytest.mark.timeout(300)
-def test_parameter_server_worker_restarted_in_place_rejoins(tmp_path):
+def test_parameter_server_worker_restarted_in_place_rejoins_beside_an_evaluator_in_every_tasks_cluster(tmp_path):
+    # Some launchers name the evaluator in every task's TF_CONFIG; a ParameterServerStrategy
+    # chief would then wait for it forever, so the trainer leaves it out of the cluster it uses.
     # Long enough that the replacement (TensorFlow takes seconds to start here) joins while
-    # the chief still trains: 25 epochs of a full-width model, about 40 s on 2 cores.
-    argv = ["--epochs", "25", "--width", "1"]
-    with RoleCluster(tmp_path, {"ps": 1, "worker": 2, "chief": 1}, argv) as cluster:
+    # the chief still trains: 20 epochs of a full-width model, about 30 s on 2 cores.
+    checkpoints = tmp_path / "checkpoints"
+    argv = ["--epochs", str(EPOCHS), "--width", "1", "--checkpoint-dir", str(checkpoints)]
+    roles = {"ps": 1, "worker": 2, "chief": 1, "evaluator": 1}
+    with RoleCluster(tmp_path, roles, argv, evaluator_in_every_cluster=True) as cluster:
         chief = cluster["chief-0"]
         wait_for_epoch(chief, 2, timeout=150)
         cluster["worker-1"].signal(signal.SIGKILL)
         assert cluster["worker-1"].proc.wait(10) == -signal.SIGKILL
         # The same TF_CONFIG, as a launcher restarting the worker alone, in place, does.
-        training = {r: a for r, a in cluster.spec.items() if r != "evaluator"}
-        replacement = cluster.start("worker", 1, training, suffix="-restarted")
+        replacement = cluster.start("worker", 1, cluster.spec, suffix="-restarted")
         wait_for(lambda: "serving as worker 1" in replacement.output() or replacement.proc.poll() is not None,
                  timeout=120, message="the replacement worker to serve")
         assert replacement.proc.poll() is None, replacement.output()[-3000:]
-        codes = cluster.wait(timeout=240, names=["chief-0"])
-        assert codes == {"chief-0": 0}, chief.output()[-3000:]
-        assert replacement.proc.poll() is None, "the replacement should serve until stopped"
+        # The evaluator ends by itself once it has evaluated the final checkpoint.
+        codes = cluster.wait(timeout=240, names=["chief-0", "evaluator-0"])
+        assert codes == {"chief-0": 0, "evaluator-0": 0}, chief.output()[-3000:]
+        # The servers serve until they are stopped, and SIGTERM stops them.
+        servers = {name: cluster[name] for name in ("ps-0", "worker-0", "worker-1-restarted")}
+        for name, task in servers.items():
+            assert task.proc.poll() is None, f"{name} ended early:\n{task.output()[-2000:]}"
+        assert {name: task.stop() for name, task in servers.items()} == dict.fromkeys(servers, -signal.SIGTERM)
     out = chief.output()
+    assert "ParameterServerStrategy" in out
     assert "trainer: worker 1 lost; its steps go to the other workers" in out
     assert "trainer: worker 1 rejoined" in out, out[-3000:]
     assert out.index("worker 1 lost") < out.index("worker 1 rejoined") < out.index('"kind":"final"')
-    assert chief.epochs() == list(range(1, 26))
+    epochs = chief.metrics("epoch")
+    assert [e["epoch"] for e in epochs] == list(range(1, EPOCHS + 1))
+    assert all(e["task"] == "chief-0" and e["val_accuracy"] is not None for e in epochs)
+    assert chief.final()["task"] == "chief-0"
     # Asynchronous training can spike in a late epoch whoever joins, so the bar is on the epochs
     # after the loss (their best reaches 0.90) and on the final model staying far above chance.
-    after_loss = [e["val_accuracy"] for e in chief.metrics("epoch") if e["epoch"] > 2]
+    after_loss = [e["val_accuracy"] for e in epochs if e["epoch"] > 2]
     assert max(after_loss) >= 0.90 and chief.final()["test_accuracy"] >= 0.5, (after_loss, chief.final())
     # The lost and rejoined lines come once each, and TensorFlow's INFO lines stay hidden.
     assert out.count("worker 1 rejoined") == 1 and "INFO:tensorflow" not in out
+    evaluator = cluster["evaluator-0"]
+    check_evaluations(evaluator.metrics() + chief.metrics(), "chief-0", EPOCHS, checkpoints, evaluator.output())

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from test_trainer_tf import Cluster, assert_user_error, killed_after_epoch, run_single
+from test_trainer_tf import (IN_PROCESS, Cluster, assert_user_error, killed_after_epoch, run_single,  # noqa: F401
+                             tensorflow_here, trainer_here)
 
 pytestmark = [pytest.mark.slow, pytest.mark.tensorflow]
 
@@ -17,12 +18,13 @@ KERAS3 = {"TF_USE_LEGACY_KERAS": "0"}
 # ---------------------------------------------------------------- CentralStorageStrategy
 
 @pytest.mark.timeout(180)
+@pytest.mark.xdist_group(IN_PROCESS)
 @pytest.mark.parametrize("loop", ["fit", "custom"])
-def test_central_storage_learns_digits(tmp_path, loop):
-    task = run_single(tmp_path, ["--strategy", "central_storage", "--loop", loop, "--epochs", "4"])
-    assert task.proc.returncode == 0, task.output()
+def test_central_storage_learns_digits(trainer_here, loop):
+    task = trainer_here(["--strategy", "central_storage", "--loop", loop, "--epochs", "4"])
+    assert task.returncode == 0, task.output()
     assert "CentralStorageStrategy replicas=1" in task.output()
-    # Without TF_USE_LEGACY_KERAS the trainer builds with tf_keras.
+    # With TF_USE_LEGACY_KERAS unset or 1 the trainer builds with tf_keras.
     assert "keras=tf_keras-" in task.output()
     assert task.epochs() == [1, 2, 3, 4]
     assert task.final()["test_accuracy"] >= 0.90, task.final()

@@ -168,7 +168,7 @@ def test_where_no_namespace_can_be_made_one_line_says_so_and_nothing_starts(tfla
 @pytest.mark.tensorflow
 @pytest.mark.timeout(360)  # its run waits up to 300 s
 def test_builtin_trainer_trains_inside_the_namespace_and_its_ports_stay_inside(tflaunch):
-    proc = tflaunch.start("--local", "2", "--isolate-network", "--", "python", "-m", "trainer", "--epochs", "6")
+    proc = tflaunch.start("--local", "2", "--isolate-network", "--", "python", "-m", "trainer", "--epochs", "3")
 
     def first_epoch() -> bool:
         run_dir = tflaunch.latest_run()
@@ -191,7 +191,7 @@ def test_builtin_trainer_trains_inside_the_namespace_and_its_ports_stay_inside(t
     assert proc.returncode == 0, err[-3000:]
     metrics = [json.loads(line) for line in (tflaunch.latest_run() / "metrics.jsonl").read_text().splitlines()]
     epochs = sorted({m["epoch"] for m in metrics if m.get("kind") == "epoch"})
-    assert epochs == [1, 2, 3, 4, 5, 6]
+    assert epochs == [1, 2, 3]
     assert any("test_accuracy" in m for m in metrics)
 
 

@@ -57,13 +57,13 @@ def test_a_failure_shows_its_meaningful_last_lines_and_folds_the_survivors_trace
 
 
 def kill_mid_training(tflaunch) -> tuple[str, str, Path, list[str]]:
-    """Two workers of the built-in trainer, worker-1 SIGKILLed as their third epoch starts:
+    """Two workers of the built-in trainer, worker-1 SIGKILLed as their second epoch starts:
     tflaunch's output and error, the run folder, and the lines worker-0 wrote after its last epoch."""
     before = tflaunch.latest_run()
     proc = tflaunch.start("--local", "2", "--", sys.executable, "-m", "trainer", "--epochs", "20",
                           "--steps-per-epoch", "40")
-    wait_for(lambda: tflaunch.latest_run() != before and '"task":"worker-0","epoch":2,' in tflaunch.merged_text(),
-             timeout=240, interval=0.1, message="worker-0's second epoch")
+    wait_for(lambda: tflaunch.latest_run() != before and '"task":"worker-0","epoch":1,' in tflaunch.merged_text(),
+             timeout=240, interval=0.1, message="worker-0's first epoch")
     victim = next(task["pid"] for task in tflaunch.live_tasks() if task["name"] == "worker-1")
     os.kill(victim, signal.SIGKILL)
     out, err = proc.communicate(timeout=120)

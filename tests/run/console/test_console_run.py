@@ -274,7 +274,7 @@ def test_keras_progress_bars_leave_no_backspaces_in_merged_log(tflaunch, legacy)
 @pytest.mark.tensorflow
 @pytest.mark.xdist_group(DEFAULT_LOCAL_TWO)
 def test_the_default_job_console_is_for_people(default_local_two):
-    done, _ = default_local_two
+    done = default_local_two.done
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert "TFLAUNCH_METRIC" not in out and "{" not in out

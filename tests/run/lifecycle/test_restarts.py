@@ -19,11 +19,14 @@ def metrics_of(run_dir) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+EPOCHS = 4
+
+
 @pytest.mark.slow
 @pytest.mark.tensorflow
 def test_worker_killed_mid_epoch_two_restarts_and_resumes_from_backup(tflaunch):
     proc = tflaunch.start("--local", "2", "--max-restarts", "1", "--restart-delay", "0.5", "--",
-                          "python", "-m", "trainer", "--epochs", "5", "--width", "1")
+                          "python", "-m", "trainer", "--epochs", str(EPOCHS), "--width", "1")
 
     def epoch_one_done():
         if proc.poll() is not None:
@@ -48,8 +51,15 @@ def test_worker_killed_mid_epoch_two_restarts_and_resumes_from_backup(tflaunch):
     second = [m for m in records if m["kind"] == "epoch" and m["attempt"] == 2 and m["task"] == "worker-0"]
     first_epoch_of_second = second[0]["epoch"]
     assert 2 <= first_epoch_of_second <= 3  # resumed from the backup, not from epoch 1
-    assert [m["epoch"] for m in second] == list(range(first_epoch_of_second, 6))
-    assert any(m["kind"] == "final" and m["attempt"] == 2 for m in records)
+    assert [m["epoch"] for m in second] == list(range(first_epoch_of_second, EPOCHS + 1))
+    for name in ("worker-0", "worker-1"):  # each worker resumed from the backup tflaunch offered
+        log = (run_dir / f"{name}.log").read_text()
+        assert f"trainer: resuming from backup at epoch {first_epoch_of_second}\n" in log, log[-3000:]
+    final = [m for m in records if m["kind"] == "final" and m["task"] == "worker-0"]
+    assert len(final) == 1 and final[0]["attempt"] == 2 and final[0]["epochs"] == EPOCHS, final
+    assert final[0]["test_accuracy"] >= 0.85, final
+    # A finished run leaves no backup behind, so the next run starts afresh.
+    assert not (run_dir / "backup" / "chief").exists()
     assert (run_dir / "attempt-1" / "worker-1.log").exists() and (run_dir / "worker-1.log").exists()
     assert b"[2] worker-0 | " in (run_dir / "merged.log").read_bytes()
     assert "resum" in (run_dir / "worker-0.log").read_text().lower()
