@@ -52,8 +52,8 @@ TIERS = (
 # Tiers whose tests run in parallel worker processes (pytest-xdist), and how many. Their tests
 # mostly wait for the runs they start: on two cores, four workers took the fast tier from 283 s to
 # 120 s and the processes tier from 218 s to 128 s; two took the TensorFlow tests that need not run
-# alone from about 1,660 s to 1,156 s.
-WORKERS = {"unit": 2, "fast": 4, "processes": 4, "slurm": 2, "tensorflow": 2}
+# alone from about 1,660 s to 1,156 s. Each ssh and Slurm worker brings up test hosts or clusters of its own.
+WORKERS = {"unit": 2, "fast": 4, "processes": 4, "ssh": 2, "slurm": 2, "tensorflow": 2}
 # The tiers of one stage run at the same time, each in a pytest process of its own whose output is
 # shown whole when it ends; the stages run one after the other, cheapest first.
 STAGES = (("unit",), ("fast",), ("processes",), ("ssh",), ("tensorflow",), ("rest",))
