@@ -110,27 +110,32 @@ class Leader(object):
     """A task's first process, which leads the task's process group. The agent reaps its own
     children, so the leader's pid (the group's id) is not reused before the reap; after it, nothing
     is sent. The group is signalled only while /proc shows the process that started when the
-    leader did still leading it; else the leader alone, through a pidfd (Linux 5.3+, Python 3.9+),
-    which names it whatever its number."""
+    leader did still leading it; else the leader alone, while /proc shows that process at its
+    number. No descriptor is held per task (a pidfd would be one per task, and 200 tasks under a
+    common ``ulimit -n`` of 256 would run out)."""
 
     def __init__(self, pid):
         self.pid = pid
         self.reaped = False
-        try:
-            self.pidfd = os.pidfd_open(pid)
-        except (AttributeError, OSError):
-            self.pidfd = None
         fields = stat_fields(pid)
         self.started = fields and fields[19]  # with the pid, it names this one process
+
+    def is_there(self):
+        """Whether /proc shows the leader, not reaped, at its number: the process that started when
+        it did."""
+        if self.reaped or not self.started:
+            return False
+        fields = stat_fields(self.pid)
+        return bool(fields) and fields[19] == self.started
 
     def owns_group(self):
         """Whether /proc shows the leader, not reaped, leading a group: the process at ``pid`` that
         started when it did, its group's id its own. (Read when a signal goes, not at the start:
         a forked task makes its group only after the fork returned here.)"""
-        if self.reaped or not self.started:
+        if not self.is_there():
             return False
         fields = stat_fields(self.pid)
-        return bool(fields) and fields[19] == self.started and fields[2] == b"%d" % self.pid
+        return bool(fields) and fields[2] == b"%d" % self.pid
 
     def signal(self, signum):
         if self.owns_group():
@@ -138,18 +143,15 @@ class Leader(object):
                 os.killpg(self.pid, signum)
             except (ProcessLookupError, PermissionError):
                 pass
-        elif self.pidfd is not None and not self.reaped:
+        elif self.is_there():
             try:
-                signal.pidfd_send_signal(self.pidfd, signum)
-            except OSError:
+                os.kill(self.pid, signum)
+            except (ProcessLookupError, PermissionError):
                 pass  # it has exited
 
     def reap(self):
         """The agent reaped it: its number is free for any process from now on."""
         self.reaped = True
-        if self.pidfd is not None:
-            os.close(self.pidfd)
-            self.pidfd = None
 
 
 def lead_session():

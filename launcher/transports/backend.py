@@ -98,7 +98,7 @@ class AgentBackend(ABC):
         link = self.links.get(key)
         if link is None or link.gone:
             link = self.links[key] = self.connect(launch)
-            self.setups[key] = launch.setup
+            self.setups[key] = launch.setup if launch is not None else None  # None: this machine's, asked by no task
         return link
 
     def start(self, launch: TaskLaunch, log_path: str) -> AgentTask | FailedStart:

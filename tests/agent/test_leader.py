@@ -1,6 +1,7 @@
-"""A task's leader and its process group are signalled only while they are the task's: through a
-pidfd for the leader, and to its group only while /proc shows the process that started when the
-leader did, leading that group; once the agent has reaped the leader, nothing at all. Real
+"""A task's leader and its process group are signalled only while they are the task's: the leader
+while /proc shows the process that started when it did at its number, its group only while that
+process leads it; once the agent has reaped the leader, nothing at all; and no descriptor is held
+per task. Real
 processes throughout; a number reused by another process is played by a real stranger."""
 
 from __future__ import annotations
@@ -49,13 +50,23 @@ def test_a_reaped_leader_gets_no_signal_and_neither_does_its_number(procs):
     assert stranger.poll() is None and not gone(stranger.pid)
 
 
-def test_a_number_that_names_another_process_gets_no_signal_while_the_leader_still_does(procs):
+def test_a_number_that_names_another_process_gets_no_signal(procs):
     task = procs(SLEEP)
     leader = Leader(task.pid)
     time.sleep(0.05)  # /proc counts start times in clock ticks (10 ms): a reused number comes later
     stranger = procs(SLEEP)  # another process at the leader's number: another start time
     leader.pid = stranger.pid
-    assert not leader.owns_group()
+    assert not leader.owns_group() and not leader.is_there()
     leader.signal(signal.SIGTERM)
-    assert task.wait(10) == -signal.SIGTERM  # by its pidfd, which names it whatever its number
+    time.sleep(0.2)
     assert stranger.poll() is None and not gone(stranger.pid)
+    leader.pid = task.pid  # its own number again: the leader is there and gets it
+    leader.signal(signal.SIGTERM)
+    assert task.wait(10) == -signal.SIGTERM
+
+
+def test_a_leader_holds_no_descriptor(procs):
+    tasks = [procs(SLEEP) for _ in range(20)]
+    opened = len(os.listdir("/proc/self/fd"))
+    leaders = [Leader(task.pid) for task in tasks]
+    assert len(os.listdir("/proc/self/fd")) == opened, leaders
