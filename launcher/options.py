@@ -92,7 +92,6 @@ GRACE = AGENT_GRACE
 EVALUATOR_TIMEOUT = 300.0  # seconds an evaluator may go on after training succeeded
 STRAGGLER_TIMEOUT = 600.0  # seconds a straggler lasts before --on-straggler exclude leaves its host out
 STRAGGLER_WARM_UP = 60.0  # seconds of an attempt in which no straggler is named (start-up, graph building, caches)
-STRAGGLER_WINDOW = 20.0  # seconds of readings the straggler rule judges each task over
 STRAGGLER_ACTIONS = ("warn", "exclude", "off")
 # A cluster file's max_restarts and restart_delay, when it does not set them (the options win over the file).
 MAX_RESTARTS = 0
@@ -186,11 +185,6 @@ class RunOptions:
         STRAGGLER_WARM_UP, metavar="S", parse=float,
         help="Seconds at the start of each attempt in which no straggler is named (TensorFlow starts up, builds its "
              "graphs and fills its caches then).")
-    straggler_window: float = _option(
-        STRAGGLER_WINDOW, metavar="S", parse=float,
-        help="Seconds of readings the straggler rule judges each task over: a task is named once it stood out for "
-             "three quarters of S, its end said once it stayed calm for half of S. Shorter names stragglers sooner "
-             "and is swayed more by short bursts.")
     evaluator_timeout: float = _option(
         EVALUATOR_TIMEOUT, metavar="S", parse=float,
         help="After training succeeds, seconds a running evaluator may take to finish its last evaluation "
@@ -241,7 +235,6 @@ class RunOptions:
             raise bad("on_straggler", " or ".join(STRAGGLER_ACTIONS), self.on_straggler)
         put(self, "straggler_timeout", seconds("straggler_timeout", self.straggler_timeout, positive=True))
         put(self, "straggler_warm_up", seconds("straggler_warm_up", self.straggler_warm_up))
-        put(self, "straggler_window", seconds("straggler_window", self.straggler_window, positive=True))
         put(self, "tasks", _names(self.tasks))
         put(self, "log_max_size", size("log_max_size", self.log_max_size))
         for flag in ("isolate_network", "no_seal", "no_check", "quiet", "verbose", "tensorboard", "debug"):

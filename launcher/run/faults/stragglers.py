@@ -5,7 +5,7 @@ training tasks) a step lasts as long as its slowest task takes, so every task's 
 same and cannot tell who holds the others back. What sets the slowest apart is what its threads
 do meanwhile. Each training task's host agent watches its threads (the agent's ``ThreadWatch``)
 and sends running totals with its resource readings, from which, over the last window of readings
-(:data:`WINDOW` seconds by default, ``--straggler-window``):
+(:data:`WINDOW` seconds):
 
 - ``stall``: how many of its threads sleep on purpose or wait for a disk, on average (an input
   pipeline that sleeps per batch or reads from a slow disk);
@@ -41,7 +41,6 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from ...cluster.ranks import TRAINING_ROLES
-from ...options import STRAGGLER_WINDOW
 from ...records.folder import iso_time
 from ...records.record import StragglerRecord
 from ...records.states import TaskState, clock_text
@@ -52,7 +51,9 @@ from .readings import TaskReadings
 
 log = tracer("stragglers")
 
-WINDOW = STRAGGLER_WINDOW  # seconds of readings a task's figures are taken over, by default (--straggler-window)
+# Seconds of readings a task's figures are taken over: each half holds several looks at its threads
+# (one every 2 s) and at least one census of its CPU (every 10 s: launcher/agent/threads.py).
+WINDOW = 20.0
 CONFIRM_SHARE = 0.2
 CONFIRM_PART = 0.75  # of the window: how long a task stands out before it is named
 CONFIRM_FOR = CONFIRM_PART * WINDOW
@@ -180,7 +181,7 @@ class StragglerWatch:
     the attempt with a :class:`Trip`, when ``excludable`` (asked with the task's name) returns
     None; otherwise what it returns is said once, and the run goes on. No straggler is named in the
     attempt's first ``warm_up`` seconds (``--straggler-warm-up``). Each judgement takes the last
-    ``window`` seconds of readings (``--straggler-window``); a task is named once it stood out for
+    ``window`` seconds of readings; a task is named once it stood out for
     :data:`CONFIRM_PART` of them and its end said once it was calm for :data:`END_PART` of them.
     """
 

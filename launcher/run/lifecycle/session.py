@@ -368,7 +368,7 @@ class RunSession:
         exclude_after = self.options.straggler_timeout if self.options.on_straggler == "exclude" else None
         return StragglerWatch(attempt, {l.name: l.host for l in plan.launches}, self.message, changed,
                               exclude_after=exclude_after, excludable=excludable,
-                              warm_up=self.options.straggler_warm_up, window=self.options.straggler_window)
+                              warm_up=self.options.straggler_warm_up)
 
     def _check_logging(self) -> Trip | None:
         """Stop the attempt when the run's files could not be written (a full disk)."""

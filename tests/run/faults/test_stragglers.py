@@ -27,7 +27,6 @@ import pytest
 from launcher.records.record import RunRecord
 from launcher.records.states import TaskState
 from launcher.options import STRAGGLER_WARM_UP as WARM_UP, RunOptions
-from launcher.errors import OptionsError
 from launcher.run.faults.stragglers import (CONFIRM_FOR, CONFIRM_SHARE, END_FOR, WINDOW, Figures, StragglerWatch,
                                             figures_over, minority, shares, status_words, steady_shares)
 from launcher.agent import threads
@@ -178,11 +177,8 @@ def test_the_warm_up_is_the_run_s_option():
 
 
 @pytest.mark.unit
-def test_the_window_is_the_run_s_option_and_sets_how_long_a_task_stands_out_and_stays_calm():
-    assert RunOptions().straggler_window == WINDOW == 20.0
-    assert RunOptions(straggler_window=8).straggler_window == 8.0
-    with pytest.raises(OptionsError, match="straggler-window"):
-        RunOptions(straggler_window=0)
+def test_a_shorter_window_sets_how_long_a_task_stands_out_and_stays_calm():
+    assert WINDOW == 20.0 and CONFIRM_FOR == 15.0 and END_FOR == 10.0
     clock = Clock()
     watch, said, _ = watch_with(clock, warm_up=0.0, window=8.0)
     slow = {"worker-0": (0.0, "stall"), "worker-1": (0.0, "stall"), "worker-2": (0.5, "stall")}
@@ -518,12 +514,12 @@ def first_batch(tflaunch, tasks: int, timeout: float = 240) -> float:
 def test_a_worker_whose_input_sleeps_is_named_among_three_and_its_end_is_said(tflaunch):
     # Real MultiWorkerMirroredStrategy workers; fit is called once per epoch, so every epoch's input
     # iterator runs the generator on new tf.data threads (the harder case: the work hops between
-    # threads). An 8 s window: named about 12 s in. 600 steps: room after the recovery (at 35 s)
+    # threads). Named about 30 s in. 2000 steps: room after the recovery (at 50 s)
     # for the end to be said; the recovered task, now the one whose input sets the pace, keeps a
     # share that flickers between 0.1 and 0.2 for a while.
-    proc = tflaunch.start("--local", "3", "--debug", "--straggler-warm-up", "5", "--straggler-window", "8", "--",
-                          "python", PROGRAM, "--steps", "600", "--epoch-steps", "50", "--rebuild-each-epoch",
-                          "--pace", "0.03", "--slow", "worker-2", "--sleep", "0.3", "--recover-after", "35")
+    proc = tflaunch.start("--local", "3", "--debug", "--straggler-warm-up", "5", "--",
+                          "python", PROGRAM, "--steps", "2000", "--epoch-steps", "50", "--rebuild-each-epoch",
+                          "--pace", "0.03", "--slow", "worker-2", "--sleep", "0.3", "--recover-after", "50")
     training = first_batch(tflaunch, 3)
     confirmed = wait_for(lambda: straggler_lines(tflaunch.merged_text()) or None, timeout=120,
                          message="the straggler line")
@@ -533,7 +529,7 @@ def test_a_worker_whose_input_sleeps_is_named_among_three_and_its_end_is_said(tf
     assert 0.3 <= record["stragglers"][0]["share"] <= 1.0
     assert "worker-2 on localhost holds the others back" in confirmed[0]
     print(f"confirmed {said_at - training:.1f} s after training began")
-    assert said_at - training < 35  # before it recovers: the short warm-up, half the window, then 3/4 of it
+    assert said_at - training < 50  # before it recovers: the short warm-up, half the window, then CONFIRM_FOR
     status = tflaunch.run("status")
     assert "straggler: worker-2 on localhost held the others back since" in status.stdout, status.stdout
     console = console_of(proc, timeout=360)
@@ -549,7 +545,7 @@ def test_a_worker_whose_input_sleeps_is_named_among_three_and_its_end_is_said(tf
     (entry,) = record_of(tflaunch)["stragglers"]
     assert entry["until"] is not None and entry["host"] == "localhost" and entry["attempt"] == 1
     from datetime import datetime
-    assert abs(datetime.fromisoformat(entry["until"]).timestamp() - recovered) < 20
+    assert abs(datetime.fromisoformat(entry["until"]).timestamp() - recovered) < 40
     report = tflaunch.run("report", tflaunch.latest_run().name)
     assert "straggler: worker-2 on localhost held the others back from" in report.stdout, report.stdout
 
@@ -571,9 +567,9 @@ while time.monotonic() < end:''')
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_a_straggler_named_during_the_run_is_in_the_closing_summary(tflaunch):
-    # The short warm-up and window: named about 10 s in (half a window of readings, then 3/4 of it).
-    done = tflaunch.run("--local", "3", "--straggler-warm-up", "2", "--straggler-window", "8", "--",
-                        sys.executable, "-c", STAND_IN, "25", timeout=150)
+    # The short warm-up: named about 25 s in (half a window of readings, then CONFIRM_FOR).
+    done = tflaunch.run("--local", "3", "--straggler-warm-up", "2", "--", sys.executable, "-c", STAND_IN, "50",
+                        timeout=150)
     assert done.returncode == 0, done.stderr[-3000:]
     named = [line for line in done.stderr.splitlines() if "holds the others back" in line]
     assert len(named) == 1 and "tflaunch: straggler: worker-2 on localhost" in named[0], done.stderr[-3000:]
@@ -630,7 +626,7 @@ def pinned_run(tflaunch, seconds: float, neighbour: bool = False, quota: CpuQuot
     """Two BUSY tasks for ``seconds``, each pinned to a CPU of its own, with ``neighbour`` a program
     outside the run spinning on worker-1's CPU from the start, or worker-1 held by ``quota``."""
     cpus = sorted(os.sched_getaffinity(0))[:2]
-    proc = tflaunch.start("--local", "2", "--debug", "--straggler-warm-up", "2", "--straggler-window", "8", "--",
+    proc = tflaunch.start("--local", "2", "--debug", "--straggler-warm-up", "2", "--",
                           sys.executable, "-c", BUSY, str(seconds))
     spinner = None
     try:
@@ -664,7 +660,7 @@ def pinned_run(tflaunch, seconds: float, neighbour: bool = False, quota: CpuQuot
 @pytest.mark.timeout(200)
 @needs_two_cpus
 def test_two_pinned_workers_without_a_neighbour_name_no_one(tflaunch):
-    console, record = pinned_run(tflaunch, seconds=40)
+    console, record = pinned_run(tflaunch, seconds=60)
     assert straggler_lines(console) == [] and record["stragglers"] == [], console[-3000:]
 
 
@@ -673,7 +669,7 @@ def test_two_pinned_workers_without_a_neighbour_name_no_one(tflaunch):
 @pytest.mark.timeout(200)
 @needs_two_cpus
 def test_a_worker_sharing_its_cpu_with_a_busy_program_is_named(tflaunch):
-    console, record = pinned_run(tflaunch, seconds=40, neighbour=True)
+    console, record = pinned_run(tflaunch, seconds=60, neighbour=True)
     lines = straggler_lines(console)
     assert lines and "worker-1 on localhost holds the others back" in lines[0], console[-3000:]
     assert "others take its CPUs while it waits for one" in lines[0]
@@ -689,7 +685,7 @@ def test_a_worker_sharing_its_cpu_with_a_busy_program_is_named(tflaunch):
 def test_a_worker_its_cpu_quota_holds_back_is_named(tflaunch):
     quota = CpuQuota(0.3)
     try:
-        console, record = pinned_run(tflaunch, seconds=40, quota=quota)
+        console, record = pinned_run(tflaunch, seconds=60, quota=quota)
     finally:
         quota.remove()
     lines = straggler_lines(console)
