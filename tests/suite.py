@@ -31,6 +31,7 @@ import random
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
@@ -140,10 +141,19 @@ class TierRun:
             stderr=subprocess.STDOUT if held else None)
         self.took = 0.0
         self.left_alone: list[str] = []
+        # A tier beside the stages is waited for only after them: its time is stamped as it ends.
+        self.ended: float | None = None
+        threading.Thread(target=self._stamp, name=f"tier-{name}", daemon=True).start()
+
+    def _stamp(self) -> None:
+        self.process.wait()
+        self.ended = time.monotonic()
 
     def wait(self) -> int:
         code = self.process.wait()
-        self.took = time.monotonic() - self.started
+        while self.ended is None:  # the stamping thread is a moment behind
+            time.sleep(0.01)
+        self.took = self.ended - self.started
         if self.output is not None:
             self.output.seek(0)
             print(f"\n{self.heading}", flush=True)

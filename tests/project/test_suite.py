@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -100,3 +101,14 @@ def test_the_run_of_a_tiers_other_tests_names_those_that_run_alone(tmp_path, cap
                         held=True)
     assert by_itself.wait() == 0
     assert "3 passed" in capsys.readouterr().out
+
+
+@pytest.mark.timeout(120)
+def test_a_tier_waited_for_late_takes_the_time_it_ran_not_the_wait(tmp_path, capsys):
+    (tmp_path / "test_quick.py").write_text("def test_quick():\n    pass\n")
+    run = TierRun("slurm", [str(tmp_path)], 1, ["-p", "no:cacheprovider", "--rootdir", str(tmp_path)], held=True)
+    run.process.wait()
+    finished = time.monotonic()
+    time.sleep(3)  # the stages beside it go on
+    assert run.wait() == 0
+    assert run.took <= finished - run.started + 0.5, (run.took, finished - run.started)
