@@ -26,7 +26,7 @@ LOCKSTEP = str(ROOT / "tests" / "workers" / "lockstep.py")  # the stand-in for a
 from testhosts_fixture import testhosts  # noqa: E402,F401  (fixture re-exported for ssh tests)
 from testslurm_fixture import slurm, slurm3, testslurm, testslurm3  # noqa: E402,F401  (the Slurm tests' fixtures)
 
-pytest_plugins = ["tiers"]  # the unit tier's rules; every test leaves cwd, env and signal handlers as found
+pytest_plugins = ["tiers", "groups"]  # the unit tier's rules; xdist groups that hold; every test leaves cwd, env and signal handlers as found
 
 
 def env_lines_of(text: str) -> list[dict]:

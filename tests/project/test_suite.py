@@ -112,3 +112,22 @@ def test_a_tier_waited_for_late_takes_the_time_it_ran_not_the_wait(tmp_path, cap
     time.sleep(3)  # the stages beside it go on
     assert run.wait() == 0
     assert run.took <= finished - run.started + 0.5, (run.took, finished - run.started)
+
+
+@pytest.mark.timeout(120)
+def test_the_tests_of_one_xdist_group_run_in_one_worker(tmp_path):
+    (tmp_path / "conftest.py").write_text(f"import sys\nsys.path.insert(0, {str(Path(__file__).parents[1])!r})\n"
+                                          "pytest_plugins = ['groups']\n")
+    (tmp_path / "test_grouped.py").write_text(
+        "import os, pytest\n"
+        "@pytest.mark.xdist_group('shared')\n@pytest.mark.parametrize('n', range(6))\n"
+        "def test_grouped(n):\n"
+        f"    with open({str(tmp_path / 'workers')!r}, 'a') as out:\n"
+        "        out.write(os.environ['PYTEST_XDIST_WORKER'] + '\\n')\n")
+    import subprocess
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", "-n", "2",
+                           "--dist", "loadgroup", "--rootdir", str(tmp_path), str(tmp_path)],
+                          capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0, done.stdout[-2000:]
+    workers = (tmp_path / "workers").read_text().split()
+    assert len(workers) == 6 and len(set(workers)) == 1, workers

@@ -284,6 +284,7 @@ def put_back(path, content):
 
 @pytest.mark.slow
 @pytest.mark.ssh
+@pytest.mark.xdist_group("machine-files")  # both edit this machine's /etc/hosts and ~/.ssh/config: one at a time
 @pytest.mark.parametrize("user_config", [None, b"Host *\n    ServerAliveInterval 7\n    User nobody"],
                          ids=["config-as-found", "config-with-host-star-no-newline"])
 def test_global_up_edits_and_down_restores_files_exactly(tmp_path, user_config):
