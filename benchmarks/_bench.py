@@ -61,6 +61,25 @@ def note(text: str) -> None:
     print(f"   {text}", flush=True)
 
 
+TESTHOSTS = ROOT / "scripts" / "testhosts"
+
+
+def hosts_up(prefix: str, subnet: str, count: int) -> dict | None:
+    """``count`` namespaced test hosts with sshd at stock limits (scripts/testhosts), as its JSON
+    says; None, with a RESULT line saying why, when they cannot be made."""
+    done = subprocess.run([str(TESTHOSTS), "up", "--no-global", "--stock-limits", "--prefix", prefix,
+                           "--subnet", subnet, "--hosts", str(count)], capture_output=True, text=True)
+    if done.returncode != 0:
+        print(f"RESULT skipped: testhosts up failed: {done.stderr.strip()}")
+        return None
+    return json.loads(done.stdout)
+
+
+def hosts_down(prefix: str) -> None:
+    done = subprocess.run([str(TESTHOSTS), "down", "--prefix", prefix], capture_output=True, text=True)
+    note(f"testhosts down: {'ok' if done.returncode == 0 else done.stderr.strip()}")
+
+
 def median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else float("nan")
 

@@ -41,7 +41,6 @@ before blaming the code.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import signal
@@ -53,7 +52,6 @@ import _bench
 from _bench import ROOT, TFLAUNCH, median, note, spread, table
 
 PREFIX, SUBNET = "bha", "10.125.7"
-TESTHOSTS = ROOT / "scripts" / "testhosts"
 STOCK_TARGET = 10
 RATIO_TARGET = 1.2
 START_CPU_TARGET_MS = 5.0  # tflaunch's own CPU at start, per host
@@ -88,17 +86,11 @@ def at_once(argvs: list[list[str]], cwd: Path) -> tuple[float, int]:
 
 
 def up(count: int) -> dict | None:
-    done = subprocess.run([str(TESTHOSTS), "up", "--no-global", "--stock-limits", "--prefix", PREFIX,
-                           "--subnet", SUBNET, "--hosts", str(count)], capture_output=True, text=True)
-    if done.returncode != 0:
-        print(f"RESULT skipped: testhosts up failed: {done.stderr.strip()}")
-        return None
-    return json.loads(done.stdout)
+    return _bench.hosts_up(PREFIX, SUBNET, count)
 
 
 def down() -> None:
-    done = subprocess.run([str(TESTHOSTS), "down", "--prefix", PREFIX], capture_output=True, text=True)
-    note(f"testhosts down: {'ok' if done.returncode == 0 else done.stderr.strip()}")
+    _bench.hosts_down(PREFIX)
 
 
 def tflaunch(cluster: Path, work: Path, *command: str) -> list[str]:

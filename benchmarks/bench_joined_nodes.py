@@ -26,7 +26,6 @@ prefix and takes them down at the end, whatever happens. Two parts, each printed
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import secrets
 import signal
@@ -35,10 +34,9 @@ import time
 from pathlib import Path
 
 import _bench
-from _bench import PYTHON, ROOT, TFLAUNCH, median, note, spread, table
+from _bench import PYTHON, TFLAUNCH, median, note, spread, table
 
 PREFIX, SUBNET = "bjn", "10.125.9"
-TESTHOSTS = ROOT / "scripts" / "testhosts"
 UP = "echo up; exec sleep 600"
 SETTLE = 2.0  # after every task is up: the last samples and statuses come in
 JOINED_BEFORE_LAST = 6.0  # seconds the other nodes get to start and join before the last one starts
@@ -46,17 +44,11 @@ SLACK_TARGET = 2.0  # the last node's start to every task up: one task start plu
 
 
 def up(count: int) -> dict | None:
-    done = subprocess.run([str(TESTHOSTS), "up", "--no-global", "--stock-limits", "--prefix", PREFIX,
-                           "--subnet", SUBNET, "--hosts", str(count)], capture_output=True, text=True)
-    if done.returncode != 0:
-        print(f"RESULT skipped: testhosts up failed: {done.stderr.strip()}")
-        return None
-    return json.loads(done.stdout)
+    return _bench.hosts_up(PREFIX, SUBNET, count)
 
 
 def down() -> None:
-    done = subprocess.run([str(TESTHOSTS), "down", "--prefix", PREFIX], capture_output=True, text=True)
-    note(f"testhosts down: {'ok' if done.returncode == 0 else done.stderr.strip()}")
+    _bench.hosts_down(PREFIX)
 
 
 def cpu_seconds(pid: int) -> float:
