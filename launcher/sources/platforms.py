@@ -60,6 +60,14 @@ def _lines(environ: Mapping[str, str], variable: str) -> list[str]:
     return found
 
 
+def _address(environ: Mapping[str, str], variable: str, wanted: str) -> str:
+    """The address in ``variable``; a ConfigError saying it ``wanted`` when empty."""
+    address = environ.get(variable, "").strip()
+    if not address:
+        raise ConfigError("environment", variable, f"expected {wanted}, got ''")
+    return address
+
+
 def _in_range(rank: int, nnodes: int, variable: str) -> int:
     if rank >= nnodes:
         raise ConfigError("environment", variable, f"expected a rank below the node count {nnodes}, got {rank}")
@@ -76,10 +84,7 @@ def skypilot(environ: Mapping[str, str], nnodes: int | None, hostname: str) -> N
 def dstack(environ: Mapping[str, str], nnodes: int | None, hostname: str) -> NodesFound:
     count = _number(environ, "DSTACK_NODES_NUM", 1)
     rank = _in_range(_number(environ, "DSTACK_NODE_RANK"), count, "DSTACK_NODE_RANK")
-    master = environ.get("DSTACK_MASTER_NODE_IP", "").strip()
-    if not master:
-        raise ConfigError("environment", "DSTACK_MASTER_NODE_IP", "expected rank 0's address, got ''")
-    return NodesFound("dstack", count, rank, master)
+    return NodesFound("dstack", count, rank, _address(environ, "DSTACK_MASTER_NODE_IP", "rank 0's address"))
 
 
 def kubernetes(environ: Mapping[str, str], nnodes: int | None, hostname: str) -> NodesFound:
@@ -102,10 +107,8 @@ def aws_batch(environ: Mapping[str, str], nnodes: int | None, hostname: str) -> 
     rank = (index - main) % count  # the main node is rank 0, the others follow in index order
     if rank == 0:
         return NodesFound("aws-batch", count, 0, None)  # the main node has no variable naming its address
-    address = environ.get("AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS", "").strip()
-    if not address:
-        raise ConfigError("environment", "AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS",
-                          "expected the main node's address on a child node, got ''")
+    address = _address(environ, "AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS",
+                       "the main node's address on a child node")
     return NodesFound("aws-batch", count, rank, address)
 
 
@@ -126,10 +129,7 @@ def sagemaker(environ: Mapping[str, str], nnodes: int | None, hostname: str) -> 
 def slurm(environ: Mapping[str, str], nnodes: int | None, hostname: str) -> NodesFound:
     count = _number(environ, "SLURM_NNODES", 1)
     rank = _in_range(_number(environ, "SLURM_NODEID"), count, "SLURM_NODEID")
-    address = environ.get("SLURM_LAUNCH_NODE_IPADDR", "").strip()
-    if not address:
-        raise ConfigError("environment", "SLURM_LAUNCH_NODE_IPADDR", "expected the batch node's address, got ''")
-    return NodesFound("slurm", count, rank, address)
+    return NodesFound("slurm", count, rank, _address(environ, "SLURM_LAUNCH_NODE_IPADDR", "the batch node's address"))
 
 
 # platform -> (the variable whose presence says it is this platform, its reader)
