@@ -102,6 +102,8 @@ LOG_MAX_SIZE = 1 << 30
 # Seconds of silence before a host is lost: a Slurm node's unless --keepalive-timeout says, an ssh host's unless
 # its cluster file's ssh.keepalive_timeout says.
 DEFAULT_KEEPALIVE_TIMEOUT = 15.0
+# Seconds rank 0 waits for a lost node to join again (it may be restarting) before the next attempt (--nnodes).
+DEFAULT_REJOIN_WAIT = 10.0
 DEFAULT_LOG_DIR = "logs"  # where run folders go when neither --log-dir nor a cluster file's log_dir says
 DEBUG_VARIABLE = "TFLAUNCH_DEBUG"  # in tflaunch's environment: --debug for every run (launcher/records/trace.py)
 

@@ -77,6 +77,7 @@ def _own_address() -> str:
 def join_options(command: Callable) -> Callable:
     """The rendezvous options, added to ``tflaunch run``."""
     # Light modules only: the options are made whenever tflaunch starts.
+    from ..options import DEFAULT_REJOIN_WAIT
     from ..sources.platforms import CHOICES, DEFAULT_PORT, DEFAULT_TIMEOUT
     from ..taskenv import RDZV_TOKEN as TOKEN_VARIABLE
 
@@ -94,6 +95,10 @@ def join_options(command: Callable) -> Callable:
         click.option("--rdzv-timeout", metavar="SECONDS", type=click.FloatRange(min=0, min_open=True),
                      default=DEFAULT_TIMEOUT, show_default=True,
                      help="With --nnodes: how long the nodes wait for each other."),
+        click.option("--rdzv-rejoin-wait", metavar="SECONDS", type=click.FloatRange(min=0),
+                     default=DEFAULT_REJOIN_WAIT, show_default=True,
+                     help="With --nnodes, on rank 0: before a restart, how long a lost node may take to join "
+                          "again (its tflaunch restarted) before the attempt runs without it."),
         click.option("--nodes-from", metavar="PLATFORM", type=click.Choice(CHOICES),
                      help="Fill --nnodes, --node-rank and --rdzv-endpoint from the platform's variables "
                           f"(rank 0's address, port {DEFAULT_PORT} unless --rdzv-endpoint gives one); "
@@ -140,24 +145,20 @@ def joined_source(choice: ClusterChoice, options: dict[str, Any]):
     return JoinedNodes(JoinedSource(nnodes=options["nnodes"], host=host, port=port, token=token,
                                     timeout=options["rdzv_timeout"], tasks_per_node=options["tasks_per_node"],
                                     spares=spare_nodes(choice.spares), minimum=options["nnodes_min"],
+                                    rejoin_wait=options["rdzv_rejoin_wait"],
                                     chief=choice.chief, ps=choice.ps, evaluator=choice.evaluator, gpus=choice.gpus))
 
 
 def join_run(choice: ClusterChoice, options: dict[str, Any], given: RunOptions) -> int:
-    """A node of rank R > 0: join the run at the endpoint and serve its tasks here; the run's exit code."""
-    from ..agent.protocol import LOST_RUN
-    from ..transports.joined import join
+    """A node of rank R > 0: this process becomes the node's agent, which joins the run at the
+    endpoint, serves its tasks here and exits with the run's exit code (saying so in one line)."""
+    from ..transports.nodeagent import become_agent
 
     host, port, token = _checked(choice, options)
     rank = options["node_rank"]
     click.echo(f"tflaunch: node rank {rank} of {options['nnodes']}: joining the run at {host}:{port}", err=True)
-    code = join(host, port, rank, token, options["rdzv_timeout"], given.grace, options["nnodes"])
-    if code == LOST_RUN:
-        click.echo(f"tflaunch: node rank {rank}: the run's owner (node rank 0) went away; this node's tasks were "
-                   "stopped", err=True)
-    elif code == 2:
-        click.echo(f"tflaunch: node rank {rank}: no owner at {host}:{port} proved itself within --rdzv-timeout "
-                   f"{options['rdzv_timeout']:g} s", err=True)
-    else:
-        click.echo(f"tflaunch: node rank {rank}: the run ended with exit code {code}", err=True)
-    return code
+    try:
+        become_agent(host, port, rank, token, options["rdzv_timeout"], given.grace, options["nnodes"])
+    except OSError as exc:
+        click.echo(f"tflaunch: node rank {rank}: cannot start the node's agent: {exc.strerror or exc}", err=True)
+    return 1

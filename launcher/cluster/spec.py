@@ -199,6 +199,16 @@ class ClusterSpec:
         return replace(self, tasks=tasks, spares=spares)
 
 
+    def at_addresses(self, addresses: Mapping[str, str]) -> "ClusterSpec":
+        """The same cluster with the tasks and spare slots of the named hosts reached at the given
+        addresses (a node that joined the run again from a new address)."""
+        if not any(task.host in addresses and task.address != addresses[task.host] for task in self.slots):
+            return self
+        tasks = tuple(replace(t, address=addresses[t.host]) if t.host in addresses else t for t in self.tasks)
+        spares = tuple(replace(t, address=addresses[t.host]) if t.host in addresses else t for t in self.spares)
+        return replace(self, tasks=tasks, spares=spares)
+
+
 OTHER_HOSTS_ONLY = frozenset({"joined"})  # transports whose agents are on other hosts: nodes that joined the run
 
 

@@ -23,6 +23,7 @@ from ..cluster.checks import check_cluster
 from ..cluster.placement import SPARE_ROLE
 from ..cluster.spec import AUTO, ClusterSpec, TaskSpec, is_local, is_loopback
 from ..errors import ConfigError, LaunchError, OptionsError
+from ..options import DEFAULT_REJOIN_WAIT
 from ..options import label as options_label
 from ..taskenv import RDZV_TOKEN
 from . import RoleOptions
@@ -83,6 +84,7 @@ class JoinedSource(RoleOptions):
     tasks_per_node: int = 1
     spares: int = 0  # spare nodes: ranks nnodes .. nnodes + spares - 1
     minimum: int | None = None  # --nnodes MIN:MAX: MIN (nnodes is MAX); None: nnodes
+    rejoin_wait: float = DEFAULT_REJOIN_WAIT  # for a lost node to join again before the next attempt
 
     @property
     def label(self) -> str:
@@ -95,7 +97,7 @@ class JoinedSource(RoleOptions):
         from ..transports.joined import Rendezvous
 
         return Rendezvous(self.nnodes, self.token, self.host, self.port, self.timeout, spares=self.spares,
-                          minimum=self.minimum)
+                          minimum=self.minimum, rejoin_wait=self.rejoin_wait)
 
 
 def joined_spec(source: JoinedSource, rendezvous, local_hosts: frozenset[str]) -> ClusterSpec:

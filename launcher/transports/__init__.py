@@ -106,6 +106,14 @@ class TransportSet:
         for transport in self._transports.values():
             transport.leave_out(hosts, back)
 
+    def addresses(self) -> dict[str, str]:
+        """{host: address} where the hosts whose address changed during the run are reached now
+        (a node that joined again from a new address): the next attempt's plan puts them there."""
+        found: dict[str, str] = {}
+        for transport in self._transports.values():
+            found.update(transport.addresses())
+        return found
+
     def helper(self, launch: TaskLaunch, source: str, request: dict, on_line: Callable[[str | None], None],
                env: Mapping[str, str] | None = None):
         """Run a standard-library script (a probe) with ``launch``'s interpreter on its host, through

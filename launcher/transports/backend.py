@@ -8,14 +8,14 @@ one hub; and at the end every channel closed first, then every carrier given one
 A backend writes :meth:`AgentBackend.connect` (the link to one host's agent) and, where it differs
 from the default, :meth:`~AgentBackend.host_key`, :meth:`~AgentBackend.fields`,
 :meth:`~AgentBackend.cannot_connect`, :meth:`~AgentBackend.prepare`,
-:meth:`~AgentBackend.leave_out` and :meth:`~AgentBackend.close_carriers`.
+:meth:`~AgentBackend.leave_out`, :meth:`~AgentBackend.addresses` and :meth:`~AgentBackend.close_carriers`.
 """
 
 from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Hashable, Sequence
+from collections.abc import Collection, Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from ..agent.protocol import EOF_GRACE
@@ -78,6 +78,11 @@ class AgentBackend(ABC):
     def leave_out(self, hosts: Collection[str], back: Collection[str] = ()) -> None:
         """The run left ``hosts`` out and took ``back`` in again; a backend that asks a scheduler
         for its hosts keeps the left-out ones out of what it asks for."""
+
+    def addresses(self) -> Mapping[str, str]:
+        """{host: address} for hosts whose address changed during the run: none, but for nodes
+        that join the run themselves."""
+        return {}
 
     def mine(self, launches: Sequence[TaskLaunch]) -> list[TaskLaunch]:
         return [launch for launch in launches if launch.transport == self.kind]

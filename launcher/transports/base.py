@@ -9,7 +9,7 @@ process reports, and the descriptors a transport keeps open (:data:`OPEN_LOGS`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
 from ..cluster.plan import TaskLaunch
@@ -154,6 +154,10 @@ class Transport(Protocol):
 
     def link_for(self, launch: TaskLaunch) -> HostLink:
         """The link to the agent on ``launch``'s host, brought up first if it is not up yet."""
+
+    def addresses(self) -> Mapping[str, str]:
+        """{host: address} where a host's tasks are reached now, for hosts whose address may change
+        during a run (a node that joined again from a new one); the next attempt is planned there."""
 
     def close(self) -> None:
         """End of the run: every agent and connection goes; nothing is left on any host."""

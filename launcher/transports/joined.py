@@ -14,10 +14,12 @@ through it, and a node whose agent goes silent or whose connection closes is a l
 links outlive the run's transports by a moment: when the run has its exit code the owner tells
 every node (:meth:`Rendezvous.finish`), whose tflaunch exits with it. Until then the endpoint stays
 open to the nodes that joined: one that restarts (the platform's retry: its tflaunch started again
-with the same rank) joins again from the same address, its earlier link ends as lost, and the run's
-next attempt starts its tasks there. The owner gone without
-saying it (killed) closes each connection: each node's agent stops its tasks and exits with
-:data:`~launcher.agent.protocol.LOST_RUN`.
+with the same rank) joins again, from its old address or a new one (a new pod's), its earlier link
+ends as lost, and the run's next attempt starts its tasks there, at the address it came from
+(:meth:`JoinedTransport.addresses`). Before that attempt a lost node is waited for at most
+``--rdzv-rejoin-wait`` seconds, every lost node at once. The owner gone without saying it (killed)
+closes each connection: each node's agent stops its tasks and exits with
+:data:`~launcher.agent.protocol.LOST_RUN`. A joining node's own side is :mod:`.nodeagent`.
 """
 
 from __future__ import annotations
@@ -27,32 +29,40 @@ import math
 import os
 import select
 import socket
-import subprocess
-import sys
 import termios
 import threading
 import time
-from collections.abc import Hashable
-from dataclasses import dataclass
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
 
-from ..agent.protocol import EOF_GRACE, Command, beat_for, encode_fields, sample_for
+from ..agent.protocol import EOF_GRACE, Command, beat_for
 from ..cluster.plan import TaskLaunch
 from ..cluster.spec import DEFAULT_KEEPALIVE_TIMEOUT
+from ..options import DEFAULT_REJOIN_WAIT
 from .backend import AgentBackend
 from .base import ExitStatus
 from .carriers import Carrier
 from .connectback import ConnectBack
 from .hostlink import AgentLink
 from .linkhub import HUB
-from .shipping import AGENT_BOOT, without_token
 
 KIND = "joined"
-# The joined nodes' links by host (node_host), filled by the rendezvous of this process's run (one per process).
-_NODES: dict[str, AgentLink] = {}
-_NODES_LOCK = threading.Lock()
-_NODES_CHANGED = threading.Condition(_NODES_LOCK)  # a node joined again
 END_WAIT = EOF_GRACE + 1.0  # for a node's agent to close its channel once it has the run's exit code
-_GIVE_UP: dict[str, float] = {}  # a node whose link is gone: when the wait for it to join again ends
+
+
+@dataclass
+class _Nodes:
+    """The joined nodes of this process's run (one rendezvous per process), shared by the rendezvous,
+    which fills it, and the transport, which starts tasks through it."""
+
+    links: dict[str, AgentLink] = field(default_factory=dict)  # by host (node_host)
+    addresses: dict[str, str] = field(default_factory=dict)  # by host: where its tasks are reached now
+    give_up: dict[str, float] = field(default_factory=dict)  # a node whose link is gone: when its wait ends
+    rejoin_wait: float = DEFAULT_REJOIN_WAIT
+    changed: threading.Condition = field(default_factory=threading.Condition)  # a node joined (again)
+
+
+_NODES = _Nodes()
 
 
 def node_host(rank: int) -> str:
@@ -102,7 +112,8 @@ class Rendezvous:
     """The owner's side: the listener at the endpoint, and the nodes that joined it."""
 
     def __init__(self, nnodes: int, token: str, host: str, port: int, within: float,
-                 keepalive: float = DEFAULT_KEEPALIVE_TIMEOUT, spares: int = 0, minimum: int | None = None):
+                 keepalive: float = DEFAULT_KEEPALIVE_TIMEOUT, spares: int = 0, minimum: int | None = None,
+                 rejoin_wait: float = DEFAULT_REJOIN_WAIT):
         self.nnodes = nnodes
         self.minimum = nnodes if minimum is None else minimum  # --nnodes MIN:MAX: the run starts with MIN
         self.spares = spares  # ranks nnodes .. nnodes + spares - 1: spare nodes
@@ -116,6 +127,8 @@ class Rendezvous:
         self._missing: list[int] = []
         self._again: ConnectBack | None = None  # the endpoint kept open for nodes that restart
         self._lock = threading.Lock()  # members and links: the listener's thread adds to them
+        with _NODES.changed:
+            _NODES.rejoin_wait = rejoin_wait
 
     def gather(self) -> list[Member]:
         """Every other node, by rank, once all have joined (spares too); RendezvousMissing names the
@@ -162,14 +175,11 @@ class Rendezvous:
 
     def _rejoin(self, name: str, fd: int) -> None:
         """A node that joined comes again: it restarted, so whatever its earlier link still
-        carries is gone with it. Its tasks were planned at its address; from another one it is
-        turned away (its agent sees the connection close) and stays a lost host."""
+        carries is gone with it. It may come from another address (the platform gave the node a
+        new one): the next attempt's plan puts its tasks there (:meth:`JoinedTransport.addresses`)."""
         rank, address = int(name), _peer_address(fd)
         with self._lock:
-            known, earlier = self.members.get(rank), self.links.get(rank)
-        if known is None or known.address != address:
-            os.close(fd)
-            return
+            earlier = self.links.get(rank)
         if earlier is not None:
             earlier.lose(f"node {rank} joined the run again: it restarted")
             earlier.close_channel()
@@ -182,10 +192,11 @@ class Rendezvous:
         with self._lock:
             self.members[rank] = Member(rank, address)
             self.links[rank] = link
-        with _NODES_CHANGED:
-            _NODES[node_host(rank)] = link
-            _GIVE_UP.pop(node_host(rank), None)
-            _NODES_CHANGED.notify_all()
+        with _NODES.changed:
+            _NODES.links[node_host(rank)] = link
+            _NODES.addresses[node_host(rank)] = address
+            _NODES.give_up.pop(node_host(rank), None)
+            _NODES.changed.notify_all()
 
     def finish(self, code: int) -> None:
         """Tell every node the run's exit code and end its channel: its agent exits with that code.
@@ -222,10 +233,10 @@ class Rendezvous:
             channel.close()
         for link in links:
             link.close_channel()
-        with _NODES_LOCK:
+        with _NODES.changed:
             for member in self.members.values():
-                _NODES.pop(node_host(member.rank), None)
-                _GIVE_UP.pop(node_host(member.rank), None)
+                for known in (_NODES.links, _NODES.addresses, _NODES.give_up):
+                    known.pop(node_host(member.rank), None)
 
 
 def _read_to_the_end(channel: socket.socket) -> bool:
@@ -247,17 +258,34 @@ class JoinedTransport(AgentBackend):
 
     kind = KIND
 
+    def prepare(self, launches: Sequence[TaskLaunch]) -> None:
+        """As every backend; a node whose link is gone is waited for (it may be restarting) at most
+        ``--rdzv-rejoin-wait`` seconds from now, every such node at once, not one after another."""
+        with _NODES.changed:
+            give_up = time.monotonic() + _NODES.rejoin_wait
+            for launch in self.mine(launches):
+                link = _NODES.links.get(launch.host)
+                if link is not None and link.gone:
+                    _NODES.give_up.setdefault(launch.host, give_up)
+        super().prepare(launches)
+
     def connect(self, launch: TaskLaunch) -> AgentLink:
         """The node's link; for a node whose link is gone, the one it brings when it joins again
-        (it restarted) within its connect timeout, waited for once per absence."""
-        with _NODES_CHANGED:
-            give_up = _GIVE_UP.setdefault(launch.host, time.monotonic() + launch.connect_timeout)
-            while (link := _NODES.get(launch.host)) is not None and link.gone and time.monotonic() < give_up:
-                _NODES_CHANGED.wait(give_up - time.monotonic())
+        (it restarted) within ``--rdzv-rejoin-wait``, waited for once per absence."""
+        with _NODES.changed:
+            give_up = _NODES.give_up.setdefault(launch.host, time.monotonic() + _NODES.rejoin_wait)
+            while (link := _NODES.links.get(launch.host)) is not None and link.gone and time.monotonic() < give_up:
+                _NODES.changed.wait(give_up - time.monotonic())
             if link is None or link.gone:
-                raise OSError(f"node {launch.host} is not in the run (it left, or never joined)")
-            _GIVE_UP.pop(launch.host, None)
+                raise OSError(f"on {launch.host}: the node is not in the run (it left, and did not join again "
+                              f"within --rdzv-rejoin-wait {_NODES.rejoin_wait:g} s)")
+            _NODES.give_up.pop(launch.host, None)
             return link
+
+    def addresses(self) -> Mapping[str, str]:
+        """Where each joined node's tasks are reached now: the address it last joined from."""
+        with _NODES.changed:
+            return dict(_NODES.addresses)
 
     def cannot_connect(self, exc: OSError) -> str:
         return f"cannot start: {exc}"
@@ -270,33 +298,3 @@ class JoinedTransport(AgentBackend):
         transport only lets them go."""
         self.links = {}
         self.logs.close()
-
-
-def join(host: str, port: int, rank: int, token: str, within: float, grace: float, nnodes: int) -> int:
-    """A node of rank ``rank`` joins the run whose owner listens at ``host:port``: its agent,
-    started here, dials there and serves the run's tasks of this node until the owner ends the
-    run. The run's exit code, or LOST_RUN when the owner went without one, or 2 when no owner
-    proved itself within ``within`` seconds."""
-    spec = encode_fields({"keepalive": DEFAULT_KEEPALIVE_TIMEOUT, "eof_grace": min(grace, EOF_GRACE),
-                          "sample": sample_for(nnodes), "beat": beat_for(nnodes, DEFAULT_KEEPALIVE_TIMEOUT),
-                          "connect": f"{host} {port}", "connect_within": within, "join": str(rank),
-                          "echo": "1"})
-    # Its stderr (its own messages and its tasks' lines) comes through here, so that a stalled
-    # terminal costs only lines the agent then drops, never the agent's pace.
-    agent = subprocess.Popen([sys.executable, "-I", "-S", "-c", AGENT_BOOT, spec], stdin=subprocess.PIPE,
-                             stderr=subprocess.PIPE, start_new_session=True, close_fds=True,
-                             env=without_token(os.environ))
-    try:
-        agent.stdin.write(token.encode() + b"\n")  # read once, then its stdin is /dev/null
-        agent.stdin.close()
-    except OSError:
-        pass
-    try:
-        for chunk in iter(lambda: agent.stderr.read1(1 << 16), b""):
-            sys.stderr.buffer.write(chunk)
-            sys.stderr.buffer.flush()
-        return agent.wait()
-    finally:
-        if agent.poll() is None:  # tflaunch itself is stopped: the agent stops the node's tasks
-            agent.terminate()
-            agent.wait()

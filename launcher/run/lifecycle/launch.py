@@ -145,7 +145,8 @@ def run(request: LaunchRequest, console: Console, signals: Signals = SIGNALS,
             def plan_attempt(context: RunContext, cluster: ClusterSpec) -> Plan:
                 if sealing is not None:
                     sealing.ready()  # its outside network came up beside the run's start
-                return _entered(network, plan.attempt(context, cluster))
+                # A host may have come back at another address (a node that joined again): plan it there.
+                return _entered(network, plan.attempt(context, cluster.at_addresses(transports.addresses())))
 
             # Its warning comes before any task's output when the names resolve at once; slow
             # lookups do not hold the start (their warning comes when they end).
