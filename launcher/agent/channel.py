@@ -7,9 +7,10 @@ non-blocking reads, writes and waits the loop does on them and on its tasks' pip
 import errno
 import os
 import select
+import stat
 import time
 
-from .protocol import (CONNECT_BACKOFF, CONNECT_WITHIN, HELLO_LIMIT, TOKEN_BYTES, WELCOME, handshake_proof,
+from .protocol import (CONNECT_BACKOFF, CONNECT_WITHIN, LOST_RUN, HELLO_LIMIT, TOKEN_BYTES, WELCOME, handshake_proof,
                        hello_line, is_nonce, new_nonce, node_name, number)
 
 # A relayed process's output pipe holds this much instead of 64 KiB, so a chatty task writes on
@@ -231,3 +232,28 @@ def echo_lines(fd, name, rest, data):
     except OSError:
         pass  # a closed terminal: the owner has the lines anyway
     return rest
+
+
+def own_stderr():
+    """A descriptor of this process's stderr, non-blocking without making it so for whoever else
+    writes there (a terminal, a pipe): opened anew. A regular file never blocks: fd 2 itself."""
+    try:
+        if stat.S_ISREG(os.fstat(2).st_mode):
+            return 2
+        return os.open("/proc/self/fd/2", os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:  # a socket cannot be opened anew
+        fd = os.dup(2)
+        set_blocking(fd, False)
+        return fd
+
+
+def node_end_line(spec, code):
+    """The line a node that joined a run (``join``) ends with, for the run's exit code ``code``."""
+    rank = spec.get("join")
+    if code == LOST_RUN:
+        return ("tflaunch: node rank %s: the run's owner (node rank 0) went away; this node's tasks were "
+                "stopped\n" % rank)
+    if code == 2 and spec.get("connect"):
+        return ("tflaunch: node rank %s: no owner at %s proved itself within --rdzv-timeout %g s\n"
+                % (rank, ":".join(spec["connect"].rsplit(" ", 1)), number(spec.get("connect_within"), CONNECT_WITHIN)))
+    return "tflaunch: node rank %s: the run ended with exit code %d\n" % (rank, code)

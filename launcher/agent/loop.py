@@ -32,8 +32,8 @@ try:  # the C module: the signal wrapper imports enum, which costs start-up time
 except ImportError:
     import signal
 
-from .channel import (OUTPUT_TICK, echo_lines, open_channel, open_setup_log, set_blocking, wait_for, widen_pipe,
-                      write_pieces)
+from .channel import (OUTPUT_TICK, echo_lines, node_end_line, open_channel, open_setup_log, own_stderr, set_blocking,
+                      wait_for, widen_pipe, write_pieces)
 from .ending import EndingProcesses
 from .ports import HeldPorts
 from .protocol import (EOF_GRACE, HEARTBEAT, LOST_RUN, MAX_FRAME, SAMPLE, SYNC, Command, Frame, decode_fields, frame,
@@ -55,8 +55,8 @@ class Agent(StartingProcesses, EndingProcesses):
         self.spec = spec
         self.end_code = None  # the run's exit code, when tflaunch said it (END)
         self.echo = {} if spec.get("echo") else None  # process id -> its output's unfinished line
-        if self.echo is not None:
-            set_blocking(2, False)  # a pipe of its own: what the terminal cannot take now is dropped
+        # Non-blocking, on a description of its own: what the terminal cannot take now is dropped.
+        self.echo_fd = own_stderr() if self.echo is not None else None
         # Whether the agent leads a session of its own (see lead_session): each task then starts in
         # a process group of its own within it, else in a session of its own.
         self.own_session = own_session
@@ -327,7 +327,7 @@ class Agent(StartingProcesses, EndingProcesses):
             if self.echo is not None and process.fields.get("kind") != "helper":  # a joined node's own console
                 rest = self.echo.pop(process.id, b"")
                 if data or rest:
-                    self.echo[process.id] = echo_lines(2, process.name, rest, data or b"\n")
+                    self.echo[process.id] = echo_lines(self.echo_fd, process.name, rest, data or b"\n")
             if not data:
                 os.close(process.out_fd)
                 process.out_fd = None
@@ -382,14 +382,18 @@ def main():
     try:
         read_fd, write_fd = open_channel(spec)
     except OSError as exc:
-        sys.stderr.write("tflaunch agent: cannot reach tflaunch at %s: %s\n" % (spec.get("connect"), exc))
+        sys.stderr.write(node_end_line(spec, 2) if spec.get("join") else
+                         "tflaunch agent: cannot reach tflaunch at %s: %s\n" % (spec.get("connect"), exc))
         os._exit(2)
     agent = Agent(spec, read_fd, write_fd, own_session=lead_session())
     agent.setup_fd = open_setup_log(spec)
     agent.outgoing = [SYNC]
     agent.serve()
     # A node that joined a run exits with the run's code; the owner gone without one is a lost run.
-    os._exit(agent.end_code if agent.end_code is not None else LOST_RUN if spec.get("join") else 0)
+    code = agent.end_code if agent.end_code is not None else LOST_RUN if spec.get("join") else 0
+    if spec.get("join"):
+        os.write(2, node_end_line(spec, code).encode())
+    os._exit(code)
 
 
 if __name__ == "__main__":
