@@ -66,12 +66,11 @@ Examples:
 @join_options
 @click.pass_context
 def run(ctx: click.Context, choice: ClusterChoice, **options: Any) -> None:
-    from ..run.lifecycle.launch import LaunchRequest  # imported here so "tflaunch --help" stays light
-
     given = run_options(options, ctx.meta.get("tflaunch.command") or None)  # checked before the cluster is read
     options = platform_nodes(options)
     if options["nnodes"] is not None and options["node_rank"] != 0:
-        ctx.exit(join_run(choice, options, given))
+        ctx.exit(join_run(choice, options, given))  # a node that joins a run loads nothing of the run layer
+    from ..run.lifecycle.launch import LaunchRequest  # imported here so "tflaunch --help" stays light
     source = _source(choice, options)
     request = LaunchRequest(cluster=source.spec, options=given)
     try:

@@ -10,7 +10,8 @@ task's whole tree when the task ends or tflaunch is gone, and samples each task'
 - ``local``: one agent, a child of tflaunch, for every task on this machine (:mod:`.local`);
 - ``ssh``: one ssh connection per host, the agent at its far end (:mod:`.ssh`);
 - ``srun``: one Slurm job step with an agent on each node (:mod:`.srun`);
-- ``joined``: nodes that started tflaunch themselves and joined the run (:mod:`.joined`);
+- ``joined``: nodes that started tflaunch themselves and joined the run (:mod:`.joined`; a
+  joining node's own side, where its tflaunch becomes its agent, is :mod:`.nodeagent`);
 - ``simulated``: for tests and benchmarks only, with ``TFLAUNCH_SIMULATE_HOSTS=1`` set, every
   ssh host is an agent on this machine over pipes (:mod:`.simulated`).
 
