@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -130,6 +131,31 @@ def test_three_nodes_started_in_any_order_one_late_train_and_succeed_without_ssh
     assert nodes.token not in nodes.merged()  # no task inherits the token (``env`` prints TFLAUNCH_*)
     assert [task["name"] for task in record["tasks"]] == ["worker-0", "worker-1", "worker-2"]
     assert all(task["state"] == "succeeded" for task in record["tasks"])
+
+
+def test_a_joining_node_is_one_process_its_agent_which_keeps_the_terminal_as_it_was(testhosts, tmp_path):
+    nodes = Nodes(testhosts, tmp_path, nnodes=2)
+    try:
+        owner = nodes.start(0, "python", str(TASK), "print:up", "forever")
+        node = nodes.start(1, "python", str(TASK))
+        nodes.wait_running()
+        task = next(t for t in nodes.record()["tasks"] if t["name"] == "worker-1")
+        # The node's tflaunch became its agent: the task's parent, no second interpreter beside it.
+        assert psutil.Process(task["pid"]).ppid() == node.pid
+        assert psutil.Process(node.pid).cmdline()[1:4] == ["-I", "-S", "-c"]
+        assert psutil.Process(node.pid).children() == [psutil.Process(task["pid"])]
+        assert b"TFLAUNCH_RDZV_TOKEN" not in Path(f"/proc/{node.pid}/environ").read_bytes()
+        # Its tasks' lines go to a description of its stderr of its own: the shared one stays blocking.
+        flags = int(re.search(r"flags:\s+(\d+)", Path(f"/proc/{node.pid}/fdinfo/2").read_text()).group(1), 8)
+        assert not flags & os.O_NONBLOCK
+        os.killpg(owner.pid, signal.SIGINT)
+        code, out = nodes.finish(owner)
+        code1, text = nodes.finish(node)
+        assert code1 == code == 130, (out, text)
+        assert "worker-1 | up" in text and "node rank 1: the run ended with exit code 130" in text
+    finally:
+        nodes.stop_all()
+        nodes.no_ssh()
 
 
 def test_a_stranger_with_a_wrong_token_joining_first_takes_no_rank(nodes):
