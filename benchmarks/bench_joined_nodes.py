@@ -10,13 +10,17 @@ prefix and takes them down at the end, whatever happens. Two parts, each printed
 1. **tflaunch's own CPU per node**, at start and while running, the two ways interleaved
    (``--reps`` runs each): one ``sh -c 'echo up; exec sleep'`` task per host, either
    ``tflaunch CLUSTER`` over ssh from this machine, or every node running
-   ``tflaunch --nnodes N --node-rank R`` in its own host's namespace, rank 0 owning the run. The
-   CPU is user + system from /proc of the tflaunch process alone (its ssh clients and agents
-   apart): at start, from launch until every task printed its first line; running, per second
-   over ``--window`` seconds from 2 s after that. For joined nodes, the owner's CPU per node, and
-   beside it a joining node's own tflaunch (the median of the nodes), which only starts its
-   agent and echoes its tasks' lines, and the two added up. Target: the owner's CPU per node no
-   higher than tflaunch's per ssh host, at start and running (the medians' ratio <= 1).
+   ``tflaunch --nnodes N --node-rank R`` in its own host's namespace, rank 0 owning the run. Like
+   is compared with like: on each side, every process tflaunch runs for the run, wherever it runs,
+   and nothing else. Over ssh: tflaunch, its ssh clients, and each host's agent (the login shell
+   that starts it included: it execs the agent). Joined: rank 0's tflaunch, its own agent, and
+   each other node's process (its tflaunch, which becomes the node's agent). Not counted on either
+   side: the tasks, and what the platform runs to start a process on a host (sshd and its
+   session; a platform's container runtime). The CPU is user + system from /proc, read when every
+   task printed its first line (start) and per second over ``--window`` seconds from 2 s after
+   that (running), per host. Beside the totals, each side's parts: tflaunch alone (the owner for
+   joined nodes), and per host its ssh client and agent, or a joining node's process. Target: the
+   total per joined node no higher than per ssh host, at start and running (the medians' ratio <= 1).
 2. **From the last node's start to every node's tasks started**: the owner and every node but
    one started and joined, then the last started: seconds from its start until every task printed
    its first line; beside it, one task's start (``tflaunch --local 1``: from launch to its task's
@@ -26,6 +30,7 @@ prefix and takes them down at the end, whatever happens. Two parts, each printed
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import secrets
 import signal
@@ -108,57 +113,114 @@ class Sides:
         return [self.node(rank, logs, port) for rank in (ranks or range(len(self.hosts)))]
 
 
-def costs(sides: Sides, side: str, window: float) -> tuple[float, float, float | None, float | None] | None:
-    """(the owner's CPU s at start, its CPU ms/s running, a joining node's CPU s at start, its ms/s
-    running), per node for the owner (``ip netns exec`` execs tflaunch: its pid is tflaunch's); None when the tasks did not all start."""
+def parent_of(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def ssh_clients(pid: int) -> list[int]:
+    """The ssh clients tflaunch ``pid`` started (its children named ssh)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and parent_of(int(entry.name)) == pid:
+            try:
+                if (entry / "comm").read_text().strip() == "ssh":
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
+def run_processes(logs: Path, procs: list[subprocess.Popen], side: str, count: int) -> dict[str, list[int]]:
+    """The processes tflaunch runs for the run, by part: ``tflaunch`` (the launching process, or
+    rank 0's), ``carrier`` (ssh clients), ``agent`` (each host's agent: its task's parent; a
+    joining node's process is its agent)."""
+    def task_pids() -> list[int]:
+        try:
+            tasks = json.loads((_bench.last_run_dir(logs) / "run.json").read_text())["tasks"]
+        except ValueError:  # being replaced
+            return []
+        return [task["pid"] for task in tasks if task.get("pid")]
+
+    _bench.wait_for(lambda: len(task_pids()) == count, timeout=30)  # run.json follows the tasks' start
+    agents = {parent for pid in task_pids() for parent in [parent_of(pid)] if parent}
+    agents.update(proc.pid for proc in procs[1:])  # a joining node's process is its agent
+    return {"tflaunch": [procs[0].pid], "carrier": ssh_clients(procs[0].pid) if side == "ssh" else [],
+            "agent": sorted(agents)}
+
+
+def cpu_of(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        try:
+            total += cpu_seconds(pid)
+        except OSError:
+            pass  # gone: not counted
+    return total
+
+
+PARTS = ("tflaunch", "carrier", "agent")
+
+
+def costs(sides: Sides, side: str, window: float) -> dict[str, tuple[float, float]] | None:
+    """{part: (CPU s at start, CPU ms/s running)} per host, for each part and ``all``
+    (``ip netns exec`` execs tflaunch: its pid is tflaunch's); None when the tasks did not all start."""
     logs = sides.logs()
     procs = sides.ssh(logs) if side == "ssh" else sides.joined(logs)
     count = len(sides.hosts)
     try:
         if not _bench.wait_for(lambda: all_up(logs, count), timeout=180, interval=0.02):
             return None
-        start = [cpu_seconds(p.pid) for p in procs]
+        parts = run_processes(logs, procs, side, count)
+        parts["all"] = sorted({pid for part in PARTS for pid in parts[part]})
+        start = {part: cpu_of(pids) for part, pids in parts.items()}
         time.sleep(SETTLE)
-        before, started = [cpu_seconds(p.pid) for p in procs], time.monotonic()
+        before, started = {part: cpu_of(pids) for part, pids in parts.items()}, time.monotonic()
         time.sleep(window)
         elapsed = time.monotonic() - started
-        running = [(cpu_seconds(p.pid) - b) / elapsed * 1000 for p, b in zip(procs, before)]
+        running = {part: (cpu_of(pids) - before[part]) / elapsed * 1000 for part, pids in parts.items()}
     finally:
         stop(procs)
-    others = (median(start[1:]), median(running[1:])) if len(procs) > 1 else (None, None)
-    return start[0] / count, running[0] / count, *others
+    return {part: (start[part] / count, running[part] / count) for part in parts}
 
 
 def cpu_part(sides: Sides, reps: int, window: float) -> None:
-    found: dict[str, list[tuple]] = {"ssh": [], "joined": []}
+    found: dict[str, list[dict]] = {"ssh": [], "joined": []}
     for rep, side in _bench.interleaved(reps, list(found)):
         value = costs(sides, side, window)
         if value is None:
             note(f"rep {rep + 1} {side}: the tasks did not all start")
             continue
         found[side].append(value)
-        note(f"rep {rep + 1} {side}: {value[0] * 1000:.1f} ms per node at start, {value[1]:.2f} ms/s per node running")
+        note(f"rep {rep + 1} {side}: all of tflaunch's processes {value['all'][0] * 1000:.1f} ms per host at start, "
+             f"{value['all'][1]:.2f} ms/s per host running")
     count = len(sides.hosts)
 
-    def column(side: str, i: int, scale: float = 1.0) -> list[float]:
-        return [v[i] * scale for v in found[side] if v[i] is not None]
+    def column(side: str, part: str, i: int, scale: float = 1.0) -> list[float]:
+        return [v[part][i] * scale for v in found[side]]
 
-    rows = [[f"ssh: tflaunch per host ({count} hosts)", len(found["ssh"]), *spread(column("ssh", 0, 1000)),
-             median(column("ssh", 1))],
-            [f"joined: the owner per node ({count} nodes)", len(found["joined"]), *spread(column("joined", 0, 1000)),
-             median(column("joined", 1))],
-            ["joined: a joining node's own tflaunch", len(found["joined"]), *spread(column("joined", 2, 1000)),
-             median(column("joined", 3))]]
+    def row(label: str, side: str, part: str) -> list[object]:
+        return [label, len(found[side]), *spread(column(side, part, 0, 1000)), median(column(side, part, 1))]
+
+    rows = [row(f"ssh, all: tflaunch + ssh clients + agents, per host ({count} hosts)", "ssh", "all"),
+            row(f"joined, all: rank 0's tflaunch and agent + each node's process, per node ({count})", "joined", "all"),
+            row("  ssh: tflaunch alone, per host", "ssh", "tflaunch"),
+            row("  joined: rank 0's tflaunch alone, per node", "joined", "tflaunch"),
+            row("  ssh: the ssh clients, per host", "ssh", "carrier"),
+            row("  ssh: the agents (login shell included), per host", "ssh", "agent"),
+            row("  joined: rank 0's agent and each node's process (its tflaunch, then its agent), per node",
+                "joined", "agent")]
     print()
-    table(["side", "runs", "start CPU ms (median)", "min", "max", "running ms/s (median)"], rows)
-    _bench.verdict("tflaunch's CPU at start, per joined node / per ssh host",
-                   median(column("joined", 0)) / median(column("ssh", 0)), 1.0)
-    _bench.verdict("tflaunch's CPU running, per joined node / per ssh host",
-                   median(column("joined", 1)) / median(column("ssh", 1)), 1.0)
-    # Each joined node also runs a tflaunch of its own (on that node, not on rank 0's machine): counted in.
-    note("with each joining node's own tflaunch added to the owner's share, over tflaunch per ssh host: "
-         f"{(median(column('joined', 0)) + median(column('joined', 2))) / median(column('ssh', 0)):.2f}x at start, "
-         f"{(median(column('joined', 1)) + median(column('joined', 3))) / median(column('ssh', 1)):.2f}x running")
+    table(["counted", "runs", "start CPU ms (median)", "min", "max", "running ms/s (median)"], rows)
+    _bench.verdict("CPU at start of all of tflaunch's processes, per joined node / per ssh host",
+                   median(column("joined", "all", 0)) / median(column("ssh", "all", 0)), 1.0)
+    _bench.verdict("CPU running of all of tflaunch's processes, per joined node / per ssh host",
+                   median(column("joined", "all", 1)) / median(column("ssh", "all", 1)), 1.0)
+    note("tflaunch's own process alone, per joined node (rank 0's) / per ssh host: "
+         f"{median(column('joined', 'tflaunch', 0)) / median(column('ssh', 'tflaunch', 0)):.2f}x at start, "
+         f"{median(column('joined', 'tflaunch', 1)) / median(column('ssh', 'tflaunch', 1)):.2f}x running")
 
 
 def one_task_start(work: Path) -> float | None:

@@ -37,11 +37,11 @@ import time
 from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Callable
 
-from ..cluster.plan import TaskLaunch
-from ..options import RunOptions
 from .base import Reading, Transport
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # a node that joins a run loads this package for its agent's command line only
+    from ..cluster.plan import TaskLaunch
+    from ..options import RunOptions
     from .linkhub import Changes
 
 # name -> (module, class); imported on first use so that a local run never loads ssh or Slurm code.

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
-from ..cluster.plan import TaskLaunch
 from ..records.exits import exit_words
+
+if TYPE_CHECKING:
+    from ..cluster.plan import TaskLaunch
 
 # Exit code for a task that could not be started or reached (as shells use 127 and ssh 255).
 CANNOT_START = 127

@@ -11,11 +11,13 @@ import re
 import zlib
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..agent.protocol import EOF_GRACE, HEARTBEAT, SAMPLE, encode_fields
-from ..cluster.plan import TaskLaunch
-from ..cluster.tfconfig import tf_config_parts
 from ..taskenv import RDZV_TOKEN
+
+if TYPE_CHECKING:  # a node that joins a run loads this module for its agent's command line only
+    from ..cluster.plan import TaskLaunch
 
 AGENT_PACKAGE = Path(__file__).resolve().parent.parent / "agent"  # its modules are read here as text
 AGENT_MAIN = "loop"  # the module whose ``main`` runs the agent: last in the bundle, which runs it
@@ -181,6 +183,8 @@ def setup_in_front(argv: list[str]) -> list[str]:
 def task_fields(launch: TaskLaunch, grace: float, host_setup: str | None) -> dict[str, object]:
     """What the agent needs to start ``launch``; a setup other than the host's runs in front of it."""
     argv = list(launch.argv)
+    from ..cluster.tfconfig import tf_config_parts  # loaded by then: the plan made the launch
+
     tf_config, env = tf_config_parts(launch.env)  # the link sends the cluster once per host
     if launch.setup and launch.setup != host_setup:
         argv, env = setup_in_front(argv), {**env, SETUP_VARIABLE: launch.setup}
