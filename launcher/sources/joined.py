@@ -19,15 +19,12 @@ import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..cluster.checks import check_cluster
-from ..cluster.placement import SPARE_ROLE
 from ..cluster.spec import AUTO, ClusterSpec, TaskSpec, is_local, is_loopback
 from ..errors import ConfigError, LaunchError, OptionsError
 from ..options import DEFAULT_REJOIN_WAIT
 from ..options import label as options_label
 from ..taskenv import RDZV_TOKEN
 from . import RoleOptions
-from .hosts import HostSlots, place
 from .platforms import DEFAULT_TIMEOUT
 
 TOKEN_VARIABLE = RDZV_TOKEN
@@ -102,7 +99,11 @@ class JoinedSource(RoleOptions):
 
 def joined_spec(source: JoinedSource, rendezvous, local_hosts: frozenset[str]) -> ClusterSpec:
     """The cluster of the nodes that joined ``rendezvous``: rank 0 here, the others in rank order."""
+    # Here, not at the top: a node that joins a run reads the endpoint and the token only.
+    from ..cluster.checks import check_cluster
+    from ..cluster.placement import SPARE_ROLE
     from ..transports.joined import KIND, RendezvousMissing, node_host
+    from .hosts import HostSlots, place
 
     if not is_local(source.host, local_hosts):
         raise ConfigError(source.label, "--rdzv-endpoint", f"{source.host} is not an address of this machine; node "
