@@ -16,7 +16,8 @@ prefix and takes them down at the end, whatever happens. Two parts, each printed
    that starts it included: it execs the agent). Joined: rank 0's tflaunch, its own agent, and
    each other node's process (its tflaunch, which becomes the node's agent). Not counted on either
    side: the tasks, and what the platform runs to start a process on a host (sshd and its
-   session; a platform's container runtime). The CPU is user + system from /proc, read when every
+   session, shown on a row of its own and in a note beside the verdicts; a platform's container
+   runtime). The CPU is user + system from /proc, read when every
    task printed its first line (start) and per second over ``--window`` seconds from 2 s after
    that (running), per host. Beside the totals, each side's parts: tflaunch alone (the owner for
    joined nodes), and per host its ssh client and agent, or a joining node's process. Target: the
@@ -56,10 +57,12 @@ def down() -> None:
     _bench.hosts_down(PREFIX)
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of ``pid`` alone (not its children), from /proc."""
+def cpu_seconds(pid: int, reaped: bool = False) -> float:
+    """User + system CPU of ``pid`` alone, from /proc; with ``reaped``, that of the children it
+    has reaped too (sshd's monitor: its pre-authentication child, which did the key exchange)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    ticks = int(fields[11]) + int(fields[12]) + (int(fields[13]) + int(fields[14]) if reaped else 0)
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def all_up(logs: Path, count: int) -> bool:
@@ -133,6 +136,25 @@ def ssh_clients(pid: int) -> list[int]:
     return found
 
 
+def comm(pid: int | None) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def sshd_sessions(agents: list[int]) -> list[int]:
+    """The sshd processes of each agent's connection (its session and privilege monitor), not the
+    listening sshd above them: the far end of each ssh client, which starts the agent on its host."""
+    found = []
+    for agent in agents:
+        pid = parent_of(agent)
+        while comm(pid) == "sshd" and comm(parent_of(pid)) == "sshd":
+            found.append(pid)
+            pid = parent_of(pid)
+    return found
+
+
 def run_processes(logs: Path, procs: list[subprocess.Popen], side: str, count: int) -> dict[str, list[int]]:
     """The processes tflaunch runs for the run, by part: ``tflaunch`` (the launching process, or
     rank 0's), ``carrier`` (ssh clients), ``agent`` (each host's agent: its task's parent; a
@@ -148,14 +170,14 @@ def run_processes(logs: Path, procs: list[subprocess.Popen], side: str, count: i
     agents = {parent for pid in task_pids() for parent in [parent_of(pid)] if parent}
     agents.update(proc.pid for proc in procs[1:])  # a joining node's process is its agent
     return {"tflaunch": [procs[0].pid], "carrier": ssh_clients(procs[0].pid) if side == "ssh" else [],
-            "agent": sorted(agents)}
+            "agent": sorted(agents), "sshd": sshd_sessions(sorted(agents)) if side == "ssh" else []}
 
 
-def cpu_of(pids: list[int]) -> float:
+def cpu_of(pids: list[int], sshd: frozenset[int] = frozenset()) -> float:
     total = 0.0
     for pid in pids:
         try:
-            total += cpu_seconds(pid)
+            total += cpu_seconds(pid, reaped=pid in sshd)
         except OSError:
             pass  # gone: not counted
     return total
@@ -175,12 +197,14 @@ def costs(sides: Sides, side: str, window: float) -> dict[str, tuple[float, floa
             return None
         parts = run_processes(logs, procs, side, count)
         parts["all"] = sorted({pid for part in PARTS for pid in parts[part]})
-        start = {part: cpu_of(pids) for part, pids in parts.items()}
+        parts["with sshd"] = sorted({*parts["all"], *parts["sshd"]})
+        sshd = frozenset(parts["sshd"])
+        start = {part: cpu_of(pids, sshd) for part, pids in parts.items()}
         time.sleep(SETTLE)
-        before, started = {part: cpu_of(pids) for part, pids in parts.items()}, time.monotonic()
+        before, started = {part: cpu_of(pids, sshd) for part, pids in parts.items()}, time.monotonic()
         time.sleep(window)
         elapsed = time.monotonic() - started
-        running = {part: (cpu_of(pids) - before[part]) / elapsed * 1000 for part, pids in parts.items()}
+        running = {part: (cpu_of(pids, sshd) - before[part]) / elapsed * 1000 for part, pids in parts.items()}
     finally:
         stop(procs)
     return {part: (start[part] / count, running[part] / count) for part in parts}
@@ -201,6 +225,9 @@ def cpu_part(sides: Sides, reps: int, window: float) -> None:
     def column(side: str, part: str, i: int, scale: float = 1.0) -> list[float]:
         return [v[part][i] * scale for v in found[side]]
 
+    def ratio(joined: float, ssh: float) -> str:
+        return f"{joined / ssh:.2f}x" if ssh else "n/a (no tick counted over ssh)"
+
     def row(label: str, side: str, part: str) -> list[object]:
         return [label, len(found[side]), *spread(column(side, part, 0, 1000)), median(column(side, part, 1))]
 
@@ -211,16 +238,26 @@ def cpu_part(sides: Sides, reps: int, window: float) -> None:
             row("  ssh: the ssh clients, per host", "ssh", "carrier"),
             row("  ssh: the agents (login shell included), per host", "ssh", "agent"),
             row("  joined: rank 0's agent and each node's process (its tflaunch, then its agent), per node",
-                "joined", "agent")]
+                "joined", "agent"),
+            row("  ssh: sshd's end of each connection (not tflaunch's: the platform's, as a node's start)",
+                "ssh", "sshd"),
+            row(f"ssh, all and sshd's end of each connection, per host ({count})", "ssh", "with sshd")]
     print()
     table(["counted", "runs", "start CPU ms (median)", "min", "max", "running ms/s (median)"], rows)
     _bench.verdict("CPU at start of all of tflaunch's processes, per joined node / per ssh host",
                    median(column("joined", "all", 0)) / median(column("ssh", "all", 0)), 1.0)
-    _bench.verdict("CPU running of all of tflaunch's processes, per joined node / per ssh host",
-                   median(column("joined", "all", 1)) / median(column("ssh", "all", 1)), 1.0)
+    if median(column("ssh", "all", 1)):
+        _bench.verdict("CPU running of all of tflaunch's processes, per joined node / per ssh host",
+                       median(column("joined", "all", 1)) / median(column("ssh", "all", 1)), 1.0)
+    else:
+        note("running: no clock tick counted over ssh; take a longer --window")
+    note("with sshd's end of each ssh connection counted too (it starts the agent on its host, as a node's own "
+         "tflaunch does), per joined node / per ssh host: "
+         f"{ratio(median(column('joined', 'all', 0)), median(column('ssh', 'with sshd', 0)))} at start, "
+         f"{ratio(median(column('joined', 'all', 1)), median(column('ssh', 'with sshd', 1)))} running")
     note("tflaunch's own process alone, per joined node (rank 0's) / per ssh host: "
-         f"{median(column('joined', 'tflaunch', 0)) / median(column('ssh', 'tflaunch', 0)):.2f}x at start, "
-         f"{median(column('joined', 'tflaunch', 1)) / median(column('ssh', 'tflaunch', 1)):.2f}x running")
+         f"{ratio(median(column('joined', 'tflaunch', 0)), median(column('ssh', 'tflaunch', 0)))} at start, "
+         f"{ratio(median(column('joined', 'tflaunch', 1)), median(column('ssh', 'tflaunch', 1)))} running")
 
 
 def one_task_start(work: Path) -> float | None:
