@@ -37,11 +37,10 @@ import time
 from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Callable
 
-from .base import Reading, Transport
-
 if TYPE_CHECKING:  # a node that joins a run loads this package for its agent's command line only
     from ..cluster.plan import TaskLaunch
     from ..options import RunOptions
+    from .base import Reading, Transport
     from .linkhub import Changes
 
 # name -> (module, class); imported on first use so that a local run never loads ssh or Slurm code.
@@ -68,6 +67,7 @@ def create(name: str, options: RunOptions) -> Transport:
 def reading_of(pid: int) -> Reading:
     """A reading of process ``pid``'s tree on this machine, taken the way every host agent takes one."""
     from ..agent.sampling import tree_reading
+    from .base import Reading
 
     rss, cpu, count = tree_reading(pid)
     return Reading(pid, rss, cpu, count, time.time())
