@@ -101,7 +101,8 @@ def status_command(run_ref: str | None, log_dir: str, as_json: bool) -> None:
     from dataclasses import asdict
 
     from ..inspect.report import status_lines
-    from ..inspect.runs import resolve_run, run_status
+    from ..inspect.runs import resolve_run
+    from ..inspect.status import run_status
     from ..run.output.resources import measure_tasks
 
     status = run_status(resolve_run(log_dir, run_ref), measure=measure_tasks)

@@ -5,7 +5,8 @@ validated :class:`~.spec.ClusterSpec` (reader.py on top of yamlfile.py, fields.p
 and so does ``--local N`` (local.py); roles.py carves roles out of task slots (``-H``, hostfiles,
 Slurm allocations); :func:`~.plan.plan_cluster` turns a spec into one :class:`~.plan.TaskLaunch` per
 task with its argv and environment (ranks.py numbers the tasks as TensorFlow does; tfconfig.py
-keeps a task's TF_CONFIG in parts, so that n tasks cost n, not n squared). placement.py says where
+keeps a task's TF_CONFIG in parts, so that n tasks cost n, not n squared; commands.py says which
+commands the note on tflaunch's Keras choice concerns, from a script's text its caller read). placement.py says where
 each task of an attempt runs once hosts are left out: moved to a spare, or the cluster shrunk.
 
 Beside it, three modules ask the system, and the pure core never imports them (a contract in

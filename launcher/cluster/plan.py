@@ -39,7 +39,6 @@ variable be is refused when the cluster is planned.
 from __future__ import annotations
 
 import json
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Mapping
@@ -48,6 +47,7 @@ from ..records.folder import CHECKPOINTS, TENSORBOARD
 from ..taskenv import ATTEMPT, BACKUP_DIR, CHECKPOINT_DIR, RUN_DIR, RUN_ID, TASK, TENSORBOARD_DIR
 from .spec import (AUTO, DEFAULT_CONNECT_TIMEOUT, OTHER_HOSTS_ONLY, ROLES, ClusterSpec, EnvLayer, SshSettings, TaskSpec,
                    hidden_names, is_local, masked_env, value_by_name)
+from .commands import LEGACY_KERAS_NOTE, ScriptText, runs_python
 from .ranks import TRAINING_ROLES, rank_env
 from .tfconfig import TaskEnv, TfConfig, check_tf_config_size
 from .spec import Role
@@ -56,13 +56,6 @@ DEFAULT_COMMAND = ("python", "-m", "trainer")
 PYTHON_NAMES = ("python", "python3")
 THIS_MACHINE = "localhost"  # key for this machine in ``cores_by_host``
 INTEROP_THREADS = 2
-LEGACY_KERAS_NOTE = (
-    "TF_USE_LEGACY_KERAS=1 set for every task: tf.keras is tf_keras there, because Keras 3 cannot run "
-    "Model.fit under MultiWorkerMirroredStrategy (TF_USE_LEGACY_KERAS=0 in 'env' keeps Keras 3, and "
-    "Model.fit then fails under MultiWorkerMirroredStrategy)"
-)
-
-
 @dataclass(frozen=True)
 class TaskLaunch:
     """Everything needed to start one task on its host."""
@@ -136,6 +129,7 @@ def plan_cluster(
     inherited_env: Mapping[str, str] | None = None,
     override_env: EnvLayer | None = None,
     pass_values: bool = True,
+    script_text: ScriptText | None = None,
 ) -> Plan:
     """One launch record per task, in the order roles appear in TF_CONFIG.
 
@@ -144,6 +138,8 @@ def plan_cluster(
     task, remote ones too; a variable passed by name takes its value from there. ``override_env``
     (``--env KEY=VALUE``) wins over every ``env`` layer. ``pass_values=False`` (an export, whose
     manifest refers to such a variable instead) leaves a by-name variable's value empty.
+    ``script_text`` reads a Python script a task on this machine runs, for the Keras note
+    (:mod:`.commands`); without it, every script counts as one that may run Keras.
     """
     inherited_env = inherited_env or {}
     override_env = override_env or {}
@@ -220,8 +216,9 @@ def plan_cluster(
         ))
     notes = []
     # The note applies where tflaunch chose legacy Keras for a Python program, not where the user did.
-    if any(l.env_sources.get("TF_USE_LEGACY_KERAS") == DEFAULT_SOURCE and runs_python(l.argv, l.python)
-           for l in launches):
+    if any(l.env_sources.get("TF_USE_LEGACY_KERAS") == DEFAULT_SOURCE
+           and runs_python(l.argv, l.python, l.workdir, script_text if l.local else None)
+           for l in {(l.argv, l.python, l.workdir, l.local): l for l in launches}.values()):
         notes.append(LEGACY_KERAS_NOTE)
     return Plan(tuple(launches), tuple(notes))
 
@@ -255,41 +252,6 @@ def layer_env(layers: list[tuple[str, EnvLayer]]) -> tuple[dict[str, str | None]
             env[key] = value
             sources[key] = source
     return env, sources
-
-
-_SHELLS = ("sh", "bash", "dash", "zsh")
-_PYTHON_WORD = re.compile(r"(?:^|[\s/;&|(])python[\w.]*(?:\s|$)|\.py(?:\s|$)")
-_KERAS_WORD = re.compile(r"tensorflow|keras|\btf\b|import|exec|open\(")  # code that may reach Keras
-
-
-def runs_python(argv: tuple[str, ...], python: str = "") -> bool:
-    """Whether a task's command can run TensorFlow's Keras, so the Keras note concerns it.
-
-    Yes for the task's interpreter or any ``python*`` (``-m module``, a script, ``-c code`` that
-    imports or names TensorFlow or Keras), a Python script (``train.py``), either behind
-    ``env [NAME=VALUE ...]``, and a shell's ``-c`` line that names one; no for the built-in
-    trainer (``-m trainer``: it chooses its Keras itself), for ``-c`` code that imports nothing,
-    and for other programs (``sleep``, ``true``, a binary).
-    """
-    words = list(argv)
-    if words and words[0].rsplit("/", 1)[-1] == "env":
-        words = words[1:]
-        while words and (words[0].startswith("-") or "=" in words[0]):
-            words = words[1:]
-    if not words:
-        return False
-    program = words[0].rsplit("/", 1)[-1]
-    if words[0] == python or program.startswith("python"):
-        # The built-in trainer chooses its Keras itself (and its start line names it); code given
-        # with -c that names neither TensorFlow nor Keras never meets tf.keras.
-        if words[1:3] == ["-m", "trainer"]:
-            return False
-        return words[1:2] != ["-c"] or len(words) < 3 or _KERAS_WORD.search(words[2]) is not None
-    if program.endswith(".py"):
-        return True
-    if program in _SHELLS and "-c" in words[1:-1]:
-        return _PYTHON_WORD.search(words[words.index("-c", 1) + 1]) is not None
-    return False
 
 
 def check_cluster_fits(spec: ClusterSpec) -> None:

@@ -7,7 +7,8 @@ socket (:mod:`launcher.records.control`). What only a live system can say comes 
 Slurm's view of a job (``summarize(job_state=...)``) and the CPU and memory of live local tasks
 (``run_status(measure=...)``).
 
-runs.py finds the runs of a log directory and reads what they left; report.py makes what the
+runs.py finds the runs of a log directory and reads what they left; status.py what `status`
+shows of one (each task's state, and live tasks' CPU and memory); report.py makes what the
 commands show (tables, status, per-epoch reports, plots); compare.py the throughput of several runs
 side by side; runlogs.py a run's logs as lines, filtered, read once or followed; stacks.py asks a
 running run for every task's stacks and says which task differs.

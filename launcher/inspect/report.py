@@ -22,7 +22,8 @@ from ..records.logview import left_out
 from ..records.metrics import trained_seconds
 from ..records.metrictext import time_text
 from ..records.states import RunStatus, TaskState, clock_text, duration_text, plural
-from .runs import NoMetricsError, Run, RunState, RunSummary, cause_line, epoch_records, final_record
+from .runs import NoMetricsError, Run, RunSummary, epoch_records, final_record
+from .status import RunState, cause_line
 
 # tflaunch installs matplotlib; it is missing only where it was removed, from this interpreter.
 PLOT_MISSING = (f"learning curves: not drawn, matplotlib is not installed for {sys.executable} "

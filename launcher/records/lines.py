@@ -9,7 +9,7 @@ empty lines such bars leave behind are dropped. Everything else is kept byte for
 :data:`LineSplitter.MAX_PENDING` bytes of an unfinished one.
 
 A Keras progress bar that another writer's line was drawn after (a warning on stderr, which shares
-the task's pipe, written between two updates of the bar) becomes two lines, the bar's state and
+the task's pipe, or the program's own print, written between two updates of the bar) becomes two lines, the bar's state and
 that line (:func:`unglued`), where a terminal shows them glued.
 
 Cells are code points: wide characters and colour codes inside an overwritten line are not
@@ -63,15 +63,34 @@ _LINE_START = re.compile(r"[IWEF]\d{4} \d\d:\d\d:\d+\.\d+ +\d+ |\d{4}-\d\d-\d\d 
                          r"|Traceback \(most recent call last\):|[\w./-]+\.py:\d+: \w*Warning: |(?:WARNING|ERROR|INFO):")
 
 
+# A whole Keras progress bar state: count, bar (tf_keras's ``[==>...]``, Keras 3's coloured ``━``),
+# time (``- ETA: 3s``, ``- 1s 76ms/step``, Keras 3's ``1s 87ms/step``) and ``- name: value`` metrics.
+_SGR_RUN = r"(?:\x1b\[[0-9;]*m)*"
+_NUMBER = r"(?:-?\d+(?:\.\d+)?(?:e[+-]?\d+)?|nan|-?inf)"
+_BAR_STATE = re.compile(
+    rf"{_SGR_RUN}\s*\d+/\d+{_SGR_RUN} (?:\[[=>.]*\]|(?:\x1b\[[0-9;]*m|━)+)"
+    rf"(?: - ETA: [\d:]+s?| - \d+m?s(?: \d+[mu]?s/(?:step|sample))?"
+    rf"| {_SGR_RUN}[\d:]+m?s?{_SGR_RUN}(?: \d+[mu]?s/(?:step|sample))?)?"
+    rf"(?: - [\w.]+: {_NUMBER})*")
+
+
 def unglued(text: str) -> str:
     """A Keras progress bar with another writer's text drawn after it (a warning on stderr, which
-    shares the task's pipe, written between two of the bar's updates) as two lines: the bar's state,
-    then the text, which a terminal would show glued to the bar."""
+    shares the task's pipe, or the program's own print, written between two of the bar's updates)
+    as two lines: the bar's state, then the text, which a terminal would show glued to the bar.
+
+    Another writer's text is a log line's start anywhere after the bar's count, or whatever follows
+    a whole bar state with no space between them (the bar's own parts are always spaced)."""
     bar = _BAR_TEXT.match(text)
     if bar is None:
         return text
     start = _LINE_START.search(text, bar.end())
-    return text if start is None else text[:start.start()].rstrip() + "\n" + text[start.start():]
+    if start is not None:
+        return text[:start.start()].rstrip() + "\n" + text[start.start():]
+    state = _BAR_STATE.match(text)
+    if state is None or state.end() == len(text) or text[state.end()].isspace():
+        return text
+    return text[:state.end()] + "\n" + text[state.end():]
 
 
 def fold_text(line: str) -> str:

@@ -9,11 +9,11 @@ import textwrap
 
 import pytest
 
+from launcher.cluster.commands import LEGACY_KERAS_NOTE
 from launcher.cluster.local import local_cluster
 from launcher.cluster.reader import ClusterSpec, SshSettings, TaskSpec, parse_cluster
 from launcher.cluster.plan import (
     DEFAULT_COMMAND,
-    LEGACY_KERAS_NOTE,
     Plan,
     RunContext,
     TaskLaunch,

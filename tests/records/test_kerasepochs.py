@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from launcher.records.kerasepochs import KerasState, header, read_line, result
-from launcher.records.lines import LineSplitter
+from launcher.records.lines import LineSplitter, unglued
 from launcher.records.metrics import metric_lines
 
 pytestmark = pytest.mark.unit
@@ -197,3 +197,27 @@ def test_a_line_written_while_a_bar_is_drawn_starts_a_line_of_its_own(name):
              for line in splitter.feed(chunk)] + [line.decode() for line in splitter.flush()]
     assert warning.decode().rstrip("\n") in lines
     assert [r["epoch"] for r in records(lines)] == [1, 2, 3]  # the epochs are read as before
+
+
+@pytest.mark.parametrize("name", ["keras3_verbose1_plain.log", "tf_keras_verbose1_plain.log",
+                                  "keras3_verbose1_nan.log", "tf_keras_verbose1_odd.log"])
+def test_the_programs_own_print_while_a_bar_is_drawn_starts_a_line_of_its_own(name):
+    # A callback's print between two updates of the bar: a terminal shows it glued to the bar's state.
+    raw = (FIXTURES / name).read_bytes()
+    first_update = raw.index(b"\n", raw.index(b"Epoch 2/3")) + 1
+    second_update = raw.index(b"\x08", first_update + 2)
+    printed = b"saving a checkpoint at step 3\n"
+    splitter = LineSplitter()
+    lines = [line.decode() for chunk in (raw[:second_update], printed, raw[second_update:])
+             for line in splitter.feed(chunk)] + [line.decode() for line in splitter.flush()]
+    assert "saving a checkpoint at step 3" in lines, [line for line in lines if "saving" in line]
+    assert [r["epoch"] for r in records(lines)] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("line", [
+    " 3/10 [====>.........................] - ETA: 3s - loss: 1.0913 - accuracy: 0.4750 and more",
+    "10/10 [==============================] - 1s 77ms/step - loss: 1.0913 - lr: 1.0000e-04",
+    " 3/10 [====>.........................] - ETA: 1:02 - loss: nan",
+    "\x1b[1m 3/10\x1b[0m \x1b[32m━━━━━━\x1b[0m\x1b[37m━━━━━━━━━━━━━━\x1b[0m \x1b[1m1s\x1b[0m 87ms/step - loss: 1.19"])
+def test_a_bar_state_alone_is_one_line(line):
+    assert unglued(line) == line

@@ -23,7 +23,8 @@ from launcher.cluster.reader import parse_cluster
 from launcher.errors import ConfigError, LaunchError
 from launcher.inspect.compare import compare_runs
 from launcher.inspect.report import build_report, report_lines, runs_lines, status_lines
-from launcher.inspect.runs import find_runs, read_run, resolve_run, run_status, summarize
+from launcher.inspect.runs import find_runs, read_run, resolve_run, summarize
+from launcher.inspect.status import run_status
 from launcher.records.folder import RunFolder
 from launcher.records.record import RecordError, RunRecord
 from launcher.slurm.section import read_slurm_section

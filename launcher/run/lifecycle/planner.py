@@ -48,6 +48,22 @@ if TYPE_CHECKING:
     from ...transports import TransportSet
 
 
+SCRIPT_READ_AT_MOST = 1 << 20  # a script larger than this counts as one that may run Keras, unread
+
+
+def script_text(path: str) -> str | None:
+    """A Python script's text, for the Keras note; None when it cannot be read (it is then counted as
+    one that may run Keras)."""
+    try:
+        with open(path, "rb") as script:
+            data = script.read(SCRIPT_READ_AT_MOST + 1)
+    except OSError:
+        return None
+    if len(data) > SCRIPT_READ_AT_MOST:
+        return None
+    return data.decode("utf-8", errors="replace")
+
+
 @dataclass(frozen=True)
 class LaunchRequest:
     """What a front end asks for: the cluster, and the run options (their defaults and checks are
@@ -207,7 +223,7 @@ class Planner:
         """The plan of ``cluster`` (the whole one, or the one the run's hosts allow) for the run ``context``."""
         return plan_cluster(cluster, context, local_hosts=self.local_hosts, cores_by_host={"localhost": cpu_count()},
                             default_python=sys.executable, default_workdir=os.getcwd(),
-                            inherited_env=dict(os.environ), override_env=self.options.env)
+                            inherited_env=dict(os.environ), override_env=self.options.env, script_text=script_text)
 
     def placeholder(self, spec: ClusterSpec) -> Plan:
         """The plan with a stand-in run id, for showing and checking before a run exists."""

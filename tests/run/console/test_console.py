@@ -364,7 +364,7 @@ def test_task_table_has_state_exit_memory_and_cpu(tmp_path):
 def test_the_closing_summary_and_status_word_a_tasks_exit_alike(status, words):
     from launcher.cluster.plan import TaskLaunch
     from launcher.inspect.report import status_lines
-    from launcher.inspect.runs import RunState, TaskStatus
+    from launcher.inspect.status import RunState, TaskStatus
 
     launch = TaskLaunch(name="worker-1", role="worker", index=1, host="node2", address="node2:1",
                         local=False, argv=("true",), env={}, workdir="/")

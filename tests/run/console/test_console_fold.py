@@ -18,8 +18,7 @@ import pytest
 
 from conftest import TASK
 from console_names import console_lines, expand
-from launcher.cluster.plan import LEGACY_KERAS_NOTE, RunContext, plan_cluster, runs_python
-from launcher.cluster.reader import parse_cluster
+from launcher.cluster.commands import LEGACY_KERAS_NOTE
 from launcher.records.states import TaskState
 from launcher.run.console.writer import Console
 from launcher.run.console.chatter import twin_key
@@ -261,32 +260,6 @@ def test_a_busy_task_keeps_a_row_of_its_own_and_tasks_never_measured_join_any_ro
 
 
 # ---------------------------------------------------------------------------------------------
-# The Keras note: only for commands that can run TensorFlow
-
-
-@pytest.mark.parametrize("argv, python", [
-    (("python", "-m", "trainer"), False), (("/venv/bin/python3.11", "train.py"), True),
-    (("./train.py", "--epochs", "3"), True), (("env", "A=1", "python3", "-c", "import keras"), True),
-    (("python", "-c", "print(1)"), False), (("python", "-m", "mytrainer"), True),
-    (("bash", "-c", "cd src && python train.py"), True), (("/opt/interp", "-m", "trainer"), False),
-    (("sleep", "30"), False), (("true",), False), (("sh", "-c", "echo $TFLAUNCH_TASK"), False),
-    (("./a.out",), False), (("env",), False)])
-def test_which_commands_can_run_tensorflow(argv, python):
-    assert runs_python(argv, "/opt/interp") is python
-
-
-@pytest.mark.parametrize("command, noted", [
-    (None, False), (("python", "-c", "pass"), False), (("python", "-c", "import tensorflow"), True),
-    (("train.py",), True), (("sleep", "1"), False)])
-def test_the_keras_note_follows_the_command(command, noted):
-    spec = parse_cluster("worker: [localhost:1, localhost:2]\n", "c.yaml", frozenset({"localhost"}))
-    plan = plan_cluster(spec, RunContext(run_id="r", run_dir="/logs/r"), local_hosts=frozenset({"localhost"}),
-                        cores_by_host={}, default_python="/venv/bin/python", default_workdir="/w", command=command)
-    assert {launch.env["TF_USE_LEGACY_KERAS"] for launch in plan.launches} == {"1"}  # set either way
-    assert (LEGACY_KERAS_NOTE in plan.notes) is noted
-
-
-# ---------------------------------------------------------------------------------------------
 # Real runs
 
 
@@ -372,19 +345,29 @@ def test_a_real_table_of_eight_tasks_is_one_row(tflaunch):
     assert "worker-3" not in done.stderr
 
 
-def test_the_keras_note_is_shown_for_python_and_not_for_sleep(tflaunch):
-    python = tflaunch.run("--local", "2", "--", "python", "-c", "import sys")
+def test_the_keras_note_is_shown_for_python_that_may_import_tensorflow_and_not_for_sleep(tflaunch):
+    python = tflaunch.run("--local", "2", "--", "python", "-c", "import numpy")
+    stdlib = tflaunch.run("--local", "2", "--", "python", "-c", "import sys")
     sleep = tflaunch.run("--local", "2", "--", "sleep", "0")
-    assert python.returncode == sleep.returncode == 0, python.stderr + sleep.stderr
+    assert python.returncode == stdlib.returncode == sleep.returncode == 0, python.stderr + stdlib.stderr + sleep.stderr
     assert f"tflaunch: {LEGACY_KERAS_NOTE}" in python.stderr
+    assert "TF_USE_LEGACY_KERAS" not in stdlib.stderr, stdlib.stderr
     assert "TF_USE_LEGACY_KERAS" not in sleep.stderr, sleep.stderr
 
 
-def test_the_keras_note_is_shown_for_a_python_script(tflaunch, tmp_path):
-    script = tmp_path / "train.py"
-    script.write_text("#!/usr/bin/env python3\nprint('trained')\n")
-    script.chmod(0o755)
-    done = tflaunch.run("--local", "2", "--", str(script))
+def test_the_keras_note_follows_what_a_python_script_imports(tflaunch, tmp_path):
+    plain = tmp_path / "plain.py"
+    plain.write_text("#!/usr/bin/env python3\nimport json\nprint('trained', json.dumps(1))\n")
+    plain.chmod(0o755)
+    (tmp_path / "train.py").write_text("import json\nimport numpy\nprint('trained with numpy')\n")
+    done = tflaunch.run("--local", "2", "--", str(plain))
+    assert done.returncode == 0, done.stderr
+    assert "TF_USE_LEGACY_KERAS" not in done.stderr, done.stderr  # a script of the standard library only
+    assert "worker-[0,1] | trained 1" in done.stdout
+    # Read relative to the tasks' working directory, as the tasks run it.
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text(f"workdir: {tmp_path}\ncommand: python train.py\nworker: [localhost:auto, localhost:auto]\n")
+    done = tflaunch.run(str(cluster))
     assert done.returncode == 0, done.stderr
     assert f"tflaunch: {LEGACY_KERAS_NOTE}" in done.stderr
-    assert "worker-[0,1] | trained" in done.stdout
+    assert "worker-[0,1] | trained with numpy" in done.stdout
