@@ -486,15 +486,18 @@ def test_option_and_cluster_errors_give_one_line_errors(tmp_path):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.xdist_group(IN_PROCESS)
 @pytest.mark.parametrize("name", ["mnist", "fashion_mnist"])
-def test_download_failure_is_a_one_line_error(tmp_path, name):
-    # An empty KERAS_HOME: no cached copy, so load_data() has to download (and cannot here).
-    keras_home = tmp_path / "keras_home"
-    keras_home.mkdir()
-    env = {"KERAS_HOME": str(keras_home),
-           # Make sure the download fails even on a machine with internet access.
-           "HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9",
-           "https_proxy": "http://127.0.0.1:9", "http_proxy": "http://127.0.0.1:9"}
-    task = run_single(tmp_path, ["--dataset", name], env=env)
+def test_download_failure_is_a_one_line_error(tmp_path, name, trainer_here, monkeypatch):
+    import urllib.request
+
+    # An empty home: no cached copy in ~/.keras, so load_data() has to download (and cannot here).
+    monkeypatch.setenv("HOME", str(tmp_path))
+    # Make sure the download fails even on a machine with internet access; urlopen's opener, made on
+    # first use, reads the proxies then, so a fresh one is made for this run.
+    monkeypatch.setattr(urllib.request, "_opener", None)
+    task = trainer_here(["--dataset", name], env={"KERAS_HOME": str(tmp_path / ".keras"),
+                                                 "HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9",
+                                                 "https_proxy": "http://127.0.0.1:9", "http_proxy": "http://127.0.0.1:9"})
     assert_user_error(task, f"{name}: could not be downloaded")
     assert "use --dataset digits or --dataset npz:PATH instead" in task.output()
