@@ -1,4 +1,8 @@
-"""A real tf_keras script that prints no metric lines, trained by tflaunch: its own epoch lines are the run's metrics."""
+"""Real tf_keras scripts that print no metric lines, trained by tflaunch: their own epoch lines are the run's metrics.
+
+The tests of an unchanged tutorial script (tests/helpers/keras_tutorial.py, Model.fit with its default
+progress bars on two workers) share one run of it.
+"""
 
 from __future__ import annotations
 
@@ -7,25 +11,48 @@ import re
 
 import pytest
 
-from conftest import HELPERS
+from conftest import HELPERS, Finished, Tflaunch
 
 pytestmark = [pytest.mark.slow, pytest.mark.tensorflow, pytest.mark.timeout(300)]
+
+TUTORIAL = "keras_tutorial"  # the xdist_group of the tests that read its run
 
 
 def metrics_of(done) -> list[dict]:
     return [json.loads(line) for line in (done.run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_a_keras_script_gets_metrics_console_epochs_and_a_report(tflaunch):
-    done = tflaunch.run("--local", "2", "--", "python", str(HELPERS / "keras_fit.py"), "1", timeout=240)
+@pytest.fixture(scope="module")
+def tutorial(tmp_path_factory) -> tuple[Finished, Tflaunch]:
+    """One ``tflaunch --local 2`` of the tutorial script, and a Tflaunch whose log folder holds it."""
+    path = tmp_path_factory.mktemp(TUTORIAL)
+    launcher = Tflaunch(path / "logs", path)
+    return launcher.run("--local", "2", "--", "python", str(HELPERS / "keras_tutorial.py"), timeout=240), launcher
+
+
+@pytest.mark.xdist_group(TUTORIAL)
+def test_keras_tutorial_script_trains_unchanged(tutorial):
+    done, _ = tutorial
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "TF_USE_LEGACY_KERAS=1 set for every task" in done.stderr
+    losses = [
+        json.loads(next(l for l in done.task_output(n).splitlines() if l.startswith("TUTORIAL_LOSSES "))[16:])
+        for n in ("worker-0", "worker-1")
+    ]
+    assert len(losses[0]) == 3 and losses[0] == losses[1]
+
+
+@pytest.mark.xdist_group(TUTORIAL)
+def test_a_keras_script_gets_metrics_console_epochs_and_a_report(tutorial):
+    done, launcher = tutorial
     assert done.returncode == 0, done.stderr[-3000:]
     assert "TFLAUNCH_METRIC" not in done.task_output("worker-0")
     records = metrics_of(done)
     for task in ("worker-0", "worker-1"):
         mine = [r for r in records if r["task"] == task]
         assert [(r["kind"], r["epoch"], r["epochs"], r["steps"], r["source"]) for r in mine] == \
-            [("epoch", n, 3, 5, "keras") for n in (1, 2, 3)]
-        assert all(isinstance(r["loss"], float) and 0 <= r["sparse_categorical_accuracy"] <= 1 for r in mine)
+            [("epoch", n, 3, 10, "keras") for n in (1, 2, 3)]
+        assert all(isinstance(r["loss"], float) and 0 <= r["accuracy"] <= 1 for r in mine)
     # All-reduced under MultiWorkerMirroredStrategy: the chief's line once, no disagreement.
     epoch_lines = [line for line in done.stdout.splitlines() if re.match(r"worker-\S+ \| epoch \d", line)]
     assert [line.split("  ")[0] for line in epoch_lines] == [f"worker-0 | epoch {n}/3" for n in (1, 2, 3)]
@@ -33,11 +60,11 @@ def test_a_keras_script_gets_metrics_console_epochs_and_a_report(tflaunch):
     loss = [r["loss"] for r in records if r["task"] == "worker-0"]
     assert f"loss {loss[2]:.3f}" in epoch_lines[2]
 
-    report = tflaunch.run("report")
+    report = launcher.run("report")
     assert report.returncode == 0, report.stderr
     rows = [line.split() for line in report.stdout.splitlines() if re.match(r"\s+\d+\s+\d", line)]
     assert [(int(row[0]), float(row[1])) for row in rows] == [(n, loss[n - 1]) for n in (1, 2, 3)]
-    assert "worker-0 (chief):" in report.stdout and "SPARSE_CATEGORICAL_ACCURACY" in report.stdout
+    assert "worker-0 (chief):" in report.stdout and "ACCURACY" in report.stdout
 
 
 def test_the_documented_callback_is_the_only_source(tflaunch):
