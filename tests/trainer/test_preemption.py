@@ -34,8 +34,9 @@ def running_in_epoch_2(tflaunch, options, workers: int = 2):
 
 
 @pytest.mark.timeout(300)
+# Epoch-level backups (the interrupted epoch is repeated): the first of the two restarts in
+# tests/run/lifecycle/test_restarts.py.
 @pytest.mark.parametrize("options, resumes_after_step", [
-    ((), False),                         # epoch-level backups: the interrupted epoch is repeated
     (("--backup-every", "5"), True),     # step-level backups: resume right after the saved step
     (("--loop", "custom"), True),
 ])
