@@ -366,37 +366,6 @@ def test_only_the_chief_keeps_the_model(default_local_two, tensorflow_here):
 
 # ---------------------------------------------------------------- resuming from a backup
 
-def interrupted_then_resumed(tmp_path: Path, argv: list[str], env: dict[str, str]) -> Cluster:
-    """Run 2 workers for 3 epochs, SIGKILL worker 1 after epoch 1, SIGTERM worker 0, rerun."""
-    with Cluster(tmp_path, {"worker": 2}, argv, env=env, label="first") as first:
-        wait_for_epoch(first["worker-0"], 1, timeout=120)
-        first["worker-1"].signal(signal.SIGKILL)
-        # SIGTERM ends a worker at once, although TensorFlow's preemption notifier wants to catch it.
-        assert first["worker-0"].stop(grace=5) == -signal.SIGTERM
-    assert first["worker-0"].epochs()[:1] == [1]
-    assert 3 not in first["worker-0"].epochs()
-    second = Cluster(tmp_path, {"worker": 2}, argv, env=env, label="second")
-    with second:
-        codes = second.wait(timeout=120)
-    assert codes == {"worker-0": 0, "worker-1": 0}, second["worker-0"].output()[-3000:]
-    return second
-
-
-@pytest.mark.timeout(300)
-def test_custom_loop_resumes_after_a_worker_is_killed(tmp_path):
-    # The fit loop's resume after a worker is killed: tests/run/lifecycle/test_restarts.py.
-    backup = tmp_path / "backup"
-    second = interrupted_then_resumed(tmp_path, ["--loop", "custom", "--collective", "ring", "--epochs", "3",
-                                                 "--backup-dir", str(backup)],
-                                      {})
-    for name in ("worker-0", "worker-1"):
-        task = second[name]
-        assert "trainer: resuming from backup at epoch 2" in task.output()
-        assert task.epochs() == [2, 3]
-    assert second["worker-0"].final()["test_accuracy"] >= 0.85
-    assert not (backup / "chief").exists()
-
-
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("loop", ["fit", "custom"])
 def test_step_backups_resume_mid_epoch(tmp_path, loop):
