@@ -67,6 +67,34 @@ def test_a_keras_script_gets_metrics_console_epochs_and_a_report(tutorial):
     assert "worker-0 (chief):" in report.stdout and "ACCURACY" in report.stdout
 
 
+SGR = re.compile(rb"\x1b\[[0-9;]*m")
+# The last drawing of an epoch's progress bar, tf_keras's (Keras 3's: tests/run/console/test_console_run.py).
+BAR = rb"10/10 \[=+\] - \d+s \d+(?:ms|us|s)/step - loss: [\d.]+ - accuracy: [\d.]+"
+
+
+@pytest.mark.xdist_group(TUTORIAL)
+def test_keras_progress_bars_leave_no_backspaces_in_merged_log(tutorial):
+    done, _ = tutorial
+    assert done.returncode == 0, done.stderr
+    raw = (done.run_dir / "worker-0.log").read_bytes()
+    assert raw.count(b"\x08") > 80 and b"\r" in raw  # the task really drew a bar in place
+    merged = (done.run_dir / "merged.log").read_bytes()
+    assert b"\x08" not in merged and b"\r" not in merged
+    texts = [SGR.sub(b"", line.split(b" | ", 1)[1]) for line in merged.splitlines() if b"] worker-0 | " in line]
+    assert b"" not in texts  # no empty line left where a bar was redrawn
+    for epoch in (1, 2, 3):
+        at = texts.index(b"Epoch %d/3" % epoch)
+        assert re.fullmatch(BAR, texts[at + 1]), texts[at + 1]
+    assert "\x08" not in done.stdout and "\r" not in done.stdout
+    # Keras's own "Epoch 1/3" line, the same on both workers: shown once for the two.
+    assert "worker-[0,1] | Epoch 1/3" in SGR.sub(b"", done.stdout.encode()).decode().splitlines(), done.stdout
+    console = [SGR.sub(b"", line.encode()) for line in done.stdout.splitlines() if line.startswith("worker-0 | ")]
+    # The line that ends each epoch is shown as the epoch line it is read as (a script with no metric lines).
+    epochs = [line for line in console
+              if re.fullmatch(rb"worker-0 \| epoch [123]/3  loss [\d.]+  acc [\d.]+  [\d.]+ s  [\d,]+ ms/step", line)]
+    assert len(epochs) == 3, console
+
+
 def test_the_documented_callback_is_the_only_source(tflaunch):
     done = tflaunch.run("--local", "1", "--", "python", str(HELPERS / "keras_fit.py"), "2", "callback", timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
