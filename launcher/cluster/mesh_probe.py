@@ -21,9 +21,10 @@ Protocol on stdout/stdin, one line each, so that every host listens before any h
 
 1. binds a listener on each ``listen`` port (every address, as TensorFlow's gRPC server does) and
    prints ``TFLAUNCH_MESH_LISTENING {"2222": null | "error"}``;
-2. waits for a ``go`` line on stdin, then resolves every target's name here, on this host, and
+2. waits for a ``go`` line on stdin (``go [0, 3]``: the ids of targets not to dial, whose ports no
+   probe could listen on), then resolves every other target's name here, on this host, and
    connects to it, all in parallel, and prints ``TFLAUNCH_MESH_RESULT [{"id", "ok", "error",
-   "resolved", "seconds"}, ...]``;
+   "resolved", "seconds"}, ...]``, one record for each target dialled;
 3. keeps its listeners open until stdin reaches EOF (other hosts may still be connecting), then exits.
 
 EOF at any point ends it: when the launcher or its ssh client dies, nothing stays behind.
@@ -348,9 +349,12 @@ def main():
     say(LISTENING_MARK, status)
     stdin = LineReader()
     line = stdin.line(deadline)
-    if line is not None and line.strip() == b"go":
-        say(RESULT_MARK, connect_all(targets, timeout, min(deadline, time.time() + timeout + 2),
-                                                token if request.get("prove") else None))
+    words = line.strip().split(b" ", 1) if line is not None else []
+    if words and words[0] == b"go":
+        undialled = set(json.loads(words[1].decode("ascii"))) if len(words) > 1 else set()
+        dialled = [t for t in targets if t["id"] not in undialled]
+        say(RESULT_MARK, connect_all(dialled, timeout, min(deadline, time.time() + timeout + 2),
+                                     token if request.get("prove") else None))
         while stdin.line(deadline) is not None:  # hold the listeners until the launcher closes stdin
             pass
     for sock in listeners:

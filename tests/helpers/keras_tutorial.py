@@ -46,5 +46,5 @@ multi_worker_dataset = mnist_like_dataset(global_batch_size)
 with strategy.scope():
     multi_worker_model = build_and_compile_cnn_model()
 
-history = multi_worker_model.fit(multi_worker_dataset, epochs=3, steps_per_epoch=10, verbose=2)
+history = multi_worker_model.fit(multi_worker_dataset, epochs=3, steps_per_epoch=10)
 print("TUTORIAL_LOSSES " + json.dumps([round(float(x), 6) for x in history.history["loss"]]), flush=True)

@@ -11,7 +11,7 @@ import pytest
 from _pytest.mark.expression import Expression
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from suite import (ALONE, BESIDE, SLOWEST, STAGES, TIERS, WORKERS, TierRun, expressions, main, parts,  # noqa: E402
+from suite import (ALONE, BESIDE, BESIDE_AFTER, SLOWEST, STAGES, TIERS, WORKERS, TierRun, expressions, main, parts,  # noqa: E402
                    slowest)
 
 pytestmark = pytest.mark.project
@@ -54,6 +54,8 @@ def test_every_tier_runs_in_one_stage_or_beside_them_in_the_tiers_order():
     assert staged == [name for name, _ in TIERS if name not in BESIDE]
     # Off the critical path: the source tree's checks; one cluster, tests that wait for the scheduler.
     assert BESIDE == ("project", "slurm")
+    # The unit tier alone first, with both cores: a mistake in pure logic shows in seconds.
+    assert STAGES[:BESIDE_AFTER] == (("unit",),)
 
 
 def test_every_tier_leaves_its_alone_tests_to_one_queue():

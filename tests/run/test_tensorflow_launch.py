@@ -16,17 +16,6 @@ def metrics_of(done) -> list[dict]:
     return [json.loads(line) for line in (done.run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_keras_tutorial_script_trains_unchanged(tflaunch):
-    done = tflaunch.run("--local", "2", "--", "python", str(HELPERS / "keras_tutorial.py"), timeout=240)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "TF_USE_LEGACY_KERAS=1 set for every task" in done.stderr
-    losses = [
-        json.loads(next(l for l in done.task_output(n).splitlines() if l.startswith("TUTORIAL_LOSSES "))[16:])
-        for n in ("worker-0", "worker-1")
-    ]
-    assert len(losses[0]) == 3 and losses[0] == losses[1]
-
-
 @pytest.mark.xdist_group(DEFAULT_LOCAL_TWO)
 def test_local_two_workers_train_in_lock_step(default_local_two):
     done = default_local_two.done

@@ -366,37 +366,6 @@ def test_only_the_chief_keeps_the_model(default_local_two, tensorflow_here):
 
 # ---------------------------------------------------------------- resuming from a backup
 
-def interrupted_then_resumed(tmp_path: Path, argv: list[str], env: dict[str, str]) -> Cluster:
-    """Run 2 workers for 3 epochs, SIGKILL worker 1 after epoch 1, SIGTERM worker 0, rerun."""
-    with Cluster(tmp_path, {"worker": 2}, argv, env=env, label="first") as first:
-        wait_for_epoch(first["worker-0"], 1, timeout=120)
-        first["worker-1"].signal(signal.SIGKILL)
-        # SIGTERM ends a worker at once, although TensorFlow's preemption notifier wants to catch it.
-        assert first["worker-0"].stop(grace=5) == -signal.SIGTERM
-    assert first["worker-0"].epochs()[:1] == [1]
-    assert 3 not in first["worker-0"].epochs()
-    second = Cluster(tmp_path, {"worker": 2}, argv, env=env, label="second")
-    with second:
-        codes = second.wait(timeout=120)
-    assert codes == {"worker-0": 0, "worker-1": 0}, second["worker-0"].output()[-3000:]
-    return second
-
-
-@pytest.mark.timeout(300)
-def test_custom_loop_resumes_after_a_worker_is_killed(tmp_path):
-    # The fit loop's resume after a worker is killed: tests/run/lifecycle/test_restarts.py.
-    backup = tmp_path / "backup"
-    second = interrupted_then_resumed(tmp_path, ["--loop", "custom", "--collective", "ring", "--epochs", "3",
-                                                 "--backup-dir", str(backup)],
-                                      {})
-    for name in ("worker-0", "worker-1"):
-        task = second[name]
-        assert "trainer: resuming from backup at epoch 2" in task.output()
-        assert task.epochs() == [2, 3]
-    assert second["worker-0"].final()["test_accuracy"] >= 0.85
-    assert not (backup / "chief").exists()
-
-
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("loop", ["fit", "custom"])
 def test_step_backups_resume_mid_epoch(tmp_path, loop):
@@ -486,15 +455,18 @@ def test_option_and_cluster_errors_give_one_line_errors(tmp_path):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.xdist_group(IN_PROCESS)
 @pytest.mark.parametrize("name", ["mnist", "fashion_mnist"])
-def test_download_failure_is_a_one_line_error(tmp_path, name):
-    # An empty KERAS_HOME: no cached copy, so load_data() has to download (and cannot here).
-    keras_home = tmp_path / "keras_home"
-    keras_home.mkdir()
-    env = {"KERAS_HOME": str(keras_home),
-           # Make sure the download fails even on a machine with internet access.
-           "HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9",
-           "https_proxy": "http://127.0.0.1:9", "http_proxy": "http://127.0.0.1:9"}
-    task = run_single(tmp_path, ["--dataset", name], env=env)
+def test_download_failure_is_a_one_line_error(tmp_path, name, trainer_here, monkeypatch):
+    import urllib.request
+
+    # An empty home: no cached copy in ~/.keras, so load_data() has to download (and cannot here).
+    monkeypatch.setenv("HOME", str(tmp_path))
+    # Make sure the download fails even on a machine with internet access; urlopen's opener, made on
+    # first use, reads the proxies then, so a fresh one is made for this run.
+    monkeypatch.setattr(urllib.request, "_opener", None)
+    task = trainer_here(["--dataset", name], env={"KERAS_HOME": str(tmp_path / ".keras"),
+                                                 "HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9",
+                                                 "https_proxy": "http://127.0.0.1:9", "http_proxy": "http://127.0.0.1:9"})
     assert_user_error(task, f"{name}: could not be downloaded")
     assert "use --dataset digits or --dataset npz:PATH instead" in task.output()

@@ -28,7 +28,7 @@ import json
 import queue
 import secrets
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -179,9 +179,13 @@ def probe_mesh(launches: Sequence[TaskLaunch], listen: bool = True, skip_hosts: 
         probes[label] = _HostProbe(label, launch, ports, [p for p in pairs if p.source == label], timeout, listen)
     events: queue.Queue = queue.Queue()
     token = secrets.token_hex(16)
-    with agents(transports) as through:
-        _run_probes(probes, events, timeout, through, token)
     by_target = {l.name: l for l in launches}
+
+    def listened(pair: Pair) -> bool:
+        return not listen or probes[host_label(by_target[pair.target])].listened_on(pair.port)
+
+    with agents(transports) as through:
+        _run_probes(probes, events, timeout, through, token, listened)
 
     for label, probe in probes.items():
         if probe.listening is None or probe.results is None:
@@ -192,23 +196,27 @@ def probe_mesh(launches: Sequence[TaskLaunch], listen: bool = True, skip_hosts: 
             names = [l.name for l in targets_ok if host_label(l) == label and l.address.endswith(f":{port}")]
             report.listen_errors.setdefault(label, []).append(
                 f"cannot listen on {label}:{port} ({', '.join(names)}) for the mesh probe: {error}")
-        for pair, answer in zip(probe.pairs, probe.results):
-            if listen and not probes[host_label(by_target[pair.target])].listened_on(pair.port):
-                continue  # nothing of ours listened there; that host's own line says why
+        answers = {answer.get("id"): answer for answer in probe.results if isinstance(answer, dict)}
+        for number, pair in enumerate(probe.pairs):
+            if not listened(pair):
+                continue  # nothing of ours listened there, so it was not dialled; that host's own line says why
+            answer = answers.get(number, {"ok": False, "error": "no answer from the probe"})
             report.pairs.append(PairResult(pair, bool(answer.get("ok")), answer.get("error"), answer.get("resolved")))
     report.seconds = time.monotonic() - started
     return report
 
 
 def _run_probes(probes: dict[str, "_HostProbe"], events: queue.Queue, timeout: float,
-                transports: TransportSet, token: str) -> None:
+                transports: TransportSet, token: str, listened: Callable[[Pair], bool]) -> None:
+    """Every probe listens, then dials every pair ``listened`` holds for: a port no probe listens on
+    would only keep its prober waiting its whole connect timeout."""
     try:
         for probe in probes.values():
             probe.start(events, transports, token)
         _wait(probes, events, lambda p: p.listening is not None, timeout + START_SLACK)
         for probe in probes.values():
             if probe.listening is not None:
-                probe.go()
+                probe.go([number for number, pair in enumerate(probe.pairs) if not listened(pair)])
         _wait(probes, events, lambda p: p.listening is None or p.results is not None, timeout + ANSWER_SLACK)
     finally:
         for probe in probes.values():
@@ -283,9 +291,10 @@ class _HostProbe:
     def listened_on(self, port: int) -> bool:
         return self.listening is not None and str(port) in self.listening and not self.listening[str(port)]
 
-    def go(self) -> None:
+    def go(self, undialled: list[int]) -> None:
+        """Dial every target but those numbered in ``undialled``."""
         if self.helper is not None:
-            self.helper.write(b"go\n")
+            self.helper.write(f"go {json.dumps(undialled)}\n".encode())
 
     def close(self) -> None:
         """EOF on its stdin (the probe exits on it); stop it if it lingers."""

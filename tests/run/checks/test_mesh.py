@@ -17,7 +17,7 @@ from conftest import TASK, descendants_alive
 from polling import wait_for
 
 from launcher.cluster.plan import TaskLaunch
-from launcher.cluster.spec import SshSettings
+from launcher.cluster.spec import DEFAULT_CONNECT_TIMEOUT, SshSettings
 from launcher.run.checks.mesh import MeshReport, Pair, PairResult, applies, plan_pairs, probe_mesh
 
 
@@ -129,6 +129,8 @@ def test_a_port_the_probe_cannot_listen_on_is_named_and_not_dialled():
     assert report.problems() == [f"cannot listen on localhost:{port} (worker-0) for the mesh "
                                  "probe: address already in use"]
     assert [(r.pair.target, r.ok) for r in report.pairs] == [("worker-1", True)]
+    # Dialling the held port (it accepts, and never proves itself) would wait out the connect timeout.
+    assert report.seconds < DEFAULT_CONNECT_TIMEOUT, report.seconds
 
 
 def test_a_probe_whose_python_cannot_start_is_named():

@@ -26,6 +26,7 @@ from launcher.run.lifecycle.task import Task, Trip
 from launcher.run.faults.watchdog import Watchdog, WatchdogSettings, never_formed, training_tasks
 from launcher.transports.base import Reading
 from launcher.options import LOG_MAX_SIZE
+from launcher.records.boundedlog import WRITING
 from polling import wait_for
 
 pytestmark = pytest.mark.unit
@@ -104,9 +105,9 @@ class Cluster:
             self.pump.follow(name, self.path(name, attempt), attempt)
 
     def write(self, name: str, *lines: str, attempt: int = 1) -> None:
-        """Append lines to a task's file and return once the pump has read them all."""
-        with open(self.path(name, attempt), "ab") as handle:
-            handle.write("".join(line + "\n" for line in lines).encode())
+        """Append lines to a task's file, as a transport does (the pump reads it when told), and return
+        once the pump has read them all."""
+        WRITING.get(str(self.path(name, attempt))).write("".join(line + "\n" for line in lines).encode())
         self.lines += len(lines)
         wait_for(self._all_read, timeout=10, interval=0.002, message=f"the pump to read {name}'s output")
 

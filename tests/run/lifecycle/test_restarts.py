@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 
 import pytest
@@ -22,48 +23,81 @@ def metrics_of(run_dir) -> list[dict]:
 EPOCHS = 4
 
 
+def backup_states(run_dir) -> dict[str, str]:
+    """The texts of the backup's checkpoint state files, which each save writes last."""
+    return {str(path): path.read_text() for path in (run_dir / "backup").rglob("checkpoint")}
+
+
 @pytest.mark.slow
 @pytest.mark.tensorflow
-def test_worker_killed_mid_epoch_two_restarts_and_resumes_from_backup(tflaunch):
-    proc = tflaunch.start("--local", "2", "--max-restarts", "1", "--restart-delay", "0.5", "--",
+def test_a_preempted_run_and_then_a_worker_killed_mid_epoch_each_restart_and_resume_from_backup(tflaunch):
+    # One run, two faults: every task SIGTERMed in epoch 2, as a scheduler's preemption does, saves an
+    # epoch-level backup and the restart repeats that epoch; then worker-1 SIGKILLed in epoch 3 (after
+    # epoch 2's backup) and the next restart resumes from the last epoch's backup.
+    proc = tflaunch.start("--local", "2", "--max-restarts", "2", "--restart-delay", "0.5", "--",
                           "python", "-m", "trainer", "--epochs", str(EPOCHS), "--width", "1")
 
-    def epoch_one_done():
+    def epoch_done(epoch: int, attempt: int):
         if proc.poll() is not None:
-            pytest.fail(f"tflaunch exited {proc.returncode} before epoch 1 ended:\n{proc.stderr.read()[-3000:]}")
+            pytest.fail(f"tflaunch exited {proc.returncode} before epoch {epoch} of attempt {attempt} ended:\n"
+                        f"{proc.stderr.read()[-3000:]}")
         run_dir = tflaunch.latest_run()
-        return run_dir if run_dir and any(m["kind"] == "epoch" and m["epoch"] == 1 for m in metrics_of(run_dir)) \
-            else None
+        return run_dir if run_dir and any(m["kind"] == "epoch" and m["epoch"] == epoch and m["attempt"] == attempt
+                                          for m in metrics_of(run_dir)) else None
 
-    run_dir = wait_for(epoch_one_done, timeout=180, interval=0.1, message="epoch 1 to end")
-    # Into epoch 2: epoch 1's backup is complete once its checkpoint state file exists (written last).
-    wait_for(lambda: any((run_dir / "backup").rglob("checkpoint")), timeout=60, message="epoch 1's backup")
+    run_dir = wait_for(lambda: epoch_done(1, 1), timeout=180, interval=0.1, message="epoch 1 to end")
+    for task in json.loads((run_dir / "run.json").read_text())["tasks"]:  # every task at once
+        try:
+            os.kill(task["pid"], signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    # Attempt 2 saves no backup before its first epoch ends: what is there now is the SIGTERM's.
+    wait_for(lambda: (run_dir / "attempt-1").exists() and backup_states(run_dir), timeout=120,
+             message="attempt 2 to start from a backup")
+    saved = backup_states(run_dir)
+    first = (run_dir / "attempt-1" / "worker-0.log").read_text()
+    preempted = re.search(r"SIGTERM: backup saved in epoch (\d+) after step (\d+)", first)
+    assert preempted, first[-2000:]
+    repeated = int(preempted.group(1))
+    assert repeated < EPOCHS, first[-2000:]
+    wait_for(lambda: epoch_done(repeated, 2), timeout=180, interval=0.1, message=f"epoch {repeated} of attempt 2 to end")
+    wait_for(lambda: backup_states(run_dir) != saved, timeout=60, message=f"epoch {repeated}'s backup in attempt 2")
     manifest = json.loads((run_dir / "run.json").read_text())
     os.kill(next(t["pid"] for t in manifest["tasks"] if t["name"] == "worker-1"), signal.SIGKILL)
     out, err = proc.communicate(timeout=240)
     assert proc.returncode == 0, err[-3000:]
     run_dir = tflaunch.latest_run()
     manifest = json.loads((run_dir / "run.json").read_text())
-    assert [a["outcome"] for a in manifest["attempts"]] == ["failed", "succeeded"]
-    assert manifest["attempts"][0]["failed_task"] == "worker-1"
-    assert "SIGKILL" in manifest["attempts"][0]["reason"]
+    assert [a["outcome"] for a in manifest["attempts"]] == ["failed", "failed", "succeeded"]
+    assert manifest["attempts"][0]["exit_code"] == 128 + signal.SIGTERM  # the preemption: ended by SIGTERM
+    assert manifest["attempts"][1]["failed_task"] == "worker-1"
+    assert "SIGKILL" in manifest["attempts"][1]["reason"]
+
+    # The preemption: the epoch it stopped repeated from the backup saved in it.
+    for name in ("worker-0", "worker-1"):
+        second = (run_dir / "attempt-2" / f"{name}.log").read_text()
+        assert f"trainer: resuming from backup at epoch {repeated}\n" in second, second[-3000:]
     records = metrics_of(run_dir)
-    second = [m for m in records if m["kind"] == "epoch" and m["attempt"] == 2 and m["task"] == "worker-0"]
-    first_epoch_of_second = second[0]["epoch"]
-    assert 2 <= first_epoch_of_second <= 3  # resumed from the backup, not from epoch 1
-    assert [m["epoch"] for m in second] == list(range(first_epoch_of_second, EPOCHS + 1))
+    assert [m["epoch"] for m in records if m["kind"] == "epoch" and m["task"] == "worker-0" and m["attempt"] == 2][0] \
+        == repeated
+
+    # The kill: resumed from the backup of the epoch before, not from the preemption's.
+    third = [m for m in records if m["kind"] == "epoch" and m["attempt"] == 3 and m["task"] == "worker-0"]
+    first_epoch_of_third = third[0]["epoch"]
+    assert repeated < first_epoch_of_third <= EPOCHS
+    assert [m["epoch"] for m in third] == list(range(first_epoch_of_third, EPOCHS + 1))
     for name in ("worker-0", "worker-1"):  # each worker resumed from the backup tflaunch offered
         log = (run_dir / f"{name}.log").read_text()
-        assert f"trainer: resuming from backup at epoch {first_epoch_of_second}\n" in log, log[-3000:]
+        assert f"trainer: resuming from backup at epoch {first_epoch_of_third}\n" in log, log[-3000:]
     final = [m for m in records if m["kind"] == "final" and m["task"] == "worker-0"]
-    assert len(final) == 1 and final[0]["attempt"] == 2 and final[0]["epochs"] == EPOCHS, final
+    assert len(final) == 1 and final[0]["attempt"] == 3 and final[0]["epochs"] == EPOCHS, final
     assert final[0]["test_accuracy"] >= 0.85, final
     # A finished run leaves no backup behind, so the next run starts afresh.
     assert not (run_dir / "backup" / "chief").exists()
-    assert (run_dir / "attempt-1" / "worker-1.log").exists() and (run_dir / "worker-1.log").exists()
-    assert b"[2] worker-0 | " in (run_dir / "merged.log").read_bytes()
+    assert (run_dir / "attempt-2" / "worker-1.log").exists() and (run_dir / "worker-1.log").exists()
+    assert b"[3] worker-0 | " in (run_dir / "merged.log").read_bytes()
     assert "resum" in (run_dir / "worker-0.log").read_text().lower()
-    assert "resum" not in (run_dir / "attempt-1" / "worker-0.log").read_text().lower()
+    assert "resum" not in first.lower()
 
 
 def test_attempt_number_reaches_tasks_and_logs(tflaunch):
