@@ -274,6 +274,9 @@ def curve(doc: dict, sizes: list[int], work: Path, reps: int = 3, before: str | 
                "file CPU ms, after", "the same, hosts logging in"], rows)
         good = [(h, v, c) for h, v, c, _, _ in points if v]
         if len(good) < 2:
+            if sides[side] is None:  # no slope to hold to the goal: a miss, not a pass
+                _bench.verdict(f"tflaunch's CPU at start per extra host (runs at {len(good)} of {len(sizes)} sizes)",
+                               float("nan"), START_CPU_TARGET_MS, " ms", guard=True)
             continue
         (h0, v0, c0), (h1, v1, c1) = good[0], good[-1]
         slope = (v1 - v0) / (h1 - h0)

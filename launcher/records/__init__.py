@@ -2,6 +2,7 @@
 
 - folder.py: where run folders go, how one is made, and its layout;
 - record.py: the typed ``run.json`` that runs write and the inspection commands read;
+- livejson.py: its compact text for the rewrites while a run goes on, each task's text kept while it stays the same;
 - states.py: the words the record uses (run status, task state, attempt outcome), durations and counts;
 - exits.py: how a task ended, in the words every view uses (``exit code 1``, ``killed by SIGKILL``);
 - metrics.py: the metric line tasks print, its parser, which task speaks for the run, and its training time;

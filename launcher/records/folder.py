@@ -55,6 +55,7 @@ from ..options import DEFAULT_LOG_DIR, name
 from ..units import group_id
 from .files import (FOLDER_MODE, SHARED_FOLDER_MODE, make_folder, open_own, shared_with_group, swappable_by_others,
                     write_atomically)
+from .livejson import CompactRecord
 from .record import RunRecord
 
 # The layout (see the module docstring).
@@ -142,6 +143,7 @@ class RunFolder:
         self._log_attempts: dict[str, int] = {}  # task -> the attempt its log at the top belongs to
         self._real_path: str | None = None
         self._parts_left: dict[str, list[str]] = {}  # log -> its part files at the top, when an attempt ended
+        self._compact = CompactRecord()  # the live rewrites' text
 
     @classmethod
     def create(cls, log_dir: str | Path | None, source: str, option: str | None = None,
@@ -294,11 +296,11 @@ class RunFolder:
     def write_record(self, record: RunRecord, final: bool = False) -> None:
         """Replace run.json with the run's typed record (see :mod:`launcher.records.record`), atomically.
 
-        Live rewrites are compact (json's C encoder); the final one is for people (:func:`readable_json`). When a
+        Live rewrites are compact (:class:`CompactRecord`: each task's text kept while it stays the
+        same); the final one is for people (:func:`readable_json`). When a
         full disk leaves no room for the new copy beside the old, the final record replaces the old
         one in place, compact: the space the old one held is enough for it more often than not.
         """
-        data = record.to_json()
         # Every copy is fsynced before its rename (see write_atomically). The folder, which makes
         # the rename durable, is synced at the milestones only: the first record, a task ending,
         # failing in place or starting a new attempt, and the final record. Between them a crash
@@ -308,8 +310,9 @@ class RunFolder:
         milestone = (record.attempt, tuple((t.state.ended, t.restarts) for t in record.tasks))
         sync = final or milestone != self._milestone
         if not final:
-            write_atomically(self.record_path, json.dumps(data, separators=(",", ":")) + "\n", sync_folder=sync)
+            write_atomically(self.record_path, self._compact.text(record) + "\n", sync_folder=sync)
         else:
+            data = record.to_json()
             try:
                 write_atomically(self.record_path, readable_json(data, len(record.tasks)) + "\n", sync_folder=True)
             except OSError as exc:

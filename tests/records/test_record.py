@@ -75,6 +75,49 @@ def test_live_rewrites_are_compact_and_the_final_one_indented(tmp_path):
     assert folder.record_path.read_text().startswith("{\n  ")
 
 
+def test_live_rewrites_reuse_a_task_s_text_only_while_its_values_stay_the_same(tmp_path):
+    import dataclasses
+
+    from launcher.records import livejson
+
+    def plain(record: RunRecord) -> str:
+        return json.dumps(record.to_json(), separators=(",", ":")) + "\n"
+
+    record = full_record()
+    template = record.tasks[0]
+    # an env whose text holds what a task's own state key looks like
+    record.tasks = [dataclasses.replace(template, name=f"worker-{i}", index=i, env={"A": str(i), "state": ',"state":1'},
+                                        state=TaskState.PENDING, pid=None, exit_code=None, signal=None, leftovers=[])
+                    for i in range(4)]
+    folder = RunFolder(tmp_path)
+    encoded = []
+    real_dumps = livejson._dumps
+    livejson._dumps = lambda value: encoded.append(value) or real_dumps(value)
+    try:
+        folder.write_record(record)
+        assert folder.record_path.read_text() == plain(record)
+        encoded.clear()
+        folder.write_record(record)  # nothing changed: no task encoded again
+        assert folder.record_path.read_text() == plain(record)
+        assert not [v for v in encoded if "name" in v or "state" in v]
+        # A new state, a value changed in place, a task gone and one new: the text follows each.
+        record.tasks[0].state, record.tasks[0].pid = TaskState.RUNNING, 7
+        record.tasks[1].env["A"] = "changed in place"
+        record.tasks[2].leftovers.append("sleep (pid 1)")
+        record.tasks = record.tasks[:3] + [dataclasses.replace(template, name="ps-0", role="ps")]
+        record.status = RunStatus.RUNNING
+        encoded.clear()
+        folder.write_record(record)
+        assert folder.record_path.read_text() == plain(record)
+        # worker-1 (its env) and ps-0 encoded whole; worker-0 (started) and worker-2 (a leftover):
+        # their state and what came of it only; worker-3 is gone
+        assert sorted(v.get("name") or v.get("state") for v in encoded if "name" in v or "state" in v) == \
+            ["pending", "ps-0", "running", "worker-1"]
+    finally:
+        livejson._dumps = real_dumps
+    assert folder.read_record() == record
+
+
 def test_a_large_final_record_has_one_line_per_task(tmp_path):
     import dataclasses
 
