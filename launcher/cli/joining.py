@@ -100,6 +100,12 @@ def join_options(command: Callable) -> Callable:
                           "auto: the platform whose variables are set."),
         click.option("--tasks-per-node", metavar="K", type=click.IntRange(min=1), default=1, show_default=True,
                      help="With --nnodes: tasks on each node (roles: --chief, --ps, --evaluator)."),
+        click.option("--ray", metavar="ADDRESS",
+                     help="Run on a Ray cluster (HOST:PORT, ray://HOST:PORT, or auto: RAY_ADDRESS, else the "
+                          "cluster on this machine): --nnodes Ray nodes, one placement group bundle each "
+                          "(needs pip install 'tflaunch[ray]')."),
+        click.option("--gpus-per-task", metavar="G", type=click.IntRange(min=0), default=0, show_default=True,
+                     help="With --ray: GPUs each task gets from its bundle (CUDA_VISIBLE_DEVICES)."),
     ]
     return functools.reduce(lambda wrapped, option: option(wrapped), reversed(options), command)
 
@@ -161,3 +167,26 @@ def join_run(choice: ClusterChoice, options: dict[str, Any], given: RunOptions) 
     else:
         click.echo(f"tflaunch: node rank {rank}: the run ended with exit code {code}", err=True)
     return code
+
+
+def ray_source(choice: ClusterChoice, options: dict[str, Any], given: RunOptions):
+    """The Ray nodes of one placement group (--ray ADDRESS --nnodes N)."""
+    from ..sources.ray import RayNodes, RaySource
+    from ..transports.ray import check_address
+
+    if any(value is not None for value in (choice.cluster, choice.local, choice.hosts, choice.hostfile)) \
+            or options.get("slurm"):
+        raise click.UsageError("--ray takes its hosts from the Ray cluster; drop the cluster file, --local, -H, "
+                               "--hostfile and --slurm")
+    if options["nnodes"] is None:
+        raise click.UsageError("--ray needs --nnodes N (or MIN:MAX): the Ray nodes to run on")
+    if options["node_rank"] is not None or options["rdzv_endpoint"] or options.get("nodes_from"):
+        raise click.UsageError("--ray places every node itself; drop --node-rank, --rdzv-endpoint and --nodes-from")
+    if choice.gpus:
+        raise click.UsageError("--ray takes each task's GPUs from its bundle: give --gpus-per-task G, not --gpus")
+    count = _node_count(options["nnodes"])
+    return RayNodes(RaySource(address=check_address(options["ray"]), nnodes=count["nnodes"],
+                              minimum=count["nnodes_min"], spares=spare_nodes(choice.spares),
+                              tasks_per_node=options["tasks_per_node"], gpus_per_task=options["gpus_per_task"],
+                              timeout=given.start_timeout, chief=choice.chief, ps=choice.ps,
+                              evaluator=choice.evaluator))

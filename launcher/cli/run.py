@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from .group import RUN_SOURCES, ClusterCommand, TaskCommand, cli
-from .joining import join_options, join_run, joined_source, platform_nodes
+from .joining import join_options, join_run, joined_source, platform_nodes, ray_source
 from .options import ClusterChoice, cluster_options, run_option, run_options
 
 if TYPE_CHECKING:
@@ -69,10 +69,13 @@ def run(ctx: click.Context, choice: ClusterChoice, **options: Any) -> None:
     from ..run.lifecycle.launch import LaunchRequest  # imported here so "tflaunch --help" stays light
 
     given = run_options(options, ctx.meta.get("tflaunch.command") or None)  # checked before the cluster is read
-    options = platform_nodes(options)
-    if options["nnodes"] is not None and options["node_rank"] != 0:
-        ctx.exit(join_run(choice, options, given))
-    source = _source(choice, options)
+    if options["ray"]:
+        source = ray_source(choice, options, given)
+    else:
+        options = platform_nodes(options)
+        if options["nnodes"] is not None and options["node_rank"] != 0:
+            ctx.exit(join_run(choice, options, given))
+        source = _source(choice, options)
     request = LaunchRequest(cluster=source.spec, options=given)
     try:
         _run(ctx, request, given, options)
