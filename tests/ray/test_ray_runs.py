@@ -1,0 +1,137 @@
+"""Runs on a real Ray cluster of several nodes on this machine (``--ray ADDRESS --nnodes N``), with
+the stand-in worker: where the tasks run, and that nothing of a run is left in Ray or on the
+machine however it ends (success, a failed task, Ctrl-C, tflaunch killed), a group that cannot be
+placed, and a Ray node that dies mid-run."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+import psutil
+import pytest
+
+from conftest import LOCKSTEP
+from polling import wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(240)]
+
+
+def ray_args(raycluster, nnodes, *extra: str) -> list[str]:
+    return ["--ray", raycluster.address, "--nnodes", str(nnodes), "--grace", "2", *extra]
+
+
+def gone(pids: list[int]) -> bool:
+    return not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in pids)
+
+
+def test_three_ray_nodes_train_in_lock_step_and_run_json_names_each_node(raycluster, tflaunch):
+    nodes = {node["id"]: node["address"] for node in raycluster.nodes()}
+    done = tflaunch.run(*ray_args(raycluster, 3), "--", "python", LOCKSTEP, "--epochs", "2", "--steps", "3")
+    assert done.returncode == 0, done.stderr[-3000:]
+    tasks = done.record["tasks"]
+    assert sorted(t["name"] for t in tasks) == ["worker-0", "worker-1", "worker-2"]
+    assert len({t["host"] for t in tasks}) == 3  # STRICT_SPREAD: one Ray node each
+    for task in tasks:
+        assert task["host"] in nodes, (task["host"], nodes)  # the Ray node's id
+        assert task["address"].rpartition(":")[0] == nodes[task["host"]]  # and its address
+        assert task["state"] == "succeeded"
+        cluster = json.loads(task["env"]["TF_CONFIG"])["cluster"]["worker"]
+        assert sorted(cluster) == sorted(t["address"] for t in tasks)
+    merged = done.merged.decode()
+    for name in ("worker-0", "worker-1", "worker-2"):
+        assert f"{name}: done" in merged
+    assert f"--ray {raycluster.address} --nnodes 3" in done.record["source"]
+    raycluster.wait_free(within=10)
+
+
+def test_a_failed_task_ends_the_run_and_frees_every_actor_and_the_group(raycluster, tflaunch):
+    done = tflaunch.run(*ray_args(raycluster, 3), "--env", "LOCKSTEP_CRASH=2:3", "--", "python", LOCKSTEP,
+                        "--epochs", "3", "--steps", "3")
+    assert done.returncode == 3, done.stderr[-3000:]
+    pids = [t["pid"] for t in done.record["tasks"] if t["pid"]]
+    assert pids and gone(pids)
+    raycluster.wait_free(within=10)
+
+
+def test_ctrl_c_stops_the_tasks_and_frees_ray_before_tflaunch_exits(raycluster, tflaunch):
+    proc = tflaunch.start(*ray_args(raycluster, 3), "--", "python", LOCKSTEP, "--epochs", "100", "--steps", "50",
+                          "--step-seconds", "0.1")
+    pids = [t["pid"] for t in tflaunch.live_tasks(timeout=90)]
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-3000:]
+    assert gone(pids)
+    state = raycluster.state()  # freed by tflaunch itself, not by Ray noticing the driver gone
+    assert not state["actors"] and all(s == "REMOVED" for s in state["groups"].values()), state
+
+
+def test_tflaunch_killed_leaves_no_task_actor_or_group(raycluster, tflaunch):
+    proc = tflaunch.start(*ray_args(raycluster, 3), "--", "python", LOCKSTEP, "--epochs", "100", "--steps", "50",
+                          "--step-seconds", "0.1")
+    pids = [t["pid"] for t in tflaunch.live_tasks(timeout=90)]
+    assert raycluster.state()["actors"]
+    proc.kill()
+    proc.communicate(timeout=30)
+    wait_for(lambda: gone(pids), timeout=30, message="every task gone after tflaunch was killed")
+    raycluster.wait_free(within=60)
+
+
+def test_a_group_the_cluster_cannot_place_is_one_line_and_leaves_nothing(raycluster, tflaunch):
+    started = time.monotonic()
+    done = tflaunch.run(*ray_args(raycluster, 5), "--start-timeout", "2", "--", "python", LOCKSTEP)
+    assert done.returncode == 1, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, done.stderr
+    assert "could not be placed within 2 s" in lines[0] and "needs 5 nodes with 1 CPU each" in lines[0], lines
+    assert "the cluster has 3 nodes" in lines[0], lines
+    assert time.monotonic() - started < 60
+    raycluster.wait_free(within=10)
+
+
+@pytest.mark.parametrize("shape", ["spare", "shrink"])
+def test_a_ray_node_that_dies_is_a_lost_host(raycluster, tflaunch, shape):
+    extra = ("--spares", "1") if shape == "spare" else ()
+    nnodes = "2" if shape == "spare" else "2:3"
+    proc = tflaunch.start(*ray_args(raycluster, nnodes, "--max-restarts", "1", "--restart-delay", "0",
+                                    "--keepalive-timeout", "5", *extra),
+                          "--", "python", LOCKSTEP, "--epochs", "4", "--steps", "10", "--step-seconds", "0.3")
+    try:
+        tasks = tflaunch.live_tasks(timeout=90)
+        assert len(tasks) == (2 if shape == "spare" else 3)
+        victim = next(t["host"] for t in tasks if t["name"] == "worker-1")
+        raycluster.remove(victim)
+        out, err = proc.communicate(timeout=150)
+    finally:
+        raycluster.add()  # the next tests find three nodes again
+    assert proc.returncode == 0, err[-3000:]
+    record = json.loads((tflaunch.latest_run() / "run.json").read_text())
+    assert [e["host"] for e in record["excluded"]] == [victim], record["excluded"]
+    assert len(record["attempts"]) == 2
+    hosts = {t["host"] for t in record["tasks"]}
+    assert victim not in hosts
+    assert len(record["tasks"]) == 2  # the spare took worker-1's place, or the cluster shrank to its floor
+    assert f"lost Ray node {victim}" in err, err[-3000:]
+    raycluster.wait_free(within=10)
+
+
+def test_each_task_gets_the_gpus_ray_gave_its_bundle(raycluster, tflaunch):
+    """Logical GPUs (Ray hands them out without checking hardware): two nodes of 2 each, two tasks
+    per node with one GPU each; each task's CUDA_VISIBLE_DEVICES is its own of its bundle's."""
+    added = [raycluster.add(cpus=2, gpus=2) for _ in range(2)]
+    try:
+        done = tflaunch.run(*ray_args(raycluster, 2, "--tasks-per-node", "2", "--gpus-per-task", "1"), "--",
+                            "python", "-c", "import os; print('CUDA', os.environ['CUDA_VISIBLE_DEVICES'])")
+    finally:
+        for node in added:
+            raycluster.remove(node)
+    assert done.returncode == 0, done.stderr[-3000:]
+    tasks = done.record["tasks"]
+    assert {t["host"] for t in tasks} == set(added)
+    for host in added:
+        mine = [t for t in tasks if t["host"] == host]
+        assert len(mine) == 2 and sorted(g for t in mine for g in t["gpus"]) == [0, 1], mine
+        for task in mine:
+            assert f"CUDA {task['gpus'][0]}" in done.task_output(task["name"])
+    raycluster.wait_free(within=10)
