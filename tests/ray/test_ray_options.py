@@ -1,0 +1,35 @@
+"""``--ray`` given wrongly: one line naming what is wrong, exit 2, before Ray is asked anything; and
+the core install, which never imports Ray."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--ray", "auto", "--local", "2"], "--ray takes its hosts from the Ray cluster; drop the cluster file, --local"),
+    (["--ray", "auto"], "--ray needs --nnodes N (or MIN:MAX)"),
+    (["--ray", "auto", "--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:29455"], "--ray places every node itself"),
+    (["--ray", "auto", "--nnodes", "2", "--gpus", "0"], "give --gpus-per-task G, not --gpus"),
+    (["--ray", "head-node", "--nnodes", "2"], "--ray: expected auto, HOST:PORT or ray://HOST:PORT (PORT 1-65535), "
+                                              "got 'head-node'"),
+    (["--ray", "127.0.0.1:1", "--nnodes", "2"], "--ray 127.0.0.1:1: no Ray cluster answers there"),
+])
+def test_bad_ray_options_are_one_line_and_exit_2(tflaunch, args, said):
+    done = tflaunch.run(*args, "--", "true", timeout=60)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tflaunch: error: ") and said in lines[0], done.stderr
+    assert done.run_dir is None
+
+
+def test_the_launcher_imports_ray_only_when_a_run_names_it():
+    code = ("import sys, launcher.cli.run, launcher.sources.ray, launcher.transports.ray, launcher.api; "
+            "print('ray' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
