@@ -172,22 +172,12 @@ def join_run(choice: ClusterChoice, options: dict[str, Any], given: RunOptions) 
 def ray_source(choice: ClusterChoice, options: dict[str, Any], given: RunOptions):
     """The Ray nodes of one placement group (--ray ADDRESS --nnodes N)."""
     from ..errors import OptionsError
-    from ..sources.ray import RayNodes, RaySource
-    from ..transports.ray import check_address
+    from ..sources.ray import ray_nodes
 
-    if any(value is not None for value in (choice.cluster, choice.local, choice.hosts, choice.hostfile)) \
-            or options.get("slurm"):
-        raise OptionsError("--ray takes its hosts from the Ray cluster; drop the cluster file, --local, -H, "
-                               "--hostfile and --slurm")
-    if options["nnodes"] is None:
-        raise OptionsError("--ray needs --nnodes N (or MIN:MAX): the Ray nodes to run on")
+    if options.get("slurm"):
+        raise OptionsError("--ray takes its hosts from the Ray cluster; drop --slurm")
     if options["node_rank"] is not None or options["rdzv_endpoint"] or options.get("nodes_from"):
         raise OptionsError("--ray places every node itself; drop --node-rank, --rdzv-endpoint and --nodes-from")
-    if choice.gpus:
-        raise OptionsError("--ray takes each task's GPUs from its bundle: give --gpus-per-task G, not --gpus")
-    count = _node_count(options["nnodes"])
-    return RayNodes(RaySource(address=check_address(options["ray"]), nnodes=count["nnodes"],
-                              minimum=count["nnodes_min"], spares=spare_nodes(choice.spares),
-                              tasks_per_node=options["tasks_per_node"], gpus_per_task=options["gpus_per_task"],
-                              timeout=given.start_timeout, chief=choice.chief, ps=choice.ps,
-                              evaluator=choice.evaluator))
+    return ray_nodes(choice, options["ray"], options["nnodes"], tasks_per_node=options["tasks_per_node"],
+                     gpus_per_task=options["gpus_per_task"], spares=spare_nodes(choice.spares),
+                     start_timeout=given.start_timeout)

@@ -21,6 +21,8 @@ from dataclasses import dataclass, replace
 from ..cluster.checks import check_cluster
 from ..cluster.placement import SPARE_ROLE
 from ..cluster.spec import AUTO, ClusterSpec, TaskSpec
+from ..errors import OptionsError
+from ..options import count as whole, name
 from ..options import label as options_label
 from . import RoleOptions
 from .hosts import HostSlots, place
@@ -51,6 +53,39 @@ class RaySource(RoleOptions):
     @property
     def within(self) -> float:
         return DEFAULT_TIMEOUT if self.timeout is None else self.timeout
+
+
+def node_count(value: int | str) -> tuple[int, int | None]:
+    """``N`` or ``MIN:MAX`` (an int, or text) as (MAX, MIN or None); OptionsError naming the value."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return whole("nnodes", value, 1), None
+    low, sep, high = str(value).partition(":")
+    words = [low, high] if sep else [low]
+    if not all(w.strip().isascii() and w.strip().isdigit() and int(w) >= 1 for w in words) or \
+            (sep and int(low) > int(high)):
+        raise OptionsError(f"{name('nnodes')}: expected N or MIN:MAX (whole numbers, 1 <= MIN <= MAX), got {value!r}")
+    return int(words[-1]), (int(low) if sep else None)
+
+
+def ray_nodes(choice, address: str | None, nnodes: int | str | None, *, tasks_per_node: int = 1,
+              gpus_per_task: int = 0, spares: int = 0, start_timeout: float | None = None) -> "RayNodes":
+    """The Ray source the options name, every front end's: ``choice`` (a
+    :class:`~.choose.ClusterChoice`) names no other cluster and its roles only; OptionsError otherwise."""
+    from ..transports.ray import check_address
+
+    if any(value is not None for value in (choice.cluster, choice.local, choice.hosts, choice.hostfile)):
+        raise OptionsError(f"{name('ray')} takes its hosts from the Ray cluster; drop the cluster file, "
+                           f"{name('local')}, {name('hosts')}, {name('hostfile')} and --slurm")
+    if nnodes is None:
+        raise OptionsError(f"{name('ray')} needs {name('nnodes')} N (or MIN:MAX): the Ray nodes to run on")
+    if choice.gpus:
+        raise OptionsError(f"{name('ray')} takes each task's GPUs from its bundle: give {name('gpus_per_task')} G, "
+                           f"not {name('gpus')}")
+    most, least = node_count(nnodes)
+    return RayNodes(RaySource(address=check_address(address or "auto"), nnodes=most, minimum=least, spares=spares,
+                              tasks_per_node=whole("tasks_per_node", tasks_per_node, 1),
+                              gpus_per_task=whole("gpus_per_task", gpus_per_task, 0), timeout=start_timeout,
+                              chief=choice.chief, ps=choice.ps, evaluator=choice.evaluator))
 
 
 class RayNodes:

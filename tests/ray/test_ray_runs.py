@@ -5,14 +5,17 @@ placed, and a Ray node that dies mid-run."""
 
 from __future__ import annotations
 
+import ast
 import json
 import signal
+import subprocess
+import sys
 import time
 
 import psutil
 import pytest
 
-from conftest import LOCKSTEP
+from conftest import LOCKSTEP, ROOT
 from polling import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(240)]
@@ -140,4 +143,19 @@ def test_each_task_gets_the_gpus_ray_gave_its_bundle(raycluster, tflaunch):
         assert len(mine) == 2 and sorted(g for t in mine for g in t["gpus"]) == [0, 1], mine
         for task in mine:
             assert f"CUDA {task['gpus'][0]}" in done.task_output(task["name"])
+    raycluster.wait_free(within=10)
+
+
+def test_launch_runs_on_ray_from_python(raycluster, tmp_path):
+    code = ("import sys; from launcher import launch; "
+            f"r = launch(ray={raycluster.address!r}, nnodes=2, log_dir={str(tmp_path)!r}, grace=2, "
+            f"command=[sys.executable, {LOCKSTEP!r}, '--epochs', '1', '--steps', '2']); "
+            "print('RESULT', r.exit_code, r.record.source, sorted(t.host for t in r.record.tasks))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=180)
+    result = [line for line in done.stdout.splitlines() if line.startswith("RESULT")]
+    assert result, done.stderr[-3000:]
+    nodes = {node["id"] for node in raycluster.nodes()}
+    assert result[0].startswith(f"RESULT 0 launch(ray={raycluster.address!r}, nnodes=2)"), result
+    hosts = ast.literal_eval(result[0].split(")", 1)[1].strip())
+    assert len(set(hosts)) == 2 and set(hosts) <= nodes, (hosts, nodes)
     raycluster.wait_free(within=10)
