@@ -16,7 +16,9 @@ by :meth:`RayNodes.finish`.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 from ..cluster.checks import check_cluster
 from ..cluster.placement import SPARE_ROLE
@@ -88,13 +90,46 @@ def ray_nodes(choice, address: str | None, nnodes: int | str | None, *, tasks_pe
                               chief=choice.chief, ps=choice.ps, evaluator=choice.evaluator))
 
 
+RAY_KEYS = ("address", "nnodes", "tasks_per_node", "gpus_per_task", "spares", "start_timeout", "chief", "ps",
+            "evaluator")
+
+
+def ray_section(path: str, section: Mapping[str, Any]) -> "RayNodes":
+    """The Ray source a cluster file's ``ray:`` section names; ConfigError naming the file, the key
+    and the value."""
+    from ..cluster.fields import FieldReader
+    from ..transports.ray import check_address
+
+    fields = FieldReader(path)
+    fields.check_keys(section, RAY_KEYS, "ray")
+    address = fields.expect_str(section.get("address", "auto"), "ray.address")
+    if section.get("nnodes") is None:
+        raise fields.fail("ray.nnodes", "expected the Ray nodes to run on: N or 'MIN:MAX'")
+    try:
+        check_address(address)
+        most, least = node_count(section["nnodes"])
+    except OptionsError as exc:
+        key = "ray.address" if str(exc).startswith("--ray") else "ray.nnodes"
+        raise fields.fail(key, str(exc).split(": ", 1)[1]) from None
+    timeout = section.get("start_timeout")
+    return RayNodes(RaySource(
+        address=address, nnodes=most, minimum=least,
+        spares=fields.read_count(section.get("spares", 0), "ray.spares"),
+        tasks_per_node=fields.read_count(section.get("tasks_per_node", 1), "ray.tasks_per_node", least=1),
+        gpus_per_task=fields.read_count(section.get("gpus_per_task", 0), "ray.gpus_per_task"),
+        timeout=None if timeout is None else fields.read_seconds(timeout, "ray.start_timeout"),
+        chief=fields.read_bool(section.get("chief", False), "ray.chief"),
+        ps=fields.read_count(section.get("ps", 0), "ray.ps"),
+        evaluator=fields.read_bool(section.get("evaluator", False), "ray.evaluator")), label=path)
+
+
 class RayNodes:
     """The run's source, once per run: the group reserved, its agents joined, then the spec; every
     Ray resource of the run freed by :meth:`finish`."""
 
-    def __init__(self, source: RaySource):
+    def __init__(self, source: RaySource, label: str | None = None):
         self.source = source
-        self.label = source.label
+        self.label = label or source.label
         self._group = None
         self._rendezvous = None
         self._spec: ClusterSpec | None = None

@@ -33,3 +33,19 @@ def test_the_launcher_imports_ray_only_when_a_run_names_it():
             "print('ray' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+@pytest.mark.parametrize("section, said", [
+    ("ray:\n  nnodes: two\n", "ray.nnodes: expected N or MIN:MAX"),
+    ("ray:\n  address: head\n  nnodes: 2\n", "ray.address: expected auto, HOST:PORT or ray://HOST:PORT"),
+    ("ray:\n  nnodes: 2\n  gpu_per_task: 1\n", "ray.gpu_per_task: unknown key; did you mean 'gpus_per_task'?"),
+    ("ray:\n  tasks_per_node: 2\n", "ray.nnodes: expected the Ray nodes to run on"),
+    ("ray:\n  nnodes: 2\nworker: [localhost:auto]\n", "ray: this file's tasks are placed on the Ray cluster's nodes"),
+])
+def test_a_bad_ray_section_is_one_line_naming_the_key(tflaunch, tmp_path, section, said):
+    path = tmp_path / "ray.yaml"
+    path.write_text(section)
+    done = tflaunch.run(str(path), timeout=60)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"tflaunch: error: {path}: {said}"), done.stderr

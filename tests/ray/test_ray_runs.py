@@ -159,3 +159,17 @@ def test_launch_runs_on_ray_from_python(raycluster, tmp_path):
     hosts = ast.literal_eval(result[0].split(")", 1)[1].strip())
     assert len(set(hosts)) == 2 and set(hosts) <= nodes, (hosts, nodes)
     raycluster.wait_free(within=10)
+
+
+def test_a_cluster_file_with_a_ray_section_runs_on_ray(raycluster, tflaunch, tmp_path):
+    path = tmp_path / "ray.yaml"
+    path.write_text(f"ray:\n  address: {raycluster.address}\n  nnodes: 2\n  start_timeout: 60\n"
+                    f"command: [python, {LOCKSTEP}, --epochs, '1', --steps, '2']\nenv: {{FROM_FILE: yes-it-is}}\n")
+    done = tflaunch.run(str(path), "--grace", "2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = done.record
+    assert record["source"] == str(path)
+    nodes = {node["id"] for node in raycluster.nodes()}
+    assert len({t["host"] for t in record["tasks"]}) == 2 and {t["host"] for t in record["tasks"]} <= nodes
+    assert all(t["env"]["FROM_FILE"] == "yes-it-is" for t in record["tasks"])
+    raycluster.wait_free(within=10)
