@@ -34,9 +34,10 @@ NODES = 3
 
 
 class RayCluster:
-    def __init__(self, nodes: int = NODES):
+    def __init__(self, nodes: int = NODES, env: dict | None = None):
         self.proc = subprocess.Popen([sys.executable, str(HELPER), str(nodes)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, start_new_session=True)
+                                     stdout=subprocess.PIPE, text=True, start_new_session=True,
+                                     env={**os.environ, **(env or {})})
         line = self._read(UP_WITHIN)
         if not line.startswith("address "):
             self.close()

@@ -16,9 +16,12 @@ it: a lost host. Ray is imported here only, when a run names ``--ray``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import secrets
 import socket
+import tempfile
 from collections.abc import Hashable
 from dataclasses import dataclass
 
@@ -131,6 +134,24 @@ def _reachable(address: str, within: float = 5.0) -> None:
         raise OptionsError(f"--ray {address}: no Ray cluster answers there: {exc.strerror or exc}") from None
 
 
+@contextlib.contextmanager
+def _held_stderr():
+    """This process's stderr set aside while Ray connects: its core logs every retry of a refused
+    connection (a missing or wrong token) there, and the one line of the error says what went wrong."""
+    saved, said = os.dup(2), []
+    try:
+        with tempfile.TemporaryFile() as held:
+            os.dup2(held.fileno(), 2)
+            try:
+                yield said
+            finally:
+                os.dup2(saved, 2)
+                held.seek(0)
+                said.append(held.read(1 << 20).decode(errors="replace"))
+    finally:
+        os.close(saved)
+
+
 class RayGroup:
     """One run's share of a Ray cluster: the driver's connection, the placement group and one agent
     actor per bundle. :meth:`close` frees all of it, whatever was made."""
@@ -152,11 +173,16 @@ class RayGroup:
             import ray
         except ImportError:
             raise OptionsError(f"--ray: Ray is not installed with this tflaunch: {EXTRA}") from None
+        said: list[str] = []
         try:
-            ray.init(address=self.address, namespace=NAMESPACE, log_to_driver=False, logging_level=logging.ERROR,
-                     configure_logging=False)
-        except (ConnectionError, RuntimeError, ValueError) as exc:
+            with _held_stderr() as said:
+                ray.init(address=self.address, namespace=NAMESPACE, log_to_driver=False,
+                         logging_level=logging.ERROR, configure_logging=False)
+        except Exception as exc:  # noqa: BLE001 - Ray's own kinds (ConnectionError, AuthenticationError, ...)
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            if any("InvalidAuthToken" in text for text in said):
+                first += (" (it refused this machine's Ray token, or its lack of one: give the cluster's token "
+                          "in RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH)")
             raise OptionsError(f"--ray {self.address}: cannot connect to the Ray cluster: {first}") from None
         self._ray = ray
 

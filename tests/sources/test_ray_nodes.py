@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import json
+import secrets
 import signal
 import subprocess
 import sys
@@ -173,3 +174,28 @@ def test_a_cluster_file_with_a_ray_section_runs_on_ray(raycluster, tflaunch, tmp
     assert len({t["host"] for t in record["tasks"]}) == 2 and {t["host"] for t in record["tasks"]} <= nodes
     assert all(t["env"]["FROM_FILE"] == "yes-it-is" for t in record["tasks"])
     raycluster.wait_free(within=10)
+
+
+def test_a_cluster_with_ray_token_authentication(tflaunch):
+    """A cluster of its own, started with RAY_AUTH_MODE=token: tflaunch connects with the token Ray
+    reads (the tasks never see it), and without it says so in one line."""
+    from testray_fixture import RayCluster
+
+    token = secrets.token_hex(16)
+    cluster = RayCluster(nodes=2, env={"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token})
+    try:
+        command = ["--", "python", "-c", "import os; print('TOKEN', os.environ.get('RAY_AUTH_TOKEN'))"]
+        done = tflaunch.run("--ray", cluster.address, "--nnodes", "2", *command,
+                            env={"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token})
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert done.merged.decode().count("TOKEN None") == 2
+        assert token not in done.merged.decode()
+        refused = tflaunch.run("--ray", cluster.address, "--nnodes", "2", *command,
+                               env={"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "not-" + token})
+        lines = refused.stderr.splitlines()
+        assert refused.returncode == 2 and len(lines) == 1, refused.stderr
+        assert f"--ray {cluster.address}: cannot connect to the Ray cluster" in lines[0]
+        assert "it refused this machine's Ray token" in lines[0]
+        cluster.wait_free(within=10)
+    finally:
+        cluster.close()
