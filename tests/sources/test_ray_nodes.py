@@ -16,7 +16,7 @@ import time
 import psutil
 import pytest
 
-from conftest import LOCKSTEP, ROOT
+from conftest import HELPERS, LOCKSTEP, ROOT
 from polling import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(240)]
@@ -199,3 +199,32 @@ def test_a_cluster_with_ray_token_authentication(tflaunch):
         cluster.wait_free(within=10)
     finally:
         cluster.close()
+
+
+@pytest.mark.tensorflow
+@pytest.mark.timeout(400)
+def test_three_ray_nodes_train_the_built_in_trainer_in_lock_step(raycluster, tflaunch):
+    done = tflaunch.run(*ray_args(raycluster, 3), "--", "python", "-m", "trainer", "--epochs", "2",
+                        "--steps-per-epoch", "2", timeout=360)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert len({t["host"] for t in done.record["tasks"]}) == 3
+    metrics = [json.loads(line) for line in (done.run_dir / "metrics.jsonl").read_text().splitlines()]
+    losses = {(m["task"], m["epoch"]): m["loss"] for m in metrics if m["kind"] == "epoch"}
+    assert {task for task, _ in losses} == {"worker-0", "worker-1", "worker-2"}, metrics
+    for epoch in (1, 2):  # lock-step: every worker reports the same loss
+        assert len({losses[(task, epoch)] for task in ("worker-0", "worker-1", "worker-2")}) == 1
+    raycluster.wait_free(within=10)
+
+
+@pytest.mark.tensorflow
+@pytest.mark.timeout(400)
+def test_a_plain_keras_script_trains_across_three_ray_nodes(raycluster, tflaunch):
+    done = tflaunch.run(*ray_args(raycluster, 3), "--", "python", str(HELPERS / "keras_fit.py"), "2", timeout=360)
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = [json.loads(line) for line in (done.run_dir / "metrics.jsonl").read_text().splitlines()]
+    losses = {(m["task"], m["epoch"]): m["loss"] for m in metrics if m["kind"] == "epoch"}
+    tasks = ("worker-0", "worker-1", "worker-2")
+    assert sorted(losses) == [(task, n) for task in tasks for n in (1, 2, 3)], metrics
+    assert all(len({losses[(task, n)] for task in tasks}) == 1 for n in (1, 2, 3))  # lock-step
+    assert done.merged.decode().count("trained") == 3
+    raycluster.wait_free(within=10)
