@@ -29,7 +29,7 @@ Examples:
 """
 
 
-@cli.command(help=RUN_HELP, cls=TaskCommand, sources=RUN_SOURCES, choosers=("--local", "-H", "--hosts", "--hostfile", "--slurm", "--nnodes"))
+@cli.command(help=RUN_HELP, cls=TaskCommand, sources=RUN_SOURCES, choosers=("--local", "-H", "--hosts", "--hostfile", "--slurm", "--nnodes", "--ray"))
 @cluster_options(gpus=True, slurm=True)
 # The run options' defaults, help and checks are launcher.options.RunOptions'; their flags only parse.
 @run_option("log_dir")
@@ -69,6 +69,10 @@ def run(ctx: click.Context, choice: ClusterChoice, **options: Any) -> None:
     from ..run.lifecycle.launch import LaunchRequest  # imported here so "tflaunch --help" stays light
 
     given = run_options(options, ctx.meta.get("tflaunch.command") or None)  # checked before the cluster is read
+    if options["gpus_per_task"] and not options["ray"]:
+        from ..errors import OptionsError
+
+        raise OptionsError("--gpus-per-task goes with --ray; elsewhere --gpus LIST names each host's GPUs")
     if options["ray"]:
         source = ray_source(choice, options, given)
     else:

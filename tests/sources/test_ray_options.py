@@ -19,6 +19,7 @@ from conftest import ROOT
     (["--ray", "head-node", "--nnodes", "2"], "--ray: expected auto, HOST:PORT or ray://HOST:PORT (PORT 1-65535), "
                                               "got 'head-node'"),
     (["--ray", "127.0.0.1:1", "--nnodes", "2"], "--ray 127.0.0.1:1: no Ray cluster answers there"),
+    (["--local", "2", "--gpus-per-task", "1"], "--gpus-per-task goes with --ray"),
 ])
 def test_bad_ray_options_are_one_line_and_exit_2(tflaunch, args, said):
     done = tflaunch.run(*args, "--", "true", timeout=60)
@@ -26,6 +27,14 @@ def test_bad_ray_options_are_one_line_and_exit_2(tflaunch, args, said):
     lines = done.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("tflaunch: error: ") and said in lines[0], done.stderr
     assert done.run_dir is None
+
+
+def test_a_command_without_dashes_after_ray_is_named_with_them(tflaunch):
+    done = tflaunch.run("--ray", "auto", "--nnodes", "2", "python", "train.py", timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.startswith("tflaunch: error: the task command goes after '--': tflaunch --ray auto "
+                                  "--nnodes 2 -- python train.py")  # the fixture adds --log-dir after it
+    assert len(done.stderr.splitlines()) == 1
 
 
 def test_the_launcher_imports_ray_only_when_a_run_names_it():
