@@ -228,3 +228,17 @@ def test_a_plain_keras_script_trains_across_three_ray_nodes(raycluster, tflaunch
     assert all(len({losses[(task, n)] for task in tasks}) == 1 for n in (1, 2, 3))  # lock-step
     assert done.merged.decode().count("trained") == 3
     raycluster.wait_free(within=10)
+
+
+def test_a_hang_on_ray_nodes_names_its_culprit_from_every_tasks_stacks(raycluster, tflaunch):
+    done = tflaunch.run(*ray_args(raycluster, 3), "--hang-timeout", "6", "--env", "LOCKSTEP_HANG=worker-1=4", "--",
+                        "python", LOCKSTEP, "--epochs", "1000", "--step-metrics", timeout=180)
+    assert done.returncode == 124, done.stderr[-3000:]
+    record = done.record
+    assert record["attempts"][0]["blamed_tasks"] == ["worker-1"], record["attempts"][0]
+    assert "worker-1 differs from the rest" in record["attempts"][0]["reason"]
+    hosts = {t["name"]: t["host"] for t in record["tasks"]}
+    assert record["root_cause"]["task"] == "worker-1" and record["root_cause"]["host"] == hosts["worker-1"]
+    for name in hosts:  # each task's stacks, taken on its Ray node by its agent
+        assert "lockstep.py" in (done.run_dir / "attempt-1" / "stacks" / f"{name}.txt").read_text()
+    raycluster.wait_free(within=10)
