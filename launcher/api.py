@@ -199,6 +199,8 @@ def _launch(source, options: RunOptions, output, on_line, tensorboard: bool, che
     console = Console(sink, messages=sink, colour=False, status=False, tasks=options.tasks or None,
                       quiet=options.quiet, verbose=options.verbose)
     signals = _CallSignals()
+    if hasattr(source, "signalled"):  # a Ray source: a Ctrl-C cuts its waits for Ray short
+        source.signalled = lambda: signals.first
     board = None
     if tensorboard:
         from .tensorboard import BesideRun

@@ -16,7 +16,8 @@ by :meth:`RayNodes.finish`.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping
+import signal
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -133,6 +134,9 @@ class RayNodes:
         self._group = None
         self._rendezvous = None
         self._spec: ClusterSpec | None = None
+        # The first signal received, or None: a Ctrl-C cuts the waits for Ray short. The command
+        # line's is the process-wide one; launch() sets the call's own.
+        self.signalled: Callable[[], int | None] = _first_signal
 
     def spec(self, local_hosts: frozenset[str]) -> ClusterSpec:
         if self._spec is None:
@@ -140,12 +144,22 @@ class RayNodes:
         return self._spec
 
     def _gather(self, local_hosts: frozenset[str]) -> ClusterSpec:
+        from ..run.lifecycle.signals import Interrupted
+        from ..transports.ray import Stopped
+
+        try:
+            return self._placed(local_hosts)
+        except Stopped:
+            raise Interrupted(self.signalled() or signal.SIGINT) from None
+
+    def _placed(self, local_hosts: frozenset[str]) -> ClusterSpec:
         from ..transports.joined import Rendezvous, RendezvousMissing
         from ..transports.ray import KIND, RayCarrier, RayGroup
 
         source = self.source
         self._group = group = RayGroup(source.address, source.tasks_per_node,
-                                       source.tasks_per_node * source.gpus_per_task, source.within)
+                                       source.tasks_per_node * source.gpus_per_task, source.within,
+                                       stopped=lambda: self.signalled() is not None)
         group.open()
         count = source.nnodes + source.spares
         if source.minimum is not None:
@@ -191,6 +205,12 @@ class RayNodes:
         finally:
             if self._group is not None:
                 self._group.close()
+
+
+def _first_signal() -> int | None:
+    from ..run.lifecycle.signals import SIGNALS
+
+    return SIGNALS.first
 
 
 def _on_bundles(tasks, bundles, per_task: int) -> tuple[TaskSpec, ...]:

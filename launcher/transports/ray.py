@@ -22,7 +22,9 @@ import os
 import secrets
 import socket
 import tempfile
-from collections.abc import Hashable
+import threading
+import time
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 from ..agent.protocol import EOF_GRACE, beat_for, encode_fields, sample_for
@@ -37,7 +39,12 @@ from .shipping import remote_agent_argv
 KIND = "ray"
 EXTRA = "pip install 'tflaunch[ray]'"
 NAMESPACE = "tflaunch"  # the Ray namespace of every run's actors and placement groups
+POLL = 0.25  # seconds between looks at a group being placed, or actors starting
 AUTH_VARIABLES = ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")  # Ray's own token: the tasks never see it
+
+
+class Stopped(Exception):
+    """A signal came while the group was being placed or its actors started."""
 
 
 class RayStartError(LaunchError):
@@ -152,12 +159,33 @@ def _held_stderr():
         os.close(saved)
 
 
+@contextlib.contextmanager
+def _own_signals():
+    """tflaunch's signal handlers kept through Ray's start: its core worker installs handlers of
+    its own, under which a Ctrl-C while the group waits to be placed would go unheard."""
+    import signal as signals
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    watched = (signals.SIGINT, signals.SIGTERM, signals.SIGHUP, signals.SIGQUIT)
+    handlers = {signum: signals.getsignal(signum) for signum in watched}
+    try:
+        yield
+    finally:
+        for signum, handler in handlers.items():
+            if handler is not None:
+                signals.signal(signum, handler)
+
+
 class RayGroup:
     """One run's share of a Ray cluster: the driver's connection, the placement group and one agent
     actor per bundle. :meth:`close` frees all of it, whatever was made."""
 
-    def __init__(self, address: str, cpus: int, gpus: int, within: float):
+    def __init__(self, address: str, cpus: int, gpus: int, within: float,
+                 stopped: Callable[[], bool] = lambda: False):
         self.address = address
+        self.stopped = stopped  # whether a signal came: the waits below end early then
         self.cpus, self.gpus = cpus, gpus  # per bundle
         self.within = within
         self.tag = secrets.token_hex(4)  # names this run's group and actors in Ray
@@ -175,7 +203,7 @@ class RayGroup:
             raise OptionsError(f"--ray: Ray is not installed with this tflaunch: {EXTRA}") from None
         said: list[str] = []
         try:
-            with _held_stderr() as said:
+            with _held_stderr() as said, _own_signals():
                 ray.init(address=self.address, namespace=NAMESPACE, log_to_driver=False,
                          logging_level=logging.ERROR, configure_logging=False)
         except Exception as exc:  # noqa: BLE001 - Ray's own kinds (ConnectionError, AuthenticationError, ...)
@@ -201,8 +229,13 @@ class RayGroup:
         from ray.util.placement_group import placement_group, placement_group_table
 
         self._group = placement_group([self.bundle] * count, strategy="STRICT_SPREAD", name=f"tflaunch-{self.tag}")
-        if not self._group.wait(timeout_seconds=self.within):
-            raise RayStartError(self.lacks(count))
+        deadline = time.monotonic() + self.within
+        # In short waits: Ray's wait blocks in its core, where no signal handler of Python's runs.
+        while not self._group.wait(timeout_seconds=max(0.0, min(POLL, deadline - time.monotonic()))):
+            if self.stopped():
+                raise Stopped()
+            if time.monotonic() >= deadline:
+                raise RayStartError(self.lacks(count))
         placed = placement_group_table(self._group)["bundles_to_node_id"]
         addresses = {node["NodeID"]: node["NodeManagerAddress"] for node in self._ray.nodes()}
         return [Bundle(rank, placed[rank], addresses.get(placed[rank], "?")) for rank in range(count)]
@@ -231,7 +264,14 @@ class RayGroup:
             self._actors.append(agent_class.options(
                 num_cpus=self.cpus, num_gpus=self.gpus, scheduling_strategy=strategy, max_restarts=0,
                 name=f"tflaunch-{self.tag}-{bundle.rank}").remote())
-        gpus = self._ray.get([actor.where.remote() for actor in self._actors], timeout=self.within)
+        asked = [actor.where.remote() for actor in self._actors]
+        deadline = time.monotonic() + self.within
+        while self._ray.wait(asked, num_returns=len(asked), timeout=POLL)[1]:
+            if self.stopped():
+                raise Stopped()
+            if time.monotonic() >= deadline:
+                raise RayStartError(f"--ray {self.address}: the agents' actors did not start within {self.within:g} s")
+        gpus = self._ray.get(asked)
         for bundle, actor in zip(bundles, self._actors):
             spec = encode_fields({"keepalive": DEFAULT_KEEPALIVE_TIMEOUT, "eof_grace": EOF_GRACE,
                                   "sample": sample_for(nnodes), "beat": beat_for(nnodes, DEFAULT_KEEPALIVE_TIMEOUT),

@@ -242,3 +242,17 @@ def test_a_hang_on_ray_nodes_names_its_culprit_from_every_tasks_stacks(raycluste
     for name in hosts:  # each task's stacks, taken on its Ray node by its agent
         assert "lockstep.py" in (done.run_dir / "attempt-1" / "stacks" / f"{name}.txt").read_text()
     raycluster.wait_free(within=10)
+
+
+def test_ctrl_c_while_the_group_waits_to_be_placed_ends_at_once_and_removes_it(raycluster, tflaunch):
+    before = set(raycluster.state()["groups"])
+    proc = tflaunch.start(*ray_args(raycluster, 5), "--start-timeout", "120", "--", "python", LOCKSTEP)
+    wait_for(lambda: set(raycluster.state()["groups"]) - before, timeout=60, interval=0.5,
+             message="the run's placement group asked of Ray")
+    started = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-3000:]
+    assert time.monotonic() - started < 10  # not the placement's 120 s
+    state = raycluster.state()
+    assert not state["actors"] and all(s == "REMOVED" for s in state["groups"].values()), state
