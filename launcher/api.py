@@ -169,7 +169,7 @@ def launch(cluster: str | Path | Mapping[str, Any] | None = None, *, local: int 
         source = ray_nodes(choice, ray, nnodes, tasks_per_node=tasks_per_node, gpus_per_task=gpus_per_task,
                            spares=0 if spares is None else count("spares", spares, 0), start_timeout=start_timeout)
     else:
-        source = choice.source()
+        source = choice.source(runs=True)
     try:
         return _launch(source, options, output, on_line, tensorboard, check)
     finally:

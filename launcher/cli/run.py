@@ -153,7 +153,7 @@ def _source(choice: ClusterChoice, options: dict[str, Any]) -> ClusterSource:
         raise click.UsageError("--requeue and --run-dir only apply to --slurm")
     if options["nnodes"] is not None:
         return joined_source(choice, options)
-    return choice.source()
+    return choice.source(runs=True)
 
 
 @cli.command("check", cls=ClusterCommand, sources=RUN_SOURCES)

@@ -7,11 +7,13 @@ from dataclasses import dataclass, field, replace
 
 from ..cluster.reader import load_cluster_file
 from ..cluster.spec import ClusterSpec
+from ..errors import ConfigError
 
 
 @dataclass(frozen=True)
 class ClusterFileSource:
     path: str
+    runs: bool = False  # a run's source: a ray: section is placed on Ray (check and export take none)
     _ray: list = field(default_factory=list, compare=False, repr=False)  # the Ray source of a ray: section
 
     @property
@@ -22,6 +24,9 @@ class ClusterFileSource:
         base = load_cluster_file(self.path, local_hosts)
         if base.ray is None:
             return base
+        if not self.runs:
+            raise ConfigError(self.path, "ray", "a Ray cluster's nodes are placed only when the file runs "
+                              f"('tflaunch {self.path}'); check and export take no ray: section")
         if not self._ray:
             from .ray import ray_section
 

@@ -24,7 +24,7 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..agent.protocol import EOF_GRACE, beat_for, encode_fields, sample_for
@@ -192,7 +192,7 @@ class RayGroup:
         self._ray = None
         self._group = None
         self._actors: list = []
-        self._serving: list = []
+        self._serving: list = []  # each actor's running call: kept, so that Ray keeps its result for us
 
     def open(self) -> None:
         """Connect to the cluster as a driver."""
@@ -311,9 +311,6 @@ class RayTransport(JoinedTransport):
     """Starts tasks on the Ray nodes of the run's placement group, through the agent each actor runs."""
 
     kind = KIND
-
-    def host_key(self, launch: TaskLaunch) -> Hashable:
-        return launch.host
 
     def connect(self, launch: TaskLaunch):
         try:

@@ -58,3 +58,14 @@ def test_a_bad_ray_section_is_one_line_naming_the_key(tflaunch, tmp_path, sectio
     assert done.returncode == 2, done.stderr
     lines = done.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"tflaunch: error: {path}: {said}"), done.stderr
+
+
+@pytest.mark.parametrize("command", ["check", "export"])
+def test_check_and_export_take_no_ray_section(tflaunch, tmp_path, command):
+    path = tmp_path / "ray.yaml"
+    path.write_text("ray:\n  address: 127.0.0.1:1\n  nnodes: 2\n")
+    done = subprocess.run(tflaunch.argv(command, str(path)), cwd=tmp_path, env=tflaunch.env(), capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == (f"tflaunch: error: {path}: ray: a Ray cluster's nodes are placed only when the file runs "
+                           f"('tflaunch {path}'); check and export take no ray: section\n")
