@@ -16,7 +16,7 @@ import time
 import psutil
 import pytest
 
-from conftest import HELPERS, LOCKSTEP, ROOT
+from conftest import HELPERS, LOCKSTEP, ROOT, descendants_alive
 from polling import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(240)]
@@ -32,8 +32,25 @@ def live_tasks(tflaunch) -> list[dict]:
     return tflaunch.live_tasks(timeout=60)
 
 
-def gone(pids: list[int]) -> bool:
-    return not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in pids)
+def alive(pids: list[int]) -> list[psutil.Process]:
+    """The processes of ``pids`` that run now (kept, so that a pid used again later is not them)."""
+    found = []
+    for pid in pids:
+        try:
+            found.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+def gone(procs: list[psutil.Process]) -> bool:
+    """Whether every one of ``procs`` ended (is_running also compares the start time: not a reused pid)."""
+    def running(proc: psutil.Process) -> bool:
+        try:
+            return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+    return not any(running(proc) for proc in procs)
 
 
 def test_three_ray_nodes_train_in_lock_step_and_run_json_names_each_node(raycluster, tflaunch):
@@ -60,15 +77,15 @@ def test_a_failed_task_ends_the_run_and_frees_every_actor_and_the_group(rayclust
     done = tflaunch.run(*ray_args(raycluster, 3), "--env", "LOCKSTEP_CRASH=2:3", "--", "python", LOCKSTEP,
                         "--epochs", "3", "--steps", "3")
     assert done.returncode == 3, done.stderr[-3000:]
-    pids = [t["pid"] for t in done.record["tasks"] if t["pid"]]
-    assert pids and gone(pids)
+    assert all(t["pid"] for t in done.record["tasks"])
+    assert descendants_alive(LOCKSTEP) == []  # no task of the run is left on any Ray node
     raycluster.wait_free(within=10)
 
 
 def test_ctrl_c_stops_the_tasks_and_frees_ray_before_tflaunch_exits(raycluster, tflaunch):
     proc = tflaunch.start(*ray_args(raycluster, 3), "--", "python", LOCKSTEP, "--epochs", "100", "--steps", "50",
                           "--step-seconds", "0.1")
-    pids = [t["pid"] for t in live_tasks(tflaunch)]
+    pids = alive([t["pid"] for t in live_tasks(tflaunch)])
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err[-3000:]
@@ -80,11 +97,13 @@ def test_ctrl_c_stops_the_tasks_and_frees_ray_before_tflaunch_exits(raycluster, 
 def test_tflaunch_killed_leaves_no_task_actor_or_group(raycluster, tflaunch):
     proc = tflaunch.start(*ray_args(raycluster, 3), "--", "python", LOCKSTEP, "--epochs", "100", "--steps", "50",
                           "--step-seconds", "0.1")
-    pids = [t["pid"] for t in live_tasks(tflaunch)]
-    assert raycluster.state()["actors"]
+    pids = alive([t["pid"] for t in live_tasks(tflaunch)])
+    assert len(pids) == 3 and raycluster.state()["actors"]
     proc.kill()
     proc.communicate(timeout=30)
-    wait_for(lambda: gone(pids), timeout=30, message="every task gone after tflaunch was killed")
+    wait_for(lambda: gone(pids), timeout=30,
+             message=lambda: f"every task gone after tflaunch was killed; still there: "
+                             f"{[(p.pid, p.cmdline()) for p in pids if p.is_running()]}")
     raycluster.wait_free(within=60)
 
 
