@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from .errors import LaunchError
-from .options import RunOptions, bad, gpu_indices, python_words
+from .options import RunOptions, bad, count, gpu_indices, python_words
 from .records.folder import DEFAULT_LOG_DIR
 from .run.lifecycle.signals import Signals  # standard library only underneath: importing it stays cheap
 
@@ -122,7 +122,8 @@ def launch(cluster: str | Path | Mapping[str, Any] | None = None, *, local: int 
            log_max_size: int | str = RunOptions.log_max_size, no_check: bool = False, tasks: Iterable[str] | str | None = None,
            quiet: bool = False, verbose: bool = False, tensorboard: bool = False, debug: bool = False,
            output: IO[str] | None = None,
-           on_line: Callable[[str], None] | None = None, check: bool = False) -> LaunchResult:
+           on_line: Callable[[str], None] | None = None, check: bool = False, ray: str | None = None,
+           nnodes: int | str | None = None, tasks_per_node: int = 1, gpus_per_task: int = 0) -> LaunchResult:
     """Run a cluster to its end, as ``tflaunch run`` does, and return how it ended.
 
     The cluster is one of: ``cluster`` (a cluster file's path, or a mapping in the same form),
@@ -133,6 +134,10 @@ def launch(cluster: str | Path | Mapping[str, Any] | None = None, *, local: int 
     (``log_max_size``: bytes, or a string such as ``"512M"``, as ``--log-max-size`` takes).
     ``env`` maps names to values; a name mapped to None passes this process's own value by name
     (``--env KEY``): the value reaches the tasks but no file, message or command line.
+
+    ``ray`` runs on a Ray cluster (``"auto"``, ``"HOST:PORT"``), on ``nnodes`` of its nodes (``3``
+    or ``"2:3"``), ``tasks_per_node`` tasks on each with ``gpus_per_task`` GPUs each; ``spares`` is
+    then a number of spare nodes (docs/ray.md).
 
     ``check=True`` raises :class:`LaunchFailed` (carrying the result) when the run does not
     succeed, as ``subprocess.run(check=True)`` does. The default is False, as for
@@ -153,11 +158,31 @@ def launch(cluster: str | Path | Mapping[str, Any] | None = None, *, local: int 
                          evaluator_timeout=evaluator_timeout,
                          isolate_network=isolate_network, no_seal=no_seal, no_check=no_check, tasks=tasks, quiet=quiet,
                          verbose=verbose, tensorboard=tensorboard, debug=debug, log_max_size=log_max_size)
-    source = ClusterChoice(
+    choice = ClusterChoice(
         cluster=None if cluster is None else (cluster if isinstance(cluster, Mapping) else str(cluster)),
         local=local, hosts=_hosts(hosts), hostfile=None if hostfile is None else str(hostfile), chief=bool(chief),
         ps=ps, evaluator=bool(evaluator), gpus=gpu_indices("gpus", gpus),
-        spares=None if spares is None else _hosts(spares)).source()
+        spares=None if spares is None or ray is not None else _hosts(spares))
+    if ray is not None:
+        from .sources.ray import ray_nodes
+
+        source = ray_nodes(choice, ray, nnodes, tasks_per_node=tasks_per_node, gpus_per_task=gpus_per_task,
+                           spares=0 if spares is None else count("spares", spares, 0), start_timeout=start_timeout)
+    else:
+        source = choice.source(runs=True)
+    try:
+        return _launch(source, options, output, on_line, tensorboard, check)
+    finally:
+        finish = getattr(source, "finish", None)
+        if finish is not None:  # a Ray run: its group and actors are freed
+            finish(1)
+
+
+def _launch(source, options: RunOptions, output, on_line, tensorboard: bool, check: bool) -> LaunchResult:
+    from .run.lifecycle.launch import LaunchRequest
+    from .run.lifecycle.signals import Interrupted
+    from .sources.choose import OptionsError
+
     request = LaunchRequest(cluster=source.spec, options=options)
     if output is not None and on_line is not None:
         raise OptionsError("launch(): output and on_line cannot be combined; give one of them")
@@ -174,6 +199,8 @@ def launch(cluster: str | Path | Mapping[str, Any] | None = None, *, local: int 
     console = Console(sink, messages=sink, colour=False, status=False, tasks=options.tasks or None,
                       quiet=options.quiet, verbose=options.verbose)
     signals = _CallSignals()
+    if hasattr(source, "signalled"):  # a Ray source: a Ctrl-C cuts its waits for Ray short
+        source.signalled = lambda: signals.first
     board = None
     if tensorboard:
         from .tensorboard import BesideRun

@@ -25,6 +25,7 @@ LOCKSTEP = str(ROOT / "tests" / "workers" / "lockstep.py")  # the stand-in for a
 
 from testhosts_fixture import testhosts  # noqa: E402,F401  (fixture re-exported for ssh tests)
 from testslurm_fixture import slurm, slurm3, testslurm, testslurm3  # noqa: E402,F401  (the Slurm tests' fixtures)
+from testray_fixture import raycluster  # noqa: E402,F401  (the Ray tests' cluster)
 
 pytest_plugins = ["tiers", "groups"]  # the unit tier's rules; xdist groups that hold; every test leaves cwd, env and signal handlers as found
 

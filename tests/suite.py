@@ -6,7 +6,7 @@ The tiers run cheapest first, so a mistake in pure logic shows in seconds rather
 TensorFlow runs: ``unit`` (pure logic), ``project`` (checks of the source tree), ``fast`` (real
 processes, quick), ``processes`` (slow real-process tests: many tasks, restarts, terminals),
 ``ssh`` (namespaced hosts and a real sshd), ``slurm`` (a real slurmctld and slurmd nodes),
-``tensorflow`` (real TensorFlow runs) and ``rest`` (whatever no tier above took, so no test is
+``ray`` (a real Ray cluster of several nodes on this machine), ``tensorflow`` (real TensorFlow runs) and ``rest`` (whatever no tier above took, so no test is
 ever left out). A test belongs to the first tier whose
 markers it has.
 
@@ -44,9 +44,10 @@ TIERS = (
     ("unit", "unit"),
     ("project", "project"),
     ("fast", " and ".join(f"not {name}" for name in HEAVY_MARKERS)),
-    ("processes", "not ssh and not slurm and not tensorflow"),
+    ("processes", "not ssh and not slurm and not ray and not tensorflow"),
     ("ssh", "ssh and not slurm and not tensorflow"),
     ("slurm", "slurm and not tensorflow"),
+    ("ray", "ray and not tensorflow"),
     ("tensorflow", "tensorflow"),
     ("rest", "not nothing"),
 )
@@ -61,10 +62,11 @@ STAGES = (("unit",), ("fast",), ("processes",), ("ssh",), ("tensorflow",), ("res
 # Tiers that share nothing with the others start once the first BESIDE_AFTER stages ended and run
 # beside all the stages after them, off the critical path: the project tier reads the source tree;
 # each of the Slurm tier's workers brings up clusters of its own (namespaced nodes under a random
-# prefix and subnet) once, and its tests mostly wait for the scheduler. The unit tier has both cores
-# to itself (26 s alone; 74-87 s with the project tier and the Slurm clusters' start beside it), so a
-# mistake in pure logic shows in seconds.
-BESIDE = ("project", "slurm")
+# prefix and subnet) once, and its tests mostly wait for the scheduler; the Ray tier runs in one
+# process, which brings up one Ray cluster per test module (its own GCS port and session), and its
+# tests mostly wait for Ray. The unit tier has both cores to itself (26 s alone; 74-87 s with the
+# project tier and the Slurm clusters' start beside it), so a mistake in pure logic shows in seconds.
+BESIDE = ("project", "slurm", "ray")
 BESIDE_AFTER = 1
 # A test that measures CPU shares or times what it starts against a bound: every tier leaves such
 # tests out, and they run in one queue after every tier ended, one at a time, with nothing beside them.

@@ -28,12 +28,12 @@ import pytest
 # writes the ids of those (the tests the expression in ALONE_EXPRESSION selects) to ALONE_FILE.
 ALONE_FILE = "TFLAUNCH_SUITE_ALONE_FILE"
 ALONE_EXPRESSION = "TFLAUNCH_SUITE_ALONE_EXPRESSION"
-NOT_UNIT_MARKERS = ("slow", "tensorflow", "ssh", "slurm", "gpu")
-HEAVY_MARKERS = ("slow", "ssh", "slurm", "tensorflow")  # the fast tier is the tests with none of these
+NOT_UNIT_MARKERS = ("slow", "tensorflow", "ssh", "slurm", "ray", "gpu")
+HEAVY_MARKERS = ("slow", "ssh", "slurm", "ray", "tensorflow")  # the fast tier is the tests with none of these
 TENSORFLOW_MODULES = ("tensorflow", "tf_keras", "keras")
 # Packages named as TensorFlow's that fail to import: first on the path of a light test's tasks.
 NO_TENSORFLOW = Path(__file__).resolve().parent / "no_tensorflow"
-PROCESS_FIXTURES = ("tflaunch", "testhosts", "testslurm")
+PROCESS_FIXTURES = ("tflaunch", "testhosts", "testslurm", "raycluster")
 # Variables set by others than the test: pytest (for every phase of every test) and scikit-learn (with
 # os.environ.setdefault, the first time it is imported, whichever test that is).
 NOT_THE_TESTS = ("PYTEST_CURRENT_TEST", "KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK")

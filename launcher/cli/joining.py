@@ -105,6 +105,12 @@ def join_options(command: Callable) -> Callable:
                           "auto: the platform whose variables are set."),
         click.option("--tasks-per-node", metavar="K", type=click.IntRange(min=1), default=1, show_default=True,
                      help="With --nnodes: tasks on each node (roles: --chief, --ps, --evaluator)."),
+        click.option("--ray", metavar="ADDRESS",
+                     help="Run on a Ray cluster (HOST:PORT, ray://HOST:PORT, or auto: RAY_ADDRESS, else the "
+                          "cluster on this machine): --nnodes Ray nodes, one placement group bundle each "
+                          "(needs pip install 'tflaunch[ray]')."),
+        click.option("--gpus-per-task", metavar="G", type=click.IntRange(min=0), default=0, show_default=True,
+                     help="With --ray: GPUs each task gets from its bundle (CUDA_VISIBLE_DEVICES)."),
     ]
     return functools.reduce(lambda wrapped, option: option(wrapped), reversed(options), command)
 
@@ -162,3 +168,17 @@ def join_run(choice: ClusterChoice, options: dict[str, Any], given: RunOptions) 
     except OSError as exc:
         click.echo(f"tflaunch: node rank {rank}: cannot start the node's agent: {exc.strerror or exc}", err=True)
     return 1
+
+
+def ray_source(choice: ClusterChoice, options: dict[str, Any], given: RunOptions):
+    """The Ray nodes of one placement group (--ray ADDRESS --nnodes N)."""
+    from ..errors import OptionsError
+    from ..sources.ray import ray_nodes
+
+    if options.get("slurm"):
+        raise OptionsError("--ray takes its hosts from the Ray cluster; drop --slurm")
+    if options["node_rank"] is not None or options["rdzv_endpoint"] or options.get("nodes_from"):
+        raise OptionsError("--ray places every node itself; drop --node-rank, --rdzv-endpoint and --nodes-from")
+    return ray_nodes(choice, options["ray"], options["nnodes"], tasks_per_node=options["tasks_per_node"],
+                     gpus_per_task=options["gpus_per_task"], spares=spare_nodes(choice.spares),
+                     start_timeout=given.start_timeout)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from .group import RUN_SOURCES, ClusterCommand, TaskCommand, cli
-from .joining import join_options, join_run, joined_source, platform_nodes
+from .joining import join_options, join_run, joined_source, platform_nodes, ray_source
 from .options import ClusterChoice, cluster_options, run_option, run_options
 
 if TYPE_CHECKING:
@@ -29,7 +29,7 @@ Examples:
 """
 
 
-@cli.command(help=RUN_HELP, cls=TaskCommand, sources=RUN_SOURCES, choosers=("--local", "-H", "--hosts", "--hostfile", "--slurm", "--nnodes"))
+@cli.command(help=RUN_HELP, cls=TaskCommand, sources=RUN_SOURCES, choosers=("--local", "-H", "--hosts", "--hostfile", "--slurm", "--nnodes", "--ray"))
 @cluster_options(gpus=True, slurm=True)
 # The run options' defaults, help and checks are launcher.options.RunOptions'; their flags only parse.
 @run_option("log_dir")
@@ -67,11 +67,16 @@ Examples:
 @click.pass_context
 def run(ctx: click.Context, choice: ClusterChoice, **options: Any) -> None:
     given = run_options(options, ctx.meta.get("tflaunch.command") or None)  # checked before the cluster is read
-    options = platform_nodes(options)
-    if options["nnodes"] is not None and options["node_rank"] != 0:
-        ctx.exit(join_run(choice, options, given))  # a node that joins a run loads nothing of the run layer
+    if options["gpus_per_task"] and not options["ray"]:
+        from ..errors import OptionsError
+
+        raise OptionsError("--gpus-per-task goes with --ray; elsewhere --gpus LIST names each host's GPUs")
+    if not options["ray"]:
+        options = platform_nodes(options)
+        if options["nnodes"] is not None and options["node_rank"] != 0:
+            ctx.exit(join_run(choice, options, given))  # a node that joins a run loads nothing of the run layer
     from ..run.lifecycle.launch import LaunchRequest  # imported here so "tflaunch --help" stays light
-    source = _source(choice, options)
+    source = ray_source(choice, options, given) if options["ray"] else _source(choice, options)
     request = LaunchRequest(cluster=source.spec, options=given)
     try:
         _run(ctx, request, given, options)
@@ -145,7 +150,7 @@ def _source(choice: ClusterChoice, options: dict[str, Any]) -> ClusterSource:
         raise click.UsageError("--requeue and --run-dir only apply to --slurm")
     if options["nnodes"] is not None:
         return joined_source(choice, options)
-    return choice.source()
+    return choice.source(runs=True)
 
 
 @cli.command("check", cls=ClusterCommand, sources=RUN_SOURCES)

@@ -38,7 +38,7 @@ from .spec import (  # noqa: F401  (re-exported: the spec is part of this module
 )
 
 CLUSTER_KEYS = ("command", "env", "log_dir", "log_group", "share_gpus", "threads", "workdir", "python", "setup", "ssh",
-                "hosts", "max_restarts", "restart_delay", "restart_policy", "task_restarts", "kubernetes", "slurm", "isolate_network",
+                "hosts", "max_restarts", "restart_delay", "restart_policy", "task_restarts", "kubernetes", "slurm", "ray", "isolate_network",
                 "spares", "min_workers", "cooldown") + ROLES
 TASK_KEYS = ("host", "port", "address", "gpus", "env", "workdir", "python", "setup")
 HOST_KEYS = ("ssh", "workdir", "python", "setup", "env")
@@ -145,7 +145,16 @@ class _ClusterReader(FieldReader):
                 mapping["kubernetes"], "kubernetes", "a mapping of Kubernetes settings"), None),
             slurm=None if get("slurm") is None else collect(lambda: self.expect_mapping(
                 mapping["slurm"], "slurm", "a mapping of Slurm settings"), None),
+            ray=None if get("ray") is None else collect(lambda: self.expect_mapping(
+                mapping["ray"], "ray", "a mapping of Ray settings"), None),
         )
+        if spec.ray is not None and tasks_read:
+            if spec.tasks or spec.spares:
+                self.problems.append(self.fail("ray", "this file's tasks are placed on the Ray cluster's nodes: drop "
+                                               "its roles and spares (ray.nnodes, ray.tasks_per_node and ray.spares "
+                                               "say how many)"))
+            elif not self.problems:
+                return spec  # the tasks come from the Ray cluster
         if spec.slurm is not None and not spec.tasks and tasks_read:
             if self.slurm_template and not self.problems:
                 return spec  # the roles come from the Slurm allocation

@@ -168,6 +168,8 @@ class ClusterSpec:
     kubernetes: Mapping[str, Any] | None = None
     # The raw ``slurm:`` section; the Slurm source and ``tflaunch submit`` read it (launcher.slurm.section).
     slurm: Mapping[str, Any] | None = None
+    # The raw ``ray:`` section; the Ray source reads it (launcher.sources.ray).
+    ray: Mapping[str, Any] | None = None
 
     def role_tasks(self, role: str) -> tuple[TaskSpec, ...]:
         return tuple(t for t in self.tasks if t.role == role)

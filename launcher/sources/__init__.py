@@ -3,12 +3,14 @@
 This is the seam backends plug into. A source answers one question, "which tasks, on which
 hosts, started by which transport?", with a :class:`~launcher.cluster.spec.ClusterSpec`:
 
-- :class:`~.file.ClusterFileSource`: a cluster YAML file (tasks local or over ssh);
+- :class:`~.file.ClusterFileSource`: a cluster YAML file (tasks local or over ssh, or on Ray);
 - :class:`~.local.LocalSource`: ``--local N [--chief] [--ps K] [--gpus LIST]`` on this machine;
 - :class:`~.hosts.HostsSource`: ``-H node1:4,node2:4`` or ``--hostfile FILE``, one task per slot;
 - :class:`~.slurm.SlurmSource`: the slots of a Slurm allocation;
 - :class:`~.joined.JoinedSource`: ``--nnodes N --node-rank 0 --rdzv-endpoint HOST:PORT``, the nodes
-  that joined the rendezvous, placed only once they are there (membership is a step of its own).
+  that joined the rendezvous, placed only once they are there (membership is a step of its own);
+- :class:`~.ray.RayNodes`: ``--ray ADDRESS --nnodes N`` (or a file's ``ray:`` section), the Ray
+  nodes of one placement group, placed once each bundle's agent joined.
 
 :mod:`.platforms` reads ``--nodes-from``'s platform variables (SkyPilot, dstack, Kubernetes, AWS
 Batch, SageMaker, Slurm) into the node count, this node's rank and rank 0's address.

@@ -76,9 +76,10 @@ class ClusterChoice(RoleOptions):
         words = [name("chief"), name("ps"), name("evaluator"), *([name("gpus")] if self.takes_gpus else [])]
         return f"{', '.join(words[:-1])} and {words[-1]}"
 
-    def source(self) -> ClusterSource:
+    def source(self, runs: bool = False) -> ClusterSource:
         """The one source these options name; OptionsError naming the options when they name none,
-        more than one, or a count out of range."""
+        more than one, or a count out of range. ``runs``: for a run (a cluster file's ``ray:``
+        section is placed on Ray then, and refused otherwise)."""
         from .local import LocalSource
 
         cluster, local, hosts, hostfile, spares = self.cluster, self.local, self.hosts, self.hostfile, self.spares
@@ -102,7 +103,7 @@ class ClusterChoice(RoleOptions):
         if cluster is not None:
             from .file import ClusterFileSource  # here: it loads PyYAML, which only a cluster file needs
 
-            return ClusterFileSource(str(cluster))
+            return ClusterFileSource(str(cluster), runs=runs)
         if local is not None:
             if evaluator:
                 places = [name("hosts"), name("hostfile")] + (["--slurm"] if self.takes_slurm else [])

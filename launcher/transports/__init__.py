@@ -12,6 +12,8 @@ task's whole tree when the task ends or tflaunch is gone, and samples each task'
 - ``srun``: one Slurm job step with an agent on each node (:mod:`.srun`);
 - ``joined``: nodes that started tflaunch themselves and joined the run (:mod:`.joined`; a
   joining node's own side, where its tflaunch becomes its agent, is :mod:`.nodeagent`);
+- ``ray``: one actor per bundle of a Ray placement group runs the agent, which joins the run as a
+  node does (:mod:`.ray`);
 - ``simulated``: for tests and benchmarks only, with ``TFLAUNCH_SIMULATE_HOSTS=1`` set, every
   ssh host is an agent on this machine over pipes (:mod:`.simulated`).
 
@@ -49,6 +51,7 @@ TRANSPORTS: dict[str, tuple[str, str]] = {
     "ssh": (".ssh", "SshTransport"),
     "srun": (".srun", "SrunTransport"),  # Slurm (launcher.sources.slurm)
     "joined": (".joined", "JoinedTransport"),  # nodes that joined the run (launcher.sources.joined)
+    "ray": (".ray", "RayTransport"),  # the agents of a Ray placement group (launcher.sources.ray)
     "simulated": (".simulated", "SimulatedTransport"),  # tests and benchmarks: ssh hosts simulated here
 }
 SIMULATE_HOSTS = "TFLAUNCH_SIMULATE_HOSTS"  # set (to anything but empty or 0): ssh hosts are simulated

@@ -32,7 +32,7 @@ import socket
 import termios
 import threading
 import time
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..agent.protocol import EOF_GRACE, Command, beat_for
@@ -113,7 +113,11 @@ class Rendezvous:
 
     def __init__(self, nnodes: int, token: str, host: str, port: int, within: float,
                  keepalive: float = DEFAULT_KEEPALIVE_TIMEOUT, spares: int = 0, minimum: int | None = None,
-                 rejoin_wait: float = DEFAULT_REJOIN_WAIT):
+                 rejoin_wait: float = DEFAULT_REJOIN_WAIT, first: int = 1, names: Callable[[int], str] = node_host,
+                 carrier: Callable[[str, int], Carrier] = JoinedCarrier):
+        self.first = first  # the lowest rank that joins: 1 when rank 0 is this machine, 0 when none is (Ray)
+        self.names = names  # each rank's host in the run
+        self.carrier = carrier  # each rank's carrier, from its address and rank
         self.nnodes = nnodes
         self.minimum = nnodes if minimum is None else minimum  # --nnodes MIN:MAX: the run starts with MIN
         self.spares = spares  # ranks nnodes .. nnodes + spares - 1: spare nodes
@@ -127,24 +131,33 @@ class Rendezvous:
         self._missing: list[int] = []
         self._again: ConnectBack | None = None  # the endpoint kept open for nodes that restart
         self._lock = threading.Lock()  # members and links: the listener's thread adds to them
+        self._listener: ConnectBack | None = None
         with _NODES.changed:
             _NODES.rejoin_wait = rejoin_wait
+
+    def listen(self) -> int:
+        """Open the endpoint now (before the nodes are told where it is); the port it listens on."""
+        if self._listener is None:
+            self._listener = ConnectBack([str(rank) for rank in range(self.first, self.nnodes + self.spares)],
+                                         self.token, self._deliver, self.host, within=self.within, port=self.port,
+                                         missing=self._note_missing)
+            self.port = self._listener.port
+        return self.port
 
     def gather(self) -> list[Member]:
         """Every other node, by rank, once all have joined (spares too); RendezvousMissing names the
         nodes (not spares) that did not within the timeout. A spare that did not is left out."""
-        ranks = [str(rank) for rank in range(1, self.nnodes + self.spares)]
-        if not ranks or self._done.is_set():
+        if self.first >= self.nnodes + self.spares or self._done.is_set():
             return [self.members[rank] for rank in sorted(self.members)]
-        listener = ConnectBack(ranks, self.token, self._deliver, self.host, within=self.within, port=self.port,
-                               missing=self._note_missing)
+        self.listen()
+        listener, self._listener = self._listener, None
         try:
             listener.start()
             self._done.wait()
         finally:
             listener.close()
         needed = [rank for rank in self._missing if rank < self.nnodes]
-        if needed and 1 + sum(1 for rank in self.members if rank < self.nnodes) < self.minimum:
+        if needed and self.first + sum(1 for rank in self.members if rank < self.nnodes) < self.minimum:
             self._done.clear()
             short = f" (the run needs at least {self.minimum} nodes)" if self.minimum < self.nnodes else ""
             raise RendezvousMissing(needed, self.within, short)
@@ -170,7 +183,7 @@ class Rendezvous:
     def _deliver(self, name: str, fd: int) -> None:
         rank = int(name)
         self._admit(rank, _peer_address(fd), fd)
-        if len(self.members) == self.nnodes + self.spares - 1:
+        if len(self.members) == self.nnodes + self.spares - self.first:
             self._done.set()
 
     def _rejoin(self, name: str, fd: int) -> None:
@@ -186,16 +199,16 @@ class Rendezvous:
         self._admit(rank, address, fd)
 
     def _admit(self, rank: int, address: str, fd: int) -> None:
-        link = AgentLink(node_host(rank), JoinedCarrier(address, rank), None, None, keepalive=self.keepalive, hub=HUB,
+        link = AgentLink(self.names(rank), self.carrier(address, rank), None, None, keepalive=self.keepalive, hub=HUB,
                          beat=beat_for(self.nnodes, self.keepalive))
         link.attach(fd, fd)
         with self._lock:
             self.members[rank] = Member(rank, address)
             self.links[rank] = link
         with _NODES.changed:
-            _NODES.links[node_host(rank)] = link
-            _NODES.addresses[node_host(rank)] = address
-            _NODES.give_up.pop(node_host(rank), None)
+            _NODES.links[self.names(rank)] = link
+            _NODES.addresses[self.names(rank)] = address
+            _NODES.give_up.pop(self.names(rank), None)
             _NODES.changed.notify_all()
 
     def finish(self, code: int) -> None:
@@ -205,8 +218,10 @@ class Rendezvous:
         its end and the link has read all it said (within :data:`END_WAIT`): a socket closed with
         bytes it has not read resets the connection, and the agent would lose the code with them (a
         ``--dry-run`` ends before the agents' first frames are read)."""
-        if self._again is not None:
-            self._again.close()
+        for listener in (self._again, self._listener):
+            if listener is not None:
+                listener.close()
+        self._listener = None
         with self._lock:
             links = [link for link in self.links.values() if not link.gone]
         channels = []
@@ -236,7 +251,7 @@ class Rendezvous:
         with _NODES.changed:
             for member in self.members.values():
                 for known in (_NODES.links, _NODES.addresses, _NODES.give_up):
-                    known.pop(node_host(member.rank), None)
+                    known.pop(self.names(member.rank), None)
 
 
 def _read_to_the_end(channel: socket.socket) -> bool:

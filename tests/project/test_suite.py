@@ -45,15 +45,16 @@ def test_an_unknown_tier_is_one_line_and_exit_code_2(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["--tiers", "unit,fastest"])
     assert exit_.value.code == 2
-    assert "--tiers: no tier fastest (tiers: unit, project, fast, processes, ssh, slurm, tensorflow, rest)" in capsys.readouterr().err
+    assert "--tiers: no tier fastest (tiers: unit, project, fast, processes, ssh, slurm, ray, tensorflow, rest)" in capsys.readouterr().err
 
 
 def test_every_tier_runs_in_one_stage_or_beside_them_in_the_tiers_order():
     staged = [name for stage in STAGES for name in stage]
     assert sorted(staged + list(BESIDE)) == sorted(name for name, _ in TIERS) and not set(staged) & set(BESIDE)
     assert staged == [name for name, _ in TIERS if name not in BESIDE]
-    # Off the critical path: the source tree's checks; one cluster, tests that wait for the scheduler.
-    assert BESIDE == ("project", "slurm")
+    # Off the critical path: the source tree's checks; clusters of their own, tests that wait for the
+    # scheduler (Slurm) or for Ray.
+    assert BESIDE == ("project", "slurm", "ray")
     # The unit tier alone first, with both cores: a mistake in pure logic shows in seconds.
     assert STAGES[:BESIDE_AFTER] == (("unit",),)
 
