@@ -58,6 +58,9 @@ STATUS_MIN_WIDTH = 20  # columns a terminal needs for the status line to be draw
 # and tflaunch's own messages behind it still print before close() gives up on the console.
 LINE_COST = 64
 FIGURE_COST = 100  # what one figure of a parsed record takes in memory, about, in bytes of queue
+# close() gives the writer its timeout; this long before its end, task lines still waiting are
+# counted, not drawn, so tflaunch's own messages behind a flood print in time on a loaded machine.
+HURRY_SLACK = 1.5
 
 
 class Console:
@@ -98,6 +101,7 @@ class Console:
         self._status_shown = ""
         self._queue: collections.deque[tuple] = collections.deque()
         self._queued = 0
+        self._hurry_at: float | None = None  # see close()
         self._cond = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -176,12 +180,15 @@ class Console:
         self._put(("states", dict(states), attempt))
 
     def close(self, timeout: float = 5.0) -> None:
-        """Write what is queued and erase the status line; give up after ``timeout`` on a stalled terminal."""
+        """Write what is queued and erase the status line; give up after ``timeout`` on a stalled terminal.
+        Task lines still waiting :data:`HURRY_SLACK` before then are counted as left out, not drawn,
+        so tflaunch's own messages behind a backlog print in time."""
         with self._cond:
             already, self._stopping = self._stopping, True
             if self._thread is None or already:
                 return
             self._queue.append(("release",))
+            self._hurry_at = time.monotonic() + max(0.0, timeout - HURRY_SLACK)
             self._cond.notify()
         self._thread.join(timeout)
 
@@ -214,10 +221,19 @@ class Console:
                 self._queued = 0
                 stopping = self._stopping
             pieces = []
+            skipped = 0
             for item in items:
+                if item[0] == "task" and self._hurry_at is not None and time.monotonic() >= self._hurry_at:
+                    skipped += item[3].count(b"\n") if item[4] else 0
+                    continue
+                if skipped:
+                    pieces += self._render(["dropped", skipped])
+                    skipped = 0
                 pieces += self._render(item)
                 if len(self._twins) > self._twins.max_waiting:  # a flood: the oldest lines print early
                     pieces.append((self._out, self._twin_text(self._twins.due(time.monotonic()))))
+            if skipped:
+                pieces += self._render(["dropped", skipped])
             if self._twins:
                 pieces.append((self._out, self._twin_text(self._twins.due(time.monotonic()))))
             self._write(pieces, final=stopping)

@@ -7,8 +7,9 @@ from __future__ import annotations
 import io
 import os
 import tempfile
+import time
 
-from launcher.run.console.writer import Console
+from launcher.run.console.writer import HURRY_SLACK, Console
 from launcher.run.console.twins import TwinFolder
 
 
@@ -32,6 +33,34 @@ def test_a_flood_of_one_line_leaves_the_messages_behind_it_printed_and_every_lin
     assert "worker-1 on node1 failed (exit code 7)" in err.getvalue()
     assert printed + console.dropped_lines == blocks * 30_000
     assert console.dropped_lines > 0 and "the console fell behind" in err.getvalue()
+
+
+def test_a_console_closed_behind_a_backlog_it_cannot_draw_in_time_counts_the_lines_and_prints_the_message():
+    # A queue that holds the whole flood (about 2 million lines): drawing it takes longer than
+    # close() gives, as a loaded machine makes of the default queue. The lines still waiting once
+    # close() nears its end are counted, not drawn, so the message behind them gets out in time.
+    line = b"06b7512b97da408d890e1cfbfb8495b6\n"
+    block, blocks = line * 30_000, 64
+    with tempfile.TemporaryFile("w+b") as shown:
+        err = io.StringIO()
+        out = os.fdopen(os.dup(shown.fileno()), "w")
+        console = Console(out, messages=err, colour=False, status=False, max_queued=1 << 40)
+        console.register(["worker-0", "worker-1"])
+        for _ in range(blocks):
+            console.task_block("worker-0", block)
+        console.message("worker-1 on node1 failed (exit code 7)")
+        started = time.monotonic()
+        console.close(timeout=HURRY_SLACK + 0.5)
+        took = time.monotonic() - started
+        out.close()
+        shown.seek(0)
+        printed = shown.read().count(b"| 06b7512b97da408d890e1cfbfb8495b6\n")
+    messages = err.getvalue()
+    assert "worker-1 on node1 failed (exit code 7)" in messages, (took, messages)
+    assert printed + console.dropped_lines == blocks * 30_000
+    assert console.dropped_lines > 0 and "the console fell behind" in messages
+    # The note comes before the message: the lines it counts were written before it.
+    assert messages.index("the console fell behind") < messages.index("worker-1 on node1 failed")
 
 
 def test_a_task_repeating_one_line_keeps_its_order_and_leaves_each_copy_on_its_own():
