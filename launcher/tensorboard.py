@@ -13,8 +13,10 @@ A server never outlives the tflaunch that started it:
   group, stopped as one (SIGTERM, a short grace, SIGKILL, then reaped);
 - a few lines run in the server's process before TensorBoard's own code and ask the kernel to
   send it SIGTERM when its parent goes (``PR_SET_PDEATHSIG``), so a SIGKILLed tflaunch does not
-  leave it behind. The kernel means the parent *thread*, which is the thread that runs the launch,
-  and that thread always stops the server itself before it returns.
+  leave it behind. The kernel means the parent *thread*: the thread that runs the launch, or, for
+  a server started again on another port (see :meth:`TensorBoard.wait_ready`), the thread that
+  waited for it, which lives until the server is stopped; either stops the server itself before it
+  returns.
 
 It listens on 127.0.0.1 unless told otherwise: TensorBoard has no authentication. It is ready
 when the port's listener is the process tflaunch started and its ``/data/logdir`` answers with the
@@ -47,6 +49,9 @@ from .taskenv import TENSORBOARD_DIR
 DEFAULT_HOST = "127.0.0.1"
 FIRST_PORT = 6006  # TensorBoard's own default; the next free one above it otherwise
 PORTS_TRIED = 100
+# A port tflaunch chose may be taken by someone else between its check and TensorBoard's bind: the
+# server is then started again on the next free port, at most this many times.
+MOVES = 3
 ANSWER_LIMIT = 64 * 1024  # bytes of /data/logdir read at most: a stranger's endless answer costs no memory
 # tflaunch installs TensorBoard; it is missing only where it was removed, from the interpreter that runs it.
 MISSING = (f"TensorBoard is not installed for {sys.executable}; install it: {shlex.quote(sys.executable)} -m pip "
@@ -119,12 +124,16 @@ def _bindable(host: str, port: int) -> bool:
 class TensorBoard:
     """One TensorBoard server process (and its process group)."""
 
-    def __init__(self, process: subprocess.Popen, host: str, port: int, logdir: Path, log_path: Path | None):
+    def __init__(self, process: subprocess.Popen, host: str, port: int, logdir: Path, log_path: Path | None,
+                 python: str = sys.executable, chosen: bool = False):
         self.process = process
         self.host = host
         self.port = port
         self.logdir = logdir
         self.log_path = log_path  # where its output goes; None: the caller's terminal
+        self.python = python
+        self.chosen = chosen  # tflaunch chose the port (none was asked for): another may be chosen
+        self.moves = 0
 
     @property
     def url(self) -> str:
@@ -140,30 +149,27 @@ class TensorBoard:
               log_path: Path | None = None, python: str = sys.executable) -> "TensorBoard":
         """Start serving ``logdir``; returns at once (see :meth:`wait_ready`)."""
         require()
-        port = pick_port(host, port)
-        argv = [python, "-c", _BOOT, str(os.getpid()), "--logdir", str(logdir), "--host", host,
-                "--port", str(port), "--reload_interval", "2"]
-        output = None
-        try:
-            if log_path is not None:
-                output = open(open_own(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND), "ab")
-            process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=output, stderr=output,
-                                       start_new_session=True)
-        except OSError as exc:
-            raise TensorBoardError(f"cannot start TensorBoard ({python}): {exc.strerror or exc}") from None
-        finally:
-            if output is not None:
-                output.close()
-        return cls(process, host, port, Path(logdir), log_path)
+        chosen = pick_port(host, port)
+        process = _spawn(python, Path(logdir), host, chosen, log_path)
+        return cls(process, host, chosen, Path(logdir), log_path, python=python, chosen=port is None)
 
     def wait_ready(self, timeout: float = 120.0, wait: Callable[[float], object] = time.sleep) -> None:
         """Return once this server serves its logdir; TensorBoardError if it exits or takes too long.
 
         ``wait(seconds)`` sleeps between tries; it may return truthy to give up early (a signal).
+        A server on a port tflaunch chose that exits because someone took the port first is started
+        again on the next free one (at most :data:`MOVES` times), by the calling thread.
         """
         deadline = time.monotonic() + timeout
         while True:
             code = self.process.poll()
+            if code is not None and self.chosen and self.moves < MOVES and not _bindable(self.host, self.port):
+                if wait(0.0):
+                    raise TensorBoardError("stopped while TensorBoard was starting")
+                self.moves += 1
+                self.port = pick_port(self.host, None)
+                self.process = _spawn(self.python, self.logdir, self.host, self.port, self.log_path)
+                continue
             if code is not None:
                 raise TensorBoardError(f"TensorBoard exited with code {code} before serving {self.url}"
                                        f"{self._last_words()}")
@@ -229,6 +235,22 @@ class TensorBoard:
             pass  # already gone
 
 
+def _spawn(python: str, logdir: Path, host: str, port: int, log_path: Path | None) -> subprocess.Popen:
+    """TensorBoard's process, in a session of its own, its output appended to ``log_path``."""
+    argv = [python, "-c", _BOOT, str(os.getpid()), "--logdir", str(logdir), "--host", host,
+            "--port", str(port), "--reload_interval", "2"]
+    output = None
+    try:
+        if log_path is not None:
+            output = open(open_own(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND), "ab")
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=output, stderr=output, start_new_session=True)
+    except OSError as exc:
+        raise TensorBoardError(f"cannot start TensorBoard ({python}): {exc.strerror or exc}") from None
+    finally:
+        if output is not None:
+            output.close()
+
+
 class BesideRun:
     """A TensorBoard started next to a run: it announces its address and goes when the run does.
 
@@ -265,6 +287,9 @@ class BesideRun:
                 self.message(f"TensorBoard not started: {exc} (see {server.log_path})")
             return
         self.message(f"TensorBoard at {server.url} (stops with the run)")
+        # A server started again on another port is this thread's child: the kernel stops it when
+        # this thread ends (PR_SET_PDEATHSIG), so the thread stays until the run stops the server.
+        self._stopping.wait()
 
     def stop(self) -> None:
         self._stopping.set()
@@ -272,3 +297,5 @@ class BesideRun:
             self.server.stop()
         if self._waiter is not None:
             self._waiter.join()
+        if self.server is not None:
+            self.server.stop()  # one the waiter started again while the first was being stopped

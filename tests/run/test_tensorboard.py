@@ -164,3 +164,37 @@ def test_tensorboard_beside_a_run_goes_when_tflaunch_is_interrupted_or_killed(tf
     # Interrupted, tflaunch stops it; killed, the kernel tells it its parent is gone.
     wait_for(lambda: servers_under(tmp_path) == [], timeout=15, message="TensorBoard to end with tflaunch")
     wait_for(lambda: descendants_alive(str(tmp_path / "never")) == [], timeout=15, message="the task to end")
+
+
+@pytest.mark.slow
+def test_tensorboard_beside_a_run_moves_to_the_next_port_when_another_takes_its_port_first(tflaunch, tmp_path):
+    # Someone binds the port tflaunch chose before TensorBoard (seconds into its import) does: the
+    # server is started again on the next free port, and still ends when tflaunch is killed.
+    out = tmp_path / "tflaunch.out"
+    with out.open("w") as sink:
+        proc = subprocess.Popen(tflaunch.argv("--local", "1", "--tensorboard", "--log-dir", str(tflaunch.log_dir),
+                                              "--", *_waiting_task(tmp_path / "never")),
+                                cwd=tflaunch.cwd, env=tflaunch.env(), stdout=sink, stderr=subprocess.STDOUT)
+    taker = socket.socket()
+    try:
+        first = wait_for(lambda: servers_under(tmp_path), timeout=60, interval=0.02, message="TensorBoard to start")[0]
+        argv = first.info["cmdline"]
+        taken = int(argv[argv.index("--port") + 1])
+        taker.bind(("127.0.0.1", taken))
+        taker.listen()
+        line = wait_for_line(out, "TensorBoard at", proc)
+        url = line.split("TensorBoard at ", 1)[1].split()[0]
+        assert url.startswith("http://127.0.0.1:") and not url.startswith(f"http://127.0.0.1:{taken}/"), line
+        run_dir = tflaunch.latest_run()
+        assert get_json(url + "data/environment")["data_location"] == str(run_dir.resolve() / "tensorboard")
+        assert "could not bind" in (run_dir / "tensorboard.log").read_text()
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+    finally:
+        taker.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    # The moved server's parent thread was tflaunch's: the kernel ends it with tflaunch.
+    wait_for(lambda: servers_under(tmp_path) == [], timeout=15, message="TensorBoard to end with tflaunch")
+    wait_for(lambda: descendants_alive(str(tmp_path / "never")) == [], timeout=15, message="the task to end")
