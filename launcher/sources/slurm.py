@@ -78,6 +78,9 @@ class SlurmSource:
             if base.spares:
                 raise ConfigError(self.cluster_file, "spares", "with --slurm the spares are nodes of the allocation; "
                                   "remove the list and use --spares K (or the 'slurm:' section's spares)")
+            if base.ray is not None:
+                raise ConfigError(self.cluster_file, "ray", "with --slurm the nodes are the allocation's; remove the "
+                                  "'ray:' section, or run the file without --slurm to place it on Ray")
             settings = read_slurm_section(self.cluster_file, base.slurm)
         spares = settings.spares if self.spares is None else self.spares
         allocation, spare_nodes = hold_back(self.allocation(), spares, self.label)

@@ -69,3 +69,12 @@ def test_check_and_export_take_no_ray_section(tflaunch, tmp_path, command):
     assert done.returncode == 2, done.stderr
     assert done.stderr == (f"tflaunch: error: {path}: ray: a Ray cluster's nodes are placed only when the file runs "
                            f"('tflaunch {path}'); check and export take no ray: section\n")
+
+
+def test_slurm_takes_no_ray_section(tflaunch, tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("ray:\n  address: 127.0.0.1:1\n  nnodes: 2\n")
+    done = tflaunch.run("--slurm", str(path))
+    assert done.returncode == 2
+    assert done.stderr == (f"tflaunch: error: {path}: ray: with --slurm the nodes are the allocation's; remove the "
+                           "'ray:' section, or run the file without --slurm to place it on Ray\n")
