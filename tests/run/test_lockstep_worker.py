@@ -18,6 +18,7 @@ import psutil
 import pytest
 
 from conftest import LOCKSTEP
+from launcher.agent.threads import ThreadWatch
 from polling import wait_for
 
 HANG_TIMEOUT = 6
@@ -66,6 +67,30 @@ def test_one_slow_task_slows_every_task(tflaunch, knob):
     for name in ("worker-0", "worker-1", "worker-2"):
         (epoch,) = records(done.run_dir, "epoch", name)
         assert epoch["epoch_seconds"] >= 1.5, epoch  # six steps paced by worker-2: at least 5 x 0.3 s
+
+
+def stalled_per_look(env: dict[str, str], looks: int = 20) -> float:
+    """The agent's figure for one stand-in task stepping alone (0.1 s steps): stalled threads per look."""
+    proc = subprocess.Popen([sys.executable, LOCKSTEP, "--epochs", "1", "--steps", "1000", "--step-seconds", "0.1"],
+                            env={**env, "PATH": "/usr/bin:/bin"}, stdout=subprocess.PIPE, text=True)
+    try:
+        next(line for line in proc.stdout if "Epoch 1/1" in line)  # training, the input thread started
+        watch = ThreadWatch()
+        for _ in range(looks):
+            watch.look([proc.pid])
+            time.sleep(0.03)
+    finally:
+        proc.kill()
+        proc.communicate()
+    return watch.stalled / watch.looks
+
+
+def test_the_stand_in_s_step_is_no_stall_and_its_sleeping_input_is_one():
+    # A TensorFlow step computes or waits for its executor or device, never sleeps: a step of the
+    # stand-in that slept read as a stalled thread in every task, which hid the one whose input
+    # sleeps whenever the looks fell in that half of the step.
+    assert stalled_per_look({}) == 0.0
+    assert stalled_per_look({"LOCKSTEP_INPUT_SLEEP": "0.2"}) > 0.5
 
 
 def test_a_flood_a_task_deaf_to_sigterm_and_a_stray_grandchild_are_the_launchers_to_stop(tflaunch):

@@ -11,7 +11,9 @@ It keeps the contract a TensorFlow task keeps with tflaunch:
 - chief and workers step in lock step, as under MultiWorkerMirroredStrategy: every step ends in an
   exchange with every peer (:func:`all_reduce`, a sum over sockets), so one slow task slows all; the
   main thread waits in a socket read (``peers.read_exactly``) while a peer is late, and an input thread
-  (:func:`slow_source`) feeds it. A peer that goes away ends the task with exit code 1 and one line
+  (:func:`slow_source`) feeds it. A step's own time (``--step-seconds``) is spent as a TensorFlow
+  task's is, waiting for its executor's threads or its device (:func:`step_work`), never asleep:
+  tflaunch counts a sleeping thread as a stalled input pipeline. A peer that goes away ends the task with exit code 1 and one line
   (``peers.PEER_LOST_EXIT`` seconds later), as TensorFlow's collectives do. With ``ps`` tasks in the
   cluster (ParameterServerStrategy) the chief drives each step against every worker and ps, which
   serve until stopped and are reached again when one restarts in place; an evaluator idles until the
@@ -142,6 +144,15 @@ def slow_source(batches: queue.Queue, sleep: float, stall_after: int | None) -> 
         batches.put(produced)
 
 
+_executor_done = threading.Event()  # never set: what a step's own work waits on
+
+
+def step_work(seconds: float) -> None:
+    """A step's own work of ``seconds``: the main thread waits on a condition (a futex), as a
+    TensorFlow task's waits for its executor's threads or its GPU; a sleep would read as a stall."""
+    _executor_done.wait(seconds)
+
+
 def spin(seconds: float) -> None:
     end = time.monotonic() + seconds
     while time.monotonic() < end:
@@ -226,7 +237,7 @@ def train(task: Task, args: argparse.Namespace) -> None:
             if compute:
                 spin(compute)
             if args.step_seconds:
-                time.sleep(args.step_seconds)
+                step_work(args.step_seconds)
             for line in range(flood):
                 say(f"{me}: filler line {line} of step {global_step}")
             if crash_at is not None and global_step == int(crash_at) and (crash_every or task.attempt == 1):
@@ -290,7 +301,7 @@ def coordinate(task: Task, args: argparse.Namespace) -> None:
         for step in range(args.steps):
             global_step = epoch * args.steps + step + 1
             if args.step_seconds:
-                time.sleep(args.step_seconds)
+                step_work(args.step_seconds)
             for name in servers:
                 while True:
                     try:
@@ -335,7 +346,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--steps", type=int, default=5, help="steps per epoch")
     parser.add_argument("--batch-per-worker", type=int, default=32)
-    parser.add_argument("--step-seconds", type=float, default=0.02, help="each step's own time (a sleep)")
+    parser.add_argument("--step-seconds", type=float, default=0.02, help="each step's own time (a wait, not a sleep)")
     parser.add_argument("--report", choices=["both", "keras"], default="both")
     parser.add_argument("--backup-every-steps", type=int, default=0)
     parser.add_argument("--step-metrics", action="store_true", help="a metric line per step too")

@@ -5,7 +5,8 @@ the clear-minority rule, a burst that stands out in one half of the window only,
 after the warm-up (--straggler-warm-up), the end, and exclusion. Tests run the agent's
 ThreadWatch on real processes (a thread that sleeps, one that waits, a pipeline whose threads
 come and go, CPUs shared or held by a quota). Real runs of tflaunch, each with a short warm-up:
-standard-library tasks for the CPU signals and the closing summary, and one real
+standard-library tasks for the CPU signals and the closing summary, the stand-in worker
+(tests/workers/lockstep.py) whose input sleeps named among two in lock step, and one real
 MultiWorkerMirroredStrategy run (tests/helpers/mwms_straggler.py) whose slow worker's pipeline is
 rebuilt each epoch; tests/run/lifecycle/test_lost_hosts.py names and leaves out a straggler's host
 over ssh, and tests/trainer/test_gpu.py a worker on a slowed GPU.
@@ -31,6 +32,7 @@ from launcher.run.faults.stragglers import (CONFIRM_FOR, CONFIRM_SHARE, END_FOR,
                                             figures_over, minority, shares, status_words, steady_shares)
 from launcher.agent import threads
 from launcher.transports.base import ThreadTimes
+from conftest import LOCKSTEP
 from polling import wait_for
 
 PROGRAM = str(Path(__file__).resolve().parents[2] / "helpers" / "mwms_straggler.py")
@@ -577,6 +579,22 @@ def test_a_straggler_named_during_the_run_is_in_the_closing_summary(tflaunch):
     (summary,) = [line for line in closing.splitlines() if "straggler:" in line]
     assert summary.startswith("tflaunch: straggler: worker-2 on localhost held the others back from "), summary
     assert "(attempt 1)" in summary and "its threads sleep or wait for a disk" in summary
+
+
+@pytest.mark.slow
+@pytest.mark.alone  # step times: nothing else may take the CPU
+@pytest.mark.timeout(150)
+def test_a_worker_whose_input_sleeps_is_named_among_two_in_lock_step(tflaunch):
+    # The stand-in in lock step, worker-1's input sleeping 0.2 s per batch of a 0.1 s step: named
+    # about 35 s in (half a window of readings, then CONFIRM_FOR), in a run of about 45 s.
+    done = tflaunch.run("--local", "2", "--straggler-warm-up", "2", "-e", "LOCKSTEP_INPUT_SLEEP=worker-1=0.2", "--",
+                        "python", LOCKSTEP, "--epochs", "22", "--steps", "10", "--step-seconds", "0.1", timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    named = [line for line in done.stderr.splitlines() if "holds the others back" in line]
+    assert len(named) == 1 and "tflaunch: straggler: worker-1 on localhost" in named[0], done.stderr[-3000:]
+    assert "its threads sleep or wait for a disk" in named[0], named
+    (entry,) = record_of(tflaunch)["stragglers"]
+    assert (entry["task"], entry["attempt"]) == ("worker-1", 1) and entry["share"] >= CONFIRM_SHARE, entry
 
 
 def pin(pid: int, cpu: int) -> None:
