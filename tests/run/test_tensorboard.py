@@ -17,7 +17,9 @@ import pytest
 from conftest import ROOT, descendants_alive
 from polling import wait_for
 
-pytestmark = pytest.mark.timeout(300)
+# One worker runs them all: each beside-run server takes the first free port from 6006 up, and the
+# port test below must find the port its own server chose still free.
+pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("tensorboard")]
 
 BLOCK_TENSORBOARD = textwrap.dedent("""\
     import sys
