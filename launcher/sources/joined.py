@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..cluster.spec import AUTO, ClusterSpec, TaskSpec, is_local, is_loopback
 from ..errors import ConfigError, LaunchError, OptionsError
@@ -26,6 +27,9 @@ from ..options import label as options_label
 from ..taskenv import RDZV_TOKEN
 from . import RoleOptions
 from .platforms import DEFAULT_TIMEOUT
+
+if TYPE_CHECKING:
+    from .hosts import HostSlots
 
 TOKEN_VARIABLE = RDZV_TOKEN
 MIN_TOKEN = 16  # characters: a token shorter than that is guessable
@@ -125,13 +129,21 @@ def joined_spec(source: JoinedSource, rendezvous, local_hosts: frozenset[str]) -
     spares = tuple(TaskSpec(SPARE_ROLE, slot, node_host(m.rank), AUTO, address=m.address, key=f"spares[{slot}]")
                    for slot, m in enumerate(m for m in members if m.rank >= source.nnodes
                                             for _ in range(source.tasks_per_node)))
-    spec = ClusterSpec(source=source.label, tasks=tasks, transport=KIND, spares=spares)
-    if source.minimum is not None:  # the floor: the training tasks MIN nodes hold (--min-workers wins)
-        floor = len(place(hosts[:source.minimum], chief=source.chief, ps=source.ps, evaluator=source.evaluator,
-                          source=source.label))
-        spec = replace(spec, min_workers=floor - source.ps - int(source.evaluator))
+    spec = with_floor(ClusterSpec(source=source.label, tasks=tasks, transport=KIND, spares=spares), hosts, source)
     check_cluster(spec, local_hosts)
     return spec
+
+
+def with_floor(spec: ClusterSpec, hosts: tuple[HostSlots, ...], source) -> ClusterSpec:
+    """``spec`` with ``--nnodes MIN:MAX``'s floor, the training tasks ``source.minimum`` nodes hold,
+    as its ``min_workers`` (unchanged without a MIN)."""
+    from .hosts import place  # here, as in joined_spec: a joining node never places a cluster
+
+    if source.minimum is None:
+        return spec
+    floor = len(place(hosts[:source.minimum], chief=source.chief, ps=source.ps, evaluator=source.evaluator,
+                      source=source.label))
+    return replace(spec, min_workers=floor - source.ps - int(source.evaluator))
 
 
 class JoinedNodes:

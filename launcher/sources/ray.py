@@ -29,7 +29,7 @@ from ..options import count as whole, name
 from ..options import label as options_label
 from . import RoleOptions
 from .hosts import HostSlots, place
-from .joined import RendezvousError
+from .joined import RendezvousError, with_floor
 from .platforms import DEFAULT_TIMEOUT
 
 
@@ -190,11 +190,7 @@ class RayNodes:
                             for slot, b in enumerate(b for b in joined if b.rank >= nnodes
                                                      for _ in range(source.tasks_per_node)))
         spares = _on_bundles(spare_slots, {b.node_id: b for b in joined}, source.gpus_per_task)
-        spec = ClusterSpec(source=source.label, tasks=tasks, transport=KIND, spares=spares)
-        if source.minimum is not None:  # the floor: the training tasks MIN nodes hold (--min-workers wins)
-            floor = len(place(hosts[:source.minimum], chief=source.chief, ps=source.ps, evaluator=source.evaluator,
-                              source=source.label))
-            spec = replace(spec, min_workers=floor - source.ps - int(source.evaluator))
+        spec = with_floor(ClusterSpec(source=source.label, tasks=tasks, transport=KIND, spares=spares), hosts, source)
         check_cluster(spec, local_hosts)
         return spec
 
