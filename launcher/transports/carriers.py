@@ -59,6 +59,24 @@ class Carrier:
         is gone: what tflaunch itself can still do about it."""
 
 
+class NodeCarrier(Carrier):
+    """A carrier of an agent that dialled in from a node of its own (a joined node, a Ray node): its
+    messages name the node as ``{name} ({where})``."""
+
+    def __init__(self, host: str, name: str, where: str):
+        super().__init__(host)
+        self.name, self.place = name, where
+
+    def where(self, reason: str) -> str:
+        return f"{reason} on {self.name} ({self.place})"
+
+    def not_started(self, detail: str) -> ExitStatus:
+        return ExitStatus(error=f"could not start on {self.name} ({self.place}): {detail}")
+
+    def lost(self, detail: str) -> ExitStatus:
+        return ExitStatus(error=f"lost {self.name} ({self.place}: {detail})")
+
+
 class ProcessCarrier(Carrier):
     """A carrier that is a child process of tflaunch (the local agent, an ssh client), whose stderr
     (its own messages) is a pipe held within a bound (:class:`.heldoutput.HeldText`): the link hub

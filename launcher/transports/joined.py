@@ -40,8 +40,7 @@ from ..cluster.plan import TaskLaunch
 from ..cluster.spec import DEFAULT_KEEPALIVE_TIMEOUT
 from ..options import DEFAULT_REJOIN_WAIT
 from .backend import AgentBackend
-from .base import ExitStatus
-from .carriers import Carrier
+from .carriers import Carrier, NodeCarrier
 from .connectback import ConnectBack
 from .hostlink import AgentLink
 from .linkhub import HUB
@@ -71,23 +70,14 @@ def node_host(rank: int) -> str:
     return f"rank-{rank}"
 
 
-class JoinedCarrier(Carrier):
+class JoinedCarrier(NodeCarrier):
     """A node's agent that joined the run over its own connection."""
 
     kind = KIND
 
     def __init__(self, host: str, rank: int):
-        super().__init__(host)
+        super().__init__(host, f"node {rank}", host)
         self.rank = rank
-
-    def where(self, reason: str) -> str:
-        return f"{reason} on node {self.rank} ({self.host})"
-
-    def not_started(self, detail: str) -> ExitStatus:
-        return ExitStatus(error=f"could not start on node {self.rank} ({self.host}): {detail}")
-
-    def lost(self, detail: str) -> ExitStatus:
-        return ExitStatus(error=f"lost node {self.rank} ({self.host}: {detail})")
 
 
 @dataclass(frozen=True)

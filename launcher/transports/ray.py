@@ -31,8 +31,7 @@ from ..agent.protocol import EOF_GRACE, beat_for, encode_fields, sample_for
 from ..cluster.spec import DEFAULT_KEEPALIVE_TIMEOUT
 from ..cluster.plan import TaskLaunch
 from ..errors import LaunchError, OptionsError
-from .base import ExitStatus
-from .carriers import Carrier
+from .carriers import NodeCarrier
 from .joined import JoinedTransport
 from .shipping import remote_agent_argv
 
@@ -63,23 +62,14 @@ class Bundle:
     gpus: tuple[int, ...] = ()
 
 
-class RayCarrier(Carrier):
+class RayCarrier(NodeCarrier):
     """A bundle's agent, run by its actor on a Ray node; the host is the Ray node's id."""
 
     kind = KIND
 
     def __init__(self, host: str, address: str):
-        super().__init__(host)
+        super().__init__(host, f"Ray node {host}", address)
         self.address = address
-
-    def where(self, reason: str) -> str:
-        return f"{reason} on Ray node {self.host} ({self.address})"
-
-    def not_started(self, detail: str) -> ExitStatus:
-        return ExitStatus(error=f"could not start on Ray node {self.host} ({self.address}): {detail}")
-
-    def lost(self, detail: str) -> ExitStatus:
-        return ExitStatus(error=f"lost Ray node {self.host} ({self.address}: {detail})")
 
 
 def _agent_actor():
