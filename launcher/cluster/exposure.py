@@ -9,18 +9,30 @@ resolve in time is left out (tflaunch cannot tell, and ssh will say so soon enou
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping
 
 from .spec import ClusterSpec, is_loopback
 
 RESOLVE_TIMEOUT = 2.0  # all names together; a slow resolver must not hold a launch up
+RESOLVE_TIMEOUT_VARIABLE = "TFLAUNCH_RESOLVE_TIMEOUT"  # seconds, for a resolver known to be slower
 RESOLVERS = 16  # names resolved at once, each on a thread of its own
 LOOPBACK_NAMES = ("localhost", "ip6-localhost", "::1")
 
 Resolver = Callable[[str], list[str]]
+
+
+def resolve_timeout(environ: Mapping[str, str] = os.environ) -> float:
+    """How long the lookups of one check may take, all names together: ``TFLAUNCH_RESOLVE_TIMEOUT``
+    in tflaunch's environment (seconds), else RESOLVE_TIMEOUT; a value that is not a number is ignored."""
+    try:
+        seconds = float(environ.get(RESOLVE_TIMEOUT_VARIABLE, ""))
+    except ValueError:
+        return RESOLVE_TIMEOUT
+    return seconds if 0 <= seconds < float("inf") else RESOLVE_TIMEOUT
 
 
 def resolve(name: str) -> list[str]:
@@ -43,8 +55,9 @@ def unique_names(names: Iterable[str | None]) -> list[str]:
 
 
 def public_addresses(names: Iterable[str], resolver: Resolver = resolve,
-                     timeout: float = RESOLVE_TIMEOUT) -> dict[str, list[str]]:
-    """The names with at least one globally routable address, with those addresses."""
+                     timeout: float | None = None) -> dict[str, list[str]]:
+    """The names with at least one globally routable address, with those addresses, looked up for
+    ``timeout`` seconds at most (default: :func:`resolve_timeout`)."""
     import ipaddress
 
     names = [n for n in names if n not in LOOPBACK_NAMES and not is_loopback(n)]
@@ -66,7 +79,7 @@ def public_addresses(names: Iterable[str], resolver: Resolver = resolve,
                for _ in range(min(RESOLVERS, len(names) - len(found)))]
     for thread in threads:
         thread.start()
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + (resolve_timeout() if timeout is None else timeout)
     for thread in threads:
         thread.join(max(0.0, deadline - time.monotonic()))
     public: dict[str, list[str]] = {}

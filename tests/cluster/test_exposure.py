@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from launcher.cluster.exposure import RESOLVERS, public_addresses
+from launcher.cluster.exposure import RESOLVE_TIMEOUT, RESOLVERS, public_addresses, resolve_timeout
 
 pytestmark = pytest.mark.unit
 
@@ -36,3 +36,10 @@ def test_a_thousand_names_are_resolved_by_a_few_threads():
     assert most == RESOLVERS  # as many at once as there are resolver threads, never one per name
     assert threading.active_count() <= threads_before + RESOLVERS
     assert found == {**{n: ["8.8.8.8"] for n in names[:1000] if n.endswith("7")}, "8.8.4.4": ["8.8.4.4"]}
+
+
+@pytest.mark.parametrize("value, seconds", [(None, RESOLVE_TIMEOUT), ("7.5", 7.5), ("0", 0.0), ("soon", RESOLVE_TIMEOUT),
+                                            ("-1", RESOLVE_TIMEOUT), ("inf", RESOLVE_TIMEOUT), ("nan", RESOLVE_TIMEOUT)])
+def test_the_lookups_wait_is_tflaunch_resolve_timeout_when_it_is_a_number_of_seconds(value, seconds):
+    environ = {} if value is None else {"TFLAUNCH_RESOLVE_TIMEOUT": value}
+    assert resolve_timeout(environ) == seconds

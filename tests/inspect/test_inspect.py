@@ -640,7 +640,9 @@ def test_compare_tells_keras_runs_apart_where_keras_prints_the_same_whole_second
     slow = run_ok(tflaunch, "--local", "1", "--", "python", TASK, *keras_epochs(0.6))
     rows = data_rows(inspect(tflaunch, "compare", fast.run_dir.name, slow.run_dir.name).stdout, r"\d{8}-")
     quick, late = (float(rows[done.run_dir.name][5]) for done in (fast, slow))
-    assert 0.2 <= quick < 0.5 and 0.6 <= late < 0.9, rows  # each epoch's own time, not Keras's 0s
+    # Each epoch's own time, not Keras's 0s: as tflaunch read the lines, so a line read a few ms
+    # late (a loaded machine) makes an epoch look that much shorter or longer.
+    assert 0.15 <= quick < 0.5 and 0.55 <= late < 0.9, rows
     assert float(rows[slow.run_dir.name][11].rstrip("x")) < 0.7  # slower: no "1.00x"
     assert rows[fast.run_dir.name][8:10] == ["0.5000", "0.2000"]  # the last epoch's loss and accuracy
 
