@@ -118,6 +118,7 @@ class CustomLoop:
                     backup.save(epoch, step + 1)
                     steps_since_backup = 0
                 if backup and float(stops) > 0:
+                    termination.saving()
                     backup.save(epoch, step + 1)
                     session.reporter.say(f"SIGTERM: backup saved in epoch {epoch + 1} after step {step + 1}; "
                                         "the next run resumes after it")

@@ -216,6 +216,7 @@ class SaveOnTermination(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None) -> None:
         if not self._stop_asked():
             return
+        termination.saving()
         where = f"in epoch {self.epoch + 1} after step {batch + 1}"
         # BackupAndRestore keeps the epoch and batch to record in two variables of its training
         # state (set as epochs and batches begin); back_up() saves them with the weights.

@@ -8,8 +8,10 @@ grace to save where it is, so the next run resumes from that step instead of the
   runs between Python bytecodes, which never happens while a step is stuck in a collective whose
   peer is gone, so a thread woken through the pipe keeps a deadline: if the training loop has not
   saved within ``deadline`` seconds, the process ends by SIGTERM anyway.
-- the training loops call :func:`requested` after each step; when it is true they save a backup
-  and call :func:`end`, which ends the process by SIGTERM (exit status -15, as before).
+- the training loops call :func:`requested` after each step; when it is true they call
+  :func:`saving` (a step ended: the deadline is met, and the save itself, which takes longer on a
+  chief writing a large model or on a loaded machine, is bounded by the supervisor's grace alone),
+  save a backup and call :func:`end`, which ends the process by SIGTERM (exit status -15, as before).
 
 Without a backup folder (or for a ps task, which has nothing to save) SIGTERM keeps its default
 action: the process ends at once.
@@ -30,6 +32,7 @@ import threading
 
 _requested = threading.Event()
 _deadline_seconds = 3.0
+_saving = threading.Event()  # a step ended after the request: the deadline no longer applies
 
 # The fit loop's workers agree on stopping about this often once they know their steps' time: a
 # request waits at most that long besides its step, far within the deadline, and the reduction (5 to
@@ -54,6 +57,11 @@ def install(saves: bool, deadline: float = 3.0) -> None:
 
 def requested() -> bool:
     return _requested.is_set()
+
+
+def saving() -> None:
+    """A step ended after the request and the backup is being written: the deadline is met."""
+    _saving.set()
 
 
 def agreed_every(step_seconds: float, seconds: float = AGREE_SECONDS) -> int:
@@ -89,6 +97,8 @@ def _watch(read_fd: int) -> None:
 
 
 def _give_up() -> None:
+    if _saving.is_set():
+        return
     print(f"trainer: SIGTERM: no step ended within {_deadline_seconds:g} s to save a backup; exiting",
           file=sys.stderr, flush=True)
     _default_action_and_kill()
