@@ -145,19 +145,25 @@ class TierRun:
              f"--durations={SLOWEST}", f"--junitxml={report}", *passed_on], cwd=ROOT, env=env, stdout=self.output,
             stderr=subprocess.STDOUT if held else None)
         self.took = 0.0
+        self.cpu = 0.0  # CPU seconds of its pytest process and every process of it that was waited for
         self.left_alone: list[str] = []
         # A tier beside the stages is waited for only after them: its time is stamped as it ends.
         self.ended: float | None = None
+        self.exited = threading.Event()  # set once its process ended, and was reaped
         threading.Thread(target=self._stamp, name=f"tier-{name}", daemon=True).start()
 
     def _stamp(self) -> None:
-        self.process.wait()
+        # wait4, not Popen.wait: its resource usage is the tier's CPU. Only this thread reaps the
+        # process (wait() below waits for it), so Popen never looks for a child already reaped.
+        _, status, usage = os.wait4(self.process.pid, 0)
+        self.process.returncode = os.waitstatus_to_exitcode(status)
+        self.cpu = usage.ru_utime + usage.ru_stime
         self.ended = time.monotonic()
+        self.exited.set()
 
     def wait(self) -> int:
-        code = self.process.wait()
-        while self.ended is None:  # the stamping thread is a moment behind
-            time.sleep(0.01)
+        self.exited.wait()
+        code = self.process.returncode
         self.took = self.ended - self.started
         if self.output is not None:
             self.output.seek(0)
@@ -169,7 +175,7 @@ class TierRun:
             self.left_alone = Path(self.alone_file).read_text().split()
             os.unlink(self.alone_file)
         outcome = "passed" if passed(code) else f"FAILED (exit {code})"
-        print(f"=== tier {self.name}: {outcome} in {self.took:.0f} s", flush=True)
+        print(f"=== tier {self.name}: {outcome} in {self.took:.0f} s ({self.cpu:.0f} s of CPU)", flush=True)
         return code
 
 
@@ -178,10 +184,11 @@ def start_stage(stage: tuple[str, ...], seed: int, passed_on: list[str], held: b
             for name, expression, alone in parts(stage)]
 
 
-def run_suite(chosen: list[str], seed: int, passed_on: list[str]) -> tuple[list[tuple[str, int, float]], list[TierRun]]:
+def run_suite(chosen: list[str], seed: int, passed_on: list[str]) \
+        -> tuple[list[tuple[str, int, float, float]], list[TierRun]]:
     """Every chosen tier: the stages one after the other, the tiers beside them started once the first
     :data:`BESIDE_AFTER` stages ended, then
-    the queue of tests that run alone. Returns (tier, exit code, time) per tier, ``alone`` last, and the runs."""
+    the queue of tests that run alone. Returns (tier, exit code, time, CPU) per tier, ``alone`` last, and the runs."""
     beside: list[TierRun] = []
     runs: list[TierRun] = []
     for number, stage in enumerate(STAGES):
@@ -196,13 +203,13 @@ def run_suite(chosen: list[str], seed: int, passed_on: list[str]) -> tuple[list[
     for run in beside:
         run.wait()
     runs += beside
-    results = {run.name: (run.process.returncode, run.took) for run in runs}
+    results = {run.name: (run.process.returncode, run.took, run.cpu) for run in runs}
     queue = [nodeid for name, _ in TIERS for run in runs if run.name == name for nodeid in run.left_alone]
     if queue:
         alone = TierRun(ALONE, queue, seed, passed_on)
         alone.wait()
         runs.append(alone)
-        results[ALONE] = (alone.process.returncode, alone.took)
+        results[ALONE] = (alone.process.returncode, alone.took, alone.cpu)
     order = [name for name, _ in TIERS] + [ALONE]
     return [(name, *results[name]) for name in order if name in results], runs
 
@@ -229,12 +236,14 @@ def main(argv: list[str] | None = None) -> int:
         print(line)
     for run in runs:
         run.report.unlink(missing_ok=True)
-    print(f"\n{'tier':<12}{'outcome':<22}{'time':>8}")
-    for name, code, took in results:
-        print(f"{name:<12}{'passed' if passed(code) else f'failed (exit {code})':<22}{took:>7.0f}s")
-    print(f"{'all':<12}{'':<22}{time.monotonic() - started:>7.0f}s   seed {seed} "
+    # CPU: of each tier's pytest process and what it waited for; a daemon that left its parent (an
+    # sshd of a test host, a Ray node) is not counted.
+    print(f"\n{'tier':<12}{'outcome':<22}{'time':>8}{'CPU':>8}")
+    for name, code, took, cpu in results:
+        print(f"{name:<12}{'passed' if passed(code) else f'failed (exit {code})':<22}{took:>7.0f}s{cpu:>7.0f}s")
+    print(f"{'all':<12}{'':<22}{time.monotonic() - started:>7.0f}s{sum(r[3] for r in results):>7.0f}s   seed {seed} "
           f"({', '.join(BESIDE)} beside the other tiers; {ALONE}: the tests of every tier that run alone)")
-    return 0 if all(passed(code) for _, code, _ in results) else 1
+    return 0 if all(passed(code) for _, code, _, _ in results) else 1
 
 
 if __name__ == "__main__":

@@ -110,7 +110,7 @@ def test_the_run_of_a_tiers_other_tests_names_those_that_run_alone(tmp_path, cap
 def test_a_tier_waited_for_late_takes_the_time_it_ran_not_the_wait(tmp_path, capsys):
     (tmp_path / "test_quick.py").write_text("def test_quick():\n    pass\n")
     run = TierRun("slurm", [str(tmp_path)], 1, ["-p", "no:cacheprovider", "--rootdir", str(tmp_path)], held=True)
-    run.process.wait()
+    run.exited.wait()
     finished = time.monotonic()
     time.sleep(3)  # the stages beside it go on
     assert run.wait() == 0
@@ -134,3 +134,16 @@ def test_the_tests_of_one_xdist_group_run_in_one_worker(tmp_path):
     assert done.returncode == 0, done.stdout[-2000:]
     workers = (tmp_path / "workers").read_text().split()
     assert len(workers) == 6 and len(set(workers)) == 1, workers
+
+
+@pytest.mark.timeout(120)
+def test_a_tiers_cpu_counts_the_processes_its_tests_start(tmp_path, capsys):
+    (tmp_path / "test_busy.py").write_text(
+        "import subprocess, sys\n"
+        "def test_busy():\n"
+        "    subprocess.run([sys.executable, '-c', 'import time\\nend = time.process_time() + 1.0\\n"
+        "while time.process_time() < end: pass'], check=True)\n")
+    run = TierRun("fast", [str(tmp_path)], 1, ["-p", "no:cacheprovider", "--rootdir", str(tmp_path)], held=True)
+    assert run.wait() == 0
+    assert 1.0 <= run.cpu < 30, run.cpu  # the busy child's second, and pytest's own start
+    assert f"=== tier fast: passed in {run.took:.0f} s ({run.cpu:.0f} s of CPU)" in capsys.readouterr().out
