@@ -40,7 +40,7 @@ from .protocol import (EOF_GRACE, HEARTBEAT, LOST_RUN, MAX_FRAME, SAMPLE, SYNC, 
                        node_name, number, printable, read_some)
 from .sampling import readings, until_sample
 from .starting import StartingProcesses
-from .threads import LOOK_EVERY
+from .threads import look_gap
 from .trees import become_subreaper, handles, lead_session
 
 TICK = 0.25  # how often the setup line's output file is looked at (a regular file cannot be waited on)
@@ -80,7 +80,7 @@ class Agent(StartingProcesses, EndingProcesses):
         self.last_heard = now
         self.next_heartbeat = now
         self.next_sample = now + (until_sample(self.sample_every, time.time()) if self.sample_every else 0.0)
-        self.next_look = now + LOOK_EVERY
+        self.next_look = now + look_gap()
         self.setup_fd = None  # the host's setup line's output, relayed as it grows (see open_setup_log)
         self.next_setup_read = now
         self.me = os.getpid()
@@ -259,7 +259,7 @@ class Agent(StartingProcesses, EndingProcesses):
             self.next_sample = now + until_sample(self.sample_every, time.time(), sampled=True)
         if now >= self.next_look:
             self.look()
-            self.next_look = now + LOOK_EVERY
+            self.next_look = now + look_gap()
         if self.setup_fd is not None and now >= self.next_setup_read:
             self.relay_setup()
             self.next_setup_read = now + TICK
