@@ -84,6 +84,27 @@ def expressions() -> dict[str, str]:
     return found
 
 
+def tier_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of each tier's pytest: this one's, with bytecode caches written.
+
+    Some machines set PYTHONDONTWRITEBYTECODE. In a clean clone nothing of the tree has a cache then,
+    so every process compiles what it imports, every time: each pytest process (a tier's, each of its
+    workers') its collection of every test file, assertions rewritten (11.5 s of CPU against 2.6 s with
+    the caches, measured here), and each of the suite's thousands of tflaunch runs the launcher (about
+    0.25 s of CPU a run). The caches change nothing a test sees: Python writes each one whole, and
+    reads it only while it matches its source."""
+    env = dict(os.environ if environ is None else environ)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
+def write_caches() -> None:
+    """The tree's bytecode caches, written once before the tiers start (their processes would
+    otherwise each compile the same modules at once)."""
+    subprocess.run([sys.executable, "-m", "compileall", "-q", "launcher", "trainer", "tests", "benchmarks"],
+                   cwd=ROOT, env=tier_environment(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+
+
 def passed(code: int) -> bool:
     return code in (0, NO_TESTS)
 
@@ -128,7 +149,7 @@ class TierRun:
         self.output = tempfile.TemporaryFile() if held else None
         if not held:
             print(f"\n{self.heading}", flush=True)
-        env = dict(os.environ)
+        env = tier_environment()
         self.alone_file = None
         if alone is not None:
             handle, self.alone_file = tempfile.mkstemp(prefix="tflaunch-suite-alone-")
@@ -227,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 2**31)
     print(f"test order seed {seed} (again: python tests/suite.py --seed {seed})", flush=True)
     started = time.monotonic()
+    write_caches()
     results, runs = run_suite(chosen, seed, passed_on)
     print(f"\n=== the {SLOWEST} slowest tests of the suite")
     found, unread = slowest([(run.name, run.report) for run in runs])

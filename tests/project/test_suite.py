@@ -12,7 +12,7 @@ from _pytest.mark.expression import Expression
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from suite import (ALONE, BESIDE, BESIDE_AFTER, SLOWEST, STAGES, TIERS, WORKERS, TierRun, expressions, main, parts,  # noqa: E402
-                   slowest)
+                   slowest, tier_environment)
 
 pytestmark = pytest.mark.project
 MARKERS = ("unit", "project", "slow", "tensorflow", "ssh", "slurm", "gpu")
@@ -147,3 +147,8 @@ def test_a_tiers_cpu_counts_the_processes_its_tests_start(tmp_path, capsys):
     assert run.wait() == 0
     assert 1.0 <= run.cpu < 30, run.cpu  # the busy child's second, and pytest's own start
     assert f"=== tier fast: passed in {run.took:.0f} s ({run.cpu:.0f} s of CPU)" in capsys.readouterr().out
+
+
+def test_the_tiers_write_bytecode_caches_where_this_machine_says_not_to():
+    env = tier_environment({"PYTHONDONTWRITEBYTECODE": "1", "PATH": "/usr/bin", "TFLAUNCH_DEBUG": "1"})
+    assert env == {"PATH": "/usr/bin", "TFLAUNCH_DEBUG": "1"}
