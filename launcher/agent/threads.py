@@ -198,9 +198,9 @@ class ThreadWatch(object):
 
     - ``looks`` and ``stalled``: every ``LOOK_EVERY`` seconds or so (:func:`look_gap`) the agent
       looks at the wait channel of some of the task's threads; ``stalled`` sums, over the looks, how
-      many of them sleep on purpose or wait for a disk (an input pipeline that sleeps or reads slowly). The figure is the
-      task's, whichever threads do the work: a census's look takes every thread that runs; the
-      others take the ``suspects`` (threads seen stalled lately: an input pipeline's work hops
+      many of them sleep on purpose or wait for a disk (an input pipeline that sleeps or reads
+      slowly). The figure is the task's, whichever threads do the work: a census's look takes every
+      thread that runs; the others take the ``suspects`` (threads seen stalled lately: an input pipeline's work hops
       between a pool's threads), the ``newcomers`` (threads new within the last
       ``NEWCOMER_LOOKS`` looks, stalled or not) and ``DISCOVER`` others in turn, so a look costs
       a few reads however many threads TensorFlow made. Threads come and go (tf.data makes new

@@ -290,3 +290,23 @@ def test_ctrl_c_while_the_group_waits_to_be_placed_ends_at_once_and_removes_it(r
     assert time.monotonic() - started < 10  # not the placement's 120 s
     state = raycluster.state()
     assert not state["actors"] and all(s == "REMOVED" for s in state["groups"].values()), state
+
+
+@pytest.mark.alone  # step times: nothing else may take the CPU
+@pytest.mark.timeout(300)
+def test_a_straggler_on_a_ray_node_is_named_once_with_its_node(raycluster, tflaunch):
+    # worker-1's input thread sleeps 0.2 s per step, in lock step with worker-0 and worker-2 on
+    # Ray nodes of their own: its agent, run by its actor, watches its threads as over ssh.
+    done = tflaunch.run(*ray_args(raycluster, 3), "--straggler-warm-up", "2",
+                        "--env", "LOCKSTEP_INPUT_SLEEP=worker-1=0.2", "--",
+                        "python", LOCKSTEP, "--epochs", "30", "--steps", "10", "--step-seconds", "0.1", timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    hosts = {t["name"]: t["host"] for t in done.record["tasks"]}
+    lines = done.stderr.splitlines()
+    named = [line for line in lines if "straggler: worker-1 on " in line and "holds the others back" in line]
+    assert len(named) == 1 and f"worker-1 on {hosts['worker-1']} holds" in named[0], done.stderr[-3000:]
+    assert "its threads sleep or wait for a disk" in named[0]
+    assert not [line for line in lines if "straggler: worker-0" in line or "straggler: worker-2" in line]
+    (entry,) = done.record["stragglers"]
+    assert (entry["task"], entry["host"], entry["attempt"]) == ("worker-1", hosts["worker-1"], 1), entry
+    raycluster.wait_free(within=10)
