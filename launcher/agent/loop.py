@@ -38,9 +38,8 @@ from .ending import EndingProcesses
 from .ports import HeldPorts
 from .protocol import (EOF_GRACE, HEARTBEAT, LOST_RUN, MAX_FRAME, SAMPLE, SYNC, Command, Frame, decode_fields, frame,
                        node_name, number, printable, read_some)
-from .sampling import readings, until_sample
+from .sampling import look_gap, readings, until_sample
 from .starting import StartingProcesses
-from .threads import look_gap
 from .trees import become_subreaper, handles, lead_session
 
 TICK = 0.25  # how often the setup line's output file is looked at (a regular file cannot be waited on)

@@ -2,13 +2,25 @@
 clock: :func:`until_sample`) and sent as one ``R`` frame
 (:data:`.protocol.Frame.READINGS`): a line per living task, ``id rss_bytes cpu_seconds processes``
 of the task's whole tree, and for a watched task its threads' totals after them
-(:class:`.threads.ThreadWatch`). tflaunch takes a reading of a process on its own machine the same way
-(:func:`tree_reading`).
+(:class:`.threads.ThreadWatch`, which looks at them every :func:`look_gap` seconds). tflaunch takes
+a reading of a process on its own machine the same way (:func:`tree_reading`).
 """
 
 import os
+import random
 
 from .trees import descendants, stat_fields
+
+
+LOOK_EVERY = 2.0  # seconds between looks at a watched task's threads, on average (see look_gap)
+
+
+def look_gap(draw=random.random):
+    """Seconds from one look at the threads to the next: LOOK_EVERY on average, drawn anew each time
+    between half and one and a half of it. Looks a fixed period apart alias with a training step's
+    own period (2 s is five steps of 0.4 s): each look would find an input thread at the same point
+    of its step, asleep at every look or at none, however long it sleeps per step."""
+    return LOOK_EVERY * (0.5 + draw())
 
 
 def until_sample(every, wall, sampled=False):

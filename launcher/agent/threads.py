@@ -5,13 +5,11 @@ its GPUs are read off the agent's loop (:mod:`.gpus`).
 """
 
 import os
-import random
 import time
 
 from .gpus import GpuReader, gpu_slowdown
 from .trees import stat_fields
 
-LOOK_EVERY = 2.0  # seconds between looks at a watched task's threads, on average (see look_gap)
 CENSUS_LOOKS = 5  # looks between readings of its threads' CPU and run-queue times
 FULL_CENSUSES = 12  # censuses between readings of all its threads (else: those that ran, and new ones)
 DISCOVER = 1  # threads looked at per look besides the suspects and newcomers, in turn, to find new suspects
@@ -20,14 +18,6 @@ SUSPECT_LOOKS = 15  # looks after which a suspect not seen stalled again is one 
 MOST_NEWCOMERS = 32  # new threads a look takes at most (the newest)
 NEWCOMER_LOOKS = 5  # looks for which a new thread is looked at every time, stalled or not
 TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def look_gap(draw=random.random):
-    """Seconds from one look at the threads to the next: LOOK_EVERY on average, drawn anew each time
-    between half and one and a half of it. Looks a fixed period apart alias with a training step's
-    own period (2 s is five steps of 0.4 s): each look would find an input thread at the same point
-    of its step, asleep at every look or at none, however long it sleeps per step."""
-    return LOOK_EVERY * (0.5 + draw())
 BUSY_SHARED = 0.1  # seconds for which one reading of /proc/stat serves every watched task of the agent
 # A thread holds its task up by itself when it sleeps on purpose or waits for a disk: its kernel
 # wait channel (/proc/<pid>/task/<tid>/wchan) names one of these. A thread waiting on a lock, a
@@ -196,7 +186,7 @@ class ThreadWatch(object):
     cluster's tasks: in synchronous training every task waits for the slowest one, and what sets
     the slowest apart is not its step time (the same for all) but what it does meanwhile.
 
-    - ``looks`` and ``stalled``: every ``LOOK_EVERY`` seconds or so (:func:`look_gap`) the agent
+    - ``looks`` and ``stalled``: every ``LOOK_EVERY`` seconds or so (:func:`.sampling.look_gap`) the agent
       looks at the wait channel of some of the task's threads; ``stalled`` sums, over the looks, how
       many of them sleep on purpose or wait for a disk (an input pipeline that sleeps or reads
       slowly). The figure is the task's, whichever threads do the work: a census's look takes every

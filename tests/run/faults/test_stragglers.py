@@ -30,7 +30,7 @@ from launcher.records.states import TaskState
 from launcher.options import STRAGGLER_WARM_UP as WARM_UP, RunOptions
 from launcher.run.faults.stragglers import (CONFIRM_FOR, CONFIRM_SHARE, END_FOR, WINDOW, Figures, StragglerWatch,
                                             figures_over, minority, shares, status_words, steady_shares)
-from launcher.agent import threads
+from launcher.agent import sampling, threads
 from launcher.transports.base import ThreadTimes
 from conftest import LOCKSTEP
 from polling import wait_for
@@ -170,7 +170,7 @@ def test_a_burst_of_stalls_a_few_seconds_long_is_never_named():
 def test_looks_drawn_apart_see_an_input_thread_asleep_as_often_as_it_sleeps_whatever_the_step_period():
     # An input thread asleep for the last 80 % of each step of 0.4 s: 2 s is five steps, so looks
     # a fixed 2 s apart that start early in a step never see it asleep, and the rule would never
-    # name its task; looks drawn apart (threads.look_gap) see it asleep about 80 % of the time.
+    # name its task; looks drawn apart (sampling.look_gap) see it asleep about 80 % of the time.
     import random
 
     def asleep(at: float) -> bool:
@@ -181,11 +181,11 @@ def test_looks_drawn_apart_see_an_input_thread_asleep_as_often_as_it_sleeps_what
     draws, at, seen = random.Random(7), 0.03, []
     for _ in range(500):
         seen.append(asleep(at))
-        at += threads.look_gap(draws.random)
+        at += sampling.look_gap(draws.random)
     assert 0.72 <= sum(seen) / len(seen) <= 0.88
-    gaps = [threads.look_gap(draws.random) for _ in range(2000)]
-    assert 0.5 * threads.LOOK_EVERY <= min(gaps) and max(gaps) <= 1.5 * threads.LOOK_EVERY
-    assert abs(sum(gaps) / len(gaps) - threads.LOOK_EVERY) < 0.05  # the looks' cost is as before
+    gaps = [sampling.look_gap(draws.random) for _ in range(2000)]
+    assert 0.5 * sampling.LOOK_EVERY <= min(gaps) and max(gaps) <= 1.5 * sampling.LOOK_EVERY
+    assert abs(sum(gaps) / len(gaps) - sampling.LOOK_EVERY) < 0.05  # the looks' cost is as before
 
 
 @pytest.mark.unit
