@@ -195,16 +195,28 @@ def tflaunch(tmp_path: Path, request: pytest.FixtureRequest):
     launcher.stop_leftovers()
 
 
-def descendants_alive(marker: str) -> list[psutil.Process]:
-    """Living processes (not zombies) whose command line contains ``marker`` (a per-test unique string)."""
+def processes_where(match: Callable[[psutil.Process], bool]) -> list[psutil.Process]:
+    """Living processes (not zombies) that ``match`` (given each process, with its ``cmdline`` and
+    ``status`` in ``info``); one that ends or hides meanwhile is passed over."""
     found = []
     for proc in psutil.process_iter(["cmdline", "status"]):
         try:
-            if proc.info["status"] != psutil.STATUS_ZOMBIE and any(marker in part for part in proc.info["cmdline"] or []):
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and match(proc):
                 found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
     return found
+
+
+def descendants_alive(marker: str) -> list[psutil.Process]:
+    """Living processes (not zombies) whose command line contains ``marker`` (a per-test unique string)."""
+    return processes_where(lambda proc: any(marker in part for part in proc.info["cmdline"] or []))
+
+
+def processes_of_run(run_id: str) -> list[psutil.Process]:
+    """Living processes (not zombies) whose environment names run ``run_id``: its tasks and what they
+    started, wherever they run on this machine (never another test's run, whatever its command)."""
+    return processes_where(lambda proc: proc.environ().get("TFLAUNCH_RUN_ID") == run_id)
 
 
 def marked(marker: str) -> list[int]:

@@ -16,7 +16,7 @@ import time
 import psutil
 import pytest
 
-from conftest import HELPERS, LOCKSTEP, ROOT
+from conftest import HELPERS, LOCKSTEP, ROOT, processes_of_run
 from polling import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(240)]
@@ -53,19 +53,6 @@ def gone(procs: list[psutil.Process]) -> bool:
     return not any(running(proc) for proc in procs)
 
 
-def tasks_of_run(run_id: str) -> list[psutil.Process]:
-    """The living processes (not zombies) whose environment names run ``run_id``: its tasks and
-    what they started, wherever on this machine's Ray nodes they run (and never another test's)."""
-    found = []
-    for proc in psutil.process_iter(["status"]):
-        try:
-            if proc.info["status"] != psutil.STATUS_ZOMBIE and proc.environ().get("TFLAUNCH_RUN_ID") == run_id:
-                found.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
-    return found
-
-
 def test_three_ray_nodes_train_in_lock_step_and_run_json_names_each_node(raycluster, tflaunch):
     nodes = {node["id"]: node["address"] for node in raycluster.nodes()}
     done = tflaunch.run(*ray_args(raycluster, 3), "--", "python", LOCKSTEP, "--epochs", "2", "--steps", "3")
@@ -91,7 +78,7 @@ def test_a_failed_task_ends_the_run_and_frees_every_actor_and_the_group(rayclust
                         "--epochs", "3", "--steps", "3")
     assert done.returncode == 3, done.stderr[-3000:]
     assert all(t["pid"] for t in done.record["tasks"])
-    assert tasks_of_run(done.record["run_id"]) == []  # no task of the run is left on any Ray node
+    assert processes_of_run(done.record["run_id"]) == []  # no task of the run is left on any Ray node
     raycluster.wait_free(within=10)
 
 
