@@ -52,7 +52,8 @@ from .readings import TaskReadings
 log = tracer("stragglers")
 
 # Seconds of readings a task's figures are taken over: each half holds several looks at its threads
-# (one every 2 s) and at least one census of its CPU (every 10 s: launcher/agent/threads.py).
+# (one every 1 to 3 s) and mostly a census of its CPU (every five looks: launcher/agent/threads.py);
+# a half without one takes the census before it (figures_over).
 WINDOW = 20.0
 CONFIRM_SHARE = 0.2
 CONFIRM_PART = 0.75  # of the window: how long a task stands out before it is named
@@ -97,9 +98,23 @@ def figures_over(history: Sequence[tuple[float, ThreadTimes]], now: float, windo
         return None
     stall = last.stalled - base.stalled
     stall = stall / (last.looks - base.looks) if stall > 0.0 else 0.0
-    cpu_looks, cpu = last.cpu_looks - base.cpu_looks, last.cpu_lost - base.cpu_lost
+    cpu_base = gpu_base = base
+    # The CPU and GPU figures come at a census of the task's threads, every few looks: 5 to 15 s
+    # apart, as the looks are drawn apart (launcher/agent/threads.py). A span of half a window
+    # may hold none; the newest census before it then stands for it, if it came within ``window``
+    # before the span (never an older one: a GPU whose readings went stale is not stood in for).
+    want_cpu, want_gpu = last.cpu_looks == base.cpu_looks, 0 < last.gpu_looks == base.gpu_looks
+    place, floor = max(place, 0), start - window
+    while (want_cpu or want_gpu) and place > 0 and history[place - 1][0] >= floor:
+        place -= 1
+        earlier = history[place][1]
+        if want_cpu and earlier.cpu_looks < last.cpu_looks:
+            cpu_base, want_cpu = earlier, False
+        if want_gpu and earlier.gpu_looks < last.gpu_looks:
+            gpu_base, want_gpu = earlier, False
+    cpu_looks, cpu = last.cpu_looks - cpu_base.cpu_looks, last.cpu_lost - cpu_base.cpu_lost
     cpu = cpu / cpu_looks if cpu_looks > 0 and cpu > 0.0 else 0.0
-    gpu_looks, gpu = last.gpu_looks - base.gpu_looks, last.gpu_slowdown - base.gpu_slowdown
+    gpu_looks, gpu = last.gpu_looks - gpu_base.gpu_looks, last.gpu_slowdown - gpu_base.gpu_slowdown
     gpu = gpu / gpu_looks if gpu_looks > 0 and gpu > 0.0 else 0.0
     return Figures(stall, gpu, cpu)
 

@@ -59,6 +59,29 @@ def test_figures_are_the_window_s_stalled_threads_per_look_and_gpu_slowdown_per_
 
 
 @pytest.mark.unit
+def test_a_span_without_a_census_takes_the_newest_census_before_it_within_one_more_span():
+    # The CPU and GPU figures come at a census, every five looks drawn 1 to 3 s apart: 5 to 15 s.
+    # A half window of 10 s may then hold none; the census just before it stands for it.
+    history = [(100.0, times(10, 0, cpu_looks=1, cpu_lost=0.0, gpu_looks=1, gpu_slowdown=0.0)),
+               (108.0, times(14, 0, cpu_looks=2, cpu_lost=0.6, gpu_looks=2, gpu_slowdown=0.5)),
+               (110.0, times(15, 0, cpu_looks=2, cpu_lost=0.6, gpu_looks=2, gpu_slowdown=0.5)),
+               (120.0, times(20, 0, cpu_looks=2, cpu_lost=0.6, gpu_looks=2, gpu_slowdown=0.5))]
+    assert figures_over(history, now=120.0, window=10.0) == Figures(stall=0.0, gpu=pytest.approx(0.5),
+                                                                     cpu=pytest.approx(0.6))
+    # Not from further back than one more span: a census 12 s before the span's start is too old,
+    # and GPU readings that went stale (NVML stopped answering) are not stood in for long.
+    old = [(98.0, history[0][1]), (99.0, history[1][1]), (110.0, history[2][1]), (120.0, history[3][1])]
+    assert figures_over(old, now=120.0, window=10.0) == Figures(stall=0.0)
+    # A task's steady CPU share over a 20 s window stays up with censuses 12 s apart (a half may hold
+    # none), where each half held a census before the looks were drawn apart.
+    lost = [(float(t), times(t, 0, cpu_looks=t // 12, cpu_lost=0.5 * (t // 12))) for t in range(0, 121)]
+    busy = [(float(t), times(t, 0, cpu_looks=t // 12, cpu_lost=0.0)) for t in range(0, 121)]
+    for now in range(40, 121):
+        found = steady_shares({"worker-0": busy[:now + 1], "worker-1": lost[:now + 1]}, float(now), 20.0)
+        assert found["worker-1"] == (pytest.approx(0.5), "cpu"), now
+
+
+@pytest.mark.unit
 def test_a_share_is_how_far_a_task_stands_above_the_others_typical_figure():
     found = shares({"worker-0": Figures(1.0), "worker-1": Figures(1.1), "worker-2": Figures(1.8)})
     assert found["worker-2"] == (pytest.approx(0.7), "stall")
