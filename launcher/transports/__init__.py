@@ -25,7 +25,8 @@ same agents (:meth:`TransportSet.helper`), so a host costs one connection per ru
 Every named transport is an :class:`~.backend.AgentBackend` (backend.py): its one job is to connect
 a host's agent. Under a link: carriers.py (how an agent's channel is carried, a local pipe, an ssh connection or a
 connection back from a Slurm step, and how its failures are worded), connectback.py (the listener a
-job step's agents connect back to), framing.py (the channel's bytes cut into whole frames) and
+job step's agents connect back to), framing.py (the channel's bytes cut into whole frames),
+readingsframe.py (a host's readings frame checked where it comes in and parsed when asked for) and
 heldoutput.py (a child's output held in memory within a bound).
 """
 

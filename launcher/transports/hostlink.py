@@ -24,7 +24,6 @@ import base64
 import itertools
 import logging
 import os
-import re
 import threading
 import time
 from typing import TYPE_CHECKING, Callable
@@ -32,9 +31,10 @@ from typing import TYPE_CHECKING, Callable
 from ..agent.protocol import HEARTBEAT, MAX_FRAME, Command, Frame, Status, encode_fields, printable, write_some
 from ..cluster.tfconfig import TfConfig
 from ..records.trace import bound, run_trace, tracer
-from .base import Reading, ThreadTimes
+from .base import Reading
 from .carriers import Carrier
 from .framing import FrameReader, ProtocolError
+from .readingsframe import parse_readings, well_formed
 
 if TYPE_CHECKING:
     from .linkhub import LinkHub
@@ -50,13 +50,6 @@ HOST_OUTPUT_KEPT = 1 << 16  # what a host said outside any task, kept for the ta
 READ_SIZE = 1 << 20
 _IDS = itertools.count(1)  # ids of processes and requests, unique in this tflaunch
 _KINDS = frozenset(Frame.OF_HOST + Frame.OF_REQUEST)
-# A readings frame as the agent writes it (launcher.agent.sampling.readings): a line per task, ``id
-# rss_bytes cpu_seconds processes``, then for a watched task its threads' totals, 4, 6 or 7 words
-# (launcher.agent.threads.ThreadWatch.totals). Checked in one pass, where the frame comes in.
-_INT, _DEC = rb"-?[0-9]+", rb"-?[0-9]+\.[0-9]+"
-_READING = _INT + b" " + _INT + b" " + _DEC + b" " + _INT + \
-    b"(?: " + _INT + b" " + _DEC + b" " + _INT + b" " + _DEC + b"(?: " + _INT + b" " + _DEC + b"(?: " + _INT + b")?)?)?"
-READINGS_TEXT = re.compile(_READING + b"(?:\n" + _READING + b")*\n?")
 _KIND_NAMES = {kind: word.lower() for word, kind in vars(Frame).items() if isinstance(kind, bytes)}  # for the trace
 log = tracer("hostlink")
 
@@ -327,7 +320,7 @@ class AgentLink:
         """Keep the frame whole, checked but not parsed: the hub wakes for each host's frame, and
         parsing it there, line by line, cost more than everything else the hub does; whoever asks
         for a reading (:meth:`reading`) parses the newest frame once for all its processes."""
-        if READINGS_TEXT.fullmatch(payload) is None:
+        if not well_formed(payload):
             raise ProtocolError(f"read the readings {printable(payload)}, which are none of the agent's")
         self._newest = (payload, time.time())
 
@@ -338,25 +331,10 @@ class AgentLink:
             return None
         parsed = self._parsed
         if parsed[0] is not newest:
-            parsed = self._parsed = (newest, self._parse(*newest))  # two threads at once parse it twice, alike
+            # Two threads at once parse it twice, alike.
+            pids = {ident: process.pid for ident, process in list(self._processes.items())}
+            parsed = self._parsed = (newest, parse_readings(*newest, pids))
         return parsed[1].get(ident)
-
-    def _parse(self, payload: bytes, at: float) -> dict[int, Reading]:
-        found = {}
-        for line in payload.split(b"\n"):
-            words = line.split()
-            if not words:
-                continue
-            process = self._processes.get(int(words[0]))
-            if process is None:
-                continue
-            threads = None
-            if len(words) > 4:
-                gpu = (int(words[8]), float(words[9])) if len(words) >= 10 else (0, 0.0)
-                threads = ThreadTimes(int(words[4]), float(words[5]), int(words[6]), float(words[7]), *gpu,
-                                      gpu_stale=int(words[10]) if len(words) == 11 else 0)
-            found[process.id] = Reading(process.pid, int(words[1]), float(words[2]), int(words[3]), at, threads)
-        return found
 
     def heartbeat(self, now: float) -> None:
         if self.lost_reason is not None or self.closed:

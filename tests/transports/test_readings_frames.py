@@ -54,15 +54,16 @@ def feed(link: hostlink.AgentLink, payload: bytes) -> None:
     link.frames.feed(memoryview(b"".join(protocol.frame(Frame.READINGS, 0, payload))))
 
 
-def test_a_hosts_readings_are_parsed_once_for_all_its_tasks_by_the_first_reader(link):
+def test_a_hosts_readings_are_parsed_once_for_all_its_tasks_by_the_first_reader(link, monkeypatch):
     tasks = started(link, 3)
     threads = [None, watch(looks=7, stalled=3.5, cpu_looks=6, cpu_lost=0.25),
                watch(looks=9, stalled=1.0, cpu_looks=8, cpu_lost=0.5, gpu_looks=8, gpu_slowdown=0.125, gpu_stale=2)]
     processes = [SimpleNamespace(id=task.id, pid=os.getpid(), status=None, fields={}, threads=watched, tree=None)
                  for task, watched in zip(tasks, threads)]
     parsed = []
-    parse = link._parse
-    link._parse = lambda payload, at: parsed.append(payload) or parse(payload, at)
+    parse = hostlink.parse_readings
+    monkeypatch.setattr(hostlink, "parse_readings",
+                        lambda payload, at, pids: parsed.append(payload) or parse(payload, at, pids))
     feed(link, sampling.readings(processes))
     assert parsed == []  # the links' thread only checked it
     readings = [task.reading() for task in tasks]

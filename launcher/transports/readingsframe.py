@@ -1,0 +1,43 @@
+"""A readings frame as a host agent writes it (:func:`launcher.agent.sampling.readings`), on
+tflaunch's side: checked whole where it arrives, parsed once when a reading is asked for.
+
+A line per task, ``id rss_bytes cpu_seconds processes``, then for a watched task its threads'
+totals, 4, 6 or 7 words (:meth:`launcher.agent.threads.ThreadWatch.totals`).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Mapping
+
+from .base import Reading, ThreadTimes
+
+_INT, _DEC = rb"-?[0-9]+", rb"-?[0-9]+\.[0-9]+"
+_READING = _INT + b" " + _INT + b" " + _DEC + b" " + _INT + \
+    b"(?: " + _INT + b" " + _DEC + b" " + _INT + b" " + _DEC + b"(?: " + _INT + b" " + _DEC + b"(?: " + _INT + b")?)?)?"
+READINGS_TEXT = re.compile(_READING + b"(?:\n" + _READING + b")*\n?")
+
+
+def well_formed(payload: bytes) -> bool:
+    """Whether ``payload`` is a readings frame, line for line (one regular expression, one pass)."""
+    return READINGS_TEXT.fullmatch(payload) is not None
+
+
+def parse_readings(payload: bytes, at: float, pids: Mapping[int, int | None]) -> dict[int, Reading]:
+    """{process id: its :class:`Reading`} of a frame that is :func:`well_formed`, for the processes
+    of ``pids`` (process id on the link -> its pid, None while unknown); ``at``: when it came."""
+    found = {}
+    for line in payload.split(b"\n"):
+        words = line.split()
+        if not words:
+            continue
+        ident = int(words[0])
+        if ident not in pids:
+            continue
+        threads = None
+        if len(words) > 4:
+            gpu = (int(words[8]), float(words[9])) if len(words) >= 10 else (0, 0.0)
+            threads = ThreadTimes(int(words[4]), float(words[5]), int(words[6]), float(words[7]), *gpu,
+                                  gpu_stale=int(words[10]) if len(words) == 11 else 0)
+        found[ident] = Reading(pids[ident], int(words[1]), float(words[2]), int(words[3]), at, threads)
+    return found
