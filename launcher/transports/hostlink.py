@@ -332,8 +332,7 @@ class AgentLink:
         parsed = self._parsed
         if parsed[0] is not newest:
             # Two threads at once parse it twice, alike.
-            pids = {ident: process.pid for ident, process in list(self._processes.items())}
-            parsed = self._parsed = (newest, parse_readings(*newest, pids))
+            parsed = self._parsed = (newest, parse_readings(*newest, self._processes))
         return parsed[1].get(ident)
 
     def heartbeat(self, now: float) -> None:

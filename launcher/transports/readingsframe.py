@@ -8,7 +8,7 @@ totals, 4, 6 or 7 words (:meth:`launcher.agent.threads.ThreadWatch.totals`).
 from __future__ import annotations
 
 import re
-from typing import Mapping
+from typing import Mapping, Protocol
 
 from .base import Reading, ThreadTimes
 
@@ -23,21 +23,26 @@ def well_formed(payload: bytes) -> bool:
     return READINGS_TEXT.fullmatch(payload) is not None
 
 
-def parse_readings(payload: bytes, at: float, pids: Mapping[int, int | None]) -> dict[int, Reading]:
-    """{process id: its :class:`Reading`} of a frame that is :func:`well_formed`, for the processes
-    of ``pids`` (process id on the link -> its pid, None while unknown); ``at``: when it came."""
+class _Process(Protocol):
+    pid: int | None  # None while its agent has not said it
+
+
+def parse_readings(payload: bytes, at: float, processes: Mapping[int, _Process]) -> dict[int, Reading]:
+    """{process id: its :class:`Reading`} of a frame that is :func:`well_formed`, for those of
+    ``processes`` (by their id on the link) it names; ``at``: when it came."""
     found = {}
     for line in payload.split(b"\n"):
         words = line.split()
         if not words:
             continue
         ident = int(words[0])
-        if ident not in pids:
+        process = processes.get(ident)
+        if process is None:
             continue
         threads = None
         if len(words) > 4:
             gpu = (int(words[8]), float(words[9])) if len(words) >= 10 else (0, 0.0)
             threads = ThreadTimes(int(words[4]), float(words[5]), int(words[6]), float(words[7]), *gpu,
                                   gpu_stale=int(words[10]) if len(words) == 11 else 0)
-        found[ident] = Reading(pids[ident], int(words[1]), float(words[2]), int(words[3]), at, threads)
+        found[ident] = Reading(process.pid, int(words[1]), float(words[2]), int(words[3]), at, threads)
     return found

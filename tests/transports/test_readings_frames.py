@@ -63,7 +63,7 @@ def test_a_hosts_readings_are_parsed_once_for_all_its_tasks_by_the_first_reader(
     parsed = []
     parse = hostlink.parse_readings
     monkeypatch.setattr(hostlink, "parse_readings",
-                        lambda payload, at, pids: parsed.append(payload) or parse(payload, at, pids))
+                        lambda payload, at, processes: parsed.append(payload) or parse(payload, at, processes))
     feed(link, sampling.readings(processes))
     assert parsed == []  # the links' thread only checked it
     readings = [task.reading() for task in tasks]
