@@ -118,6 +118,7 @@ def launch(cluster: str | Path | Mapping[str, Any] | None = None, *, local: int 
            keepalive_timeout: float | None = None, on_straggler: str = RunOptions.on_straggler,
            straggler_timeout: float = RunOptions.straggler_timeout,
            straggler_warm_up: float = RunOptions.straggler_warm_up,
+           straggler_window: float = RunOptions.straggler_window,
            evaluator_timeout: float = RunOptions.evaluator_timeout, isolate_network: bool = False, no_seal: bool = False,
            log_max_size: int | str = RunOptions.log_max_size, no_check: bool = False, tasks: Iterable[str] | str | None = None,
            quiet: bool = False, verbose: bool = False, tensorboard: bool = False, debug: bool = False,
@@ -154,7 +155,7 @@ def launch(cluster: str | Path | Mapping[str, Any] | None = None, *, local: int 
                          cooldown=cooldown, start_timeout=start_timeout,
                          hang_timeout=hang_timeout, keepalive_timeout=keepalive_timeout,
                          on_straggler=on_straggler, straggler_timeout=straggler_timeout,
-                         straggler_warm_up=straggler_warm_up,
+                         straggler_warm_up=straggler_warm_up, straggler_window=straggler_window,
                          evaluator_timeout=evaluator_timeout,
                          isolate_network=isolate_network, no_seal=no_seal, no_check=no_check, tasks=tasks, quiet=quiet,
                          verbose=verbose, tensorboard=tensorboard, debug=debug, log_max_size=log_max_size)

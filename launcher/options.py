@@ -92,6 +92,10 @@ GRACE = AGENT_GRACE
 EVALUATOR_TIMEOUT = 300.0  # seconds an evaluator may go on after training succeeded
 STRAGGLER_TIMEOUT = 600.0  # seconds a straggler lasts before --on-straggler exclude leaves its host out
 STRAGGLER_WARM_UP = 60.0  # seconds of an attempt in which no straggler is named (start-up, graph building, caches)
+# Seconds of readings each judgement of the straggler rule weighs, and the least it takes: the
+# agents look at the threads ten times a window, so a shorter one costs them more looks.
+STRAGGLER_WINDOW = 20.0
+STRAGGLER_WINDOW_AT_LEAST = 5.0
 STRAGGLER_ACTIONS = ("warn", "exclude", "off")
 # A cluster file's max_restarts and restart_delay, when it does not set them (the options win over the file).
 MAX_RESTARTS = 0
@@ -187,6 +191,11 @@ class RunOptions:
         STRAGGLER_WARM_UP, metavar="S", parse=float,
         help="Seconds at the start of each attempt in which no straggler is named (TensorFlow starts up, builds its "
              "graphs and fills its caches then).")
+    straggler_window: float = _option(
+        STRAGGLER_WINDOW, metavar="S", parse=float,
+        help="Seconds of readings the straggler rule weighs at each judgement: a task is named once it stood out for "
+             "three quarters of it, and its end said once it was calm for half of it; the agents look at the tasks' "
+             f"threads ten times a window, so a shorter one names sooner and costs more (at least {STRAGGLER_WINDOW_AT_LEAST:g}).")
     evaluator_timeout: float = _option(
         EVALUATOR_TIMEOUT, metavar="S", parse=float,
         help="After training succeeds, seconds a running evaluator may take to finish its last evaluation "
@@ -237,6 +246,7 @@ class RunOptions:
             raise bad("on_straggler", " or ".join(STRAGGLER_ACTIONS), self.on_straggler)
         put(self, "straggler_timeout", seconds("straggler_timeout", self.straggler_timeout, positive=True))
         put(self, "straggler_warm_up", seconds("straggler_warm_up", self.straggler_warm_up))
+        put(self, "straggler_window", seconds("straggler_window", self.straggler_window, at_least=STRAGGLER_WINDOW_AT_LEAST))
         put(self, "tasks", _names(self.tasks))
         put(self, "log_max_size", size("log_max_size", self.log_max_size))
         for flag in ("isolate_network", "no_seal", "no_check", "quiet", "verbose", "tensorboard", "debug"):
@@ -277,11 +287,11 @@ def count(option: str, value: Any, least: int) -> int:
     return value
 
 
-def seconds(option: str, value: Any, positive: bool = False) -> float:
-    """A finite number of seconds, >= 0 or (``positive``) > 0."""
-    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0
-            or (positive and value == 0)):
-        raise bad(option, "a number of seconds " + ("> 0" if positive else ">= 0"), value)
+def seconds(option: str, value: Any, positive: bool = False, at_least: float = 0.0) -> float:
+    """A finite number of seconds, >= ``at_least`` (0 unless given) or (``positive``) > 0."""
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            or value < at_least or (positive and value == 0)):
+        raise bad(option, "a number of seconds " + ("> 0" if positive else f">= {at_least:g}"), value)
     return float(value)
 
 

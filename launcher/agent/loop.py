@@ -38,7 +38,7 @@ from .ending import EndingProcesses
 from .ports import HeldPorts
 from .protocol import (EOF_GRACE, HEARTBEAT, LOST_RUN, MAX_FRAME, SAMPLE, SYNC, Command, Frame, decode_fields, frame,
                        node_name, number, printable, read_some)
-from .sampling import look_gap, readings, until_sample
+from .sampling import LOOK_EVERY, look_gap, readings, until_sample
 from .starting import StartingProcesses
 from .trees import become_subreaper, handles, lead_session
 
@@ -257,8 +257,7 @@ class Agent(StartingProcesses, EndingProcesses):
             self.sample()
             self.next_sample = now + until_sample(self.sample_every, time.time(), sampled=True)
         if now >= self.next_look:
-            self.look()
-            self.next_look = now + look_gap()
+            self.next_look = now + look_gap(self.look())
         if self.setup_fd is not None and now >= self.next_setup_read:
             self.relay_setup()
             self.next_setup_read = now + TICK
@@ -365,10 +364,14 @@ class Agent(StartingProcesses, EndingProcesses):
             self.control.append(frame(Frame.READINGS, 0, payload))
 
     def look(self):
-        """A look at the threads of every watched task that runs (see :class:`.threads.ThreadWatch`)."""
+        """A look at the threads of every watched task that runs (see :class:`.threads.ThreadWatch`);
+        returns the seconds until the next, on average: the shortest its tasks asked for."""
+        every = None
         for process in self.processes.values():
             if process.threads is not None and process.status is None and process.pid is not None:
                 process.threads.look(process.tree or [process.pid])
+                every = min(every or process.look_every, process.look_every)
+        return every or LOOK_EVERY
 
 
 def main():

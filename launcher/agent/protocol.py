@@ -14,7 +14,7 @@ counts as a heartbeat, and tflaunch sends an empty one only after ``beat`` secon
   ``argv``, ``env``, ``cwd``, ``grace``, ``name``, ``output`` (a log file the process writes
   to directly; empty: its output is relayed over the channel), ``stdin`` (``pipe`` or ``null``)
   ``tf_config`` (``<cluster id> <role> <index>``: the agent sets TF_CONFIG from that cluster),
-  ``watch`` (``1``: its threads are watched for tflaunch's straggler rule, see :mod:`.threads`)
+  ``watch`` (seconds between looks at its threads, for tflaunch's straggler rule: :mod:`.threads`)
   and ``gpus`` (its GPUs, ``0,1``: read for that rule where NVML is present);
 - ``IN <id> <base64>`` and ``CLOSE <id>``: bytes for a helper's stdin, and its EOF;
 - ``PORTS <id> <n>``: pick n free TCP ports on this host and hold them (see :mod:`.ports`); a task

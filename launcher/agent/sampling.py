@@ -12,15 +12,15 @@ import random
 from .trees import descendants, stat_fields
 
 
-LOOK_EVERY = 2.0  # seconds between looks at a watched task's threads, on average (see look_gap)
+LOOK_EVERY = 2.0  # seconds between looks at a watched task's threads, on average, unless its task says
 
 
-def look_gap(draw=random.random):
-    """Seconds from one look at the threads to the next: LOOK_EVERY on average, drawn anew each time
+def look_gap(every=LOOK_EVERY, draw=random.random):
+    """Seconds from one look at the threads to the next: ``every`` on average, drawn anew each time
     between half and one and a half of it. Looks a fixed period apart alias with a training step's
     own period (2 s is five steps of 0.4 s): each look would find an input thread at the same point
     of its step, asleep at every look or at none, however long it sleeps per step."""
-    return LOOK_EVERY * (0.5 + draw())
+    return every * (0.5 + draw())
 
 
 def until_sample(every, wall, sampled=False):

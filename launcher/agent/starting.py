@@ -77,7 +77,9 @@ class Process(object):
         self.settle_until = None
         self.reported = False
         gpus = tuple(int(n) for n in (fields.get("gpus") or "").split(",") if n.isdigit())
-        self.threads = ThreadWatch(gpus) if fields.get("watch") == "1" else None
+        # Seconds between looks at its threads, for tflaunch's straggler rule; None: not watched.
+        self.look_every = number(fields.get("watch"))
+        self.threads = ThreadWatch(gpus) if self.look_every else None
         self.tree = []  # its process tree at the last sample
 
 

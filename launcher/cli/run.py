@@ -54,6 +54,7 @@ Examples:
 @run_option("on_straggler")
 @run_option("straggler_timeout")
 @run_option("straggler_warm_up")
+@run_option("straggler_window")
 @run_option("env", "-e")
 @run_option("evaluator_timeout")
 @run_option("tensorboard")

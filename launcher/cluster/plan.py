@@ -83,7 +83,8 @@ class TaskLaunch:
     # What that network lacks, as (why, fix): a sealed run's without outside network, an isolated
     # run's. A diagnosis names it when the task fails of a name or network error. Empty: nothing.
     offline: tuple[str, ...] = ()
-    watched: bool = False  # its agent watches its threads for the straggler rule
+    # Seconds between its agent's looks at its threads, for the straggler rule; None: not watched.
+    watch_every: float | None = None
 
     @property
     def connect_timeout(self) -> float:
@@ -108,7 +109,9 @@ class RunContext:
     run_dir: str
     attempt: int = 1
     backup_dir: str | None = None  # offered to the trainer as TFLAUNCH_BACKUP_DIR (restarts resume)
-    watch_stragglers: bool = False  # the agents watch the training tasks' threads (launcher/run/faults/stragglers.py)
+    # Seconds between the agents' looks at the training tasks' threads (launcher/run/faults/stragglers.py);
+    # None: not watched.
+    watch_every: float | None = None
 
 
 @dataclass(frozen=True)
@@ -158,7 +161,7 @@ def plan_cluster(
     ranks = rank_env(spec.tasks, host_of)
     legacy_keras = len(spec.tasks) > 1
     has_evaluator = bool(spec.role_tasks(Role.EVALUATOR))
-    watch = context.watch_stragglers and spec.synchronous  # once: it counts the cluster's tasks
+    watch = context.watch_every if spec.synchronous else None  # once: it counts the cluster's tasks
 
     launches = []
     secrets = _SecretNames()
@@ -212,7 +215,7 @@ def plan_cluster(
             env_sources=sources,
             hidden=secrets.secret_names(env) | frozenset(by_name),
             attempt=context.attempt,
-            watched=watch and task.role in TRAINING_ROLES,
+            watch_every=watch if task.role in TRAINING_ROLES else None,
         ))
     notes = []
     # The note applies where tflaunch chose legacy Keras for a Python program, not where the user did.

@@ -25,7 +25,7 @@ from .base import ExitStatus
 from .carriers import ProcessCarrier, spawn_carrier
 from .hostlink import AgentLink
 from .linkhub import HUB
-from .shipping import AGENT_BOOT, without_token
+from .shipping import AGENT_BOOT, watch_fields, without_token
 
 # The local agent's keep-alive timeout: tflaunch alive but no longer answering (wedged, suspended).
 KEEPALIVE_TIMEOUT = 30.0
@@ -71,8 +71,7 @@ class LocalTransport(AgentBackend):
         tf_config, env = tf_config_parts(launch.env)  # the link sends the cluster to the agent once
         return {"name": launch.name, "argv": list(launch.argv), "env": env, "tf_config": tf_config,
                 "cwd": launch.workdir, "grace": repr(float(self.grace)), "netns": " ".join(launch.netns) or None,
-                "watch": "1" if launch.watched else None,
-                "gpus": ",".join(map(str, launch.gpus)) if launch.watched and launch.gpus else None}
+                **watch_fields(launch)}
 
     def cannot_connect(self, exc: OSError) -> str:
         return f"cannot start the agent for this machine's tasks: {exc.strerror or exc}"

@@ -191,8 +191,15 @@ def task_fields(launch: TaskLaunch, grace: float, host_setup: str | None) -> dic
     return {"name": launch.name, "argv": argv, "env": env, "tf_config": tf_config, "cwd": launch.workdir,
             "grace": repr(float(grace)),
             "release": launch.address.rsplit(":", 1)[1],  # a port the agent picked and holds for it
-            "watch": "1" if launch.watched else None,
-            "gpus": ",".join(map(str, launch.gpus)) if launch.watched and launch.gpus else None}
+            **watch_fields(launch)}
+
+
+def watch_fields(launch: TaskLaunch) -> dict[str, str | None]:
+    """A task's fields for the straggler rule: ``watch``, the seconds between its agent's looks at
+    its threads, and the ``gpus`` whose clocks it reads; none for a task not watched."""
+    if not launch.watch_every:
+        return {"watch": None, "gpus": None}
+    return {"watch": repr(float(launch.watch_every)), "gpus": ",".join(map(str, launch.gpus)) or None}
 
 
 def without_token(environ: Mapping[str, str]) -> dict[str, str]:

@@ -60,6 +60,7 @@ BAD = [
     ("evaluator_timeout", True, "a number of seconds >= 0", "True"),
     ("restart_delay", -0.5, "a number of seconds >= 0", "-0.5"),
     ("straggler_warm_up", -5, "a number of seconds >= 0", "-5"),
+    ("straggler_window", 2, "a number of seconds >= 5", "2"),
     ("start_timeout", 0, "a number of seconds > 0", "0"),
     ("hang_timeout", float("inf"), "a number of seconds > 0", "inf"),
     ("max_restarts", -1, "a whole number >= 0", "-1"),
@@ -72,7 +73,7 @@ BAD = [
     ("env", {"A-B": "1"}, "variable names mapped to strings, or to None (passed by name)", "'A-B'"),
 ]
 CLI_NAMES = {"grace": "--grace", "evaluator_timeout": "--evaluator-timeout", "restart_delay": "--restart-delay",
-             "straggler_warm_up": "--straggler-warm-up",
+             "straggler_warm_up": "--straggler-warm-up", "straggler_window": "--straggler-window",
              "start_timeout": "--start-timeout", "hang_timeout": "--hang-timeout", "max_restarts": "--max-restarts",
              "threads": "--threads", "command": "the command after --", "tasks": "--tasks", "log_dir": "--log-dir",
              "env": "--env"}

@@ -561,3 +561,18 @@ def test_plan_does_not_read_the_process_environment(monkeypatch):
 def test_addresses_are_host_colon_port_strings():
     for launch in plan(BIG).launches:
         assert re.fullmatch(r"(\[[0-9a-f:]+\]|[\w.-]+):\d+", launch.address), launch.address
+
+
+def test_the_training_tasks_of_a_synchronous_cluster_are_watched_as_often_as_the_run_asks():
+    watching = RunContext(run_id="r", run_dir="/logs/r", watch_every=1.5)
+    lock_step = """
+        chief: [localhost:2221]
+        worker: [localhost:2222, localhost:2223]
+        evaluator: [localhost:2230]
+    """
+    watched = {name: launch.watch_every for name, launch in by_name(plan(lock_step, context=watching)).items()}
+    assert watched == {"chief-0": 1.5, "worker-0": 1.5, "worker-1": 1.5, "evaluator-0": None}
+    # Not with the rule off (no watch_every), nor in a ParameterServer cluster, whose workers keep
+    # no lock step for one to hold the others back.
+    assert {launch.watch_every for launch in plan(lock_step).launches} == {None}
+    assert {launch.watch_every for launch in plan(BIG, context=watching).launches} == {None}

@@ -86,11 +86,11 @@ def test_the_culprit_of_a_hang_across_joined_nodes_is_named_with_its_frame_and_b
 @pytest.mark.alone  # step times: nothing else may take the CPU
 def test_a_straggler_on_a_joined_node_is_named_once(testhosts, tmp_path):
     # worker-1's input thread sleeps 0.2 s per step, in lock step with worker-0 and worker-2: named
-    # once a window of readings shows it (about 20 s in on a quiet machine), of 60 s or so.
+    # once an 8 s window of readings shows it (about 14 s in on a quiet machine), of 35 s or so.
     nodes = Nodes(testhosts, tmp_path, nnodes=3)
     try:
-        extra = ("--straggler-warm-up", "2", "-e", "LOCKSTEP_INPUT_SLEEP=worker-1=0.2")
-        train = ("python", LOCKSTEP, "--epochs", "30", "--steps", "10", "--step-seconds", "0.1")
+        extra = ("--straggler-warm-up", "2", "--straggler-window", "8", "-e", "LOCKSTEP_INPUT_SLEEP=worker-1=0.2")
+        train = ("python", LOCKSTEP, "--epochs", "14", "--steps", "10", "--step-seconds", "0.1")
         owner = nodes.start(0, *train, extra=extra)
         nodes.start(1, *train)
         nodes.start(2, *train)

@@ -284,9 +284,10 @@ def test_ctrl_c_while_the_group_waits_to_be_placed_ends_at_once_and_removes_it(r
 def test_a_straggler_on_a_ray_node_is_named_once_with_its_node(raycluster, tflaunch):
     # worker-1's input thread sleeps 0.2 s per step, in lock step with worker-0 and worker-2 on
     # Ray nodes of their own: its agent, run by its actor, watches its threads as over ssh.
-    done = tflaunch.run(*ray_args(raycluster, 3), "--straggler-warm-up", "2",
+    # An 8 s window: named about 14 s in, of a run of 35 s or so.
+    done = tflaunch.run(*ray_args(raycluster, 3), "--straggler-warm-up", "2", "--straggler-window", "8",
                         "--env", "LOCKSTEP_INPUT_SLEEP=worker-1=0.2", "--",
-                        "python", LOCKSTEP, "--epochs", "30", "--steps", "10", "--step-seconds", "0.1", timeout=240)
+                        "python", LOCKSTEP, "--epochs", "14", "--steps", "10", "--step-seconds", "0.1", timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     hosts = {t["name"]: t["host"] for t in done.record["tasks"]}
     lines = done.stderr.splitlines()

@@ -55,7 +55,7 @@ def start_watched(host: Host, name: str) -> AgentTask:
     task = AgentTask(host.link, name, None, host.logs)
     task.log_file = str(log)
     host.link.start(task, {"name": name, "argv": ["python3", "-c", SLEEPER], "env": {}, "cwd": None, "grace": 2.0,
-                           "output": str(log), "watch": "1", "gpus": "0"})
+                           "output": str(log), "watch": "2.0", "gpus": "0"})
     return task
 
 

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from ...cluster.ranks import TRAINING_ROLES
+from ...options import STRAGGLER_WINDOW
 from ...records.folder import iso_time
 from ...records.record import StragglerRecord
 from ...records.states import TaskState, clock_text
@@ -52,9 +53,11 @@ from .readings import TaskReadings
 log = tracer("stragglers")
 
 # Seconds of readings a task's figures are taken over: each half holds several looks at its threads
-# (one every 1 to 3 s) and mostly a census of its CPU (every five looks: launcher/agent/threads.py);
-# a half without one takes the census before it (figures_over).
-WINDOW = 20.0
+# (a tenth of a window apart on average, drawn between half and one and a half of that) and mostly
+# a census of its CPU (every five looks: launcher/agent/threads.py); a half without one takes the
+# census before it (figures_over).
+WINDOW = STRAGGLER_WINDOW  # the default; --straggler-window sets a run's
+LOOKS_PER_WINDOW = 10  # the agents' looks at a watched task's threads in a window: 2 s apart by default
 CONFIRM_SHARE = 0.2
 CONFIRM_PART = 0.75  # of the window: how long a task stands out before it is named
 CONFIRM_FOR = CONFIRM_PART * WINDOW
@@ -66,6 +69,12 @@ READINGS_EVERY = 1.0  # the readings come every second at the most: judging more
 CAUSES = {"stall": "its threads sleep or wait for a disk (its input pipeline?)",
           "gpu": "its GPU runs throttled, below its peak clock (power cap, heat or a hardware slowdown?)",
           "cpu": "others take its CPUs while it waits for one, or its CPU quota holds it back"}
+
+
+def look_every(window: float) -> float:
+    """Seconds between the agents' looks at a watched task's threads, on average, for a rule that
+    weighs ``window`` seconds of readings: :data:`LOOKS_PER_WINDOW` looks a window, whatever its length."""
+    return window / LOOKS_PER_WINDOW
 
 
 class Figures(NamedTuple):

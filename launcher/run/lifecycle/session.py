@@ -42,7 +42,7 @@ from ..output.pump import OutputPump
 from ..console.chatter import meaningful
 from ..output.resources import ResourceSampler
 from .signals import Signals
-from ..faults.stragglers import StragglerWatch, status_words
+from ..faults.stragglers import StragglerWatch, look_every, status_words
 from ..faults.stacks_server import ControlServer
 from .supervisor import Pacing, Supervisor
 from .task import AttemptResult, Task, Trip, reason_head
@@ -286,7 +286,8 @@ class RunSession:
         restarts = self.backup or restarts_possible(self.options.max_restarts, self.spec.restart_policy)
         backup = str(run_dir / BACKUP) if restarts else None
         return self.plan_attempt(RunContext(self.folder.run_id, str(run_dir), attempt, backup_dir=backup,
-                                            watch_stragglers=self.options.on_straggler != "off"),
+                                            watch_every=None if self.options.on_straggler == "off"
+                                            else look_every(self.options.straggler_window)),
                                  self.pool.placement.spec)
 
     # -- one attempt ----------------------------------------------------------------------
@@ -346,7 +347,7 @@ class RunSession:
     def _straggler_watch(self, plan: Plan, attempt: int) -> StragglerWatch | None:
         """The straggler rule for the attempt, where its training tasks' threads are watched."""
         self._excluding = None
-        if not any(launch.watched for launch in plan.launches):
+        if not any(launch.watch_every for launch in plan.launches):
             return None
         earlier = list(self.record.stragglers)
         by_name = {launch.name: launch for launch in plan.launches}
@@ -368,7 +369,7 @@ class RunSession:
         exclude_after = self.options.straggler_timeout if self.options.on_straggler == "exclude" else None
         return StragglerWatch(attempt, {l.name: l.host for l in plan.launches}, self.message, changed,
                               exclude_after=exclude_after, excludable=excludable,
-                              warm_up=self.options.straggler_warm_up)
+                              warm_up=self.options.straggler_warm_up, window=self.options.straggler_window)
 
     def _check_logging(self) -> Trip | None:
         """Stop the attempt when the run's files could not be written (a full disk)."""

@@ -204,9 +204,9 @@ def test_looks_drawn_apart_see_an_input_thread_asleep_as_often_as_it_sleeps_what
     draws, at, seen = random.Random(7), 0.03, []
     for _ in range(500):
         seen.append(asleep(at))
-        at += sampling.look_gap(draws.random)
+        at += sampling.look_gap(draw=draws.random)
     assert 0.72 <= sum(seen) / len(seen) <= 0.88
-    gaps = [sampling.look_gap(draws.random) for _ in range(2000)]
+    gaps = [sampling.look_gap(draw=draws.random) for _ in range(2000)]
     assert 0.5 * sampling.LOOK_EVERY <= min(gaps) and max(gaps) <= 1.5 * sampling.LOOK_EVERY
     assert abs(sum(gaps) / len(gaps) - sampling.LOOK_EVERY) < 0.05  # the looks' cost is as before
 
@@ -561,12 +561,12 @@ def first_batch(tflaunch, tasks: int, timeout: float = 240) -> float:
 def test_a_worker_whose_input_sleeps_is_named_among_three_and_its_end_is_said(tflaunch):
     # Real MultiWorkerMirroredStrategy workers; fit is called once per epoch, so every epoch's input
     # iterator runs the generator on new tf.data threads (the harder case: the work hops between
-    # threads). Named about 30 s in. 2000 steps: room after the recovery (at 50 s)
+    # threads). A 10 s window: named about 25 s in. 1000 steps: room after the recovery (at 40 s)
     # for the end to be said; the recovered task, now the one whose input sets the pace, keeps a
     # share that flickers between 0.1 and 0.2 for a while.
-    proc = tflaunch.start("--local", "3", "--debug", "--straggler-warm-up", "5", "--",
-                          "python", PROGRAM, "--steps", "2000", "--epoch-steps", "50", "--rebuild-each-epoch",
-                          "--pace", "0.03", "--slow", "worker-2", "--sleep", "0.3", "--recover-after", "50")
+    proc = tflaunch.start("--local", "3", "--debug", "--straggler-warm-up", "5", "--straggler-window", "10", "--",
+                          "python", PROGRAM, "--steps", "1000", "--epoch-steps", "50", "--rebuild-each-epoch",
+                          "--pace", "0.03", "--slow", "worker-2", "--sleep", "0.3", "--recover-after", "40")
     training = first_batch(tflaunch, 3)
     confirmed = wait_for(lambda: straggler_lines(tflaunch.merged_text()) or None, timeout=120,
                          message="the straggler line")
@@ -576,7 +576,7 @@ def test_a_worker_whose_input_sleeps_is_named_among_three_and_its_end_is_said(tf
     assert 0.3 <= record["stragglers"][0]["share"] <= 1.0
     assert "worker-2 on localhost holds the others back" in confirmed[0]
     print(f"confirmed {said_at - training:.1f} s after training began")
-    assert said_at - training < 50  # before it recovers: the short warm-up, half the window, then CONFIRM_FOR
+    assert said_at - training < 40  # before it recovers: the short warm-up, half the window, then 3/4 of it
     status = tflaunch.run("status")
     assert "straggler: worker-2 on localhost held the others back since" in status.stdout, status.stdout
     console = console_of(proc, timeout=360)
@@ -614,9 +614,10 @@ while time.monotonic() < end:''')
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_a_straggler_named_during_the_run_is_in_the_closing_summary(tflaunch):
-    # The short warm-up: named about 25 s in (half a window of readings, then CONFIRM_FOR).
-    done = tflaunch.run("--local", "3", "--straggler-warm-up", "2", "--", sys.executable, "-c", STAND_IN, "50",
-                        timeout=150)
+    # The short warm-up and an 8 s window: named about 12 s in (half a window of readings, then
+    # three quarters of one), in a run of 30 s.
+    done = tflaunch.run("--local", "3", "--straggler-warm-up", "2", "--straggler-window", "8", "--",
+                        sys.executable, "-c", STAND_IN, "30", timeout=150)
     assert done.returncode == 0, done.stderr[-3000:]
     named = [line for line in done.stderr.splitlines() if "holds the others back" in line]
     assert len(named) == 1 and "tflaunch: straggler: worker-2 on localhost" in named[0], done.stderr[-3000:]
@@ -630,10 +631,12 @@ def test_a_straggler_named_during_the_run_is_in_the_closing_summary(tflaunch):
 @pytest.mark.alone  # step times: nothing else may take the CPU
 @pytest.mark.timeout(150)
 def test_a_worker_whose_input_sleeps_is_named_among_two_in_lock_step(tflaunch):
-    # The stand-in in lock step, worker-1's input sleeping 0.2 s per batch of a 0.1 s step: named
-    # about 35 s in (half a window of readings, then CONFIRM_FOR), in a run of about 45 s.
-    done = tflaunch.run("--local", "2", "--straggler-warm-up", "2", "-e", "LOCKSTEP_INPUT_SLEEP=worker-1=0.2", "--",
-                        "python", LOCKSTEP, "--epochs", "22", "--steps", "10", "--step-seconds", "0.1", timeout=120)
+    # The stand-in in lock step, worker-1's input sleeping 0.2 s per batch of a 0.1 s step, an 8 s
+    # window: named about 15 s in (half a window of readings, then three quarters of one), in a
+    # run of about 25 s.
+    done = tflaunch.run("--local", "2", "--straggler-warm-up", "2", "--straggler-window", "8",
+                        "-e", "LOCKSTEP_INPUT_SLEEP=worker-1=0.2", "--",
+                        "python", LOCKSTEP, "--epochs", "12", "--steps", "10", "--step-seconds", "0.1", timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     named = [line for line in done.stderr.splitlines() if "holds the others back" in line]
     assert len(named) == 1 and "tflaunch: straggler: worker-1 on localhost" in named[0], done.stderr[-3000:]
@@ -685,12 +688,17 @@ if child:
 """
 
 
+# The pinned runs' window: an 8 s one names a task about 12 s in (the warm-up, half a window,
+# three quarters of one), so a run of 30 s judges them for over two windows after that.
+WINDOW_OF_PINNED = 8
+
+
 def pinned_run(tflaunch, seconds: float, neighbour: bool = False, quota: CpuQuota | None = None) -> tuple[str, dict]:
     """Two BUSY tasks for ``seconds``, each pinned to a CPU of its own, with ``neighbour`` a program
     outside the run spinning on worker-1's CPU from the start, or worker-1 held by ``quota``."""
     cpus = sorted(os.sched_getaffinity(0))[:2]
-    proc = tflaunch.start("--local", "2", "--debug", "--straggler-warm-up", "2", "--",
-                          sys.executable, "-c", BUSY, str(seconds))
+    proc = tflaunch.start("--local", "2", "--debug", "--straggler-warm-up", "2", "--straggler-window", str(WINDOW_OF_PINNED),
+                          "--", sys.executable, "-c", BUSY, str(seconds))
     spinner = None
     try:
         wait_for(tflaunch.latest_run, timeout=30, message="the run folder")
@@ -723,7 +731,7 @@ def pinned_run(tflaunch, seconds: float, neighbour: bool = False, quota: CpuQuot
 @pytest.mark.timeout(200)
 @needs_two_cpus
 def test_two_pinned_workers_without_a_neighbour_name_no_one(tflaunch):
-    console, record = pinned_run(tflaunch, seconds=60)
+    console, record = pinned_run(tflaunch, seconds=30)
     assert straggler_lines(console) == [] and record["stragglers"] == [], console[-3000:]
 
 
@@ -732,7 +740,7 @@ def test_two_pinned_workers_without_a_neighbour_name_no_one(tflaunch):
 @pytest.mark.timeout(200)
 @needs_two_cpus
 def test_a_worker_sharing_its_cpu_with_a_busy_program_is_named(tflaunch):
-    console, record = pinned_run(tflaunch, seconds=60, neighbour=True)
+    console, record = pinned_run(tflaunch, seconds=30, neighbour=True)
     lines = straggler_lines(console)
     assert lines and "worker-1 on localhost holds the others back" in lines[0], console[-3000:]
     assert "others take its CPUs while it waits for one" in lines[0]
@@ -748,7 +756,7 @@ def test_a_worker_sharing_its_cpu_with_a_busy_program_is_named(tflaunch):
 def test_a_worker_its_cpu_quota_holds_back_is_named(tflaunch):
     quota = CpuQuota(0.3)
     try:
-        console, record = pinned_run(tflaunch, seconds=60, quota=quota)
+        console, record = pinned_run(tflaunch, seconds=30, quota=quota)
     finally:
         quota.remove()
     lines = straggler_lines(console)
