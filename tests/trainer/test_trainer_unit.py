@@ -391,6 +391,30 @@ def test_digits_split_is_fixed():
     assert set(np.unique(first.y_train)) == set(range(10))
 
 
+def test_the_digits_and_their_scaling_are_scikit_learns_without_its_import(monkeypatch):
+    from sklearn.datasets import load_digits
+    from sklearn.preprocessing import StandardScaler
+
+    theirs = load_digits()
+    ours = data.load_digits()
+    np.testing.assert_array_equal(ours.x_train, theirs.images.astype(np.float32))
+    np.testing.assert_array_equal(ours.y_train, theirs.target.astype(np.int32))
+    assert ours.x_train.dtype == np.float32 and ours.y_train.dtype == np.int32
+    # Where the file is not in its place, scikit-learn's loader gives the same.
+    monkeypatch.setattr(data, "_digits_file", lambda: None)
+    fallback = data.load_digits()
+    np.testing.assert_array_equal(fallback.x_train, ours.x_train)
+    np.testing.assert_array_equal(fallback.y_train, ours.y_train)
+    # Scaled as StandardScaler scales, constant pixels (the digits' corners are always 0) centred only.
+    x = ours.x_train
+    scaled = data.fit_scaler(x[:1200])(x)
+    expected = StandardScaler().fit(x[:1200].reshape(1200, -1)).transform(x.reshape(len(x), -1))
+    np.testing.assert_allclose(scaled.reshape(len(x), -1), expected, atol=1e-5)
+    assert scaled.dtype == np.float32 and scaled.shape == (1797, 8, 8, 1)
+    constant = np.full((10, 2, 2), 5.0, np.float32)
+    np.testing.assert_array_equal(data.fit_scaler(constant)(constant), np.zeros((10, 2, 2, 1), np.float32))
+
+
 def test_synthetic():
     splits = data.load(DatasetSpec("synthetic", size=100))
     assert splits.input_shape == (28, 28, 1)
