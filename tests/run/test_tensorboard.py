@@ -182,6 +182,9 @@ def test_tensorboard_beside_a_run_moves_to_the_next_port_when_another_takes_its_
         first = wait_for(lambda: servers_under(tmp_path), timeout=60, interval=0.02, message="TensorBoard to start")[0]
         argv = first.info["cmdline"]
         taken = int(argv[argv.index("--port") + 1])
+        # As a server binds (tflaunch's check and TensorBoard's both do): an earlier test's connections
+        # to the same port may still be in TIME_WAIT, which is no clash for a server.
+        taker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         taker.bind(("127.0.0.1", taken))
         taker.listen()
         line = wait_for_line(out, "TensorBoard at", proc)
