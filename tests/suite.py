@@ -17,7 +17,10 @@ fixes the order the tests are handed out in, not which worker runs each. The tie
 (:data:`STAGES`) run at the same time, each in a pytest process of its own, its output shown whole
 when it ends; the tiers in :data:`BESIDE` start once the unit tier ended and run beside every stage after it.
 The tests marked ``alone`` (they measure CPU shares or time what they start) of every tier wait in
-one queue, run after every tier ended, one at a time, with nothing beside them.
+one queue and run one at a time: where this process may make a CPU cgroup (:class:`Favoured`, cgroup
+v1's ``cpu`` controller, as root), beside the stages from the end of the first, their processes
+favoured for the CPU over everything else the suite runs; elsewhere after every tier ended, with
+nothing beside them.
 Each tier's time and outcome are printed as it ends (after its slowest tests), then the
 :data:`SLOWEST` slowest tests of the whole suite, and a table with the suite's whole time. The exit
 code is 0 when every tier passed (a tier with no test passes), else 1.
@@ -36,7 +39,7 @@ import time
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
-from tiers import ALONE_EXPRESSION, ALONE_FILE, HEAVY_MARKERS
+from tiers import HEAVY_MARKERS
 
 ROOT = Path(__file__).resolve().parents[1]
 # (name, markers): a test runs in the first tier whose expression it matches.
@@ -71,8 +74,14 @@ STAGES = (("unit",), ("fast",), ("processes", "ssh"), ("tensorflow",), ("rest",)
 BESIDE = ("project", "slurm", "ray")
 BESIDE_AFTER = 1
 # A test that measures CPU shares or times what it starts against a bound: every tier leaves such
-# tests out, and they run in one queue after every tier ended, one at a time, with nothing beside them.
+# tests out, and they run in one queue, one at a time, either favoured for the CPU beside the stages
+# (FAVOURED_SHARES) or, where no cgroup can favour them, after every tier ended, with nothing beside them.
 ALONE = "alone"
+# cgroup v1's highest cpu.shares, against the 1,024 of each thread outside the cgroup: a test of the
+# queue gets a core whenever it asks while a dozen threads of the other tiers want both (262,144 to
+# 12 x 1,024: 95 %), and the other tiers use whatever it leaves. The queue took 351 s after the tiers
+# in CI, with under half of the two cores busy.
+FAVOURED_SHARES = 262144
 NO_TESTS = 5  # pytest's exit code when no test was selected
 SLOWEST = 15  # each tier, and then the suite, ends with its slowest tests: where the suite's time goes
 
@@ -111,10 +120,63 @@ def passed(code: int) -> bool:
     return code in (0, NO_TESTS)
 
 
-def parts(stage: tuple[str, ...]) -> list[tuple[str, str, str]]:
-    """The pytest runs of one stage's tiers, as (tier, marker expression, the expression of its tests
-    that wait in the queue of tests that run alone)."""
-    return [(name, f"{expressions()[name]} and not {ALONE}", f"{expressions()[name]} and {ALONE}") for name in stage]
+def parts(stage: tuple[str, ...]) -> list[tuple[str, str]]:
+    """The pytest runs of one stage's tiers, as (tier, marker expression): each leaves out its tests
+    that wait in the queue of tests that run alone."""
+    return [(name, f"{expressions()[name]} and not {ALONE}") for name in stage]
+
+
+def alone_expression(chosen: list[str]) -> str:
+    """The marker expression of the queue of tests that run alone: those of the chosen tiers."""
+    return f"{ALONE} and ({' or '.join(f'({expressions()[name]})' for name, _ in TIERS if name in chosen)})"
+
+
+class Favoured:
+    """A cgroup under cgroup v1's CPU controller, made beside this process's own, whose processes get
+    the CPU before any other of the suite's (:data:`FAVOURED_SHARES`): the queue of tests that run
+    alone runs there, as if nothing ran beside it."""
+
+    def __init__(self, mount: Path, own: str):
+        self.parent = mount / own.lstrip("/")
+        self.folder = self.parent / f"tflaunch-suite-{os.getpid()}"
+        self.folder.mkdir()
+        (self.folder / "cpu.shares").write_text(str(FAVOURED_SHARES))
+
+    @classmethod
+    def make(cls, cgroups: str = "/proc/self/cgroup", root: Path = Path("/sys/fs/cgroup")) -> "Favoured | None":
+        """One, or None where there is no v1 CPU controller this process may write to (cgroup v2 only,
+        not root, a read-only /sys in a container)."""
+        try:
+            lines = Path(cgroups).read_text().splitlines()
+        except OSError:
+            return None
+        for line in lines:
+            parts = line.split(":", 2)
+            if len(parts) == 3 and "cpu" in parts[1].split(","):
+                mount = root / parts[1]
+                if not (mount / "cpu.shares").exists():
+                    return None
+                try:
+                    return cls(mount, parts[2])
+                except OSError:
+                    return None
+        return None
+
+    def argv(self, argv: list[str]) -> list[str]:
+        """``argv`` started in the cgroup: the shell moves itself in, then execs it (same pid)."""
+        return ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(self.folder / "cgroup.procs"), *argv]
+
+    def remove(self) -> None:
+        """The cgroup gone, any process a test left there (a daemon) moved back beside this one's."""
+        try:
+            for pid in (self.folder / "cgroup.procs").read_text().split():
+                try:
+                    (self.parent / "cgroup.procs").write_text(pid)
+                except OSError:
+                    pass  # it ended meanwhile
+            self.folder.rmdir()
+        except OSError as exc:
+            print(f"the suite's cgroup {self.folder} could not be removed: {exc}", flush=True)
 
 
 def slowest(reports: list[tuple[str, Path]], count: int = SLOWEST) -> tuple[list[tuple[float, str, str]], list[str]]:
@@ -135,11 +197,10 @@ def slowest(reports: list[tuple[str, Path]], count: int = SLOWEST) -> tuple[list
 
 class TierRun:
     """One pytest run of a tier's tests (or of the queue of tests that run alone, named :data:`ALONE`),
-    its output to this terminal or held until it ends. ``alone`` is the expression of the tier's tests
-    that it leaves out, to run alone after every tier: their ids are in :attr:`left_alone` once it ended."""
+    its output to this terminal or held until it ends, in the cgroup ``favoured`` when one is given."""
 
     def __init__(self, name: str, selection: list[str], seed: int, passed_on: list[str], *, held: bool = False,
-                 workers: int = 0, alone: str | None = None):
+                 workers: int = 0, favoured: Favoured | None = None):
         self.name = name
         if name == ALONE:
             what = "the tests of every tier that run alone, one at a time"
@@ -152,24 +213,18 @@ class TierRun:
         if not held:
             print(f"\n{self.heading}", flush=True)
         env = tier_environment()
-        self.alone_file = None
-        if alone is not None:
-            handle, self.alone_file = tempfile.mkstemp(prefix="tflaunch-suite-alone-")
-            os.close(handle)
-            env.update({ALONE_FILE: self.alone_file, ALONE_EXPRESSION: alone})
         handle, report = tempfile.mkstemp(prefix="tflaunch-suite-junit-", suffix=".xml")
         os.close(handle)
         self.report = Path(report)
         self.started = time.monotonic()
         # loadgroup: the tests of one xdist_group (those that share one run) go to one worker.
         in_workers = ["-n", str(workers), "--dist", "loadgroup"] if workers else []
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "pytest", "-p", "randomly", f"--randomly-seed={seed}", *in_workers, *selection,
-             f"--durations={SLOWEST}", f"--junitxml={report}", *passed_on], cwd=ROOT, env=env, stdout=self.output,
-            stderr=subprocess.STDOUT if held else None)
+        argv = [sys.executable, "-m", "pytest", "-p", "randomly", f"--randomly-seed={seed}", *in_workers, *selection,
+                f"--durations={SLOWEST}", f"--junitxml={report}", *passed_on]
+        self.process = subprocess.Popen(favoured.argv(argv) if favoured else argv, cwd=ROOT, env=env,
+                                        stdout=self.output, stderr=subprocess.STDOUT if held else None)
         self.took = 0.0
         self.cpu = 0.0  # CPU seconds of its pytest process and every process of it that was waited for
-        self.left_alone: list[str] = []
         # A tier beside the stages is waited for only after them: its time is stamped as it ends.
         self.ended: float | None = None
         self.exited = threading.Event()  # set once its process ended, and was reaped
@@ -194,29 +249,31 @@ class TierRun:
             sys.stdout.buffer.write(self.output.read())
             sys.stdout.flush()
             self.output.close()
-        if self.alone_file is not None:
-            self.left_alone = Path(self.alone_file).read_text().split()
-            os.unlink(self.alone_file)
         outcome = "passed" if passed(code) else f"FAILED (exit {code})"
         print(f"=== tier {self.name}: {outcome} in {self.took:.0f} s ({self.cpu:.0f} s of CPU)", flush=True)
         return code
 
 
 def start_stage(stage: tuple[str, ...], seed: int, passed_on: list[str], held: bool) -> list[TierRun]:
-    return [TierRun(name, ["-m", expression], seed, passed_on, held=held, workers=WORKERS.get(name, 0), alone=alone)
-            for name, expression, alone in parts(stage)]
+    return [TierRun(name, ["-m", expression], seed, passed_on, held=held, workers=WORKERS.get(name, 0))
+            for name, expression in parts(stage)]
 
 
-def run_suite(chosen: list[str], seed: int, passed_on: list[str]) \
+def run_suite(chosen: list[str], seed: int, passed_on: list[str], favoured: Favoured | None = None) \
         -> tuple[list[tuple[str, int, float, float]], list[TierRun]]:
     """Every chosen tier: the stages one after the other, the tiers beside them started once the first
-    :data:`BESIDE_AFTER` stages ended, then
-    the queue of tests that run alone. Returns (tier, exit code, time, CPU) per tier, ``alone`` last, and the runs."""
+    :data:`BESIDE_AFTER` stages ended, and the queue of tests that run alone, started then too in the
+    cgroup ``favoured``, or without one after every tier ended. Returns (tier, exit code, time, CPU) per
+    tier, ``alone`` last, and the runs."""
     beside: list[TierRun] = []
     runs: list[TierRun] = []
+    alone = None
+    queue = ["-m", alone_expression(chosen)]
     for number, stage in enumerate(STAGES):
         if number == BESIDE_AFTER:
             beside = start_stage(tuple(name for name in BESIDE if name in chosen), seed, passed_on, held=True)
+            if favoured is not None:
+                alone = TierRun(ALONE, queue, seed, passed_on, held=True, favoured=favoured)
         tiers = tuple(name for name in stage if name in chosen and name not in BESIDE)
         if tiers:
             started = start_stage(tiers, seed, passed_on, held=len(tiers) > 1)
@@ -226,13 +283,11 @@ def run_suite(chosen: list[str], seed: int, passed_on: list[str]) \
     for run in beside:
         run.wait()
     runs += beside
-    results = {run.name: (run.process.returncode, run.took, run.cpu) for run in runs}
-    queue = [nodeid for name, _ in TIERS for run in runs if run.name == name for nodeid in run.left_alone]
-    if queue:
+    if alone is None:
         alone = TierRun(ALONE, queue, seed, passed_on)
-        alone.wait()
-        runs.append(alone)
-        results[ALONE] = (alone.process.returncode, alone.took, alone.cpu)
+    alone.wait()
+    runs.append(alone)
+    results = {run.name: (run.process.returncode, run.took, run.cpu) for run in runs}
     order = [name for name, _ in TIERS] + [ALONE]
     return [(name, *results[name]) for name in order if name in results], runs
 
@@ -251,7 +306,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"test order seed {seed} (again: python tests/suite.py --seed {seed})", flush=True)
     started = time.monotonic()
     write_caches()
-    results, runs = run_suite(chosen, seed, passed_on)
+    favoured = Favoured.make()
+    print("the tests that run alone: " + (f"beside the stages, favoured for the CPU (cgroup {favoured.folder})"
+                                          if favoured else "after every tier (no CPU cgroup to favour them in)"),
+          flush=True)
+    try:
+        results, runs = run_suite(chosen, seed, passed_on, favoured)
+    finally:
+        if favoured is not None:
+            favoured.remove()
     print(f"\n=== the {SLOWEST} slowest tests of the suite")
     found, unread = slowest([(run.name, run.report) for run in runs])
     for took, tier, test_id in found:

@@ -24,10 +24,6 @@ from pathlib import Path
 
 import pytest
 
-# tests/suite.py runs a tier's tests that must run alone after its others: the run of the others
-# writes the ids of those (the tests the expression in ALONE_EXPRESSION selects) to ALONE_FILE.
-ALONE_FILE = "TFLAUNCH_SUITE_ALONE_FILE"
-ALONE_EXPRESSION = "TFLAUNCH_SUITE_ALONE_EXPRESSION"
 NOT_UNIT_MARKERS = ("slow", "tensorflow", "ssh", "slurm", "ray", "gpu")
 HEAVY_MARKERS = ("slow", "ssh", "slurm", "ray", "tensorflow")  # the fast tier is the tests with none of these
 TENSORFLOW_MODULES = ("tensorflow", "tf_keras", "keras")
@@ -81,23 +77,6 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         mark = "unit" if item.get_closest_marker("unit") is not None else "project"
         pytest.fail(f"{item.nodeid} is marked {mark} (pure logic, no TensorFlow, ssh, Slurm or tflaunch run) but is "
                     f"also {', '.join(conflicts)}: drop the {mark} mark or move the test", pytrace=False)
-
-
-@pytest.hookimpl(tryfirst=True)  # before -m deselects them
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # Taken out of the environment: a pytest that a test starts must not write over the list.
-    path, selected = os.environ.pop(ALONE_FILE, None), os.environ.pop(ALONE_EXPRESSION, None)
-    if not path or not selected:
-        return
-    from _pytest.mark import MarkMatcher
-    from _pytest.mark.expression import Expression
-
-    expression = Expression.compile(selected)
-    alone = [item.nodeid for item in items if expression.evaluate(MarkMatcher.from_markers(item.iter_markers()))]
-    written = f"{path}.{os.getpid()}"  # pytest-xdist's workers each collect, and write the same ids
-    with open(written, "w") as out:
-        out.write("".join(f"{nodeid}\n" for nodeid in alone))
-    os.replace(written, path)
 
 
 def _handlers() -> dict[str, object]:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import os
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -11,8 +14,8 @@ import pytest
 from _pytest.mark.expression import Expression
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from suite import (ALONE, BESIDE, BESIDE_AFTER, SLOWEST, STAGES, TIERS, WORKERS, TierRun, expressions, main, parts,  # noqa: E402
-                   slowest, tier_environment)
+from suite import (ALONE, BESIDE, BESIDE_AFTER, FAVOURED_SHARES, SLOWEST, STAGES, TIERS, WORKERS, Favoured,  # noqa: E402
+                   TierRun, alone_expression, expressions, main, parts, slowest, tier_environment)
 
 pytestmark = pytest.mark.project
 MARKERS = ("unit", "project", "slow", "tensorflow", "ssh", "slurm", "gpu")
@@ -63,13 +66,22 @@ def test_every_tier_runs_in_one_stage_or_beside_them_in_the_tiers_order():
 
 def test_every_tier_leaves_its_alone_tests_to_one_queue():
     (unit,) = parts(("unit",))
-    assert unit == ("unit", f"{expressions()['unit']} and not alone", f"{expressions()['unit']} and alone")
+    assert unit == ("unit", f"{expressions()['unit']} and not alone")
     assert "unit" in WORKERS
     ssh, slurm = parts(("ssh", "slurm"))
-    assert ssh[1] == f"{expressions()['ssh']} and not alone" and slurm[2] == f"{expressions()['slurm']} and alone"
-    (rest,) = parts(("rest",))
-    assert rest == ("rest", f"{expressions()['rest']} and not alone", f"{expressions()['rest']} and alone")
+    assert ssh[1] == f"{expressions()['ssh']} and not alone" and slurm[1] == f"{expressions()['slurm']} and not alone"
     assert ALONE not in {name for name, _ in TIERS}
+    # The queue: the alone tests of the tiers chosen, and only theirs.
+    queue = Expression.compile(alone_expression(["ssh", "tensorflow"]))
+    assert queue.evaluate(lambda word, **_: word in {"alone", "ssh"})
+    assert queue.evaluate(lambda word, **_: word in {"alone", "tensorflow", "slow"})
+    assert not queue.evaluate(lambda word, **_: word in {"ssh"})
+    assert not queue.evaluate(lambda word, **_: word in {"alone", "slurm"})
+    assert not queue.evaluate(lambda word, **_: word in {"alone"})  # the fast tier's, not chosen
+    everything = Expression.compile(alone_expression([name for name, _ in TIERS]))
+    for markers in itertools.chain.from_iterable(itertools.combinations(MARKERS, n) for n in range(3)):
+        assert everything.evaluate(lambda word, **_: word in {"alone", *markers})
+        assert not everything.evaluate(lambda word, **_: word in set(markers))
 
 
 def test_the_suite_names_its_slowest_tests_from_every_run(tmp_path):
@@ -85,27 +97,54 @@ def test_the_suite_names_its_slowest_tests_from_every_run(tmp_path):
 
 
 @pytest.mark.timeout(120)
-def test_the_run_of_a_tiers_other_tests_names_those_that_run_alone(tmp_path, capsys):
-    # The sample runs under the suite's own plugin (tests/tiers.py), as every test file does.
-    (tmp_path / "conftest.py").write_text(f"import sys\nsys.path.insert(0, {str(Path(__file__).parents[1])!r})\n"
-                                          "pytest_plugins = ['tiers']\n")
+def test_the_queue_runs_only_the_tests_that_run_alone_and_the_tiers_leave_them_out(tmp_path, capsys):
     (tmp_path / "test_sample.py").write_text(
         "import pytest\n"
         "def test_beside():\n    pass\n"
         "@pytest.mark.alone\ndef test_alone():\n    pass\n"
         "@pytest.mark.alone\n@pytest.mark.parametrize('n', [1, 2])\ndef test_alone_twice(n):\n    pass\n")
-    run = TierRun("fast", ["-m", "not alone", str(tmp_path)], 1, ["-p", "no:cacheprovider", "--rootdir", str(tmp_path)],
-                  held=True, alone="alone")
+    flags = ["-p", "no:cacheprovider", "--rootdir", str(tmp_path), "-o", "markers=alone"]
+    (fast,) = parts(("fast",))
+    run = TierRun("fast", ["-m", fast[1], str(tmp_path)], 1, flags, held=True)
     assert run.wait() == 0
-    assert sorted(nodeid.split("::")[1] for nodeid in run.left_alone) == ["test_alone", "test_alone_twice[1]",
-                                                                    "test_alone_twice[2]"]
     shown = capsys.readouterr().out
     assert "1 passed, 3 deselected" in shown and "=== tier fast: passed" in shown
-    # The ids are the rootdir's (the suite's own is the repository, where it runs pytest).
-    by_itself = TierRun(ALONE, [f"{tmp_path}/{nodeid}" for nodeid in run.left_alone], 1, ["-p", "no:cacheprovider", "--rootdir", str(tmp_path)],
-                        held=True)
-    assert by_itself.wait() == 0
-    assert "3 passed" in capsys.readouterr().out
+    queue = TierRun(ALONE, ["-m", alone_expression(["fast"]), str(tmp_path)], 1, flags, held=True)
+    assert queue.wait() == 0
+    shown = capsys.readouterr().out
+    assert "3 passed, 1 deselected" in shown and "=== tier alone: passed" in shown
+
+
+def test_no_cpu_controller_to_write_to_means_no_favoured_cgroup(tmp_path):
+    (tmp_path / "cgroup").write_text("0::/user.slice\n")  # cgroup v2 only
+    assert Favoured.make(str(tmp_path / "cgroup"), root=tmp_path) is None
+    (tmp_path / "cgroup").write_text("4:cpu,cpuacct:/ci\n")  # a v1 controller, not mounted here
+    assert Favoured.make(str(tmp_path / "cgroup"), root=tmp_path) is None
+    assert Favoured.make(str(tmp_path / "missing"), root=tmp_path) is None
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(os.geteuid() != 0, reason="a cgroup is made by root")
+def test_the_queue_runs_in_a_cgroup_favoured_for_the_cpu_and_leaves_none_behind(tmp_path):
+    favoured = Favoured.make()
+    if favoured is None:
+        pytest.skip("no cgroup v1 CPU controller on this machine")
+    try:
+        assert int((favoured.folder / "cpu.shares").read_text()) == FAVOURED_SHARES == 262144
+        # A daemon that outlives the queue, as a test's sshd may.
+        out = subprocess.run(favoured.argv(["sh", "-c", "sleep 30 >/dev/null 2>&1 & echo $!; cat /proc/self/cgroup"]),
+                             capture_output=True, text=True, timeout=30, check=True).stdout.split("\n")
+        left = int(out[0])
+        assert any("cpu" in line.split(":", 2)[1].split(",") and line.endswith("/" + favoured.folder.name)
+                   for line in out[1:] if line), out
+        assert str(left) in (favoured.folder / "cgroup.procs").read_text().split()
+    finally:
+        favoured.remove()
+    try:
+        assert not favoured.folder.exists()
+        assert str(left) in (favoured.parent / "cgroup.procs").read_text().split()
+    finally:
+        os.kill(left, signal.SIGKILL)
 
 
 @pytest.mark.timeout(120)
