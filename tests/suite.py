@@ -18,9 +18,8 @@ fixes the order the tests are handed out in, not which worker runs each. The tie
 when it ends; the tiers in :data:`BESIDE` start once the unit tier ended and run beside every stage after it.
 The tests marked ``alone`` (they measure CPU shares or time what they start) of every tier wait in
 one queue and run one at a time: where this process may make a CPU cgroup (:class:`Favoured`, cgroup
-v1's ``cpu`` controller, as root), beside the stages from the end of the first, their processes
-favoured for the CPU over everything else the suite runs; elsewhere after every tier ended, with
-nothing beside them.
+v1's ``cpu`` controller, as root), their processes favoured for the CPU over everything else the suite runs, beside the TensorFlow tier (:data:`ALONE_BESIDE`);
+elsewhere after every tier ended, with nothing beside them.
 Each tier's time and outcome are printed as it ends (after its slowest tests), then the
 :data:`SLOWEST` slowest tests of the whole suite, and a table with the suite's whole time. The exit
 code is 0 when every tier passed (a tier with no test passes), else 1.
@@ -74,14 +73,20 @@ STAGES = (("unit",), ("fast",), ("processes", "ssh"), ("tensorflow",), ("rest",)
 BESIDE = ("project", "slurm", "ray")
 BESIDE_AFTER = 1
 # A test that measures CPU shares or times what it starts against a bound: every tier leaves such
-# tests out, and they run in one queue, one at a time, either favoured for the CPU beside the stages
-# (FAVOURED_SHARES) or, where no cgroup can favour them, after every tier ended, with nothing beside them.
+# tests out, and they run in one queue, one at a time, either favoured for the CPU beside the stage of
+# ALONE_BESIDE (FAVOURED_SHARES) or, where no cgroup can favour them, after every tier ended, with
+# nothing beside them.
 ALONE = "alone"
 # cgroup v1's highest cpu.shares, against the 1,024 of each thread outside the cgroup: a test of the
 # queue gets a core whenever it asks while a dozen threads of the other tiers want both (262,144 to
 # 12 x 1,024: 95 %), and the other tiers use whatever it leaves. The queue took 351 s after the tiers
 # in CI, with under half of the two cores busy.
 FAVOURED_SHARES = 262144
+# The tier beside whose stage the favoured queue runs: the TensorFlow tier's tests wait for epochs
+# with minutes to spare and lose only time to it. Beside the fast tier, from the start, it starved
+# tests that time what they start (a busy task seen idle, an agent's 15 s to start a task) and a Ray
+# cluster's start.
+ALONE_BESIDE = "tensorflow"
 NO_TESTS = 5  # pytest's exit code when no test was selected
 SLOWEST = 15  # each tier, and then the suite, ends with its slowest tests: where the suite's time goes
 
@@ -262,8 +267,8 @@ def start_stage(stage: tuple[str, ...], seed: int, passed_on: list[str], held: b
 def run_suite(chosen: list[str], seed: int, passed_on: list[str], favoured: Favoured | None = None) \
         -> tuple[list[tuple[str, int, float, float]], list[TierRun]]:
     """Every chosen tier: the stages one after the other, the tiers beside them started once the first
-    :data:`BESIDE_AFTER` stages ended, and the queue of tests that run alone, started then too in the
-    cgroup ``favoured``, or without one after every tier ended. Returns (tier, exit code, time, CPU) per
+    :data:`BESIDE_AFTER` stages ended, and the queue of tests that run alone, beside the stage of
+    :data:`ALONE_BESIDE` in the cgroup ``favoured``, or without one (or that tier) after every tier ended. Returns (tier, exit code, time, CPU) per
     tier, ``alone`` last, and the runs."""
     beside: list[TierRun] = []
     runs: list[TierRun] = []
@@ -272,9 +277,9 @@ def run_suite(chosen: list[str], seed: int, passed_on: list[str], favoured: Favo
     for number, stage in enumerate(STAGES):
         if number == BESIDE_AFTER:
             beside = start_stage(tuple(name for name in BESIDE if name in chosen), seed, passed_on, held=True)
-            if favoured is not None:
-                alone = TierRun(ALONE, queue, seed, passed_on, held=True, favoured=favoured)
         tiers = tuple(name for name in stage if name in chosen and name not in BESIDE)
+        if favoured is not None and ALONE_BESIDE in tiers:
+            alone = TierRun(ALONE, queue, seed, passed_on, held=True, favoured=favoured)
         if tiers:
             started = start_stage(tiers, seed, passed_on, held=len(tiers) > 1)
             for run in started:
@@ -307,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     write_caches()
     favoured = Favoured.make()
-    print("the tests that run alone: " + (f"beside the stages, favoured for the CPU (cgroup {favoured.folder})"
+    print("the tests that run alone: " + (f"beside the {ALONE_BESIDE} tier, favoured for the CPU (cgroup {favoured.folder})"
                                           if favoured else "after every tier (no CPU cgroup to favour them in)"),
           flush=True)
     try:

@@ -14,7 +14,7 @@ import pytest
 from _pytest.mark.expression import Expression
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from suite import (ALONE, BESIDE, BESIDE_AFTER, FAVOURED_SHARES, SLOWEST, STAGES, TIERS, WORKERS, Favoured,  # noqa: E402
+from suite import (ALONE, ALONE_BESIDE, BESIDE, BESIDE_AFTER, FAVOURED_SHARES, SLOWEST, STAGES, TIERS, WORKERS, Favoured,  # noqa: E402
                    TierRun, alone_expression, expressions, main, parts, slowest, tier_environment)
 
 pytestmark = pytest.mark.project
@@ -62,6 +62,8 @@ def test_every_tier_runs_in_one_stage_or_beside_them_in_the_tiers_order():
     assert STAGES[:BESIDE_AFTER] == (("unit",),)
     # The ssh tier, which mostly waits for its hosts, beside the processes tier.
     assert ("processes", "ssh") in STAGES
+    # The favoured queue of tests that run alone beside the TensorFlow tier's stage, which it only slows.
+    assert ALONE_BESIDE == "tensorflow" and any(ALONE_BESIDE in stage for stage in STAGES)
 
 
 def test_every_tier_leaves_its_alone_tests_to_one_queue():
