@@ -16,10 +16,12 @@ tiers run their tests in parallel worker processes (pytest-xdist, :data:`WORKERS
 fixes the order the tests are handed out in, not which worker runs each. The tiers of one stage
 (:data:`STAGES`) run at the same time, each in a pytest process of its own, its output shown whole
 when it ends; the tiers in :data:`BESIDE` start once the unit tier ended and run beside every stage after it.
-The tests marked ``alone`` (they measure CPU shares or time what they start) of every tier wait in
-one queue and run one at a time: where this process may make a CPU cgroup (:class:`Favoured`, cgroup
-v1's ``cpu`` controller, as root), their processes favoured for the CPU over everything else the suite runs, beside the TensorFlow tier (:data:`ALONE_BESIDE`);
-elsewhere after every tier ended, with nothing beside them.
+The tests marked ``alone`` (they measure CPU shares or time what they start, busy) of every tier wait
+in one queue and run after every tier ended, one at a time, with nothing beside them. Those marked
+``favoured`` (they time what they start, and use a fraction of a core) wait in another queue, which
+runs one at a time beside the stages from the end of the first, in a CPU cgroup that puts them before
+everything else the suite runs (:class:`Favoured`, cgroup v1's ``cpu`` controller, as root); where
+this process can make none, they join the queue of tests that run alone.
 Each tier's time and outcome are printed as it ends (after its slowest tests), then the
 :data:`SLOWEST` slowest tests of the whole suite, and a table with the suite's whole time. The exit
 code is 0 when every tier passed (a tier with no test passes), else 1.
@@ -59,10 +61,10 @@ TIERS = (
 # alone from about 1,660 s to 1,156 s. Each ssh and Slurm worker brings up test hosts or clusters of its own.
 WORKERS = {"unit": 2, "fast": 4, "processes": 4, "ssh": 2, "slurm": 2, "tensorflow": 2}
 # The tiers of one stage run at the same time, each in a pytest process of its own whose output is
-# shown whole when it ends; the stages run one after the other, cheapest first. The ssh tier mostly
-# waits for its hosts' sshd logins (85 s of CPU in 158 s) and runs beside the processes tier (144 s
-# in 115 s) rather than after it: together they leave neither core idle.
-STAGES = (("unit",), ("fast",), ("processes", "ssh"), ("tensorflow",), ("rest",))
+# shown whole when it ends; the stages run one after the other, cheapest first. The fast, processes
+# and ssh tiers mostly wait for what they start (163, 121 and 70 s of CPU in 141, 113 and 175 s): one
+# after the other, they left a core idle for most of their 316 s.
+STAGES = (("unit",), ("fast", "processes", "ssh"), ("tensorflow",), ("rest",))
 # Tiers that share nothing with the others start once the first BESIDE_AFTER stages ended and run
 # beside all the stages after them, off the critical path: the project tier reads the source tree;
 # each of the Slurm tier's workers brings up clusters of its own (namespaced nodes under a random
@@ -72,21 +74,21 @@ STAGES = (("unit",), ("fast",), ("processes", "ssh"), ("tensorflow",), ("rest",)
 # project tier and the Slurm clusters' start beside it), so a mistake in pure logic shows in seconds.
 BESIDE = ("project", "slurm", "ray")
 BESIDE_AFTER = 1
-# A test that measures CPU shares or times what it starts against a bound: every tier leaves such
-# tests out, and they run in one queue, one at a time, either favoured for the CPU beside the stage of
-# ALONE_BESIDE (FAVOURED_SHARES) or, where no cgroup can favour them, after every tier ended, with
-# nothing beside them.
+# A test that measures CPU shares, or times busy tasks against a bound: every tier leaves such tests
+# out, and they run in one queue after every tier ended, one at a time, with nothing beside them.
 ALONE = "alone"
+# A test that times what it starts, whose tasks mostly sleep or wait (stand-ins whose input sleeps,
+# threads that come and go): every tier leaves such tests out, and they run in one queue, one at a
+# time, beside the stages, favoured for the CPU (FAVOURED_SHARES), where there is a cgroup to favour
+# them in; elsewhere with the tests that run alone.
+FAVOURED = "favoured"
 # cgroup v1's highest cpu.shares, against the 1,024 of each thread outside the cgroup: a test of the
-# queue gets a core whenever it asks while a dozen threads of the other tiers want both (262,144 to
-# 12 x 1,024: 95 %), and the other tiers use whatever it leaves. The queue took 351 s after the tiers
-# in CI, with under half of the two cores busy.
+# queue gets the CPU whenever it asks while a dozen threads of the other tiers want both cores
+# (262,144 to 12 x 1,024: 95 %), and the other tiers use whatever it leaves. Only tests that use a
+# fraction of a core go there: with every test that ran alone, busy ones included, beside the fast tier
+# or the TensorFlow tier, tests there starved for seconds (a busy task seen idle, an agent's 15 s to
+# start a task, a Ray cluster's start, an agent's keep-alive over Ray).
 FAVOURED_SHARES = 262144
-# The tier beside whose stage the favoured queue runs: the TensorFlow tier's tests wait for epochs
-# with minutes to spare and lose only time to it. Beside the fast tier, from the start, it starved
-# tests that time what they start (a busy task seen idle, an agent's 15 s to start a task) and a Ray
-# cluster's start.
-ALONE_BESIDE = "tensorflow"
 NO_TESTS = 5  # pytest's exit code when no test was selected
 SLOWEST = 15  # each tier, and then the suite, ends with its slowest tests: where the suite's time goes
 
@@ -127,19 +129,23 @@ def passed(code: int) -> bool:
 
 def parts(stage: tuple[str, ...]) -> list[tuple[str, str]]:
     """The pytest runs of one stage's tiers, as (tier, marker expression): each leaves out its tests
-    that wait in the queue of tests that run alone."""
-    return [(name, f"{expressions()[name]} and not {ALONE}") for name in stage]
+    that wait in the queue of tests that run alone or favoured."""
+    return [(name, f"{expressions()[name]} and not {ALONE} and not {FAVOURED}") for name in stage]
 
 
-def alone_expression(chosen: list[str]) -> str:
-    """The marker expression of the queue of tests that run alone: those of the chosen tiers."""
-    return f"{ALONE} and ({' or '.join(f'({expressions()[name]})' for name, _ in TIERS if name in chosen)})"
+def queue_expressions(chosen: list[str], favoured: bool) -> dict[str, str]:
+    """The marker expressions of the queues, by name, for the tests of the chosen tiers: ``favoured``
+    says whether there is a cgroup for the favoured queue, else its tests wait with those that run alone."""
+    tiers = f"({' or '.join(f'({expressions()[name]})' for name, _ in TIERS if name in chosen)})"
+    if not favoured:
+        return {ALONE: f"({ALONE} or {FAVOURED}) and {tiers}"}
+    return {FAVOURED: f"{FAVOURED} and not {ALONE} and {tiers}", ALONE: f"{ALONE} and {tiers}"}
 
 
 class Favoured:
     """A cgroup under cgroup v1's CPU controller, made beside this process's own, whose processes get
-    the CPU before any other of the suite's (:data:`FAVOURED_SHARES`): the queue of tests that run
-    alone runs there, as if nothing ran beside it."""
+    the CPU before any other of the suite's (:data:`FAVOURED_SHARES`): the favoured queue runs there,
+    as if nothing ran beside it."""
 
     def __init__(self, mount: Path, own: str):
         self.parent = mount / own.lstrip("/")
@@ -201,14 +207,15 @@ def slowest(reports: list[tuple[str, Path]], count: int = SLOWEST) -> tuple[list
 
 
 class TierRun:
-    """One pytest run of a tier's tests (or of the queue of tests that run alone, named :data:`ALONE`),
-    its output to this terminal or held until it ends, in the cgroup ``favoured`` when one is given."""
+    """One pytest run of a tier's tests (or of a queue: :data:`ALONE`, :data:`FAVOURED`), its output to this terminal or held until it ends, in the cgroup ``favoured`` when one is given."""
 
     def __init__(self, name: str, selection: list[str], seed: int, passed_on: list[str], *, held: bool = False,
                  workers: int = 0, favoured: Favoured | None = None):
         self.name = name
         if name == ALONE:
             what = "the tests of every tier that run alone, one at a time"
+        elif name == FAVOURED:
+            what = "the tests of every tier favoured for the CPU, one at a time, beside the stages"
         elif name == TIERS[-1][0]:
             what = "whatever the tiers above left"
         else:
@@ -266,20 +273,20 @@ def start_stage(stage: tuple[str, ...], seed: int, passed_on: list[str], held: b
 
 def run_suite(chosen: list[str], seed: int, passed_on: list[str], favoured: Favoured | None = None) \
         -> tuple[list[tuple[str, int, float, float]], list[TierRun]]:
-    """Every chosen tier: the stages one after the other, the tiers beside them started once the first
-    :data:`BESIDE_AFTER` stages ended, and the queue of tests that run alone, beside the stage of
-    :data:`ALONE_BESIDE` in the cgroup ``favoured``, or without one (or that tier) after every tier ended. Returns (tier, exit code, time, CPU) per
-    tier, ``alone`` last, and the runs."""
+    """Every chosen tier: the stages one after the other, the tiers beside them and, in the cgroup
+    ``favoured``, the favoured queue started once the first :data:`BESIDE_AFTER` stages ended, then the
+    queue of tests that run alone. Returns (tier, exit code, time, CPU) per tier, the queues last, and
+    the runs."""
     beside: list[TierRun] = []
     runs: list[TierRun] = []
-    alone = None
-    queue = ["-m", alone_expression(chosen)]
+    queues = queue_expressions(chosen, favoured is not None)
     for number, stage in enumerate(STAGES):
         if number == BESIDE_AFTER:
             beside = start_stage(tuple(name for name in BESIDE if name in chosen), seed, passed_on, held=True)
+            if favoured is not None:
+                beside.append(TierRun(FAVOURED, ["-m", queues[FAVOURED]], seed, passed_on, held=True,
+                                      favoured=favoured))
         tiers = tuple(name for name in stage if name in chosen and name not in BESIDE)
-        if favoured is not None and ALONE_BESIDE in tiers:
-            alone = TierRun(ALONE, queue, seed, passed_on, held=True, favoured=favoured)
         if tiers:
             started = start_stage(tiers, seed, passed_on, held=len(tiers) > 1)
             for run in started:
@@ -288,12 +295,11 @@ def run_suite(chosen: list[str], seed: int, passed_on: list[str], favoured: Favo
     for run in beside:
         run.wait()
     runs += beside
-    if alone is None:
-        alone = TierRun(ALONE, queue, seed, passed_on)
+    alone = TierRun(ALONE, ["-m", queues[ALONE]], seed, passed_on)
     alone.wait()
     runs.append(alone)
     results = {run.name: (run.process.returncode, run.took, run.cpu) for run in runs}
-    order = [name for name, _ in TIERS] + [ALONE]
+    order = [name for name, _ in TIERS] + [FAVOURED, ALONE]
     return [(name, *results[name]) for name in order if name in results], runs
 
 
@@ -312,8 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     write_caches()
     favoured = Favoured.make()
-    print("the tests that run alone: " + (f"beside the {ALONE_BESIDE} tier, favoured for the CPU (cgroup {favoured.folder})"
-                                          if favoured else "after every tier (no CPU cgroup to favour them in)"),
+    print(f"the {FAVOURED} tests: " + (f"beside the stages, in cgroup {favoured.folder}" if favoured else
+                                      f"with those that run alone, after every tier (no CPU cgroup to favour them in)"),
           flush=True)
     try:
         results, runs = run_suite(chosen, seed, passed_on, favoured)
@@ -334,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, code, took, cpu in results:
         print(f"{name:<12}{'passed' if passed(code) else f'failed (exit {code})':<22}{took:>7.0f}s{cpu:>7.0f}s")
     print(f"{'all':<12}{'':<22}{time.monotonic() - started:>7.0f}s{sum(r[3] for r in results):>7.0f}s   seed {seed} "
-          f"({', '.join(BESIDE)} beside the other tiers; {ALONE}: the tests of every tier that run alone)")
+          f"({', '.join(BESIDE)} and {FAVOURED} beside the other tiers; {ALONE}: after them, one test at a time)")
     return 0 if all(passed(code) for _, code, _, _ in results) else 1
 
 

@@ -14,8 +14,8 @@ import pytest
 from _pytest.mark.expression import Expression
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from suite import (ALONE, ALONE_BESIDE, BESIDE, BESIDE_AFTER, FAVOURED_SHARES, SLOWEST, STAGES, TIERS, WORKERS, Favoured,  # noqa: E402
-                   TierRun, alone_expression, expressions, main, parts, slowest, tier_environment)
+from suite import (ALONE, BESIDE, BESIDE_AFTER, FAVOURED, FAVOURED_SHARES, SLOWEST, STAGES, TIERS, WORKERS,  # noqa: E402
+                   Favoured, TierRun, expressions, main, parts, queue_expressions, slowest, tier_environment)
 
 pytestmark = pytest.mark.project
 MARKERS = ("unit", "project", "slow", "tensorflow", "ssh", "slurm", "gpu")
@@ -60,30 +60,38 @@ def test_every_tier_runs_in_one_stage_or_beside_them_in_the_tiers_order():
     assert BESIDE == ("project", "slurm", "ray")
     # The unit tier alone first, with both cores: a mistake in pure logic shows in seconds.
     assert STAGES[:BESIDE_AFTER] == (("unit",),)
-    # The ssh tier, which mostly waits for its hosts, beside the processes tier.
-    assert ("processes", "ssh") in STAGES
-    # The favoured queue of tests that run alone beside the TensorFlow tier's stage, which it only slows.
-    assert ALONE_BESIDE == "tensorflow" and any(ALONE_BESIDE in stage for stage in STAGES)
+    # The tiers of real processes, which mostly wait for them, side by side.
+    assert ("fast", "processes", "ssh") in STAGES
 
 
-def test_every_tier_leaves_its_alone_tests_to_one_queue():
+def test_every_tier_leaves_its_alone_and_favoured_tests_to_their_queues():
     (unit,) = parts(("unit",))
-    assert unit == ("unit", f"{expressions()['unit']} and not alone")
+    assert unit == ("unit", f"{expressions()['unit']} and not alone and not favoured")
     assert "unit" in WORKERS
     ssh, slurm = parts(("ssh", "slurm"))
-    assert ssh[1] == f"{expressions()['ssh']} and not alone" and slurm[1] == f"{expressions()['slurm']} and not alone"
-    assert ALONE not in {name for name, _ in TIERS}
-    # The queue: the alone tests of the tiers chosen, and only theirs.
-    queue = Expression.compile(alone_expression(["ssh", "tensorflow"]))
-    assert queue.evaluate(lambda word, **_: word in {"alone", "ssh"})
-    assert queue.evaluate(lambda word, **_: word in {"alone", "tensorflow", "slow"})
-    assert not queue.evaluate(lambda word, **_: word in {"ssh"})
-    assert not queue.evaluate(lambda word, **_: word in {"alone", "slurm"})
-    assert not queue.evaluate(lambda word, **_: word in {"alone"})  # the fast tier's, not chosen
-    everything = Expression.compile(alone_expression([name for name, _ in TIERS]))
+    assert ssh[1] == f"{expressions()['ssh']} and not alone and not favoured"
+    assert not {ALONE, FAVOURED} & {name for name, _ in TIERS}
+
+    def matches(expression: str, markers: set[str]) -> bool:
+        return Expression.compile(expression).evaluate(lambda word, **_: word in markers)
+
+    # The queues: the tests of the tiers chosen, and only theirs; a test marked both runs alone.
+    queues = queue_expressions(["ssh", "tensorflow"], favoured=True)
+    assert set(queues) == {ALONE, FAVOURED}
+    assert matches(queues[ALONE], {"alone", "ssh"}) and not matches(queues[FAVOURED], {"alone", "ssh"})
+    assert matches(queues[FAVOURED], {"favoured", "tensorflow", "slow"})
+    assert not matches(queues[ALONE], {"favoured", "tensorflow"})
+    assert matches(queues[ALONE], {"alone", "favoured", "ssh"}) and not matches(queues[FAVOURED], {"alone", "favoured", "ssh"})
+    for name in (ALONE, FAVOURED):
+        assert not matches(queues[name], {"ssh"}) and not matches(queues[name], {name, "slurm"})
+        assert not matches(queues[name], {name})  # the fast tier's, not chosen
+    # Without a cgroup to favour them in, the favoured tests wait with those that run alone.
+    (only,) = queue_expressions(["ssh"], favoured=False).items()
+    assert only[0] == ALONE and matches(only[1], {"favoured", "ssh"}) and matches(only[1], {"alone", "ssh"})
+    everything = queue_expressions([name for name, _ in TIERS], favoured=True)
     for markers in itertools.chain.from_iterable(itertools.combinations(MARKERS, n) for n in range(3)):
-        assert everything.evaluate(lambda word, **_: word in {"alone", *markers})
-        assert not everything.evaluate(lambda word, **_: word in set(markers))
+        assert matches(everything[ALONE], {"alone", *markers}) and matches(everything[FAVOURED], {"favoured", *markers})
+        assert not matches(everything[ALONE], set(markers)) and not matches(everything[FAVOURED], set(markers))
 
 
 def test_the_suite_names_its_slowest_tests_from_every_run(tmp_path):
@@ -99,22 +107,25 @@ def test_the_suite_names_its_slowest_tests_from_every_run(tmp_path):
 
 
 @pytest.mark.timeout(120)
-def test_the_queue_runs_only_the_tests_that_run_alone_and_the_tiers_leave_them_out(tmp_path, capsys):
+def test_the_queues_run_only_their_tests_and_the_tiers_leave_them_out(tmp_path, capsys):
     (tmp_path / "test_sample.py").write_text(
         "import pytest\n"
         "def test_beside():\n    pass\n"
         "@pytest.mark.alone\ndef test_alone():\n    pass\n"
-        "@pytest.mark.alone\n@pytest.mark.parametrize('n', [1, 2])\ndef test_alone_twice(n):\n    pass\n")
-    flags = ["-p", "no:cacheprovider", "--rootdir", str(tmp_path), "-o", "markers=alone"]
+        "@pytest.mark.alone\n@pytest.mark.parametrize('n', [1, 2])\ndef test_alone_twice(n):\n    pass\n"
+        "@pytest.mark.favoured\ndef test_favoured():\n    pass\n")
+    flags = ["-p", "no:cacheprovider", "--rootdir", str(tmp_path)]
     (fast,) = parts(("fast",))
     run = TierRun("fast", ["-m", fast[1], str(tmp_path)], 1, flags, held=True)
     assert run.wait() == 0
     shown = capsys.readouterr().out
-    assert "1 passed, 3 deselected" in shown and "=== tier fast: passed" in shown
-    queue = TierRun(ALONE, ["-m", alone_expression(["fast"]), str(tmp_path)], 1, flags, held=True)
-    assert queue.wait() == 0
-    shown = capsys.readouterr().out
-    assert "3 passed, 1 deselected" in shown and "=== tier alone: passed" in shown
+    assert "1 passed, 4 deselected" in shown and "=== tier fast: passed" in shown
+    queues = queue_expressions(["fast"], favoured=True)
+    for name, passed, deselected in ((ALONE, 3, 2), (FAVOURED, 1, 4)):
+        queue = TierRun(name, ["-m", queues[name], str(tmp_path)], 1, flags, held=True)
+        assert queue.wait() == 0
+        shown = capsys.readouterr().out
+        assert f"{passed} passed, {deselected} deselected" in shown and f"=== tier {name}: passed" in shown
 
 
 def test_no_cpu_controller_to_write_to_means_no_favoured_cgroup(tmp_path):

@@ -83,7 +83,7 @@ def test_the_culprit_of_a_hang_across_joined_nodes_is_named_with_its_frame_and_b
         assert nodes.finish(nodes.procs[rank])[0] == 124
 
 
-@pytest.mark.alone  # step times: nothing else may take the CPU
+@pytest.mark.favoured  # step times: its tasks, which mostly wait, must get the CPU as soon as they wake
 def test_a_straggler_on_a_joined_node_is_named_once(testhosts, tmp_path):
     # worker-1's input thread sleeps 0.2 s per step, in lock step with worker-0 and worker-2: named
     # once an 8 s window of readings shows it (about 14 s in on a quiet machine), of 35 s or so.

@@ -279,7 +279,7 @@ def test_ctrl_c_while_the_group_waits_to_be_placed_ends_at_once_and_removes_it(r
     assert not state["actors"] and all(s == "REMOVED" for s in state["groups"].values()), state
 
 
-@pytest.mark.alone  # step times: nothing else may take the CPU
+@pytest.mark.favoured  # step times: its tasks, which mostly wait, must get the CPU as soon as they wake
 @pytest.mark.timeout(300)
 def test_a_straggler_on_a_ray_node_is_named_once_with_its_node(raycluster, tflaunch):
     # worker-1's input thread sleeps 0.2 s per step, in lock step with worker-0 and worker-2 on

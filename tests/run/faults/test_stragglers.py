@@ -380,7 +380,7 @@ def watched(pid: int, looks: int) -> threads.ThreadWatch:
 
 
 @pytest.mark.slow
-@pytest.mark.alone  # its waiting thread must get the CPU it asks for
+@pytest.mark.favoured  # its waiting thread must get the CPU it asks for
 def test_the_agent_counts_a_sleeping_thread_as_stalled_and_a_waiting_one_not():
     sleeper, waiter = started(SLEEPER), started(WAITER)
     try:
@@ -456,7 +456,7 @@ def pipeline_stall(how: str, looks: int = 80, every: float = 0.05) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.alone  # its sleeping threads must get the CPU as soon as they wake
+@pytest.mark.favoured  # its sleeping threads must get the CPU as soon as they wake
 def test_a_pipeline_whose_threads_come_and_go_counts_like_one_that_keeps_them():
     # Looks 0.05 s apart, a new thread every 0.15 s: the work moves to a new thread every third look
     # or so, as a pipeline rebuilt each epoch does between looks 2 s apart. A watch that followed the
@@ -467,7 +467,7 @@ def test_a_pipeline_whose_threads_come_and_go_counts_like_one_that_keeps_them():
 
 
 @pytest.mark.slow
-@pytest.mark.alone  # its sleeping threads must get the CPU as soon as they wake
+@pytest.mark.favoured  # its sleeping threads must get the CPU as soon as they wake
 def test_a_pipeline_whose_work_hops_between_new_threads_in_turn_counts_like_one_that_keeps_them():
     # A new pair of threads every seven looks or so, the batches going from one to the other: a
     # look finds the pair's other thread waiting for its turn as often as not. A watch that looked
@@ -628,7 +628,7 @@ def test_a_straggler_named_during_the_run_is_in_the_closing_summary(tflaunch):
 
 
 @pytest.mark.slow
-@pytest.mark.alone  # step times: nothing else may take the CPU
+@pytest.mark.favoured  # step times: its tasks, which mostly wait, must get the CPU as soon as they wake
 @pytest.mark.timeout(150)
 def test_a_worker_whose_input_sleeps_is_named_among_two_in_lock_step(tflaunch):
     # The stand-in in lock step, worker-1's input sleeping 0.2 s per batch of a 0.1 s step, an 8 s

@@ -264,7 +264,7 @@ def test_a_host_cut_for_good_in_training_is_replaced_or_the_cluster_shrinks_with
     assert left_on(testhosts, ["node1", "node2", "node3", "node4"]) == {n: [] for n in ("node1", "node2", "node3", "node4")}
 
 
-@pytest.mark.alone  # step times: nothing else may take the CPU
+@pytest.mark.favoured  # step times: its tasks, which mostly wait, must get the CPU as soon as they wake
 def test_a_straggler_host_is_named_over_ssh_and_left_out_for_a_spare(tflaunch, testhosts, tmp_path):
     # Every task on node2 has an input thread that sleeps 0.2 s per step: a slow machine, for good.
     # The stand-in steps in lock step, so node2 holds its peer back at every step's exchange. 24
