@@ -60,8 +60,8 @@ def test_every_tier_runs_in_one_stage_or_beside_them_in_the_tiers_order():
     assert BESIDE == ("project", "slurm", "ray")
     # The unit tier alone first, with both cores: a mistake in pure logic shows in seconds.
     assert STAGES[:BESIDE_AFTER] == (("unit",),)
-    # The tiers of real processes, which mostly wait for them, side by side.
-    assert ("fast", "processes", "ssh") in STAGES
+    # The ssh tier, which mostly waits for its hosts, beside the processes tier.
+    assert ("processes", "ssh") in STAGES
 
 
 def test_every_tier_leaves_its_alone_and_favoured_tests_to_their_queues():
