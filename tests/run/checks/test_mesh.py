@@ -338,10 +338,17 @@ def test_probes_end_with_their_ssh_sessions_when_tflaunch_is_killed(tflaunch, te
                     continue
         return found
 
+    def both() -> bool:
+        if proc.poll() is not None:  # it ended before its probes were seen: say why, not a timeout
+            out, err = proc.communicate()
+            pytest.fail(f"tflaunch check ended ({proc.returncode}) before a mesh probe ran on both hosts:\n"
+                        f"{out[-2000:]}{err[-2000:]}")
+        return len(probes()) == 2
+
     with Blackhole(testhosts, on="node1", to="node2"):  # node2's connect then waits 3 s: time to kill
         proc = tflaunch.start("check", str(cluster))
         try:
-            wait_for(lambda: len(probes()) == 2, timeout=30, interval=0.05, message="a mesh probe on both hosts")
+            wait_for(both, timeout=30, interval=0.05, message="a mesh probe on both hosts")
             assert len(local_probe_clients(testhosts)) == 2  # what must end below, seen while it runs
         finally:
             proc.kill()
