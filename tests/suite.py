@@ -93,6 +93,7 @@ FAVOURED = "favoured"
 # or the TensorFlow tier, tests there starved for seconds (a busy task seen idle, an agent's 15 s to
 # start a task, a Ray cluster's start, an agent's keep-alive over Ray).
 FAVOURED_SHARES = 262144
+FAVOURED_PREFIX = "tflaunch-suite-"  # the cgroup's name, before the suite's pid
 NO_TESTS = 5  # pytest's exit code when no test was selected
 SLOWEST = 15  # each tier, and then the suite, ends with its slowest tests: where the suite's time goes
 
@@ -153,7 +154,10 @@ class Favoured:
 
     def __init__(self, mount: Path, own: str):
         self.parent = mount / own.lstrip("/")
-        self.folder = self.parent / f"tflaunch-suite-{os.getpid()}"
+        self.folder = self.parent / f"{FAVOURED_PREFIX}{os.getpid()}"
+        for left in self.parent.glob(f"{FAVOURED_PREFIX}*"):  # of a suite killed before its end
+            if not Path(f"/proc/{left.name[len(FAVOURED_PREFIX):]}").exists():
+                Favoured.moved_out(left, self.parent)
         self.folder.mkdir()
         try:
             (self.folder / "cpu.shares").write_text(str(FAVOURED_SHARES))
@@ -187,15 +191,20 @@ class Favoured:
 
     def remove(self) -> None:
         """The cgroup gone, any process a test left there (a daemon) moved back beside this one's."""
+        Favoured.moved_out(self.folder, self.parent)
+
+    @staticmethod
+    def moved_out(folder: Path, parent: Path) -> None:
+        """``folder`` removed, the processes in it moved to ``parent``; a line when that fails."""
         try:
-            for pid in (self.folder / "cgroup.procs").read_text().split():
+            for pid in (folder / "cgroup.procs").read_text().split():
                 try:
-                    (self.parent / "cgroup.procs").write_text(pid)
+                    (parent / "cgroup.procs").write_text(pid)
                 except OSError:
                     pass  # it ended meanwhile
-            self.folder.rmdir()
+            folder.rmdir()
         except OSError as exc:
-            print(f"the suite's cgroup {self.folder} could not be removed: {exc}", flush=True)
+            print(f"the suite's cgroup {folder} could not be removed: {exc}", flush=True)
 
 
 def slowest(reports: list[tuple[str, Path]], count: int = SLOWEST) -> tuple[list[tuple[float, str, str]], list[str]]:

@@ -160,6 +160,32 @@ def test_the_queue_runs_in_a_cgroup_favoured_for_the_cpu_and_leaves_none_behind(
         os.kill(left, signal.SIGKILL)
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(os.geteuid() != 0, reason="a cgroup is made by root")
+def test_the_cgroup_of_a_suite_killed_before_its_end_goes_with_the_next_suite():
+    favoured = Favoured.make()
+    if favoured is None:
+        pytest.skip("no cgroup v1 CPU controller on this machine")
+    favoured.remove()
+    dead = subprocess.Popen(["true"])  # a pid that has ended: a suite killed before its end
+    dead.wait()
+    stale = favoured.parent / f"tflaunch-suite-{dead.pid}"
+    stale.mkdir()
+    live = favoured.parent / f"tflaunch-suite-{os.getppid()}"  # a suite that still runs keeps its own
+    made_live = not live.exists()
+    if made_live:
+        live.mkdir()
+    try:
+        again = Favoured.make()
+        assert again is not None and not stale.exists() and live.exists()
+        again.remove()
+    finally:
+        if made_live:
+            live.rmdir()
+        if stale.exists():
+            stale.rmdir()
+
+
 @pytest.mark.timeout(120)
 def test_a_tier_waited_for_late_takes_the_time_it_ran_not_the_wait(tmp_path, capsys):
     (tmp_path / "test_quick.py").write_text("def test_quick():\n    pass\n")
