@@ -172,8 +172,33 @@ def netns_matching(pattern):
 
 
 def netns_pids(ns):
-    out = run(["ip", "netns", "pids", ns], check=False).stdout
-    return [int(p) for p in out.split() if p.isdigit() and is_running(int(p))]
+    """The live processes in network namespace ``ns``, as ``ip netns pids`` finds them (the namespace
+    each /proc entry is in against /run/netns/<ns>), read here: an ``ip`` per call took seconds on a
+    loaded machine, where tests look for processes that live a few seconds."""
+    try:
+        wanted = os.stat(f"/run/netns/{ns}")
+    except OSError:
+        return []
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            there = os.stat(f"/proc/{entry}/ns/net")
+        except OSError:
+            continue  # it ended meanwhile, or is a kernel thread without one
+        if (there.st_dev, there.st_ino) == (wanted.st_dev, wanted.st_ino) and is_running(int(entry)):
+            found.append(int(entry))
+    return found
+
+
+def sshd_pid(host_dir):
+    """The pid of a test host's sshd listener if it is alive and really its sshd (pid files outlive
+    their process), else None."""
+    pid = read_pid(os.path.join(host_dir, "sshd.pid"))
+    if pid is None or not is_running(pid):
+        return None
+    return pid if os.path.join(host_dir, "sshd_config") in cmdline(pid) else None
 
 
 def link_names():

@@ -224,7 +224,8 @@ def slowest(reports: list[tuple[str, Path]], count: int = SLOWEST) -> tuple[list
 
 
 class TierRun:
-    """One pytest run of a tier's tests (or of a queue: :data:`ALONE`, :data:`FAVOURED`), its output to this terminal or held until it ends, in the cgroup ``favoured`` when one is given."""
+    """One pytest run of a tier's tests (or of a queue: :data:`ALONE`, :data:`FAVOURED`), its output
+    to this terminal or held until it ends, in the cgroup ``favoured`` when one is given."""
 
     def __init__(self, name: str, selection: list[str], seed: int, passed_on: list[str], *, held: bool = False,
                  workers: int = 0, favoured: Favoured | None = None):
@@ -336,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     write_caches()
     favoured = Favoured.make()
     print(f"the {FAVOURED} tests: " + (f"beside the stages, in cgroup {favoured.folder}" if favoured else
-                                      f"with those that run alone, after every tier (no CPU cgroup to favour them in)"),
+                                      "with those that run alone, after every tier (no CPU cgroup to favour them in)"),
           flush=True)
     try:
         results, runs = run_suite(chosen, seed, passed_on, favoured)

@@ -48,7 +48,7 @@ SCRIPT = SCRIPTS / "testhosts"
 SSHD = "/usr/sbin/sshd"
 if str(SCRIPTS) not in sys.path:
     sys.path.insert(0, str(SCRIPTS))
-from _testnet import Host  # noqa: E402  (the scripts' own record of a host: .name, .address, .netns, .veth)
+from _testnet import Host, netns_pids, sshd_pid  # noqa: E402  (Host: the scripts' own record of a host: .name, .address, .netns, .veth)
 
 
 def unavailable_reason():
@@ -127,8 +127,11 @@ class TestHosts:
         return done.stdout
 
     def pids(self, host_name):
-        """Pids of processes in the host's namespace other than its sshd listener."""
-        return [int(p) for p in self._script("pids", self.host(host_name).name).split()]
+        """Pids of processes in the host's namespace other than its sshd listener, as
+        ``scripts/testhosts pids`` prints them, read in this process (in milliseconds)."""
+        host = self.host(host_name)
+        listener = sshd_pid(os.path.join(self.state_dir, host.name))
+        return sorted(pid for pid in netns_pids(host.netns) if pid != listener)
 
     def cut(self, host_name):
         self._script("cut", self.host(host_name).name)

@@ -143,6 +143,12 @@ def test_process_started_over_ssh_is_listed_by_pids(testhosts):
     try:
         assert pid in testhosts.pids("node1")
         assert pid not in testhosts.pids("node2")
+        # As the script lists them: its sshd listener left out (it is in the namespace).
+        listed = [int(p) for p in testhosts._script("pids", "node1").split()]
+        assert pid in listed
+        listener = testhosts_fixture.sshd_pid(os.path.join(testhosts.state_dir, "node1"))
+        assert listener is not None and listener in testhosts_fixture.netns_pids(testhosts.host("node1").netns)
+        assert listener not in testhosts.pids("node1") and listener not in listed
     finally:
         testhosts.run("node1", f"kill {pid}")
     wait_for(lambda: pid not in testhosts.pids("node1"), timeout=5, message=f"process {pid} on node1 to end")

@@ -4,7 +4,6 @@ and the whole probe on real namespaced hosts over ssh (check, refused run, stall
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import socket
 import subprocess
@@ -328,23 +327,15 @@ def test_stalled_start_names_the_broken_pair(tflaunch, testhosts, tmp_path):
 def test_probes_end_with_their_ssh_sessions_when_tflaunch_is_killed(tflaunch, testhosts, tmp_path):
     cluster, _ = two_workers(tmp_path, testhosts)
 
-    # Each host's network namespace, by inode: a look at /proc finds both probes in a few milliseconds,
-    # where asking the test hosts' script for each host's pids took seconds on a loaded machine, longer
-    # than the 3 s both probes live together.
-    hosts = {os.stat(f"/run/netns/{host.netns}").st_ino: host.name for host in testhosts.hosts}
-
     def probes() -> dict[str, int]:
         found = {}
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                if b"The mesh probe" in Path(f"/proc/{entry}/cmdline").read_bytes():
-                    host = hosts.get(os.stat(f"/proc/{entry}/ns/net").st_ino)
-                    if host is not None:
-                        found[host] = int(entry)
-            except OSError:
-                continue  # it ended meanwhile
+        for host in testhosts.hosts:
+            for pid in testhosts.pids(host.name):
+                try:
+                    if b"The mesh probe" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                        found[host.name] = pid
+                except OSError:
+                    continue
         return found
 
     def both() -> bool:
