@@ -8,10 +8,11 @@ dials back to tflaunch the way a node that joins a run does (:class:`.joined.Ren
 rank of its own here): both ends prove the run's token on the channel's handshake. From then on a
 bundle's agent is a link like any other (:class:`RayTransport`).
 
-The agent is tied to its actor (it gets SIGTERM when the actor's process ends, and stops its tasks),
-and the actors and the group are the driver's: freed by :meth:`RayGroup.close` at the end of the
-run, and by Ray itself when tflaunch is killed. A Ray node that dies takes its actor and agent with
-it: a lost host. Ray is imported here only, when a run names ``--ray``.
+The agent is tied to its actor (it gets SIGTERM when the actor's process ends, however it ends,
+and stops its tasks), and the actors and the group are the driver's: freed by
+:meth:`RayGroup.close` at the end of the run, and by Ray itself when tflaunch is killed. A Ray
+node that dies takes its actor and agent with it: a lost host. Ray is imported here only, when a
+run names ``--ray``.
 """
 
 from __future__ import annotations
@@ -85,19 +86,37 @@ def _agent_actor():
                     [int(gpu) for gpu in ray.get_gpu_ids()])
 
         def serve(self, argv, token, hidden):
-            """Run the agent until it exits; its exit code."""
+            """Run the agent, under its tie, until it exits; its exit code."""
             import ctypes
             import os
             import signal
             import subprocess
             import sys
 
-            def tied():  # PR_SET_PDEATHSIG: the agent gets SIGTERM when this actor's process ends
+            # Ray SIGKILLs an actor's own children as the actor's process exits (as it does when its
+            # driver, tflaunch, is gone): an agent killed so could not stop its tasks. So the actor's
+            # child is a tie that takes that SIGKILL, and the agent, the tie's child, gets SIGTERM as
+            # the tie ends (PR_SET_PDEATHSIG) and stops its tasks. The tie gets SIGTERM when the actor's
+            # process ends without killing it (ray.kill, a crash). Each checks that its parent is still
+            # the one it was started by: one that died before the prctl sends no signal.
+            tie = ("import ctypes, os, signal, subprocess, sys\n"
+                   "parent = os.getpid()\n"
+                   "def tied():\n"
+                   "    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))\n"
+                   "    if os.getppid() != parent:\n"
+                   "        os._exit(1)\n"
+                   "code = subprocess.call(sys.argv[1:], preexec_fn=tied)\n"
+                   "sys.exit(code if code >= 0 else 128 - code)\n")
+            actor = os.getpid()
+
+            def tied():
                 ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))
+                if os.getppid() != actor:
+                    os._exit(1)
 
             env = {name: value for name, value in os.environ.items() if name not in hidden}
-            agent = subprocess.Popen([sys.executable, *argv], stdin=subprocess.PIPE, start_new_session=True,
-                                     preexec_fn=tied, close_fds=True, env=env)
+            agent = subprocess.Popen([sys.executable, "-c", tie, sys.executable, *argv], stdin=subprocess.PIPE,
+                                     start_new_session=True, preexec_fn=tied, close_fds=True, env=env)
             try:
                 agent.stdin.write(token.encode() + b"\n")  # read once; the token is in no command line
                 agent.stdin.close()

@@ -6,6 +6,7 @@ placed, and a Ray node that dies mid-run."""
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import secrets
 import signal
@@ -51,6 +52,14 @@ def gone(procs: list[psutil.Process]) -> bool:
         except psutil.NoSuchProcess:
             return False
     return not any(running(proc) for proc in procs)
+
+
+def actor_of(proc: psutil.Process) -> psutil.Process:
+    """The Ray actor's worker process above ``proc``."""
+    for parent in proc.parents():
+        if parent.cmdline()[:1] and parent.cmdline()[0].startswith("ray::"):
+            return parent
+    raise AssertionError(f"no Ray actor above {proc.cmdline()}")
 
 
 def test_three_ray_nodes_train_in_lock_step_and_run_json_names_each_node(raycluster, tflaunch):
@@ -106,6 +115,33 @@ def test_tflaunch_killed_leaves_no_task_actor_or_group(raycluster, tflaunch):
     wait_for(lambda: gone(pids), timeout=60,
              message=lambda: f"every task gone after tflaunch was killed; still there: "
                              f"{[p.pid for p in pids if not gone([p])]}")
+    raycluster.wait_free(within=60)
+
+
+def test_an_agent_slow_to_see_tflaunch_killed_still_stops_its_tasks_after_ray_ends_its_actor(raycluster, tflaunch):
+    """Ray SIGKILLs an actor's own children as the actor's process exits (its driver gone): each agent
+    is held stopped until that has happened, so it cannot have seen its channel end first; it lives
+    (its tie took the SIGKILL), and once it runs again it stops its tasks."""
+    proc = tflaunch.start(*ray_args(raycluster, 3), "--", "python", LOCKSTEP, "--epochs", "100", "--steps", "50",
+                          "--step-seconds", "0.1")
+    pids = alive([t["pid"] for t in live_tasks(tflaunch)])
+    assert len(pids) == 3
+    agents = [pid.parent() for pid in pids]
+    actors = [actor_of(agent) for agent in agents]
+    for agent in agents:
+        agent.suspend()
+    try:
+        proc.kill()
+        proc.communicate(timeout=30)
+        wait_for(lambda: gone(actors), timeout=60, message="Ray ending the actors of a killed tflaunch")
+        assert not gone(agents), "Ray killed an agent before it could stop its tasks"
+    finally:
+        for agent in agents:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                agent.resume()
+    wait_for(lambda: gone(pids), timeout=30,
+             message=lambda: f"every task gone; still there: {[p.pid for p in pids if not gone([p])]}")
+    wait_for(lambda: gone(agents), timeout=30, message="every agent gone")
     raycluster.wait_free(within=60)
 
 
@@ -224,6 +260,14 @@ def test_a_cluster_with_ray_token_authentication(tflaunch):
 
 @pytest.mark.tensorflow
 @pytest.mark.timeout(400)
+def actor_of(proc: psutil.Process) -> psutil.Process:
+    """The Ray actor's worker process above ``proc``."""
+    for parent in proc.parents():
+        if parent.cmdline()[:1] and parent.cmdline()[0].startswith("ray::"):
+            return parent
+    raise AssertionError(f"no Ray actor above {proc.cmdline()}")
+
+
 def test_three_ray_nodes_train_the_built_in_trainer_in_lock_step(raycluster, tflaunch):
     done = tflaunch.run(*ray_args(raycluster, 3), "--", "python", "-m", "trainer", "--epochs", "2",
                         "--steps-per-epoch", "2", timeout=360)
