@@ -101,15 +101,13 @@ def test_evaluator_user_errors_are_one_line(tmp_path, trainer_here):
     assert "WARNING:tensorflow" not in out
 
 
-EPOCHS = 20
+EPOCHS = 8
 
 
 @pytest.mark.timeout(300)
 def test_parameter_server_worker_restarted_in_place_rejoins_beside_an_evaluator_in_every_tasks_cluster(tmp_path):
     # Some launchers name the evaluator in every task's TF_CONFIG; a ParameterServerStrategy
     # chief would then wait for it forever, so the trainer leaves it out of the cluster it uses.
-    # Long enough that the replacement (TensorFlow takes seconds to start here) joins while
-    # the chief still trains: 20 epochs of a full-width model, about 30 s on 2 cores.
     checkpoints = tmp_path / "checkpoints"
     argv = ["--epochs", str(EPOCHS), "--width", "1", "--checkpoint-dir", str(checkpoints)]
     roles = {"ps": 1, "worker": 2, "chief": 1, "evaluator": 1}
@@ -118,10 +116,17 @@ def test_parameter_server_worker_restarted_in_place_rejoins_beside_an_evaluator_
         wait_for_epoch(chief, 2, timeout=150)
         cluster["worker-1"].signal(signal.SIGKILL)
         assert cluster["worker-1"].proc.wait(10) == -signal.SIGKILL
-        # The same TF_CONFIG, as a launcher restarting the worker alone, in place, does.
-        replacement = cluster.start("worker", 1, cluster.spec, suffix="-restarted")
-        wait_for(lambda: "serving as worker 1" in replacement.output() or replacement.proc.poll() is not None,
-                 timeout=120, message="the replacement worker to serve")
+        wait_for(lambda: "worker 1 lost" in chief.output(), timeout=60, message="the chief to see worker 1 lost")
+        # The chief held while the replacement starts (TensorFlow takes seconds to start here), so
+        # that it sees the worker come back with epochs still to train, however long the start takes.
+        chief.signal(signal.SIGSTOP)
+        try:
+            # The same TF_CONFIG, as a launcher restarting the worker alone, in place, does.
+            replacement = cluster.start("worker", 1, cluster.spec, suffix="-restarted")
+            wait_for(lambda: "serving as worker 1" in replacement.output() or replacement.proc.poll() is not None,
+                     timeout=120, message="the replacement worker to serve")
+        finally:
+            chief.signal(signal.SIGCONT)
         assert replacement.proc.poll() is None, replacement.output()[-3000:]
         # The evaluator ends by itself once it has evaluated the final checkpoint.
         codes = cluster.wait(timeout=240, names=["chief-0", "evaluator-0"])

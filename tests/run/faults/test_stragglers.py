@@ -693,9 +693,11 @@ if child:
 WINDOW_OF_PINNED = 8
 
 
-def pinned_run(tflaunch, seconds: float, neighbour: bool = False, quota: CpuQuota | None = None) -> tuple[str, dict]:
+def pinned_run(tflaunch, seconds: float, neighbour: bool = False, quota: CpuQuota | None = None,
+               until_named: bool = False) -> tuple[str, dict]:
     """Two BUSY tasks for ``seconds``, each pinned to a CPU of its own, with ``neighbour`` a program
-    outside the run spinning on worker-1's CPU from the start, or worker-1 held by ``quota``."""
+    outside the run spinning on worker-1's CPU from the start, or worker-1 held by ``quota``;
+    ``until_named``: the run is stopped (Ctrl-C) once a straggler is named, within ``seconds``."""
     cpus = sorted(os.sched_getaffinity(0))[:2]
     proc = tflaunch.start("--local", "2", "--debug", "--straggler-warm-up", "2", "--straggler-window", str(WINDOW_OF_PINNED),
                           "--", sys.executable, "-c", BUSY, str(seconds))
@@ -715,6 +717,10 @@ def pinned_run(tflaunch, seconds: float, neighbour: bool = False, quota: CpuQuot
             for process in [psutil.Process(tasks["worker-1"]), *psutil.Process(tasks["worker-1"]).children()]:
                 quota.hold(process.pid)
             print(f"worker-1 held by the quota from {time.time():.1f}")
+        if until_named:
+            wait_for(lambda: straggler_lines(tflaunch.merged_text()) or proc.poll() is not None, timeout=seconds,
+                     message="a straggler named")
+            proc.send_signal(signal.SIGINT)
         console = console_of(proc, timeout=seconds + 60)
     finally:
         if proc.poll() is None:
@@ -740,7 +746,7 @@ def test_two_pinned_workers_without_a_neighbour_name_no_one(tflaunch):
 @pytest.mark.timeout(200)
 @needs_two_cpus
 def test_a_worker_sharing_its_cpu_with_a_busy_program_is_named(tflaunch):
-    console, record = pinned_run(tflaunch, seconds=30, neighbour=True)
+    console, record = pinned_run(tflaunch, seconds=30, neighbour=True, until_named=True)
     lines = straggler_lines(console)
     assert lines and "worker-1 on localhost holds the others back" in lines[0], console[-3000:]
     assert "others take its CPUs while it waits for one" in lines[0]
@@ -756,7 +762,7 @@ def test_a_worker_sharing_its_cpu_with_a_busy_program_is_named(tflaunch):
 def test_a_worker_its_cpu_quota_holds_back_is_named(tflaunch):
     quota = CpuQuota(0.3)
     try:
-        console, record = pinned_run(tflaunch, seconds=30, quota=quota)
+        console, record = pinned_run(tflaunch, seconds=30, quota=quota, until_named=True)
     finally:
         quota.remove()
     lines = straggler_lines(console)
