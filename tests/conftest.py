@@ -161,6 +161,9 @@ def folder_for_others() -> Iterator[Callable[[int], Path]]:
 
 # The tests that read a run of the default job share one (xdist_group keeps them in one worker).
 DEFAULT_LOCAL_TWO = "default_local_two"
+# The tests that make or edit files of this machine's (/etc/hosts, ~/.ssh), and those that compare them
+# before and after: one at a time, in one worker.
+MACHINE_FILES = "machine-files"
 
 
 class DefaultRun(NamedTuple):

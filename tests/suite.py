@@ -20,10 +20,8 @@ The tests marked ``alone`` (they measure CPU shares or time what they start, bus
 in one queue and run after every tier ended, one at a time, with nothing beside them. Those marked
 ``favoured`` (they time what they start, and use a fraction of a core) wait in another queue, which
 runs one at a time beside the stages from the end of the first, in a CPU cgroup that puts them before
-everything else the suite runs (:class:`CpuGroup`, cgroup v1's ``cpu`` controller, as root); where
-this process can make none, they join the queue of tests that run alone. The tiers in
-:data:`BACKGROUND` (the TensorFlow tier) run beside the stages too, from the same moment, in a cgroup
-that takes only the CPU the others leave; without one they run in their stage.
+everything else the suite runs (:class:`Favoured`, cgroup v1's ``cpu`` controller, as root); where
+this process can make none, they join the queue of tests that run alone.
 Each tier's time and outcome are printed as it ends (after its slowest tests), then the
 :data:`SLOWEST` slowest tests of the whole suite, and a table with the suite's whole time. The exit
 code is 0 when every tier passed (a tier with no test passes), else 1.
@@ -95,14 +93,7 @@ FAVOURED = "favoured"
 # or the TensorFlow tier, tests there starved for seconds (a busy task seen idle, an agent's 15 s to
 # start a task, a Ray cluster's start, an agent's keep-alive over Ray).
 FAVOURED_SHARES = 262144
-# Tiers that run beside the stages from the end of the first, in a cgroup of BACKGROUND_SHARES, where
-# there is one: the TensorFlow tier, busy throughout (two cores' worth in its 58 tests), after the
-# stages it made the suite's longest stretch, while the stages before it left a core idle (the ssh
-# tier waits for its hosts). Its dozens of threads weigh as one thread there, an eighth of any other
-# of the suite's: whatever else wants the CPU gets it first, and the TensorFlow tests take what is left.
-BACKGROUND = ("tensorflow",)
-BACKGROUND_SHARES = 128
-GROUP_PREFIX = "tflaunch-suite-"  # each cgroup's name: this, the suite's pid, a dash and the group's name
+FAVOURED_PREFIX = "tflaunch-suite-"  # the cgroup's name, before the suite's pid
 NO_TESTS = 5  # pytest's exit code when no test was selected
 SLOWEST = 15  # each tier, and then the suite, ends with its slowest tests: where the suite's time goes
 
@@ -156,28 +147,26 @@ def queue_expressions(chosen: list[str], favoured: bool) -> dict[str, str]:
     return {FAVOURED: f"{FAVOURED} and not {ALONE} and {tiers}", ALONE: f"{ALONE} and {tiers}"}
 
 
-class CpuGroup:
-    """A cgroup under cgroup v1's CPU controller, made beside this process's own, whose processes
-    together weigh ``shares`` against each thread of the suite's others (1,024): the favoured queue
-    runs in one that gets the CPU before any other (:data:`FAVOURED_SHARES`), the background tiers in
-    one that gets what the others leave (:data:`BACKGROUND_SHARES`)."""
+class Favoured:
+    """A cgroup under cgroup v1's CPU controller, made beside this process's own, whose processes get
+    the CPU before any other of the suite's (:data:`FAVOURED_SHARES`): the favoured queue runs there,
+    as if nothing ran beside it."""
 
-    def __init__(self, mount: Path, own: str, name: str, shares: int):
+    def __init__(self, mount: Path, own: str):
         self.parent = mount / own.lstrip("/")
-        self.folder = self.parent / f"{GROUP_PREFIX}{os.getpid()}-{name}"
-        for left in self.parent.glob(f"{GROUP_PREFIX}*"):  # of a suite killed before its end
-            if not Path(f"/proc/{left.name[len(GROUP_PREFIX):].split('-')[0]}").exists():
-                CpuGroup.moved_out(left, self.parent)
+        self.folder = self.parent / f"{FAVOURED_PREFIX}{os.getpid()}"
+        for left in self.parent.glob(f"{FAVOURED_PREFIX}*"):  # of a suite killed before its end
+            if not Path(f"/proc/{left.name[len(FAVOURED_PREFIX):]}").exists():
+                Favoured.moved_out(left, self.parent)
         self.folder.mkdir()
         try:
-            (self.folder / "cpu.shares").write_text(str(shares))
+            (self.folder / "cpu.shares").write_text(str(FAVOURED_SHARES))
         except OSError:
             self.folder.rmdir()
             raise
 
     @classmethod
-    def make(cls, name: str, shares: int, cgroups: str = "/proc/self/cgroup",
-             root: Path = Path("/sys/fs/cgroup")) -> "CpuGroup | None":
+    def make(cls, cgroups: str = "/proc/self/cgroup", root: Path = Path("/sys/fs/cgroup")) -> "Favoured | None":
         """One, or None where there is no v1 CPU controller this process may write to (cgroup v2 only,
         not root, a read-only /sys in a container)."""
         try:
@@ -191,7 +180,7 @@ class CpuGroup:
                 if not (mount / "cpu.shares").exists():
                     return None
                 try:
-                    return cls(mount, parts[2], name, shares)
+                    return cls(mount, parts[2])
                 except OSError:
                     return None
         return None
@@ -202,7 +191,7 @@ class CpuGroup:
 
     def remove(self) -> None:
         """The cgroup gone, any process a test left there (a daemon) moved back beside this one's."""
-        CpuGroup.moved_out(self.folder, self.parent)
+        Favoured.moved_out(self.folder, self.parent)
 
     @staticmethod
     def moved_out(folder: Path, parent: Path) -> None:
@@ -236,10 +225,10 @@ def slowest(reports: list[tuple[str, Path]], count: int = SLOWEST) -> tuple[list
 
 class TierRun:
     """One pytest run of a tier's tests (or of a queue: :data:`ALONE`, :data:`FAVOURED`), its output
-    to this terminal or held until it ends, in the cgroup ``group`` when one is given."""
+    to this terminal or held until it ends, in the cgroup ``favoured`` when one is given."""
 
     def __init__(self, name: str, selection: list[str], seed: int, passed_on: list[str], *, held: bool = False,
-                 workers: int = 0, group: CpuGroup | None = None):
+                 workers: int = 0, favoured: Favoured | None = None):
         self.name = name
         if name == ALONE:
             what = "the tests of every tier that run alone, one at a time"
@@ -262,7 +251,7 @@ class TierRun:
         in_workers = ["-n", str(workers), "--dist", "loadgroup"] if workers else []
         argv = [sys.executable, "-m", "pytest", "-p", "randomly", f"--randomly-seed={seed}", *in_workers, *selection,
                 f"--durations={SLOWEST}", f"--junitxml={report}", *passed_on]
-        self.process = subprocess.Popen(group.argv(argv) if group else argv, cwd=ROOT, env=env,
+        self.process = subprocess.Popen(favoured.argv(argv) if favoured else argv, cwd=ROOT, env=env,
                                         stdout=self.output, stderr=subprocess.STDOUT if held else None)
         self.took = 0.0
         self.cpu = 0.0  # CPU seconds of its pytest process and every process of it that was waited for
@@ -295,31 +284,27 @@ class TierRun:
         return code
 
 
-def start_stage(stage: tuple[str, ...], seed: int, passed_on: list[str], held: bool,
-                group: CpuGroup | None = None) -> list[TierRun]:
-    return [TierRun(name, ["-m", expression], seed, passed_on, held=held, workers=WORKERS.get(name, 0), group=group)
+def start_stage(stage: tuple[str, ...], seed: int, passed_on: list[str], held: bool) -> list[TierRun]:
+    return [TierRun(name, ["-m", expression], seed, passed_on, held=held, workers=WORKERS.get(name, 0))
             for name, expression in parts(stage)]
 
 
-def run_suite(chosen: list[str], seed: int, passed_on: list[str], favoured: CpuGroup | None = None,
-              background: CpuGroup | None = None) -> tuple[list[tuple[str, int, float, float]], list[TierRun]]:
+def run_suite(chosen: list[str], seed: int, passed_on: list[str], favoured: Favoured | None = None) \
+        -> tuple[list[tuple[str, int, float, float]], list[TierRun]]:
     """Every chosen tier: the stages one after the other, the tiers beside them and, in the cgroup
-    ``favoured``, the favoured queue started once the first :data:`BESIDE_AFTER` stages ended (and
-    from then, in the cgroup ``background``, the :data:`BACKGROUND` tiers, which otherwise run in
-    their stage), then the queue of tests that run alone. Returns (tier, exit code, time, CPU) per
-    tier, the queues last, and the runs."""
+    ``favoured``, the favoured queue started once the first :data:`BESIDE_AFTER` stages ended, then the
+    queue of tests that run alone. Returns (tier, exit code, time, CPU) per tier, the queues last, and
+    the runs."""
     beside: list[TierRun] = []
     runs: list[TierRun] = []
     queues = queue_expressions(chosen, favoured is not None)
-    behind = tuple(name for name in BACKGROUND if name in chosen) if background is not None else ()
     for number, stage in enumerate(STAGES):
         if number == BESIDE_AFTER:
             beside = start_stage(tuple(name for name in BESIDE if name in chosen), seed, passed_on, held=True)
-            beside += start_stage(behind, seed, passed_on, held=True, group=background)
             if favoured is not None:
                 beside.append(TierRun(FAVOURED, ["-m", queues[FAVOURED]], seed, passed_on, held=True,
-                                      group=favoured))
-        tiers = tuple(name for name in stage if name in chosen and name not in BESIDE and name not in behind)
+                                      favoured=favoured))
+        tiers = tuple(name for name in stage if name in chosen and name not in BESIDE)
         if tiers:
             started = start_stage(tiers, seed, passed_on, held=len(tiers) > 1)
             for run in started:
@@ -350,19 +335,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"test order seed {seed} (again: python tests/suite.py --seed {seed})", flush=True)
     started = time.monotonic()
     write_caches()
-    favoured = CpuGroup.make(FAVOURED, FAVOURED_SHARES)
-    background = CpuGroup.make("background", BACKGROUND_SHARES) if favoured is not None else None
+    favoured = Favoured.make()
     print(f"the {FAVOURED} tests: " + (f"beside the stages, in cgroup {favoured.folder}" if favoured else
                                       "with those that run alone, after every tier (no CPU cgroup to favour them in)"),
           flush=True)
-    if background is not None:
-        print(f"the {', '.join(BACKGROUND)} tier: beside the stages, in cgroup {background.folder}", flush=True)
     try:
-        results, runs = run_suite(chosen, seed, passed_on, favoured, background)
+        results, runs = run_suite(chosen, seed, passed_on, favoured)
     finally:
-        for group in (favoured, background):
-            if group is not None:
-                group.remove()
+        if favoured is not None:
+            favoured.remove()
     print(f"\n=== the {SLOWEST} slowest tests of the suite")
     found, unread = slowest([(run.name, run.report) for run in runs])
     for took, tier, test_id in found:
@@ -377,8 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, code, took, cpu in results:
         print(f"{name:<12}{'passed' if passed(code) else f'failed (exit {code})':<22}{took:>7.0f}s{cpu:>7.0f}s")
     print(f"{'all':<12}{'':<22}{time.monotonic() - started:>7.0f}s{sum(r[3] for r in results):>7.0f}s   seed {seed} "
-          f"({', '.join(BESIDE + (BACKGROUND if background else ()))} and {FAVOURED} beside the other tiers; "
-          f"{ALONE}: after them, one test at a time)")
+          f"({', '.join(BESIDE)} and {FAVOURED} beside the other tiers; {ALONE}: after them, one test at a time)")
     return 0 if all(passed(code) for _, code, _, _ in results) else 1
 
 

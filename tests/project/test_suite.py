@@ -14,9 +14,8 @@ import pytest
 from _pytest.mark.expression import Expression
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from suite import (ALONE, BACKGROUND, BACKGROUND_SHARES, BESIDE, BESIDE_AFTER, FAVOURED, FAVOURED_SHARES,  # noqa: E402
-                   SLOWEST, STAGES, TIERS, WORKERS, CpuGroup, TierRun, expressions, main, parts, passed,
-                   queue_expressions, run_suite, slowest, tier_environment)
+from suite import (ALONE, BESIDE, BESIDE_AFTER, FAVOURED, FAVOURED_SHARES, SLOWEST, STAGES, TIERS, WORKERS,  # noqa: E402
+                   Favoured, TierRun, expressions, main, parts, queue_expressions, slowest, tier_environment)
 
 pytestmark = pytest.mark.project
 MARKERS = ("unit", "project", "slow", "tensorflow", "ssh", "slurm", "gpu")
@@ -131,16 +130,16 @@ def test_the_queues_run_only_their_tests_and_the_tiers_leave_them_out(tmp_path, 
 
 def test_no_cpu_controller_to_write_to_means_no_favoured_cgroup(tmp_path):
     (tmp_path / "cgroup").write_text("0::/user.slice\n")  # cgroup v2 only
-    assert CpuGroup.make(FAVOURED, FAVOURED_SHARES, str(tmp_path / "cgroup"), root=tmp_path) is None
+    assert Favoured.make(str(tmp_path / "cgroup"), root=tmp_path) is None
     (tmp_path / "cgroup").write_text("4:cpu,cpuacct:/ci\n")  # a v1 controller, not mounted here
-    assert CpuGroup.make(FAVOURED, FAVOURED_SHARES, str(tmp_path / "cgroup"), root=tmp_path) is None
-    assert CpuGroup.make(FAVOURED, FAVOURED_SHARES, str(tmp_path / "missing"), root=tmp_path) is None
+    assert Favoured.make(str(tmp_path / "cgroup"), root=tmp_path) is None
+    assert Favoured.make(str(tmp_path / "missing"), root=tmp_path) is None
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.skipif(os.geteuid() != 0, reason="a cgroup is made by root")
 def test_the_queue_runs_in_a_cgroup_favoured_for_the_cpu_and_leaves_none_behind(tmp_path):
-    favoured = CpuGroup.make(FAVOURED, FAVOURED_SHARES)
+    favoured = Favoured.make()
     if favoured is None:
         pytest.skip("no cgroup v1 CPU controller on this machine")
     try:
@@ -164,20 +163,20 @@ def test_the_queue_runs_in_a_cgroup_favoured_for_the_cpu_and_leaves_none_behind(
 @pytest.mark.timeout(60)
 @pytest.mark.skipif(os.geteuid() != 0, reason="a cgroup is made by root")
 def test_the_cgroup_of_a_suite_killed_before_its_end_goes_with_the_next_suite():
-    favoured = CpuGroup.make(FAVOURED, FAVOURED_SHARES)
+    favoured = Favoured.make()
     if favoured is None:
         pytest.skip("no cgroup v1 CPU controller on this machine")
     favoured.remove()
     dead = subprocess.Popen(["true"])  # a pid that has ended: a suite killed before its end
     dead.wait()
-    stale = favoured.parent / f"tflaunch-suite-{dead.pid}-background"
+    stale = favoured.parent / f"tflaunch-suite-{dead.pid}"
     stale.mkdir()
-    live = favoured.parent / f"tflaunch-suite-{os.getppid()}-favoured"  # a suite that still runs keeps its own
+    live = favoured.parent / f"tflaunch-suite-{os.getppid()}"  # a suite that still runs keeps its own
     made_live = not live.exists()
     if made_live:
         live.mkdir()
     try:
-        again = CpuGroup.make(FAVOURED, FAVOURED_SHARES)
+        again = Favoured.make()
         assert again is not None and not stale.exists() and live.exists()
         again.remove()
     finally:
@@ -185,40 +184,6 @@ def test_the_cgroup_of_a_suite_killed_before_its_end_goes_with_the_next_suite():
             live.rmdir()
         if stale.exists():
             stale.rmdir()
-
-
-@pytest.mark.timeout(240)
-@pytest.mark.skipif(os.geteuid() != 0, reason="a cgroup is made by root")
-def test_the_tensorflow_tier_runs_beside_the_stages_in_a_cgroup_that_takes_what_they_leave(tmp_path, capsys):
-    favoured = CpuGroup.make(FAVOURED, FAVOURED_SHARES)
-    if favoured is None:
-        pytest.skip("no cgroup v1 CPU controller on this machine")
-    background = CpuGroup.make("background", BACKGROUND_SHARES)
-    assert BACKGROUND == ("tensorflow",) and int((background.folder / "cpu.shares").read_text()) == 128
-    seen = tmp_path / "seen"
-    (tmp_path / "test_sample.py").write_text(
-        "import pathlib, time, pytest\n"
-        f"SEEN = pathlib.Path({str(seen)!r})\n"
-        "@pytest.mark.tensorflow\n"
-        "def test_tensorflow():\n"
-        "    SEEN.write_text(next(line.split(':', 2)[2].strip() for line in open('/proc/self/cgroup')\n"
-        "                         if 'cpu' in line.split(':', 2)[1].split(',')))\n"
-        "def test_fast():\n"  # the fast tier's stage ends only once the TensorFlow tier's test ran
-        "    deadline = time.monotonic() + 120\n"
-        "    while not SEEN.exists() and time.monotonic() < deadline:\n"
-        "        time.sleep(0.1)\n"
-        "    assert SEEN.exists()\n")
-    flags = [str(tmp_path), "-p", "no:cacheprovider", "--rootdir", str(tmp_path)]
-    try:
-        results, _ = run_suite(["unit", "fast", "tensorflow"], 1, flags, favoured, background)
-    finally:
-        favoured.remove()
-        background.remove()
-    shown = capsys.readouterr().out
-    assert [name for name, *_ in results] == ["unit", "fast", "tensorflow", FAVOURED, ALONE], results
-    assert all(passed(code) for _, code, _, _ in results), shown[-3000:]
-    assert seen.read_text().endswith("/" + background.folder.name)
-    assert not background.folder.exists() and not favoured.folder.exists()
 
 
 @pytest.mark.timeout(120)

@@ -13,9 +13,11 @@ import pytest
 
 try:  # tests/ on sys.path (no package) or the repository root (tests/ as a package)
     import testhosts_fixture
+    from conftest import MACHINE_FILES
     from polling import wait_for
 except ImportError:
     from tests import testhosts_fixture
+    from tests.conftest import MACHINE_FILES
     from tests.polling import wait_for
 
 SCRIPT = testhosts_fixture.SCRIPT
@@ -290,7 +292,7 @@ def put_back(path, content):
 
 @pytest.mark.slow
 @pytest.mark.ssh
-@pytest.mark.xdist_group("machine-files")  # both edit this machine's /etc/hosts and ~/.ssh/config: one at a time
+@pytest.mark.xdist_group(MACHINE_FILES)  # both edit this machine's /etc/hosts and ~/.ssh/config: one at a time
 @pytest.mark.parametrize("user_config", [None, b"Host *\n    ServerAliveInterval 7\n    User nobody"],
                          ids=["config-as-found", "config-with-host-star-no-newline"])
 def test_global_up_edits_and_down_restores_files_exactly(tmp_path, user_config):

@@ -18,9 +18,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import LOCKSTEP
+from conftest import LOCKSTEP, MACHINE_FILES
 
-pytestmark = [pytest.mark.slow, pytest.mark.ssh, pytest.mark.timeout(300)]
+# In the group of the tests that compare this machine's files before and after: each test here makes
+# ~/.ssh, where there is none, for the time it runs.
+pytestmark = [pytest.mark.slow, pytest.mark.ssh, pytest.mark.timeout(300), pytest.mark.xdist_group(MACHINE_FILES)]
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,13 +40,16 @@ def as_user(testhosts, tmp_path):
     ssh_dir.mkdir(mode=0o700)
     (ssh_dir / "config").write_text(f"Include {testhosts.ssh_config}\n")
     home_ssh = Path(os.path.expanduser("~")) / ".ssh"
+    made = not home_ssh.exists()
     home_ssh.mkdir(mode=0o700, exist_ok=True)  # a mount point (its contents are never touched)
 
     def wrap(argv: list[str]) -> list[str]:
         inner = f"mount --bind {shlex.quote(str(ssh_dir))} {shlex.quote(str(home_ssh))} && exec {shlex.join(argv)}"
         return ["unshare", "--mount", "--propagation", "private", "sh", "-c", inner]
 
-    return wrap
+    yield wrap
+    if made:
+        home_ssh.rmdir()
 
 
 def tflaunch_argv(log_dir: Path | None, *args: str) -> list[str]:
