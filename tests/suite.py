@@ -61,7 +61,7 @@ TIERS = (
 # alone from about 1,660 s to 1,156 s; three took them as long (437 s against 442 and 451 s, on more
 # CPU: 757 s against 712 and 732), the two cores being busy already. Each ssh and Slurm worker brings
 # up test hosts or clusters of its own.
-WORKERS = {"unit": 2, "fast": 4, "processes": 4, "ssh": 3, "slurm": 2, "tensorflow": 2}
+WORKERS = {"unit": 2, "fast": 4, "processes": 4, "ssh": 2, "slurm": 2, "tensorflow": 2}
 # The tiers of one stage run at the same time, each in a pytest process of its own whose output is
 # shown whole when it ends; the stages run one after the other, cheapest first. The ssh tier mostly
 # waits for its hosts' sshd logins (85 s of CPU in 158 s) and runs beside the processes tier (144 s

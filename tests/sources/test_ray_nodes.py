@@ -260,14 +260,6 @@ def test_a_cluster_with_ray_token_authentication(tflaunch):
 
 @pytest.mark.tensorflow
 @pytest.mark.timeout(400)
-def actor_of(proc: psutil.Process) -> psutil.Process:
-    """The Ray actor's worker process above ``proc``."""
-    for parent in proc.parents():
-        if parent.cmdline()[:1] and parent.cmdline()[0].startswith("ray::"):
-            return parent
-    raise AssertionError(f"no Ray actor above {proc.cmdline()}")
-
-
 def test_three_ray_nodes_train_the_built_in_trainer_in_lock_step(raycluster, tflaunch):
     done = tflaunch.run(*ray_args(raycluster, 3), "--", "python", "-m", "trainer", "--epochs", "2",
                         "--steps-per-epoch", "2", timeout=360)
