@@ -61,6 +61,7 @@ FIGURE_COST = 100  # what one figure of a parsed record takes in memory, about, 
 # close() gives the writer its timeout; this long before its end, task lines still waiting are
 # counted, not drawn, so tflaunch's own messages behind a flood print in time on a loaded machine.
 HURRY_SLACK = 1.5
+WRITE_CHUNK = 1 << 20  # bytes of drawn text the writer holds before it writes them out
 
 
 class Console:
@@ -223,15 +224,23 @@ class Console:
             pieces = []
             skipped = 0
             for item in items:
-                if item[0] == "task" and self._hurry_at is not None and time.monotonic() >= self._hurry_at:
+                hurrying = self._hurry_at is not None and time.monotonic() >= self._hurry_at
+                if item[0] == "task" and hurrying:
                     skipped += item[3].count(b"\n") if item[4] else 0
                     continue
+                if hurrying and self._twins:  # lines still waiting for twins are left out too
+                    skipped += sum(len(tasks) for tasks, _ in self._twins.flush())
                 if skipped:
                     pieces += self._render(["dropped", skipped])
                     skipped = 0
                 pieces += self._render(item)
                 if len(self._twins) > self._twins.max_waiting:  # a flood: the oldest lines print early
                     pieces.append((self._out, self._twin_text(self._twins.due(time.monotonic()))))
+                if sum(len(text) for _, text in pieces) >= WRITE_CHUNK:
+                    # Out as they come: what a backlog's drawing holds is written before the next
+                    # item, so that whatever follows it waits for no more than one item's text.
+                    self._write(pieces, final=False)
+                    pieces = []
             if skipped:
                 pieces += self._render(["dropped", skipped])
             if self._twins:

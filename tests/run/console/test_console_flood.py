@@ -78,3 +78,28 @@ def test_a_task_repeating_one_line_keeps_its_order_and_leaves_each_copy_on_its_o
     assert out[4_000] == (["worker-0", "worker-1"], b"same")
     assert out[4_001:5_000] == [(["worker-0"], b"same")] * 999
     assert out[5_000:] == [(["worker-0"], b"same"), (["worker-1"], b"other"), (["worker-1"], b"same")]
+
+
+def test_lines_waiting_for_twins_when_close_hurries_are_counted_not_drawn_and_the_message_follows():
+    # Lines the writer took into the twin folder before close() (they wait there for the other
+    # task's copies): once close() hurries they are left out like the lines still queued, counted
+    # in the note, so that the message behind them needs no drawing of theirs.
+    with tempfile.TemporaryFile("w+b") as shown:
+        err = io.StringIO()
+        out = os.fdopen(os.dup(shown.fileno()), "w")
+        console = Console(out, messages=err, colour=False, status=False)
+        console.register(["worker-0", "worker-1"])
+        console._twins.hold = 3600.0  # they wait for their twins for the whole test, however slow it runs
+        console.task_block("worker-0", b"a line that waits for its twin\n" * 100)
+        deadline = time.monotonic() + 30
+        while len(console._twins) < 100 and time.monotonic() < deadline:  # the writer took the block
+            time.sleep(0.01)
+        assert len(console._twins) == 100
+        console.message("worker-1 on node1 failed (exit code 7)")
+        console.close(timeout=HURRY_SLACK)  # hurries at once
+        out.close()
+        shown.seek(0)
+        printed = shown.read().count(b"| a line that waits for its twin\n")
+    messages = err.getvalue()
+    assert printed == 0 and console.dropped_lines == 100, (printed, console.dropped_lines)
+    assert messages.index("the console fell behind: 100 task lines") < messages.index("worker-1 on node1 failed")
