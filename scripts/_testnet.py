@@ -201,6 +201,13 @@ def sshd_pid(host_dir):
     return pid if os.path.join(host_dir, "sshd_config") in cmdline(pid) else None
 
 
+def host_pids(ns, host_dir):
+    """The live processes in a test host's network namespace ``ns`` other than its sshd listener,
+    sorted: what runs there for the tests (sessions, agents, tasks)."""
+    listener = sshd_pid(host_dir)
+    return sorted(pid for pid in netns_pids(ns) if pid != listener)
+
+
 def link_names():
     return [link["ifname"] for link in ip_json("link", "show")]
 

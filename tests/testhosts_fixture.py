@@ -48,7 +48,9 @@ SCRIPT = SCRIPTS / "testhosts"
 SSHD = "/usr/sbin/sshd"
 if str(SCRIPTS) not in sys.path:
     sys.path.insert(0, str(SCRIPTS))
-from _testnet import Host, netns_pids, sshd_pid  # noqa: E402  (Host: the scripts' own record of a host: .name, .address, .netns, .veth)
+# Host: the scripts' own record of a host (.name, .address, .netns, .veth); netns_pids and sshd_pid
+# are here for the tests of the test hosts themselves.
+from _testnet import Host, host_pids, netns_pids, sshd_pid  # noqa: E402,F401
 
 
 def unavailable_reason():
@@ -130,8 +132,7 @@ class TestHosts:
         """Pids of processes in the host's namespace other than its sshd listener, as
         ``scripts/testhosts pids`` prints them, read in this process (in milliseconds)."""
         host = self.host(host_name)
-        listener = sshd_pid(os.path.join(self.state_dir, host.name))
-        return sorted(pid for pid in netns_pids(host.netns) if pid != listener)
+        return host_pids(host.netns, os.path.join(self.state_dir, host.name))
 
     def cut(self, host_name):
         self._script("cut", self.host(host_name).name)
