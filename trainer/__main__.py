@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     # it cannot run); set before anything, as the mnist download imports TensorFlow early.
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
-    from trainer import cli, cluster, data
+    from trainer import cli, cluster, data, resize
     from trainer.metrics import Reporter
 
     args = cli.parse_args(argv)
@@ -69,7 +69,9 @@ def main(argv: list[str] | None = None) -> int:
                 ps.serve(task, reporter)
                 return 0
         splits = data.load(args.dataset)
-    except (cluster.ClusterError, data.DataError) as exc:
+        if args.backup_dir:
+            resize.read_record(args.backup_dir)  # a record that cannot be read is said before the slow import
+    except (cluster.ClusterError, data.DataError, resize.RecordError) as exc:
         print(f"trainer: error: {exc}", file=sys.stderr, flush=True)
         return USER_ERROR_EXIT
 
@@ -91,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
 
     termination.install(saves=bool(args.backup_dir) and name != "parameter_server")
 
-    from trainer import resize, train
+    from trainer import train
 
     try:
         train.run(args, task, splits, reporter, distribution, started)

@@ -11,12 +11,14 @@ import re
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import psutil
 import pytest
 from polling import wait_for
+from tiers import NO_TENSORFLOW
 
-pytestmark = [pytest.mark.slow, pytest.mark.tensorflow]
+ROOT = Path(__file__).resolve().parents[2]
 
 EPOCHS = 5
 # digits: 1,257 training samples, so 14 steps of the global batch 96 per epoch.
@@ -77,6 +79,8 @@ def stopped_in_epoch_3(tflaunch, backup, options) -> tuple[int, int, str]:
     return int(saved["worker-0"].group(1)), int(saved["worker-0"].group(2)), logs["worker-0"]
 
 
+@pytest.mark.slow
+@pytest.mark.tensorflow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("options", [("--backup-every", "5"), ("--loop", "custom")], ids=["fit", "custom"])
 def test_a_backup_of_3_workers_resumes_on_2_with_the_same_global_batch_at_the_start_of_its_epoch(
@@ -116,13 +120,15 @@ def test_a_backup_of_3_workers_resumes_on_2_with_the_same_global_batch_at_the_st
 
 @pytest.mark.timeout(300)
 def test_a_record_that_cannot_be_read_is_one_line_and_exit_2(tmp_path):
+    # Said before TensorFlow's import: the trainer finds tests/no_tensorflow's tensorflow first, which fails.
     (tmp_path / "backup" / "chief").mkdir(parents=True)
     record = tmp_path / "backup" / "chief" / "trainer-shape.json"
     record.write_text('{"global_batch": "96"}')
     argv = [sys.executable, "-m", "trainer", "--epochs", "1", "--backup-dir", str(tmp_path / "backup")]
     result = subprocess.run(argv,
                             capture_output=True, text=True, timeout=240,
-                            env={k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "TFLAUNCH_BACKUP_DIR")})
+                            env={**{k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "TFLAUNCH_BACKUP_DIR")},
+                                 "PYTHONPATH": os.pathsep.join([str(NO_TENSORFLOW), str(ROOT)])})
     assert result.returncode == 2, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("trainer: error: ")]
