@@ -65,7 +65,7 @@ class Tflaunch:
         self._started: list[subprocess.Popen] = []
         from tiers import NO_TENSORFLOW  # the plugin pytest loads: imported once pytest has
 
-        # A unit or fast test's tasks cannot import TensorFlow (tests/tiers.py).
+        # The tasks of a test not marked tensorflow cannot import it (tests/tiers.py).
         self._path = [str(NO_TENSORFLOW)] * no_tensorflow + [str(ROOT)]
 
     def argv(self, *args: str) -> list[str]:
@@ -191,9 +191,9 @@ def default_local_two(tmp_path_factory) -> DefaultRun:
 
 @pytest.fixture
 def tflaunch(tmp_path: Path, request: pytest.FixtureRequest):
-    from tiers import light
+    from tiers import tensorflow_free
 
-    launcher = Tflaunch(tmp_path / "logs", tmp_path, no_tensorflow=light(request.node))
+    launcher = Tflaunch(tmp_path / "logs", tmp_path, no_tensorflow=tensorflow_free(request.node))
     yield launcher
     launcher.stop_leftovers()
 

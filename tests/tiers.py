@@ -5,9 +5,11 @@
   tflaunch, test hosts or a Slurm cluster; such a test errors at setup, naming what it is marked or
   uses, and is not run.
 - A test of the unit or fast tier (:func:`light`) may not import TensorFlow (or tf_keras, or Keras):
-  one that does errors at teardown, naming the modules. The tasks it starts through the ``tflaunch``
-  fixture find :data:`NO_TENSORFLOW` first on their path, whose ``tensorflow`` fails to import, so
-  neither the trainer nor any TensorFlow program runs there.
+  one that does errors at teardown, naming the modules. The tasks that any test not marked
+  ``tensorflow`` starts through the ``tflaunch`` fixture (:func:`tensorflow_free`) find
+  :data:`NO_TENSORFLOW` first on their path, whose ``tensorflow`` fails to import, so neither the
+  trainer nor any TensorFlow program runs there: a test that lost its mark fails at once instead of
+  running TensorFlow in a tier that runs beside others or is not counted as TensorFlow's.
 - Every test leaves the process as it found it: the working directory, os.environ and the handlers of
   the signals tflaunch handles. A test that changes one of them without undoing it (monkeypatch
   undoes its own changes; the fixture ``signal_handlers`` puts the handlers back) errors at teardown,
@@ -51,6 +53,11 @@ def light(item: pytest.Item) -> bool:
     """Whether ``item`` is a test of the unit, project or fast tier: TensorFlow has no place there."""
     return item.get_closest_marker("unit") is not None or \
         all(item.get_closest_marker(name) is None for name in HEAVY_MARKERS)
+
+
+def tensorflow_free(item: pytest.Item) -> bool:
+    """Whether the tasks ``item`` starts may not run TensorFlow: every test not marked tensorflow."""
+    return item.get_closest_marker("tensorflow") is None
 
 
 def tensorflow_loaded() -> set[str]:

@@ -198,6 +198,36 @@ def test_a_unit_or_fast_test_that_imports_tensorflow_errors_and_a_tensorflow_tes
     assert "test_sample.py::test_fast_imports_it is a unit or fast test but imported tf_keras" in done.stdout
 
 
+def test_only_the_tasks_of_a_test_marked_tensorflow_may_run_it_whatever_its_tier(tmp_path):
+    body = '''
+        import pytest
+        from tiers import tensorflow_free
+
+        def test_fast(request):
+            assert tensorflow_free(request.node)
+
+        @pytest.mark.slow
+        def test_processes(request):
+            assert tensorflow_free(request.node)
+
+        @pytest.mark.slow
+        @pytest.mark.ssh
+        def test_ssh(request):
+            assert tensorflow_free(request.node)
+
+        @pytest.mark.slow
+        @pytest.mark.tensorflow
+        def test_tensorflow(request):
+            assert not tensorflow_free(request.node)
+    '''
+    done = pytest_run(tmp_path, body)
+    assert outcomes(done) == dict.fromkeys(("test_fast", "test_processes", "test_ssh", "test_tensorflow"), "PASSED"), \
+        done.stdout
+    # The tflaunch fixture asks it for every test, not only the light ones.
+    fixture = (ROOT / "tests" / "conftest.py").read_text()
+    assert "Tflaunch(tmp_path / \"logs\", tmp_path, no_tensorflow=tensorflow_free(request.node))" in fixture
+
+
 def test_the_tasks_of_a_fast_test_cannot_import_tensorflow_and_those_of_a_tensorflow_test_can(tmp_path):
     from conftest import Tflaunch
     from tiers import NO_TENSORFLOW
@@ -208,7 +238,7 @@ def test_the_tasks_of_a_fast_test_cannot_import_tensorflow_and_those_of_a_tensor
     for module in ("tensorflow", "tf_keras", "keras"):
         refused = subprocess.run([sys.executable, "-c", f"import {module}"], env=light, capture_output=True,
                                  text=True, timeout=60)
-        assert refused.returncode == 1 and (f"ImportError: {module} in a unit or fast test: TensorFlow runs only in "
+        assert refused.returncode == 1 and (f"ImportError: {module} in a test not marked tensorflow: TensorFlow runs only in "
                                             "tests marked tensorflow") in refused.stderr, refused.stderr
     # The trainer's modules that train import TensorFlow: they cannot be imported there either.
     trainer = subprocess.run([sys.executable, "-c", "import trainer.strategy"], env=light, capture_output=True,

@@ -1,4 +1,4 @@
-"""Stands in front of the real keras for the tasks of unit and fast tests (tests/tiers.py): importing it fails."""
+"""Stands in front of the real keras for the tasks of tests not marked tensorflow (tests/tiers.py): importing it fails."""
 
-raise ImportError("keras in a unit or fast test: TensorFlow runs only in tests marked tensorflow "
+raise ImportError("keras in a test not marked tensorflow: TensorFlow runs only in tests marked tensorflow "
                   "(tests/tiers.py); mark the test or run the stand-in worker tests/workers/lockstep.py")
