@@ -40,6 +40,7 @@ import time
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
+from cgroups import move_out
 from tiers import HEAVY_MARKERS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -197,11 +198,7 @@ class Favoured:
     def moved_out(folder: Path, parent: Path) -> None:
         """``folder`` removed, the processes in it moved to ``parent``; a line when that fails."""
         try:
-            for pid in (folder / "cgroup.procs").read_text().split():
-                try:
-                    (parent / "cgroup.procs").write_text(pid)
-                except OSError:
-                    pass  # it ended meanwhile
+            move_out(folder, parent)
             folder.rmdir()
         except OSError as exc:
             print(f"the suite's cgroup {folder} could not be removed: {exc}", flush=True)

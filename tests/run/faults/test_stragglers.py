@@ -32,6 +32,7 @@ from launcher.run.faults.stragglers import (CONFIRM_FOR, CONFIRM_SHARE, END_FOR,
                                             figures_over, minority, shares, status_words, steady_shares)
 from launcher.agent import sampling, threads
 from launcher.transports.base import ThreadTimes
+from cgroups import move_out
 from conftest import LOCKSTEP
 from polling import wait_for
 
@@ -331,11 +332,7 @@ class CpuQuota:
         (self.folder / "cgroup.procs").write_text(str(pid))
 
     def remove(self) -> None:
-        for pid in (self.folder / "cgroup.procs").read_text().split():
-            try:
-                (self.root / "cgroup.procs").write_text(pid)
-            except OSError:
-                pass  # it ended meanwhile
+        move_out(self.folder, self.root)
         wait_for(lambda: not (self.folder / "cgroup.procs").read_text().strip(), timeout=10,
                  message="the quota's cgroup empty")
         self.folder.rmdir()
