@@ -1,7 +1,8 @@
 """Entry point: python -m trainer [options] (see --help).
 
 Startup order is fixed here because TensorFlow is strict about it: options are
-parsed, TF_CONFIG read and the data loaded in numpy first; then TensorFlow is
+parsed, TF_CONFIG read, the data loaded in numpy and the backup's record checked
+first (a user's mistake is said before the slow import); then TensorFlow is
 imported, GPU memory growth set and the strategy created before any other
 TensorFlow op runs.
 
