@@ -62,6 +62,7 @@ CONFIRM_SHARE = 0.2
 CONFIRM_PART = 0.75  # of the window: how long a task stands out before it is named
 CONFIRM_FOR = CONFIRM_PART * WINDOW
 END_SHARE = 0.15
+SHARE_DIGITS = 9  # a share's decimals: far finer than any figure, coarser than floating point's error
 END_PART = 0.5  # of the window: how long a straggler stays calm before its end is said
 END_FOR = END_PART * WINDOW
 JUDGE_EVERY = 2.0  # seconds between two judgements at the default window, a tenth of a shorter one
@@ -147,6 +148,9 @@ def shares(figures: Mapping[str, Figures]) -> dict[str, tuple[float, str]]:
             share, cause = by_gpu, "gpu"
         if by_cpu > share:
             share, cause = by_cpu, "cpu"
+        # Rounded: the figures are fractions of looks, and their difference in floating point falls
+        # short of the threshold it equals (0.6 - 0.4 is 0.19999999999999996, under CONFIRM_SHARE).
+        share = round(share, SHARE_DIGITS)
         found[names[i]] = (0.0 if share < 0.0 else 1.0 if share > 1.0 else share, cause)
     return found
 
