@@ -222,8 +222,10 @@ class Console:
                 self._queued = 0
                 stopping = self._stopping
             pieces = []
+            held = 0  # the length of the text in pieces, kept as they come rather than summed per item
             skipped = 0
             for item in items:
+                added = len(pieces)
                 hurrying = self._hurry_at is not None and time.monotonic() >= self._hurry_at
                 if item[0] == "task" and hurrying:
                     skipped += item[3].count(b"\n") if item[4] else 0
@@ -236,11 +238,12 @@ class Console:
                 pieces += self._render(item)
                 if len(self._twins) > self._twins.max_waiting:  # a flood: the oldest lines print early
                     pieces.append((self._out, self._twin_text(self._twins.due(time.monotonic()))))
-                if sum(len(text) for _, text in pieces) >= WRITE_CHUNK:
+                held += sum(len(text) for _, text in pieces[added:])
+                if held >= WRITE_CHUNK:
                     # Out as they come: what a backlog's drawing holds is written before the next
                     # item, so that whatever follows it waits for no more than one item's text.
                     self._write(pieces, final=False)
-                    pieces = []
+                    pieces, held = [], 0
             if skipped:
                 pieces += self._render(["dropped", skipped])
             if self._twins:
