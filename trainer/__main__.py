@@ -70,8 +70,8 @@ def main(argv: list[str] | None = None) -> int:
                 ps.serve(task, reporter)
                 return 0
         splits = data.load(args.dataset)
-        if args.backup_dir:
-            resize.read_record(args.backup_dir)  # a record that cannot be read is said before the slow import
+        # Read before the slow import, so that a record that cannot be read is said at once.
+        record = resize.read_record(args.backup_dir) if args.backup_dir else None
     except (cluster.ClusterError, data.DataError, resize.RecordError) as exc:
         print(f"trainer: error: {exc}", file=sys.stderr, flush=True)
         return USER_ERROR_EXIT
@@ -97,10 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     from trainer import train
 
     try:
-        train.run(args, task, splits, reporter, distribution, started)
-    except resize.RecordError as exc:
-        print(f"trainer: error: {exc}", file=sys.stderr, flush=True)
-        return USER_ERROR_EXIT
+        train.run(args, task, splits, reporter, distribution, started, record)
     except Exception:
         if termination.requested():
             # Stopping broke a collective (a peer went first): the stop was asked for, so end as

@@ -22,14 +22,14 @@ from trainer.strategy import strategy_label
 
 
 def run(args: argparse.Namespace, task: TaskInfo, splits: Splits, reporter: Reporter,
-        strategy, started: float) -> None:
-    """Train, evaluate on the test split, save the model (chief) and print the final metric line."""
+        strategy, started: float, found: resize.Record | None) -> None:
+    """Train, evaluate on the test split, save the model (chief) and print the final metric line.
+    ``found``: the backup folder's record of the run's shape, as read at the start (None: none)."""
     # Same seed on every worker: identical initial weights and identical shuffling,
     # which the DATA sharding of the input relies on.
     keras.utils.set_random_seed(args.seed)
     replicas = strategy.num_replicas_in_sync
     # The global batch is what attempts with another replica count keep (trainer.resize).
-    found = resize.read_record(args.backup_dir) if args.backup_dir else None
     target = resize.target_global_batch(args.global_batch, args.batch_per_worker, replicas, found)
     per_replica, global_batch = resize.split_batch(target, replicas)
     steps_per_epoch = args.steps_per_epoch or inputs.default_steps_per_epoch(len(splits.x_train), global_batch)

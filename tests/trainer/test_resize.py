@@ -6,19 +6,15 @@ per-replica batch changes, and training resumes at the start of the epoch the ba
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import psutil
 import pytest
+from conftest import Tflaunch
 from polling import wait_for
-from tiers import NO_TENSORFLOW
-
-ROOT = Path(__file__).resolve().parents[2]
 
 EPOCHS = 5
 # digits: 1,257 training samples, so 14 steps of the global batch 96 per epoch.
@@ -120,15 +116,18 @@ def test_a_backup_of_3_workers_resumes_on_2_with_the_same_global_batch_at_the_st
 
 @pytest.mark.timeout(300)
 def test_a_record_that_cannot_be_read_is_one_line_and_exit_2(tmp_path):
-    # Said before TensorFlow's import: the trainer finds tests/no_tensorflow's tensorflow first, which fails.
+    # Said before TensorFlow's import: the trainer finds tests/no_tensorflow's tensorflow first, which
+    # fails (the path the tflaunch fixture gives the tasks of a test not marked tensorflow).
+    env = Tflaunch(tmp_path, tmp_path, no_tensorflow=True).env()
+    for name in ("TF_CONFIG", "TFLAUNCH_BACKUP_DIR"):
+        env.pop(name, None)
     (tmp_path / "backup" / "chief").mkdir(parents=True)
     record = tmp_path / "backup" / "chief" / "trainer-shape.json"
     record.write_text('{"global_batch": "96"}')
     argv = [sys.executable, "-m", "trainer", "--epochs", "1", "--backup-dir", str(tmp_path / "backup")]
     result = subprocess.run(argv,
                             capture_output=True, text=True, timeout=240,
-                            env={**{k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "TFLAUNCH_BACKUP_DIR")},
-                                 "PYTHONPATH": os.pathsep.join([str(NO_TENSORFLOW), str(ROOT)])})
+                            env=env)
     assert result.returncode == 2, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("trainer: error: ")]
