@@ -160,11 +160,11 @@ class RunOptions:
     start_timeout: float | None = _option(
         metavar="S", parse=float,
         help="Fail the attempt when some training task shows no progress within S seconds: progress is a metric "
-             "line (the built-in trainer's, or an epoch line Keras prints), or over 10% of a core over the "
-             "last S/2 seconds (the first half, where TensorFlow starts up, does not count).")
+             "line (the built-in trainer's, or an epoch line Keras prints), or over 10% of a core used or waited for "
+             "over the last S/2 seconds (the first half, where TensorFlow starts up, does not count).")
     hang_timeout: float | None = _option(
         metavar="S", parse=float,
-        help="When no chief or worker makes progress for S seconds (no new metric line, under 10% of a core; "
+        help="When no chief or worker makes progress for S seconds (no new metric line, under 10% of a core used or waited for; "
              "output does not count): sample every task's stacks, name the task that differs, fail the attempt.")
     keepalive_timeout: float | None = _option(
         metavar="S", parse=float,

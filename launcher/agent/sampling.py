@@ -1,7 +1,7 @@
 """Each task's resource readings, taken every ``sample`` seconds (at its multiples on the wall
 clock: :func:`until_sample`) and sent as one ``R`` frame
-(:data:`.protocol.Frame.READINGS`): a line per living task, ``id rss_bytes cpu_seconds processes``
-of the task's whole tree, and for a watched task its threads' totals after them
+(:data:`.protocol.Frame.READINGS`): a line per living task, ``id rss_bytes cpu_seconds processes
+waited_seconds`` of the task's whole tree, and for a watched task its threads' totals after them
 (:class:`.threads.ThreadWatch`, which looks at them every :func:`look_gap` seconds). tflaunch takes
 a reading of a process on its own machine the same way (:func:`tree_reading`).
 """
@@ -9,7 +9,7 @@ a reading of a process on its own machine the same way (:func:`tree_reading`).
 import os
 import random
 
-from .trees import descendants, stat_fields
+from .trees import descendants, run_delay, stat_fields
 
 
 LOOK_EVERY = 2.0  # seconds between looks at a watched task's threads, on average, unless its task says
@@ -33,8 +33,10 @@ def until_sample(every, wall, sampled=False):
 
 
 def usage(pids, page=os.sysconf("SC_PAGE_SIZE"), ticks=os.sysconf("SC_CLK_TCK")):
-    """(resident bytes, CPU seconds) of ``pids``; the first one's reaped children's CPU counts too."""
+    """(resident bytes, CPU seconds, seconds waited for a CPU) of ``pids``: the first one's reaped
+    children's CPU counts too; the waiting is each process's main thread's run-queue time."""
     rss = cpu = 0
+    waited = 0.0
     for n, pid in enumerate(pids):
         fields = stat_fields(pid)
         if fields is None:
@@ -45,14 +47,15 @@ def usage(pids, page=os.sysconf("SC_PAGE_SIZE"), ticks=os.sysconf("SC_CLK_TCK"))
         except (OSError, IndexError, ValueError):
             continue
         cpu += int(fields[11]) + int(fields[12]) + (int(fields[13]) + int(fields[14]) if n == 0 else 0)
-    return rss, cpu / float(ticks)
+        waited += run_delay(pid)
+    return rss, cpu / float(ticks), waited
 
 
 def tree_reading(pid):
-    """(resident bytes, CPU seconds, processes) of ``pid``'s whole tree: one task's reading."""
+    """(resident bytes, CPU seconds, processes, seconds waited for a CPU) of ``pid``'s whole tree: one task's reading."""
     tree = [pid] + descendants(pid)
-    rss, cpu = usage(tree)
-    return rss, cpu, len(tree)
+    rss, cpu, waited = usage(tree)
+    return rss, cpu, len(tree), waited
 
 
 def readings(processes):
@@ -62,8 +65,8 @@ def readings(processes):
     for process in processes:
         if process.status is None and process.pid is not None and process.fields.get("kind") != "helper":
             tree = process.tree = [process.pid] + descendants(process.pid)
-            rss, cpu = usage(tree)
-            line = "%d %d %.3f %d" % (process.id, rss, cpu, len(tree))
+            rss, cpu, waited = usage(tree)
+            line = "%d %d %.3f %d %.3f" % (process.id, rss, cpu, len(tree), waited)
             if process.threads is not None and process.threads.looks:
                 line += " " + process.threads.totals()  # see .threads.ThreadWatch
             lines.append(line)

@@ -84,6 +84,16 @@ def stat_fields(pid):
         return None
 
 
+def run_delay(pid):
+    """Seconds the main thread of ``pid`` spent runnable but waiting for a CPU so far
+    (/proc/<pid>/schedstat's second field), or 0.0 when the kernel does not say or it is gone."""
+    try:
+        with open("/proc/%d/schedstat" % pid, "rb") as schedstat:
+            return int(schedstat.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 def alive(pid):
     fields = stat_fields(pid)
     return bool(fields) and fields[0] != b"Z"

@@ -75,6 +75,7 @@ class Reading(NamedTuple):
     processes: int
     at: float  # time.time() when it arrived
     threads: ThreadTimes | None = None  # a task watched for the straggler rule
+    waited_seconds: float = 0.0  # time its processes' main threads were runnable but waited for a CPU, so far
 
 
 class FailedStart:

@@ -1,7 +1,7 @@
 """A readings frame as a host agent writes it (:func:`launcher.agent.sampling.readings`), on
 tflaunch's side: checked whole where it arrives, parsed once when a reading is asked for.
 
-A line per task, ``id rss_bytes cpu_seconds processes``, then for a watched task its threads'
+A line per task, ``id rss_bytes cpu_seconds processes waited_seconds``, then for a watched task its threads'
 totals, 4, 6 or 7 words (:meth:`launcher.agent.threads.ThreadWatch.totals`).
 """
 
@@ -13,7 +13,7 @@ from typing import Mapping, Protocol
 from .base import Reading, ThreadTimes
 
 _INT, _DEC = rb"-?[0-9]+", rb"-?[0-9]+\.[0-9]+"
-_READING = _INT + b" " + _INT + b" " + _DEC + b" " + _INT + \
+_READING = _INT + b" " + _INT + b" " + _DEC + b" " + _INT + b" " + _DEC + \
     b"(?: " + _INT + b" " + _DEC + b" " + _INT + b" " + _DEC + b"(?: " + _INT + b" " + _DEC + b"(?: " + _INT + b")?)?)?"
 READINGS_TEXT = re.compile(_READING + b"(?:\n" + _READING + b")*\n?")
 
@@ -40,9 +40,10 @@ def parse_readings(payload: bytes, at: float, processes: Mapping[int, _Process])
         if process is None:
             continue
         threads = None
-        if len(words) > 4:
-            gpu = (int(words[8]), float(words[9])) if len(words) >= 10 else (0, 0.0)
-            threads = ThreadTimes(int(words[4]), float(words[5]), int(words[6]), float(words[7]), *gpu,
-                                  gpu_stale=int(words[10]) if len(words) == 11 else 0)
-        found[ident] = Reading(process.pid, int(words[1]), float(words[2]), int(words[3]), at, threads)
+        if len(words) > 5:
+            gpu = (int(words[9]), float(words[10])) if len(words) >= 11 else (0, 0.0)
+            threads = ThreadTimes(int(words[5]), float(words[6]), int(words[7]), float(words[8]), *gpu,
+                                  gpu_stale=int(words[11]) if len(words) == 12 else 0)
+        found[ident] = Reading(process.pid, int(words[1]), float(words[2]), int(words[3]), at, threads,
+                               float(words[4]))
     return found

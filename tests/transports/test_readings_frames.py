@@ -79,13 +79,14 @@ def test_a_hosts_readings_are_parsed_once_for_all_its_tasks_by_the_first_reader(
 
 def test_a_task_that_ended_has_no_reading_though_its_hosts_frame_held_one(link):
     ending, going = started(link, 2)
-    feed(link, f"{ending.id} 4096 1.500 1\n{going.id} 8192 0.250 2".encode())
+    feed(link, f"{ending.id} 4096 1.500 1 0.000\n{going.id} 8192 0.250 2 3.125".encode())
     assert ending.reading().cpu_seconds == 1.5 and going.reading().rss_bytes == 8192
+    assert going.reading().waited_seconds == 3.125
     link.frames.feed(memoryview(b"".join(protocol.frame(Frame.STATUS, ending.id, b"exit code=0"))))
     assert ending.reading() is None and going.reading().processes == 2
 
 
-@pytest.mark.parametrize("payload", [b"1 2 x 4", b"1 2 3.0", b"1 2 3.0 4 5", b"1 2 3.0 4\n\n", b"1 2 3.0 4 5 6.0 7 8.0 9"])
+@pytest.mark.parametrize("payload", [b"1 2 x 4 0.0", b"1 2 3.0", b"1 2 3.0 4", b"1 2 3.0 4 5", b"1 2 3.0 4 0.0\n\n", b"1 2 3.0 4 0.0 5 6.0 7 8.0 9"])
 def test_readings_that_are_none_of_the_agents_end_the_link_where_they_come_in(link, payload):
     # The link's read turns the error into the link's end, with this line (see the wire protocol's tests).
     task, = started(link, 1)

@@ -4,14 +4,17 @@
   must show progress within S seconds of the start (:func:`never_formed`): a metric line (see
   :mod:`launcher.records.metrics`), or, as the hang rule counts it, more than :data:`CPU_SHARE` of
   one core over the timeout's second half, so that a script that prints no metric lines is judged
-  by its work. The first half is left out: importing TensorFlow and building a model take seconds
+  by its work. A task's share counts the time it waited for a CPU (its processes' main threads'
+  run-queue time) with the time it ran: on a machine whose cores others keep busy, a task that
+  computes may get under a tenth of one, yet it wants to run, where a task waiting for its peers
+  sleeps and does not. The first half is left out: importing TensorFlow and building a model take seconds
   of CPU even in a cluster that then waits forever for a peer.
   When it trips on a cluster that spans hosts, the mesh probe (:mod:`launcher.run.checks.mesh`) checks,
   while the tasks still hold their ports, that every host reaches every task, and the reason
   names the pairs that cannot connect;
 - hang timeout: the attempt hangs when no chief or worker made progress for S seconds
   (:func:`stalled`). A task made progress when it printed a new metric line (any kind: a step,
-  an epoch) or when its process tree used more than :data:`CPU_SHARE` of one core over those
+  an epoch) or when its process tree used (or waited for) more than :data:`CPU_SHARE` of one core over those
   S seconds. Output never counts: a stuck task that keeps logging must not hide the hang, and
   tasks blocked in a collective print nothing and use almost no CPU. ``ps`` tasks and
   evaluators are idle by design and not watched. When it trips, every running task's stacks
@@ -52,7 +55,7 @@ log = tracer("watchdog")
 if TYPE_CHECKING:
     from .hang_verdict import Verdict
 
-CPU_SHARE = 0.10  # of one core, over the window: below it a task waits rather than works
+CPU_SHARE = 0.10  # of one core, used or waited for, over the window: below it a task waits for others rather than works
 UNSAMPLED_GRACE = 10.0  # seconds past the window after which a task never sampled is judged by metrics alone
 DUMP_TIMEOUT = 15.0  # seconds to wait for every task's stacks once a hang is declared
 
@@ -63,7 +66,7 @@ class Activity:
 
     role: str
     last_metric: float | None = None  # when its newest metric line of this attempt came
-    cpu: tuple[tuple[float, float], ...] = ()  # (when, CPU seconds its process tree used so far), oldest first
+    cpu: tuple[tuple[float, float], ...] = ()  # (when, CPU seconds its process tree used or waited for so far), oldest first
 
 
 @dataclass(frozen=True)
@@ -161,7 +164,7 @@ class Watchdog:
         self.mesh_problems = mesh_problems or _mesh_problems  # the broken pairs of a live cluster
         self.verdict: Verdict | None = None  # once a hang was declared
         self.root_cause: RootCause | None = None  # the hang's culprit, when one task is to blame
-        self._cpu: TaskReadings[float] = TaskReadings(lambda reading: reading.cpu_seconds)
+        self._cpu: TaskReadings[float] = TaskReadings(lambda reading: reading.cpu_seconds + reading.waited_seconds)
 
     def __call__(self, tasks: list[Task]) -> Trip | None:
         now = self.clock()
@@ -198,7 +201,7 @@ class Watchdog:
             return None
         missing = [name for name in self.trainers if name in idle]
         reason = (f"start timeout: {', '.join(missing)} made no training progress within {timeout:g} s "
-                  f"(no metric line, and under {CPU_SHARE:.0%} of a core over its last {timeout / 2:g} s: "
+                  f"(no metric line, and under {CPU_SHARE:.0%} of a core used or waited for over its last {timeout / 2:g} s: "
                   "the cluster never formed)")
         return Trip(reason + self.explain_stall(tasks), tuple(missing))
 

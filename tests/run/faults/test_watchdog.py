@@ -53,12 +53,13 @@ class FakeProcess:
         self.clock = clock
         self.pid = 4711
         self.cpu = 0.0  # CPU seconds the task's tree used so far
+        self.waited = 0.0  # seconds its main threads waited for a CPU so far
 
     def dump_stacks(self, timeout: float = 10.0) -> str:
         return self.text
 
     def reading(self) -> Reading:
-        return Reading(self.pid, 1 << 20, self.cpu, 1, self.clock())
+        return Reading(self.pid, 1 << 20, self.cpu, 1, self.clock(), waited_seconds=self.waited)
 
 
 CLOCK = None  # the clock of the test's Cluster (set when it is made), for the processes task() makes
@@ -119,11 +120,12 @@ class Cluster:
             pytest.fail("the output pump's thread died", pytrace=False)
         return False
 
-    def run(self, watchdog: Watchdog, tasks: list[Task], seconds: float, busy: dict[str, float] | None = None
-            ) -> Trip | None:
+    def run(self, watchdog: Watchdog, tasks: list[Task], seconds: float, busy: dict[str, float] | None = None,
+            waiting: dict[str, float] | None = None) -> Trip | None:
         """Ask the watchdog every second for ``seconds`` (and once at the end) while every task's agent
-        reports a reading each second: ``busy`` tasks use that share of a core, the others 1 %."""
-        busy = busy or {}
+        reports a reading each second: ``busy`` tasks use that share of a core, the others 1 %;
+        ``waiting`` tasks wait for a CPU that share of the time."""
+        busy, waiting = busy or {}, waiting or {}
         left = seconds
         while True:
             step = min(1.0, left)
@@ -131,6 +133,7 @@ class Cluster:
             left -= step
             for record in tasks:
                 record.process.cpu += step * busy.get(record.name, 0.01)
+                record.process.waited += step * waiting.get(record.name, 0.0)
             trip = watchdog(tasks)
             if trip is not None or left <= 0:
                 return trip
@@ -193,7 +196,7 @@ def test_start_timeout_fires_naming_the_trainers_without_progress(cluster):
     assert cluster.run(watchdog, tasks, seconds=25) is None  # exactly 30 s: not yet over
     assert cluster.run(watchdog, tasks, seconds=0.5) == Trip(
         "start timeout: worker-1 made no training progress within 30 s (no metric line, and under 10% of a "
-        "core over its last 15 s: the cluster never formed)", ("worker-1",))
+        "core used or waited for over its last 15 s: the cluster never formed)", ("worker-1",))
     assert cluster.events == []  # the supervisor announces the trip; the start watchdog adds nothing
 
 
@@ -204,6 +207,19 @@ def test_start_timeout_counts_a_silent_trainer_that_works_as_progress(cluster):
     assert watchdog.formed
     # Later quiet is the hang rule's to judge (none armed here), not the start rule's.
     assert cluster.run(watchdog, tasks, seconds=600) is None
+
+
+def test_a_silent_trainer_that_waits_for_a_cpu_others_keep_busy_works_for_both_rules(cluster):
+    # On a machine whose cores others keep busy, a computing task gets 5 % of one and waits for it
+    # the rest of the time: it wants to run, where a task that waits for its peers sleeps.
+    watchdog, tasks = cluster.workers(2, start_timeout=20, hang_timeout=30)
+    starved = {"worker-0": 0.05, "worker-1": 0.05}
+    assert cluster.run(watchdog, tasks, seconds=25, busy=starved, waiting={"worker-0": 0.9, "worker-1": 0.9}) is None
+    assert watchdog.formed
+    assert cluster.run(watchdog, tasks, seconds=60, busy=starved, waiting={"worker-1": 0.5}) is None
+    # The same CPU without the waiting is a hang.
+    trip = cluster.run(watchdog, tasks, seconds=35, busy=starved)
+    assert trip is not None and "no training progress" in trip.reason
 
 
 def test_start_timeout_does_not_count_the_cpu_of_starting_up(cluster):

@@ -9,6 +9,7 @@ import signal
 
 import pytest
 
+from cgroups import CpuQuota, cpu_quotas_available
 from conftest import TASK
 from polling import wait_for
 
@@ -154,13 +155,32 @@ def test_hang_then_restart_per_policy(tflaunch):
     assert (done.run_dir / "attempt-2" / "stacks" / "worker-0.txt").exists()
 
 
+BUSY = "import time\nend = time.time() + 12\nwhile time.time() < end:\n    sum(range(10000))\nprint('trained')"
+
+
 def test_start_timeout_spares_a_script_that_works_without_metric_lines(tflaunch):
     # Like a Keras script training under MultiWorkerMirroredStrategy: busy, and no TFLAUNCH_METRIC line.
-    busy = "import time\nend = time.time() + 12\nwhile time.time() < end:\n    sum(range(10000))\nprint('trained')"
-    done = tflaunch.run("--local", "2", "--start-timeout", "4", "--", "python", "-c", busy)
+    done = tflaunch.run("--local", "2", "--start-timeout", "4", "--", "python", "-c", BUSY)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "start timeout" not in done.stderr
     assert [a["outcome"] for a in done.record["attempts"]] == ["succeeded"]
+
+
+@pytest.mark.skipif(not cpu_quotas_available(), reason="needs root and a cgroup CPU controller")
+def test_start_timeout_spares_a_script_held_back_by_a_cpu_quota(tflaunch):
+    # A container's CPU limit (a pod's, a job's cgroup) far below what the tasks want: each computes
+    # on a few hundredths of a core and waits for the quota the rest of the time. It wants to run:
+    # it is not waiting for a peer (and the quota costs this machine nothing, unlike busy neighbours).
+    quota = CpuQuota(0.05)
+    try:
+        enter = f'echo $$ > {quota.folder / "cgroup.procs"} && exec "$0" "$@"'
+        done = tflaunch.run("--local", "2", "--start-timeout", "4", "--", "sh", "-c", enter, "python", "-c", BUSY)
+    finally:
+        quota.remove()
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "start timeout" not in done.stderr
+    figures = json.loads((done.run_dir / "resources.json").read_text())["tasks"]
+    assert all(f["cpu_percent_mean"] < 10 for f in figures.values()), figures  # held back indeed
 
 
 def test_start_timeout_names_the_task_that_never_joined(tflaunch):
