@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -19,6 +20,13 @@ from suite import (ALONE, BESIDE, BESIDE_AFTER, FAVOURED, FAVOURED_SHARES, SLOWE
 
 pytestmark = pytest.mark.project
 MARKERS = ("unit", "project", "slow", "tensorflow", "ssh", "slurm", "gpu")
+
+
+@pytest.fixture(autouse=True)
+def reports_in_the_tests_folder(tmp_path, monkeypatch):
+    """The JUnit reports and held output of the tier runs these tests make go to the test's own
+    folder: the suite's main() removes its reports, and a test that makes a TierRun left its own in /tmp."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
 
 
 def tiers_of(markers: set[str]) -> list[str]:

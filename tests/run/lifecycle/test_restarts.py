@@ -6,6 +6,7 @@ import json
 import os
 import re
 import signal
+import sys
 
 import pytest
 
@@ -174,7 +175,9 @@ def test_start_timeout_spares_a_script_held_back_by_a_cpu_quota(tflaunch):
     quota = CpuQuota(0.05)
     try:
         enter = f'echo $$ > {quota.folder / "cgroup.procs"} && exec "$0" "$@"'
-        done = tflaunch.run("--local", "2", "--start-timeout", "4", "--", "sh", "-c", enter, "python", "-c", BUSY)
+        # This Python, not a `python` found on PATH: a shim there (pyenv's) is a shell script that starts
+        # several short-lived processes, and at 5 % of a core they would take the timeout's first seconds.
+        done = tflaunch.run("--local", "2", "--start-timeout", "4", "--", "sh", "-c", enter, sys.executable, "-c", BUSY)
     finally:
         quota.remove()
     assert done.returncode == 0, done.stderr[-2000:]
