@@ -33,10 +33,10 @@ def until_sample(every, wall, sampled=False):
 
 
 def usage(pids, page=os.sysconf("SC_PAGE_SIZE"), ticks=os.sysconf("SC_CLK_TCK")):
-    """(resident bytes, CPU seconds, seconds waited for a CPU) of ``pids``: the first one's reaped
-    children's CPU counts too; the waiting is each process's main thread's run-queue time."""
+    """(resident bytes, CPU seconds, {pid: seconds its main thread waited for a CPU}) of ``pids``;
+    the first one's reaped children's CPU counts too."""
     rss = cpu = 0
-    waited = 0.0
+    waits = {}
     for n, pid in enumerate(pids):
         fields = stat_fields(pid)
         if fields is None:
@@ -47,15 +47,35 @@ def usage(pids, page=os.sysconf("SC_PAGE_SIZE"), ticks=os.sysconf("SC_CLK_TCK"))
         except (OSError, IndexError, ValueError):
             continue
         cpu += int(fields[11]) + int(fields[12]) + (int(fields[13]) + int(fields[14]) if n == 0 else 0)
-        waited += run_delay(pid)
-    return rss, cpu / float(ticks), waited
+        waits[pid] = run_delay(pid)
+    return rss, cpu / float(ticks), waits
+
+
+class Waiting(object):
+    """The seconds a task's processes waited for a CPU, as a running total like its CPU time: what
+    a process had waited when last read stays counted once it ended. The kernel's count goes with
+    the process, where its CPU time goes on in its parent's count of reaped children, and a task
+    whose work runs in short-lived processes (a shell script, an interpreter shim) would seem to
+    wait for nothing."""
+
+    def __init__(self):
+        self.last = {}
+        self.gone = 0.0
+
+    def total(self, waits):
+        """The running total, given each living process's count now (``waits``: pid -> seconds)."""
+        for pid, seconds in self.last.items():
+            if pid not in waits:
+                self.gone += seconds
+        self.last = waits
+        return self.gone + sum(waits.values())
 
 
 def tree_reading(pid):
     """(resident bytes, CPU seconds, processes, seconds waited for a CPU) of ``pid``'s whole tree: one task's reading."""
     tree = [pid] + descendants(pid)
-    rss, cpu, waited = usage(tree)
-    return rss, cpu, len(tree), waited
+    rss, cpu, waits = usage(tree)
+    return rss, cpu, len(tree), sum(waits.values())
 
 
 def readings(processes):
@@ -65,8 +85,11 @@ def readings(processes):
     for process in processes:
         if process.status is None and process.pid is not None and process.fields.get("kind") != "helper":
             tree = process.tree = [process.pid] + descendants(process.pid)
-            rss, cpu, waited = usage(tree)
-            line = "%d %d %.3f %d %.3f" % (process.id, rss, cpu, len(tree), waited)
+            rss, cpu, waits = usage(tree)
+            waiting = getattr(process, "waiting", None)
+            if waiting is None:
+                waiting = process.waiting = Waiting()
+            line = "%d %d %.3f %d %.3f" % (process.id, rss, cpu, len(tree), waiting.total(waits))
             if process.threads is not None and process.threads.looks:
                 line += " " + process.threads.totals()  # see .threads.ThreadWatch
             lines.append(line)

@@ -81,6 +81,7 @@ class Process(object):
         self.look_every = number(fields.get("watch"))
         self.threads = ThreadWatch(gpus) if self.look_every else None
         self.tree = []  # its process tree at the last sample
+        self.waiting = None  # its seconds waited for a CPU so far (launcher.agent.sampling.Waiting), from its first sample
 
 
 class StartingProcesses(object):

@@ -106,3 +106,13 @@ def test_agents_take_their_samples_at_the_same_moments_of_the_wall_clock():
     # Right after a sample taken a moment early (the wall clock slewed), the next waits a whole period.
     assert sampling.until_sample(2.0, 1001.99, sampled=True) == pytest.approx(2.01)
     assert sampling.until_sample(2.0, 1002.01, sampled=True) == pytest.approx(1.99)
+
+
+def test_a_tasks_waiting_for_a_cpu_is_a_running_total_that_keeps_what_ended_processes_waited():
+    # The kernel's count goes with a process; the task's total keeps what each had waited when last read.
+    waiting = sampling.Waiting()
+    assert waiting.total({10: 1.0, 11: 0.5}) == 1.5
+    assert waiting.total({10: 1.25, 12: 0.25}) == 1.5 + 0.5  # 11 ended having waited 0.5 s
+    assert waiting.total({}) == 1.25 + 0.5 + 0.25  # all ended: the total stays
+    assert waiting.total({13: 2.0}) == 4.0
+

@@ -156,12 +156,12 @@ def test_hang_then_restart_per_policy(tflaunch):
     assert (done.run_dir / "attempt-2" / "stacks" / "worker-0.txt").exists()
 
 
-BUSY = "import time\nend = time.time() + 12\nwhile time.time() < end:\n    sum(range(10000))\nprint('trained')"
+BUSY = "import time\nend = time.time() + {seconds}\nwhile time.time() < end:\n    sum(range(10000))\nprint('trained')"
 
 
 def test_start_timeout_spares_a_script_that_works_without_metric_lines(tflaunch):
     # Like a Keras script training under MultiWorkerMirroredStrategy: busy, and no TFLAUNCH_METRIC line.
-    done = tflaunch.run("--local", "2", "--start-timeout", "4", "--", "python", "-c", BUSY)
+    done = tflaunch.run("--local", "2", "--start-timeout", "4", "--", "python", "-c", BUSY.format(seconds=12))
     assert done.returncode == 0, done.stderr[-2000:]
     assert "start timeout" not in done.stderr
     assert [a["outcome"] for a in done.record["attempts"]] == ["succeeded"]
@@ -177,13 +177,31 @@ def test_start_timeout_spares_a_script_held_back_by_a_cpu_quota(tflaunch):
         enter = f'echo $$ > {quota.folder / "cgroup.procs"} && exec "$0" "$@"'
         # This Python, not a `python` found on PATH: a shim there (pyenv's) is a shell script that starts
         # several short-lived processes, and at 5 % of a core they would take the timeout's first seconds.
-        done = tflaunch.run("--local", "2", "--start-timeout", "4", "--", "sh", "-c", enter, sys.executable, "-c", BUSY)
+        done = tflaunch.run("--local", "2", "--start-timeout", "4", "--", "sh", "-c", enter, sys.executable, "-c",
+                            BUSY.format(seconds=7))
     finally:
         quota.remove()
     assert done.returncode == 0, done.stderr[-2000:]
     assert "start timeout" not in done.stderr
     figures = json.loads((done.run_dir / "resources.json").read_text())["tasks"]
     assert all(f["cpu_percent_mean"] < 10 for f in figures.values()), figures  # held back indeed
+
+
+@pytest.mark.skipif(not cpu_quotas_available(), reason="needs root and a cgroup CPU controller")
+def test_start_timeout_spares_a_script_whose_work_runs_in_short_lived_processes_held_back_by_a_quota(tflaunch):
+    # A shell script whose work is done by one short-lived process after another (as an interpreter
+    # shim's is at its start), under a CPU limit far below what they want: each waits for the quota
+    # most of its life, and what it waited leaves with it when it ends unless the agent keeps it.
+    quota = CpuQuota(0.05)
+    work = 'n=0; while [ $n -lt 8 ]; do sh -c "i=0; while [ \\$i -lt 20000 ]; do i=\\$((i+1)); done"; n=$((n+1)); done'
+    try:
+        enter = f'echo $$ > {quota.folder / "cgroup.procs"} && exec "$0" "$@"'
+        done = tflaunch.run("--local", "2", "--start-timeout", "4", "--", "sh", "-c", enter, "sh", "-c", work)
+    finally:
+        quota.remove()
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "start timeout" not in done.stderr
+    assert done.record["duration_seconds"] > 6  # held back indeed: it ran past the start timeout
 
 
 def test_start_timeout_names_the_task_that_never_joined(tflaunch):
