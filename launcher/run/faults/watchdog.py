@@ -71,7 +71,8 @@ class Activity:
 
 @dataclass(frozen=True)
 class Stall:
-    """No watched task progressed over the window: each one's CPU over it, in cores (None: never sampled)."""
+    """No watched task progressed over the window: each one's CPU used or waited for over it, in cores
+    (None: never sampled)."""
 
     cpu: Mapping[str, float | None]
 
@@ -79,7 +80,7 @@ class Stall:
 def stalled(tasks: Mapping[str, Activity], now: float, since: float, window: float,
             share: float = CPU_SHARE) -> Stall | None:
     """The hang rule: a :class:`Stall` when, over the last ``window`` seconds, no chief or worker
-    printed a metric line or used more than ``share`` of a core; None while any did (or cannot
+    printed a metric line or used (or waited for) more than ``share`` of a core; None while any did (or cannot
     be judged yet). ``since`` is when the attempt started: it cannot hang in its first window.
     """
     if now - since <= window:
@@ -106,7 +107,7 @@ def never_formed(silent: Mapping[str, Sequence[tuple[float, float]]], now: float
                  share: float = CPU_SHARE) -> list[str] | None:
     """The start rule, for the training tasks that printed no metric line yet (``silent``: each one's
     CPU readings, as :class:`Activity` holds them): once ``timeout`` seconds have passed since
-    ``since``, those that did not use more than ``share`` of a core over the timeout's second half.
+    ``since``, those that did not use (or wait for) more than ``share`` of a core over the timeout's second half.
     None before then, or while a task's readings cover too little of that half to tell (a task
     never sampled is judged by metrics alone after :data:`UNSAMPLED_GRACE`); [] when every one worked.
     """
@@ -220,8 +221,8 @@ class Watchdog:
     def declare(self, running: list[Task], stall: Stall, hang: float) -> Trip:
         """A hang: sample every task's stacks at once, compare them, file them, and blame the odd ones out."""
         log.debug("hang timer (%g s) fired: CPU over the window %s", hang, stall.cpu)
-        self.message(f"no training progress from any task for {hang:g} s (no new metric line, CPU under "
-                     f"{CPU_SHARE:.0%} of a core): sampling every task's stacks")
+        self.message(f"no training progress from any task for {hang:g} s (no new metric line, under "
+                     f"{CPU_SHARE:.0%} of a core used or waited for): sampling every task's stacks")
         # Here, not at the top: every run arms the watchdog, and few ever hang.
         from .hang_verdict import sample_stacks, verdict
         from .pyspy import parse_dump

@@ -328,8 +328,8 @@ def test_a_cluster_without_progress_is_declared_hung_and_the_odd_task_named(clus
                                   "thread 11825 in slow_source (mwms_hang.py:51); worker-0 and worker-1 are at: "
                                   "MainThread in quick_execute (tensorflow/python/eager/execute.py:53)"), trip.reason
     assert trip.reason.endswith(f"stack traces of 3 tasks in {stacks}")
-    assert cluster.events == ["no training progress from any task for 10 s (no new metric line, CPU under 10% of a "
-                              "core): sampling every task's stacks"]
+    assert cluster.events == ["no training progress from any task for 10 s (no new metric line, under 10% of a "
+                              "core used or waited for): sampling every task's stacks"]
     assert sorted(p.name for p in stacks.iterdir()) == ["verdict.json", "worker-0.txt", "worker-1.txt", "worker-2.txt"]
     assert (stacks / "worker-2.txt").read_text() == tasks[2].process.text
     filed = json.loads((stacks / "verdict.json").read_text())
