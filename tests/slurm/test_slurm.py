@@ -202,7 +202,9 @@ def test_a_warned_job_saves_is_requeued_and_resumes_after_its_last_saved_epoch(s
     # What Slurm does --warning-seconds before the time limit, or at preemption: USR1 to the batch shell.
     assert slurm.run("scancel", "--batch", "--signal=USR1", job).returncode == 0
     # The test cluster holds a requeued job for about 10 s (cred_expire=10; Slurm's default is 120 s).
-    wait_for(lambda: (run_dir / "requeue-1").is_dir(), timeout=120, message="the requeued execution")
+    # The requeued execution moves the first one's record into requeue-1/, after making the folder:
+    # until then the record at the top is the first execution's, stopped by the signal.
+    wait_for(lambda: (run_dir / "requeue-1" / "run.json").exists(), timeout=120, message="the requeued execution")
     rec = wait_for(lambda: (run_dir / "run.json").exists()
                    and record(run_dir)["status"] not in ("running",) and record(run_dir), timeout=300,
                    message="the requeued run to finish")
