@@ -72,10 +72,11 @@ class Waiting(object):
 
 
 def tree_reading(pid):
-    """(resident bytes, CPU seconds, processes, seconds waited for a CPU) of ``pid``'s whole tree: one task's reading."""
+    """(resident bytes, CPU seconds, processes) of ``pid``'s whole tree: one task's reading (for
+    ``tflaunch status``, which shows CPU and memory, not what the rules judge by)."""
     tree = [pid] + descendants(pid)
-    rss, cpu, waits = usage(tree)
-    return rss, cpu, len(tree), sum(waits.values())
+    rss, cpu, _ = usage(tree)
+    return rss, cpu, len(tree)
 
 
 def readings(processes):
@@ -86,10 +87,9 @@ def readings(processes):
         if process.status is None and process.pid is not None and process.fields.get("kind") != "helper":
             tree = process.tree = [process.pid] + descendants(process.pid)
             rss, cpu, waits = usage(tree)
-            waiting = getattr(process, "waiting", None)
-            if waiting is None:
-                waiting = process.waiting = Waiting()
-            line = "%d %d %.3f %d %.3f" % (process.id, rss, cpu, len(tree), waiting.total(waits))
+            if process.waiting is None:
+                process.waiting = Waiting()
+            line = "%d %d %.3f %d %.3f" % (process.id, rss, cpu, len(tree), process.waiting.total(waits))
             if process.threads is not None and process.threads.looks:
                 line += " " + process.threads.totals()  # see .threads.ThreadWatch
             lines.append(line)

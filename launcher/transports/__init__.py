@@ -73,8 +73,8 @@ def reading_of(pid: int) -> Reading:
     from ..agent.sampling import tree_reading
     from .base import Reading
 
-    rss, cpu, count, waited = tree_reading(pid)
-    return Reading(pid, rss, cpu, count, time.time(), waited_seconds=waited)
+    rss, cpu, count = tree_reading(pid)
+    return Reading(pid, rss, cpu, count, time.time())
 
 
 class TransportSet:

@@ -58,7 +58,8 @@ def test_a_hosts_readings_are_parsed_once_for_all_its_tasks_by_the_first_reader(
     tasks = started(link, 3)
     threads = [None, watch(looks=7, stalled=3.5, cpu_looks=6, cpu_lost=0.25),
                watch(looks=9, stalled=1.0, cpu_looks=8, cpu_lost=0.5, gpu_looks=8, gpu_slowdown=0.125, gpu_stale=2)]
-    processes = [SimpleNamespace(id=task.id, pid=os.getpid(), status=None, fields={}, threads=watched, tree=None)
+    processes = [SimpleNamespace(id=task.id, pid=os.getpid(), status=None, fields={}, threads=watched, tree=None,
+                                 waiting=None)
                  for task, watched in zip(tasks, threads)]
     parsed = []
     parse = hostlink.parse_readings
