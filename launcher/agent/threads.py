@@ -8,7 +8,7 @@ import os
 import time
 
 from .gpus import GpuReader, gpu_slowdown
-from .trees import stat_fields
+from .trees import read_small, schedstat, stat_fields
 
 CENSUS_LOOKS = 5  # looks between readings of its threads' CPU and run-queue times
 FULL_CENSUSES = 12  # censuses between readings of all its threads (else: those that ran, and new ones)
@@ -25,20 +25,6 @@ BUSY_SHARED = 0.1  # seconds for which one reading of /proc/stat serves every wa
 # runnable thread shows "0", and the run-queue time tells what it waited for a CPU.
 STALL_WAITS = ("nanosleep", "io_schedule", "folio_wait", "page_bit", "bit_wait", "filemap", "blk", "jbd2",
                "nfs", "fuse", "rpc_wait", "ext4", "xfs")
-
-
-def read_small(path, size=256):
-    """The first bytes of a small /proc file, or None when it is gone (the thread ended)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        return os.read(fd, size)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 _busy_read = [None, {}]  # when /proc/stat was last read (monotonic), and what busy_ticks found
@@ -342,11 +328,10 @@ class ThreadWatch(object):
             before = self.slices.get(key)
             if not (full or before is None or key in was_live):
                 continue
-            text = read_small("/proc/%d/task/%d/schedstat" % key)
-            try:
-                _, delay, slices = [int(word) for word in text.split()[:3]]
-            except (AttributeError, ValueError):
+            counts = schedstat("/proc/%d/task/%d/schedstat" % key)
+            if counts is None:
                 continue
+            delay, slices = counts
             if before is not None:
                 waited += max(0, delay - before[0])
                 if slices != before[1]:

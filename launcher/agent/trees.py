@@ -84,14 +84,35 @@ def stat_fields(pid):
         return None
 
 
-def run_delay(pid):
-    """Seconds the main thread of ``pid`` spent runnable but waiting for a CPU so far
-    (/proc/<pid>/schedstat's second field), or 0.0 when the kernel does not say or it is gone."""
+def read_small(path, size=256):
+    """The first bytes of a small /proc file, or None when it is gone (the thread ended)."""
     try:
-        with open("/proc/%d/schedstat" % pid, "rb") as schedstat:
-            return int(schedstat.read().split()[1]) / 1e9
-    except (OSError, IndexError, ValueError):
-        return 0.0
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, size)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def schedstat(path):
+    """(nanoseconds runnable but waiting for a CPU, times scheduled) so far, from a schedstat file
+    of /proc (a process's main thread's, or a thread's), or None when it is gone or says otherwise."""
+    try:
+        _, delay, slices = [int(word) for word in read_small(path).split()[:3]]
+    except (AttributeError, ValueError):
+        return None
+    return delay, slices
+
+
+def run_delay(pid):
+    """Seconds the main thread of ``pid`` spent runnable but waiting for a CPU so far, or 0.0 when
+    the kernel does not say or it is gone."""
+    counts = schedstat("/proc/%d/schedstat" % pid)
+    return counts[0] / 1e9 if counts is not None else 0.0
 
 
 def alive(pid):
