@@ -16,6 +16,7 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
@@ -197,9 +198,11 @@ def test_logs_show_merged_or_task_lines_filtered_by_attempt_and_pattern(tflaunch
     assert inspect(tflaunch, "logs", "--attempt", "1", "--grep", "beta").stdout.count("beta") == 2
 
 
-def followed_to_the_end(tflaunch, run: subprocess.Popen, first: str | None = None) -> str:
+def followed_to_the_end(tflaunch, run: subprocess.Popen, first: str | None = None,
+                        then: Callable[[], None] | None = None) -> str:
     """What ``tflaunch logs --follow --task worker-0`` prints of ``run`` (started now) until it ends
-    by itself, as the run succeeds; ``first``: the line it must print while the run still goes."""
+    by itself, as the run succeeds; ``first``: the line it must print while the run still goes,
+    after which ``then`` is called."""
     try:
         started(tflaunch)
         follow = subprocess.Popen(tflaunch.argv("logs", "--follow", "--task", "worker-0", "--log-dir",
@@ -210,6 +213,8 @@ def followed_to_the_end(tflaunch, run: subprocess.Popen, first: str | None = Non
             shown = follow.stdout.readline()
             assert shown == first
             assert run.poll() is None, "the first line must arrive while the run is still going"
+            if then is not None:
+                then()
         rest, errors = follow.communicate(timeout=60)
         assert follow.returncode == 0, errors
         run.communicate(timeout=30)
@@ -226,9 +231,14 @@ def test_logs_follow_prints_lines_as_they_come_and_ends_with_the_run(tflaunch):
     assert followed_to_the_end(tflaunch, run, first="tick-1\n") == "tick-1\ntick-2\nlast words\n"
 
 
+# Attempt 1 goes on once the file "go" exists in its working folder (the test makes it once the
+# follower printed attempt 1's first line): a follower started late, on a loaded machine, would
+# find attempt 2 already running and its log at the top, and attempt 1's in attempt-1/.
 ATTEMPT_LINES = ("import os, sys, time\n"
                  "attempt = os.environ['TFLAUNCH_ATTEMPT']\n"
                  "print(f'attempt {attempt} first', flush=True)\n"
+                 "while attempt == '1' and not os.path.exists('go'):\n"
+                 "    time.sleep(0.05)\n"
                  "time.sleep(1.5)\n"
                  "print(f'attempt {attempt} second', flush=True)\n"
                  "sys.exit(3 if attempt == '1' else 0)\n")
@@ -240,7 +250,7 @@ def test_logs_follow_reads_on_across_a_restart_that_moves_the_log_into_its_attem
     # into attempt-1/ and a new one takes its place: the follower finishes the moved file, then the new.
     run = tflaunch.start("--local", "1", "--max-restarts", "1", "--restart-delay", "1", "--",
                          "python", "-c", ATTEMPT_LINES)
-    out = followed_to_the_end(tflaunch, run)
+    out = followed_to_the_end(tflaunch, run, first="attempt 1 first\n", then=(tflaunch.cwd / "go").touch)
     assert out == "attempt 1 first\nattempt 1 second\nattempt 2 first\nattempt 2 second\n"
     run_dir = newest_run(tflaunch)
     assert sorted(p.name for p in (run_dir / "attempt-1").iterdir()) == ["worker-0.log"]

@@ -148,6 +148,8 @@ def test_a_joining_node_is_one_process_its_agent_which_keeps_the_terminal_as_it_
         # Its tasks' lines go to a description of its stderr of its own: the shared one stays blocking.
         flags = int(re.search(r"flags:\s+(\d+)", Path(f"/proc/{node.pid}/fdinfo/2").read_text()).group(1), 8)
         assert not flags & os.O_NONBLOCK
+        # Running is not printing: the task's line is in before the run is stopped.
+        wait_for(lambda: "worker-1 | up" in nodes.merged(), timeout=60, message="worker-1's line")
         os.killpg(owner.pid, signal.SIGINT)
         code, out = nodes.finish(owner)
         code1, text = nodes.finish(node)
