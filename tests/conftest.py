@@ -27,7 +27,7 @@ from testhosts_fixture import testhosts  # noqa: E402,F401  (fixture re-exported
 from testslurm_fixture import slurm, slurm3, testslurm, testslurm3  # noqa: E402,F401  (the Slurm tests' fixtures)
 from testray_fixture import raycluster  # noqa: E402,F401  (the Ray tests' cluster)
 
-pytest_plugins = ["tiers", "groups"]  # the unit tier's rules; xdist groups that hold; every test leaves cwd, env and signal handlers as found
+pytest_plugins = ["tiers", "groups", "costs"]  # the unit tier's rules; xdist groups that hold; each test's CPU in its report; every test leaves cwd, env and signal handlers as found
 
 
 def env_lines_of(text: str) -> list[dict]:

@@ -23,7 +23,8 @@ runs one at a time beside the stages from the end of the first, in a CPU cgroup 
 everything else the suite runs (:class:`Favoured`, cgroup v1's ``cpu`` controller, as root); where
 this process can make none, they join the queue of tests that run alone.
 Each tier's time and outcome are printed as it ends (after its slowest tests), then the
-:data:`SLOWEST` slowest tests of the whole suite, and a table with the suite's whole time. The exit
+:data:`SLOWEST` slowest tests of the whole suite and the as many that used the most CPU (each with its
+time and CPU, ``tests/costs.py``), and a table with the suite's whole time. The exit
 code is 0 when every tier passed (a tier with no test passes), else 1.
 """
 
@@ -39,8 +40,10 @@ import threading
 import time
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
+from typing import NamedTuple
 
 from cgroups import move_out
+from costs import PROPERTY as CPU_PROPERTY
 from tiers import HEAVY_MARKERS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -204,9 +207,17 @@ class Favoured:
             print(f"the suite's cgroup {folder} could not be removed: {exc}", flush=True)
 
 
-def slowest(reports: list[tuple[str, Path]], count: int = SLOWEST) -> tuple[list[tuple[float, str, str]], list[str]]:
-    """The ``count`` slowest tests of the suite as (seconds, tier, test id), from each run's JUnit report,
-    and a line for each report that could not be read."""
+class Timed(NamedTuple):
+    """One test's figures from a JUnit report: its time, its CPU (None: not reported) and where it is."""
+
+    seconds: float
+    cpu: float | None
+    tier: str
+    test_id: str
+
+
+def timings(reports: list[tuple[str, Path]]) -> tuple[list[Timed], list[str]]:
+    """Every test of the suite's JUnit reports, and a line for each report that could not be read."""
     found, unread = [], []
     for tier, path in reports:
         try:
@@ -216,8 +227,24 @@ def slowest(reports: list[tuple[str, Path]], count: int = SLOWEST) -> tuple[list
             continue
         for case in root.iter("testcase"):
             test_id = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
-            found.append((float(case.get("time") or 0), tier, test_id))
-    return sorted(found, reverse=True)[:count], unread
+            cpu = next((float(p.get("value")) for p in case.iter("property") if p.get("name") == CPU_PROPERTY), None)
+            found.append(Timed(float(case.get("time") or 0), cpu, tier, test_id))
+    return found, unread
+
+
+def slowest(found: list[Timed], count: int = SLOWEST) -> list[Timed]:
+    """The ``count`` slowest tests."""
+    return sorted(found, key=lambda t: t.seconds, reverse=True)[:count]
+
+
+def costliest(found: list[Timed], count: int = SLOWEST) -> list[Timed]:
+    """The ``count`` tests that used the most CPU."""
+    return sorted([t for t in found if t.cpu is not None], key=lambda t: t.cpu, reverse=True)[:count]
+
+
+def timed_line(test: Timed) -> str:
+    cpu = f"{test.cpu:7.1f}s CPU" if test.cpu is not None else " " * 12
+    return f"{test.seconds:8.1f}s {cpu}  {test.tier:<12}{test.test_id}"
 
 
 class TierRun:
@@ -341,10 +368,13 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if favoured is not None:
             favoured.remove()
+    found, unread = timings([(run.name, run.report) for run in runs])
     print(f"\n=== the {SLOWEST} slowest tests of the suite")
-    found, unread = slowest([(run.name, run.report) for run in runs])
-    for took, tier, test_id in found:
-        print(f"{took:8.1f}s  {tier:<12}{test_id}")
+    for test in slowest(found):
+        print(timed_line(test))
+    print(f"\n=== the {SLOWEST} tests of the suite that used the most CPU")
+    for test in costliest(found):
+        print(timed_line(test))
     for line in unread:
         print(line)
     for run in runs:

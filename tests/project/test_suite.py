@@ -16,7 +16,8 @@ from _pytest.mark.expression import Expression
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from suite import (ALONE, BESIDE, BESIDE_AFTER, FAVOURED, FAVOURED_SHARES, SLOWEST, STAGES, TIERS, WORKERS,  # noqa: E402
-                   Favoured, TierRun, expressions, main, parts, queue_expressions, slowest, tier_environment)
+                   Favoured, TierRun, expressions, main, parts, queue_expressions, slowest, tier_environment,
+                   Timed, costliest, timed_line, timings)
 
 pytestmark = pytest.mark.project
 MARKERS = ("unit", "project", "slow", "tensorflow", "ssh", "slurm", "gpu")
@@ -102,17 +103,42 @@ def test_every_tier_leaves_its_alone_and_favoured_tests_to_their_queues():
         assert not matches(everything[ALONE], set(markers)) and not matches(everything[FAVOURED], set(markers))
 
 
-def test_the_suite_names_its_slowest_tests_from_every_run(tmp_path):
+def test_the_suite_names_its_slowest_and_costliest_tests_from_every_run(tmp_path):
     first, second = tmp_path / "a.xml", tmp_path / "b.xml"
-    first.write_text('<testsuites><testsuite><testcase classname="tests.run.test_a" name="test_x" time="3.5"/>'
+    first.write_text('<testsuites><testsuite><testcase classname="tests.run.test_a" name="test_x" time="3.5">'
+                     '<properties><property name="cpu_seconds" value="12.25"/></properties></testcase>'
                      '<testcase classname="tests.run.test_a" name="test_y" time="0.1"/></testsuite></testsuites>')
-    second.write_text('<testsuites><testsuite><testcase classname="tests.slurm.test_s" name="test_z[1]" time="9"/>'
+    second.write_text('<testsuites><testsuite><testcase classname="tests.slurm.test_s" name="test_z[1]" time="9">'
+                      '<properties><property name="cpu_seconds" value="0.5"/></properties></testcase>'
                       '</testsuite></testsuites>')
-    found, unread = slowest([("fast", first), ("slurm", second), ("ssh", tmp_path / "missing.xml")], count=2)
-    assert found == [(9.0, "slurm", "tests/slurm/test_s.py::test_z[1]"), (3.5, "fast", "tests/run/test_a.py::test_x")]
+    found, unread = timings([("fast", first), ("slurm", second), ("ssh", tmp_path / "missing.xml")])
+    x = Timed(3.5, 12.25, "fast", "tests/run/test_a.py::test_x")
+    z = Timed(9.0, 0.5, "slurm", "tests/slurm/test_s.py::test_z[1]")
+    assert slowest(found, count=2) == [z, x]
+    assert costliest(found, count=5) == [x, z]  # a test without the property is not ranked by CPU
+    assert timed_line(x) == "     3.5s    12.2s CPU  fast        tests/run/test_a.py::test_x"
+    assert timed_line(Timed(0.1, None, "fast", "t")).startswith("     0.1s" + " " * 15 + "fast")
     assert len(unread) == 1 and unread[0].startswith(f"tier ssh: no test times ({tmp_path / 'missing.xml'}: ")
     assert SLOWEST == 15
 
+
+@pytest.mark.timeout(120)
+def test_each_test_reports_the_cpu_of_what_it_waited_for(tmp_path):
+    # A test that waits for a child busy for about 0.3 s of CPU reports at least that; one that sleeps, little.
+    (tmp_path / "test_sample.py").write_text(
+        "import subprocess, sys, time\n"
+        "def test_busy():\n"
+        "    subprocess.run([sys.executable, '-c', 'import time\\nend = time.process_time() + 0.3\\n"
+        "while time.process_time() < end: pass'], check=True)\n"
+        "def test_idle():\n    time.sleep(0.3)\n")
+    report = tmp_path / "report.xml"
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "costs", "-p", "no:randomly", "-p", "no:cacheprovider",
+                           "--rootdir", str(tmp_path), f"--junitxml={report}", str(tmp_path / "test_sample.py")],
+                          cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-2000:]
+    found = {t.test_id.rsplit("::", 1)[1]: t for t in timings([("fast", report)])[0]}
+    assert found["test_busy"].cpu >= 0.3, found
+    assert found["test_idle"].cpu < 0.2, found
 
 @pytest.mark.timeout(120)
 def test_the_queues_run_only_their_tests_and_the_tiers_leave_them_out(tmp_path, capsys):
