@@ -533,7 +533,9 @@ def test_a_worker_whose_input_sleeps_is_named_among_three_and_its_end_is_said(tf
     said_at = time.time()
     record = record_of(tflaunch)
     assert [(s["task"], s["until"]) for s in record["stragglers"]] == [("worker-2", None)]
-    assert 0.3 <= record["stragglers"][0]["share"] <= 1.0
+    # The rule names a share of at least CONFIRM_SHARE; how far above it depends on how long a step
+    # computes beside the 0.3 s sleep (0.23 to 0.44 here, machine to machine and hour to hour).
+    assert CONFIRM_SHARE <= record["stragglers"][0]["share"] <= 1.0, record["stragglers"]
     assert "worker-2 on localhost holds the others back" in confirmed[0]
     print(f"confirmed {said_at - training:.1f} s after training began")
     assert said_at - training < 50  # before it recovers: the short warm-up, half the window, then 3/4 of it
