@@ -26,7 +26,8 @@ takes them down at the end, whatever happens. Four parts, each printed as a tabl
    with ``--no-reference``), which took :data:`REFERENCE_MS` per host that day: its slope now says
    how fast the machine is, and the goal is held on this tree's slope scaled by it (the raw
    figure is printed beside it). The same launcher took 3.6 ms per host here one evening and 7.9
-   on another day; within one run the two launchers move together.
+   on another day; within one run both meet the same machine (their ratio still scatters by 20 to
+   40 % from run to run).
    Beside each run, the CPU of creating a file in the run's own folder (each task's log), which
    moves a lot on a shared disk; the run folders are made
    under ``--runs-under`` (default: the working tree's logs/, where tflaunch makes them by default).
@@ -286,7 +287,7 @@ def curve(doc: dict, sizes: list[int], work: Path, reps: int = 3, before: str | 
     (a folder, see :func:`reference_launcher`), whose slope says how fast the machine is now."""
     sides = {"this tree": None, **({f"launcher from {before}": before} if before else {}),
              **({f"reference {REFERENCE_COMMIT}": reference} if reference else {})}
-    slopes: dict[str, tuple[float, float]] = {}
+    slopes: dict[str, tuple[float, float, int, int]] = {}  # side -> (slope, its error, first size, last size)
     found: dict[tuple[str, int], list[tuple[float, float, float, float]]] = {(s, h): [] for s in sides for h in sizes}
     runs = [f"{side}|{h}" for side in sides for h in sizes]
     for rep, run_name in _bench.interleaved(reps, runs):
@@ -325,11 +326,11 @@ def curve(doc: dict, sizes: list[int], work: Path, reps: int = 3, before: str | 
         note(f"of it, creating its 8 task logs took about {crowded:.1f} ms on this filesystem "
              f"while the hosts logged in ({files:.1f} ms after the run; measured in each run's own folder); "
              f"the rest: {cpu_slope - crowded:.1f} ms")
-        slopes[side] = cpu_slope, error
+        slopes[side] = cpu_slope, error, h0, h1
     if "this tree" not in slopes:
         return
-    name = f"tflaunch's CPU at start per extra host ({sizes[0]} to {sizes[-1]} hosts x 8 tasks, all runs fitted)"
-    slope, error = slopes["this tree"]
+    slope, error, h0, h1 = slopes["this tree"]
+    name = f"tflaunch's CPU at start per extra host ({h0} to {h1} hosts x 8 tasks, all runs fitted)"
     reference_slope = slopes.get(f"reference {REFERENCE_COMMIT}")
     if reference_slope is None or not reference_slope[0] > 0:
         # No yardstick: the figure as measured is held to the goal, whatever the machine's speed.
