@@ -35,19 +35,23 @@ def deciding_roles(has_ps: bool) -> tuple[Role, ...]:
 def rank_env(tasks: Sequence[TaskSpec], host_of: Mapping[str, str]) -> dict[str, dict[str, str]]:
     """Task name -> its rank variables (rules in the module docstring). ``host_of``: task name ->
     the machine it runs on, one name per machine (tasks of one host count together)."""
-    training = sorted((t for t in tasks if t.role in TRAINING_ROLES),
-                      key=lambda t: (TRAINING_ROLES.index(t.role), t.index))
+    order = {role: place for place, role in enumerate(TRAINING_ROLES)}
+    training = sorted((t for t in tasks if t.role in order), key=lambda t: (order[t.role], t.index))
     size = str(len(training))
     per_host: dict[str, list[str]] = {}
+    local_rank: dict[str, int] = {}  # a task's place among its host's training tasks, in rank order
     for task in training:
-        per_host.setdefault(host_of[task.name], []).append(task.name)
+        mates = per_host.setdefault(host_of[task.name], [])
+        local_rank[task.name] = len(mates)
+        mates.append(task.name)
     ranked = {task.name: rank for rank, task in enumerate(training)}
     env = {}
     for task in tasks:
-        if task.name not in ranked:
-            env[task.name] = {WORLD_SIZE: size}
+        name = task.name
+        rank = ranked.get(name)
+        if rank is None:
+            env[name] = {WORLD_SIZE: size}
             continue
-        mates = per_host[host_of[task.name]]
-        env[task.name] = {RANK: str(ranked[task.name]), WORLD_SIZE: size,
-                          LOCAL_RANK: str(mates.index(task.name)), LOCAL_WORLD_SIZE: str(len(mates))}
+        env[name] = {RANK: str(rank), WORLD_SIZE: size, LOCAL_RANK: str(local_rank[name]),
+                     LOCAL_WORLD_SIZE: str(len(per_host[host_of[name]]))}
     return env

@@ -76,7 +76,19 @@ def parse_cluster(text: str, source: str, local_hosts: frozenset[str], slurm_tem
         where = f"line {mark.line + 1}" if mark else "YAML"
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ConfigError(source, where, f"invalid YAML: {problem}") from None
-    return _ClusterReader(source, local_hosts, slurm_template).read(data)
+    return _ClusterReader(source, local_hosts, slurm_template).read(data, clean=_clean_text(text))
+
+
+def _clean_text(text: str) -> bool:
+    """Whether no string YAML reads from ``text`` can hold a NUL or a byte that is not UTF-8: only
+    an escape (a backslash) or the character itself puts either there."""
+    if "\\" in text or "\0" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def parse_host_port(value: str) -> tuple[str, str]:
@@ -100,13 +112,16 @@ class _ClusterReader(FieldReader):
         self.local_hosts = local_hosts
         self.slurm_template = slurm_template
 
-    def read(self, data: Any) -> ClusterSpec:
-        """The spec of the whole document; every problem found in it is raised together (one line each)."""
+    def read(self, data: Any, clean: bool = False) -> ClusterSpec:
+        """The spec of the whole document; every problem found in it is raised together (one line each).
+        ``clean``: the text it was read from cannot have made a string that fails :func:`text_problem`
+        (see :func:`_clean_text`), so its strings are not walked."""
         if data is None:
             raise self.fail("", "the cluster file is empty; expected roles such as 'worker:'")
         if isinstance(data, list):  # short form: a list of host:port workers
             data = {Role.WORKER.value: data}
-        self.collect(lambda: self._check_strings(data, ""), None)
+        if not clean:
+            self.collect(lambda: self._check_strings(data, ""), None)
         mapping = self.expect_mapping(data, "", "a mapping of cluster keys or a list of host:port workers")
         self.collect(lambda: self.check_keys(mapping, CLUSTER_KEYS, ""), None)
         tasks: list[TaskSpec] = []
@@ -256,17 +271,19 @@ class _ClusterReader(FieldReader):
                 port = AUTO
         elif ":" in host and not host.startswith("[") and host.count(":") == 1:
             raise self.fail(f"{key}.host", f"{host!r} has a port and 'port' is also set; expected one of them")
+        # A key the entry leaves out takes its default unread: most entries give a host and a port
+        # alone, and a cluster file has thousands of them.
         task = TaskSpec(
             role=role,
             index=index,
             host=host.strip("[]"),
             port=collect(lambda: self.read_port(port, f"{key}.port"), AUTO),
-            address=collect(lambda: self.optional_str(mapping, "address", key), None),
-            gpus=collect(lambda: self.read_gpus(mapping.get("gpus", []), f"{key}.gpus"), ()),
-            env=collect(lambda: self.read_env(mapping.get("env"), f"{key}.env"), {}),
-            workdir=collect(lambda: self.optional_str(mapping, "workdir", key), None),
-            python=collect(lambda: self.optional_str(mapping, "python", key), None),
-            setup=collect(lambda: self.optional_str(mapping, "setup", key), None),
+            address=collect(lambda: self.optional_str(mapping, "address", key), None) if "address" in mapping else None,
+            gpus=collect(lambda: self.read_gpus(mapping["gpus"], f"{key}.gpus"), ()) if "gpus" in mapping else (),
+            env=collect(lambda: self.read_env(mapping["env"], f"{key}.env"), {}) if "env" in mapping else {},
+            workdir=collect(lambda: self.optional_str(mapping, "workdir", key), None) if "workdir" in mapping else None,
+            python=collect(lambda: self.optional_str(mapping, "python", key), None) if "python" in mapping else None,
+            setup=collect(lambda: self.optional_str(mapping, "setup", key), None) if "setup" in mapping else None,
             key=key,
         )
         return task if len(self.problems) == problems else None

@@ -107,11 +107,13 @@ class TaskSpec:
     setup: str | None = None
     key: str = ""  # key path in the file, for messages
 
-    @property
+    # Cached: a plan asks for each task's name a dozen times, and a cluster has thousands of tasks.
+    # (A frozen dataclass keeps it: cached_property writes the instance's __dict__ directly.)
+    @functools.cached_property
     def name(self) -> str:
         return f"{self.role}-{self.index}"
 
-    @property
+    @functools.cached_property
     def tf_address(self) -> str:
         host = self.address or self.host
         if ":" in host and not host.startswith("["):
@@ -270,7 +272,9 @@ def masked_env(env: Mapping[str, str], hidden: Iterable[str]) -> dict[str, str]:
     """``env`` as it may be written or shown: every hidden variable's value replaced by MASK, and
     the password of a URL in any other value."""
     hidden = frozenset(hidden)
-    return {key: MASK if key in hidden or is_secret_name(key) else masked_url_passwords(value)
+    # A value with neither '://' nor '=' holds nothing to mask (most do not): not looked at again.
+    return {key: MASK if key in hidden or is_secret_name(key)
+            else masked_url_passwords(value) if "://" in value or "=" in value else value
             for key, value in env.items()}
 
 

@@ -11,6 +11,7 @@ transports send each cluster to a host's agent once, and the agent writes each t
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass, field
@@ -43,7 +44,12 @@ class TfConfig:
         return f'{{{self._task()}}}'
 
     def _task(self) -> str:
-        return f'"task":{{"type":{json.dumps(self.role)},"index":{self.index}}}'
+        return f'"task":{{"type":{_json_text(self.role)},"index":{self.index}}}'
+
+
+@functools.lru_cache(maxsize=64)  # a role's name, written for every task of a cluster of thousands
+def _json_text(text: str) -> str:
+    return json.dumps(text)
 
 
 class TaskEnv(MutableMapping[str, str]):
@@ -78,6 +84,10 @@ class TaskEnv(MutableMapping[str, str]):
     def tf_config(self) -> TfConfig | None:
         value = self._values.get("TF_CONFIG")
         return value if isinstance(value, TfConfig) else None
+
+    def with_task_text(self) -> dict[str, str]:
+        """Every variable, in order, with a TF_CONFIG kept in parts as its task alone (``{"task": ...}``)."""
+        return {key: value.task_text() if isinstance(value, TfConfig) else value for key, value in self._values.items()}
 
     def without_tf_config(self) -> dict[str, str]:
         """Every variable but a TF_CONFIG kept in parts (which the caller sends by its parts)."""

@@ -53,7 +53,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..options import DEFAULT_LOG_DIR, name
 from ..units import group_id
-from .files import (FOLDER_MODE, SHARED_FOLDER_MODE, make_folder, open_own, shared_with_group, swappable_by_others,
+from .files import (FOLDER_MODE, SHARED_FOLDER_MODE, file_mode, make_folder, open_own, shared_with_group, swappable_by_others,
                     write_atomically)
 from .livejson import CompactRecord
 from .record import RunRecord
@@ -142,6 +142,7 @@ class RunFolder:
         self._attempt_dirs: dict[int, str] = {}  # attempt folders known to exist, by number
         self._log_attempts: dict[str, int] = {}  # task -> the attempt its log at the top belongs to
         self._real_path: str | None = None
+        self._log_mode = 0  # the mode of its task logs, with _real_path
         self._parts_left: dict[str, list[str]] = {}  # log -> its part files at the top, when an attempt ended
         self._compact = CompactRecord()  # the live rewrites' text
 
@@ -252,13 +253,14 @@ class RunFolder:
         once per task at a run's start."""
         if self._real_path is None:
             self._real_path = os.path.realpath(self.path)
+            self._log_mode = file_mode(self._real_path)  # the folder's, looked up once, not once per task
         log_name = task_log_name(name)
         path = os.path.join(self._real_path, log_name)
         earlier = self._log_attempts.get(name)
         if earlier is not None and earlier != attempt:
             self._move_aside(log_name, earlier)
         self._log_attempts[name] = attempt
-        os.close(open_own(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND))
+        os.close(open_own(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, self._log_mode))
         return path
 
     def _move_aside(self, log_name: str, attempt: int) -> None:

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Iterable
 
 from ...records.boundedlog import WRITING, BoundedLog, Reader
 from ...records.logformat import format_size
-from ...records.files import open_own
+from ...records.files import file_mode, open_own
 from ...records.folder import MERGED, METRICS
 from ...records.lines import LineSplitter
 from ...records.kerasepochs import KerasState
@@ -99,6 +99,7 @@ class OutputPump:
         self.clock = clock
         self._sources: list[_Source] = []
         self._followed: set[tuple[str, int]] = set()  # (task, attempt) of every source: one lookup per new task
+        self._file_modes: dict[str, int] = {}  # folder -> the mode of the logs made in it
         self._changed: set[_Source] = set()  # written to since the last sweep (added to by the writers' threads)
         self._queue: deque[_Source] = deque()  # the logs to read, in turn (the pump's thread only)
         # Whose reader may hold a descriptor (at most OPEN_FILES + 1), least recently active first.
@@ -136,7 +137,11 @@ class OutputPump:
                 return
             if not created:
                 os.close(open_own(path, os.O_RDONLY | os.O_CREAT))
-            log = BoundedLog(path, self.log_max_size)
+            folder = os.path.dirname(path)
+            mode = self._file_modes.get(folder)
+            if mode is None:  # a folder's, looked up once: its logs all get it
+                mode = self._file_modes[folder] = file_mode(folder)
+            log = BoundedLog(path, self.log_max_size, mode)
             source = _Source(name, attempt, log, log.reader(), last_output=time.monotonic(), relayed=relayed)
             log.on_write = functools.partial(self._announce, source)
             WRITING.add(log, str(path) if created else None)
