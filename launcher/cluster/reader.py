@@ -71,6 +71,9 @@ def parse_cluster(text: str, source: str, local_hosts: frozenset[str], slurm_tem
         data = yaml.load(text, Loader=ClusterLoader)  # noqa: S506 - a SafeLoader subclass
     except DuplicateKey as exc:
         raise ConfigError(source, f"line {exc.line}", f"key {exc.key!r} appears twice; expected each key once") from None
+    except UnicodeEncodeError as exc:  # text from the API holding what no file can (a lone surrogate)
+        raise ConfigError(source, "", f"is not valid UTF-8 (character U+{ord(exc.object[exc.start]):04X} at "
+                                      f"position {exc.start}); expected UTF-8 text") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else "YAML"

@@ -224,6 +224,26 @@ def test_cluster_file_strings_with_a_nul_are_refused_where_they_are():
         assert str(error.value).startswith(f"c.yaml: {key}") and "NUL byte" in str(error.value), str(error.value)
 
 
+def test_cluster_text_that_no_file_can_hold_is_refused_in_one_line():
+    # A lone surrogate reaches parse_cluster only from the Python API (a file is read as strict UTF-8);
+    # the YAML reader cannot encode it, and the walk of a text without escapes is skipped.
+    with pytest.raises(ConfigError) as error:
+        parse_cluster('worker: [{host: localhost, port: 2222, env: {A: "x\udcff"}}]', "c.yaml", LOCAL)
+    assert str(error.value) == ("c.yaml: is not valid UTF-8 (character U+DCFF at position 50); "
+                                "expected UTF-8 text"), str(error.value)
+
+
+def test_cluster_file_strings_are_checked_only_where_an_escape_can_make_a_bad_one():
+    # A text without a backslash holds no escape: its strings are all fine, and a text with one is
+    # walked, also where the escape makes nothing wrong.
+    assert parse_cluster("worker: [{host: localhost, port: 2222, env: {A: x}}]", "c.yaml", LOCAL).tasks[0].env == {"A": "x"}
+    assert parse_cluster('worker: [{host: localhost, port: 2222, env: {A: "x\\ty"}}]', "c.yaml",
+                         LOCAL).tasks[0].env == {"A": "x\ty"}
+    with pytest.raises(ConfigError, match=r"^c.yaml: worker\[1\].env.B: contains a NUL byte at position 1;"):
+        parse_cluster('worker: [{host: localhost, port: 2222}, {host: localhost, port: 2223, env: {B: "y\\0"}}]',
+                      "c.yaml", LOCAL)
+
+
 # -- exports --------------------------------------------------------------------------------
 
 
