@@ -166,12 +166,12 @@ def plan_cluster(
     secrets = _SecretNames()
     ssh_by_host: dict[str, SshSettings] = {}  # one host's tasks share its settings: made once per host
     for task in spec.tasks:
-        name = task.name
+        task_name = task.name
         host_settings = spec.hosts.get(task.host)
         host_env = host_settings.env if host_settings else {}
         defaults: dict[str, str] = {"PYTHONUNBUFFERED": "1"}
-        defaults.update(thread_env(spec.threads, cores_by_host.get(host_of[name]), per_host[host_of[name]]))
-        if name in shared_gpu_tasks:
+        defaults.update(thread_env(spec.threads, cores_by_host.get(host_of[task_name]), per_host[host_of[task_name]]))
+        if task_name in shared_gpu_tasks:
             defaults["TF_FORCE_GPU_ALLOW_GROWTH"] = "true"
         if legacy_keras:
             defaults["TF_USE_LEGACY_KERAS"] = "1"
@@ -187,18 +187,18 @@ def plan_cluster(
             (f"hosts.{task.host}.env", host_env),
             (f"{task.key}.env", task.env),
             ("--env", override_env),
-            (OWNED_SOURCE, {**owned_env(task, cluster_text, context), **ranks[name]}),
+            (OWNED_SOURCE, {**owned_env(task, cluster_text, context), **ranks[task_name]}),
         ])
         by_name = [name for name, value in env.items() if value is None]
         for name in by_name:
             source, key = (("--env", name) if sources[name] == "--env"
                            else (spec.source, f"{sources[name]}.{name}"))
             env[name] = value_by_name(name, inherited_env, source, key) if pass_values else ""
-        local = host_of[name] == THIS_MACHINE
+        local = host_of[task_name] == THIS_MACHINE
         python = _first(task.python, host_settings and host_settings.python, spec.python) or default_python
         argv = tuple([python, *argv_template[1:]] if argv_template[0] in PYTHON_NAMES else argv_template)
         launches.append(TaskLaunch(
-            name=name,
+            name=task_name,
             role=task.role,
             index=task.index,
             host=task.host,
