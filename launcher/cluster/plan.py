@@ -45,8 +45,8 @@ from typing import Mapping
 
 from ..records.folder import CHECKPOINTS, TENSORBOARD
 from ..taskenv import ATTEMPT, BACKUP_DIR, CHECKPOINT_DIR, RUN_DIR, RUN_ID, TASK, TENSORBOARD_DIR
-from .spec import (AUTO, DEFAULT_CONNECT_TIMEOUT, OTHER_HOSTS_ONLY, ROLES, ClusterSpec, EnvLayer, HostSettings,
-                   SshSettings, TaskSpec, hidden_names, is_local, masked_env, value_by_name)
+from .spec import (AUTO, DEFAULT_CONNECT_TIMEOUT, OTHER_HOSTS_ONLY, ROLES, ClusterSpec, EnvLayer, SshSettings, TaskSpec,
+                   hidden_names, is_local, masked_env, value_by_name)
 from .commands import LEGACY_KERAS_NOTE, ScriptText, runs_python
 from .ranks import TRAINING_ROLES, rank_env
 from .tfconfig import TaskEnv, TfConfig, check_tf_config_size
@@ -164,14 +164,15 @@ def plan_cluster(
 
     launches = []
     secrets = _SecretNames()
-    ssh_by_host: dict[str, SshSettings] = {}  # one host's tasks share its settings: made once per host
+    # One host's tasks share its ssh settings: made once per host.
+    ssh_by_host = {host: spec.ssh.overridden_by(spec.hosts[host].ssh if host in spec.hosts else SshSettings())
+                   for host in {t.host for t in spec.tasks}}
     for task in spec.tasks:
-        task_name = task.name
         host_settings = spec.hosts.get(task.host)
         host_env = host_settings.env if host_settings else {}
         defaults: dict[str, str] = {"PYTHONUNBUFFERED": "1"}
-        defaults.update(thread_env(spec.threads, cores_by_host.get(host_of[task_name]), per_host[host_of[task_name]]))
-        if task_name in shared_gpu_tasks:
+        defaults.update(thread_env(spec.threads, cores_by_host.get(host_of[task.name]), per_host[host_of[task.name]]))
+        if task.name in shared_gpu_tasks:
             defaults["TF_FORCE_GPU_ALLOW_GROWTH"] = "true"
         if legacy_keras:
             defaults["TF_USE_LEGACY_KERAS"] = "1"
@@ -187,18 +188,18 @@ def plan_cluster(
             (f"hosts.{task.host}.env", host_env),
             (f"{task.key}.env", task.env),
             ("--env", override_env),
-            (OWNED_SOURCE, {**owned_env(task, cluster_text, context), **ranks[task_name]}),
+            (OWNED_SOURCE, {**owned_env(task, cluster_text, context), **ranks[task.name]}),
         ])
         by_name = [name for name, value in env.items() if value is None]
         for name in by_name:
             source, key = (("--env", name) if sources[name] == "--env"
                            else (spec.source, f"{sources[name]}.{name}"))
             env[name] = value_by_name(name, inherited_env, source, key) if pass_values else ""
-        local = host_of[task_name] == THIS_MACHINE
+        local = host_of[task.name] == THIS_MACHINE
         python = _first(task.python, host_settings and host_settings.python, spec.python) or default_python
         argv = tuple([python, *argv_template[1:]] if argv_template[0] in PYTHON_NAMES else argv_template)
         launches.append(TaskLaunch(
-            name=task_name,
+            name=task.name,
             role=task.role,
             index=task.index,
             host=task.host,
@@ -208,7 +209,7 @@ def plan_cluster(
             env=TaskEnv(env),
             workdir=_first(task.workdir, host_settings and host_settings.workdir, spec.workdir) or default_workdir,
             setup=_first(task.setup, host_settings and host_settings.setup, spec.setup),
-            ssh=None if local else _ssh_settings(spec, host_settings, ssh_by_host, task.host),
+            ssh=None if local else ssh_by_host[task.host],
             gpus=task.gpus,
             python=python,
             transport=("local" if local and spec.transport in OTHER_HOSTS_ONLY else spec.transport)
@@ -225,15 +226,6 @@ def plan_cluster(
            for l in {(l.argv, l.python, l.workdir, l.local): l for l in launches}.values()):
         notes.append(LEGACY_KERAS_NOTE)
     return Plan(tuple(launches), tuple(notes))
-
-
-def _ssh_settings(spec: ClusterSpec, host_settings: HostSettings | None, made: dict[str, SshSettings],
-                  host: str) -> SshSettings:
-    """The ssh settings of ``host``'s tasks: the cluster's, with the host's own over them."""
-    settings = made.get(host)
-    if settings is None:
-        settings = made[host] = spec.ssh.overridden_by(host_settings.ssh if host_settings else SshSettings())
-    return settings
 
 
 class _SecretNames:

@@ -71,27 +71,17 @@ def parse_cluster(text: str, source: str, local_hosts: frozenset[str], slurm_tem
         data = yaml.load(text, Loader=ClusterLoader)  # noqa: S506 - a SafeLoader subclass
     except DuplicateKey as exc:
         raise ConfigError(source, f"line {exc.line}", f"key {exc.key!r} appears twice; expected each key once") from None
-    except UnicodeEncodeError as exc:  # text from the API holding what no file can (a lone surrogate)
-        raise ConfigError(source, "", f"is not valid UTF-8 (character U+{ord(exc.object[exc.start]):04X} at "
-                                      f"position {exc.start}); expected UTF-8 text") from None
+    except UnicodeEncodeError:  # text from the API holding what no file can (a lone surrogate)
+        check_text(text, source, "")
+        raise
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else "YAML"
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ConfigError(source, where, f"invalid YAML: {problem}") from None
-    return _ClusterReader(source, local_hosts, slurm_template).read(data, clean=_clean_text(text))
-
-
-def _clean_text(text: str) -> bool:
-    """Whether no string YAML reads from ``text`` can hold a NUL or a byte that is not UTF-8: only
-    an escape (a backslash) or the character itself puts either there."""
-    if "\\" in text or "\0" in text:
-        return False
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+    # YAML refuses a NUL or a lone surrogate written as itself (above): only an escape, which takes
+    # a backslash, puts either in a string, so a text without one has no string to walk for them.
+    return _ClusterReader(source, local_hosts, slurm_template).read(data, clean="\\" not in text)
 
 
 def parse_host_port(value: str) -> tuple[str, str]:
@@ -118,7 +108,7 @@ class _ClusterReader(FieldReader):
     def read(self, data: Any, clean: bool = False) -> ClusterSpec:
         """The spec of the whole document; every problem found in it is raised together (one line each).
         ``clean``: the text it was read from cannot have made a string that fails :func:`text_problem`
-        (see :func:`_clean_text`), so its strings are not walked."""
+        (it has no escape), so its strings are not walked."""
         if data is None:
             raise self.fail("", "the cluster file is empty; expected roles such as 'worker:'")
         if isinstance(data, list):  # short form: a list of host:port workers

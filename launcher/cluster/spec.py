@@ -272,9 +272,7 @@ def masked_env(env: Mapping[str, str], hidden: Iterable[str]) -> dict[str, str]:
     """``env`` as it may be written or shown: every hidden variable's value replaced by MASK, and
     the password of a URL in any other value."""
     hidden = frozenset(hidden)
-    # A value with neither '://' nor '=' holds nothing to mask (most do not): not looked at again.
-    return {key: MASK if key in hidden or is_secret_name(key)
-            else masked_url_passwords(value) if "://" in value or "=" in value else value
+    return {key: MASK if key in hidden or is_secret_name(key) else masked_url_passwords(value)
             for key, value in env.items()}
 
 

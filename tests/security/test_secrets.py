@@ -229,8 +229,8 @@ def test_cluster_text_that_no_file_can_hold_is_refused_in_one_line():
     # the YAML reader cannot encode it, and the walk of a text without escapes is skipped.
     with pytest.raises(ConfigError) as error:
         parse_cluster('worker: [{host: localhost, port: 2222, env: {A: "x\udcff"}}]', "c.yaml", LOCAL)
-    assert str(error.value) == ("c.yaml: is not valid UTF-8 (character U+DCFF at position 50); "
-                                "expected UTF-8 text"), str(error.value)
+    assert str(error.value) == ("c.yaml: is not valid UTF-8 (byte 0xff at position 50); "
+                                "expected UTF-8 text without NUL bytes"), str(error.value)
 
 
 def test_cluster_file_strings_are_checked_only_where_an_escape_can_make_a_bad_one():
