@@ -3,6 +3,7 @@ in which one task may be slow: its input pipeline sleeps per batch.
 
     python mwms_straggler.py --steps N [--pace S] [--slow TASK | --slow-host HOST] [--sleep S]
                              [--recover-after S] [--width N] [--epoch-steps N] [--rebuild-each-epoch]
+                             [--until-file PATH]
 
 Every task trains ``--steps`` steps (rounded down to whole epochs of ``--epoch-steps``, 10 by
 default), its input sleeping ``--pace`` seconds
@@ -13,7 +14,11 @@ after its first batch, when it prints ``RECOVERED <time>`` and goes on at the ot
 task prints ``TRAINING <time>`` at its first batch, an epoch metric line every epoch
 (``trainer.metrics.print_epoch``) and ``DONE`` at its end. With ``--rebuild-each-epoch`` it calls
 ``fit`` once per epoch, as a training loop over a finite dataset does: each call makes a new input
-iterator, whose tf.data threads are new ones (the generator runs on them).
+iterator, whose tf.data threads are new ones (the generator runs on them). With ``--until-file`` (and
+``--rebuild-each-epoch``) the tasks train on, epoch after epoch past ``--steps``, until the file exists:
+a test ends the run once it has seen what it waits for, however fast steps go on its machine. Every
+task's wish is all-reduced at the end of each epoch, so all stop after the same epoch (one that stopped
+alone would leave the others in a collective).
 """
 
 import argparse
@@ -42,6 +47,7 @@ def main():
     parser.add_argument("--width", type=int, default=128)
     parser.add_argument("--epoch-steps", type=int, default=10)
     parser.add_argument("--rebuild-each-epoch", action="store_true")
+    parser.add_argument("--until-file")
     args = parser.parse_args()
     slow = args.slow == ME or (args.slow_host is not None and socket.gethostname() == args.slow_host)
     epochs = max(1, args.steps // args.epoch_steps)
@@ -78,10 +84,20 @@ def main():
     from trainer.metrics import print_epoch  # the documented callback: an epoch metric line each epoch
 
     callbacks = [tf.keras.callbacks.LambdaCallback(on_epoch_end=print_epoch)]
+    @tf.function  # one traced all-reduce: run eagerly, the strategy warns of its overhead at every call
+    def wished(flag):
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda one: one, args=(flag,)), axis=None)
+
+    def more(epoch: int) -> bool:
+        wish = epoch < epochs or (args.until_file is not None and not os.path.exists(args.until_file))
+        return bool(wished(tf.constant(1.0 if wish else 0.0)).numpy() > 0)
+
     if args.rebuild_each_epoch:
-        for epoch in range(epochs):
+        epoch = 0
+        while more(epoch):
             model.fit(data, epochs=epoch + 1, initial_epoch=epoch, steps_per_epoch=args.epoch_steps, verbose=0,
                       callbacks=callbacks)
+            epoch += 1
     else:
         model.fit(data, epochs=epochs, steps_per_epoch=args.epoch_steps, verbose=0, callbacks=callbacks)
     print("DONE", flush=True)

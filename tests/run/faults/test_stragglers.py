@@ -501,11 +501,14 @@ def judgements_after_recovery(tflaunch) -> list[str]:
     return [line for line in lines if "shares" in line and line[:23] >= recovered]
 
 
-def first_batch(tflaunch, tasks: int, timeout: float = 240) -> float:
-    """When the last of ``tasks`` tasks began training (its TRAINING line)."""
+def first_batch(tflaunch, proc: subprocess.Popen, tasks: int, timeout: float = 240) -> float:
+    """When the last of ``tasks`` tasks began training (its TRAINING line); fails at once if the run ended."""
     def times():
         found = [float(line.rsplit(" ", 1)[1]) for line in tflaunch.merged_text().splitlines()
                  if "| TRAINING " in line]
+        if len(found) < tasks and proc.poll() is not None:
+            pytest.fail(f"the run ended (exit code {proc.returncode}) before every task trained: "
+                        f"{console_of(proc)[-2000:]}", pytrace=False)
         return found if len(found) >= tasks else None
     return max(wait_for(times, timeout=timeout, message="every task training"))
 
@@ -514,20 +517,25 @@ def first_batch(tflaunch, tasks: int, timeout: float = 240) -> float:
 @pytest.mark.slow
 @pytest.mark.tensorflow
 @pytest.mark.timeout(300)
-def test_a_worker_whose_input_sleeps_is_named_among_three_and_its_end_is_said(tflaunch):
+def test_a_worker_whose_input_sleeps_is_named_among_three_and_its_end_is_said(tflaunch, tmp_path):
     # Real MultiWorkerMirroredStrategy workers; fit is called once per epoch, so every epoch's input
     # iterator runs the generator on new tf.data threads (the harder case: the work hops between
     # threads). The default window (20 s): named about 25 s in. Each fit begins with Keras resetting
     # its metrics, eager collectives across the workers that took up to 5 s here, in which no task
     # holds another back (every task's main thread waits in them, no generator runs): a 10 s window's
     # 5 s halves fell wholly in one now and then, and the task was not named in 120 s (2 runs in 5).
-    # Named 29-37 s in (3 runs), so it recovers at 50 s. 1000 steps: room after the recovery for the
-    # end to be said; the recovered task, now the one whose input sets the pace, keeps a share that
-    # flickers between 0.1 and 0.2 for a while.
+    # Named 29-37 s in (3 runs), so it recovers at 50 s. Its end was said 18 to 30 s after that (the
+    # recovered task, now the one whose input sets the pace, keeps a share that flickers between 0.1
+    # and 0.2 for a while). The workers train on until the test has seen it (--until-file): a fixed
+    # 1000 steps ended the run 17-20 s after the recovery, before it now and then (a step takes a third
+    # of the input's sleep, each worker's batch being a third of the global one: 0.11 s before the
+    # recovery, 26 ms after it, so a third of the steps come before it).
+    enough = tmp_path / "enough"
     proc = tflaunch.start("--local", "3", "--debug", "--straggler-warm-up", "5", "--",
-                          "python", PROGRAM, "--steps", "1000", "--epoch-steps", "50", "--rebuild-each-epoch",
-                          "--pace", "0.03", "--slow", "worker-2", "--sleep", "0.3", "--recover-after", "50")
-    training = first_batch(tflaunch, 3)
+                          "python", PROGRAM, "--steps", "100", "--epoch-steps", "50", "--rebuild-each-epoch",
+                          "--pace", "0.03", "--slow", "worker-2", "--sleep", "0.3", "--recover-after", "50",
+                          "--until-file", str(enough))
+    training = first_batch(tflaunch, proc, 3)
     confirmed = wait_for(lambda: straggler_lines(tflaunch.merged_text()) or None, timeout=120,
                          message="the straggler line")
     said_at = time.time()
@@ -541,7 +549,10 @@ def test_a_worker_whose_input_sleeps_is_named_among_three_and_its_end_is_said(tf
     assert said_at - training < 50  # before it recovers: the short warm-up, half the window, then 3/4 of it
     status = tflaunch.run("status")
     assert "straggler: worker-2 on localhost held the others back since" in status.stdout, status.stdout
-    console = console_of(proc, timeout=360)
+    wait_for(lambda: "no longer holds the others back" in tflaunch.merged_text(), timeout=120,
+             message=lambda: f"its end, judged since it recovered: {judgements_after_recovery(tflaunch)}")
+    enough.touch()
+    console = console_of(proc, timeout=120)
     assert proc.returncode == 0, console
     lines = straggler_lines(console)
     closing = [line for line in lines if "held the others back from" in line]  # the closing summary's
