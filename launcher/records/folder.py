@@ -43,6 +43,7 @@ a link to each: on a shared or network filesystem each one is a metadata operati
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 import time
@@ -141,8 +142,6 @@ class RunFolder:
         self._milestone: tuple | None = None  # what run.json said when its folder was last synced
         self._attempt_dirs: dict[int, str] = {}  # attempt folders known to exist, by number
         self._log_attempts: dict[str, int] = {}  # task -> the attempt its log at the top belongs to
-        self._real_path: str | None = None
-        self._log_mode = 0  # the mode of its task logs, with _real_path
         self._parts_left: dict[str, list[str]] = {}  # log -> its part files at the top, when an attempt ended
         self._compact = CompactRecord()  # the live rewrites' text
 
@@ -246,21 +245,28 @@ class RunFolder:
         found = [p for p in self.path.glob(f"{ATTEMPT_PREFIX}*/{STACKS}") if p.is_dir()]
         return sorted(found, key=lambda p: (len(p.parent.name), p.parent.name))  # attempt-9 before attempt-10
 
+    @functools.cached_property
+    def _real_path(self) -> str:
+        """Its path resolved, once: the task logs' paths are joined to it."""
+        return os.path.realpath(self.path)
+
+    @functools.cached_property
+    def log_mode(self) -> int:
+        """The mode of its task logs, the folder's file mode: looked up once, not once per task."""
+        return file_mode(self._real_path)
+
     def create_task_log(self, name: str, attempt: int) -> str:
         """Create the log of a task's stdout and stderr at the top of the run folder (kept when it is
         there: a task restarted in place appends), after moving its log of an earlier attempt into
         that attempt's folder; returns its path, resolved once. Paths are joined as text: this runs
         once per task at a run's start."""
-        if self._real_path is None:
-            self._real_path = os.path.realpath(self.path)
-            self._log_mode = file_mode(self._real_path)  # the folder's, looked up once, not once per task
         log_name = task_log_name(name)
         path = os.path.join(self._real_path, log_name)
         earlier = self._log_attempts.get(name)
         if earlier is not None and earlier != attempt:
             self._move_aside(log_name, earlier)
         self._log_attempts[name] = attempt
-        os.close(open_own(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, self._log_mode))
+        os.close(open_own(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, self.log_mode))
         return path
 
     def _move_aside(self, log_name: str, attempt: int) -> None:

@@ -296,7 +296,7 @@ class RunSession:
         def create_log(launch: TaskLaunch) -> str:
             path = self.folder.create_task_log(launch.name, attempt)
             # Every transport relays a task's output through tflaunch, which writes it to this log.
-            self.pump.follow(launch.name, path, attempt, created=True, relayed=True)
+            self.pump.follow(launch.name, path, attempt, created=True, relayed=True, mode=self.folder.log_mode)
             return path
 
         watchdog = None

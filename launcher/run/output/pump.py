@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Iterable
 
 from ...records.boundedlog import WRITING, BoundedLog, Reader
 from ...records.logformat import format_size
-from ...records.files import file_mode, open_own
+from ...records.files import open_own
 from ...records.folder import MERGED, METRICS
 from ...records.lines import LineSplitter
 from ...records.kerasepochs import KerasState
@@ -99,7 +99,6 @@ class OutputPump:
         self.clock = clock
         self._sources: list[_Source] = []
         self._followed: set[tuple[str, int]] = set()  # (task, attempt) of every source: one lookup per new task
-        self._file_modes: dict[str, int] = {}  # folder -> the mode of the logs made in it
         self._changed: set[_Source] = set()  # written to since the last sweep (added to by the writers' threads)
         self._queue: deque[_Source] = deque()  # the logs to read, in turn (the pump's thread only)
         # Whose reader may hold a descriptor (at most OPEN_FILES + 1), least recently active first.
@@ -122,13 +121,14 @@ class OutputPump:
     # -- sources ------------------------------------------------------------------------
 
     def follow(self, name: str, path: Path | str, attempt: int = 1, created: bool = False,
-               relayed: bool = False) -> None:
+               relayed: bool = False, mode: int | None = None) -> None:
         """Start reading a task's log back, and keep it within the size limit from now on (whoever
         appends to it through :data:`~launcher.records.boundedlog.WRITING`). ``created``: the file
         was just made by :meth:`RunFolder.create_task_log`, whose path the transports name it by too;
         otherwise it is made here if missing, and its path resolved.
         ``relayed``: its output will come through tflaunch (a transport relays it), so its writes are
         announced from the first: it is looked at for other writers only every RELAYED_CHECK.
+        ``mode``: of the files its log makes (None: its folder's file mode, looked up at each).
 
         A task restarted in place appends to the file already followed: it is not read twice.
         """
@@ -137,10 +137,6 @@ class OutputPump:
                 return
             if not created:
                 os.close(open_own(path, os.O_RDONLY | os.O_CREAT))
-            folder = os.path.dirname(path)
-            mode = self._file_modes.get(folder)
-            if mode is None:  # a folder's, looked up once: its logs all get it
-                mode = self._file_modes[folder] = file_mode(folder)
             log = BoundedLog(path, self.log_max_size, mode)
             source = _Source(name, attempt, log, log.reader(), last_output=time.monotonic(), relayed=relayed)
             log.on_write = functools.partial(self._announce, source)
